@@ -1,0 +1,225 @@
+/*
+ * weft.h - write each GPU job as plain sequential code; run thousands at once.
+ *
+ * A task is a function running on its own stack. When it waits - for another
+ * task, a channel, a timer or work it enqueued on a device - it suspends and
+ * its worker thread runs other tasks. Nothing here blocks a worker thread.
+ *
+ * Conventions:
+ *  - Every call that can fail returns an int status: WEFT_OK (0) or a
+ *    negative WEFT_E* code. weft_strerror() names a code; weft_last_error()
+ *    gives the detailed message of the caller's last failed call.
+ *  - Calls marked "task only" must be made from inside a task; elsewhere they
+ *    return WEFT_ENOTASK. Every other call works from tasks and plain threads.
+ *  - Zero-initialized option structs mean "defaults".
+ *  - Suspension points (join, when_all, when_any, yield, sleep, await, and the
+ *    waits of the synchronization objects) return WEFT_ECANCELED once the
+ *    calling task has been cancelled.
+ */
+#ifndef WEFT_H
+#define WEFT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status codes ------------------------------------------------------ */
+
+enum {
+    WEFT_OK = 0,
+    WEFT_EINVAL = -1,     /* an argument is NULL, out of range or malformed */
+    WEFT_ENOMEM = -2,     /* out of memory (host or device) */
+    WEFT_ECANCELED = -3,  /* the task was cancelled */
+    WEFT_ENOTASK = -4,    /* a task-only call made outside a task */
+    WEFT_ESTATE = -5,     /* wrong state: joined twice, runtime destroyed, ... */
+    WEFT_ECLOSED = -6,    /* the channel is closed */
+    WEFT_EAGAIN = -7,     /* a try-call would have had to wait */
+    WEFT_EDEADLK = -8,    /* the wait could never end (a task joining itself) */
+    WEFT_EDEVICE = -9,    /* the device failed or reported an error */
+    WEFT_ETIMEDOUT = -10, /* a timed wait ran out */
+    WEFT_EPERM = -11,     /* not the owner (unlocking a mutex held by another) */
+    WEFT_ESYS = -12       /* the operating system refused (threads, memory maps) */
+};
+
+/* A short constant description of a status code ("invalid argument"). */
+const char *weft_strerror(int status);
+
+/* The detailed message of the last call that failed in the calling task (or
+ * thread, outside tasks), e.g. "weft_join: task already joined". Valid until
+ * the next failing call from the same task or thread. Never NULL. */
+const char *weft_last_error(void);
+
+/* ---- runtime ----------------------------------------------------------- */
+
+typedef struct weft_runtime weft_runtime;
+
+typedef enum weft_backend {
+    WEFT_BACKEND_AUTO = 0, /* a GPU when one is present, else the host */
+    WEFT_BACKEND_HOST = 1, /* streams executed by host threads */
+    WEFT_BACKEND_CUDA = 2  /* NVIDIA GPUs through CUDA */
+} weft_backend;
+
+typedef struct weft_config {
+    unsigned workers;       /* worker threads; 0: one per online CPU */
+    size_t stack_size;      /* default task stack; 0: 256 KiB */
+    weft_backend backend;   /* which devices back weft streams */
+    unsigned host_threads;  /* host backend executor threads; 0: 2 */
+} weft_config;
+
+/* Start a runtime: worker threads, stack pool, devices. cfg NULL: defaults. */
+int weft_runtime_create(weft_runtime **rt, const weft_config *cfg);
+
+/* Wait until every task (joined, unjoined or detached) has finished, then
+ * stop the workers and free everything. Handles of unjoined tasks become
+ * invalid. Must not be called from one of rt's own tasks (WEFT_EDEADLK).
+ * Later calls with rt return WEFT_ESTATE until the address is reused by
+ * another weft_runtime_create. */
+int weft_runtime_destroy(weft_runtime *rt);
+
+/* The runtime running the calling task, or NULL outside tasks. */
+weft_runtime *weft_runtime_current(void);
+
+/* Number of worker threads of rt (0 if rt is not a live runtime). */
+unsigned weft_runtime_workers(const weft_runtime *rt);
+
+/* ---- tasks ------------------------------------------------------------- */
+
+typedef struct weft_task weft_task;
+
+typedef enum weft_priority {
+    WEFT_PRIO_NORMAL = 0,
+    WEFT_PRIO_HIGH = 1, /* runs before any ready normal task */
+    WEFT_PRIO_LOW = 2   /* runs when nothing else is ready, and never starves */
+} weft_priority;
+
+typedef struct weft_task_opts {
+    weft_priority priority;
+    size_t stack_size; /* 0: the runtime's default */
+    const char *name;  /* shown in reports and traces; must outlive the task */
+} weft_task_opts;
+
+/* Start fn(arg) as a new task. t receives a handle to join (exactly once);
+ * t NULL starts a detached task. opts NULL: defaults. Spawned from a task,
+ * the new task goes to the local worker's queue; from a thread, to the
+ * shared injection queue. The stack is allocated when the task first runs. */
+int weft_spawn(weft_runtime *rt, weft_task **t, void *(*fn)(void *), void *arg,
+               const weft_task_opts *opts);
+
+/* Wait for t to finish, store fn's return value in *result (if result is not
+ * NULL; NULL when the task never ran) and release the handle. In a task it
+ * suspends; in a thread it blocks. Returns WEFT_OK, or the task's own
+ * failure: WEFT_ECANCELED if it was cancelled, WEFT_EDEVICE if its device
+ * work failed. A second join of the same handle returns WEFT_ESTATE; a task
+ * joining itself WEFT_EDEADLK. If the joining task is cancelled while
+ * waiting, returns WEFT_ECANCELED and t stays joinable. */
+int weft_join(weft_task *t, void **result);
+
+/* Let t run to completion on its own: its handle is released when it ends.
+ * A detached handle must not be used again. */
+int weft_detach(weft_task *t);
+
+/* Wait until every task in ts has finished. Handles stay joinable. */
+int weft_when_all(weft_task *const *ts, size_t n);
+
+/* Wait until at least one task in ts has finished; *first receives the index
+ * of one that has (the lowest among those already finished when the call
+ * started, else the first to finish). Handles stay joinable. */
+int weft_when_any(weft_task *const *ts, size_t n, size_t *first);
+
+/* Ask t to stop. Cooperative: from now on every suspension point in t
+ * returns WEFT_ECANCELED (and a wait it is suspended in ends with it); if t
+ * has not started it never will. weft_join still waits for t to end and then
+ * returns WEFT_ECANCELED. Cancelling a finished task is a no-op. */
+int weft_cancel(weft_task *t);
+
+/* Has the calling task been cancelled? 0 outside tasks. */
+int weft_cancelled(void);
+
+/* Let other ready tasks run, then continue. Task only. */
+int weft_yield(void);
+
+/* Suspend the calling task for at least ns nanoseconds without blocking its
+ * worker. Task only. */
+int weft_sleep_ns(uint64_t ns);
+
+/* The calling task's handle, or NULL outside tasks. */
+weft_task *weft_task_current(void);
+
+/* ---- device work from a task ------------------------------------------- */
+/*
+ * A task's device work goes to a stream that the task leases on its first
+ * enqueue: an in-order queue on the runtime's device (a GPU with the CUDA
+ * backend, host threads with the host backend). Operations run in the order
+ * they were enqueued; weft_await suspends the task until all of them have
+ * completed, then the stream goes back to the pool. All task only.
+ */
+
+/* Copy n bytes from src to dst in stream order. */
+int weft_memcpy_async(void *dst, const void *src, size_t n);
+
+/* Set n bytes at dst to (unsigned char)value in stream order. */
+int weft_memset_async(void *dst, int value, size_t n);
+
+/* Run fn(arg) in stream order, on a thread of the device backend. fn must not
+ * call weft functions that wait. */
+int weft_host_async(void (*fn)(void *arg), void *arg);
+
+/* Suspend until everything the calling task enqueued has completed. Returns
+ * WEFT_EDEVICE if any of it failed (the message names the error). */
+int weft_await(void);
+
+/* ---- task-aware synchronization ---------------------------------------- */
+/*
+ * These suspend the calling task instead of blocking its worker. Called from
+ * a plain thread they block that thread. An object must not be destroyed
+ * while anyone waits on it.
+ */
+
+typedef struct weft_mutex weft_mutex;
+typedef struct weft_cond weft_cond;
+typedef struct weft_sem weft_sem;
+typedef struct weft_chan weft_chan;
+
+int weft_mutex_create(weft_mutex **m);
+int weft_mutex_destroy(weft_mutex *m);
+int weft_mutex_lock(weft_mutex *m);    /* ECANCELED: not acquired */
+int weft_mutex_trylock(weft_mutex *m); /* EAGAIN when held */
+int weft_mutex_unlock(weft_mutex *m);  /* EPERM when not the holder */
+
+int weft_cond_create(weft_cond **c);
+int weft_cond_destroy(weft_cond *c);
+/* Atomically release m and wait for a signal; m is held again on return,
+ * also when the result is WEFT_ECANCELED. Wake-ups may be spurious. */
+int weft_cond_wait(weft_cond *c, weft_mutex *m);
+int weft_cond_signal(weft_cond *c);
+int weft_cond_broadcast(weft_cond *c);
+
+int weft_sem_create(weft_sem **s, uint64_t initial);
+int weft_sem_destroy(weft_sem *s);
+int weft_sem_wait(weft_sem *s);    /* take one permit, waiting for it */
+int weft_sem_trywait(weft_sem *s); /* EAGAIN when none is free */
+int weft_sem_post(weft_sem *s);    /* give one permit back */
+
+/* A bounded FIFO of capacity items of item_size bytes each (capacity 0: an
+ * unbuffered rendezvous). Items are copied in and out. */
+int weft_chan_create(weft_chan **ch, size_t item_size, size_t capacity);
+int weft_chan_destroy(weft_chan *ch);
+/* Wait for room, then copy *item in. ECLOSED if the channel is closed. */
+int weft_chan_send(weft_chan *ch, const void *item);
+/* Wait for an item and copy it to *item. ECLOSED once the channel is closed
+ * and drained. */
+int weft_chan_recv(weft_chan *ch, void *item);
+int weft_chan_trysend(weft_chan *ch, const void *item); /* EAGAIN: full */
+int weft_chan_tryrecv(weft_chan *ch, void *item);       /* EAGAIN: empty */
+/* No more sends: waiting senders get ECLOSED, receivers drain what is left.
+ * Closing twice returns WEFT_ECLOSED. */
+int weft_chan_close(weft_chan *ch);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,219 @@
+/*
+ * runtime.c - creating and destroying runtimes.
+ *
+ * Creation starts the layers bottom-up (stacks, timers, workers); the device
+ * waits for the first device call. Destruction waits until no task is left,
+ * then stops them top-down. Dead runtime records are kept on a list and
+ * reused, so a stale weft_runtime * is recognized rather than dereferenced
+ * after free.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "runtime.h"
+
+#define DEFAULT_STACK (256 * 1024)
+#define MAX_WORKERS 4096
+#define MIN_STACK (16 * 1024)
+#define MAX_STACK ((size_t)1 << 30)
+
+static pthread_mutex_t dead_lock = PTHREAD_MUTEX_INITIALIZER;
+static weft_runtime *dead_runtimes;
+
+static weft_runtime *record_get(void)
+{
+    pthread_mutex_lock(&dead_lock);
+    weft_runtime *rt = dead_runtimes;
+    if (rt)
+        dead_runtimes = rt->next_dead;
+    pthread_mutex_unlock(&dead_lock);
+    if (!rt && !(rt = calloc(1, sizeof *rt)))
+        return NULL;
+    /* Keep state DEAD while we build: a stale handle must not see LIVE yet. */
+    memset((char *)rt + sizeof rt->state, 0, sizeof *rt - sizeof rt->state);
+    return rt;
+}
+
+static void record_put(weft_runtime *rt)
+{
+    atomic_store(&rt->state, WEFT__RT_DEAD);
+    pthread_mutex_lock(&dead_lock);
+    rt->next_dead = dead_runtimes;
+    dead_runtimes = rt;
+    pthread_mutex_unlock(&dead_lock);
+}
+
+static int fill_config(weft_config *cfg, const weft_config *given)
+{
+    if (given)
+        *cfg = *given;
+    else
+        memset(cfg, 0, sizeof *cfg);
+    if (cfg->workers > MAX_WORKERS)
+        return weft__fail(WEFT_EINVAL, "weft_runtime_create: %u workers is more than %d",
+                          cfg->workers, MAX_WORKERS);
+    if (cfg->stack_size && (cfg->stack_size < MIN_STACK || cfg->stack_size > MAX_STACK))
+        return weft__fail(WEFT_EINVAL, "weft_runtime_create: stack_size %zu is outside [%d, %zu]",
+                          cfg->stack_size, MIN_STACK, MAX_STACK);
+    if (cfg->backend != WEFT_BACKEND_AUTO && cfg->backend != WEFT_BACKEND_HOST &&
+        cfg->backend != WEFT_BACKEND_CUDA)
+        return weft__fail(WEFT_EINVAL, "weft_runtime_create: backend %d is not a weft_backend",
+                          (int)cfg->backend);
+    if (cfg->host_threads > MAX_WORKERS)
+        return weft__fail(WEFT_EINVAL, "weft_runtime_create: %u host threads is more than %d",
+                          cfg->host_threads, MAX_WORKERS);
+    if (!cfg->workers) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        cfg->workers = n > 0 ? (unsigned)n : 1;
+    }
+    if (!cfg->stack_size)
+        cfg->stack_size = DEFAULT_STACK;
+    if (!cfg->host_threads)
+        cfg->host_threads = 2;
+    return WEFT_OK;
+}
+
+int weft_runtime_create(weft_runtime **out, const weft_config *given)
+{
+    weft_config cfg;
+    if (!out)
+        return weft__fail(WEFT_EINVAL, "weft_runtime_create: rt is NULL");
+    int rc = fill_config(&cfg, given);
+    if (rc)
+        return rc;
+    if (cfg.backend == WEFT_BACKEND_CUDA)
+        return weft__fail(WEFT_EDEVICE, "weft_runtime_create: this build has no CUDA backend");
+
+    weft_runtime *rt = record_get();
+    if (!rt)
+        return weft__fail(WEFT_ENOMEM, "weft_runtime_create: out of memory");
+    rt->cfg = cfg;
+    pthread_mutex_init(&rt->idle_lock, NULL);
+    pthread_cond_init(&rt->idle, NULL);
+    pthread_mutex_init(&rt->pool_lock, NULL);
+    pthread_mutex_init(&rt->device_lock, NULL);
+
+    if (weft__overflow_install() != 0) {
+        rc = weft__fail(WEFT_ESYS, "weft_runtime_create: cannot install the overflow handler");
+        goto fail_locks;
+    }
+    if (weft__stack_pool_create(&rt->stacks, cfg.stack_size) != 0) {
+        rc = weft__fail(WEFT_ENOMEM, "weft_runtime_create: no memory for the stack pool");
+        goto fail_locks;
+    }
+    if ((rc = weft__timers_create(&rt->timers))) {
+        weft__fail(rc, "weft_runtime_create: cannot start the timer thread");
+        goto fail_stacks;
+    }
+    if ((rc = weft__sched_create(&rt->sched, cfg.workers, rt->stacks))) {
+        weft__fail(rc, "weft_runtime_create: cannot start %u workers", cfg.workers);
+        goto fail_timers;
+    }
+    atomic_store(&rt->state, WEFT__RT_LIVE);
+    *out = rt;
+    return WEFT_OK;
+
+fail_timers:
+    weft__timers_destroy(rt->timers);
+fail_stacks:
+    weft__stack_pool_destroy(rt->stacks);
+fail_locks:
+    pthread_mutex_destroy(&rt->idle_lock);
+    pthread_cond_destroy(&rt->idle);
+    pthread_mutex_destroy(&rt->pool_lock);
+    pthread_mutex_destroy(&rt->device_lock);
+    record_put(rt);
+    return rc;
+}
+
+int weft__runtime_check(weft_runtime *rt, const char *fn)
+{
+    if (!rt)
+        return weft__fail(WEFT_EINVAL, "%s: runtime is NULL", fn);
+    unsigned state = atomic_load_explicit(&rt->state, memory_order_acquire);
+    if (state == WEFT__RT_LIVE)
+        return WEFT_OK;
+    if (state == WEFT__RT_DYING) {
+        weft__task *self = weft__task_self();
+        if (self && self->rt == rt)
+            return WEFT_OK;
+        return weft__fail(WEFT_ESTATE, "%s: the runtime is being destroyed", fn);
+    }
+    return weft__fail(WEFT_ESTATE, "%s: the runtime was destroyed", fn);
+}
+
+void weft__runtime_task_ended(weft_runtime *rt)
+{
+    if (atomic_fetch_sub(&rt->live_tasks, 1) != 1)
+        return;
+    pthread_mutex_lock(&rt->idle_lock);
+    pthread_cond_broadcast(&rt->idle);
+    pthread_mutex_unlock(&rt->idle_lock);
+}
+
+int weft_runtime_destroy(weft_runtime *rt)
+{
+    if (!rt)
+        return weft__fail(WEFT_EINVAL, "weft_runtime_destroy: runtime is NULL");
+    weft__task *self = weft__task_self();
+    if (self && self->rt == rt)
+        return weft__fail(WEFT_EDEADLK,
+                          "weft_runtime_destroy: called from a task of the same runtime");
+    unsigned live = WEFT__RT_LIVE;
+    if (!atomic_compare_exchange_strong(&rt->state, &live, WEFT__RT_DYING))
+        return weft__fail(WEFT_ESTATE, "weft_runtime_destroy: the runtime was destroyed");
+
+    pthread_mutex_lock(&rt->idle_lock);
+    while (atomic_load(&rt->live_tasks) > 0)
+        pthread_cond_wait(&rt->idle, &rt->idle_lock);
+    pthread_mutex_unlock(&rt->idle_lock);
+
+    weft__sched_destroy(rt->sched);
+    weft__timers_destroy(rt->timers);
+    weft__device *dev = atomic_load(&rt->device);
+    if (dev)
+        dev->ops->destroy(dev);
+    weft__task_pool_destroy(rt);
+    weft__stack_pool_destroy(rt->stacks);
+    pthread_mutex_destroy(&rt->idle_lock);
+    pthread_cond_destroy(&rt->idle);
+    pthread_mutex_destroy(&rt->pool_lock);
+    pthread_mutex_destroy(&rt->device_lock);
+    record_put(rt);
+    return WEFT_OK;
+}
+
+weft_runtime *weft_runtime_current(void)
+{
+    weft__task *t = weft__task_self();
+    return t ? t->rt : NULL;
+}
+
+unsigned weft_runtime_workers(const weft_runtime *rt)
+{
+    if (!rt || atomic_load(&((weft_runtime *)rt)->state) != WEFT__RT_LIVE)
+        return 0;
+    return weft__sched_workers(rt->sched);
+}
+
+int weft__runtime_device(weft_runtime *rt, weft__device **out)
+{
+    weft__device *dev = atomic_load_explicit(&rt->device, memory_order_acquire);
+    if (dev) {
+        *out = dev;
+        return WEFT_OK;
+    }
+    int rc = WEFT_OK;
+    pthread_mutex_lock(&rt->device_lock);
+    if (!(dev = atomic_load(&rt->device))) {
+        rc = weft__host_device_create(&dev, rt->cfg.host_threads);
+        if (rc == WEFT_OK)
+            atomic_store_explicit(&rt->device, dev, memory_order_release);
+    }
+    pthread_mutex_unlock(&rt->device_lock);
+    if (rc)
+        return weft__fail(rc, "device: cannot start the host backend");
+    *out = dev;
+    return WEFT_OK;
+}

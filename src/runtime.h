@@ -1,0 +1,69 @@
+/*
+ * runtime.h - the runtime record that ties the layers together.
+ *
+ * A runtime owns a scheduler (workers), a timer thread, a stack pool, a pool
+ * of task records and, created on first use, its device. Runtime records are
+ * never returned to malloc: a destroyed one is marked dead and kept for the
+ * next weft_runtime_create, so that calls on a destroyed runtime fail with
+ * WEFT_ESTATE instead of touching freed memory.
+ */
+#ifndef WEFT_RUNTIME_H
+#define WEFT_RUNTIME_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "device/device.h"
+#include "fiber/fiber.h"
+#include "sched/sched.h"
+#include "sched/timer.h"
+#include "task/task.h"
+#include "weft.h"
+
+enum { WEFT__RT_DEAD = 0, WEFT__RT_LIVE = 0x77656674, WEFT__RT_DYING = 0x64796e67 };
+
+struct weft_runtime {
+    atomic_uint state;
+    weft_config cfg;          /* with defaults filled in */
+    weft__sched *sched;
+    weft__timers *timers;
+    weft__stack_pool *stacks;
+
+    atomic_ulong live_tasks;  /* spawned and not yet finished */
+    pthread_mutex_t idle_lock;
+    pthread_cond_t idle;      /* live_tasks reached 0 */
+
+    pthread_mutex_t pool_lock; /* task records not cached by a worker */
+    weft__task *free_tasks;
+    void *task_chunks;
+
+    pthread_mutex_t device_lock;
+    weft__device *_Atomic device;
+
+    weft_runtime *next_dead;
+};
+
+static inline weft__sched *weft__runtime_sched(weft_runtime *rt)
+{
+    return rt->sched;
+}
+
+/* Check that rt is a runtime accepting calls; fn names the caller in the
+ * error message. From one of rt's own tasks a dying runtime still accepts
+ * calls (its tasks are finishing). */
+int weft__runtime_check(weft_runtime *rt, const char *fn);
+
+/* rt's device, created on first use. */
+int weft__runtime_device(weft_runtime *rt, weft__device **dev);
+
+/* A task of rt ended: the last one lets weft_runtime_destroy go on. */
+void weft__runtime_task_ended(weft_runtime *rt);
+
+/* Task records (task.c). */
+weft__task *weft__task_alloc(weft_runtime *rt);
+void weft__task_pool_destroy(weft_runtime *rt);
+
+/* Device work left unawaited when a task returns (device/api.c). */
+void weft__device_task_exit(weft__task *t);
+
+#endif

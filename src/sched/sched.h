@@ -1,0 +1,72 @@
+/*
+ * sched.h - worker threads and the queues that feed them.
+ *
+ * One worker thread per core by default. Each worker owns a bounded
+ * Chase-Lev deque (it pushes and pops at the bottom, thieves take from the
+ * top) and a LIFO slot holding the task it woke last, which runs next while
+ * its data is still in cache. Tasks spawned or woken from outside any worker
+ * go to the shared injection queue, which workers also check every few ticks
+ * so it never starves. High-priority tasks have a shared queue that every
+ * worker checks first; low-priority ones a shared queue checked when nothing
+ * else is ready and, every few ticks, before everything else.
+ *
+ * Idle workers search (spin over the queues) briefly and then park on an
+ * event count. New work wakes a parked worker only when none is searching;
+ * a searcher that finds work wakes the next one. An idle runtime has every
+ * worker parked and uses no CPU.
+ */
+#ifndef WEFT_SCHED_H
+#define WEFT_SCHED_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fiber/fiber.h"
+#include "task/task.h"
+
+typedef struct weft__sched weft__sched;
+typedef struct weft__worker weft__worker;
+
+/* Start nworkers threads running tasks whose stacks come from stacks. */
+int weft__sched_create(weft__sched **s, unsigned nworkers,
+                       weft__stack_pool *stacks);
+
+/* Stop and join every worker. No task may be queued or running. */
+void weft__sched_destroy(weft__sched *s);
+
+unsigned weft__sched_workers(const weft__sched *s);
+
+/* Queue a new task: on the calling worker's deque if it belongs to s, else
+ * on the injection queue. */
+void weft__sched_spawn(weft__sched *s, weft__task *t);
+
+/* Make a suspended task ready again: into the calling worker's LIFO slot if
+ * it belongs to s, else the injection queue. */
+void weft__sched_wake(weft__sched *s, weft__task *t);
+
+/* ---- used by the task layer from inside a task ------------------------- */
+
+/* The worker the calling thread is, or NULL. Never inlined. */
+weft__worker *weft__worker_self(void);
+
+/* The task w is running (NULL on its own context) and w's scheduler. */
+weft__task *weft__worker_current(weft__worker *w);
+weft__sched *weft__worker_sched(weft__worker *w);
+
+/* Per-worker caches the task layer keeps (stacks, task records). */
+weft__stack_cache *weft__worker_stacks(weft__worker *w);
+weft__task_cache *weft__worker_tasks(weft__worker *w);
+
+/* Ways a task leaves the CPU, executed by the worker once the task's
+ * registers are saved. */
+typedef enum weft__leave {
+    WEFT__LEAVE_PARK,  /* its parker is armed: move it to WAITING */
+    WEFT__LEAVE_YIELD, /* ready again: behind the other ready tasks */
+    WEFT__LEAVE_EXIT   /* finished: weft__task_finish */
+} weft__leave;
+
+/* Switch from the calling task t back to its worker, which then does how.
+ * Returns when t runs again (LEAVE_EXIT never returns). */
+void weft__sched_leave(weft__task *t, weft__leave how);
+
+#endif

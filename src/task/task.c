@@ -1,0 +1,496 @@
+/*
+ * task.c - spawn, join, detach, when_all, when_any, cancel, yield, sleep.
+ *
+ * Handles. A weft_task * is the record's address with a 16-bit generation in
+ * the (unused) top bits. Releasing a record bumps its generation, so a stale
+ * handle - joined twice, used after detach - is recognized and refused with
+ * WEFT_ESTATE rather than acting on whatever task reuses the record.
+ *
+ * Life of a record: spawned (queued) -> started (has a stack) -> done (stack
+ * given back, joiners woken) -> released by join, or at the end of a
+ * detached task. `done` is set under the record's lock; a releaser takes
+ * that lock once, so it never frees a record the finisher still holds.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime.h"
+#include "sched/sched.h"
+#include "task/task.h"
+
+enum {
+    HANDLE_SHIFT = 48,
+    CHUNK_TASKS = 64,  /* records allocated together */
+    CACHE_MAX = 256,   /* records a worker keeps before returning half */
+    MIN_STACK = 16 * 1024,
+};
+#define MAX_STACK ((size_t)1 << 30)
+
+/* ---- current task and error buffer ------------------------------------- */
+
+weft__task *weft__task_self(void)
+{
+    weft__worker *w = weft__worker_self();
+    return w ? weft__worker_current(w) : NULL;
+}
+
+static _Thread_local char thread_errmsg[WEFT__ERRMSG_SIZE];
+
+__attribute__((noinline)) static char *thread_error_buffer(void)
+{
+    return thread_errmsg;
+}
+
+char *weft__error_buffer(size_t *size)
+{
+    weft__task *t = weft__task_self();
+    *size = WEFT__ERRMSG_SIZE;
+    return t ? t->errmsg : thread_error_buffer();
+}
+
+/* ---- record pool ------------------------------------------------------- */
+
+typedef struct task_chunk {
+    struct task_chunk *next;
+    weft__task tasks[CHUNK_TASKS];
+} task_chunk;
+
+static weft__task_cache *local_cache(weft_runtime *rt)
+{
+    weft__worker *w = weft__worker_self();
+    return w && weft__worker_sched(w) == rt->sched ? weft__worker_tasks(w) : NULL;
+}
+
+/* Refill cache (or get one record) from the shared pool, allocating a new
+ * chunk when it is empty. Returns one record, the rest go to cache. */
+static weft__task *pool_take(weft_runtime *rt, weft__task_cache *cache)
+{
+    pthread_mutex_lock(&rt->pool_lock);
+    if (!rt->free_tasks) {
+        task_chunk *c = aligned_alloc(64, sizeof *c);
+        if (!c || (uintptr_t)c >> HANDLE_SHIFT) { /* handles need the top bits */
+            free(c);
+            pthread_mutex_unlock(&rt->pool_lock);
+            return NULL;
+        }
+        memset(c, 0, sizeof *c);
+        c->next = rt->task_chunks;
+        rt->task_chunks = c;
+        for (int i = CHUNK_TASKS - 1; i >= 0; i--) {
+            c->tasks[i].next = rt->free_tasks;
+            rt->free_tasks = &c->tasks[i];
+        }
+    }
+    weft__task *t = rt->free_tasks;
+    rt->free_tasks = t->next;
+    for (unsigned n = 0; cache && rt->free_tasks && n < CHUNK_TASKS; n++) {
+        weft__task *extra = rt->free_tasks;
+        rt->free_tasks = extra->next;
+        extra->next = cache->head;
+        cache->head = extra;
+        cache->count++;
+    }
+    pthread_mutex_unlock(&rt->pool_lock);
+    return t;
+}
+
+weft__task *weft__task_alloc(weft_runtime *rt)
+{
+    weft__task_cache *cache = local_cache(rt);
+    if (cache && cache->head) {
+        weft__task *t = cache->head;
+        cache->head = t->next;
+        cache->count--;
+        return t;
+    }
+    return pool_take(rt, cache);
+}
+
+static void task_free(weft_runtime *rt, weft__task *t)
+{
+    weft__task_cache *cache = local_cache(rt);
+    if (cache) {
+        t->next = cache->head;
+        cache->head = t;
+        if (++cache->count <= CACHE_MAX)
+            return;
+        /* Too many: hand half back so workers that spawn can reuse them. */
+        weft__task *first = cache->head, *last = first;
+        for (unsigned n = 1; n < CACHE_MAX / 2; n++)
+            last = last->next;
+        cache->head = last->next;
+        cache->count -= CACHE_MAX / 2;
+        pthread_mutex_lock(&rt->pool_lock);
+        last->next = rt->free_tasks;
+        rt->free_tasks = first;
+        pthread_mutex_unlock(&rt->pool_lock);
+        return;
+    }
+    pthread_mutex_lock(&rt->pool_lock);
+    t->next = rt->free_tasks;
+    rt->free_tasks = t;
+    pthread_mutex_unlock(&rt->pool_lock);
+}
+
+void weft__task_pool_destroy(weft_runtime *rt)
+{
+    for (task_chunk *c = rt->task_chunks, *next; c; c = next) {
+        next = c->next;
+        free(c);
+    }
+    rt->task_chunks = NULL;
+    rt->free_tasks = NULL;
+}
+
+/* Wait out a finisher that may still hold t's lock, then recycle t. */
+static void task_release(weft__task *t)
+{
+    weft__lock_acquire(&t->lock);
+    weft__lock_release(&t->lock);
+    atomic_fetch_add_explicit(&t->generation, 1, memory_order_relaxed);
+    task_free(t->rt, t);
+}
+
+/* ---- handles ----------------------------------------------------------- */
+
+static weft_task *handle_of(weft__task *t)
+{
+    uintptr_t gen = atomic_load_explicit(&t->generation, memory_order_relaxed);
+    return (weft_task *)((uintptr_t)t | gen << HANDLE_SHIFT);
+}
+
+static int task_of(weft_task *h, const char *fn, weft__task **out)
+{
+    uintptr_t v = (uintptr_t)h;
+    weft__task *t = (weft__task *)(v & (((uintptr_t)1 << HANDLE_SHIFT) - 1));
+    if (!h)
+        return weft__fail(WEFT_EINVAL, "%s: task handle is NULL", fn);
+    if ((uintptr_t)t % _Alignof(weft__task) != 0)
+        return weft__fail(WEFT_EINVAL, "%s: %p is not a task handle", fn, (void *)h);
+    if ((uint16_t)(v >> HANDLE_SHIFT) !=
+        atomic_load_explicit(&t->generation, memory_order_relaxed))
+        return weft__fail(WEFT_ESTATE, "%s: task handle was already joined or detached", fn);
+    *out = t;
+    return WEFT_OK;
+}
+
+/* ---- spawning, running, finishing ------------------------------------- */
+
+static void task_entry(void *arg)
+{
+    weft__task *t = arg;
+    t->result = t->fn(t->arg);
+    if (t->stream)
+        weft__device_task_exit(t);
+    weft__sched_leave(t, WEFT__LEAVE_EXIT);
+}
+
+static int check_opts(const weft_task_opts *opts)
+{
+    if (!opts)
+        return WEFT_OK;
+    if (opts->priority != WEFT_PRIO_NORMAL && opts->priority != WEFT_PRIO_HIGH &&
+        opts->priority != WEFT_PRIO_LOW)
+        return weft__fail(WEFT_EINVAL, "weft_spawn: priority %d is not a weft_priority",
+                          (int)opts->priority);
+    if (opts->stack_size && (opts->stack_size < MIN_STACK || opts->stack_size > MAX_STACK))
+        return weft__fail(WEFT_EINVAL, "weft_spawn: stack_size %zu is outside [%d, %zu]",
+                          opts->stack_size, MIN_STACK, MAX_STACK);
+    return WEFT_OK;
+}
+
+int weft_spawn(weft_runtime *rt, weft_task **out, void *(*fn)(void *), void *arg,
+               const weft_task_opts *opts)
+{
+    int rc = weft__runtime_check(rt, "weft_spawn");
+    if (rc)
+        return rc;
+    if (!fn)
+        return weft__fail(WEFT_EINVAL, "weft_spawn: fn is NULL");
+    if ((rc = check_opts(opts)))
+        return rc;
+    weft__task *t = weft__task_alloc(rt);
+    if (!t)
+        return weft__fail(WEFT_ENOMEM, "weft_spawn: no memory for a task record");
+
+    t->next = NULL;
+    atomic_store_explicit(&t->parker.state, WEFT__PARK_RUNNING, memory_order_relaxed);
+    t->parker.task = t;
+    t->worker = NULL;
+    t->rt = rt;
+    t->fn = fn;
+    t->arg = arg;
+    t->result = NULL;
+    t->stack = NULL;
+    t->stack_size = opts ? opts->stack_size : 0;
+    t->name = opts ? opts->name : NULL;
+    t->priority = opts ? (uint8_t)opts->priority : WEFT_PRIO_NORMAL;
+    t->started = false;
+    atomic_store_explicit(&t->cancelled, false, memory_order_relaxed);
+    atomic_store_explicit(&t->done, false, memory_order_relaxed);
+    t->joiners.head = t->joiners.tail = NULL;
+    t->detached = out == NULL;
+    atomic_store_explicit(&t->join_claimed, out == NULL, memory_order_relaxed);
+    t->status = WEFT_OK;
+    t->stream = NULL;
+    t->device_status = WEFT_OK;
+    t->errmsg[0] = '\0';
+
+    atomic_fetch_add_explicit(&rt->live_tasks, 1, memory_order_relaxed);
+    if (out)
+        *out = handle_of(t);
+    weft__sched_spawn(rt->sched, t);
+    return WEFT_OK;
+}
+
+bool weft__task_start(weft__worker *w, weft__task *t)
+{
+    if (atomic_load(&t->cancelled)) {
+        weft__task_finish(w, t); /* dropped before it ever ran */
+        return false;
+    }
+    if (weft__stack_get(t->rt->stacks, weft__worker_stacks(w), t->stack_size, &t->stack)) {
+        t->status = WEFT_ENOMEM;
+        weft__fail(WEFT_ENOMEM, "task: no memory for a stack of %zu bytes",
+                   t->stack_size ? t->stack_size : t->rt->cfg.stack_size);
+        weft__task_finish(w, t);
+        return false;
+    }
+    weft__fiber_init(&t->fiber, t->stack, task_entry, t);
+    t->fiber.label = t->name;
+    t->started = true;
+    return true;
+}
+
+void weft__task_finish(weft__worker *w, weft__task *t)
+{
+    weft_runtime *rt = t->rt;
+    if (t->stack) {
+        weft__fiber_release(&t->fiber);
+        weft__stack_put(rt->stacks, weft__worker_stacks(w), t->stack);
+        t->stack = NULL;
+    }
+    if (atomic_load(&t->cancelled))
+        t->status = WEFT_ECANCELED;
+    else if (t->status == WEFT_OK)
+        t->status = t->device_status;
+
+    weft__lock_acquire(&t->lock);
+    atomic_store_explicit(&t->done, true, memory_order_release);
+    weft__waitq_fire_all(&t->joiners, WEFT_OK);
+    bool detached = t->detached;
+    weft__lock_release(&t->lock);
+
+    if (detached)
+        task_release(t);
+    weft__runtime_task_ended(rt);
+}
+
+/* ---- waiting for tasks ------------------------------------------------- */
+
+static int wait_done(weft__task *t)
+{
+    if (atomic_load_explicit(&t->done, memory_order_acquire))
+        return WEFT_OK;
+    weft__waiter w;
+    weft__waiter_init(&w);
+    weft__lock_acquire(&t->lock);
+    if (atomic_load_explicit(&t->done, memory_order_relaxed)) {
+        weft__lock_release(&t->lock);
+        return WEFT_OK;
+    }
+    weft__waitq_push(&t->joiners, &w);
+    int rc = weft__waiter_wait(&w, &t->lock, true);
+    if (rc == WEFT_ECANCELED) {
+        weft__lock_acquire(&t->lock);
+        if (w.linked)
+            weft__waitq_remove(&t->joiners, &w);
+        weft__lock_release(&t->lock);
+    }
+    return rc;
+}
+
+static int join_failure(const weft__task *t)
+{
+    switch (t->status) {
+    case WEFT_ECANCELED:
+        return weft__fail(WEFT_ECANCELED, "weft_join: the task was cancelled");
+    default:
+        return weft__fail(t->status, "weft_join: the task failed: %s",
+                          t->errmsg[0] ? t->errmsg : weft_strerror(t->status));
+    }
+}
+
+int weft_join(weft_task *h, void **result)
+{
+    weft__task *t;
+    int rc = task_of(h, "weft_join", &t);
+    if (rc)
+        return rc;
+    if (t == weft__task_self())
+        return weft__fail(WEFT_EDEADLK, "weft_join: a task cannot join itself");
+    if (atomic_exchange(&t->join_claimed, true))
+        return weft__fail(WEFT_ESTATE, "weft_join: task is being joined elsewhere or was detached");
+    if ((rc = wait_done(t))) {
+        atomic_store(&t->join_claimed, false);
+        return weft__fail(rc, "weft_join: cancelled while waiting; the task is still joinable");
+    }
+    if (result)
+        *result = t->result;
+    int status = t->status;
+    rc = status == WEFT_OK ? WEFT_OK : join_failure(t);
+    task_release(t);
+    return rc;
+}
+
+int weft_detach(weft_task *h)
+{
+    weft__task *t;
+    int rc = task_of(h, "weft_detach", &t);
+    if (rc)
+        return rc;
+    if (atomic_exchange(&t->join_claimed, true))
+        return weft__fail(WEFT_ESTATE, "weft_detach: task is being joined or was detached");
+    weft__lock_acquire(&t->lock);
+    bool done = atomic_load(&t->done);
+    t->detached = !done;
+    weft__lock_release(&t->lock);
+    if (done)
+        task_release(t);
+    return WEFT_OK;
+}
+
+static int check_group(weft_task *const *ts, size_t n, const char *fn)
+{
+    if (n && !ts)
+        return weft__fail(WEFT_EINVAL, "%s: ts is NULL", fn);
+    weft__task *self = weft__task_self();
+    for (size_t i = 0; i < n; i++) {
+        weft__task *t;
+        int rc = task_of(ts[i], fn, &t);
+        if (rc)
+            return rc;
+        if (t == self)
+            return weft__fail(WEFT_EDEADLK, "%s: a task cannot wait for itself", fn);
+    }
+    return WEFT_OK;
+}
+
+static weft__task *record_of(weft_task *h)
+{
+    return (weft__task *)((uintptr_t)h & (((uintptr_t)1 << HANDLE_SHIFT) - 1));
+}
+
+int weft_when_all(weft_task *const *ts, size_t n)
+{
+    int rc = check_group(ts, n, "weft_when_all");
+    for (size_t i = 0; rc == WEFT_OK && i < n; i++)
+        if ((rc = wait_done(record_of(ts[i]))))
+            weft__fail(rc, "weft_when_all: cancelled while waiting");
+    return rc;
+}
+
+static bool first_done(weft_task *const *ts, size_t n, size_t *first)
+{
+    for (size_t i = 0; i < n; i++)
+        if (atomic_load_explicit(&record_of(ts[i])->done, memory_order_acquire)) {
+            *first = i;
+            return true;
+        }
+    return false;
+}
+
+int weft_when_any(weft_task *const *ts, size_t n, size_t *first)
+{
+    int rc = check_group(ts, n, "weft_when_any");
+    if (rc)
+        return rc;
+    if (n == 0 || !first)
+        return weft__fail(WEFT_EINVAL, "weft_when_any: %s", n ? "first is NULL" : "no tasks");
+    if (first_done(ts, n, first))
+        return WEFT_OK;
+
+    /* One parker, one waiter per task: the first task to finish ends it. */
+    weft__waiter local[16], *ws = local;
+    if (n > 16 && !(ws = malloc(n * sizeof *ws)))
+        return weft__fail(WEFT_ENOMEM, "weft_when_any: no memory for %zu waiters", n);
+    weft__parker *p = weft__parker_self();
+    weft__parker_arm(p, true);
+    size_t linked = 0;
+    for (; linked < n; linked++) {
+        weft__task *t = record_of(ts[linked]);
+        weft__waiter_init(&ws[linked]);
+        weft__lock_acquire(&t->lock);
+        bool done = atomic_load(&t->done);
+        if (!done)
+            weft__waitq_push(&t->joiners, &ws[linked]);
+        weft__lock_release(&t->lock);
+        if (done) {
+            weft__parker_notify(p, WEFT_OK, false);
+            break;
+        }
+    }
+    rc = weft__parker_park(p, NULL);
+    for (size_t i = 0; i < linked; i++) {
+        weft__task *t = record_of(ts[i]);
+        weft__lock_acquire(&t->lock);
+        if (ws[i].linked)
+            weft__waitq_remove(&t->joiners, &ws[i]);
+        weft__lock_release(&t->lock);
+    }
+    if (ws != local)
+        free(ws);
+    if (rc)
+        return weft__fail(rc, "weft_when_any: cancelled while waiting");
+    first_done(ts, n, first);
+    return WEFT_OK;
+}
+
+/* ---- cancellation, yielding, sleeping ---------------------------------- */
+
+int weft_cancel(weft_task *h)
+{
+    weft__task *t;
+    int rc = task_of(h, "weft_cancel", &t);
+    if (rc)
+        return rc;
+    atomic_store(&t->cancelled, true);
+    weft__parker_notify(&t->parker, WEFT_ECANCELED, true);
+    return WEFT_OK;
+}
+
+int weft_cancelled(void)
+{
+    weft__task *t = weft__task_self();
+    return t && atomic_load_explicit(&t->cancelled, memory_order_relaxed);
+}
+
+weft_task *weft_task_current(void)
+{
+    weft__task *t = weft__task_self();
+    return t ? handle_of(t) : NULL;
+}
+
+int weft_yield(void)
+{
+    weft__task *t = weft__task_self();
+    if (!t)
+        return weft__fail(WEFT_ENOTASK, "weft_yield: not called from a task");
+    weft__sched_leave(t, WEFT__LEAVE_YIELD);
+    if (atomic_load(&t->cancelled))
+        return weft__fail(WEFT_ECANCELED, "weft_yield: the task was cancelled");
+    return WEFT_OK;
+}
+
+int weft_sleep_ns(uint64_t ns)
+{
+    weft__task *t = weft__task_self();
+    if (!t)
+        return weft__fail(WEFT_ENOTASK, "weft_sleep_ns: not called from a task");
+    if (atomic_load(&t->cancelled))
+        return weft__fail(WEFT_ECANCELED, "weft_sleep_ns: the task was cancelled");
+    if (ns == 0)
+        return weft_yield();
+    int rc = weft__timers_sleep(t->rt->timers, ns);
+    return rc ? weft__fail(rc, "weft_sleep_ns: %s", weft_strerror(rc)) : WEFT_OK;
+}

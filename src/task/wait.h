@@ -1,0 +1,118 @@
+/*
+ * wait.h - how anything in weft waits: a waiter, armed by the waiting task
+ * (or thread) and fired by whoever ends the wait.
+ *
+ * Every blocking construct (join, channels, mutexes, timers, device markers)
+ * keeps a list of waiters under its own weft__lock. The protocol:
+ *
+ *   waiter:  lock(L); ...decide to wait...; link w into the list;
+ *            status = weft__waiter_wait(&w, &L, cancellable);
+ *            -- L is released for us once we are safely suspended --
+ *            if (status == WEFT_ECANCELED) { lock(L); if (w linked) unlink;
+ *                                            unlock(L); }
+ *   firer:   lock(L); pop w; if (!weft__waiter_fire(w, WEFT_OK)) try the
+ *            next waiter (w was cancelled and is leaving); unlock(L);
+ *
+ * Invariants:
+ *  - A task waiter is never visible to a firer before the task's registers
+ *    are saved: L is released on the worker's context after the switch.
+ *  - Exactly one of {firer, cancel} wins a waiter; the loser does nothing to
+ *    the task. A firer that loses must hand what it carried (a permit, an
+ *    item) to another waiter.
+ *  - The waiter lives on the waiting task's stack (or thread's), so the list
+ *    owner may only touch it while holding L, and only until it fires it. A
+ *    cancelled waiter takes L before leaving, so a firer holding L may still
+ *    write into w->data before trying to fire it.
+ */
+#ifndef WEFT_WAIT_H
+#define WEFT_WAIT_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/lock.h"
+
+struct weft__parker;
+
+typedef struct weft__waiter {
+    struct weft__parker *parker; /* the waiting task's or thread's parker */
+    struct weft__waiter *next;   /* list links, owned by the list's owner */
+    struct weft__waiter *prev;
+    void *data;                  /* for the list's owner, e.g. an item buffer */
+    bool linked;                 /* for the list's owner */
+} weft__waiter;
+
+/* Bind w to the calling task, or to the calling thread outside tasks. */
+void weft__waiter_init(weft__waiter *w);
+
+/* Suspend the calling task (or block the calling thread) until w fires.
+ * lock, held by the caller, is released once w can be fired safely; it may
+ * be NULL when nothing else guards w. A cancellable wait also ends when the
+ * task is cancelled (returning WEFT_ECANCELED; see the protocol above); a
+ * non-cancellable one ignores cancellation. Returns the fired status. */
+int weft__waiter_wait(weft__waiter *w, weft__lock *lock, bool cancellable);
+
+/* End w's wait with status. Returns false if w's wait already ended because
+ * its task was cancelled. Call with the list's lock held. */
+bool weft__waiter_fire(weft__waiter *w, int status);
+
+/* ---- intrusive waiter list (FIFO), for list owners --------------------- */
+
+typedef struct weft__waitq {
+    weft__waiter *head, *tail;
+} weft__waitq;
+
+static inline void weft__waitq_push(weft__waitq *q, weft__waiter *w)
+{
+    w->next = NULL;
+    w->prev = q->tail;
+    if (q->tail)
+        q->tail->next = w;
+    else
+        q->head = w;
+    q->tail = w;
+    w->linked = true;
+}
+
+static inline void weft__waitq_remove(weft__waitq *q, weft__waiter *w)
+{
+    if (w->prev)
+        w->prev->next = w->next;
+    else
+        q->head = w->next;
+    if (w->next)
+        w->next->prev = w->prev;
+    else
+        q->tail = w->prev;
+    w->next = w->prev = NULL;
+    w->linked = false;
+}
+
+static inline weft__waiter *weft__waitq_pop(weft__waitq *q)
+{
+    weft__waiter *w = q->head;
+    if (w)
+        weft__waitq_remove(q, w);
+    return w;
+}
+
+/* Pop waiters until one accepts status. Returns false when the queue held
+ * no live waiter. (A fired waiter may vanish at once: never touch it after.) */
+static inline bool weft__waitq_fire_one(weft__waitq *q, int status)
+{
+    weft__waiter *w;
+    while ((w = weft__waitq_pop(q)) != NULL)
+        if (weft__waiter_fire(w, status))
+            return true;
+    return false;
+}
+
+/* Fire every live waiter with status. */
+static inline void weft__waitq_fire_all(weft__waitq *q, int status)
+{
+    while (weft__waitq_fire_one(q, status))
+        ;
+}
+
+#endif
