@@ -15,6 +15,27 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#if defined(__SANITIZE_THREAD__)
+#define WEFT__TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define WEFT__TSAN 1
+#endif
+#endif
+
+/* A full (sequentially consistent) fence. gcc's ThreadSanitizer refuses
+ * atomic_thread_fence; there a sequentially consistent read-modify-write of
+ * a shared word orders the same way and is something TSan understands. */
+static inline void weft__fence(void)
+{
+#ifdef WEFT__TSAN
+    static atomic_uint word;
+    atomic_fetch_add_explicit(&word, 0, memory_order_seq_cst);
+#else
+    atomic_thread_fence(memory_order_seq_cst);
+#endif
+}
+
 typedef struct weft__lock {
     atomic_bool held;
 } weft__lock;

@@ -14,9 +14,10 @@
  *
  * Invariants:
  *  - A stream is `scheduled` from the moment it has work until an executor
- *    finds it empty; while scheduled it is on the ready list or held by
- *    exactly one executor. Hence one executor at a time per stream (order
- *    holds) and different streams run in parallel.
+ *    finds it empty; while scheduled it is on the ready list (or about to be
+ *    put there by the enqueuer that set the flag) or held by exactly one
+ *    executor. Hence one executor at a time per stream (order holds), and
+ *    different streams run in parallel.
  *  - completed <= enqueued; every pending marker has completed < target <=
  *    enqueued, so a pending marker implies a scheduled stream.
  *  - The stream lock guards the queue, counters, markers and op cache; it is

@@ -19,6 +19,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/lock.h"
+
 #define WEFT__DEQUE_SIZE 1024 /* a power of two */
 
 typedef struct weft__deque {
@@ -56,7 +58,7 @@ static inline void *weft__deque_pop(weft__deque *d)
 {
     long long b = atomic_load_explicit(&d->bottom, memory_order_relaxed) - 1;
     atomic_store_explicit(&d->bottom, b, memory_order_relaxed);
-    atomic_thread_fence(memory_order_seq_cst);
+    weft__fence();
     long long t = atomic_load_explicit(&d->top, memory_order_relaxed);
     if (t > b) { /* empty */
         atomic_store_explicit(&d->bottom, b + 1, memory_order_relaxed);
@@ -77,7 +79,7 @@ static inline void *weft__deque_pop(weft__deque *d)
 static inline void *weft__deque_steal(weft__deque *d)
 {
     long long t = atomic_load_explicit(&d->top, memory_order_acquire);
-    atomic_thread_fence(memory_order_seq_cst);
+    weft__fence();
     long long b = atomic_load_explicit(&d->bottom, memory_order_acquire);
     if (t >= b)
         return WEFT__STEAL_EMPTY;

@@ -161,7 +161,7 @@ static bool queue_empty(task_queue *q)
  * the number of parked workers and only happens in bursts of new work. */
 static void notify_one(weft__sched *s)
 {
-    atomic_thread_fence(memory_order_seq_cst);
+    weft__fence();
     if (atomic_load_explicit(&s->searching, memory_order_relaxed) != 0 ||
         atomic_load_explicit(&s->sleepers, memory_order_relaxed) == 0)
         return;
@@ -311,7 +311,7 @@ static weft__task *idle(weft__worker *w)
         atomic_fetch_add(&s->sleepers, 1);
         unsigned key = atomic_load(&s->epoch);
         end_search(w);
-        atomic_thread_fence(memory_order_seq_cst);
+        weft__fence();
         if ((t = find_work(w, true)) || atomic_load(&s->stopping)) {
             atomic_fetch_sub(&s->sleepers, 1);
             if (t) {

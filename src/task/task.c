@@ -67,8 +67,9 @@ static weft__task *pool_take(weft_runtime *rt, weft__task_cache *cache)
 {
     pthread_mutex_lock(&rt->pool_lock);
     if (!rt->free_tasks) {
-        task_chunk *c = aligned_alloc(64, sizeof *c);
-        if (!c || (uintptr_t)c >> HANDLE_SHIFT) { /* handles need the top bits */
+        task_chunk *c = NULL;
+        if (posix_memalign((void **)&c, 64, sizeof *c) || (uintptr_t)c >> HANDLE_SHIFT) {
+            /* (handles need the top bits free) */
             free(c);
             pthread_mutex_unlock(&rt->pool_lock);
             return NULL;
