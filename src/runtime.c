@@ -169,11 +169,13 @@ int weft_runtime_destroy(weft_runtime *rt)
         pthread_cond_wait(&rt->idle, &rt->idle_lock);
     pthread_mutex_unlock(&rt->idle_lock);
 
-    weft__sched_destroy(rt->sched);
-    weft__timers_destroy(rt->timers);
+    /* Top-down: device executors and the timer thread may still be waking
+     * the last tasks, so they stop before the workers they wake. */
     weft__device *dev = atomic_load(&rt->device);
     if (dev)
         dev->ops->destroy(dev);
+    weft__timers_destroy(rt->timers);
+    weft__sched_destroy(rt->sched);
     weft__task_pool_destroy(rt);
     weft__stack_pool_destroy(rt->stacks);
     pthread_mutex_destroy(&rt->idle_lock);
@@ -213,7 +215,7 @@ int weft__runtime_device(weft_runtime *rt, weft__device **out)
     }
     pthread_mutex_unlock(&rt->device_lock);
     if (rc)
-        return weft__fail(rc, "device: cannot start the host backend");
+        return rc; /* the backend said why */
     *out = dev;
     return WEFT_OK;
 }

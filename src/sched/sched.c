@@ -65,6 +65,7 @@ struct weft__sched {
     atomic_uint searching;   /* workers looking for work, not parked */
     atomic_uint epoch;       /* event count: futex word, bumped to wake */
     atomic_uint sleepers;    /* event count: registered (parking) workers */
+    atomic_uint outside;     /* threads other than workers inside spawn/wake */
     atomic_bool stopping;
 };
 
@@ -411,17 +412,30 @@ static task_queue *priority_queue(weft__sched *s, const weft__task *t)
     return NULL;
 }
 
+/* Queue t on a shared queue and wake a worker. A thread that is not one of
+ * s's workers is counted while it does so: the task may run and the last
+ * task end before this returns, and weft__sched_destroy must not free s
+ * under it. */
+static void push_shared(weft__sched *s, task_queue *q, weft__task *t, bool outsider)
+{
+    if (outsider)
+        atomic_fetch_add(&s->outside, 1);
+    queue_push(q, t);
+    notify_one(s);
+    if (outsider)
+        atomic_fetch_sub_explicit(&s->outside, 1, memory_order_release);
+}
+
 void weft__sched_spawn(weft__sched *s, weft__task *t)
 {
     weft__worker *w = weft__worker_self();
     task_queue *q = priority_queue(s, t);
-    if (q)
-        queue_push(q, t);
-    else if (w && w->sched == s)
+    if (!q && w && w->sched == s) {
         push_local(w, t);
-    else
-        queue_push(&s->inject, t);
-    notify_one(s);
+        notify_one(s);
+    } else {
+        push_shared(s, q ? q : &s->inject, t, !w || w->sched != s);
+    }
 }
 
 void weft__sched_wake(weft__sched *s, weft__task *t)
@@ -429,8 +443,7 @@ void weft__sched_wake(weft__sched *s, weft__task *t)
     weft__worker *w = weft__worker_self();
     task_queue *q = priority_queue(s, t);
     if (q || !w || w->sched != s) {
-        queue_push(q ? q : &s->inject, t);
-        notify_one(s);
+        push_shared(s, q ? q : &s->inject, t, !w || w->sched != s);
         return;
     }
     weft__task *old = atomic_exchange(&w->lifo, t);
@@ -484,6 +497,8 @@ void weft__sched_destroy(weft__sched *s)
     notify_all(s);
     for (unsigned i = 0; i < s->nworkers; i++)
         pthread_join(s->workers[i].thread, NULL);
+    while (atomic_load_explicit(&s->outside, memory_order_acquire) != 0)
+        sched_yield(); /* a waker is finishing its notify */
     pthread_mutex_destroy(&s->inject.lock);
     pthread_mutex_destroy(&s->high.lock);
     pthread_mutex_destroy(&s->low.lock);

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "weft.h"
+#include "weft_test.h"
 
 static weft_runtime *start(unsigned workers)
 {
@@ -123,14 +124,14 @@ static void *count_after_yields(void *arg)
 static void test_when_all_over_10000_tasks_waits_for_every_one(void **state)
 {
     (void)state;
-    enum { N = 10000 };
+    const size_t N = weft_test_live(10000);
     weft_runtime *rt = start(2);
     weft_task **ts = malloc(N * sizeof *ts);
     atomic_store(&finished, 0);
     for (uintptr_t i = 0; i < N; i++)
         assert_int_equal(weft_spawn(rt, &ts[i], count_after_yields, (void *)i, NULL), WEFT_OK);
     assert_int_equal(weft_when_all(ts, N), WEFT_OK);
-    assert_int_equal(atomic_load(&finished), N);
+    assert_int_equal(atomic_load(&finished), (int)N);
     for (uintptr_t i = 0; i < N; i++) {
         void *r;
         assert_int_equal(weft_join(ts[i], &r), WEFT_OK);
@@ -386,8 +387,8 @@ static void test_a_task_waiting_for_itself_gets_edeadlk(void **state)
 
 /* ---- 100,000 suspended tasks ------------------------------------------- */
 
-enum { SUSPENDED = 100000 };
-static atomic_int arrived;
+static size_t suspended; /* 100,000; fewer under TSan (weft_test.h) */
+static atomic_size_t arrived;
 
 static void *wait_for_gate(void *arg)
 {
@@ -401,7 +402,7 @@ static void *gate_body(void *arg)
 {
     (void)arg;
     /* Open only once every waiter is suspended on us. */
-    while (atomic_load(&arrived) < SUSPENDED)
+    while (atomic_load(&arrived) < suspended)
         weft_sleep_ns(1000000);
     return NULL;
 }
@@ -412,12 +413,13 @@ static void test_100000_tasks_suspended_at_once(void **state)
     weft_config cfg = {.workers = 2, .stack_size = 64 * 1024};
     weft_runtime *rt;
     assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
-    weft_task *gate, **ts = malloc(SUSPENDED * sizeof *ts);
+    suspended = weft_test_live(100000);
+    weft_task *gate, **ts = malloc(suspended * sizeof *ts);
     atomic_store(&arrived, 0);
     assert_int_equal(weft_spawn(rt, &gate, gate_body, NULL, NULL), WEFT_OK);
-    for (int i = 0; i < SUSPENDED; i++)
+    for (size_t i = 0; i < suspended; i++)
         assert_int_equal(weft_spawn(rt, &ts[i], wait_for_gate, gate, NULL), WEFT_OK);
-    for (int i = 0; i < SUSPENDED; i++) {
+    for (size_t i = 0; i < suspended; i++) {
         void *r;
         assert_int_equal(weft_join(ts[i], &r), WEFT_OK);
         assert_int_equal((intptr_t)r, WEFT_OK);
