@@ -99,7 +99,10 @@ typedef struct weft_task_opts {
     weft_priority priority;
     size_t stack_size; /* 0: the runtime's default */
     const char *name;  /* shown in reports and traces; must outlive the task */
+    unsigned device;   /* 0: the least loaded device; WEFT_DEVICE(i): device i */
 } weft_task_opts;
+
+#define WEFT_DEVICE(i) ((unsigned)(i) + 1u)
 
 /* Start fn(arg) as a new task. t receives a handle to join (exactly once);
  * t NULL starts a detached task. opts NULL: defaults. Spawned from a task,
@@ -151,31 +154,106 @@ weft_task *weft_task_current(void);
 /* ---- device work from a task ------------------------------------------- */
 /*
  * A task's device work goes to a stream that the task leases on its first
- * enqueue: an in-order queue on the runtime's device (a GPU with the CUDA
- * backend, host threads with the host backend). Operations run in the order
- * they were enqueued; weft_await suspends the task until all of them have
- * completed, then the stream goes back to the pool. All task only.
+ * enqueue: an in-order queue on one of the runtime's devices (a GPU with the
+ * CUDA backend, host threads with the host backend). Operations run in the
+ * order they were enqueued; weft_await suspends the task until all of them
+ * have completed, then the stream goes back to the pool. A task that returns
+ * with work in flight is awaited implicitly. A device failure fails the task:
+ * weft_await returns WEFT_EDEVICE with the error's name in the message, and
+ * so does weft_join. Calls marked "task only" return WEFT_ENOTASK elsewhere.
  */
 
-/* Copy n bytes from src to dst in stream order. */
+typedef struct weft_dim3 {
+    unsigned x, y, z;
+} weft_dim3;
+
+/* Copy n bytes from src to dst in stream order; the direction (host or
+ * device memory on either side) is inferred. Task only. */
 int weft_memcpy_async(void *dst, const void *src, size_t n);
 
-/* Set n bytes at dst to (unsigned char)value in stream order. */
+/* Set n bytes at dst to (unsigned char)value in stream order. Task only. */
 int weft_memset_async(void *dst, int value, size_t n);
 
-/* Run fn(arg) in stream order, on a thread of the device backend. fn must not
- * call weft functions that wait. */
+/* Run fn(arg) in stream order, on a thread of the device backend (with CUDA:
+ * a host function in the stream). fn must not call weft functions that wait.
+ * Task only. */
 int weft_host_async(void (*fn)(void *arg), void *arg);
 
-/* Suspend until everything the calling task enqueued has completed. Returns
- * WEFT_EDEVICE if any of it failed (the message names the error). */
+/* Launch kernel - the address of a __global__ function, as for
+ * cudaLaunchKernel - with args[i] pointing at its i-th argument. Task only.
+ * The host backend has no kernels: WEFT_EINVAL. */
+int weft_launch(const void *kernel, weft_dim3 grid, weft_dim3 block,
+                size_t shared_bytes, void **args);
+
+/* Suspend until everything the calling task enqueued has completed. Task
+ * only. Not cut short by cancellation (work in flight may point into the
+ * task's stack): a cancelled task gets WEFT_ECANCELED once it is done. */
 int weft_await(void);
+
+/* The calling task's stream as the backend's own handle (a cudaStream_t),
+ * leasing one now if needed, so that libraries (cuBLAS, cuFFT, your own
+ * launches) can enqueue on it; weft_await covers their work too. NULL with
+ * the host backend. Task only. */
+int weft_stream(void **stream);
+
+/* Device memory from the stream-ordered allocator (cudaMallocAsync on the
+ * calling task's stream): usable by work enqueued after it. Task only.
+ * WEFT_ENOMEM when the device is full. The host backend hands out host
+ * memory. */
+int weft_malloc_async(void **ptr, size_t n);
+/* Give ptr back once the work enqueued before this call is done. */
+int weft_free_async(void *ptr);
+
+/* Page-locked host memory (fast copies), from a pool of rt's. */
+int weft_host_alloc(weft_runtime *rt, void **ptr, size_t n);
+int weft_host_free(weft_runtime *rt, void *ptr);
+
+/* Host memory the device reads and writes directly (zero-copy): *host for
+ * the CPU, *device for kernels. */
+int weft_mapped_alloc(weft_runtime *rt, void **host, void **device, size_t n);
+int weft_mapped_free(weft_runtime *rt, void *host);
+
+/* Events: a point in a task's stream that others can wait for. */
+typedef struct weft_event weft_event;
+
+/* Mark everything the calling task has enqueued so far. Task only. */
+int weft_event_record(weft_event **ev);
+/* Suspend until ev's work has completed (from a thread: block). */
+int weft_event_await(weft_event *ev);
+/* Make the calling task's later work wait for ev on the device, without
+ * suspending the task. Task only. */
+int weft_stream_wait(weft_event *ev);
+int weft_event_destroy(weft_event *ev);
+
+/* Devices of rt and the backend behind them ("cuda" or "host"). */
+unsigned weft_device_count(weft_runtime *rt);
+const char *weft_backend_name(weft_runtime *rt);
 
 /* ---- task-aware synchronization ---------------------------------------- */
 /*
  * These suspend the calling task instead of blocking its worker. Called from
- * a plain thread they block that thread. An object must not be destroyed
- * while anyone waits on it.
+ * a plain thread they block that thread. Every call returns WEFT_EINVAL for
+ * a NULL object or item pointer.
+ *
+ * Waiting and cancellation. The calls that may wait (mutex_lock, cond_wait,
+ * sem_wait, chan_send, chan_recv) return WEFT_ECANCELED once the calling
+ * task has been cancelled, also when they would not have had to wait; the
+ * operation then did not happen (no lock taken, no permit, no item sent or
+ * received). A call that returns WEFT_OK did all of it, even if the task was
+ * cancelled meanwhile: an item is never lost or delivered twice, a lock or a
+ * permit never leaks. The try-calls and the calls that never wait (unlock,
+ * signal, broadcast, post, close) keep working in a cancelled task, so that
+ * it can clean up.
+ *
+ * Fairness. Waiters are served in arrival order, and unlock, post and send
+ * hand the lock, the permit or the item straight to the longest-waiting live
+ * waiter: a newcomer (or a try-call) cannot overtake it.
+ *
+ * Destroy. While anyone waits on the object (for a mutex: also while it is
+ * held) destroy returns WEFT_ESTATE and frees nothing. Otherwise it frees at
+ * once: no call on the object may be in progress or follow, and a task
+ * still returning from a wait on it (say, one just cancelled) counts as in
+ * progress - join it first.
  */
 
 typedef struct weft_mutex weft_mutex;
@@ -183,39 +261,56 @@ typedef struct weft_cond weft_cond;
 typedef struct weft_sem weft_sem;
 typedef struct weft_chan weft_chan;
 
+/* A non-recursive mutex. Its holder is the calling task (which may unlock it
+ * after moving to another worker) or, outside tasks, the calling thread. */
 int weft_mutex_create(weft_mutex **m);
-int weft_mutex_destroy(weft_mutex *m);
-int weft_mutex_lock(weft_mutex *m);    /* ECANCELED: not acquired */
-int weft_mutex_trylock(weft_mutex *m); /* EAGAIN when held */
+int weft_mutex_destroy(weft_mutex *m); /* ESTATE when held or waited on */
+/* ECANCELED: not acquired. EDEADLK: the caller holds it already. */
+int weft_mutex_lock(weft_mutex *m);
+int weft_mutex_trylock(weft_mutex *m); /* EAGAIN when held (by anyone) */
 int weft_mutex_unlock(weft_mutex *m);  /* EPERM when not the holder */
 
 int weft_cond_create(weft_cond **c);
-int weft_cond_destroy(weft_cond *c);
+int weft_cond_destroy(weft_cond *c); /* ESTATE when waited on */
 /* Atomically release m and wait for a signal; m is held again on return,
- * also when the result is WEFT_ECANCELED. Wake-ups may be spurious. */
+ * also when the result is WEFT_ECANCELED (re-taking m is not cancellable).
+ * Wake-ups may be spurious. EPERM: the caller does not hold m (nothing
+ * done). "Atomically": whoever takes m after the release and then signals
+ * or broadcasts is sure to wake this waiter. */
 int weft_cond_wait(weft_cond *c, weft_mutex *m);
-int weft_cond_signal(weft_cond *c);
-int weft_cond_broadcast(weft_cond *c);
+int weft_cond_signal(weft_cond *c);    /* wake the longest waiter, if any */
+int weft_cond_broadcast(weft_cond *c); /* wake everyone waiting now */
 
+/* A counting semaphore with a 64-bit count. */
 int weft_sem_create(weft_sem **s, uint64_t initial);
-int weft_sem_destroy(weft_sem *s);
+int weft_sem_destroy(weft_sem *s); /* ESTATE when waited on */
 int weft_sem_wait(weft_sem *s);    /* take one permit, waiting for it */
 int weft_sem_trywait(weft_sem *s); /* EAGAIN when none is free */
-int weft_sem_post(weft_sem *s);    /* give one permit back */
+/* Give one permit back. ESTATE (nothing done): the count is UINT64_MAX. */
+int weft_sem_post(weft_sem *s);
 
 /* A bounded FIFO of capacity items of item_size bytes each (capacity 0: an
- * unbuffered rendezvous). Items are copied in and out. */
+ * unbuffered rendezvous). Items are copied in and out. EINVAL: item_size is
+ * 0, or capacity * item_size does not fit in a ptrdiff_t. */
 int weft_chan_create(weft_chan **ch, size_t item_size, size_t capacity);
+/* ESTATE when waited on. Items still buffered are discarded. */
 int weft_chan_destroy(weft_chan *ch);
-/* Wait for room, then copy *item in. ECLOSED if the channel is closed. */
+/* Wait for room, then copy *item in; on an unbuffered channel, wait until a
+ * receiver has taken it. ECLOSED if the channel is closed, before or while
+ * waiting: the item was not sent. */
 int weft_chan_send(weft_chan *ch, const void *item);
 /* Wait for an item and copy it to *item. ECLOSED once the channel is closed
- * and drained. */
+ * and drained. *item holds an item on WEFT_OK only; after any other result
+ * its contents are unspecified. */
 int weft_chan_recv(weft_chan *ch, void *item);
-int weft_chan_trysend(weft_chan *ch, const void *item); /* EAGAIN: full */
-int weft_chan_tryrecv(weft_chan *ch, void *item);       /* EAGAIN: empty */
-/* No more sends: waiting senders get ECLOSED, receivers drain what is left.
- * Closing twice returns WEFT_ECLOSED. */
+/* EAGAIN: full (unbuffered: no receiver waiting). ECLOSED: closed. */
+int weft_chan_trysend(weft_chan *ch, const void *item);
+/* EAGAIN: empty (unbuffered: no sender waiting). ECLOSED: closed and
+ * drained. *item as for weft_chan_recv. */
+int weft_chan_tryrecv(weft_chan *ch, void *item);
+/* No more sends: waiting senders get ECLOSED (their items are not sent),
+ * receivers drain what is buffered, then get ECLOSED. Closing twice returns
+ * WEFT_ECLOSED. */
 int weft_chan_close(weft_chan *ch);
 
 #ifdef __cplusplus

@@ -74,6 +74,91 @@ static int fill_config(weft_config *cfg, const weft_config *given)
     return WEFT_OK;
 }
 
+/* ---- devices ----------------------------------------------------------- */
+
+/* Idle workers poll the devices' completion engines through this. */
+static unsigned poll_devices(void *ctx)
+{
+    weft_runtime *rt = ctx;
+    unsigned fired = 0;
+    for (unsigned i = 0; i < rt->ndevices; i++)
+        fired += rt->devices[i]->ops->poll(rt->devices[i]);
+    return fired;
+}
+
+static bool devices_pending(void *ctx)
+{
+    weft_runtime *rt = ctx;
+    for (unsigned i = 0; i < rt->ndevices; i++)
+        if (rt->devices[i]->ops->pending(rt->devices[i]))
+            return true;
+    return false;
+}
+
+static void kick_sched(void *sched)
+{
+    weft__sched_kick(sched);
+}
+
+static int devices_create(weft_runtime *rt)
+{
+    int rc = WEFT_OK;
+    if (rt->cfg.backend != WEFT_BACKEND_HOST) {
+        if ((rc = weft__cuda_devices_create(&rt->devices, &rt->ndevices)))
+            return rc;
+        if (rt->ndevices == 0 && rt->cfg.backend == WEFT_BACKEND_CUDA)
+            return weft__fail(WEFT_EDEVICE, "device: no GPU found for the CUDA backend");
+    }
+    if (rt->ndevices == 0) {
+        if (!(rt->devices = calloc(1, sizeof *rt->devices)))
+            return weft__fail(WEFT_ENOMEM, "device: out of memory");
+        if ((rc = weft__host_device_create(&rt->devices[0], rt->cfg.host_threads))) {
+            free(rt->devices);
+            rt->devices = NULL;
+            return rc;
+        }
+        rt->ndevices = 1;
+    }
+    bool polled = rt->devices[0]->ops->poll != NULL;
+    if (polled)
+        weft__sched_set_poller(rt->sched, poll_devices, devices_pending, rt);
+    for (unsigned i = 0; i < rt->ndevices; i++) {
+        rt->devices[i]->index = i;
+        if (polled) {
+            rt->devices[i]->kick = kick_sched;
+            rt->devices[i]->kick_ctx = rt->sched;
+        }
+    }
+    return WEFT_OK;
+}
+
+int weft__runtime_devices(weft_runtime *rt, weft__device ***devs, unsigned *n)
+{
+    int rc = WEFT_OK;
+    if (!atomic_load_explicit(&rt->devices_ready, memory_order_acquire)) {
+        pthread_mutex_lock(&rt->device_lock);
+        if (!atomic_load(&rt->devices_ready) && (rc = devices_create(rt)) == WEFT_OK)
+            atomic_store_explicit(&rt->devices_ready, true, memory_order_release);
+        pthread_mutex_unlock(&rt->device_lock);
+        if (rc)
+            return rc; /* the backend said why */
+    }
+    *devs = rt->devices;
+    *n = rt->ndevices;
+    return WEFT_OK;
+}
+
+static void devices_destroy(weft_runtime *rt)
+{
+    for (unsigned i = 0; i < rt->ndevices; i++)
+        rt->devices[i]->ops->destroy(rt->devices[i]);
+    free(rt->devices);
+    rt->devices = NULL;
+    rt->ndevices = 0;
+}
+
+/* ---- creating and destroying --------------------------------------------- */
+
 int weft_runtime_create(weft_runtime **out, const weft_config *given)
 {
     weft_config cfg;
@@ -82,9 +167,6 @@ int weft_runtime_create(weft_runtime **out, const weft_config *given)
     int rc = fill_config(&cfg, given);
     if (rc)
         return rc;
-    if (cfg.backend == WEFT_BACKEND_CUDA)
-        return weft__fail(WEFT_EDEVICE, "weft_runtime_create: this build has no CUDA backend");
-
     weft_runtime *rt = record_get();
     if (!rt)
         return weft__fail(WEFT_ENOMEM, "weft_runtime_create: out of memory");
@@ -110,9 +192,18 @@ int weft_runtime_create(weft_runtime **out, const weft_config *given)
         weft__fail(rc, "weft_runtime_create: cannot start %u workers", cfg.workers);
         goto fail_timers;
     }
+    if (cfg.backend == WEFT_BACKEND_CUDA) { /* asked for GPUs: fail now if there are none */
+        weft__device **devs;
+        unsigned n;
+        if ((rc = weft__runtime_devices(rt, &devs, &n)))
+            goto fail_sched;
+    }
     atomic_store(&rt->state, WEFT__RT_LIVE);
     *out = rt;
     return WEFT_OK;
+
+fail_sched:
+    weft__sched_destroy(rt->sched);
 
 fail_timers:
     weft__timers_destroy(rt->timers);
@@ -171,9 +262,7 @@ int weft_runtime_destroy(weft_runtime *rt)
 
     /* Top-down: device executors and the timer thread may still be waking
      * the last tasks, so they stop before the workers they wake. */
-    weft__device *dev = atomic_load(&rt->device);
-    if (dev)
-        dev->ops->destroy(dev);
+    devices_destroy(rt);
     weft__timers_destroy(rt->timers);
     weft__sched_destroy(rt->sched);
     weft__task_pool_destroy(rt);
@@ -197,25 +286,4 @@ unsigned weft_runtime_workers(const weft_runtime *rt)
     if (!rt || atomic_load(&((weft_runtime *)rt)->state) != WEFT__RT_LIVE)
         return 0;
     return weft__sched_workers(rt->sched);
-}
-
-int weft__runtime_device(weft_runtime *rt, weft__device **out)
-{
-    weft__device *dev = atomic_load_explicit(&rt->device, memory_order_acquire);
-    if (dev) {
-        *out = dev;
-        return WEFT_OK;
-    }
-    int rc = WEFT_OK;
-    pthread_mutex_lock(&rt->device_lock);
-    if (!(dev = atomic_load(&rt->device))) {
-        rc = weft__host_device_create(&dev, rt->cfg.host_threads);
-        if (rc == WEFT_OK)
-            atomic_store_explicit(&rt->device, dev, memory_order_release);
-    }
-    pthread_mutex_unlock(&rt->device_lock);
-    if (rc)
-        return rc; /* the backend said why */
-    *out = dev;
-    return WEFT_OK;
 }

@@ -37,8 +37,10 @@ struct weft_runtime {
     weft__task *free_tasks;
     void *task_chunks;
 
-    pthread_mutex_t device_lock;
-    weft__device *_Atomic device;
+    pthread_mutex_t device_lock; /* guards creating the device table */
+    atomic_bool devices_ready;
+    weft__device **devices;
+    unsigned ndevices;
 
     weft_runtime *next_dead;
 };
@@ -53,8 +55,8 @@ static inline weft__sched *weft__runtime_sched(weft_runtime *rt)
  * calls (its tasks are finishing). */
 int weft__runtime_check(weft_runtime *rt, const char *fn);
 
-/* rt's device, created on first use. */
-int weft__runtime_device(weft_runtime *rt, weft__device **dev);
+/* rt's devices (at least one), created on first use. */
+int weft__runtime_devices(weft_runtime *rt, weft__device ***devs, unsigned *n);
 
 /* A task of rt ended: the last one lets weft_runtime_destroy go on. */
 void weft__runtime_task_ended(weft_runtime *rt);

@@ -1,38 +1,82 @@
 /*
  * api.c - the public calls that put device work on a task's stream.
  *
- * A task leases a stream from its runtime's device on its first enqueue and
- * keeps it until weft_await finds the work complete; a task that returns
- * with work in flight is awaited implicitly, so its stack (which that work
- * may point into) outlives the work. A device failure fails the task: its
- * join returns the failure even if the task ignored it.
+ * A task leases a stream on its first device call - on the device its spawn
+ * options name, else on the least loaded one - and keeps it until
+ * weft_await finds the work complete. A task that returns with work in
+ * flight is awaited implicitly, so its stack (which that work may point
+ * into) outlives the work. A device failure fails the task: its join
+ * returns the failure even if the task ignored it.
  */
+#include <stdlib.h>
+
 #include "device/device.h"
 #include "runtime.h"
 #include "task/task.h"
 
+struct weft_event {
+    weft__device *dev;
+    weft__stream *stream;
+    uint64_t seq;
+};
+
+/* The calling task, or the failure to report. */
+static int self_task(const char *fn, weft__task **tp)
+{
+    if (!(*tp = weft__task_self()))
+        return weft__fail(WEFT_ENOTASK, "%s: not called from a task", fn);
+    return WEFT_OK;
+}
+
+static int place(weft__task *t, weft__device **out)
+{
+    weft__device **devs;
+    unsigned n;
+    int rc = weft__runtime_devices(t->rt, &devs, &n);
+    if (rc)
+        return rc;
+    if (t->device) {
+        if (t->device > n)
+            return weft__fail(WEFT_EINVAL, "device: the task asked for device %u of %u",
+                              t->device - 1, n);
+        *out = devs[t->device - 1];
+        return WEFT_OK;
+    }
+    weft__device *best = devs[0];
+    unsigned best_load = best->ops->load(best);
+    for (unsigned i = 1; i < n && best_load > 0; i++) {
+        unsigned load = devs[i]->ops->load(devs[i]);
+        if (load < best_load) {
+            best = devs[i];
+            best_load = load;
+        }
+    }
+    *out = best;
+    return WEFT_OK;
+}
+
 /* The calling task and its stream, leasing one if needed. */
 static int task_stream(const char *fn, weft__task **tp, weft__stream **sp)
 {
-    weft__task *t = weft__task_self();
-    if (!t)
-        return weft__fail(WEFT_ENOTASK, "%s: not called from a task", fn);
+    weft__task *t;
+    int rc = self_task(fn, &t);
+    if (rc)
+        return rc;
     if (!t->stream) {
-        weft__device *dev;
-        int rc = weft__runtime_device(t->rt, &dev);
-        if (rc == WEFT_OK)
-            rc = dev->ops->stream_lease(dev, &t->stream);
-        if (rc)
+        weft__device *dev = NULL;
+        if ((rc = place(t, &dev)) ||
+            (rc = dev->ops->stream_lease(dev, t->priority, &t->stream)))
             return rc;
+        t->stream_device = dev;
     }
     *tp = t;
     *sp = t->stream;
     return WEFT_OK;
 }
 
-static const weft__device_ops *ops_of(weft__task *t)
+static const weft__device_ops *ops_of(const weft__task *t)
 {
-    return atomic_load_explicit(&t->rt->device, memory_order_acquire)->ops;
+    return t->stream_device->ops;
 }
 
 int weft_memcpy_async(void *dst, const void *src, size_t n)
@@ -66,19 +110,66 @@ int weft_host_async(void (*fn)(void *arg), void *arg)
     if (!fn)
         return weft__fail(WEFT_EINVAL, "weft_host_async: fn is NULL");
     int rc = task_stream("weft_host_async", &t, &s);
-    if (rc)
-        return rc;
-    return ops_of(t)->host_fn(s, fn, arg);
+    return rc ? rc : ops_of(t)->host_fn(s, fn, arg);
 }
+
+int weft_launch(const void *kernel, weft_dim3 grid, weft_dim3 block, size_t shared_bytes,
+                void **args)
+{
+    weft__task *t;
+    weft__stream *s;
+    if (!kernel)
+        return weft__fail(WEFT_EINVAL, "weft_launch: kernel is NULL");
+    if (!grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z)
+        return weft__fail(WEFT_EINVAL, "weft_launch: grid %ux%ux%u, block %ux%ux%u has a zero",
+                          grid.x, grid.y, grid.z, block.x, block.y, block.z);
+    int rc = task_stream("weft_launch", &t, &s);
+    return rc ? rc : ops_of(t)->launch(s, kernel, grid, block, shared_bytes, args);
+}
+
+int weft_stream(void **stream)
+{
+    weft__task *t;
+    weft__stream *s;
+    if (!stream)
+        return weft__fail(WEFT_EINVAL, "weft_stream: stream is NULL");
+    int rc = task_stream("weft_stream", &t, &s);
+    if (rc == WEFT_OK)
+        *stream = ops_of(t)->native(s);
+    return rc;
+}
+
+int weft_malloc_async(void **ptr, size_t n)
+{
+    weft__task *t;
+    weft__stream *s;
+    if (!ptr || !n)
+        return weft__fail(WEFT_EINVAL, "weft_malloc_async: %s", ptr ? "n is 0" : "ptr is NULL");
+    int rc = task_stream("weft_malloc_async", &t, &s);
+    return rc ? rc : ops_of(t)->malloc_async(s, ptr, n);
+}
+
+int weft_free_async(void *ptr)
+{
+    weft__task *t;
+    weft__stream *s;
+    if (!ptr)
+        return WEFT_OK;
+    int rc = task_stream("weft_free_async", &t, &s);
+    return rc ? rc : ops_of(t)->free_async(s, ptr);
+}
+
+/* ---- waiting ----------------------------------------------------------- */
 
 /* Wait for t's stream to drain and give it back; remember a failure. */
 static int drain(weft__task *t)
 {
-    weft__device *dev = atomic_load_explicit(&t->rt->device, memory_order_acquire);
+    weft__device *dev = t->stream_device;
     weft__stream *s = t->stream;
-    int rc = dev->ops->sync(s);
+    int rc = weft__stream_sync(dev->ops, s);
     dev->ops->stream_return(dev, s);
     t->stream = NULL;
+    t->stream_device = NULL;
     if (rc && t->device_status == WEFT_OK)
         t->device_status = rc;
     return rc;
@@ -86,11 +177,11 @@ static int drain(weft__task *t)
 
 int weft_await(void)
 {
-    weft__task *t = weft__task_self();
-    if (!t)
-        return weft__fail(WEFT_ENOTASK, "weft_await: not called from a task");
-    int rc = t->stream ? drain(t) : WEFT_OK;
+    weft__task *t;
+    int rc = self_task("weft_await", &t);
     if (rc)
+        return rc;
+    if (t->stream && (rc = drain(t)))
         return rc; /* the backend set the message */
     if (atomic_load(&t->cancelled))
         return weft__fail(WEFT_ECANCELED, "weft_await: the task was cancelled");
@@ -100,4 +191,114 @@ int weft_await(void)
 void weft__device_task_exit(weft__task *t)
 {
     drain(t);
+}
+
+/* ---- events ------------------------------------------------------------ */
+
+int weft_event_record(weft_event **out)
+{
+    weft__task *t;
+    weft__stream *s;
+    if (!out)
+        return weft__fail(WEFT_EINVAL, "weft_event_record: ev is NULL");
+    int rc = task_stream("weft_event_record", &t, &s);
+    if (rc)
+        return rc;
+    weft_event *ev = malloc(sizeof *ev);
+    if (!ev)
+        return weft__fail(WEFT_ENOMEM, "weft_event_record: out of memory");
+    ev->dev = t->stream_device;
+    ev->stream = s;
+    if ((rc = ops_of(t)->mark(s, &ev->seq))) {
+        free(ev);
+        return rc;
+    }
+    *out = ev;
+    return WEFT_OK;
+}
+
+int weft_event_await(weft_event *ev)
+{
+    if (!ev)
+        return weft__fail(WEFT_EINVAL, "weft_event_await: ev is NULL");
+    return ev->dev->ops->wait(ev->stream, ev->seq);
+}
+
+int weft_stream_wait(weft_event *ev)
+{
+    weft__task *t;
+    weft__stream *s;
+    if (!ev)
+        return weft__fail(WEFT_EINVAL, "weft_stream_wait: ev is NULL");
+    int rc = task_stream("weft_stream_wait", &t, &s);
+    if (rc)
+        return rc;
+    if (ev->dev != t->stream_device) /* another device: the task waits itself */
+        return ev->dev->ops->wait(ev->stream, ev->seq);
+    return ops_of(t)->stream_wait(s, ev->stream, ev->seq);
+}
+
+int weft_event_destroy(weft_event *ev)
+{
+    free(ev);
+    return WEFT_OK;
+}
+
+/* ---- host memory and devices ------------------------------------------- */
+
+static int first_device(weft_runtime *rt, const char *fn, weft__device **dev)
+{
+    weft__device **devs;
+    unsigned n;
+    int rc = weft__runtime_check(rt, fn);
+    if (rc == WEFT_OK && (rc = weft__runtime_devices(rt, &devs, &n)) == WEFT_OK)
+        *dev = devs[0];
+    return rc;
+}
+
+int weft_host_alloc(weft_runtime *rt, void **ptr, size_t n)
+{
+    weft__device *dev;
+    if (!ptr || !n)
+        return weft__fail(WEFT_EINVAL, "weft_host_alloc: %s", ptr ? "n is 0" : "ptr is NULL");
+    int rc = first_device(rt, "weft_host_alloc", &dev);
+    return rc ? rc : dev->ops->host_alloc(dev, ptr, n, false, NULL);
+}
+
+int weft_host_free(weft_runtime *rt, void *ptr)
+{
+    weft__device *dev;
+    int rc = first_device(rt, "weft_host_free", &dev);
+    return rc || !ptr ? rc : dev->ops->host_free(dev, ptr);
+}
+
+int weft_mapped_alloc(weft_runtime *rt, void **host, void **device, size_t n)
+{
+    weft__device *dev;
+    if (!host || !device || !n)
+        return weft__fail(WEFT_EINVAL, "weft_mapped_alloc: %s",
+                          n ? "host or device is NULL" : "n is 0");
+    int rc = first_device(rt, "weft_mapped_alloc", &dev);
+    return rc ? rc : dev->ops->host_alloc(dev, host, n, true, device);
+}
+
+int weft_mapped_free(weft_runtime *rt, void *host)
+{
+    return weft_host_free(rt, host);
+}
+
+unsigned weft_device_count(weft_runtime *rt)
+{
+    weft__device **devs;
+    unsigned n;
+    if (weft__runtime_check(rt, "weft_device_count") ||
+        weft__runtime_devices(rt, &devs, &n))
+        return 0;
+    return n;
+}
+
+const char *weft_backend_name(weft_runtime *rt)
+{
+    weft__device *dev;
+    return first_device(rt, "weft_backend_name", &dev) ? "none" : dev->ops->name;
 }

@@ -14,7 +14,11 @@
 #ifndef WEFT_DEVICE_H
 #define WEFT_DEVICE_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+
+#include "weft.h"
 
 #include "task/wait.h"
 
@@ -27,34 +31,79 @@ typedef struct weft__device_ops {
     /* Wait for every stream to drain, then free the device. */
     void (*destroy)(weft__device *dev);
 
-    /* Take a stream for one task's work. When the pool is exhausted a
-     * backend may hand out a stream that is already leased (shared, in
-     * order); it never fails for lack of streams. Returns WEFT_OK or an
-     * error (WEFT_EDEVICE, WEFT_ENOMEM). */
-    int (*stream_lease)(weft__device *dev, weft__stream **s);
+    /* Take a stream for one task's work; priority is a weft_priority. When
+     * the pool is exhausted a backend may hand out a stream that is already
+     * leased (shared, in order); it never fails for lack of streams. Returns
+     * WEFT_OK or an error (WEFT_EDEVICE, WEFT_ENOMEM). */
+    int (*stream_lease)(weft__device *dev, int priority, weft__stream **s);
 
     /* Give s back. Everything enqueued on it by this lease has completed. */
     void (*stream_return)(weft__device *dev, weft__stream *s);
 
+    /* Streams leased now: the load that placement balances. */
+    unsigned (*load)(weft__device *dev);
+
     /* Enqueue an operation; it runs after everything enqueued before it on
-     * s. Errors found at enqueue time are returned; errors during execution
-     * are reported by the next sync. */
+     * s. Errors found at enqueue time are returned (with the message set);
+     * errors during execution are reported by the next wait. */
     int (*copy)(weft__stream *s, void *dst, const void *src, size_t n);
     int (*fill)(weft__stream *s, void *dst, int value, size_t n);
     int (*host_fn)(weft__stream *s, void (*fn)(void *arg), void *arg);
+    int (*launch)(weft__stream *s, const void *kernel, weft_dim3 grid,
+                  weft_dim3 block, size_t shared_bytes, void **args);
+    int (*malloc_async)(weft__stream *s, void **ptr, size_t n);
+    int (*free_async)(weft__stream *s, void *ptr);
 
-    /* Suspend the calling task (or block the calling thread) until every
-     * operation enqueued on s so far has completed. Not cancellable: work
-     * still in flight may point into the caller's stack. Returns WEFT_OK,
-     * or WEFT_EDEVICE (with the last-error message set) if an operation
-     * failed since the previous sync. */
-    int (*sync)(weft__stream *s);
+    /* A point in s: *seq completes once everything enqueued on s before
+     * this call has. Sequence numbers grow across leases. */
+    int (*mark)(weft__stream *s, uint64_t *seq);
+
+    /* Suspend the calling task (or block the calling thread) until s has
+     * reached seq. Not cancellable: work in flight may point into the
+     * caller's stack. Returns WEFT_OK, or WEFT_EDEVICE (message set) if the
+     * device failed. */
+    int (*wait)(weft__stream *s, uint64_t seq);
+
+    /* Make work enqueued on s from now on wait until other reaches seq. */
+    int (*stream_wait)(weft__stream *s, weft__stream *other, uint64_t seq);
+
+    /* The backend's own stream handle (a cudaStream_t), or NULL. */
+    void *(*native)(weft__stream *s);
+
+    /* Host memory for fast transfers; mapped: also addressable by the
+     * device at *device_ptr. */
+    int (*host_alloc)(weft__device *dev, void **ptr, size_t n, bool mapped,
+                      void **device_ptr);
+    int (*host_free)(weft__device *dev, void *ptr);
+
+    /* Completion engine, for backends whose work completes without a
+     * thread of theirs noticing (NULL otherwise). poll fires what has
+     * completed and returns how many waits it ended; it is cheap when
+     * nothing is pending. pending says whether any wait is outstanding. */
+    unsigned (*poll)(weft__device *dev);
+    bool (*pending)(weft__device *dev);
 } weft__device_ops;
 
 struct weft__device {
     const weft__device_ops *ops;
     unsigned index; /* position in the runtime's device table */
+    /* Set by the runtime for polled backends: when a wait starts and nobody
+     * may be polling (say, every worker is asleep), this gets one going. */
+    void (*kick)(void *ctx);
+    void *kick_ctx;
 };
+
+/* Wait for everything enqueued on s so far. */
+static inline int weft__stream_sync(const weft__device_ops *ops, weft__stream *s)
+{
+    uint64_t seq;
+    int rc = ops->mark(s, &seq);
+    return rc ? rc : ops->wait(s, seq);
+}
+
+/* The CUDA backend: one device per GPU. *count receives how many were
+ * found; 0 (and WEFT_OK) when there is no GPU or no CUDA in this build. */
+int weft__cuda_devices_create(weft__device ***devs, unsigned *count);
 
 /* The host backend: streams executed by `threads` host threads (0: 2). Its
  * stream pool grows on demand up to WEFT__HOST_STREAMS_MAX streams; beyond

@@ -114,6 +114,7 @@ struct host_device {
     weft__lock pool_lock;
     weft__stream **heap;
     unsigned nstreams;
+    atomic_uint leased; /* leases held now */
 };
 
 static host_device *host_of(weft__device *dev)
@@ -401,22 +402,86 @@ static int host_host_fn(weft__stream *s, void (*fn)(void *arg), void *arg)
     return stream_push(s, &o, "host host_fn");
 }
 
-/* Host operations cannot fail once enqueued, so a sync only ever waits. */
-static int host_sync(weft__stream *s)
+static int host_launch(weft__stream *s, const void *kernel, weft_dim3 grid, weft_dim3 block,
+                       size_t shared_bytes, void **args)
+{
+    (void)s, (void)kernel, (void)grid, (void)block, (void)shared_bytes, (void)args;
+    return weft__fail(WEFT_EINVAL,
+                      "weft_launch: the host backend has no kernels; run host code with "
+                      "weft_host_async");
+}
+
+/* Host "device memory" is host memory: allocating needs no ordering, and a
+ * free is queued behind the work that may still use the block. */
+static int host_malloc_async(weft__stream *s, void **ptr, size_t n)
+{
+    (void)s;
+    if (!(*ptr = malloc(n)))
+        return weft__fail(WEFT_ENOMEM, "weft_malloc_async: no memory for %zu bytes", n);
+    return WEFT_OK;
+}
+
+static int host_free_async(weft__stream *s, void *ptr)
+{
+    return host_host_fn(s, free, ptr);
+}
+
+/* Every operation counts, so the point after the last one is its count. */
+static int host_mark(weft__stream *s, uint64_t *seq)
+{
+    weft__lock_acquire(&s->lock);
+    *seq = s->enqueued;
+    weft__lock_release(&s->lock);
+    return WEFT_OK;
+}
+
+/* Host operations cannot fail once enqueued, so a wait only ever waits. */
+static int host_wait(weft__stream *s, uint64_t seq)
 {
     marker m;
 
     if (!s)
-        return weft__fail(WEFT_EINVAL, "host sync: stream is NULL");
+        return weft__fail(WEFT_EINVAL, "host wait: stream is NULL");
     weft__lock_acquire(&s->lock);
-    if (s->completed == s->enqueued) {
+    if (s->completed >= seq) {
         weft__lock_release(&s->lock);
         return WEFT_OK;
     }
     weft__waiter_init(&m.w);
-    m.target = s->enqueued;
+    m.target = seq;
     weft__waitq_push(&s->pending, &m.w);
     return weft__waiter_wait(&m.w, &s->lock, false);
+}
+
+/* Executors take no dependencies between streams, so the enqueuing task
+ * waits for the other stream itself: later work on s then starts after. */
+static int host_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq)
+{
+    (void)s;
+    return host_wait(other, seq);
+}
+
+static void *host_native(weft__stream *s)
+{
+    (void)s;
+    return NULL;
+}
+
+static int host_host_alloc(weft__device *d, void **ptr, size_t n, bool mapped, void **device_ptr)
+{
+    (void)d;
+    if (!(*ptr = malloc(n)))
+        return weft__fail(WEFT_ENOMEM, "host memory: no memory for %zu bytes", n);
+    if (mapped)
+        *device_ptr = *ptr;
+    return WEFT_OK;
+}
+
+static int host_host_free(weft__device *d, void *ptr)
+{
+    (void)d;
+    free(ptr);
+    return WEFT_OK;
 }
 
 /* ---- the stream pool -------------------------------------------------- */
@@ -492,7 +557,7 @@ static weft__stream *pool_take(host_device *dev)
     return s;
 }
 
-static int host_stream_lease(weft__device *d, weft__stream **out)
+static int host_stream_lease(weft__device *d, int priority, weft__stream **out)
 {
     host_device *dev = host_of(d);
     weft__stream *s, *fresh = NULL;
@@ -519,6 +584,8 @@ static int host_stream_lease(weft__device *d, weft__stream **out)
     }
     if (fresh)
         stream_free(fresh);
+    (void)priority; /* executors serve streams in turn */
+    atomic_fetch_add_explicit(&dev->leased, 1, memory_order_relaxed);
     *out = s;
     return WEFT_OK;
 }
@@ -532,6 +599,12 @@ static void host_stream_return(weft__device *d, weft__stream *s)
     s->leases--;
     heap_up(dev->heap, s->heap_pos);
     weft__lock_release(&dev->pool_lock);
+    atomic_fetch_sub_explicit(&dev->leased, 1, memory_order_relaxed);
+}
+
+static unsigned host_load(weft__device *d)
+{
+    return atomic_load_explicit(&host_of(d)->leased, memory_order_relaxed);
 }
 
 /* ---- creating and destroying the device ------------------------------- */
@@ -601,10 +674,19 @@ static const weft__device_ops host_ops = {
     .destroy = host_destroy,
     .stream_lease = host_stream_lease,
     .stream_return = host_stream_return,
+    .load = host_load,
     .copy = host_copy,
     .fill = host_fill,
     .host_fn = host_host_fn,
-    .sync = host_sync,
+    .launch = host_launch,
+    .malloc_async = host_malloc_async,
+    .free_async = host_free_async,
+    .mark = host_mark,
+    .wait = host_wait,
+    .stream_wait = host_stream_wait,
+    .native = host_native,
+    .host_alloc = host_host_alloc,
+    .host_free = host_host_free,
 };
 
 int weft__host_device_create(weft__device **out, unsigned threads)

@@ -22,6 +22,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 
 #include "core/futex.h"
 #include "core/lock.h"
@@ -32,6 +33,8 @@ enum {
     FAIR_TICKS = 61,    /* shared queues checked first every this many picks */
     SPIN_ROUNDS = 64,   /* searches before parking */
     INJECT_BATCH = 32,  /* most tasks moved from the injection queue at once */
+    WATCH_MIN_NS = 20000,   /* the watcher's first timeout ... */
+    WATCH_MAX_NS = 1000000, /* ... doubling up to this */
 };
 
 /* A FIFO of tasks shared by all workers. */
@@ -49,6 +52,7 @@ struct weft__worker {
     unsigned tick;
     uint32_t rng;
     bool searching;
+    unsigned watch_ns;     /* next timeout while watching devices */
     weft__fiber fiber;     /* the worker's own context, where the loop runs */
     weft__task *current;
     weft__leave leave;     /* what current asked for when it switched away */
@@ -67,7 +71,32 @@ struct weft__sched {
     atomic_uint sleepers;    /* event count: registered (parking) workers */
     atomic_uint outside;     /* threads other than workers inside spawn/wake */
     atomic_bool stopping;
+    atomic_bool watching;    /* a parked worker is watching the devices */
+    atomic_bool polling;     /* the three below are set */
+    unsigned (*poll)(void *ctx);
+    bool (*pending)(void *ctx);
+    void *poll_ctx;
 };
+
+void weft__sched_set_poller(weft__sched *s, unsigned (*poll)(void *ctx),
+                            bool (*pending)(void *ctx), void *ctx)
+{
+    s->poll = poll;
+    s->pending = pending;
+    s->poll_ctx = ctx;
+    atomic_store_explicit(&s->polling, true, memory_order_release);
+}
+
+/* Fire completed device work; its tasks land in our LIFO slot and deque. */
+static bool poll_devices(weft__sched *s)
+{
+    return atomic_load_explicit(&s->polling, memory_order_acquire) && s->poll(s->poll_ctx) > 0;
+}
+
+static bool devices_pending(weft__sched *s)
+{
+    return atomic_load_explicit(&s->polling, memory_order_acquire) && s->pending(s->poll_ctx);
+}
 
 static _Thread_local weft__worker *self;
 
@@ -168,6 +197,12 @@ static void notify_one(weft__sched *s)
         return;
     atomic_fetch_add(&s->epoch, 1);
     weft__futex_wake(&s->epoch, 1);
+}
+
+void weft__sched_kick(weft__sched *s)
+{
+    if (!atomic_load(&s->watching))
+        notify_one(s);
 }
 
 static void notify_all(weft__sched *s)
@@ -278,6 +313,7 @@ static weft__task *find_work(weft__worker *w, bool lifo_too)
     if (!queue_empty(&s->high) && (t = queue_pop(&s->high, 1, NULL)))
         return t;
     if (++w->tick % FAIR_TICKS == 0) {
+        poll_devices(s); /* busy workers notice completions too */
         if ((t = queue_pop(&s->inject, 1, NULL)) || (t = queue_pop(&s->low, 1, NULL)))
             return t;
     }
@@ -293,7 +329,9 @@ static weft__task *find_work(weft__worker *w, bool lifo_too)
     return queue_pop(&s->low, 1, NULL);
 }
 
-/* Search, then park, until work turns up (or the scheduler stops: NULL). */
+/* Search, then park, until work turns up (or the scheduler stops: NULL).
+ * While device work is outstanding, one parked worker is the watcher: it
+ * sleeps with a timeout that doubles while nothing completes, and polls. */
 static weft__task *idle(weft__worker *w)
 {
     weft__sched *s = w->sched;
@@ -301,6 +339,8 @@ static weft__task *idle(weft__worker *w)
     for (;;) {
         begin_search(w);
         for (int round = 0; round < SPIN_ROUNDS; round++) {
+            if (round % 8 == 0 && poll_devices(s))
+                w->watch_ns = WATCH_MIN_NS;
             if ((t = find_work(w, round == SPIN_ROUNDS - 1)))
                 goto found;
             if (atomic_load_explicit(&s->stopping, memory_order_relaxed))
@@ -309,20 +349,33 @@ static weft__task *idle(weft__worker *w)
         }
 
         /* prepare, re-check, commit */
+        bool watch = devices_pending(s) && !atomic_exchange(&s->watching, true);
         atomic_fetch_add(&s->sleepers, 1);
         unsigned key = atomic_load(&s->epoch);
         end_search(w);
         weft__fence();
         if ((t = find_work(w, true)) || atomic_load(&s->stopping)) {
             atomic_fetch_sub(&s->sleepers, 1);
+            if (watch)
+                atomic_store(&s->watching, false);
             if (t) {
                 notify_one(s); /* there may be more: let another search */
                 return t;
             }
             return NULL;
         }
-        while (atomic_load(&s->epoch) == key)
-            weft__futex_wait(&s->epoch, key, NULL);
+        if (watch) {
+            if (w->watch_ns < WATCH_MIN_NS)
+                w->watch_ns = WATCH_MIN_NS;
+            struct timespec timeout = {0, (long)w->watch_ns};
+            weft__futex_wait(&s->epoch, key, &timeout);
+            if (w->watch_ns < WATCH_MAX_NS)
+                w->watch_ns *= 2;
+            atomic_store(&s->watching, false);
+        } else {
+            while (atomic_load(&s->epoch) == key)
+                weft__futex_wait(&s->epoch, key, NULL);
+        }
         atomic_fetch_sub(&s->sleepers, 1);
     }
 found:
@@ -387,6 +440,8 @@ static void *worker_main(void *arg)
 {
     weft__worker *w = arg;
     self = w;
+    /* The device watcher sleeps for tens of microseconds at a time. */
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     weft__overflow_thread_init();
     weft__fiber_init_thread(&w->fiber);
     for (;;) {

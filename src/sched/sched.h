@@ -36,6 +36,18 @@ void weft__sched_destroy(weft__sched *s);
 
 unsigned weft__sched_workers(const weft__sched *s);
 
+/* Devices whose completions nobody else notices register a poller: idle
+ * workers call poll (it fires what completed, returning how many waits it
+ * ended), and while pending() says work is outstanding, one parked worker
+ * (the watcher) wakes up on a growing timeout to poll again instead of
+ * sleeping for good. Set once, before any task uses a device. */
+void weft__sched_set_poller(weft__sched *s, unsigned (*poll)(void *ctx),
+                            bool (*pending)(void *ctx), void *ctx);
+
+/* Get a worker polling: a device wait started and every worker may be
+ * asleep. Cheap when a worker is searching or watching already. */
+void weft__sched_kick(weft__sched *s);
+
 /* Queue a new task: on the calling worker's deque if it belongs to s, else
  * on the injection queue. */
 void weft__sched_spawn(weft__sched *s, weft__task *t);

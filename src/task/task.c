@@ -186,7 +186,7 @@ static void task_entry(void *arg)
     weft__sched_leave(t, WEFT__LEAVE_EXIT);
 }
 
-static int check_opts(const weft_task_opts *opts)
+static int check_opts(weft_runtime *rt, const weft_task_opts *opts)
 {
     if (!opts)
         return WEFT_OK;
@@ -197,6 +197,16 @@ static int check_opts(const weft_task_opts *opts)
     if (opts->stack_size && (opts->stack_size < MIN_STACK || opts->stack_size > MAX_STACK))
         return weft__fail(WEFT_EINVAL, "weft_spawn: stack_size %zu is outside [%d, %zu]",
                           opts->stack_size, MIN_STACK, MAX_STACK);
+    if (opts->device) {
+        weft__device **devs;
+        unsigned n;
+        int rc = weft__runtime_devices(rt, &devs, &n);
+        if (rc)
+            return rc;
+        if (opts->device > n)
+            return weft__fail(WEFT_EINVAL, "weft_spawn: device %u asked for; the runtime has %u",
+                              opts->device - 1, n);
+    }
     return WEFT_OK;
 }
 
@@ -208,7 +218,7 @@ int weft_spawn(weft_runtime *rt, weft_task **out, void *(*fn)(void *), void *arg
         return rc;
     if (!fn)
         return weft__fail(WEFT_EINVAL, "weft_spawn: fn is NULL");
-    if ((rc = check_opts(opts)))
+    if ((rc = check_opts(rt, opts)))
         return rc;
     weft__task *t = weft__task_alloc(rt);
     if (!t)
@@ -233,7 +243,9 @@ int weft_spawn(weft_runtime *rt, weft_task **out, void *(*fn)(void *), void *arg
     t->detached = out == NULL;
     atomic_store_explicit(&t->join_claimed, out == NULL, memory_order_relaxed);
     t->status = WEFT_OK;
+    t->device = opts ? opts->device : 0;
     t->stream = NULL;
+    t->stream_device = NULL;
     t->device_status = WEFT_OK;
     t->errmsg[0] = '\0';
 

@@ -28,6 +28,7 @@
 
 struct weft__worker;
 struct weft__stream;
+struct weft__device;
 
 enum {
     WEFT__PARK_RUNNING = 0,
@@ -66,7 +67,9 @@ typedef struct weft__task {
     atomic_bool join_claimed; /* a join or detach holds the handle */
     atomic_ushort generation; /* matches the live handle's tag */
     int status;               /* the task's own outcome, read by join */
+    unsigned device;          /* placement asked for: 0 any, i + 1 device i */
     struct weft__stream *stream; /* leased on first device work */
+    struct weft__device *stream_device; /* the device stream belongs to */
     int device_status;        /* first device failure, kept for join */
     char errmsg[WEFT__ERRMSG_SIZE];
 } weft__task;

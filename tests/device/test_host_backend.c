@@ -197,7 +197,7 @@ static weft__stream *lease(weft__device *dev)
 {
     weft__stream *s = NULL;
 
-    assert_int_equal(dev->ops->stream_lease(dev, &s), WEFT_OK);
+    assert_int_equal(dev->ops->stream_lease(dev, WEFT_PRIO_NORMAL, &s), WEFT_OK);
     assert_non_null(s);
     return s;
 }
@@ -321,7 +321,7 @@ static void prog_step(prog *p)
 /* Sync, then check that everything enqueued so far has taken effect. */
 static void prog_sync_check(prog *p)
 {
-    if (p->ops->sync(p->s) != WEFT_OK)
+    if (weft__stream_sync(p->ops, p->s) != WEFT_OK)
         p->failures++;
     for (unsigned b = 0; b < PROG_BUFS; b++)
         if (memcmp(p->buf[b], p->ref[b], PROG_BUF_SIZE) != 0)
@@ -389,8 +389,8 @@ static void test_two_streams_run_in_parallel(void **state)
     gate_init(&r.here[1]);
     assert_int_equal(dev->ops->host_fn(a, rendezvous_fn0, &r), WEFT_OK);
     assert_int_equal(dev->ops->host_fn(b, rendezvous_fn1, &r), WEFT_OK);
-    assert_int_equal(dev->ops->sync(a), WEFT_OK);
-    assert_int_equal(dev->ops->sync(b), WEFT_OK);
+    assert_int_equal(weft__stream_sync(dev->ops, a), WEFT_OK);
+    assert_int_equal(weft__stream_sync(dev->ops, b), WEFT_OK);
     assert_false(gate_timed_out(&r.here[0]));
     assert_false(gate_timed_out(&r.here[1]));
     gate_fini(&r.here[0]);
@@ -416,7 +416,7 @@ static void *client_main(void *arg)
 
     for (unsigned i = 0; i < STREAMS_PER_CLIENT; i++) {
         weft__stream *s = NULL;
-        if (c->dev->ops->stream_lease(c->dev, &s) != WEFT_OK) {
+        if (c->dev->ops->stream_lease(c->dev, WEFT_PRIO_NORMAL, &s) != WEFT_OK) {
             c->failures++;
             return NULL; /* leaks the programs started so far; the test fails */
         }
@@ -473,7 +473,7 @@ static void test_sync_waits_for_everything_before_it(void **state)
     char src[64], dst[64];
 
     (void)state;
-    assert_int_equal(dev->ops->sync(s), WEFT_OK); /* nothing enqueued yet */
+    assert_int_equal(weft__stream_sync(dev->ops, s), WEFT_OK); /* nothing enqueued yet */
     memset(src, 'x', sizeof src);
     memset(dst, 0, sizeof dst);
     for (int round = 0; round < 5; round++) {
@@ -481,10 +481,10 @@ static void test_sync_waits_for_everything_before_it(void **state)
         src[0] = (char)('a' + round);
         assert_int_equal(dev->ops->host_fn(s, slow_set_flag_fn, &flag), WEFT_OK);
         assert_int_equal(dev->ops->copy(s, dst, src, sizeof src), WEFT_OK);
-        assert_int_equal(dev->ops->sync(s), WEFT_OK);
+        assert_int_equal(weft__stream_sync(dev->ops, s), WEFT_OK);
         assert_int_equal(flag, 1);
         assert_memory_equal(dst, src, sizeof src);
-        assert_int_equal(dev->ops->sync(s), WEFT_OK); /* again: nothing new */
+        assert_int_equal(weft__stream_sync(dev->ops, s), WEFT_OK); /* again: nothing new */
     }
     dev->ops->stream_return(dev, s);
     dev->ops->destroy(dev);
@@ -509,7 +509,7 @@ static void *sharer_main(void *arg)
         if (sh->dev->ops->host_fn(sh->s, set_flag_fn, &sh->done[i]) != WEFT_OK)
             sh->failures++;
         if (i % 7 == 6 || i == SHARER_OPS - 1) {
-            if (sh->dev->ops->sync(sh->s) != WEFT_OK)
+            if (weft__stream_sync(sh->dev->ops, sh->s) != WEFT_OK)
                 sh->failures++;
             for (unsigned j = 0; j <= i; j++)
                 if (sh->done[j] != 1)
@@ -604,7 +604,7 @@ static void test_lease_return_reuses_streams(void **state)
         assert_int_equal(dev->ops->copy(again[i], buf[i], src, sizeof src), WEFT_OK);
     }
     for (unsigned i = 0; i < N; i++) {
-        assert_int_equal(dev->ops->sync(again[i]), WEFT_OK);
+        assert_int_equal(weft__stream_sync(dev->ops, again[i]), WEFT_OK);
         assert_memory_equal(buf[i], src, sizeof src);
         dev->ops->stream_return(dev, again[i]);
     }
@@ -643,7 +643,7 @@ static void test_exhausted_pool_shares_least_loaded(void **state)
     for (unsigned i = 0; i < MAX; i++)
         if (first[i] == second[0])
             assert_int_equal(dev->ops->copy(first[i], dst[1], dst[0], sizeof src), WEFT_OK);
-    assert_int_equal(dev->ops->sync(second[0]), WEFT_OK);
+    assert_int_equal(weft__stream_sync(dev->ops, second[0]), WEFT_OK);
     assert_memory_equal(dst[1], src, sizeof src);
 
     dev->ops->stream_return(dev, x);
@@ -676,7 +676,7 @@ static void test_bad_arguments_are_refused(void **state)
     assert_non_null(strstr(weft_last_error(), "fn"));
     assert_int_equal(dev->ops->copy(s, NULL, NULL, 0), WEFT_OK);
     assert_int_equal(dev->ops->fill(s, NULL, 0, 0), WEFT_OK);
-    assert_int_equal(dev->ops->sync(s), WEFT_OK);
+    assert_int_equal(weft__stream_sync(dev->ops, s), WEFT_OK);
     dev->ops->stream_return(dev, s);
     dev->ops->destroy(dev);
 }
@@ -721,7 +721,7 @@ static void test_idle_device_uses_no_cpu(void **state)
     atomic_init(&count, 0);
     for (unsigned j = 0; j < 100; j++)
         assert_int_equal(dev->ops->host_fn(s, count_fn, &count), WEFT_OK);
-    assert_int_equal(dev->ops->sync(s), WEFT_OK);
+    assert_int_equal(weft__stream_sync(dev->ops, s), WEFT_OK);
     sleep_ms(50); /* let every executor reach its sleep */
     cpu0 = now_s(CLOCK_PROCESS_CPUTIME_ID);
     sleep_ms(400);
@@ -957,7 +957,7 @@ static void *mb_t1(void *arg)
         gate_open(&mb.b_gate);
         return NULL;
     }
-    mb.t1_status = mb.dev->ops->sync(mb.s);
+    mb.t1_status = weft__stream_sync(mb.dev->ops, mb.s);
     mb.t1_saw_a = mb.a_ran;
     mb.t1_saw_b = mb.b_ran;
     gate_open(&mb.b_gate);
@@ -986,7 +986,7 @@ static void test_marker_fires_before_later_work_in_batch(void **state)
     assert_int_equal(mb.t2_status, WEFT_OK);
     assert_int_equal(mb.t1_saw_a, 1);
     assert_int_equal(mb.t1_saw_b, 0);
-    assert_int_equal(mb.dev->ops->sync(mb.s), WEFT_OK);
+    assert_int_equal(weft__stream_sync(mb.dev->ops, mb.s), WEFT_OK);
     assert_int_equal(mb.b_ran, 1);
     assert_false(gate_timed_out(&mb.hold));
     assert_false(gate_timed_out(&mb.b_gate));

@@ -1,0 +1,103 @@
+/*
+ * cuda_memory.c - page-locked host memory, pooled by size class.
+ *
+ * Each block starts with a header (its class, and the free-list link while
+ * pooled) in the first HEADER bytes, so the caller's pointer keeps a 256-byte
+ * alignment. Blocks of a class are 2^class bytes plus the header; the pool
+ * keeps at most CACHE_MAX bytes of free blocks and frees the rest.
+ */
+#ifdef WEFT_HAVE_CUDA
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "core/error.h"
+#include "device/cuda_memory.h"
+
+enum { HEADER = 256, MIN_CLASS = 12 }; /* 4 KiB */
+#define CACHE_MAX ((size_t)1 << 30)
+#define MAGIC 0x77656674686f7374ull
+
+typedef struct header {
+    uint64_t magic;
+    unsigned class_;
+    void *next; /* free list, while pooled */
+} header;
+
+static header *header_of(void *ptr)
+{
+    return (header *)((char *)ptr - HEADER);
+}
+
+static unsigned class_of(size_t n)
+{
+    unsigned c = MIN_CLASS;
+    while (((size_t)1 << c) < n)
+        c++;
+    return c;
+}
+
+void weft__cuda_host_pool_init(weft__cuda_host_pool *pool)
+{
+    *pool = (weft__cuda_host_pool){0};
+}
+
+void weft__cuda_host_pool_destroy(weft__cuda_host_pool *pool)
+{
+    for (unsigned c = 0; c < WEFT__HOST_CLASSES; c++)
+        while (pool->free[c]) {
+            header *h = pool->free[c];
+            pool->free[c] = h->next;
+            cudaFreeHost(h);
+        }
+    pool->cached = 0;
+}
+
+int weft__cuda_host_pool_get(weft__cuda_host_pool *pool, size_t n, void **ptr)
+{
+    unsigned c = class_of(n);
+    if (c >= WEFT__HOST_CLASSES)
+        return weft__fail(WEFT_ENOMEM, "weft_host_alloc: %zu bytes is too large", n);
+    weft__lock_acquire(&pool->lock);
+    header *h = pool->free[c];
+    if (h) {
+        pool->free[c] = h->next;
+        pool->cached -= (size_t)1 << c;
+    }
+    weft__lock_release(&pool->lock);
+    if (!h) {
+        cudaError_t e = cudaHostAlloc((void **)&h, HEADER + ((size_t)1 << c),
+                                      cudaHostAllocMapped | cudaHostAllocPortable);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return weft__fail(e == cudaErrorMemoryAllocation ? WEFT_ENOMEM : WEFT_EDEVICE,
+                              "weft_host_alloc: cudaHostAlloc of %zu bytes: %s", n,
+                              cudaGetErrorName(e));
+        }
+        h->magic = MAGIC;
+        h->class_ = c;
+    }
+    *ptr = (char *)h + HEADER;
+    return WEFT_OK;
+}
+
+int weft__cuda_host_pool_put(weft__cuda_host_pool *pool, void *ptr)
+{
+    header *h = header_of(ptr);
+    if (h->magic != MAGIC)
+        return weft__fail(WEFT_EINVAL, "weft_host_free: %p was not allocated by weft", ptr);
+    size_t size = (size_t)1 << h->class_;
+    weft__lock_acquire(&pool->lock);
+    bool keep = pool->cached + size <= CACHE_MAX;
+    if (keep) {
+        h->next = pool->free[h->class_];
+        pool->free[h->class_] = h;
+        pool->cached += size;
+    }
+    weft__lock_release(&pool->lock);
+    if (!keep)
+        cudaFreeHost(h);
+    return WEFT_OK;
+}
+
+#endif

@@ -1,0 +1,28 @@
+/*
+ * cuda_memory.h - a pool of page-locked host memory for the CUDA backend.
+ *
+ * cudaHostAlloc and cudaFreeHost cost milliseconds and synchronize the
+ * device, so freed blocks are kept by size class (powers of two) and handed
+ * out again. Every block is mapped and portable: any GPU can address it.
+ */
+#ifndef WEFT_CUDA_MEMORY_H
+#define WEFT_CUDA_MEMORY_H
+
+#include <stddef.h>
+
+#include "core/lock.h"
+
+#define WEFT__HOST_CLASSES 40
+
+typedef struct weft__cuda_host_pool {
+    weft__lock lock;
+    void *free[WEFT__HOST_CLASSES]; /* free blocks per class, linked through their headers */
+    size_t cached;                  /* bytes held in free lists */
+} weft__cuda_host_pool;
+
+void weft__cuda_host_pool_init(weft__cuda_host_pool *pool);
+void weft__cuda_host_pool_destroy(weft__cuda_host_pool *pool);
+int weft__cuda_host_pool_get(weft__cuda_host_pool *pool, size_t n, void **ptr);
+int weft__cuda_host_pool_put(weft__cuda_host_pool *pool, void *ptr);
+
+#endif
