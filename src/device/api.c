@@ -58,7 +58,7 @@ static int place(weft__task *t, weft__device **out)
 /* The calling task and its stream, leasing one if needed. */
 static int task_stream(const char *fn, weft__task **tp, weft__stream **sp)
 {
-    weft__task *t;
+    weft__task *t = NULL;
     int rc = self_task(fn, &t);
     if (rc)
         return rc;
@@ -81,7 +81,7 @@ static const weft__device_ops *ops_of(const weft__task *t)
 
 int weft_memcpy_async(void *dst, const void *src, size_t n)
 {
-    weft__task *t;
+    weft__task *t = NULL;
     weft__stream *s;
     if (n && (!dst || !src))
         return weft__fail(WEFT_EINVAL, "weft_memcpy_async: %s is NULL", dst ? "src" : "dst");
@@ -93,7 +93,7 @@ int weft_memcpy_async(void *dst, const void *src, size_t n)
 
 int weft_memset_async(void *dst, int value, size_t n)
 {
-    weft__task *t;
+    weft__task *t = NULL;
     weft__stream *s;
     if (n && !dst)
         return weft__fail(WEFT_EINVAL, "weft_memset_async: dst is NULL");
@@ -105,7 +105,7 @@ int weft_memset_async(void *dst, int value, size_t n)
 
 int weft_host_async(void (*fn)(void *arg), void *arg)
 {
-    weft__task *t;
+    weft__task *t = NULL;
     weft__stream *s;
     if (!fn)
         return weft__fail(WEFT_EINVAL, "weft_host_async: fn is NULL");
@@ -116,7 +116,7 @@ int weft_host_async(void (*fn)(void *arg), void *arg)
 int weft_launch(const void *kernel, weft_dim3 grid, weft_dim3 block, size_t shared_bytes,
                 void **args)
 {
-    weft__task *t;
+    weft__task *t = NULL;
     weft__stream *s;
     if (!kernel)
         return weft__fail(WEFT_EINVAL, "weft_launch: kernel is NULL");
@@ -129,7 +129,7 @@ int weft_launch(const void *kernel, weft_dim3 grid, weft_dim3 block, size_t shar
 
 int weft_stream(void **stream)
 {
-    weft__task *t;
+    weft__task *t = NULL;
     weft__stream *s;
     if (!stream)
         return weft__fail(WEFT_EINVAL, "weft_stream: stream is NULL");
@@ -141,7 +141,7 @@ int weft_stream(void **stream)
 
 int weft_malloc_async(void **ptr, size_t n)
 {
-    weft__task *t;
+    weft__task *t = NULL;
     weft__stream *s;
     if (!ptr || !n)
         return weft__fail(WEFT_EINVAL, "weft_malloc_async: %s", ptr ? "n is 0" : "ptr is NULL");
@@ -151,7 +151,7 @@ int weft_malloc_async(void **ptr, size_t n)
 
 int weft_free_async(void *ptr)
 {
-    weft__task *t;
+    weft__task *t = NULL;
     weft__stream *s;
     if (!ptr)
         return WEFT_OK;
@@ -177,7 +177,7 @@ static int drain(weft__task *t)
 
 int weft_await(void)
 {
-    weft__task *t;
+    weft__task *t = NULL;
     int rc = self_task("weft_await", &t);
     if (rc)
         return rc;
@@ -197,7 +197,7 @@ void weft__device_task_exit(weft__task *t)
 
 int weft_event_record(weft_event **out)
 {
-    weft__task *t;
+    weft__task *t = NULL;
     weft__stream *s;
     if (!out)
         return weft__fail(WEFT_EINVAL, "weft_event_record: ev is NULL");
@@ -226,7 +226,7 @@ int weft_event_await(weft_event *ev)
 
 int weft_stream_wait(weft_event *ev)
 {
-    weft__task *t;
+    weft__task *t = NULL;
     weft__stream *s;
     if (!ev)
         return weft__fail(WEFT_EINVAL, "weft_stream_wait: ev is NULL");

@@ -369,14 +369,16 @@ static int cuda_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq)
     return WEFT_OK;
 }
 
-/* The backstop: completion words never move after a fault, so ask CUDA. */
+/* The backstop: completion words never move after a fault, so ask CUDA. A
+ * sticky error belongs to the whole context: one query of any stream with
+ * work in flight reports it. */
 static void backstop(cuda_device *dev)
 {
-    for (unsigned i = 0; i < dev->nactive && !atomic_load(&dev->failed); i++) {
-        cudaError_t e = cudaStreamQuery(dev->active[i]->handle);
-        if (e != cudaSuccess && e != cudaErrorNotReady)
-            cuda_fail(dev, "cudaStreamQuery", e);
-    }
+    if (dev->nactive == 0 || atomic_load(&dev->failed))
+        return;
+    cudaError_t e = cudaStreamQuery(dev->active[0]->handle);
+    if (e != cudaSuccess && e != cudaErrorNotReady)
+        cuda_fail(dev, "cudaStreamQuery", e);
 }
 
 static unsigned cuda_poll(weft__device *d)
@@ -562,7 +564,11 @@ static int device_create(int ordinal, weft__device **out)
     cudaError_t e;
     size_t flags_bytes = 2 * MAX_STREAMS * FLAG_STRIDE * sizeof(uint32_t);
     int least, greatest;
+    /* weft never waits in a synchronous CUDA call on its hot path; when the
+     * driver must wait anyway (a launch into a full queue, the user's own
+     * cudaMemcpy), it should sleep rather than spin a core. */
     if ((e = cudaSetDevice(ordinal)) != cudaSuccess ||
+        (e = cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync)) != cudaSuccess ||
         (e = cudaDeviceGetStreamPriorityRange(&least, &greatest)) != cudaSuccess ||
         (e = cudaHostAlloc((void **)&dev->flags, flags_bytes,
                            cudaHostAllocMapped | cudaHostAllocPortable)) != cudaSuccess ||

@@ -20,6 +20,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -329,6 +330,31 @@ static weft__task *find_work(weft__worker *w, bool lifo_too)
     return queue_pop(&s->low, 1, NULL);
 }
 
+/* The watcher's sleep: still registered as parked (new work wakes it), it
+ * polls the devices on a timeout that doubles while nothing completes, and
+ * goes back to searching once something did or new work arrived. */
+static void watch_devices(weft__worker *w, unsigned key)
+{
+    weft__sched *s = w->sched;
+    if (w->watch_ns < WATCH_MIN_NS)
+        w->watch_ns = WATCH_MIN_NS;
+    for (;;) {
+        struct timespec timeout = {0, (long)w->watch_ns};
+        weft__futex_wait(&s->epoch, key, &timeout);
+        if (atomic_load(&s->epoch) != key || atomic_load(&s->stopping))
+            break;
+        if (poll_devices(s)) {
+            w->watch_ns = WATCH_MIN_NS;
+            break;
+        }
+        if (w->watch_ns < WATCH_MAX_NS)
+            w->watch_ns *= 2;
+        if (!devices_pending(s))
+            break;
+    }
+    atomic_store(&s->watching, false);
+}
+
 /* Search, then park, until work turns up (or the scheduler stops: NULL).
  * While device work is outstanding, one parked worker is the watcher: it
  * sleeps with a timeout that doubles while nothing completes, and polls. */
@@ -365,13 +391,7 @@ static weft__task *idle(weft__worker *w)
             return NULL;
         }
         if (watch) {
-            if (w->watch_ns < WATCH_MIN_NS)
-                w->watch_ns = WATCH_MIN_NS;
-            struct timespec timeout = {0, (long)w->watch_ns};
-            weft__futex_wait(&s->epoch, key, &timeout);
-            if (w->watch_ns < WATCH_MAX_NS)
-                w->watch_ns *= 2;
-            atomic_store(&s->watching, false);
+            watch_devices(w, key);
         } else {
             while (atomic_load(&s->epoch) == key)
                 weft__futex_wait(&s->epoch, key, NULL);
@@ -536,6 +556,9 @@ int weft__sched_create(weft__sched **out, unsigned nworkers, weft__stack_pool *s
         w->rng = 0x9e3779b9u * (started + 1);
         if (pthread_create(&w->thread, NULL, worker_main, w))
             break;
+        char name[16];
+        snprintf(name, sizeof name, "weft-worker/%u", started % 1000u);
+        pthread_setname_np(w->thread, name);
     }
     if (started < nworkers) {
         s->nworkers = started;

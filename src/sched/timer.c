@@ -152,6 +152,7 @@ int weft__timers_create(weft__timers **out)
         free(tm);
         return WEFT_ESYS;
     }
+    pthread_setname_np(tm->thread, "weft-timer");
     *out = tm;
     return WEFT_OK;
 }

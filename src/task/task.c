@@ -336,7 +336,7 @@ static int join_failure(const weft__task *t)
 
 int weft_join(weft_task *h, void **result)
 {
-    weft__task *t;
+    weft__task *t = NULL;
     int rc = task_of(h, "weft_join", &t);
     if (rc)
         return rc;
@@ -358,7 +358,7 @@ int weft_join(weft_task *h, void **result)
 
 int weft_detach(weft_task *h)
 {
-    weft__task *t;
+    weft__task *t = NULL;
     int rc = task_of(h, "weft_detach", &t);
     if (rc)
         return rc;
@@ -379,7 +379,7 @@ static int check_group(weft_task *const *ts, size_t n, const char *fn)
         return weft__fail(WEFT_EINVAL, "%s: ts is NULL", fn);
     weft__task *self = weft__task_self();
     for (size_t i = 0; i < n; i++) {
-        weft__task *t;
+        weft__task *t = NULL;
         int rc = task_of(ts[i], fn, &t);
         if (rc)
             return rc;
@@ -463,7 +463,7 @@ int weft_when_any(weft_task *const *ts, size_t n, size_t *first)
 
 int weft_cancel(weft_task *h)
 {
-    weft__task *t;
+    weft__task *t = NULL;
     int rc = task_of(h, "weft_cancel", &t);
     if (rc)
         return rc;
