@@ -301,8 +301,11 @@ void weft__task_finish(weft__worker *w, weft__task *t)
 
 /* ---- waiting for tasks ------------------------------------------------- */
 
+/* Like every suspension point, fails at once in a cancelled task. */
 static int wait_done(weft__task *t)
 {
+    if (weft_cancelled())
+        return WEFT_ECANCELED;
     if (atomic_load_explicit(&t->done, memory_order_acquire))
         return WEFT_OK;
     weft__waiter w;
@@ -312,15 +315,7 @@ static int wait_done(weft__task *t)
         weft__lock_release(&t->lock);
         return WEFT_OK;
     }
-    weft__waitq_push(&t->joiners, &w);
-    int rc = weft__waiter_wait(&w, &t->lock, true);
-    if (rc == WEFT_ECANCELED) {
-        weft__lock_acquire(&t->lock);
-        if (w.linked)
-            weft__waitq_remove(&t->joiners, &w);
-        weft__lock_release(&t->lock);
-    }
-    return rc;
+    return weft__waitq_wait(&t->joiners, &w, &t->lock, true);
 }
 
 static int join_failure(const weft__task *t)

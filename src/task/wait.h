@@ -5,17 +5,19 @@
  * Every blocking construct (join, channels, mutexes, timers, device markers)
  * keeps a list of waiters under its own weft__lock. The protocol:
  *
- *   waiter:  lock(L); ...decide to wait...; link w into the list;
- *            status = weft__waiter_wait(&w, &L, cancellable);
- *            -- L is released for us once we are safely suspended --
- *            if (status == WEFT_ECANCELED) { lock(L); if (w linked) unlink;
- *                                            unlock(L); }
- *   firer:   lock(L); pop w; if (!weft__waiter_fire(w, WEFT_OK)) try the
- *            next waiter (w was cancelled and is leaving); unlock(L);
+ *   waiter:  lock(L); ...decide to wait...;
+ *            status = weft__waitq_wait(&q, &w, &L, cancellable);
+ *            -- links w, arms the parker, releases L, suspends; if the wait
+ *               was cancelled, unlinks w under L again before returning --
+ *   firer:   lock(L); weft__waitq_fire_one(&q, WEFT_OK): pops waiters until
+ *            one accepts (a cancelled one is leaving and refuses); unlock(L);
  *
  * Invariants:
- *  - A task waiter is never visible to a firer before the task's registers
- *    are saved: L is released on the worker's context after the switch.
+ *  - The waiter's parker is armed before L is released, so a firer can
+ *    never see a waiter it is not allowed to fire. A task waiter becomes
+ *    schedulable only once its registers are saved: the worker moves the
+ *    parker from ARMED to WAITING after the switch (task.h), and only a
+ *    firer that finds WAITING schedules it.
  *  - Exactly one of {firer, cancel} wins a waiter; the loser does nothing to
  *    the task. A firer that loses must hand what it carried (a permit, an
  *    item) to another waiter.
@@ -32,6 +34,7 @@
 #include <stdint.h>
 
 #include "core/lock.h"
+#include "weft.h"
 
 struct weft__parker;
 
@@ -95,6 +98,29 @@ static inline weft__waiter *weft__waitq_pop(weft__waitq *q)
     if (w)
         weft__waitq_remove(q, w);
     return w;
+}
+
+/* Wait with w already linked on q, as the protocol above says. Call with
+ * lock held; returns with it released. */
+static inline int weft__waitq_park(weft__waitq *q, weft__waiter *w, weft__lock *lock,
+                                   bool cancellable)
+{
+    int status = weft__waiter_wait(w, lock, cancellable);
+    if (status == WEFT_ECANCELED) {
+        weft__lock_acquire(lock);
+        if (w->linked)
+            weft__waitq_remove(q, w);
+        weft__lock_release(lock);
+    }
+    return status;
+}
+
+/* Link w at the tail of q, then weft__waitq_park. */
+static inline int weft__waitq_wait(weft__waitq *q, weft__waiter *w, weft__lock *lock,
+                                   bool cancellable)
+{
+    weft__waitq_push(q, w);
+    return weft__waitq_park(q, w, lock, cancellable);
 }
 
 /* Pop waiters until one accepts status. Returns false when the queue held

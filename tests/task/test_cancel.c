@@ -179,7 +179,7 @@ static void *storm_body(void *arg)
             weft_task *child;
             rc = weft_spawn(weft_runtime_current(), &child, count_run, NULL, NULL);
             if (rc == WEFT_OK && (rc = weft_join(child, NULL)) == WEFT_ECANCELED)
-                weft_join(child, NULL); /* our wait was cancelled: still reap it */
+                weft_detach(child); /* we may no longer wait: let it go */
             break;
         }
         }
