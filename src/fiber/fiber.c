@@ -64,8 +64,7 @@
 
 /* initial-exec: the signal handler reads it, and a TLS access that may
  * allocate (the general-dynamic model's first touch) is not signal-safe. */
-static _Thread_local const weft__fiber *running
-    __attribute__((tls_model("initial-exec")));
+static _Thread_local const weft__fiber *running __attribute__((tls_model("initial-exec")));
 
 WEFT__OPAQUE static void set_running(const weft__fiber *f)
 {
@@ -91,19 +90,29 @@ static void check_stack(const weft__fiber *f)
 
 /* ---- sanitizer annotations -------------------------------------------- */
 
-static inline void san_start_switch(void **fake_stack, const weft__fiber *to)
-{
+/* A macro, not a function: under TSan every instrumented function pushes a
+ * frame on the current TSan fiber's shadow call stack on entry and pops one
+ * on return. __tsan_switch_to_fiber inside a helper would pop from the
+ * fiber being switched to, which underflows (clang does not always inline
+ * even a static inline helper). Expanded in the frame of weft__fiber_switch,
+ * that function's push lands on the fiber switching out and its pop comes
+ * when that fiber is resumed, so each fiber's shadow stack stays balanced. */
 #if WEFT__ASAN
-    __sanitizer_start_switch_fiber(fake_stack, to->asan_lo, to->asan_size);
+#define SAN_SWITCH_ASAN(fake_stack_slot, to)                                                       \
+    __sanitizer_start_switch_fiber((fake_stack_slot), (to)->asan_lo, (to)->asan_size)
 #else
-    (void)fake_stack;
+#define SAN_SWITCH_ASAN(fake_stack_slot, to) ((void)(fake_stack_slot), (void)(to))
 #endif
 #if WEFT__TSAN
-    __tsan_switch_to_fiber(to->tsan_fiber, 0);
+#define SAN_SWITCH_TSAN(to) __tsan_switch_to_fiber((to)->tsan_fiber, 0)
 #else
-    (void)to;
+#define SAN_SWITCH_TSAN(to) ((void)(to))
 #endif
-}
+#define SAN_START_SWITCH(fake_stack_slot, to)                                                      \
+    do {                                                                                           \
+        SAN_SWITCH_ASAN(fake_stack_slot, to);                                                      \
+        SAN_SWITCH_TSAN(to);                                                                       \
+    } while (0)
 
 /* Runs first in the resumed context. prev is the context that switched
  * here, or NULL when it exited. */
@@ -158,8 +167,7 @@ void weft__fiber_init_thread(weft__fiber *f)
     set_running(f);
 }
 
-void weft__fiber_init(weft__fiber *f, const weft__stack *stack, void (*entry)(void *arg),
-                      void *arg)
+void weft__fiber_init(weft__fiber *f, const weft__stack *stack, void (*entry)(void *arg), void *arg)
 {
     void (*first)(void) = (void (*)(void))entry;
     void *first_arg = arg;
@@ -199,7 +207,7 @@ void weft__fiber_switch(weft__fiber *from, weft__fiber *to)
     check_stack(from);
     to->sp = NULL;
     set_running(to);
-    san_start_switch(&from->asan_fake_stack, to);
+    SAN_START_SWITCH(&from->asan_fake_stack, to);
     prev = weft__fiber_swap(&from->sp, sp, from);
     /* Possibly on another thread now: no thread-locals below this line. */
     san_finish_switch(from->asan_fake_stack, prev);
@@ -215,7 +223,7 @@ _Noreturn void weft__fiber_exit(weft__fiber *from, weft__fiber *to)
     to->sp = NULL;
     set_running(to);
     /* A NULL fake-stack slot tells ASan this fiber is gone for good. */
-    san_start_switch(NULL, to);
+    SAN_START_SWITCH(NULL, to);
     weft__fiber_jump(sp, NULL);
 }
 
@@ -223,8 +231,18 @@ void weft__fiber_release(weft__fiber *f)
 {
     assert(f != NULL);
 #if WEFT__TSAN
-    if (f->stack != NULL && f->tsan_fiber != NULL)
+    if (f->stack != NULL && f->tsan_fiber != NULL) {
+        /* Newer TSan runtimes corrupt their trace state when a fiber that
+         * was never current is destroyed; make it current for an instant.
+         * No instrumented call in between, so no shadow-stack traffic. */
+        if (f->sp != NULL) {
+            void *self = __tsan_get_current_fiber();
+
+            __tsan_switch_to_fiber(f->tsan_fiber, 0);
+            __tsan_switch_to_fiber(self, 0);
+        }
         __tsan_destroy_fiber(f->tsan_fiber);
+    }
 #endif
     f->tsan_fiber = NULL;
     f->asan_fake_stack = NULL;

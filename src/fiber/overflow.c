@@ -7,9 +7,10 @@
  * the handler runs on an alternate signal stack that each thread sets up
  * with weft__overflow_thread_init. It asks fiber.c which fiber the thread
  * was running and calls the fault an overflow when the address lies in
- * that fiber's guard page, or when the stack pointer itself has left the
- * fiber's stack (a frame that jumped over the guard, or an unguarded stack
- * that ran off its slab). Anything else goes to the handler that was there
+ * that fiber's guard page, when the stack pointer itself has left the
+ * fiber's stack (a frame that jumped over the guard, an unguarded stack
+ * that ran down its slab), or when the fiber's stack is unguarded and its
+ * canary is broken. Anything else goes to the handler that was there
  * before.
  *
  * Invariants:
@@ -35,7 +36,7 @@
 
 #define ALTSTACK_SIZE (64u * 1024)
 #define ALTSTACK_KEEP (32u * 1024) /* an existing alternate stack this big will do */
-#define WILD_REACH (1u << 20)      /* how far below its stack a lost sp may be */
+#define WILD_REACH (1u << 20)      /* how far below its mapping a lost sp may be */
 
 static pthread_once_t install_once = PTHREAD_ONCE_INIT;
 static int install_rc;
@@ -102,8 +103,9 @@ void weft__overflow_report(const weft__fiber *f, const void *fault)
         put_uint(&m, (uintptr_t)fault, 16);
         put_str(&m, ")", 1);
     } else {
-        put_str(&m, " exhausted (its canary was overwritten: the stack has no guard page, "
-                    "raise vm.max_map_count for guard pages on more tasks)",
+        put_str(&m,
+                " exhausted (its canary was overwritten: the stack has no guard page, "
+                "raise vm.max_map_count for guard pages on more tasks)",
                 SIZE_MAX);
     }
     put_str(&m, "; raise weft_config.stack_size or weft_task_opts.stack_size\n", SIZE_MAX);
@@ -127,17 +129,35 @@ static uintptr_t fault_sp(const void *uctx)
 #endif
 }
 
+/* Not instrumented: under ASan the low end of an overrun stack is covered
+ * by the poisoned redzones of the frames that overran it. */
+__attribute__((no_sanitize_address)) static uint64_t canary_of(const weft__stack *s)
+{
+    return *(const volatile uint64_t *)s->lo;
+}
+
 static bool is_overflow(const weft__fiber *f, uintptr_t addr, uintptr_t sp)
 {
     const weft__stack *s = f->stack;
-    uintptr_t lo;
+    uintptr_t lo, map, floor;
 
     if (s == NULL)
         return false; /* a thread's own stack: not ours to judge */
     lo = (uintptr_t)s->lo;
-    if (s->guarded && addr >= (uintptr_t)s->map && addr < lo)
+    map = (uintptr_t)s->map;
+    /* The fault is in the guard page. */
+    if (s->guarded && addr >= map && addr < lo)
         return true;
-    return sp < lo && lo - sp <= WILD_REACH && addr < lo && lo - addr <= WILD_REACH + 65536;
+    /* The stack pointer itself has left the stack downwards, and not by
+     * much more than the mapping holds: a frame jumped over the guard page,
+     * or an unguarded stack ran down through the slots below it in its
+     * slab. Nothing but an overflow puts the stack pointer there. */
+    floor = map > WILD_REACH ? map - WILD_REACH : 0;
+    if (sp < lo && sp >= floor && addr < lo)
+        return true;
+    /* Whatever faulted, an unguarded stack with a broken canary has
+     * overflowed. */
+    return !s->guarded && canary_of(s) != WEFT__STACK_CANARY;
 }
 
 /* Let sig take its default action: at once for a fault (which repeats when

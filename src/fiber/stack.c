@@ -15,10 +15,12 @@
  * stacks (two VMAs each, so limit/8 stacks: 8191 by default). Past the
  * budget, or when mmap or mprotect fails with ENOMEM, stacks come unguarded
  * from slabs: one mapping holding many stacks back to back, never split and
- * never unmapped before the pool is destroyed. An unguarded stack has a
- * canary word at its low end, which fiber.c checks whenever a fiber
- * switches away from it: an overrun is still caught, just later. Users who
- * want guard pages on more tasks raise vm.max_map_count (sysctl).
+ * never unmapped before the pool is destroyed (and kept off transparent
+ * huge pages, which would commit memory for stacks nobody touched). An
+ * unguarded stack has a canary word at its low end, which fiber.c checks
+ * whenever a fiber switches away from it: an overrun is still caught, just
+ * later, and after it has corrupted the stack below. Users who want guard
+ * pages on more tasks raise vm.max_map_count (sysctl).
  *
  * Invariants:
  *  - A stack has one of three forms: a dedicated guarded mapping (map_size
@@ -56,13 +58,14 @@
 #endif
 #endif
 
-#define STACK_MIN (16u * 1024)  /* smaller requests are raised to this */
-#define FREE_MAX 256u           /* default-size stacks of each kind the pool keeps */
-#define ODD_MAX 16u             /* stacks of other sizes the pool keeps */
-#define SLAB_BYTES (16u << 20)  /* a slab's size aims at this... */
-#define SLAB_STACKS_MIN 4u      /* ...within these stack counts */
+#define STACK_MIN (16u * 1024) /* smaller requests are raised to this */
+#define FREE_MAX 256u          /* default-size stacks of each kind the pool keeps */
+#define ODD_MAX 16u            /* stacks of other sizes the pool keeps */
+#define SLAB_BYTES (16u << 20) /* a slab's size aims at this... */
+#define SLAB_STACKS_MIN 4u     /* ...within these stack counts */
 #define SLAB_STACKS_MAX 64u
 #define MAP_COUNT_DEFAULT 65530 /* when /proc says nothing */
+#define HUGE_PAGE_BYTES (2u << 20)
 
 typedef struct slab {
     struct slab *next;
@@ -143,7 +146,13 @@ static void *map_anon(size_t len)
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
 
-    return p == MAP_FAILED ? NULL : p;
+    if (p == MAP_FAILED)
+        return NULL;
+    /* Where transparent huge pages are on for everything, the first touch
+     * of one stack in a slab would commit 2 MiB. */
+    if (len >= HUGE_PAGE_BYTES)
+        madvise(p, len, MADV_NOHUGEPAGE);
+    return p;
 }
 
 static void stack_register(weft__stack *s)
