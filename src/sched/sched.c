@@ -546,14 +546,18 @@ int weft__sched_create(weft__sched **out, unsigned nworkers, weft__stack_pool *s
     queue_init(&s->high);
     queue_init(&s->low);
 
-    unsigned started = 0;
-    for (; started < nworkers; started++) {
-        weft__worker *w = &s->workers[started];
+    /* Every worker's queues exist before any thread starts stealing. */
+    for (unsigned i = 0; i < nworkers; i++) {
+        weft__worker *w = &s->workers[i];
         weft__deque_init(&w->deque);
         atomic_init(&w->lifo, NULL);
         w->sched = s;
-        w->index = started;
-        w->rng = 0x9e3779b9u * (started + 1);
+        w->index = i;
+        w->rng = 0x9e3779b9u * (i + 1);
+    }
+    unsigned started = 0;
+    for (; started < nworkers; started++) {
+        weft__worker *w = &s->workers[started];
         if (pthread_create(&w->thread, NULL, worker_main, w))
             break;
         char name[16];
