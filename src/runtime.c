@@ -150,6 +150,7 @@ int weft__runtime_devices(weft_runtime *rt, weft__device ***devs, unsigned *n)
 
 static void devices_destroy(weft_runtime *rt)
 {
+    weft__sched_clear_poller(rt->sched); /* idle workers poll the devices */
     for (unsigned i = 0; i < rt->ndevices; i++)
         rt->devices[i]->ops->destroy(rt->devices[i]);
     free(rt->devices);

@@ -74,6 +74,7 @@ struct weft__sched {
     atomic_bool stopping;
     atomic_bool watching;    /* a parked worker is watching the devices */
     atomic_bool polling;     /* the three below are set */
+    atomic_uint polls_in_flight;
     unsigned (*poll)(void *ctx);
     bool (*pending)(void *ctx);
     void *poll_ctx;
@@ -88,15 +89,33 @@ void weft__sched_set_poller(weft__sched *s, unsigned (*poll)(void *ctx),
     atomic_store_explicit(&s->polling, true, memory_order_release);
 }
 
-/* Fire completed device work; its tasks land in our LIFO slot and deque. */
+void weft__sched_clear_poller(weft__sched *s)
+{
+    atomic_store(&s->polling, false);
+    while (atomic_load(&s->polls_in_flight) != 0)
+        sched_yield(); /* a worker is inside poll or pending */
+}
+
+/* Fire completed device work; its tasks land in our LIFO slot and deque.
+ * Counted while inside, so that the devices can be taken away safely. */
 static bool poll_devices(weft__sched *s)
 {
-    return atomic_load_explicit(&s->polling, memory_order_acquire) && s->poll(s->poll_ctx) > 0;
+    if (!atomic_load_explicit(&s->polling, memory_order_relaxed))
+        return false;
+    atomic_fetch_add(&s->polls_in_flight, 1);
+    bool fired = atomic_load(&s->polling) && s->poll(s->poll_ctx) > 0;
+    atomic_fetch_sub_explicit(&s->polls_in_flight, 1, memory_order_release);
+    return fired;
 }
 
 static bool devices_pending(weft__sched *s)
 {
-    return atomic_load_explicit(&s->polling, memory_order_acquire) && s->pending(s->poll_ctx);
+    if (!atomic_load_explicit(&s->polling, memory_order_relaxed))
+        return false;
+    atomic_fetch_add(&s->polls_in_flight, 1);
+    bool pending = atomic_load(&s->polling) && s->pending(s->poll_ctx);
+    atomic_fetch_sub_explicit(&s->polls_in_flight, 1, memory_order_release);
+    return pending;
 }
 
 static _Thread_local weft__worker *self;

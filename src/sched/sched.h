@@ -44,6 +44,9 @@ unsigned weft__sched_workers(const weft__sched *s);
 void weft__sched_set_poller(weft__sched *s, unsigned (*poll)(void *ctx),
                             bool (*pending)(void *ctx), void *ctx);
 
+/* Stop polling; returns once no worker is inside poll or pending. */
+void weft__sched_clear_poller(weft__sched *s);
+
 /* Get a worker polling: a device wait started and every worker may be
  * asleep. Cheap when a worker is searching or watching already. */
 void weft__sched_kick(weft__sched *s);
