@@ -47,6 +47,7 @@ enum {
     MAX_STREAMS = 256,        /* per priority class; beyond, leases share */
     FLAG_STRIDE = 16,         /* words between completion flags: a cache line each */
     BACKSTOP_NS = 10000000,   /* fault check period while waits are pending */
+    BACKSTOP_QUERIES = 16,    /* streams queried per period */
 };
 
 typedef CUresult (*stream_mem_op_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
@@ -92,6 +93,7 @@ struct cuda_device {
     atomic_uint npending;   /* markers waiting, all streams */
     atomic_int failed;      /* the sticky cudaError_t, 0 while healthy */
     uint64_t last_backstop;
+    unsigned next_query;    /* the backstop's turn among active streams */
 
     weft__cuda_host_pool host_pool;
 };
@@ -184,13 +186,80 @@ static int enter(weft__stream *s, const char *call)
 
 /* ---- operations -------------------------------------------------------- */
 
+/* Pageable host memory: CUDA reads it at enqueue time (host to device) or
+ * synchronizes (device to host), which breaks stream order. */
+static bool pageable(const void *p)
+{
+    struct cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+        cudaGetLastError();
+        return true;
+    }
+    return attr.type == cudaMemoryTypeUnregistered;
+}
+
+/* A host-side copy run in stream order by a host function; when stage is
+ * set, it goes back to the pool afterwards. */
+typedef struct host_copy {
+    void *dst;
+    const void *src;
+    size_t n;
+    void *stage;
+    weft__cuda_host_pool *pool;
+} host_copy;
+
+static void CUDART_CB run_host_copy(void *arg)
+{
+    host_copy *c = arg;
+    memcpy(c->dst, c->src, c->n);
+    if (c->stage)
+        weft__cuda_host_pool_put_cached(c->pool, c->stage);
+    free(c);
+}
+
+static int enqueue_host_copy(weft__stream *s, void *dst, const void *src, size_t n, void *stage)
+{
+    host_copy *c = malloc(sizeof *c);
+    if (!c)
+        return weft__fail(WEFT_ENOMEM, "weft_memcpy_async: out of memory");
+    *c = (host_copy){dst, src, n, stage, &s->dev->host_pool};
+    cudaError_t e = cudaLaunchHostFunc(s->handle, run_host_copy, c);
+    if (e != cudaSuccess) {
+        free(c);
+        return cuda_fail(s->dev, "cudaLaunchHostFunc", e);
+    }
+    return WEFT_OK;
+}
+
+/* Copies touching pageable memory go through a pinned staging buffer, with
+ * the host side done by host functions, so that every copy keeps its place
+ * in the stream. */
 static int cuda_copy(weft__stream *s, void *dst, const void *src, size_t n)
 {
     int rc = enter(s, "weft_memcpy_async");
     if (rc)
         return rc;
-    cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s->handle);
-    return e == cudaSuccess ? WEFT_OK : cuda_fail(s->dev, "cudaMemcpyAsync", e);
+    bool from_pageable = pageable(src), to_pageable = pageable(dst);
+    if (from_pageable && to_pageable)
+        return enqueue_host_copy(s, dst, src, n, NULL);
+    void *stage = NULL;
+    if ((from_pageable || to_pageable) &&
+        (rc = weft__cuda_host_pool_get(&s->dev->host_pool, n, &stage)))
+        return rc;
+    if (from_pageable && (rc = enqueue_host_copy(s, stage, src, n, NULL))) {
+        weft__cuda_host_pool_put_cached(&s->dev->host_pool, stage); /* nothing uses it */
+        return rc;
+    }
+    cudaError_t e = cudaMemcpyAsync(to_pageable ? stage : dst, from_pageable ? stage : src, n,
+                                    cudaMemcpyDefault, s->handle);
+    if (e != cudaSuccess) /* a host copy may be queued into stage: leave it be */
+        return cuda_fail(s->dev, "cudaMemcpyAsync", e);
+    if (!stage)
+        return WEFT_OK;
+    /* the last step gives the staging buffer back */
+    if (to_pageable)
+        return enqueue_host_copy(s, dst, stage, n, stage);
+    return enqueue_host_copy(s, stage, stage, 0, stage);
 }
 
 typedef struct host_fill {
@@ -369,16 +438,19 @@ static int cuda_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq)
     return WEFT_OK;
 }
 
-/* The backstop: completion words never move after a fault, so ask CUDA. A
- * sticky error belongs to the whole context: one query of any stream with
- * work in flight reports it. */
+/* The backstop: completion words never move after a fault, so ask CUDA.
+ * A stream whose work is still running can answer "not ready" for seconds
+ * after another stream faulted (seen on the H200), so each period queries
+ * the next few active streams in turn. Call with active_lock held. */
 static void backstop(cuda_device *dev)
 {
-    if (dev->nactive == 0 || atomic_load(&dev->failed))
-        return;
-    cudaError_t e = cudaStreamQuery(dev->active[0]->handle);
-    if (e != cudaSuccess && e != cudaErrorNotReady)
-        cuda_fail(dev, "cudaStreamQuery", e);
+    unsigned n = dev->nactive < BACKSTOP_QUERIES ? dev->nactive : BACKSTOP_QUERIES;
+    for (unsigned i = 0; i < n && !atomic_load(&dev->failed); i++) {
+        weft__stream *s = dev->active[dev->next_query++ % dev->nactive];
+        cudaError_t e = cudaStreamQuery(s->handle);
+        if (e != cudaSuccess && e != cudaErrorNotReady)
+            cuda_fail(dev, "cudaStreamQuery", e);
+    }
 }
 
 static unsigned cuda_poll(weft__device *d)

@@ -9,6 +9,7 @@
 #ifdef WEFT_HAVE_CUDA
 
 #include <cuda_runtime_api.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "core/error.h"
@@ -81,23 +82,34 @@ int weft__cuda_host_pool_get(weft__cuda_host_pool *pool, size_t n, void **ptr)
     return WEFT_OK;
 }
 
-int weft__cuda_host_pool_put(weft__cuda_host_pool *pool, void *ptr)
+/* List h as free; with force, also beyond the cache bound. */
+static bool keep(weft__cuda_host_pool *pool, header *h, bool force)
 {
-    header *h = header_of(ptr);
-    if (h->magic != MAGIC)
-        return weft__fail(WEFT_EINVAL, "weft_host_free: %p was not allocated by weft", ptr);
     size_t size = (size_t)1 << h->class_;
     weft__lock_acquire(&pool->lock);
-    bool keep = pool->cached + size <= CACHE_MAX;
-    if (keep) {
+    bool kept = force || pool->cached + size <= CACHE_MAX;
+    if (kept) {
         h->next = pool->free[h->class_];
         pool->free[h->class_] = h;
         pool->cached += size;
     }
     weft__lock_release(&pool->lock);
-    if (!keep)
+    return kept;
+}
+
+int weft__cuda_host_pool_put(weft__cuda_host_pool *pool, void *ptr)
+{
+    header *h = header_of(ptr);
+    if (h->magic != MAGIC)
+        return weft__fail(WEFT_EINVAL, "weft_host_free: %p was not allocated by weft", ptr);
+    if (!keep(pool, h, false))
         cudaFreeHost(h);
     return WEFT_OK;
+}
+
+void weft__cuda_host_pool_put_cached(weft__cuda_host_pool *pool, void *ptr)
+{
+    keep(pool, header_of(ptr), true);
 }
 
 #endif

@@ -24,5 +24,8 @@ void weft__cuda_host_pool_init(weft__cuda_host_pool *pool);
 void weft__cuda_host_pool_destroy(weft__cuda_host_pool *pool);
 int weft__cuda_host_pool_get(weft__cuda_host_pool *pool, size_t n, void **ptr);
 int weft__cuda_host_pool_put(weft__cuda_host_pool *pool, void *ptr);
+/* Give a block back without ever freeing it (no CUDA call): safe from a
+ * host function running in a stream. */
+void weft__cuda_host_pool_put_cached(weft__cuda_host_pool *pool, void *ptr);
 
 #endif

@@ -59,7 +59,11 @@
 #endif
 
 #define STACK_MIN (16u * 1024) /* smaller requests are raised to this */
-#define FREE_MAX 256u          /* default-size stacks of each kind the pool keeps */
+/* Default-size stacks of each kind the pool keeps. Generous: a workload
+ * that keeps thousands of tasks alive at once does so again and again, and
+ * a kept stack costs only its touched pages, where a new one costs mmap,
+ * mprotect, page faults and later munmap. */
+#define FREE_MAX 4096u
 #define ODD_MAX 16u            /* stacks of other sizes the pool keeps */
 #define SLAB_BYTES (16u << 20) /* a slab's size aims at this... */
 #define SLAB_STACKS_MIN 4u     /* ...within these stack counts */

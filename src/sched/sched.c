@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <time.h>
 
 #include "core/futex.h"
 #include "core/lock.h"
@@ -34,7 +35,8 @@ enum {
     FAIR_TICKS = 61,    /* shared queues checked first every this many picks */
     SPIN_ROUNDS = 64,   /* searches before parking */
     INJECT_BATCH = 32,  /* most tasks moved from the injection queue at once */
-    WATCH_MIN_NS = 20000,   /* the watcher's first timeout ... */
+    WATCH_SPIN_NS = 30000,  /* the watcher first polls without sleeping ... */
+    WATCH_MIN_NS = 20000,   /* ... then its first timeout ... */
     WATCH_MAX_NS = 1000000, /* ... doubling up to this */
 };
 
@@ -116,6 +118,13 @@ static bool devices_pending(weft__sched *s)
     bool pending = atomic_load(&s->polling) && s->pending(s->poll_ctx);
     atomic_fetch_sub_explicit(&s->polls_in_flight, 1, memory_order_release);
     return pending;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 static _Thread_local weft__worker *self;
@@ -357,6 +366,19 @@ static void watch_devices(weft__worker *w, unsigned key)
     weft__sched *s = w->sched;
     if (w->watch_ns < WATCH_MIN_NS)
         w->watch_ns = WATCH_MIN_NS;
+    /* A wait that ends within tens of microseconds (an await right after a
+     * short kernel) is common, and a sleep and wake-up cost about as much:
+     * poll without sleeping for a while first. */
+    for (uint64_t start = now_ns(); now_ns() - start < WATCH_SPIN_NS;) {
+        if (atomic_load(&s->epoch) != key || atomic_load(&s->stopping))
+            goto out;
+        if (poll_devices(s)) {
+            w->watch_ns = WATCH_MIN_NS;
+            goto out;
+        }
+        for (int i = 0; i < 16; i++)
+            weft__cpu_relax();
+    }
     for (;;) {
         struct timespec timeout = {0, (long)w->watch_ns};
         weft__futex_wait(&s->epoch, key, &timeout);
@@ -371,6 +393,7 @@ static void watch_devices(weft__worker *w, unsigned key)
         if (!devices_pending(s))
             break;
     }
+out:
     atomic_store(&s->watching, false);
 }
 
