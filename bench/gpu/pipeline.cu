@@ -63,6 +63,8 @@ struct wrun {
     struct wjob *jobs;
 };
 
+static double *phase_log; /* per job: host, enqueue, await, host (ns) */
+
 struct wjob {
     struct wrun *run;
     unsigned id;
@@ -78,8 +80,10 @@ static void *job_main(void *arg)
     unsigned si;
     WCK(weft_chan_recv(r->free, &si));
     struct slot *s = &r->slots[si];
+    uint64_t t0 = now_ns();
 
     job_pre(s, jb->id, r->words);
+    uint64_t t1 = now_ns();
     uint32_t n = BENCH_WORDS, iters = opt.kiters, salt1 = SALT1, salt2 = SALT2;
     void *args1[] = {&s->dev, &n, &iters, &salt1};
     void *args2[] = {&s->dev, &n, &iters, &salt2};
@@ -88,8 +92,16 @@ static void *job_main(void *arg)
     WCK(weft_launch((const void *)k_mix, grid, block, 0, args1));
     WCK(weft_launch((const void *)k_mix, grid, block, 0, args2));
     WCK(weft_memcpy_async(s->out, s->dev, BENCH_BYTES));
+    uint64_t t2 = now_ns();
     WCK(weft_await());
+    uint64_t t3 = now_ns();
     job_post(s, jb->id, r->words);
+    if (phase_log) { /* --phases: where a job's time goes */
+        phase_log[jb->id * 4 + 0] = (double)(t1 - t0);
+        phase_log[jb->id * 4 + 1] = (double)(t2 - t1);
+        phase_log[jb->id * 4 + 2] = (double)(t3 - t2);
+        phase_log[jb->id * 4 + 3] = (double)(now_ns() - t3);
+    }
 
     WCK(weft_chan_send(r->free, &si));
     return NULL;
@@ -239,6 +251,18 @@ static void measure(struct wrun *r, unsigned workers, unsigned host_us)
         cores[k] = sp.cpu / sp.wall;
     }
     alarm(0);
+    if (phase_log) {
+        static const char *what[4] = {"host before", "enqueue", "await", "host after"};
+        double *col = (double *)malloc(opt.jobs * sizeof *col);
+        for (int k = 0; k < 4; k++) {
+            for (unsigned j = 0; j < opt.jobs; j++)
+                col[j] = phase_log[j * 4 + k];
+            struct stats st = stats_of(col, (int)opt.jobs);
+            fprintf(stderr, "  %-12s median %7.1f us  min %7.1f  max %8.1f\n", what[k],
+                    st.med / 1e3, st.min / 1e3, st.max / 1e3);
+        }
+        free(col);
+    }
     struct stats sr = stats_of(rate, (int)opt.reps), sc = stats_of(cores, (int)opt.reps);
     fprintf(stderr, "%-34s %9.0f jobs/s (%.0f..%.0f)  %5.2f cores (%.2f..%.2f)\n", name, sr.med,
             sr.min, sr.max, sc.med, sc.min, sc.max);
@@ -254,7 +278,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: gpu_pipeline [--quick] [--jobs N] [--reps N] [--host-us LIST]\n"
                     "         [--workers LIST] [--inflight N] [--kiters N]\n"
-                    "         [--host-rate WORDS_PER_US] [--only NAME]\n");
+                    "         [--host-rate WORDS_PER_US] [--only NAME] [--phases]\n");
     exit(2);
 }
 
@@ -265,7 +289,7 @@ static void parse_args(int argc, char **argv)
     opt.inflight = 16;
     opt.nhost = (unsigned)parse_list("5,20,100", opt.host_us);
     opt.nworkers = (unsigned)parse_list("1,2,4,8", opt.workers);
-    int jobs_set = 0, reps_set = 0;
+    int jobs_set = 0, reps_set = 0, phases = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--quick"))
@@ -282,6 +306,8 @@ static void parse_args(int argc, char **argv)
             opt.host_rate = parse_real(a, v), i++;
         else if (!strcmp(a, "--only") && v)
             opt.only = v, i++;
+        else if (!strcmp(a, "--phases"))
+            phases = 1;
         else if (!strcmp(a, "--host-us") && v) {
             if (!(opt.nhost = (unsigned)parse_list(v, opt.host_us)))
                 usage();
@@ -303,6 +329,8 @@ static void parse_args(int argc, char **argv)
         opt.reps = 63;
     if (opt.inflight > MAX_INFLIGHT)
         opt.inflight = MAX_INFLIGHT;
+    if (phases)
+        phase_log = (double *)calloc(opt.jobs * 4, sizeof *phase_log);
 }
 
 int main(int argc, char **argv)
