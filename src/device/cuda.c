@@ -1,20 +1,12 @@
 /*
  * cuda.c - the CUDA backend: one weft device per GPU.
  *
- * Streams are non-blocking CUDA streams from a pool per priority class. Each
- * stream owns a completion word in mapped, page-locked host memory; a
- * completion marker is a cuStreamWriteValue32 of the stream's next sequence
- * number into it (the GPU writes it once everything before it is done, after
- * a memory fence, so the data it covers is visible first). Markers on a
- * stream complete in order, so the completion engine (cuda_poll, run by
- * idle workers) reads one word per active stream and compares it with the
- * sequence number of the stream's first pending waiter only.
- *
- * Faults silence completion words: after a sticky error (an illegal address
- * in a kernel, say) the GPU writes nothing more. So the engine also queries
- * the active streams every BACKSTOP_NS; a sticky error marks the device
- * failed, ends every pending wait with WEFT_EDEVICE, and makes every later
- * call on this device fail at once. The runtime and other devices go on.
+ * This half opens GPUs, pools streams and enqueues work; cuda_engine.c
+ * decides when the work is complete. Streams are non-blocking CUDA streams
+ * from a pool per priority class (high, and the rest); past
+ * WEFT__CUDA_MAX_STREAMS a class's streams are shared in turn. Every
+ * operation keeps its place in its stream, including copies from and to
+ * pageable memory, which CUDA itself would read at enqueue time.
  *
  * The driver calls (stream memory operations) come through the runtime's
  * cudaGetDriverEntryPointByVersion, so the library links the CUDA runtime
@@ -33,83 +25,17 @@ int weft__cuda_devices_create(weft__device ***devs, unsigned *count)
 
 #else
 
-#include <cuda.h>
-#include <cuda_runtime_api.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/error.h"
-#include "core/lock.h"
-#include "device/cuda_memory.h"
+#include "device/cuda_internal.h"
 
-enum {
-    MAX_STREAMS = 256,        /* per priority class; beyond, leases share */
-    FLAG_STRIDE = 16,         /* words between completion flags: a cache line each */
-    BACKSTOP_NS = 10000000,   /* fault check period while waits are pending */
-    BACKSTOP_QUERIES = 16,    /* streams queried per period */
-};
-
-typedef CUresult (*stream_mem_op_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-
-typedef struct cuda_device cuda_device;
-
-/* A wait for a stream to reach a sequence number; on the waiter's stack. */
-typedef struct marker {
-    weft__waiter w;
-    uint64_t seq;
-} marker;
-
-struct weft__stream {
-    _Alignas(64) weft__lock lock; /* guards marked and pending */
-    cudaStream_t handle;
-    cuda_device *dev;
-    volatile uint32_t *flag;  /* written by the GPU */
-    CUdeviceptr flag_device;
-    uint64_t marked;          /* last sequence number enqueued */
-    weft__waitq pending;      /* markers, in sequence order */
-    bool active;              /* on dev->active (changed holding both locks) */
-    unsigned leases;          /* guarded by dev->pool_lock */
-    int class_;               /* 0 normal and low, 1 high */
-};
-
-struct cuda_device {
-    weft__device base; /* first: the core sees only this */
-    int ordinal;
-    int priority[2];   /* CUDA stream priority of each class */
-
-    weft__lock pool_lock;
-    weft__stream *streams[2][MAX_STREAMS];
-    unsigned nstreams[2];
-    unsigned next_shared[2];
-    atomic_uint leased;
-
-    uint32_t *flags;   /* 2 * MAX_STREAMS completion words, mapped */
-    CUdeviceptr flags_device;
-
-    weft__lock active_lock; /* guards active; also keeps one poller at a time */
-    weft__stream *active[2 * MAX_STREAMS];
-    unsigned nactive;
-    atomic_uint npending;   /* markers waiting, all streams */
-    atomic_int failed;      /* the sticky cudaError_t, 0 while healthy */
-    uint64_t last_backstop;
-    unsigned next_query;    /* the backstop's turn among active streams */
-
-    weft__cuda_host_pool host_pool;
-};
-
-static stream_mem_op_fn write_value, wait_value;
+typedef weft__cuda_device cuda_device;
 
 static cuda_device *cuda_of(weft__device *d)
 {
     return (cuda_device *)d;
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 /* ---- errors ------------------------------------------------------------ */
@@ -135,9 +61,7 @@ static bool sticky(cudaError_t e)
     }
 }
 
-/* Turn a CUDA error from call into a weft status with the error's name in
- * the message; a sticky one marks the device failed. */
-static int cuda_fail(cuda_device *dev, const char *call, cudaError_t e)
+int weft__cuda_fail(weft__cuda_device *dev, const char *call, cudaError_t e)
 {
     cudaGetLastError(); /* clear the thread's record of a non-sticky error */
     if (sticky(e)) {
@@ -153,7 +77,7 @@ static int cuda_fail(cuda_device *dev, const char *call, cudaError_t e)
                       cudaGetErrorString(e), dev->ordinal);
 }
 
-static int check_failed(cuda_device *dev, const char *call)
+int weft__cuda_check_failed(weft__cuda_device *dev, const char *call)
 {
     int e = atomic_load_explicit(&dev->failed, memory_order_relaxed);
     if (e == 0)
@@ -166,22 +90,21 @@ static int check_failed(cuda_device *dev, const char *call)
  * inlined: tasks move between threads. */
 static _Thread_local int current_ordinal = -1;
 
-__attribute__((noinline)) static int use_device(cuda_device *dev)
+__attribute__((noinline)) int weft__cuda_use_device(weft__cuda_device *dev)
 {
     if (current_ordinal == dev->ordinal)
         return WEFT_OK;
     cudaError_t e = cudaSetDevice(dev->ordinal);
     if (e != cudaSuccess)
-        return cuda_fail(dev, "cudaSetDevice", e);
+        return weft__cuda_fail(dev, "cudaSetDevice", e);
     current_ordinal = dev->ordinal;
     return WEFT_OK;
 }
 
-/* Before any enqueue: the device must be healthy and current. */
-static int enter(weft__stream *s, const char *call)
+int weft__cuda_enter(weft__stream *s, const char *call)
 {
-    int rc = check_failed(s->dev, call);
-    return rc ? rc : use_device(s->dev);
+    int rc = weft__cuda_check_failed(s->dev, call);
+    return rc ? rc : weft__cuda_use_device(s->dev);
 }
 
 /* ---- operations -------------------------------------------------------- */
@@ -226,7 +149,7 @@ static int enqueue_host_copy(weft__stream *s, void *dst, const void *src, size_t
     cudaError_t e = cudaLaunchHostFunc(s->handle, run_host_copy, c);
     if (e != cudaSuccess) {
         free(c);
-        return cuda_fail(s->dev, "cudaLaunchHostFunc", e);
+        return weft__cuda_fail(s->dev, "cudaLaunchHostFunc", e);
     }
     return WEFT_OK;
 }
@@ -236,7 +159,7 @@ static int enqueue_host_copy(weft__stream *s, void *dst, const void *src, size_t
  * in the stream. */
 static int cuda_copy(weft__stream *s, void *dst, const void *src, size_t n)
 {
-    int rc = enter(s, "weft_memcpy_async");
+    int rc = weft__cuda_enter(s, "weft_memcpy_async");
     if (rc)
         return rc;
     bool from_pageable = pageable(src), to_pageable = pageable(dst);
@@ -253,7 +176,7 @@ static int cuda_copy(weft__stream *s, void *dst, const void *src, size_t n)
     cudaError_t e = cudaMemcpyAsync(to_pageable ? stage : dst, from_pageable ? stage : src, n,
                                     cudaMemcpyDefault, s->handle);
     if (e != cudaSuccess) /* a host copy may be queued into stage: leave it be */
-        return cuda_fail(s->dev, "cudaMemcpyAsync", e);
+        return weft__cuda_fail(s->dev, "cudaMemcpyAsync", e);
     if (!stage)
         return WEFT_OK;
     /* the last step gives the staging buffer back */
@@ -279,7 +202,7 @@ static void CUDART_CB run_host_fill(void *arg)
  * memory is filled by a host function in stream order instead. */
 static int cuda_fill(weft__stream *s, void *dst, int value, size_t n)
 {
-    int rc = enter(s, "weft_memset_async");
+    int rc = weft__cuda_enter(s, "weft_memset_async");
     if (rc)
         return rc;
     struct cudaPointerAttributes attr;
@@ -291,205 +214,55 @@ static int cuda_fill(weft__stream *s, void *dst, int value, size_t n)
         *f = (host_fill){dst, value, n};
         if ((e = cudaLaunchHostFunc(s->handle, run_host_fill, f)) != cudaSuccess) {
             free(f);
-            return cuda_fail(s->dev, "cudaLaunchHostFunc", e);
+            return weft__cuda_fail(s->dev, "cudaLaunchHostFunc", e);
         }
         return WEFT_OK;
     }
     e = cudaMemsetAsync(dst, value, n, s->handle);
-    return e == cudaSuccess ? WEFT_OK : cuda_fail(s->dev, "cudaMemsetAsync", e);
+    return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaMemsetAsync", e);
 }
 
 static int cuda_host_fn(weft__stream *s, void (*fn)(void *arg), void *arg)
 {
-    int rc = enter(s, "weft_host_async");
+    int rc = weft__cuda_enter(s, "weft_host_async");
     if (rc)
         return rc;
     cudaError_t e = cudaLaunchHostFunc(s->handle, fn, arg);
-    return e == cudaSuccess ? WEFT_OK : cuda_fail(s->dev, "cudaLaunchHostFunc", e);
+    return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaLaunchHostFunc", e);
 }
 
 static int cuda_launch(weft__stream *s, const void *kernel, weft_dim3 grid, weft_dim3 block,
                        size_t shared_bytes, void **args)
 {
-    int rc = enter(s, "weft_launch");
+    int rc = weft__cuda_enter(s, "weft_launch");
     if (rc)
         return rc;
     dim3 g = {grid.x, grid.y, grid.z}, b = {block.x, block.y, block.z};
     cudaError_t e = cudaLaunchKernel(kernel, g, b, args, shared_bytes, s->handle);
-    return e == cudaSuccess ? WEFT_OK : cuda_fail(s->dev, "cudaLaunchKernel", e);
+    return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaLaunchKernel", e);
 }
 
 static int cuda_malloc_async(weft__stream *s, void **ptr, size_t n)
 {
-    int rc = enter(s, "weft_malloc_async");
+    int rc = weft__cuda_enter(s, "weft_malloc_async");
     if (rc)
         return rc;
     cudaError_t e = cudaMallocAsync(ptr, n, s->handle);
-    return e == cudaSuccess ? WEFT_OK : cuda_fail(s->dev, "cudaMallocAsync", e);
+    return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaMallocAsync", e);
 }
 
 static int cuda_free_async(weft__stream *s, void *ptr)
 {
-    int rc = enter(s, "weft_free_async");
+    int rc = weft__cuda_enter(s, "weft_free_async");
     if (rc)
         return rc;
     cudaError_t e = cudaFreeAsync(ptr, s->handle);
-    return e == cudaSuccess ? WEFT_OK : cuda_fail(s->dev, "cudaFreeAsync", e);
+    return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaFreeAsync", e);
 }
 
 static void *cuda_native(weft__stream *s)
 {
     return s->handle;
-}
-
-/* ---- markers and the completion engine ---------------------------------- */
-
-/* Has the stream's completion word reached seq? Cyclic 32-bit compare, as
- * the GPU's own wait does. */
-static bool reached(const weft__stream *s, uint64_t seq)
-{
-    uint32_t done = __atomic_load_n(s->flag, __ATOMIC_ACQUIRE);
-    return (int32_t)(done - (uint32_t)seq) >= 0;
-}
-
-static int cuda_mark(weft__stream *s, uint64_t *seq)
-{
-    int rc = enter(s, "weft_await");
-    if (rc)
-        return rc;
-    weft__lock_acquire(&s->lock);
-    uint64_t next = s->marked + 1;
-    CUresult r = write_value((CUstream)s->handle, s->flag_device, (cuuint32_t)next, 0);
-    if (r == CUDA_SUCCESS)
-        s->marked = next;
-    weft__lock_release(&s->lock);
-    if (r != CUDA_SUCCESS)
-        return weft__fail(WEFT_EDEVICE, "cuStreamWriteValue32: driver error %d on GPU %d", (int)r,
-                          s->dev->ordinal);
-    *seq = next;
-    return WEFT_OK;
-}
-
-/* Fire the markers s has reached (all of them, with status, if status is
- * a failure). Call with s->lock held. */
-static unsigned fire_reached(weft__stream *s, int status)
-{
-    unsigned fired = 0;
-    weft__waiter *w;
-    while ((w = s->pending.head) != NULL) {
-        marker *m = (marker *)((char *)w - offsetof(marker, w));
-        if (status == WEFT_OK && !reached(s, m->seq))
-            break;
-        weft__waitq_pop(&s->pending);
-        weft__waiter_fire(w, status); /* not cancellable: always taken */
-        fired++;
-    }
-    atomic_fetch_sub(&s->dev->npending, fired);
-    return fired;
-}
-
-/* Put s on the engine's list. Call with s->lock held: the lock order is
- * stream, then active_lock (the engine only try-locks streams). */
-static void activate(cuda_device *dev, weft__stream *s)
-{
-    if (s->active)
-        return;
-    weft__lock_acquire(&dev->active_lock);
-    s->active = true;
-    dev->active[dev->nactive++] = s;
-    weft__lock_release(&dev->active_lock);
-}
-
-static int cuda_wait(weft__stream *s, uint64_t seq)
-{
-    cuda_device *dev = s->dev;
-    int rc = check_failed(dev, "weft_await");
-    if (rc || reached(s, seq))
-        return rc;
-
-    marker m = {.seq = seq};
-    weft__waiter_init(&m.w);
-    weft__lock_acquire(&s->lock);
-    if (reached(s, seq)) {
-        weft__lock_release(&s->lock);
-        return WEFT_OK;
-    }
-    weft__waitq_push(&s->pending, &m.w); /* markers complete in order: FIFO */
-    bool first = atomic_fetch_add(&dev->npending, 1) == 0;
-    activate(dev, s);
-    if (first && dev->base.kick) /* nobody may be polling */
-        dev->base.kick(dev->base.kick_ctx);
-    rc = weft__waiter_wait(&m.w, &s->lock, false);
-    if (rc == WEFT_EDEVICE)
-        return check_failed(dev, "weft_await");
-    return rc;
-}
-
-static int cuda_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq)
-{
-    int rc = enter(s, "weft_stream_wait");
-    if (rc)
-        return rc;
-    CUresult r = wait_value((CUstream)s->handle, other->flag_device, (cuuint32_t)seq,
-                            CU_STREAM_WAIT_VALUE_GEQ);
-    if (r != CUDA_SUCCESS)
-        return weft__fail(WEFT_EDEVICE, "cuStreamWaitValue32: driver error %d on GPU %d", (int)r,
-                          s->dev->ordinal);
-    return WEFT_OK;
-}
-
-/* The backstop: completion words never move after a fault, so ask CUDA.
- * A stream whose work is still running can answer "not ready" for seconds
- * after another stream faulted (seen on the H200), so each period queries
- * the next few active streams in turn. Call with active_lock held. */
-static void backstop(cuda_device *dev)
-{
-    unsigned n = dev->nactive < BACKSTOP_QUERIES ? dev->nactive : BACKSTOP_QUERIES;
-    for (unsigned i = 0; i < n && !atomic_load(&dev->failed); i++) {
-        weft__stream *s = dev->active[dev->next_query++ % dev->nactive];
-        cudaError_t e = cudaStreamQuery(s->handle);
-        if (e != cudaSuccess && e != cudaErrorNotReady)
-            cuda_fail(dev, "cudaStreamQuery", e);
-    }
-}
-
-static unsigned cuda_poll(weft__device *d)
-{
-    cuda_device *dev = cuda_of(d);
-    if (atomic_load_explicit(&dev->npending, memory_order_relaxed) == 0 ||
-        !weft__lock_try(&dev->active_lock)) /* someone else is polling */
-        return 0;
-    uint64_t now = now_ns();
-    if (now - dev->last_backstop >= BACKSTOP_NS) {
-        dev->last_backstop = now;
-        if (use_device(dev) == WEFT_OK)
-            backstop(dev);
-    }
-    int status = atomic_load(&dev->failed) ? WEFT_EDEVICE : WEFT_OK;
-    unsigned fired = 0;
-    for (unsigned i = 0; i < dev->nactive;) {
-        weft__stream *s = dev->active[i];
-        if (!weft__lock_try(&s->lock)) { /* a waiter is linking in: next round */
-            i++;
-            continue;
-        }
-        fired += fire_reached(s, status);
-        bool idle = s->pending.head == NULL;
-        if (idle) {
-            s->active = false;
-            dev->active[i] = dev->active[--dev->nactive];
-        } else {
-            i++;
-        }
-        weft__lock_release(&s->lock);
-    }
-    weft__lock_release(&dev->active_lock);
-    return fired;
-}
-
-static bool cuda_pending(weft__device *d)
-{
-    return atomic_load_explicit(&cuda_of(d)->npending, memory_order_relaxed) > 0;
 }
 
 /* ---- the stream pool ---------------------------------------------------- */
@@ -500,21 +273,20 @@ static int stream_create(cuda_device *dev, int class_, weft__stream **out)
     if (posix_memalign((void **)&s, 64, sizeof *s))
         return weft__fail(WEFT_ENOMEM, "weft: out of memory for a stream");
     memset(s, 0, sizeof *s);
-    int rc = use_device(dev);
+    int rc = weft__cuda_use_device(dev);
     cudaError_t e = cudaSuccess;
     if (rc == WEFT_OK &&
         (e = cudaStreamCreateWithPriority(&s->handle, cudaStreamNonBlocking,
                                           dev->priority[class_])) != cudaSuccess)
-        rc = cuda_fail(dev, "cudaStreamCreateWithPriority", e);
+        rc = weft__cuda_fail(dev, "cudaStreamCreateWithPriority", e);
     if (rc) {
         free(s);
         return rc;
     }
-    unsigned slot = (unsigned)class_ * MAX_STREAMS + dev->nstreams[class_];
     s->dev = dev;
     s->class_ = class_;
-    s->flag = dev->flags + slot * FLAG_STRIDE;
-    s->flag_device = dev->flags_device + slot * FLAG_STRIDE * sizeof(uint32_t);
+    weft__cuda_engine_stream_init(s, (unsigned)class_ * WEFT__CUDA_MAX_STREAMS +
+                                         dev->nstreams[class_]);
     *out = s;
     return WEFT_OK;
 }
@@ -523,7 +295,7 @@ static int cuda_stream_lease(weft__device *d, int priority, weft__stream **out)
 {
     cuda_device *dev = cuda_of(d);
     int class_ = priority == WEFT_PRIO_HIGH;
-    int rc = check_failed(dev, "weft: stream lease");
+    int rc = weft__cuda_check_failed(dev, "weft: stream lease");
     if (rc)
         return rc;
 
@@ -534,10 +306,10 @@ static int cuda_stream_lease(weft__device *d, int priority, weft__stream **out)
     for (unsigned i = 0; i < n && !s; i++) /* a free stream */
         if (pool[i]->leases == 0)
             s = pool[i];
-    if (!s && n < MAX_STREAMS && (rc = stream_create(dev, class_, &s)) == WEFT_OK)
+    if (!s && n < WEFT__CUDA_MAX_STREAMS && (rc = stream_create(dev, class_, &s)) == WEFT_OK)
         pool[dev->nstreams[class_]++] = s;
-    if (!s && n == MAX_STREAMS) /* exhausted: share, in turn */
-        s = pool[dev->next_shared[class_]++ % MAX_STREAMS];
+    if (!s && n == WEFT__CUDA_MAX_STREAMS) /* exhausted: share, in turn */
+        s = pool[dev->next_shared[class_]++ % WEFT__CUDA_MAX_STREAMS];
     if (s)
         s->leases++;
     weft__lock_release(&dev->pool_lock);
@@ -567,14 +339,14 @@ static unsigned cuda_load(weft__device *d)
 static int cuda_host_alloc(weft__device *d, void **ptr, size_t n, bool mapped, void **device_ptr)
 {
     cuda_device *dev = cuda_of(d);
-    int rc = use_device(dev);
+    int rc = weft__cuda_use_device(dev);
     if (rc == WEFT_OK)
         rc = weft__cuda_host_pool_get(&dev->host_pool, n, ptr);
     if (rc == WEFT_OK && mapped) {
         cudaError_t e = cudaHostGetDevicePointer(device_ptr, *ptr, 0);
         if (e != cudaSuccess) {
             weft__cuda_host_pool_put(&dev->host_pool, *ptr);
-            return cuda_fail(dev, "cudaHostGetDevicePointer", e);
+            return weft__cuda_fail(dev, "cudaHostGetDevicePointer", e);
         }
     }
     return rc;
@@ -593,9 +365,11 @@ static void cuda_destroy(weft__device *d)
     cudaSetDevice(dev->ordinal);
     for (int c = 0; c < 2; c++)
         for (unsigned i = 0; i < dev->nstreams[c]; i++) {
-            cudaStreamSynchronize(dev->streams[c][i]->handle); /* errors: nothing to do */
-            cudaStreamDestroy(dev->streams[c][i]->handle);
-            free(dev->streams[c][i]);
+            weft__stream *s = dev->streams[c][i];
+            cudaStreamSynchronize(s->handle); /* errors: nothing to do */
+            weft__cuda_engine_stream_fini(s);
+            cudaStreamDestroy(s->handle);
+            free(s);
         }
     weft__cuda_host_pool_destroy(&dev->host_pool);
     if (dev->flags)
@@ -616,15 +390,27 @@ static const weft__device_ops cuda_ops = {
     .launch = cuda_launch,
     .malloc_async = cuda_malloc_async,
     .free_async = cuda_free_async,
-    .mark = cuda_mark,
-    .wait = cuda_wait,
-    .stream_wait = cuda_stream_wait,
+    .mark = weft__cuda_mark,
+    .wait = weft__cuda_wait,
+    .stream_wait = weft__cuda_stream_wait,
     .native = cuda_native,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
-    .poll = cuda_poll,
-    .pending = cuda_pending,
+    .poll = weft__cuda_poll,
+    .pending = weft__cuda_pending,
 };
+
+/* WEFT_CUDA_COMPLETION=flag|event|callback picks how completions are
+ * noticed, for measuring the three side by side; flag is the default. */
+static weft__cuda_completion completion_mode(void)
+{
+    const char *mode = getenv("WEFT_CUDA_COMPLETION");
+    if (mode && !strcmp(mode, "event"))
+        return WEFT__CUDA_EVENT;
+    if (mode && !strcmp(mode, "callback"))
+        return WEFT__CUDA_CALLBACK;
+    return WEFT__CUDA_FLAG;
+}
 
 static int device_create(int ordinal, weft__device **out)
 {
@@ -633,8 +419,9 @@ static int device_create(int ordinal, weft__device **out)
         return weft__fail(WEFT_ENOMEM, "weft: out of memory for a device");
     dev->base.ops = &cuda_ops;
     dev->ordinal = ordinal;
+    dev->completion = completion_mode();
     cudaError_t e;
-    size_t flags_bytes = 2 * MAX_STREAMS * FLAG_STRIDE * sizeof(uint32_t);
+    size_t flags_bytes = 2 * WEFT__CUDA_MAX_STREAMS * WEFT__CUDA_FLAG_STRIDE * sizeof(uint32_t);
     int least, greatest;
     /* weft never waits in a synchronous CUDA call on its hot path; when the
      * driver must wait anyway (a launch into a full queue, the user's own
@@ -646,7 +433,7 @@ static int device_create(int ordinal, weft__device **out)
                            cudaHostAllocMapped | cudaHostAllocPortable)) != cudaSuccess ||
         (e = cudaHostGetDevicePointer((void **)&dev->flags_device, dev->flags, 0)) !=
             cudaSuccess) {
-        int rc = cuda_fail(dev, "weft: opening the GPU", e);
+        int rc = weft__cuda_fail(dev, "weft: opening the GPU", e);
         cuda_destroy(&dev->base);
         return rc;
     }
@@ -656,21 +443,6 @@ static int device_create(int ordinal, weft__device **out)
     current_ordinal = ordinal;
     weft__cuda_host_pool_init(&dev->host_pool);
     *out = &dev->base;
-    return WEFT_OK;
-}
-
-static int load_driver_calls(void)
-{
-    enum cudaDriverEntryPointQueryResult found;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", (void **)&write_value, 12000,
-                                         cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess ||
-        cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", (void **)&wait_value, 12000,
-                                         cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-        cudaGetLastError();
-        return weft__fail(WEFT_EDEVICE, "weft: the CUDA driver has no stream memory operations");
-    }
     return WEFT_OK;
 }
 
@@ -686,7 +458,7 @@ int weft__cuda_devices_create(weft__device ***out, unsigned *count)
         cudaGetLastError();
         return WEFT_OK; /* no GPU (or no driver): the host backend serves */
     }
-    int rc = load_driver_calls();
+    int rc = weft__cuda_engine_load();
     if (rc)
         return rc;
     weft__device **devs = calloc((size_t)n, sizeof *devs);

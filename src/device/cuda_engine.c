@@ -1,0 +1,356 @@
+/*
+ * cuda_engine.c - the completion engine of the CUDA backend.
+ *
+ * A marker is a point in a stream, numbered in order (1, 2, ...); a wait is
+ * a waiter parked on the stream's FIFO until the stream's "done" number
+ * reaches its marker. Markers on a stream complete in order, so the engine
+ * looks at the first waiter of each active stream only.
+ *
+ * How "done" is known depends on the device's completion mode:
+ *  - FLAG (default): cuStreamWriteValue32 writes the number into the
+ *    stream's word of mapped host memory, after a memory fence, once all
+ *    work before it is done. Reading it is a plain load.
+ *  - EVENT: a CUDA event is recorded per marker; the engine queries the
+ *    oldest one of each stream.
+ *  - CALLBACK: a host function per marker runs on CUDA's callback thread
+ *    when the work before it is done, and fires the waiters itself.
+ * The engine runs in whoever polls: idle workers, and a watcher while every
+ * worker would otherwise sleep (sched.c).
+ *
+ * Faults silence all three: after a sticky error nothing more completes. So
+ * while waits are pending, every BACKSTOP_NS the engine queries a few active
+ * streams in turn; a sticky error marks the device failed and ends every
+ * wait with WEFT_EDEVICE. (A stream still running can answer "not ready"
+ * for seconds after another faulted, which is why it queries several.)
+ */
+#ifdef WEFT_HAVE_CUDA
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/error.h"
+#include "device/cuda_internal.h"
+
+enum {
+    BACKSTOP_NS = 10000000, /* fault check period while waits are pending */
+    BACKSTOP_QUERIES = 16,  /* streams queried per period */
+};
+
+typedef CUresult (*stream_mem_op_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+static stream_mem_op_fn write_value, wait_value;
+
+/* A wait for a stream to reach a sequence number; on the waiter's stack. */
+typedef struct marker {
+    weft__waiter w;
+    uint64_t seq;
+} marker;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+int weft__cuda_engine_load(void)
+{
+    enum cudaDriverEntryPointQueryResult found;
+    if (write_value && wait_value)
+        return WEFT_OK;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", (void **)&write_value, 12000,
+                                         cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess ||
+        cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", (void **)&wait_value, 12000,
+                                         cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+        cudaGetLastError();
+        return weft__fail(WEFT_EDEVICE, "weft: the CUDA driver has no stream memory operations");
+    }
+    return WEFT_OK;
+}
+
+void weft__cuda_engine_stream_init(weft__stream *s, unsigned slot)
+{
+    weft__cuda_device *dev = s->dev;
+    s->flag = dev->flags + slot * WEFT__CUDA_FLAG_STRIDE;
+    s->flag_device = dev->flags_device + slot * WEFT__CUDA_FLAG_STRIDE * sizeof(uint32_t);
+    atomic_init(&s->done, 0);
+}
+
+void weft__cuda_engine_stream_fini(weft__stream *s)
+{
+    for (unsigned i = 0; i < s->ev_count; i++)
+        cudaEventDestroy(s->events[(s->ev_head + i) % s->ev_cap].event);
+    for (unsigned i = 0; i < s->nspare; i++)
+        cudaEventDestroy(s->spare[i]);
+    free(s->events);
+    free(s->spare);
+}
+
+/* ---- how far a stream has got ------------------------------------------ */
+
+/* Has s reached seq? FLAG compares cyclically on 32 bits, as the GPU's own
+ * waits do. */
+static bool reached(weft__stream *s, uint64_t seq)
+{
+    if (s->dev->completion == WEFT__CUDA_FLAG) {
+        uint32_t done = __atomic_load_n(s->flag, __ATOMIC_ACQUIRE);
+        return (int32_t)(done - (uint32_t)seq) >= 0;
+    }
+    return atomic_load_explicit(&s->done, memory_order_acquire) >= seq;
+}
+
+/* EVENT: query the oldest recorded markers and move "done" past those that
+ * completed. Call with s->lock held. */
+static void query_events(weft__stream *s)
+{
+    while (s->ev_count > 0) {
+        weft__cuda_mark_event *m = &s->events[s->ev_head];
+        if (cudaEventQuery(m->event) != cudaSuccess)
+            break; /* not ready, or a fault: the backstop reports it */
+        atomic_store_explicit(&s->done, m->seq, memory_order_release);
+        s->spare[s->nspare++] = m->event; /* room: spare_cap >= ev_cap */
+        s->ev_head = (s->ev_head + 1) % s->ev_cap;
+        s->ev_count--;
+    }
+    cudaGetLastError();
+}
+
+/* Fire the waiters s has reached (all of them, with status, if status is a
+ * failure). Call with s->lock held. */
+static unsigned fire_reached(weft__stream *s, int status)
+{
+    if (status == WEFT_OK && s->dev->completion == WEFT__CUDA_EVENT)
+        query_events(s);
+    unsigned fired = 0;
+    weft__waiter *w;
+    while ((w = s->pending.head) != NULL) {
+        marker *m = (marker *)((char *)w - offsetof(marker, w));
+        if (status == WEFT_OK && !reached(s, m->seq))
+            break;
+        weft__waitq_pop(&s->pending);
+        weft__waiter_fire(w, status); /* not cancellable: always taken */
+        fired++;
+    }
+    atomic_fetch_sub(&s->dev->npending, fired);
+    return fired;
+}
+
+/* ---- markers ----------------------------------------------------------- */
+
+/* EVENT: make room for one more recorded marker. Call with s->lock held. */
+static int reserve_event(weft__stream *s, cudaEvent_t *ev)
+{
+    if (s->ev_count == s->ev_cap) {
+        unsigned cap = s->ev_cap ? 2 * s->ev_cap : 16;
+        weft__cuda_mark_event *ring = malloc(cap * sizeof *ring);
+        cudaEvent_t *spare = realloc(s->spare, cap * sizeof *spare);
+        if (!ring || !spare) {
+            free(ring);
+            if (spare)
+                s->spare = spare;
+            return weft__fail(WEFT_ENOMEM, "weft_await: out of memory for events");
+        }
+        for (unsigned i = 0; i < s->ev_count; i++)
+            ring[i] = s->events[(s->ev_head + i) % s->ev_cap];
+        free(s->events);
+        s->events = ring;
+        s->ev_head = 0;
+        s->ev_cap = s->spare_cap = cap;
+        s->spare = spare;
+    }
+    if (s->nspare > 0) {
+        *ev = s->spare[--s->nspare];
+        return WEFT_OK;
+    }
+    cudaError_t e = cudaEventCreateWithFlags(ev, cudaEventDisableTiming);
+    return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaEventCreateWithFlags", e);
+}
+
+typedef struct callback_mark {
+    weft__stream *stream;
+    uint64_t seq;
+} callback_mark;
+
+/* CALLBACK: runs on CUDA's thread once the work before the marker is done. */
+static void CUDART_CB marker_reached(void *arg)
+{
+    callback_mark *cm = arg;
+    weft__stream *s = cm->stream;
+    weft__lock_acquire(&s->lock);
+    atomic_store_explicit(&s->done, cm->seq, memory_order_release);
+    fire_reached(s, WEFT_OK);
+    weft__lock_release(&s->lock);
+    free(cm);
+}
+
+/* Enqueue marker seq on s. Call with s->lock held. */
+static int enqueue_marker(weft__stream *s, uint64_t seq)
+{
+    switch (s->dev->completion) {
+    case WEFT__CUDA_FLAG: {
+        CUresult r = write_value((CUstream)s->handle, s->flag_device, (cuuint32_t)seq, 0);
+        if (r != CUDA_SUCCESS)
+            return weft__fail(WEFT_EDEVICE, "cuStreamWriteValue32: driver error %d on GPU %d",
+                              (int)r, s->dev->ordinal);
+        return WEFT_OK;
+    }
+    case WEFT__CUDA_EVENT: {
+        cudaEvent_t ev;
+        int rc = reserve_event(s, &ev);
+        if (rc)
+            return rc;
+        cudaError_t e = cudaEventRecord(ev, s->handle);
+        if (e != cudaSuccess) {
+            s->spare[s->nspare++] = ev;
+            return weft__cuda_fail(s->dev, "cudaEventRecord", e);
+        }
+        s->events[(s->ev_head + s->ev_count++) % s->ev_cap] = (weft__cuda_mark_event){seq, ev};
+        return WEFT_OK;
+    }
+    case WEFT__CUDA_CALLBACK: {
+        callback_mark *cm = malloc(sizeof *cm);
+        if (!cm)
+            return weft__fail(WEFT_ENOMEM, "weft_await: out of memory");
+        *cm = (callback_mark){s, seq};
+        cudaError_t e = cudaLaunchHostFunc(s->handle, marker_reached, cm);
+        if (e != cudaSuccess) {
+            free(cm);
+            return weft__cuda_fail(s->dev, "cudaLaunchHostFunc", e);
+        }
+        return WEFT_OK;
+    }
+    }
+    return WEFT_EINVAL;
+}
+
+int weft__cuda_mark(weft__stream *s, uint64_t *seq)
+{
+    int rc = weft__cuda_enter(s, "weft_await");
+    if (rc)
+        return rc;
+    weft__lock_acquire(&s->lock);
+    uint64_t next = s->marked + 1;
+    if ((rc = enqueue_marker(s, next)) == WEFT_OK)
+        s->marked = next;
+    weft__lock_release(&s->lock);
+    if (rc == WEFT_OK)
+        *seq = next;
+    return rc;
+}
+
+/* ---- waiting ----------------------------------------------------------- */
+
+/* Put s on the engine's list. Call with s->lock held: the lock order is
+ * stream, then active_lock (the engine only try-locks streams). */
+static void activate(weft__cuda_device *dev, weft__stream *s)
+{
+    if (s->active)
+        return;
+    weft__lock_acquire(&dev->active_lock);
+    s->active = true;
+    dev->active[dev->nactive++] = s;
+    weft__lock_release(&dev->active_lock);
+}
+
+int weft__cuda_wait(weft__stream *s, uint64_t seq)
+{
+    weft__cuda_device *dev = s->dev;
+    int rc = weft__cuda_check_failed(dev, "weft_await");
+    if (rc || reached(s, seq))
+        return rc;
+
+    marker m = {.seq = seq};
+    weft__waiter_init(&m.w);
+    weft__lock_acquire(&s->lock);
+    if (reached(s, seq)) {
+        weft__lock_release(&s->lock);
+        return WEFT_OK;
+    }
+    weft__waitq_push(&s->pending, &m.w); /* markers complete in order: FIFO */
+    bool first = atomic_fetch_add(&dev->npending, 1) == 0;
+    activate(dev, s);
+    if (first && dev->base.kick) /* nobody may be polling */
+        dev->base.kick(dev->base.kick_ctx);
+    rc = weft__waiter_wait(&m.w, &s->lock, false);
+    if (rc == WEFT_EDEVICE)
+        return weft__cuda_check_failed(dev, "weft_await");
+    return rc;
+}
+
+/* FLAG makes the GPU wait for the other stream's word. The other modes
+ * have no word to wait on: the task waits for the other stream itself, so
+ * that its later work still starts after. */
+int weft__cuda_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq)
+{
+    int rc = weft__cuda_enter(s, "weft_stream_wait");
+    if (rc)
+        return rc;
+    if (s->dev->completion != WEFT__CUDA_FLAG)
+        return weft__cuda_wait(other, seq);
+    CUresult r = wait_value((CUstream)s->handle, other->flag_device, (cuuint32_t)seq,
+                            CU_STREAM_WAIT_VALUE_GEQ);
+    if (r != CUDA_SUCCESS)
+        return weft__fail(WEFT_EDEVICE, "cuStreamWaitValue32: driver error %d on GPU %d", (int)r,
+                          s->dev->ordinal);
+    return WEFT_OK;
+}
+
+/* ---- polling ----------------------------------------------------------- */
+
+/* Query the next few active streams for a sticky error. Call with
+ * active_lock held. */
+static void backstop(weft__cuda_device *dev)
+{
+    unsigned n = dev->nactive < BACKSTOP_QUERIES ? dev->nactive : BACKSTOP_QUERIES;
+    for (unsigned i = 0; i < n && !atomic_load(&dev->failed); i++) {
+        weft__stream *s = dev->active[dev->next_query++ % dev->nactive];
+        cudaError_t e = cudaStreamQuery(s->handle);
+        if (e != cudaSuccess && e != cudaErrorNotReady)
+            weft__cuda_fail(dev, "cudaStreamQuery", e);
+    }
+}
+
+unsigned weft__cuda_poll(weft__device *d)
+{
+    weft__cuda_device *dev = (weft__cuda_device *)d;
+    if (atomic_load_explicit(&dev->npending, memory_order_relaxed) == 0 ||
+        !weft__lock_try(&dev->active_lock)) /* someone else is polling */
+        return 0;
+    uint64_t now = now_ns();
+    if (now - dev->last_backstop >= BACKSTOP_NS) {
+        dev->last_backstop = now;
+        if (weft__cuda_use_device(dev) == WEFT_OK)
+            backstop(dev);
+    }
+    int status = atomic_load(&dev->failed) ? WEFT_EDEVICE : WEFT_OK;
+    unsigned fired = 0;
+    for (unsigned i = 0; i < dev->nactive;) {
+        weft__stream *s = dev->active[i];
+        if (!weft__lock_try(&s->lock)) { /* a waiter is linking in: next round */
+            i++;
+            continue;
+        }
+        if (dev->completion != WEFT__CUDA_CALLBACK || status != WEFT_OK)
+            fired += fire_reached(s, status);
+        bool idle = s->pending.head == NULL;
+        if (idle) {
+            s->active = false;
+            dev->active[i] = dev->active[--dev->nactive];
+        } else {
+            i++;
+        }
+        weft__lock_release(&s->lock);
+    }
+    weft__lock_release(&dev->active_lock);
+    return fired;
+}
+
+bool weft__cuda_pending(weft__device *d)
+{
+    return atomic_load_explicit(&((weft__cuda_device *)d)->npending, memory_order_relaxed) > 0;
+}
+
+#endif

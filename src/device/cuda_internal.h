@@ -1,0 +1,115 @@
+/*
+ * cuda_internal.h - what the two halves of the CUDA backend share.
+ *
+ * cuda.c opens GPUs, pools streams and enqueues work; cuda_engine.c decides
+ * when that work is complete (the completion engine). Only compiled with
+ * CUDA.
+ */
+#ifndef WEFT_CUDA_INTERNAL_H
+#define WEFT_CUDA_INTERNAL_H
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include "core/lock.h"
+#include "device/cuda_memory.h"
+#include "device/device.h"
+
+enum {
+    WEFT__CUDA_MAX_STREAMS = 256, /* per priority class; beyond, leases share */
+    WEFT__CUDA_FLAG_STRIDE = 16,  /* words between completion flags: a cache line each */
+};
+
+/* How a marker's completion is noticed; the default is the fastest measured
+ * (bench/RESULTS.md), the others stay for measuring them side by side
+ * (WEFT_CUDA_COMPLETION=flag|event|callback in the environment). */
+typedef enum weft__cuda_completion {
+    WEFT__CUDA_FLAG,     /* the GPU writes the sequence number into mapped memory */
+    WEFT__CUDA_EVENT,    /* a CUDA event per marker, queried by the engine */
+    WEFT__CUDA_CALLBACK  /* a host function per marker fires the waiters itself */
+} weft__cuda_completion;
+
+typedef struct weft__cuda_device weft__cuda_device;
+
+/* An event recorded as a marker, while the engine waits for it. */
+typedef struct weft__cuda_mark_event {
+    uint64_t seq;
+    cudaEvent_t event;
+} weft__cuda_mark_event;
+
+struct weft__stream {
+    _Alignas(64) weft__lock lock; /* guards the marker state below */
+    cudaStream_t handle;
+    weft__cuda_device *dev;
+    uint64_t marked;              /* last sequence number enqueued */
+    weft__waitq pending;          /* waiters, in sequence order */
+    bool active;                  /* on dev->active (changed holding both locks) */
+    unsigned leases;              /* guarded by dev->pool_lock */
+    int class_;                   /* 0 normal and low, 1 high */
+
+    volatile uint32_t *flag;      /* FLAG: written by the GPU */
+    CUdeviceptr flag_device;
+    _Atomic uint64_t done;        /* EVENT, CALLBACK: highest sequence known done */
+    weft__cuda_mark_event *events; /* EVENT: recorded, oldest first (a ring) */
+    unsigned ev_head, ev_count, ev_cap;
+    cudaEvent_t *spare;           /* EVENT: events to record again */
+    unsigned nspare, spare_cap;
+};
+
+struct weft__cuda_device {
+    weft__device base; /* first: the core sees only this */
+    int ordinal;
+    int priority[2];   /* CUDA stream priority of each class */
+    weft__cuda_completion completion;
+
+    weft__lock pool_lock;
+    weft__stream *streams[2][WEFT__CUDA_MAX_STREAMS];
+    unsigned nstreams[2];
+    unsigned next_shared[2];
+    atomic_uint leased;
+
+    uint32_t *flags;   /* 2 * MAX_STREAMS completion words, mapped */
+    CUdeviceptr flags_device;
+
+    weft__lock active_lock; /* guards active; also keeps one poller at a time */
+    weft__stream *active[2 * WEFT__CUDA_MAX_STREAMS];
+    unsigned nactive;
+    atomic_uint npending;   /* waiters, all streams */
+    atomic_int failed;      /* the sticky cudaError_t, 0 while healthy */
+    uint64_t last_backstop;
+    unsigned next_query;    /* the backstop's turn among active streams */
+
+    weft__cuda_host_pool host_pool;
+};
+
+/* ---- cuda.c -------------------------------------------------------------- */
+
+/* Turn a CUDA error from call into a weft status with the error's name in
+ * the message; a sticky one marks the device failed. */
+int weft__cuda_fail(weft__cuda_device *dev, const char *call, cudaError_t e);
+
+/* WEFT_EDEVICE (message set) once the device has failed. */
+int weft__cuda_check_failed(weft__cuda_device *dev, const char *call);
+
+/* Make dev the calling thread's current device. */
+int weft__cuda_use_device(weft__cuda_device *dev);
+
+/* Before any enqueue: the device must be healthy and current. */
+int weft__cuda_enter(weft__stream *s, const char *call);
+
+/* ---- cuda_engine.c ----------------------------------------------------- */
+
+/* Look up the driver's stream memory operations; once per process. */
+int weft__cuda_engine_load(void);
+
+/* Set up and tear down a stream's share of the engine. */
+void weft__cuda_engine_stream_init(weft__stream *s, unsigned slot);
+void weft__cuda_engine_stream_fini(weft__stream *s);
+
+int weft__cuda_mark(weft__stream *s, uint64_t *seq);
+int weft__cuda_wait(weft__stream *s, uint64_t seq);
+int weft__cuda_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq);
+unsigned weft__cuda_poll(weft__device *d);
+bool weft__cuda_pending(weft__device *d);
+
+#endif
