@@ -113,6 +113,8 @@ int weft__cuda_enter(weft__stream *s, const char *call)
  * synchronizes (device to host), which breaks stream order. */
 static bool pageable(const void *p)
 {
+    if (weft__cuda_known(p))
+        return false;
     struct cudaPointerAttributes attr;
     if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
         cudaGetLastError();
@@ -205,9 +207,8 @@ static int cuda_fill(weft__stream *s, void *dst, int value, size_t n)
     int rc = weft__cuda_enter(s, "weft_memset_async");
     if (rc)
         return rc;
-    struct cudaPointerAttributes attr;
-    cudaError_t e = cudaPointerGetAttributes(&attr, dst);
-    if (e == cudaSuccess && attr.type == cudaMemoryTypeUnregistered) {
+    cudaError_t e;
+    if (pageable(dst)) {
         host_fill *f = malloc(sizeof *f);
         if (!f)
             return weft__fail(WEFT_ENOMEM, "weft_memset_async: out of memory");
@@ -248,7 +249,10 @@ static int cuda_malloc_async(weft__stream *s, void **ptr, size_t n)
     if (rc)
         return rc;
     cudaError_t e = cudaMallocAsync(ptr, n, s->handle);
-    return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaMallocAsync", e);
+    if (e != cudaSuccess)
+        return weft__cuda_fail(s->dev, "cudaMallocAsync", e);
+    weft__cuda_known_add(*ptr, n);
+    return WEFT_OK;
 }
 
 static int cuda_free_async(weft__stream *s, void *ptr)
@@ -256,6 +260,7 @@ static int cuda_free_async(weft__stream *s, void *ptr)
     int rc = weft__cuda_enter(s, "weft_free_async");
     if (rc)
         return rc;
+    weft__cuda_known_remove(ptr);
     cudaError_t e = cudaFreeAsync(ptr, s->handle);
     return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaFreeAsync", e);
 }

@@ -11,6 +11,8 @@
 #include <cuda_runtime_api.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "device/cuda_memory.h"
@@ -38,6 +40,76 @@ static unsigned class_of(size_t n)
     return c;
 }
 
+/* ---- known ranges: sorted by start, disjoint ------------------------------ */
+
+typedef struct range {
+    uintptr_t start, end;
+} range;
+
+static weft__lock known_lock;
+static range *known;
+static size_t nknown, known_cap;
+
+/* Index of the first range starting after p. Call with known_lock held. */
+static size_t known_upper(uintptr_t p)
+{
+    size_t lo = 0, hi = nknown;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (known[mid].start <= p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+int weft__cuda_known_add(const void *start, size_t n)
+{
+    uintptr_t a = (uintptr_t)start;
+    weft__lock_acquire(&known_lock);
+    if (nknown == known_cap) {
+        size_t cap = known_cap ? 2 * known_cap : 256;
+        range *grown = realloc(known, cap * sizeof *grown);
+        if (!grown) {
+            weft__lock_release(&known_lock);
+            return WEFT_ENOMEM; /* not fatal: the copy asks CUDA instead */
+        }
+        known = grown;
+        known_cap = cap;
+    }
+    size_t i = known_upper(a);
+    memmove(&known[i + 1], &known[i], (nknown - i) * sizeof *known);
+    known[i] = (range){a, a + n};
+    nknown++;
+    weft__lock_release(&known_lock);
+    return WEFT_OK;
+}
+
+void weft__cuda_known_remove(const void *start)
+{
+    uintptr_t a = (uintptr_t)start;
+    weft__lock_acquire(&known_lock);
+    size_t i = known_upper(a);
+    if (i > 0 && known[i - 1].start == a) {
+        memmove(&known[i - 1], &known[i], (nknown - i) * sizeof *known);
+        nknown--;
+    }
+    weft__lock_release(&known_lock);
+}
+
+bool weft__cuda_known(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    weft__lock_acquire(&known_lock);
+    size_t i = known_upper(a);
+    bool in = i > 0 && a < known[i - 1].end;
+    weft__lock_release(&known_lock);
+    return in;
+}
+
+/* ---- the pinned pool ---------------------------------------------------- */
+
 void weft__cuda_host_pool_init(weft__cuda_host_pool *pool)
 {
     *pool = (weft__cuda_host_pool){0};
@@ -49,6 +121,7 @@ void weft__cuda_host_pool_destroy(weft__cuda_host_pool *pool)
         while (pool->free[c]) {
             header *h = pool->free[c];
             pool->free[c] = h->next;
+            weft__cuda_known_remove(h);
             cudaFreeHost(h);
         }
     pool->cached = 0;
@@ -77,6 +150,7 @@ int weft__cuda_host_pool_get(weft__cuda_host_pool *pool, size_t n, void **ptr)
         }
         h->magic = MAGIC;
         h->class_ = c;
+        weft__cuda_known_add(h, HEADER + ((size_t)1 << c));
     }
     *ptr = (char *)h + HEADER;
     return WEFT_OK;
@@ -102,8 +176,10 @@ int weft__cuda_host_pool_put(weft__cuda_host_pool *pool, void *ptr)
     header *h = header_of(ptr);
     if (h->magic != MAGIC)
         return weft__fail(WEFT_EINVAL, "weft_host_free: %p was not allocated by weft", ptr);
-    if (!keep(pool, h, false))
+    if (!keep(pool, h, false)) {
+        weft__cuda_known_remove(h);
         cudaFreeHost(h);
+    }
     return WEFT_OK;
 }
 

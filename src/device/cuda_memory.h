@@ -8,6 +8,7 @@
 #ifndef WEFT_CUDA_MEMORY_H
 #define WEFT_CUDA_MEMORY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "core/lock.h"
@@ -27,5 +28,13 @@ int weft__cuda_host_pool_put(weft__cuda_host_pool *pool, void *ptr);
 /* Give a block back without ever freeing it (no CUDA call): safe from a
  * host function running in a stream. */
 void weft__cuda_host_pool_put_cached(weft__cuda_host_pool *pool, void *ptr);
+
+/* Memory weft handed out that CUDA can address directly (pinned blocks of
+ * the pool, device blocks of weft_malloc_async): copies need not ask CUDA
+ * what kind of memory it is, a call that takes the driver's lock. Process
+ * wide, thread-safe. */
+int weft__cuda_known_add(const void *start, size_t n);
+void weft__cuda_known_remove(const void *start);
+bool weft__cuda_known(const void *p);
 
 #endif
