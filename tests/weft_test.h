@@ -32,4 +32,54 @@ static inline size_t weft_test_live(size_t n)
     return n < WEFT_TEST_MAX_LIVE ? n : WEFT_TEST_MAX_LIVE;
 }
 
+/* ---- for cmocka test programs (include cmocka.h first) ------------------ */
+#ifdef cmocka_unit_test
+
+#include <stdatomic.h>
+#include <time.h>
+
+#include "weft.h"
+
+static inline void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+/* Poll flag until it is set, a millisecond at a time. */
+static inline void wait_flag(atomic_int *flag)
+{
+    while (!atomic_load(flag))
+        sleep_ms(1);
+}
+
+/* Group fixtures: a 4-worker runtime in *state. */
+static inline int setup_rt(void **state)
+{
+    weft_config cfg = {.workers = 4};
+    weft_runtime *rt;
+
+    if (weft_runtime_create(&rt, &cfg) != WEFT_OK)
+        return -1;
+    *state = rt;
+    return 0;
+}
+
+static inline int teardown_rt(void **state)
+{
+    return weft_runtime_destroy(*state) == WEFT_OK ? 0 : -1;
+}
+
+static inline weft_task *spawn(weft_runtime *rt, void *(*fn)(void *), void *arg)
+{
+    weft_task *t = NULL;
+
+    assert_int_equal(weft_spawn(rt, &t, fn, arg, NULL), WEFT_OK);
+    return t;
+}
+
+#endif
+
 #endif

@@ -20,48 +20,10 @@
 #include <time.h>
 
 #include "weft.h"
+#include "weft_test.h"
 
 #define NOT_RUN 1 /* a status slot of a task that never ran */
 
-/* ---- helpers ----------------------------------------------------------- */
-
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-
-    while (nanosleep(&ts, &ts) != 0)
-        ;
-}
-
-static void wait_flag(atomic_int *flag)
-{
-    while (!atomic_load(flag))
-        sleep_ms(1);
-}
-
-static int setup_rt(void **state)
-{
-    weft_config cfg = {.workers = 4};
-    weft_runtime *rt;
-
-    if (weft_runtime_create(&rt, &cfg) != WEFT_OK)
-        return -1;
-    *state = rt;
-    return 0;
-}
-
-static int teardown_rt(void **state)
-{
-    return weft_runtime_destroy(*state) == WEFT_OK ? 0 : -1;
-}
-
-static weft_task *spawn(weft_runtime *rt, void *(*fn)(void *), void *arg)
-{
-    weft_task *t = NULL;
-
-    assert_int_equal(weft_spawn(rt, &t, fn, arg, NULL), WEFT_OK);
-    return t;
-}
 
 /* One end of a channel operation, run in a task or a thread. */
 typedef struct op {

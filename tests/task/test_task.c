@@ -141,7 +141,7 @@ static void test_when_all_over_10000_tasks_waits_for_every_one(void **state)
     assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
 }
 
-static void *sleep_ms(void *arg)
+static void *sleep_task(void *arg)
 {
     return (void *)(intptr_t)weft_sleep_ns((uint64_t)(uintptr_t)arg * 1000000u);
 }
@@ -151,9 +151,9 @@ static void *when_any_in_task(void *arg)
     (void)arg;
     weft_runtime *rt = weft_runtime_current();
     weft_task *ts[3];
-    weft_spawn(rt, &ts[0], sleep_ms, (void *)(uintptr_t)400, NULL);
-    weft_spawn(rt, &ts[1], sleep_ms, (void *)(uintptr_t)5, NULL);
-    weft_spawn(rt, &ts[2], sleep_ms, (void *)(uintptr_t)300, NULL);
+    weft_spawn(rt, &ts[0], sleep_task, (void *)(uintptr_t)400, NULL);
+    weft_spawn(rt, &ts[1], sleep_task, (void *)(uintptr_t)5, NULL);
+    weft_spawn(rt, &ts[2], sleep_task, (void *)(uintptr_t)300, NULL);
     size_t first = 99;
     int rc = weft_when_any(ts, 3, &first);
     for (int i = 0; i < 3; i++) {
@@ -175,7 +175,7 @@ static void test_when_any_returns_the_first_task_to_finish(void **state)
 
     /* From a plain thread, with one task already finished. */
     weft_task *ts[2];
-    assert_int_equal(weft_spawn(rt, &ts[0], sleep_ms, (void *)(uintptr_t)1000, NULL), WEFT_OK);
+    assert_int_equal(weft_spawn(rt, &ts[0], sleep_task, (void *)(uintptr_t)1000, NULL), WEFT_OK);
     assert_int_equal(weft_spawn(rt, &ts[1], identity, NULL, NULL), WEFT_OK);
     size_t first = 99;
     assert_int_equal(weft_when_any(ts, 2, &first), WEFT_OK);
@@ -198,7 +198,7 @@ static void test_sleep_waits_at_least_the_time_asked_without_blocking_workers(vo
     weft_task *ts[N];
     uint64_t t0 = now_ns();
     for (int i = 0; i < N; i++)
-        assert_int_equal(weft_spawn(rt, &ts[i], sleep_ms, (void *)(uintptr_t)50, NULL), WEFT_OK);
+        assert_int_equal(weft_spawn(rt, &ts[i], sleep_task, (void *)(uintptr_t)50, NULL), WEFT_OK);
     for (int i = 0; i < N; i++) {
         void *r;
         assert_int_equal(weft_join(ts[i], &r), WEFT_OK);
