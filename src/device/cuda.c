@@ -451,6 +451,33 @@ static int device_create(int ordinal, weft__device **out)
     return WEFT_OK;
 }
 
+/* Unpinned tasks land on whichever GPU is least loaded, so one task's
+ * device memory is often another GPU's kernel input: let every GPU reach
+ * every other one's memory where the hardware allows, for plain
+ * allocations (peer access) and for the stream-ordered pools that
+ * weft_malloc_async draws from (pool access). Where it does not, such
+ * accesses fail with the CUDA error's name. */
+static void connect_peers(int n)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            int can = 0;
+            if (i == j || cudaDeviceCanAccessPeer(&can, i, j) != cudaSuccess || !can)
+                continue;
+            cudaMemPool_t pool;
+            struct cudaMemAccessDesc access = {
+                .location = {.type = cudaMemLocationTypeDevice, .id = i},
+                .flags = cudaMemAccessFlagsProtReadWrite,
+            };
+            cudaSetDevice(i);
+            cudaDeviceEnablePeerAccess(j, 0); /* already enabled is fine */
+            if (cudaDeviceGetDefaultMemPool(&pool, j) == cudaSuccess)
+                cudaMemPoolSetAccess(pool, &access, 1);
+        }
+    cudaGetLastError();
+    current_ordinal = -1; /* we moved the calling thread around */
+}
+
 int weft__cuda_devices_create(weft__device ***out, unsigned *count)
 {
     *out = NULL;
@@ -476,6 +503,8 @@ int weft__cuda_devices_create(weft__device ***out, unsigned *count)
             free(devs);
             return rc;
         }
+    if (n > 1)
+        connect_peers(n);
     *out = devs;
     *count = (unsigned)n;
     return WEFT_OK;
