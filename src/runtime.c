@@ -15,8 +15,6 @@
 
 #define DEFAULT_STACK (256 * 1024)
 #define MAX_WORKERS 4096
-#define MIN_STACK (16 * 1024)
-#define MAX_STACK ((size_t)1 << 30)
 
 static pthread_mutex_t dead_lock = PTHREAD_MUTEX_INITIALIZER;
 static weft_runtime *dead_runtimes;
@@ -53,9 +51,10 @@ static int fill_config(weft_config *cfg, const weft_config *given)
     if (cfg->workers > MAX_WORKERS)
         return weft__fail(WEFT_EINVAL, "weft_runtime_create: %u workers is more than %d",
                           cfg->workers, MAX_WORKERS);
-    if (cfg->stack_size && (cfg->stack_size < MIN_STACK || cfg->stack_size > MAX_STACK))
-        return weft__fail(WEFT_EINVAL, "weft_runtime_create: stack_size %zu is outside [%d, %zu]",
-                          cfg->stack_size, MIN_STACK, MAX_STACK);
+    if (cfg->stack_size &&
+        (cfg->stack_size < WEFT__STACK_MIN || cfg->stack_size > WEFT__STACK_MAX))
+        return weft__fail(WEFT_EINVAL, "weft_runtime_create: stack_size %zu is outside [%zu, %zu]",
+                          cfg->stack_size, WEFT__STACK_MIN, WEFT__STACK_MAX);
     if (cfg->backend != WEFT_BACKEND_AUTO && cfg->backend != WEFT_BACKEND_HOST &&
         cfg->backend != WEFT_BACKEND_CUDA)
         return weft__fail(WEFT_EINVAL, "weft_runtime_create: backend %d is not a weft_backend",

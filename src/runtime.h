@@ -20,6 +20,10 @@
 #include "task/task.h"
 #include "weft.h"
 
+/* The stack sizes weft_config and weft_task_opts accept (0: the default). */
+#define WEFT__STACK_MIN ((size_t)16 * 1024)
+#define WEFT__STACK_MAX ((size_t)1 << 30)
+
 enum { WEFT__RT_DEAD = 0, WEFT__RT_LIVE = 0x77656674, WEFT__RT_DYING = 0x64796e67 };
 
 struct weft_runtime {

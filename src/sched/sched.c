@@ -18,7 +18,6 @@
  * if nobody is searching. Either the producer sees no searcher and wakes the
  * registered worker, or the worker's re-check sees the task.
  */
-#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -7,7 +7,6 @@
  * the thread sleeps on `wakeup` (a futex word bumped whenever the earliest
  * deadline moves earlier, or on shutdown).
  */
-#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>

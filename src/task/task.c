@@ -22,9 +22,7 @@ enum {
     HANDLE_SHIFT = 48,
     CHUNK_TASKS = 64,  /* records allocated together */
     CACHE_MAX = 256,   /* records a worker keeps before returning half */
-    MIN_STACK = 16 * 1024,
 };
-#define MAX_STACK ((size_t)1 << 30)
 
 /* ---- current task and error buffer ------------------------------------- */
 
@@ -194,9 +192,10 @@ static int check_opts(weft_runtime *rt, const weft_task_opts *opts)
         opts->priority != WEFT_PRIO_LOW)
         return weft__fail(WEFT_EINVAL, "weft_spawn: priority %d is not a weft_priority",
                           (int)opts->priority);
-    if (opts->stack_size && (opts->stack_size < MIN_STACK || opts->stack_size > MAX_STACK))
-        return weft__fail(WEFT_EINVAL, "weft_spawn: stack_size %zu is outside [%d, %zu]",
-                          opts->stack_size, MIN_STACK, MAX_STACK);
+    if (opts->stack_size &&
+        (opts->stack_size < WEFT__STACK_MIN || opts->stack_size > WEFT__STACK_MAX))
+        return weft__fail(WEFT_EINVAL, "weft_spawn: stack_size %zu is outside [%zu, %zu]",
+                          opts->stack_size, WEFT__STACK_MIN, WEFT__STACK_MAX);
     if (opts->device) {
         weft__device **devs;
         unsigned n;
