@@ -67,6 +67,7 @@ typedef struct weft_config {
     size_t stack_size;      /* default task stack; 0: 256 KiB */
     weft_backend backend;   /* which devices back weft streams */
     unsigned host_threads;  /* host backend executor threads; 0: 2 */
+    unsigned graph_cache;   /* executable graphs kept per GPU (graph mode); 0: 256 */
 } weft_config;
 
 /* Start a runtime: worker threads, stack pool, devices. cfg NULL: defaults. */
@@ -212,6 +213,34 @@ int weft_host_free(weft_runtime *rt, void *ptr);
  * the CPU, *device for kernels. */
 int weft_mapped_alloc(weft_runtime *rt, void **host, void **device, size_t n);
 int weft_mapped_free(weft_runtime *rt, void *host);
+
+/* Graph mode. The device work a task enqueues between weft_region_begin
+ * and weft_region_end is recorded as a CUDA graph (stream capture) and
+ * launched as one graph; each key keeps its executable graphs, so a region
+ * that repeats costs one graph update and launch instead of one launch per
+ * operation. When only pointers or scalar arguments changed since last time,
+ * the executable graph is updated in place; when the work's shape changed,
+ * it is instantiated again. Tasks running the same key at the same time get
+ * separate instances. The host backend runs regions eagerly.
+ *
+ * Inside a region a task must not suspend: weft_await, joins, sleeps and
+ * the waits of the synchronization objects return WEFT_ESTATE there and
+ * abandon the region (its recorded work is dropped; weft_region_end then
+ * returns WEFT_ESTATE too). Calls CUDA forbids during capture (cudaMalloc,
+ * synchronizing calls) make weft_region_end fail with the CUDA error's name;
+ * the stream stays usable. Allocate inside a region with weft_malloc_async.
+ * Regions do not nest. Task only. */
+int weft_region_begin(uint64_t key);
+int weft_region_end(void);
+
+/* What graph mode did so far, summed over rt's GPUs. */
+typedef struct weft_graph_stats {
+    uint64_t launches;       /* regions launched as graphs */
+    uint64_t updates;        /* ... by updating a cached executable graph */
+    uint64_t instantiations; /* ... by instantiating one (first time, new shape) */
+    uint64_t evictions;      /* executable graphs dropped for the cache bound */
+} weft_graph_stats;
+int weft_graph_stats_get(weft_runtime *rt, weft_graph_stats *stats);
 
 /* Events: a point in a task's stream that others can wait for. */
 typedef struct weft_event weft_event;

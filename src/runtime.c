@@ -70,6 +70,8 @@ static int fill_config(weft_config *cfg, const weft_config *given)
         cfg->stack_size = DEFAULT_STACK;
     if (!cfg->host_threads)
         cfg->host_threads = 2;
+    if (!cfg->graph_cache)
+        cfg->graph_cache = 256;
     return WEFT_OK;
 }
 
@@ -103,7 +105,7 @@ static int devices_create(weft_runtime *rt)
 {
     int rc = WEFT_OK;
     if (rt->cfg.backend != WEFT_BACKEND_HOST) {
-        if ((rc = weft__cuda_devices_create(&rt->devices, &rt->ndevices)))
+        if ((rc = weft__cuda_devices_create(&rt->devices, &rt->ndevices, rt->cfg.graph_cache)))
             return rc;
         if (rt->ndevices == 0 && rt->cfg.backend == WEFT_BACKEND_CUDA)
             return weft__fail(WEFT_EDEVICE, "device: no GPU found for the CUDA backend");

@@ -161,6 +161,8 @@ int weft_free_async(void *ptr)
 
 /* ---- waiting ----------------------------------------------------------- */
 
+static void region_close(weft__task *t);
+
 /* Wait for t's stream to drain and give it back; remember a failure. */
 static int drain(weft__task *t)
 {
@@ -179,7 +181,7 @@ int weft_await(void)
 {
     weft__task *t = NULL;
     int rc = self_task("weft_await", &t);
-    if (rc)
+    if (rc || (rc = weft__task_may_suspend("weft_await")))
         return rc;
     if (t->stream && (rc = drain(t)))
         return rc; /* the backend set the message */
@@ -190,7 +192,73 @@ int weft_await(void)
 
 void weft__device_task_exit(weft__task *t)
 {
+    if (t->region_open) { /* returned inside a region: drop it */
+        region_close(t);
+        if (ops_of(t)->region_abandon)
+            ops_of(t)->region_abandon(t->stream);
+    }
     drain(t);
+}
+
+/* ---- graph mode ---------------------------------------------------------- */
+
+static void region_close(weft__task *t)
+{
+    t->region_open = false;
+    t->region_broken = false;
+}
+
+int weft_region_begin(uint64_t key)
+{
+    weft__task *t = NULL;
+    weft__stream *s;
+    int rc = task_stream("weft_region_begin", &t, &s);
+    if (rc)
+        return rc;
+    if (t->region_open)
+        return weft__fail(WEFT_ESTATE, "weft_region_begin: a region is open already");
+    if (ops_of(t)->region_begin && (rc = ops_of(t)->region_begin(s)))
+        return rc;
+    t->region_open = true;
+    t->region_broken = false;
+    t->region_key = key;
+    return WEFT_OK;
+}
+
+int weft_region_end(void)
+{
+    weft__task *t = NULL;
+    int rc = self_task("weft_region_end", &t);
+    if (rc)
+        return rc;
+    if (!t->region_open)
+        return weft__fail(WEFT_ESTATE, "weft_region_end: no region is open");
+    bool broken = t->region_broken;
+    region_close(t);
+    const weft__device_ops *ops = ops_of(t);
+    if (broken) {
+        if (ops->region_abandon)
+            ops->region_abandon(t->stream);
+        return weft__fail(WEFT_ESTATE, "weft_region_end: the task tried to suspend inside the "
+                                        "region; its work was dropped");
+    }
+    return ops->region_end ? ops->region_end(t->stream, t->region_key) : WEFT_OK;
+}
+
+int weft_graph_stats_get(weft_runtime *rt, weft_graph_stats *stats)
+{
+    weft__device **devs;
+    unsigned n;
+    if (!stats)
+        return weft__fail(WEFT_EINVAL, "weft_graph_stats_get: stats is NULL");
+    int rc = weft__runtime_check(rt, "weft_graph_stats_get");
+    if (rc || (rc = weft__runtime_devices(rt, &devs, &n)))
+        return rc;
+    *stats = (weft_graph_stats){0};
+    for (unsigned i = 0; i < n; i++)
+        if (devs[i]->ops->graph_stats)
+            devs[i]->ops->graph_stats(devs[i], stats);
+    return WEFT_OK;
 }
 
 /* ---- events ------------------------------------------------------------ */
@@ -221,6 +289,9 @@ int weft_event_await(weft_event *ev)
 {
     if (!ev)
         return weft__fail(WEFT_EINVAL, "weft_event_await: ev is NULL");
+    int rc = weft__task_may_suspend("weft_event_await");
+    if (rc)
+        return rc;
     return ev->dev->ops->wait(ev->stream, ev->seq);
 }
 
@@ -233,8 +304,11 @@ int weft_stream_wait(weft_event *ev)
     int rc = task_stream("weft_stream_wait", &t, &s);
     if (rc)
         return rc;
-    if (ev->dev != t->stream_device) /* another device: the task waits itself */
+    if (ev->dev != t->stream_device) { /* another device: the task waits itself */
+        if ((rc = weft__task_may_suspend("weft_stream_wait")))
+            return rc;
         return ev->dev->ops->wait(ev->stream, ev->seq);
+    }
     return ops_of(t)->stream_wait(s, ev->stream, ev->seq);
 }
 

@@ -16,8 +16,9 @@
 
 #ifndef WEFT_HAVE_CUDA
 
-int weft__cuda_devices_create(weft__device ***devs, unsigned *count)
+int weft__cuda_devices_create(weft__device ***devs, unsigned *count, unsigned graph_cache)
 {
+    (void)graph_cache;
     *devs = NULL;
     *count = 0;
     return WEFT_OK;
@@ -376,6 +377,7 @@ static void cuda_destroy(weft__device *d)
             cudaStreamDestroy(s->handle);
             free(s);
         }
+    weft__cuda_graph_fini(dev);
     weft__cuda_host_pool_destroy(&dev->host_pool);
     if (dev->flags)
         cudaFreeHost(dev->flags);
@@ -401,6 +403,10 @@ static const weft__device_ops cuda_ops = {
     .native = cuda_native,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .region_begin = weft__cuda_region_begin,
+    .region_end = weft__cuda_region_end,
+    .region_abandon = weft__cuda_region_abandon,
+    .graph_stats = weft__cuda_graph_stats,
     .poll = weft__cuda_poll,
     .pending = weft__cuda_pending,
 };
@@ -417,7 +423,7 @@ static weft__cuda_completion completion_mode(void)
     return WEFT__CUDA_FLAG;
 }
 
-static int device_create(int ordinal, weft__device **out)
+static int device_create(int ordinal, unsigned graph_cache, weft__device **out)
 {
     cuda_device *dev = calloc(1, sizeof *dev);
     if (!dev)
@@ -447,6 +453,11 @@ static int device_create(int ordinal, weft__device **out)
     dev->priority[1] = greatest;
     current_ordinal = ordinal;
     weft__cuda_host_pool_init(&dev->host_pool);
+    int rc = weft__cuda_graph_init(dev, graph_cache);
+    if (rc) {
+        cuda_destroy(&dev->base);
+        return rc;
+    }
     *out = &dev->base;
     return WEFT_OK;
 }
@@ -478,7 +489,7 @@ static void connect_peers(int n)
     current_ordinal = -1; /* we moved the calling thread around */
 }
 
-int weft__cuda_devices_create(weft__device ***out, unsigned *count)
+int weft__cuda_devices_create(weft__device ***out, unsigned *count, unsigned graph_cache)
 {
     *out = NULL;
     *count = 0;
@@ -497,7 +508,7 @@ int weft__cuda_devices_create(weft__device ***out, unsigned *count)
     if (!devs)
         return weft__fail(WEFT_ENOMEM, "weft: out of memory");
     for (int i = 0; i < n; i++)
-        if ((rc = device_create(i, &devs[i]))) {
+        if ((rc = device_create(i, graph_cache, &devs[i]))) {
             while (i-- > 0)
                 cuda_destroy(devs[i]);
             free(devs);

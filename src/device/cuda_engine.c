@@ -31,6 +31,7 @@
 
 #include "core/error.h"
 #include "device/cuda_internal.h"
+#include "task/task.h"
 
 enum {
     BACKSTOP_NS = 10000000, /* fault check period while waits are pending */
@@ -93,7 +94,7 @@ void weft__cuda_engine_stream_fini(weft__stream *s)
 
 /* Has s reached seq? FLAG compares cyclically on 32 bits, as the GPU's own
  * waits do. */
-static bool reached(weft__stream *s, uint64_t seq)
+bool weft__cuda_reached(weft__stream *s, uint64_t seq)
 {
     if (s->dev->completion == WEFT__CUDA_FLAG) {
         uint32_t done = __atomic_load_n(s->flag, __ATOMIC_ACQUIRE);
@@ -128,7 +129,7 @@ static unsigned fire_reached(weft__stream *s, int status)
     weft__waiter *w;
     while ((w = s->pending.head) != NULL) {
         marker *m = (marker *)((char *)w - offsetof(marker, w));
-        if (status == WEFT_OK && !reached(s, m->seq))
+        if (status == WEFT_OK && !weft__cuda_reached(s, m->seq))
             break;
         weft__waitq_pop(&s->pending);
         weft__waiter_fire(w, status); /* not cancellable: always taken */
@@ -259,13 +260,13 @@ int weft__cuda_wait(weft__stream *s, uint64_t seq)
 {
     weft__cuda_device *dev = s->dev;
     int rc = weft__cuda_check_failed(dev, "weft_await");
-    if (rc || reached(s, seq))
+    if (rc || weft__cuda_reached(s, seq))
         return rc;
 
     marker m = {.seq = seq};
     weft__waiter_init(&m.w);
     weft__lock_acquire(&s->lock);
-    if (reached(s, seq)) {
+    if (weft__cuda_reached(s, seq)) {
         weft__lock_release(&s->lock);
         return WEFT_OK;
     }
@@ -289,7 +290,7 @@ int weft__cuda_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq)
     if (rc)
         return rc;
     if (s->dev->completion != WEFT__CUDA_FLAG)
-        return weft__cuda_wait(other, seq);
+        return (rc = weft__task_may_suspend("weft_stream_wait")) ? rc : weft__cuda_wait(other, seq);
     CUresult r = wait_value((CUstream)s->handle, other->flag_device, (cuuint32_t)seq,
                             CU_STREAM_WAIT_VALUE_GEQ);
     if (r != CUDA_SUCCESS)

@@ -80,6 +80,13 @@ struct weft__cuda_device {
     unsigned next_query;    /* the backstop's turn among active streams */
 
     weft__cuda_host_pool host_pool;
+
+    /* graph mode (cuda_graph.c) */
+    weft__lock graph_lock;
+    struct weft__cuda_graph *graphs; /* cached executable graphs */
+    unsigned ngraphs, graph_cap;
+    uint64_t graph_clock;            /* for least recently used */
+    weft_graph_stats graph_stats;    /* guarded by graph_lock */
 };
 
 /* ---- cuda.c -------------------------------------------------------------- */
@@ -97,6 +104,15 @@ int weft__cuda_use_device(weft__cuda_device *dev);
 /* Before any enqueue: the device must be healthy and current. */
 int weft__cuda_enter(weft__stream *s, const char *call);
 
+/* ---- cuda_graph.c ------------------------------------------------------- */
+
+int weft__cuda_graph_init(weft__cuda_device *dev, unsigned cap);
+void weft__cuda_graph_fini(weft__cuda_device *dev);
+int weft__cuda_region_begin(weft__stream *s);
+int weft__cuda_region_end(weft__stream *s, uint64_t key);
+void weft__cuda_region_abandon(weft__stream *s);
+void weft__cuda_graph_stats(weft__device *d, weft_graph_stats *sum);
+
 /* ---- cuda_engine.c ----------------------------------------------------- */
 
 /* Look up the driver's stream memory operations; once per process. */
@@ -109,6 +125,7 @@ void weft__cuda_engine_stream_fini(weft__stream *s);
 int weft__cuda_mark(weft__stream *s, uint64_t *seq);
 int weft__cuda_wait(weft__stream *s, uint64_t seq);
 int weft__cuda_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq);
+bool weft__cuda_reached(weft__stream *s, uint64_t seq); /* has s reached seq? */
 unsigned weft__cuda_poll(weft__device *d);
 bool weft__cuda_pending(weft__device *d);
 

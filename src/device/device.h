@@ -76,6 +76,14 @@ typedef struct weft__device_ops {
                       void **device_ptr);
     int (*host_free)(weft__device *dev, void *ptr);
 
+    /* Graph mode (NULL: the backend runs regions eagerly). region_begin
+     * starts recording s's work; region_end stops and launches it as one
+     * graph, cached under key; region_abandon stops and drops it. */
+    int (*region_begin)(weft__stream *s);
+    int (*region_end)(weft__stream *s, uint64_t key);
+    void (*region_abandon)(weft__stream *s);
+    void (*graph_stats)(weft__device *dev, weft_graph_stats *sum);
+
     /* Completion engine, for backends whose work completes without a
      * thread of theirs noticing (NULL otherwise). poll fires what has
      * completed and returns how many waits it ended; it is cheap when
@@ -103,7 +111,7 @@ static inline int weft__stream_sync(const weft__device_ops *ops, weft__stream *s
 
 /* The CUDA backend: one device per GPU. *count receives how many were
  * found; 0 (and WEFT_OK) when there is no GPU or no CUDA in this build. */
-int weft__cuda_devices_create(weft__device ***devs, unsigned *count);
+int weft__cuda_devices_create(weft__device ***devs, unsigned *count, unsigned graph_cache);
 
 /* The host backend: streams executed by `threads` host threads (0: 2). Its
  * stream pool grows on demand up to WEFT__HOST_STREAMS_MAX streams; beyond

@@ -42,6 +42,7 @@
 #include "core/error.h"
 #include "core/lock.h"
 #include "device/device.h"
+#include "task/task.h"
 #include "task/wait.h"
 
 enum {
@@ -458,7 +459,8 @@ static int host_wait(weft__stream *s, uint64_t seq)
 static int host_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq)
 {
     (void)s;
-    return host_wait(other, seq);
+    int rc = weft__task_may_suspend("weft_stream_wait");
+    return rc ? rc : host_wait(other, seq);
 }
 
 static void *host_native(weft__stream *s)

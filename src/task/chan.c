@@ -32,6 +32,7 @@
 
 #include "core/error.h"
 #include "core/lock.h"
+#include "task/task.h"
 #include "task/wait.h"
 #include "weft.h"
 
@@ -162,6 +163,8 @@ int weft_chan_send(weft_chan *ch, const void *item)
         return weft__fail(WEFT_EINVAL, "weft_chan_send: item is NULL");
     if (weft_cancelled())
         return weft__fail(WEFT_ECANCELED, "weft_chan_send: task cancelled");
+    if ((status = weft__task_may_suspend("weft_chan_send")))
+        return status;
     weft__lock_acquire(&ch->lock);
     status = send_locked(ch, item);
     if (status == WEFT_EAGAIN) {
@@ -191,6 +194,8 @@ int weft_chan_recv(weft_chan *ch, void *item)
         return weft__fail(WEFT_EINVAL, "weft_chan_recv: item is NULL");
     if (weft_cancelled())
         return weft__fail(WEFT_ECANCELED, "weft_chan_recv: task cancelled");
+    if ((status = weft__task_may_suspend("weft_chan_recv")))
+        return status;
     weft__lock_acquire(&ch->lock);
     status = recv_locked(ch, item);
     if (status == WEFT_EAGAIN) {

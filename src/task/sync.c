@@ -32,6 +32,7 @@
 
 #include "core/error.h"
 #include "core/lock.h"
+#include "task/task.h"
 #include "task/wait.h"
 #include "weft.h"
 
@@ -153,6 +154,8 @@ int weft_mutex_lock(weft_mutex *m)
         return weft__fail(WEFT_EINVAL, "weft_mutex_lock: m is NULL");
     if (weft_cancelled())
         return weft__fail(WEFT_ECANCELED, "weft_mutex_lock: task cancelled");
+    if ((status = weft__task_may_suspend("weft_mutex_lock")))
+        return status;
     status = mutex_acquire(m, caller_identity(), true);
     if (status == WEFT_EDEADLK)
         return weft__fail(status, "weft_mutex_lock: caller already holds the mutex");
@@ -240,6 +243,8 @@ int weft_cond_wait(weft_cond *c, weft_mutex *m)
         return weft__fail(WEFT_EINVAL, "weft_cond_wait: c is NULL");
     if (m == NULL)
         return weft__fail(WEFT_EINVAL, "weft_cond_wait: m is NULL");
+    if ((status = weft__task_may_suspend("weft_cond_wait")))
+        return status;
     self = caller_identity();
     if (!mutex_held_by(m, self))
         return weft__fail(WEFT_EPERM, "weft_cond_wait: caller does not hold the mutex");
@@ -327,6 +332,8 @@ int weft_sem_wait(weft_sem *s)
         return weft__fail(WEFT_EINVAL, "weft_sem_wait: s is NULL");
     if (weft_cancelled())
         return weft__fail(WEFT_ECANCELED, "weft_sem_wait: task cancelled");
+    if ((status = weft__task_may_suspend("weft_sem_wait")))
+        return status;
     weft__lock_acquire(&s->lock);
     if (s->count > 0) {
         s->count--;

@@ -46,6 +46,17 @@ char *weft__error_buffer(size_t *size)
     return t ? t->errmsg : thread_error_buffer();
 }
 
+int weft__task_may_suspend(const char *fn)
+{
+    weft__task *t = weft__task_self();
+    if (!t || !t->region_open)
+        return WEFT_OK;
+    t->region_broken = true;
+    return weft__fail(WEFT_ESTATE,
+                      "%s: a task may not suspend inside a graph region; the region is dropped",
+                      fn);
+}
+
 /* ---- record pool ------------------------------------------------------- */
 
 typedef struct task_chunk {
@@ -246,6 +257,7 @@ int weft_spawn(weft_runtime *rt, weft_task **out, void *(*fn)(void *), void *arg
     t->stream = NULL;
     t->stream_device = NULL;
     t->device_status = WEFT_OK;
+    t->region_open = t->region_broken = false;
     t->errmsg[0] = '\0';
 
     atomic_fetch_add_explicit(&rt->live_tasks, 1, memory_order_relaxed);
@@ -336,6 +348,8 @@ int weft_join(weft_task *h, void **result)
         return rc;
     if (t == weft__task_self())
         return weft__fail(WEFT_EDEADLK, "weft_join: a task cannot join itself");
+    if ((rc = weft__task_may_suspend("weft_join")))
+        return rc;
     if (atomic_exchange(&t->join_claimed, true))
         return weft__fail(WEFT_ESTATE, "weft_join: task is being joined elsewhere or was detached");
     if ((rc = wait_done(t))) {
@@ -391,6 +405,8 @@ static weft__task *record_of(weft_task *h)
 int weft_when_all(weft_task *const *ts, size_t n)
 {
     int rc = check_group(ts, n, "weft_when_all");
+    if (rc == WEFT_OK)
+        rc = weft__task_may_suspend("weft_when_all");
     for (size_t i = 0; rc == WEFT_OK && i < n; i++)
         if ((rc = wait_done(record_of(ts[i]))))
             weft__fail(rc, "weft_when_all: cancelled while waiting");
@@ -410,7 +426,7 @@ static bool first_done(weft_task *const *ts, size_t n, size_t *first)
 int weft_when_any(weft_task *const *ts, size_t n, size_t *first)
 {
     int rc = check_group(ts, n, "weft_when_any");
-    if (rc)
+    if (rc || (rc = weft__task_may_suspend("weft_when_any")))
         return rc;
     if (n == 0 || !first)
         return weft__fail(WEFT_EINVAL, "weft_when_any: %s", n ? "first is NULL" : "no tasks");
@@ -483,6 +499,9 @@ int weft_yield(void)
     weft__task *t = weft__task_self();
     if (!t)
         return weft__fail(WEFT_ENOTASK, "weft_yield: not called from a task");
+    int rc = weft__task_may_suspend("weft_yield");
+    if (rc)
+        return rc;
     weft__sched_leave(t, WEFT__LEAVE_YIELD);
     if (atomic_load(&t->cancelled))
         return weft__fail(WEFT_ECANCELED, "weft_yield: the task was cancelled");
@@ -494,10 +513,13 @@ int weft_sleep_ns(uint64_t ns)
     weft__task *t = weft__task_self();
     if (!t)
         return weft__fail(WEFT_ENOTASK, "weft_sleep_ns: not called from a task");
+    int rc = weft__task_may_suspend("weft_sleep_ns");
+    if (rc)
+        return rc;
     if (atomic_load(&t->cancelled))
         return weft__fail(WEFT_ECANCELED, "weft_sleep_ns: the task was cancelled");
     if (ns == 0)
         return weft_yield();
-    int rc = weft__timers_sleep(t->rt->timers, ns);
+    rc = weft__timers_sleep(t->rt->timers, ns);
     return rc ? weft__fail(rc, "weft_sleep_ns: %s", weft_strerror(rc)) : WEFT_OK;
 }

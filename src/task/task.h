@@ -71,6 +71,9 @@ typedef struct weft__task {
     struct weft__stream *stream; /* leased on first device work */
     struct weft__device *stream_device; /* the device stream belongs to */
     int device_status;        /* first device failure, kept for join */
+    bool region_open;         /* between weft_region_begin and _end */
+    bool region_broken;       /* it tried to suspend: the region is dropped */
+    uint64_t region_key;
     char errmsg[WEFT__ERRMSG_SIZE];
 } weft__task;
 
@@ -93,6 +96,11 @@ bool weft__task_start(struct weft__worker *w, weft__task *t);
 
 /* t has returned from its function and switched away for good. */
 void weft__task_finish(struct weft__worker *w, weft__task *t);
+
+/* Every public call that may suspend the calling task asks first: inside a
+ * graph region it may not (the capture belongs to this thread), so the
+ * call fails with WEFT_ESTATE and the region is dropped. */
+int weft__task_may_suspend(const char *fn);
 
 /* ---- parking: the primitive under weft__waiter_wait ---------------------- */
 
