@@ -41,6 +41,7 @@ static struct {
     uint32_t kiters;
     double host_rate;
     const char *only;
+    int graph; /* each job's GPU steps in a graph region, one key per slot */
 } opt;
 
 /* A failed weft call ends the benchmark. */
@@ -88,10 +89,14 @@ static void *job_main(void *arg)
     void *args1[] = {&s->dev, &n, &iters, &salt1};
     void *args2[] = {&s->dev, &n, &iters, &salt2};
     weft_dim3 grid = {MIX_GRID, 1, 1}, block = {MIX_BLOCK, 1, 1};
+    if (opt.graph) /* graph mode: one graph per slot, replayed */
+        WCK(weft_region_begin(si + 1));
     WCK(weft_memcpy_async(s->dev, s->in, BENCH_BYTES));
     WCK(weft_launch((const void *)k_mix, grid, block, 0, args1));
     WCK(weft_launch((const void *)k_mix, grid, block, 0, args2));
     WCK(weft_memcpy_async(s->out, s->dev, BENCH_BYTES));
+    if (opt.graph)
+        WCK(weft_region_end());
     uint64_t t2 = now_ns();
     WCK(weft_await());
     uint64_t t3 = now_ns();
@@ -237,7 +242,8 @@ static void run_once(struct wrun *r, struct span *sp)
 static void measure(struct wrun *r, unsigned workers, unsigned host_us)
 {
     char name[96], buf[128];
-    snprintf(name, sizeof name, "gpu.pipeline.h%u.weft.w%u", host_us, workers);
+    snprintf(name, sizeof name, "gpu.pipeline.h%u.weft.%sw%u", host_us, opt.graph ? "graph." : "",
+             workers);
     if (opt.only && !strstr(name, opt.only))
         return;
     r->words = (uint64_t)(host_us * opt.host_rate + 0.5);
@@ -278,7 +284,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: gpu_pipeline [--quick] [--jobs N] [--reps N] [--host-us LIST]\n"
                     "         [--workers LIST] [--inflight N] [--kiters N]\n"
-                    "         [--host-rate WORDS_PER_US] [--only NAME] [--phases]\n");
+                    "         [--host-rate WORDS_PER_US] [--only NAME] [--phases] [--graph]\n");
     exit(2);
 }
 
@@ -308,6 +314,8 @@ static void parse_args(int argc, char **argv)
             opt.only = v, i++;
         else if (!strcmp(a, "--phases"))
             phases = 1;
+        else if (!strcmp(a, "--graph"))
+            opt.graph = 1;
         else if (!strcmp(a, "--host-us") && v) {
             if (!(opt.nhost = (unsigned)parse_list(v, opt.host_us)))
                 usage();

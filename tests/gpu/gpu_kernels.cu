@@ -239,6 +239,18 @@ const char *gk_error_name(int err)
     return cudaGetErrorName((cudaError_t)err);
 }
 
+int gk_forbidden_during_capture(void **ptr)
+{
+    cudaError_t e = cudaMalloc(ptr, 4096);
+    if (e == cudaSuccess) {
+        cudaFree(*ptr);
+        *ptr = NULL;
+        return 0;
+    }
+    cudaGetLastError();
+    return (int)e;
+}
+
 int gk_stream_device(void *stream)
 {
     int dev = -1;

@@ -125,6 +125,11 @@ const char *gk_error_name(int err);
 int gk_launch_spin_affine_on(void *stream, uint32_t *dst, const uint32_t *src, unsigned n,
                              uint32_t a, uint32_t b, uint64_t spin_ns);
 
+/* A plain cudaMalloc of 4 KiB, which CUDA forbids while the calling thread
+ * captures a stream: returns its cudaError_t (0 if it was allowed, in which
+ * case *ptr is freed again and NULL). */
+int gk_forbidden_during_capture(void **ptr);
+
 /* The device ordinal `stream` belongs to, or -1. */
 int gk_stream_device(void *stream);
 
