@@ -62,6 +62,11 @@ static int task_stream(const char *fn, weft__task **tp, weft__stream **sp)
     int rc = self_task(fn, &t);
     if (rc)
         return rc;
+    if (t->region_stream) { /* inside a region, work is recorded */
+        *tp = t;
+        *sp = t->region_stream;
+        return WEFT_OK;
+    }
     if (!t->stream) {
         weft__device *dev = NULL;
         if ((rc = place(t, &dev)) ||
@@ -193,9 +198,9 @@ int weft_await(void)
 void weft__device_task_exit(weft__task *t)
 {
     if (t->region_open) { /* returned inside a region: drop it */
+        if (t->region_stream)
+            ops_of(t)->region_abandon(t->region_stream);
         region_close(t);
-        if (ops_of(t)->region_abandon)
-            ops_of(t)->region_abandon(t->stream);
     }
     drain(t);
 }
@@ -206,6 +211,7 @@ static void region_close(weft__task *t)
 {
     t->region_open = false;
     t->region_broken = false;
+    t->region_stream = NULL;
 }
 
 int weft_region_begin(uint64_t key)
@@ -217,7 +223,8 @@ int weft_region_begin(uint64_t key)
         return rc;
     if (t->region_open)
         return weft__fail(WEFT_ESTATE, "weft_region_begin: a region is open already");
-    if (ops_of(t)->region_begin && (rc = ops_of(t)->region_begin(s)))
+    t->region_stream = NULL;
+    if (ops_of(t)->region_begin && (rc = ops_of(t)->region_begin(s, &t->region_stream)))
         return rc;
     t->region_open = true;
     t->region_broken = false;
@@ -234,15 +241,19 @@ int weft_region_end(void)
     if (!t->region_open)
         return weft__fail(WEFT_ESTATE, "weft_region_end: no region is open");
     bool broken = t->region_broken;
+    weft__stream *capture = t->region_stream;
     region_close(t);
+    if (!capture) /* the backend ran the region eagerly */
+        return broken ? weft__fail(WEFT_ESTATE, "weft_region_end: the task tried to suspend "
+                                                "inside the region")
+                      : WEFT_OK;
     const weft__device_ops *ops = ops_of(t);
     if (broken) {
-        if (ops->region_abandon)
-            ops->region_abandon(t->stream);
+        ops->region_abandon(capture);
         return weft__fail(WEFT_ESTATE, "weft_region_end: the task tried to suspend inside the "
                                         "region; its work was dropped");
     }
-    return ops->region_end ? ops->region_end(t->stream, t->region_key) : WEFT_OK;
+    return ops->region_end(t->stream, capture, t->region_key);
 }
 
 int weft_graph_stats_get(weft_runtime *rt, weft_graph_stats *stats)

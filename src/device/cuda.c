@@ -297,6 +297,32 @@ static int stream_create(cuda_device *dev, int class_, weft__stream **out)
     return WEFT_OK;
 }
 
+int weft__cuda_stream_create_bare(weft__cuda_device *dev, weft__stream **out)
+{
+    weft__stream *s;
+    if (posix_memalign((void **)&s, 64, sizeof *s))
+        return weft__fail(WEFT_ENOMEM, "weft: out of memory for a stream");
+    memset(s, 0, sizeof *s);
+    cudaError_t e;
+    int rc = weft__cuda_use_device(dev);
+    if (rc == WEFT_OK &&
+        (e = cudaStreamCreateWithFlags(&s->handle, cudaStreamNonBlocking)) != cudaSuccess)
+        rc = weft__cuda_fail(dev, "cudaStreamCreateWithFlags", e);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    s->dev = dev;
+    *out = s;
+    return WEFT_OK;
+}
+
+void weft__cuda_stream_destroy_bare(weft__stream *s)
+{
+    cudaStreamDestroy(s->handle);
+    free(s);
+}
+
 static int cuda_stream_lease(weft__device *d, int priority, weft__stream **out)
 {
     cuda_device *dev = cuda_of(d);

@@ -2,18 +2,22 @@
  * cuda_graph.c - graph mode for the CUDA backend: a task's region of GPU
  * work, recorded by stream capture and launched as one CUDA graph.
  *
- * Each weft_region_end captures the region's work afresh (cheap: nothing
- * runs) and looks for an idle executable graph cached under the same key.
+ * A region's work is captured on a stream of its own (a capture stream,
+ * never shared, so no other task's work can slip into the capture; nothing
+ * runs there), and each weft_region_end looks for an idle executable graph
+ * cached under the same key.
  * cudaGraphExecUpdate then brings that graph up to date with whatever
  * pointers and scalars changed; if the shape of the work changed, the
  * update is refused and the graph is instantiated again. Capture plus
  * update costs a fraction of launching each operation eagerly.
  *
  * Invariants:
- *  - An executable graph runs for one task at a time: from its launch until
- *    its stream has reached busy_until (the marker after the launch, which
- *    the launching task's await writes) nobody else takes it. Tasks running
- *    the same key at once get separate graphs.
+ *  - An executable graph runs for one task at a time: from being taken
+ *    until its launch stream has reached busy_until (the first marker after
+ *    the launch, which the launching task's await writes) nobody else takes
+ *    it. Reading the stream's last marker and launching happen under the
+ *    stream's lock, so no marker of another task can come between. Tasks
+ *    running the same key at once get separate graphs.
  *  - The cache holds at most graph_cap slots per device, at fixed places (a
  *    task holds a pointer to the slot it took). A slot without a graph
  *    (exec NULL) is free; a new graph takes a free slot, else evicts the
@@ -32,7 +36,8 @@ typedef struct weft__cuda_graph {
     uint64_t key;
     cudaGraphExec_t exec;
     weft__stream *busy_stream; /* NULL: idle */
-    uint64_t busy_until;
+    uint64_t busy_until;       /* valid once launched */
+    bool launched;
     uint64_t last_used;
 } cuda_graph;
 
@@ -46,7 +51,13 @@ int weft__cuda_graph_init(weft__cuda_device *dev, unsigned cap)
 void weft__cuda_graph_fini(weft__cuda_device *dev)
 {
     for (unsigned i = 0; i < dev->ngraphs; i++)
-        cudaGraphExecDestroy(dev->graphs[i].exec);
+        if (dev->graphs[i].exec)
+            cudaGraphExecDestroy(dev->graphs[i].exec);
+    while (dev->captures) {
+        weft__stream *c = dev->captures;
+        dev->captures = c->next_capture;
+        weft__cuda_stream_destroy_bare(c);
+    }
     free(dev->graphs);
     dev->graphs = NULL;
     dev->ngraphs = 0;
@@ -65,21 +76,48 @@ void weft__cuda_graph_stats(weft__device *d, weft_graph_stats *sum)
 
 /* ---- recording --------------------------------------------------------- */
 
-int weft__cuda_region_begin(weft__stream *s)
+int weft__cuda_region_begin(weft__stream *s, weft__stream **capture)
 {
+    weft__cuda_device *dev = s->dev;
     int rc = weft__cuda_enter(s, "weft_region_begin");
     if (rc)
         return rc;
+    weft__lock_acquire(&dev->graph_lock);
+    weft__stream *c = dev->captures;
+    if (c)
+        dev->captures = c->next_capture;
+    weft__lock_release(&dev->graph_lock);
+    if (!c && (rc = weft__cuda_stream_create_bare(dev, &c)))
+        return rc;
     /* Thread-local mode: only this thread's unsafe calls break the capture,
      * and the task cannot move to another thread inside the region. */
-    cudaError_t e = cudaStreamBeginCapture(s->handle, cudaStreamCaptureModeThreadLocal);
-    return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaStreamBeginCapture", e);
+    cudaError_t e = cudaStreamBeginCapture(c->handle, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) {
+        weft__cuda_stream_destroy_bare(c);
+        return weft__cuda_fail(dev, "cudaStreamBeginCapture", e);
+    }
+    *capture = c;
+    return WEFT_OK;
 }
 
-void weft__cuda_region_abandon(weft__stream *s)
+/* Stop capturing on c and give it back; *graph receives what was recorded
+ * (NULL if the capture broke). */
+static cudaError_t stop_capture(weft__stream *c, cudaGraph_t *graph)
 {
-    cudaGraph_t graph = NULL;
-    if (cudaStreamEndCapture(s->handle, &graph) == cudaSuccess && graph)
+    weft__cuda_device *dev = c->dev;
+    *graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->handle, graph);
+    weft__lock_acquire(&dev->graph_lock);
+    c->next_capture = dev->captures;
+    dev->captures = c;
+    weft__lock_release(&dev->graph_lock);
+    return e;
+}
+
+void weft__cuda_region_abandon(weft__stream *capture)
+{
+    cudaGraph_t graph;
+    if (stop_capture(capture, &graph) == cudaSuccess && graph)
         cudaGraphDestroy(graph);
     cudaGetLastError();
 }
@@ -88,7 +126,8 @@ void weft__cuda_region_abandon(weft__stream *s)
 
 static bool idle(cuda_graph *g)
 {
-    if (g->busy_stream && !weft__cuda_reached(g->busy_stream, g->busy_until))
+    if (g->busy_stream &&
+        (!g->launched || !weft__cuda_reached(g->busy_stream, g->busy_until)))
         return false;
     g->busy_stream = NULL;
     return true;
@@ -96,7 +135,7 @@ static bool idle(cuda_graph *g)
 
 /* Take the most recently used idle graph of key (marked busy for s), or
  * NULL. Call with graph_lock held. */
-static cuda_graph *take(weft__cuda_device *dev, uint64_t key, weft__stream *s, uint64_t until)
+static cuda_graph *take(weft__cuda_device *dev, uint64_t key, weft__stream *s)
 {
     cuda_graph *best = NULL;
     for (unsigned i = 0; i < dev->ngraphs; i++) {
@@ -106,7 +145,7 @@ static cuda_graph *take(weft__cuda_device *dev, uint64_t key, weft__stream *s, u
     }
     if (best) {
         best->busy_stream = s;
-        best->busy_until = until;
+        best->launched = false;
         best->last_used = ++dev->graph_clock;
     }
     return best;
@@ -137,23 +176,36 @@ static cuda_graph *make_room(weft__cuda_device *dev, cudaGraphExec_t *evicted)
 
 /* ---- replaying --------------------------------------------------------- */
 
-int weft__cuda_region_end(weft__stream *s, uint64_t key)
+/* Launch exec on s; a cached graph g (or NULL) becomes busy until s's next
+ * marker. */
+static int launch(weft__stream *s, cuda_graph *g, cudaGraphExec_t exec)
 {
     weft__cuda_device *dev = s->dev;
-    cudaGraph_t graph = NULL;
-    cudaError_t e = cudaStreamEndCapture(s->handle, &graph);
-    if (e != cudaSuccess) /* a forbidden call broke the capture; the stream is usable */
+    weft__lock_acquire(&s->lock);
+    cudaError_t e = cudaGraphLaunch(exec, s->handle);
+    if (g) {
+        weft__lock_acquire(&dev->graph_lock);
+        g->busy_until = s->marked + 1;
+        g->launched = true;
+        weft__lock_release(&dev->graph_lock);
+    }
+    weft__lock_release(&s->lock);
+    return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(dev, "weft_region_end: cudaGraphLaunch", e);
+}
+
+int weft__cuda_region_end(weft__stream *s, weft__stream *capture, uint64_t key)
+{
+    weft__cuda_device *dev = s->dev;
+    cudaGraph_t graph;
+    cudaError_t e = stop_capture(capture, &graph);
+    if (e != cudaSuccess) /* a forbidden call broke the capture */
         return weft__cuda_fail(dev, "weft_region_end: cudaStreamEndCapture", e);
-    int rc = weft__cuda_check_failed(dev, "weft_region_end");
+    int rc = weft__cuda_enter(s, "weft_region_end");
     if (rc)
         goto out;
 
-    weft__lock_acquire(&s->lock);
-    uint64_t until = s->marked + 1; /* the marker the task's await writes next */
-    weft__lock_release(&s->lock);
-
     weft__lock_acquire(&dev->graph_lock);
-    cuda_graph *g = take(dev, key, s, until);
+    cuda_graph *g = take(dev, key, s);
     weft__lock_release(&dev->graph_lock);
 
     cudaGraphExec_t exec = NULL;
@@ -182,7 +234,8 @@ int weft__cuda_region_end(weft__stream *s, uint64_t key)
     if (g && !updated) {
         g->exec = exec;
     } else if (!g && (g = make_room(dev, &evicted)) != NULL) {
-        *g = (cuda_graph){key, exec, s, until, ++dev->graph_clock};
+        *g = (cuda_graph){.key = key, .exec = exec, .busy_stream = s,
+                          .last_used = ++dev->graph_clock};
     }
     dev->graph_stats.launches++;
     if (updated)
@@ -193,13 +246,12 @@ int weft__cuda_region_end(weft__stream *s, uint64_t key)
     if (evicted)
         cudaGraphExecDestroy(evicted);
 
-    e = cudaGraphLaunch(g ? g->exec : exec, s->handle);
-    if (e != cudaSuccess)
-        rc = weft__cuda_fail(dev, "weft_region_end: cudaGraphLaunch", e);
-    if (!g) /* every cached graph busy: this one runs once */
-        cudaGraphExecDestroy(exec); /* CUDA keeps it until its launch is done */
+    rc = launch(s, g, g ? g->exec : exec);
+    if (!g) /* every cached graph busy: this one runs once; CUDA frees it after */
+        cudaGraphExecDestroy(exec);
 out:
-    cudaGraphDestroy(graph);
+    if (graph)
+        cudaGraphDestroy(graph);
     return rc;
 }
 

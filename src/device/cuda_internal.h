@@ -46,6 +46,7 @@ struct weft__stream {
     bool active;                  /* on dev->active (changed holding both locks) */
     unsigned leases;              /* guarded by dev->pool_lock */
     int class_;                   /* 0 normal and low, 1 high */
+    weft__stream *next_capture;   /* a capture stream's free-list link */
 
     volatile uint32_t *flag;      /* FLAG: written by the GPU */
     CUdeviceptr flag_device;
@@ -84,6 +85,7 @@ struct weft__cuda_device {
     /* graph mode (cuda_graph.c) */
     weft__lock graph_lock;
     struct weft__cuda_graph *graphs; /* cached executable graphs */
+    weft__stream *captures;          /* idle capture streams */
     unsigned ngraphs, graph_cap;
     uint64_t graph_clock;            /* for least recently used */
     weft_graph_stats graph_stats;    /* guarded by graph_lock */
@@ -104,13 +106,18 @@ int weft__cuda_use_device(weft__cuda_device *dev);
 /* Before any enqueue: the device must be healthy and current. */
 int weft__cuda_enter(weft__stream *s, const char *call);
 
+/* A stream of dev outside the lease pool, with no completion word (it is
+ * never awaited): graph mode records regions on such streams. */
+int weft__cuda_stream_create_bare(weft__cuda_device *dev, weft__stream **out);
+void weft__cuda_stream_destroy_bare(weft__stream *s);
+
 /* ---- cuda_graph.c ------------------------------------------------------- */
 
 int weft__cuda_graph_init(weft__cuda_device *dev, unsigned cap);
 void weft__cuda_graph_fini(weft__cuda_device *dev);
-int weft__cuda_region_begin(weft__stream *s);
-int weft__cuda_region_end(weft__stream *s, uint64_t key);
-void weft__cuda_region_abandon(weft__stream *s);
+int weft__cuda_region_begin(weft__stream *s, weft__stream **capture);
+int weft__cuda_region_end(weft__stream *s, weft__stream *capture, uint64_t key);
+void weft__cuda_region_abandon(weft__stream *capture);
 void weft__cuda_graph_stats(weft__device *d, weft_graph_stats *sum);
 
 /* ---- cuda_engine.c ----------------------------------------------------- */

@@ -77,11 +77,12 @@ typedef struct weft__device_ops {
     int (*host_free)(weft__device *dev, void *ptr);
 
     /* Graph mode (NULL: the backend runs regions eagerly). region_begin
-     * starts recording s's work; region_end stops and launches it as one
-     * graph, cached under key; region_abandon stops and drops it. */
-    int (*region_begin)(weft__stream *s);
-    int (*region_end)(weft__stream *s, uint64_t key);
-    void (*region_abandon)(weft__stream *s);
+     * gives a stream that records instead of running: the region's work
+     * goes there. region_end stops recording and launches the work on s as
+     * one graph, cached under key; region_abandon stops and drops it. */
+    int (*region_begin)(weft__stream *s, weft__stream **capture);
+    int (*region_end)(weft__stream *s, weft__stream *capture, uint64_t key);
+    void (*region_abandon)(weft__stream *capture);
     void (*graph_stats)(weft__device *dev, weft_graph_stats *sum);
 
     /* Completion engine, for backends whose work completes without a

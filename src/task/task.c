@@ -258,6 +258,7 @@ int weft_spawn(weft_runtime *rt, weft_task **out, void *(*fn)(void *), void *arg
     t->stream_device = NULL;
     t->device_status = WEFT_OK;
     t->region_open = t->region_broken = false;
+    t->region_stream = NULL;
     t->errmsg[0] = '\0';
 
     atomic_fetch_add_explicit(&rt->live_tasks, 1, memory_order_relaxed);

@@ -72,6 +72,7 @@ typedef struct weft__task {
     struct weft__device *stream_device; /* the device stream belongs to */
     int device_status;        /* first device failure, kept for join */
     bool region_open;         /* between weft_region_begin and _end */
+    struct weft__stream *region_stream; /* records the region's work, or NULL */
     bool region_broken;       /* it tried to suspend: the region is dropped */
     uint64_t region_key;
     char errmsg[WEFT__ERRMSG_SIZE];
