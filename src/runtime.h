@@ -72,4 +72,11 @@ void weft__task_pool_destroy(weft_runtime *rt);
 /* Device work left unawaited when a task returns (device/api.c). */
 void weft__device_task_exit(weft__task *t);
 
+/* The calling task and the stream its device work goes to now, leasing one
+ * if needed (device/api.c). */
+int weft__task_stream(const char *fn, weft__task **tp, struct weft__stream **sp);
+
+/* Stop a task's open region and drop its work (graph/region.c). */
+void weft__region_drop(weft__task *t);
+
 #endif

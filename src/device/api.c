@@ -56,7 +56,7 @@ static int place(weft__task *t, weft__device **out)
 }
 
 /* The calling task and its stream, leasing one if needed. */
-static int task_stream(const char *fn, weft__task **tp, weft__stream **sp)
+int weft__task_stream(const char *fn, weft__task **tp, weft__stream **sp)
 {
     weft__task *t = NULL;
     int rc = self_task(fn, &t);
@@ -90,7 +90,7 @@ int weft_memcpy_async(void *dst, const void *src, size_t n)
     weft__stream *s;
     if (n && (!dst || !src))
         return weft__fail(WEFT_EINVAL, "weft_memcpy_async: %s is NULL", dst ? "src" : "dst");
-    int rc = task_stream("weft_memcpy_async", &t, &s);
+    int rc = weft__task_stream("weft_memcpy_async", &t, &s);
     if (rc || n == 0)
         return rc;
     return ops_of(t)->copy(s, dst, src, n);
@@ -102,7 +102,7 @@ int weft_memset_async(void *dst, int value, size_t n)
     weft__stream *s;
     if (n && !dst)
         return weft__fail(WEFT_EINVAL, "weft_memset_async: dst is NULL");
-    int rc = task_stream("weft_memset_async", &t, &s);
+    int rc = weft__task_stream("weft_memset_async", &t, &s);
     if (rc || n == 0)
         return rc;
     return ops_of(t)->fill(s, dst, value, n);
@@ -114,7 +114,7 @@ int weft_host_async(void (*fn)(void *arg), void *arg)
     weft__stream *s;
     if (!fn)
         return weft__fail(WEFT_EINVAL, "weft_host_async: fn is NULL");
-    int rc = task_stream("weft_host_async", &t, &s);
+    int rc = weft__task_stream("weft_host_async", &t, &s);
     return rc ? rc : ops_of(t)->host_fn(s, fn, arg);
 }
 
@@ -128,7 +128,7 @@ int weft_launch(const void *kernel, weft_dim3 grid, weft_dim3 block, size_t shar
     if (!grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z)
         return weft__fail(WEFT_EINVAL, "weft_launch: grid %ux%ux%u, block %ux%ux%u has a zero",
                           grid.x, grid.y, grid.z, block.x, block.y, block.z);
-    int rc = task_stream("weft_launch", &t, &s);
+    int rc = weft__task_stream("weft_launch", &t, &s);
     return rc ? rc : ops_of(t)->launch(s, kernel, grid, block, shared_bytes, args);
 }
 
@@ -138,7 +138,7 @@ int weft_stream(void **stream)
     weft__stream *s;
     if (!stream)
         return weft__fail(WEFT_EINVAL, "weft_stream: stream is NULL");
-    int rc = task_stream("weft_stream", &t, &s);
+    int rc = weft__task_stream("weft_stream", &t, &s);
     if (rc == WEFT_OK)
         *stream = ops_of(t)->native(s);
     return rc;
@@ -150,7 +150,7 @@ int weft_malloc_async(void **ptr, size_t n)
     weft__stream *s;
     if (!ptr || !n)
         return weft__fail(WEFT_EINVAL, "weft_malloc_async: %s", ptr ? "n is 0" : "ptr is NULL");
-    int rc = task_stream("weft_malloc_async", &t, &s);
+    int rc = weft__task_stream("weft_malloc_async", &t, &s);
     return rc ? rc : ops_of(t)->malloc_async(s, ptr, n);
 }
 
@@ -160,13 +160,11 @@ int weft_free_async(void *ptr)
     weft__stream *s;
     if (!ptr)
         return WEFT_OK;
-    int rc = task_stream("weft_free_async", &t, &s);
+    int rc = weft__task_stream("weft_free_async", &t, &s);
     return rc ? rc : ops_of(t)->free_async(s, ptr);
 }
 
 /* ---- waiting ----------------------------------------------------------- */
-
-static void region_close(weft__task *t);
 
 /* Wait for t's stream to drain and give it back; remember a failure. */
 static int drain(weft__task *t)
@@ -197,79 +195,9 @@ int weft_await(void)
 
 void weft__device_task_exit(weft__task *t)
 {
-    if (t->region_open) { /* returned inside a region: drop it */
-        if (t->region_stream)
-            ops_of(t)->region_abandon(t->region_stream);
-        region_close(t);
-    }
+    if (t->region_open) /* returned inside a region: drop it */
+        weft__region_drop(t);
     drain(t);
-}
-
-/* ---- graph mode ---------------------------------------------------------- */
-
-static void region_close(weft__task *t)
-{
-    t->region_open = false;
-    t->region_broken = false;
-    t->region_stream = NULL;
-}
-
-int weft_region_begin(uint64_t key)
-{
-    weft__task *t = NULL;
-    weft__stream *s;
-    int rc = task_stream("weft_region_begin", &t, &s);
-    if (rc)
-        return rc;
-    if (t->region_open)
-        return weft__fail(WEFT_ESTATE, "weft_region_begin: a region is open already");
-    t->region_stream = NULL;
-    if (ops_of(t)->region_begin && (rc = ops_of(t)->region_begin(s, &t->region_stream)))
-        return rc;
-    t->region_open = true;
-    t->region_broken = false;
-    t->region_key = key;
-    return WEFT_OK;
-}
-
-int weft_region_end(void)
-{
-    weft__task *t = NULL;
-    int rc = self_task("weft_region_end", &t);
-    if (rc)
-        return rc;
-    if (!t->region_open)
-        return weft__fail(WEFT_ESTATE, "weft_region_end: no region is open");
-    bool broken = t->region_broken;
-    weft__stream *capture = t->region_stream;
-    region_close(t);
-    if (!capture) /* the backend ran the region eagerly */
-        return broken ? weft__fail(WEFT_ESTATE, "weft_region_end: the task tried to suspend "
-                                                "inside the region")
-                      : WEFT_OK;
-    const weft__device_ops *ops = ops_of(t);
-    if (broken) {
-        ops->region_abandon(capture);
-        return weft__fail(WEFT_ESTATE, "weft_region_end: the task tried to suspend inside the "
-                                        "region; its work was dropped");
-    }
-    return ops->region_end(t->stream, capture, t->region_key);
-}
-
-int weft_graph_stats_get(weft_runtime *rt, weft_graph_stats *stats)
-{
-    weft__device **devs;
-    unsigned n;
-    if (!stats)
-        return weft__fail(WEFT_EINVAL, "weft_graph_stats_get: stats is NULL");
-    int rc = weft__runtime_check(rt, "weft_graph_stats_get");
-    if (rc || (rc = weft__runtime_devices(rt, &devs, &n)))
-        return rc;
-    *stats = (weft_graph_stats){0};
-    for (unsigned i = 0; i < n; i++)
-        if (devs[i]->ops->graph_stats)
-            devs[i]->ops->graph_stats(devs[i], stats);
-    return WEFT_OK;
 }
 
 /* ---- events ------------------------------------------------------------ */
@@ -280,7 +208,7 @@ int weft_event_record(weft_event **out)
     weft__stream *s;
     if (!out)
         return weft__fail(WEFT_EINVAL, "weft_event_record: ev is NULL");
-    int rc = task_stream("weft_event_record", &t, &s);
+    int rc = weft__task_stream("weft_event_record", &t, &s);
     if (rc)
         return rc;
     weft_event *ev = malloc(sizeof *ev);
@@ -312,7 +240,7 @@ int weft_stream_wait(weft_event *ev)
     weft__stream *s;
     if (!ev)
         return weft__fail(WEFT_EINVAL, "weft_stream_wait: ev is NULL");
-    int rc = task_stream("weft_stream_wait", &t, &s);
+    int rc = weft__task_stream("weft_stream_wait", &t, &s);
     if (rc)
         return rc;
     if (ev->dev != t->stream_device) { /* another device: the task waits itself */
