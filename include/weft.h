@@ -229,7 +229,7 @@ int weft_mapped_free(weft_runtime *rt, void *host);
  * returns WEFT_ESTATE too). Calls CUDA forbids during capture (cudaMalloc,
  * synchronizing calls) make weft_region_end fail with the CUDA error's name;
  * the stream stays usable. Allocate inside a region with weft_malloc_async.
- * Regions do not nest. Task only. */
+ * Regions do not nest, and events are recorded outside them. Task only. */
 int weft_region_begin(uint64_t key);
 int weft_region_end(void);
 

@@ -211,6 +211,8 @@ int weft_event_record(weft_event **out)
     int rc = weft__task_stream("weft_event_record", &t, &s);
     if (rc)
         return rc;
+    if (t->region_open) /* a recorded region has no point in time to mark yet */
+        return weft__fail(WEFT_ESTATE, "weft_event_record: not inside a graph region");
     weft_event *ev = malloc(sizeof *ev);
     if (!ev)
         return weft__fail(WEFT_ENOMEM, "weft_event_record: out of memory");

@@ -64,6 +64,8 @@ static void *misuse(void *arg)
     bad |= (weft_region_end() != WEFT_ESTATE) << 7;      /* the region was dropped */
     bad |= (weft_await() != WEFT_OK) << 8;               /* and the task goes on */
     bad |= (weft_region_begin(3) != WEFT_OK) << 9;       /* a new region works */
+    weft_event *ev = NULL;
+    bad |= (weft_event_record(&ev) != WEFT_ESTATE) << 11; /* no events inside */
     bad |= (weft_region_end() != WEFT_OK) << 10;
     return (void *)bad;
 }
