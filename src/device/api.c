@@ -79,6 +79,14 @@ int weft__task_stream(const char *fn, weft__task **tp, weft__stream **sp)
     return WEFT_OK;
 }
 
+/* A device failure at enqueue fails the task too (its join reports it). */
+static int noted(weft__task *t, int rc)
+{
+    if (rc == WEFT_EDEVICE && t->device_status == WEFT_OK)
+        t->device_status = rc;
+    return rc;
+}
+
 static const weft__device_ops *ops_of(const weft__task *t)
 {
     return t->stream_device->ops;
@@ -93,7 +101,7 @@ int weft_memcpy_async(void *dst, const void *src, size_t n)
     int rc = weft__task_stream("weft_memcpy_async", &t, &s);
     if (rc || n == 0)
         return rc;
-    return ops_of(t)->copy(s, dst, src, n);
+    return noted(t, ops_of(t)->copy(s, dst, src, n));
 }
 
 int weft_memset_async(void *dst, int value, size_t n)
@@ -105,7 +113,7 @@ int weft_memset_async(void *dst, int value, size_t n)
     int rc = weft__task_stream("weft_memset_async", &t, &s);
     if (rc || n == 0)
         return rc;
-    return ops_of(t)->fill(s, dst, value, n);
+    return noted(t, ops_of(t)->fill(s, dst, value, n));
 }
 
 int weft_host_async(void (*fn)(void *arg), void *arg)
@@ -115,7 +123,7 @@ int weft_host_async(void (*fn)(void *arg), void *arg)
     if (!fn)
         return weft__fail(WEFT_EINVAL, "weft_host_async: fn is NULL");
     int rc = weft__task_stream("weft_host_async", &t, &s);
-    return rc ? rc : ops_of(t)->host_fn(s, fn, arg);
+    return rc ? rc : noted(t, ops_of(t)->host_fn(s, fn, arg));
 }
 
 int weft_launch(const void *kernel, weft_dim3 grid, weft_dim3 block, size_t shared_bytes,
@@ -129,7 +137,7 @@ int weft_launch(const void *kernel, weft_dim3 grid, weft_dim3 block, size_t shar
         return weft__fail(WEFT_EINVAL, "weft_launch: grid %ux%ux%u, block %ux%ux%u has a zero",
                           grid.x, grid.y, grid.z, block.x, block.y, block.z);
     int rc = weft__task_stream("weft_launch", &t, &s);
-    return rc ? rc : ops_of(t)->launch(s, kernel, grid, block, shared_bytes, args);
+    return rc ? rc : noted(t, ops_of(t)->launch(s, kernel, grid, block, shared_bytes, args));
 }
 
 int weft_stream(void **stream)
@@ -151,7 +159,7 @@ int weft_malloc_async(void **ptr, size_t n)
     if (!ptr || !n)
         return weft__fail(WEFT_EINVAL, "weft_malloc_async: %s", ptr ? "n is 0" : "ptr is NULL");
     int rc = weft__task_stream("weft_malloc_async", &t, &s);
-    return rc ? rc : ops_of(t)->malloc_async(s, ptr, n);
+    return rc ? rc : noted(t, ops_of(t)->malloc_async(s, ptr, n));
 }
 
 int weft_free_async(void *ptr)
@@ -161,7 +169,7 @@ int weft_free_async(void *ptr)
     if (!ptr)
         return WEFT_OK;
     int rc = weft__task_stream("weft_free_async", &t, &s);
-    return rc ? rc : ops_of(t)->free_async(s, ptr);
+    return rc ? rc : noted(t, ops_of(t)->free_async(s, ptr));
 }
 
 /* ---- waiting ----------------------------------------------------------- */
