@@ -83,6 +83,20 @@ int weft_runtime_destroy(weft_runtime *rt);
 /* The runtime running the calling task, or NULL outside tasks. */
 weft_runtime *weft_runtime_current(void);
 
+/* What a runtime has done so far. Counters are kept per worker and summed
+ * when read, so reading costs nothing on the hot paths; the sum is a
+ * snapshot, not taken at a single instant. */
+typedef struct weft_stats {
+    uint64_t spawned;        /* tasks spawned */
+    uint64_t finished;       /* tasks that ended (ran to the end or were dropped) */
+    uint64_t switches;       /* times a worker switched into a task */
+    uint64_t steals;         /* tasks taken from another worker's queue */
+    uint64_t parks;          /* times a worker went to sleep for want of work */
+    uint64_t awaits;         /* weft_await calls that had device work to wait for */
+    double await_mean_us;    /* their mean time from the call to the return */
+} weft_stats;
+int weft_stats_get(weft_runtime *rt, weft_stats *stats);
+
 /* Number of worker threads of rt (0 if rt is not a live runtime). */
 unsigned weft_runtime_workers(const weft_runtime *rt);
 

@@ -283,6 +283,16 @@ weft_runtime *weft_runtime_current(void)
     return t ? t->rt : NULL;
 }
 
+int weft_stats_get(weft_runtime *rt, weft_stats *stats)
+{
+    if (!stats)
+        return weft__fail(WEFT_EINVAL, "weft_stats_get: stats is NULL");
+    int rc = weft__runtime_check(rt, "weft_stats_get");
+    if (rc == WEFT_OK)
+        weft__sched_stats(rt->sched, stats);
+    return rc;
+}
+
 unsigned weft_runtime_workers(const weft_runtime *rt)
 {
     if (!rt || atomic_load(&((weft_runtime *)rt)->state) != WEFT__RT_LIVE)

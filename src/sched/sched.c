@@ -60,6 +60,7 @@ struct weft__worker {
     weft__leave leave;     /* what current asked for when it switched away */
     weft__stack_cache stacks;
     weft__task_cache tasks;
+    weft__worker_stats stats;
     pthread_t thread;
 };
 
@@ -72,6 +73,7 @@ struct weft__sched {
     atomic_uint epoch;       /* event count: futex word, bumped to wake */
     atomic_uint sleepers;    /* event count: registered (parking) workers */
     atomic_uint outside;     /* threads other than workers inside spawn/wake */
+    atomic_uint_least64_t spawned_outside; /* spawns from threads, not workers */
     atomic_bool stopping;
     atomic_bool watching;    /* a parked worker is watching the devices */
     atomic_bool polling;     /* the three below are set */
@@ -143,6 +145,28 @@ weft__task *weft__worker_current(weft__worker *w)
 weft__sched *weft__worker_sched(weft__worker *w)
 {
     return w->sched;
+}
+
+weft__worker_stats *weft__worker_stats_of(weft__worker *w)
+{
+    return &w->stats;
+}
+
+void weft__sched_stats(weft__sched *s, weft_stats *out)
+{
+    uint64_t await_ns = 0;
+    *out = (weft_stats){.spawned = atomic_load(&s->spawned_outside)};
+    for (unsigned i = 0; i < s->nworkers; i++) {
+        weft__worker_stats *st = &s->workers[i].stats;
+        out->spawned += atomic_load_explicit(&st->spawned, memory_order_relaxed);
+        out->finished += atomic_load_explicit(&st->finished, memory_order_relaxed);
+        out->switches += atomic_load_explicit(&st->switches, memory_order_relaxed);
+        out->steals += atomic_load_explicit(&st->steals, memory_order_relaxed);
+        out->parks += atomic_load_explicit(&st->parks, memory_order_relaxed);
+        out->awaits += atomic_load_explicit(&st->awaits, memory_order_relaxed);
+        await_ns += atomic_load_explicit(&st->await_ns, memory_order_relaxed);
+    }
+    out->await_mean_us = out->awaits ? (double)await_ns / (double)out->awaits / 1e3 : 0.0;
 }
 
 weft__stack_cache *weft__worker_stacks(weft__worker *w)
@@ -311,6 +335,7 @@ static weft__task *steal_half(weft__worker *w, weft__worker *v)
             first = item;
         else
             push_local(w, item);
+        weft__count(&w->stats.steals, 1);
         want--;
     }
     return first;
@@ -325,8 +350,9 @@ static weft__task *steal(weft__worker *w, bool lifo_too)
         if (v == w)
             continue;
         weft__task *t = steal_half(w, v);
-        if (!t && lifo_too && atomic_load_explicit(&v->lifo, memory_order_relaxed))
-            t = atomic_exchange(&v->lifo, NULL);
+        if (!t && lifo_too && atomic_load_explicit(&v->lifo, memory_order_relaxed) &&
+            (t = atomic_exchange(&v->lifo, NULL)))
+            weft__count(&w->stats.steals, 1);
         if (t)
             return t;
     }
@@ -431,6 +457,7 @@ static weft__task *idle(weft__worker *w)
             }
             return NULL;
         }
+        weft__count(&w->stats.parks, 1);
         if (watch) {
             watch_devices(w, key);
         } else {
@@ -472,6 +499,7 @@ static void run(weft__worker *w, weft__task *t)
         return;
     w->current = t;
     t->worker = w;
+    weft__count(&w->stats.switches, 1);
     weft__fiber_switch(&w->fiber, &t->fiber);
     w->current = NULL;
     switch (w->leave) {
@@ -545,6 +573,10 @@ static void push_shared(weft__sched *s, task_queue *q, weft__task *t, bool outsi
 void weft__sched_spawn(weft__sched *s, weft__task *t)
 {
     weft__worker *w = weft__worker_self();
+    if (w && w->sched == s)
+        weft__count(&w->stats.spawned, 1);
+    else
+        atomic_fetch_add_explicit(&s->spawned_outside, 1, memory_order_relaxed);
     task_queue *q = priority_queue(s, t);
     if (!q && w && w->sched == s) {
         push_local(w, t);

@@ -68,6 +68,23 @@ weft__worker *weft__worker_self(void);
 weft__task *weft__worker_current(weft__worker *w);
 weft__sched *weft__worker_sched(weft__worker *w);
 
+/* Counters a worker keeps of its own work; only that worker writes them
+ * (relaxed load and store: no locked instruction on the hot path). */
+typedef struct weft__worker_stats {
+    atomic_uint_least64_t spawned, finished, switches, steals, parks, awaits, await_ns;
+} weft__worker_stats;
+
+static inline void weft__count(atomic_uint_least64_t *c, uint64_t n)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
+                          memory_order_relaxed);
+}
+
+weft__worker_stats *weft__worker_stats_of(weft__worker *w);
+
+/* Sum every worker's counters (and those of spawns from outside) into out. */
+void weft__sched_stats(weft__sched *s, weft_stats *out);
+
 /* Per-worker caches the task layer keeps (stacks, task records). */
 weft__stack_cache *weft__worker_stacks(weft__worker *w);
 weft__task_cache *weft__worker_tasks(weft__worker *w);

@@ -308,6 +308,7 @@ void weft__task_finish(weft__worker *w, weft__task *t)
 
     if (detached)
         task_release(t);
+    weft__count(&weft__worker_stats_of(w)->finished, 1);
     weft__runtime_task_ended(rt);
 }
 
