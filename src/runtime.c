@@ -9,6 +9,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "runtime.h"
@@ -238,8 +239,8 @@ int weft__runtime_check(weft_runtime *rt, const char *fn)
 
 void weft__runtime_task_ended(weft_runtime *rt)
 {
-    if (atomic_fetch_sub(&rt->live_tasks, 1) != 1)
-        return;
+    if (atomic_load(&rt->state) != WEFT__RT_DYING)
+        return; /* nobody waits: no shared counter to touch */
     pthread_mutex_lock(&rt->idle_lock);
     pthread_cond_broadcast(&rt->idle);
     pthread_mutex_unlock(&rt->idle_lock);
@@ -257,9 +258,20 @@ int weft_runtime_destroy(weft_runtime *rt)
     if (!atomic_compare_exchange_strong(&rt->state, &live, WEFT__RT_DYING))
         return weft__fail(WEFT_ESTATE, "weft_runtime_destroy: the runtime was destroyed");
 
+    /* Tasks are counted per worker (no shared counter on the hot path): look
+     * again whenever one ends, and every few milliseconds in case an end
+     * came just before we started to look. */
     pthread_mutex_lock(&rt->idle_lock);
-    while (atomic_load(&rt->live_tasks) > 0)
-        pthread_cond_wait(&rt->idle, &rt->idle_lock);
+    while (weft__sched_live(rt->sched) > 0) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 5000000;
+        if (until.tv_nsec >= 1000000000) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&rt->idle, &rt->idle_lock, &until);
+    }
     pthread_mutex_unlock(&rt->idle_lock);
 
     /* Top-down: device executors and the timer thread may still be waking

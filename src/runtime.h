@@ -33,9 +33,8 @@ struct weft_runtime {
     weft__timers *timers;
     weft__stack_pool *stacks;
 
-    atomic_ulong live_tasks;  /* spawned and not yet finished */
     pthread_mutex_t idle_lock;
-    pthread_cond_t idle;      /* live_tasks reached 0 */
+    pthread_cond_t idle;      /* while dying: a task ended */
 
     pthread_mutex_t pool_lock; /* task records not cached by a worker */
     weft__task *free_tasks;
@@ -62,7 +61,7 @@ int weft__runtime_check(weft_runtime *rt, const char *fn);
 /* rt's devices (at least one), created on first use. */
 int weft__runtime_devices(weft_runtime *rt, weft__device ***devs, unsigned *n);
 
-/* A task of rt ended: the last one lets weft_runtime_destroy go on. */
+/* A task of rt ended: while rt is being destroyed, the destroyer looks. */
 void weft__runtime_task_ended(weft_runtime *rt);
 
 /* Task records (task.c). */

@@ -169,6 +169,17 @@ void weft__sched_stats(weft__sched *s, weft_stats *out)
     out->await_mean_us = out->awaits ? (double)await_ns / (double)out->awaits / 1e3 : 0.0;
 }
 
+int64_t weft__sched_live(weft__sched *s)
+{
+    uint64_t finished = 0, spawned = 0;
+    for (unsigned i = 0; i < s->nworkers; i++)
+        finished += atomic_load_explicit(&s->workers[i].stats.finished, memory_order_acquire);
+    spawned = atomic_load(&s->spawned_outside);
+    for (unsigned i = 0; i < s->nworkers; i++)
+        spawned += atomic_load_explicit(&s->workers[i].stats.spawned, memory_order_acquire);
+    return (int64_t)(spawned - finished);
+}
+
 weft__stack_cache *weft__worker_stacks(weft__worker *w)
 {
     return &w->stacks;

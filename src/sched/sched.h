@@ -74,16 +74,25 @@ typedef struct weft__worker_stats {
     atomic_uint_least64_t spawned, finished, switches, steals, parks, awaits, await_ns;
 } weft__worker_stats;
 
+/* Release order: weft__sched_live reads finishes before spawns, and a
+ * finish it sees must bring the spawn before it into view. */
 static inline void weft__count(atomic_uint_least64_t *c, uint64_t n)
 {
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
-                          memory_order_relaxed);
+                          memory_order_release);
 }
 
 weft__worker_stats *weft__worker_stats_of(weft__worker *w);
 
 /* Sum every worker's counters (and those of spawns from outside) into out. */
 void weft__sched_stats(weft__sched *s, weft_stats *out);
+
+/* Tasks spawned and not finished, read from the counters without a shared
+ * hot counter. Never 0 while a task is alive: it reads every worker's
+ * finishes first, then the spawns, and a task's spawn is counted before
+ * the task can run. It may be above the truth for a moment (a retry then
+ * sees less). */
+int64_t weft__sched_live(weft__sched *s);
 
 /* Per-worker caches the task layer keeps (stacks, task records). */
 weft__stack_cache *weft__worker_stacks(weft__worker *w);

@@ -261,7 +261,6 @@ int weft_spawn(weft_runtime *rt, weft_task **out, void *(*fn)(void *), void *arg
     t->region_stream = NULL;
     t->errmsg[0] = '\0';
 
-    atomic_fetch_add_explicit(&rt->live_tasks, 1, memory_order_relaxed);
     if (out)
         *out = handle_of(t);
     weft__sched_spawn(rt->sched, t);
