@@ -4,12 +4,14 @@
  *
  * A region's work is captured on a stream of its own (a capture stream,
  * never shared, so no other task's work can slip into the capture; nothing
- * runs there), and each weft_region_end looks for an idle executable graph
- * cached under the same key.
- * cudaGraphExecUpdate then brings that graph up to date with whatever
- * pointers and scalars changed; if the shape of the work changed, the
- * update is refused and the graph is instantiated again. Capture plus
- * update costs a fraction of launching each operation eagerly.
+ * runs there). Each weft_region_end looks for an idle executable graph
+ * cached under the same key, and cudaGraphExecUpdate brings it up to date
+ * with whatever pointers and scalars changed; if the shape of the work
+ * changed, the update is refused and the graph is instantiated again.
+ * Capturing and updating every time costs about as much as launching a
+ * handful of operations eagerly (bench/RESULTS.md): the gain is in regions
+ * of many small operations, and replaying an unchanged region without
+ * capturing it again is the next step.
  *
  * Invariants:
  *  - An executable graph runs for one task at a time: from being taken
