@@ -131,8 +131,9 @@ int weft_spawn(weft_runtime *rt, weft_task **t, void *(*fn)(void *), void *arg,
  * suspends; in a thread it blocks. Returns WEFT_OK, or the task's own
  * failure: WEFT_ECANCELED if it was cancelled, WEFT_EDEVICE if its device
  * work failed. A second join of the same handle returns WEFT_ESTATE; a task
- * joining itself WEFT_EDEADLK. If the joining task is cancelled while
- * waiting, returns WEFT_ECANCELED and t stays joinable. */
+ * joining itself WEFT_EDEADLK. A cancelled task's join returns
+ * WEFT_ECANCELED, at once or when the cancellation ends its wait, and t
+ * stays joinable (weft_detach lets it go). */
 int weft_join(weft_task *t, void **result);
 
 /* Let t run to completion on its own: its handle is released when it ends.
@@ -142,9 +143,9 @@ int weft_detach(weft_task *t);
 /* Wait until every task in ts has finished. Handles stay joinable. */
 int weft_when_all(weft_task *const *ts, size_t n);
 
-/* Wait until at least one task in ts has finished; *first receives the index
- * of one that has (the lowest among those already finished when the call
- * started, else the first to finish). Handles stay joinable. */
+/* Wait until at least one task in ts has finished; *first receives the
+ * lowest index among those finished when it returns. Handles stay
+ * joinable. */
 int weft_when_any(weft_task *const *ts, size_t n, size_t *first);
 
 /* Ask t to stop. Cooperative: from now on every suspension point in t
