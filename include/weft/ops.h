@@ -1,0 +1,171 @@
+/*
+ * weft/ops.h - fused memory-bound operators: bias+GELU+residual, LayerNorm,
+ * RMSNorm, softmax, RoPE, SwiGLU/GeGLU.
+ *
+ * Each call does in one pass what a framework does in several, so that the
+ * intermediates (the biased input, the residual sum, the scores) never make
+ * an extra round trip through memory.
+ *
+ * Conventions shared by every call:
+ *  - The first argument is a stream: a cudaStream_t passed as void *. NULL
+ *    means "run now, on the calling thread, with the host reference"; the
+ *    call has finished when it returns. GPU kernels are not built yet: a
+ *    non-NULL stream returns WEFT_EINVAL ("<op>: GPU kernels are not built
+ *    yet") after the other arguments have been checked.
+ *  - Tensors are batches of rows. Row r of a tensor starts stride elements
+ *    (not bytes) after row r-1; stride >= the row length. Any row length
+ *    >= 1 and any number of rows >= 1 is accepted.
+ *  - Every tensor of a call has the call's dtype (weights and biases too).
+ *    Elements are converted to fp32, all arithmetic and accumulation is fp32
+ *    (transcendentals are correctly rounded to fp32), and results are rounded
+ *    to the dtype to nearest, ties to even.
+ *  - Pointers must be aligned to their element size. Elementwise calls allow
+ *    out to be exactly one of their inputs (in place); any other overlap is
+ *    undefined.
+ *  - Bad arguments (a NULL pointer that is required, a zero size, an unknown
+ *    dtype, a stride smaller than the row, sizes whose product overflows, a
+ *    misaligned pointer, an out-of-range scalar) return WEFT_EINVAL with a
+ *    message in weft_last_error() before anything is read or written.
+ *  - NaN and Inf: what each call does with them is written beside it; the
+ *    host reference defines it and the GPU kernels must match.
+ */
+#ifndef WEFT_OPS_H
+#define WEFT_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "weft.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum weft_dtype {
+    WEFT_DTYPE_F32 = 0,  /* IEEE binary32 */
+    WEFT_DTYPE_BF16 = 1, /* bfloat16: binary32's top 16 bits */
+    WEFT_DTYPE_F16 = 2   /* IEEE binary16, subnormals kept */
+} weft_dtype;
+
+/* ---- bias + GELU + residual ------------------------------------------- */
+
+typedef enum weft_gelu_form {
+    /* 0.5 x (1 + tanh u), u = sqrt(2/pi) (x + 0.044715 x^3), evaluated as
+     * x / (1 + exp(-2u)) so the negative tail does not cancel */
+    WEFT_GELU_TANH = 0,
+    WEFT_GELU_ERF = 1 /* x Phi(x) = 0.5 x erfc(-x / sqrt(2)), the exact form */
+} weft_gelu_form;
+
+/* out[r][j] = GELU(in[r][j] + bias[j]) + residual[r][j] for rows x cols.
+ * bias (cols elements) and residual (rows x cols, same stride) are optional:
+ * NULL means zero. out may be in or residual.
+ * NaN/Inf: IEEE arithmetic elementwise, with GELU(+Inf) = +Inf,
+ * GELU(-Inf) = -0 and GELU(NaN) = NaN. */
+int weft_bias_gelu_residual(void *stream, weft_dtype dtype, weft_gelu_form form, void *out,
+                            const void *in, const void *bias, const void *residual, size_t rows,
+                            size_t cols, size_t stride);
+
+/* ---- LayerNorm and RMSNorm ------------------------------------------- */
+
+/* For each row: s = in + residual (residual optional, NULL = none), rounded
+ * to the dtype; when sum_out is not NULL, s is written there. Then
+ *   out = (s - mean(s)) / sqrt(var(s) + eps) * weight + bias
+ * with the population variance computed in two passes (mean first), so
+ * rows far from zero lose nothing to cancellation. weight and bias (cols
+ * elements) are optional: NULL means 1 and 0. eps >= 0 and finite. All row
+ * tensors share stride. sum_out may be in or residual; out may be in.
+ * NaN/Inf: a NaN or Inf anywhere in s makes the whole output row NaN (s
+ * itself is written as computed); weight and bias are applied IEEE-wise. */
+int weft_layernorm(void *stream, weft_dtype dtype, void *out, void *sum_out, const void *in,
+                   const void *residual, const void *weight, const void *bias, float eps,
+                   size_t rows, size_t cols, size_t stride);
+
+/* As weft_layernorm without centring: out = s / sqrt(mean(s^2) + eps) * weight.
+ * NaN/Inf: a NaN in s makes the whole output row NaN; an Inf (with no NaN)
+ * makes mean(s^2) Inf, so its own position becomes NaN and every finite
+ * position 0 (times weight); so does a finite row whose squares overflow
+ * fp32 (|s| above ~1.8e19). */
+int weft_rmsnorm(void *stream, weft_dtype dtype, void *out, void *sum_out, const void *in,
+                 const void *residual, const void *weight, float eps, size_t rows, size_t cols,
+                 size_t stride);
+
+/* ---- softmax ----------------------------------------------------------- */
+
+/* Options for weft_softmax; NULL or a zeroed struct with scale = 1 gives a
+ * plain softmax. (A zeroed scale means 1, not 0.) */
+typedef struct weft_softmax_opts {
+    float scale; /* multiplies the input before the softmax; 0 means 1 */
+
+    /* Causal mask when causal_q > 0: the rows are groups of causal_q
+     * queries (row r is query i = r % causal_q) against cols keys, aligned
+     * at the end, so query i sees keys j <= i + cols - causal_q. Masked
+     * outputs are 0 and masked inputs are never read. causal_q <= cols, so
+     * every query sees at least key 0. */
+    size_t causal_q;
+
+    /* Dropout with probability dropout_p in [0, 1): each output is kept
+     * and divided by (1 - p), or set to 0. Element j of row r (logical index
+     * e = r * cols + j, independent of stride) is kept when
+     *   (word >> 8) * 2^-24 >= p,
+     * where word is lane e % 4 of Philox4x32-10 with key (seed low, seed
+     * high) and counter (e/4 low, e/4 high, offset low, offset high). The
+     * same seed and offset always give the same mask; advance offset (by any
+     * amount) for a fresh mask under the same seed. */
+    float dropout_p;
+    uint64_t seed;
+    uint64_t offset;
+} weft_softmax_opts;
+
+/* out[r] = softmax(scale * in[r]) over the cols elements of each row, with
+ * the row maximum subtracted first, then the mask and dropout of opts.
+ * out may be in.
+ * NaN/Inf: a NaN or +Inf in a row's unmasked elements makes that row NaN;
+ * -Inf elements get 0 unless all unmasked elements are -Inf, which makes the
+ * row NaN. */
+int weft_softmax(void *stream, weft_dtype dtype, void *out, const void *in, size_t rows,
+                 size_t cols, size_t stride, const weft_softmax_opts *opts);
+
+/* ---- rotary position embedding -------------------------------------- */
+
+typedef enum weft_rope_layout {
+    WEFT_ROPE_INTERLEAVED = 0, /* pairs (x[2i], x[2i+1]), as in GPT-J */
+    WEFT_ROPE_HALVES = 1       /* pairs (x[i], x[i + head_dim/2]), as in GPT-NeoX */
+} weft_rope_layout;
+
+/* Rotates Q and K in place, in one pass. Token t (of tokens) has q_heads
+ * heads of head_dim elements starting at q + t * q_stride, likewise k; pair
+ * i of each head turns by angle positions[t] * base^(-2i / head_dim):
+ *   (x, y) -> (x cos - y sin, x sin + y cos).
+ * head_dim is even; base > 0 and finite (10000 is usual); q_stride >=
+ * q_heads * head_dim. k may be NULL with k_heads 0 to rotate Q alone.
+ * The angle and its sine and cosine are computed in double and rounded to
+ * fp32, since an fp32 angle at position 10^5 would be off by 10^-2 radians;
+ * the rotation itself is fp32. The kernels must keep that accuracy (e.g. a
+ * table built on the host).
+ * NaN/Inf: IEEE arithmetic per pair; a non-finite element affects only its
+ * own pair. */
+int weft_rope(void *stream, weft_dtype dtype, weft_rope_layout layout, void *q, size_t q_heads,
+              size_t q_stride, void *k, size_t k_heads, size_t k_stride, size_t tokens,
+              size_t head_dim, const int32_t *positions, float base);
+
+/* ---- gated linear units ---------------------------------------------- */
+
+typedef enum weft_glu_kind {
+    WEFT_GLU_SWIGLU = 0,    /* SiLU(a) * b, SiLU(a) = a / (1 + exp(-a)) */
+    WEFT_GLU_GEGLU = 1,     /* GELU(a) * b, exact erf form */
+    WEFT_GLU_GEGLU_TANH = 2 /* GELU(a) * b, tanh form */
+} weft_glu_kind;
+
+/* Each input row holds 2 * cols elements: a = in[r][0..cols), b =
+ * in[r][cols..2 cols). out[r][j] = act(a[j]) * b[j]. in_stride >= 2 * cols,
+ * out_stride >= cols; out must not overlap in.
+ * NaN/Inf: IEEE arithmetic, with act(+Inf) = +Inf, act(-Inf) = -0 and
+ * act(NaN) = NaN (so act(-Inf) * Inf is NaN). */
+int weft_glu(void *stream, weft_dtype dtype, weft_glu_kind kind, void *out, const void *in,
+             size_t rows, size_t cols, size_t in_stride, size_t out_stride);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

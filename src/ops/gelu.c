@@ -1,0 +1,56 @@
+/*
+ * gelu.c - bias + GELU + residual add, in one pass.
+ *
+ * The fusion: a framework runs h = x + bias, g = GELU(h), y = g + residual
+ * as three kernels, writing h and g to memory and reading them back. Here
+ * each element is read once (x, its bias, its residual) and written once
+ * (y); h and g live in registers. Both GELU forms are offered, since models
+ * are trained with one or the other and switching changes their outputs.
+ *
+ * This file holds the argument checks and the host reference; the host
+ * reference is what a NULL stream runs and what the kernels are tested
+ * against.
+ */
+#include "core/error.h"
+#include "ops/ops_internal.h"
+
+static const char OP[] = "weft_bias_gelu_residual";
+
+static void host_bias_gelu_residual(weft_dtype dtype, weft_gelu_form form, void *out,
+                                    const void *in, const void *bias, const void *residual,
+                                    size_t rows, size_t cols, size_t stride)
+{
+    for (size_t r = 0; r < rows; r++) {
+        for (size_t j = 0; j < cols; j++) {
+            size_t i = r * stride + j;
+            float h = weft__load(dtype, in, i);
+            if (bias)
+                h += weft__load(dtype, bias, j);
+            float y = weft__gelu(form, h);
+            if (residual)
+                y += weft__load(dtype, residual, i);
+            weft__store(dtype, out, i, y);
+        }
+    }
+}
+
+int weft_bias_gelu_residual(void *stream, weft_dtype dtype, weft_gelu_form form, void *out,
+                            const void *in, const void *bias, const void *residual, size_t rows,
+                            size_t cols, size_t stride)
+{
+    int rc;
+
+    if ((rc = weft__check_dtype(OP, dtype)) != WEFT_OK)
+        return rc;
+    if (form != WEFT_GELU_TANH && form != WEFT_GELU_ERF)
+        return weft__fail(WEFT_EINVAL, "%s: unknown GELU form %d", OP, (int)form);
+    if ((rc = weft__check_rows(OP, "the input", rows, cols, stride, dtype)) != WEFT_OK ||
+        (rc = weft__check_ptr(OP, "out", out, 0, dtype)) != WEFT_OK ||
+        (rc = weft__check_ptr(OP, "in", in, 0, dtype)) != WEFT_OK ||
+        (rc = weft__check_ptr(OP, "bias", bias, 1, dtype)) != WEFT_OK ||
+        (rc = weft__check_ptr(OP, "residual", residual, 1, dtype)) != WEFT_OK ||
+        (rc = weft__check_stream(OP, stream)) != WEFT_OK)
+        return rc;
+    host_bias_gelu_residual(dtype, form, out, in, bias, residual, rows, cols, stride);
+    return WEFT_OK;
+}

@@ -1,0 +1,59 @@
+/*
+ * glu.c - gated linear units: SwiGLU and GeGLU.
+ *
+ * The fusion: the up-projection produces [a | b] in one row; a framework
+ * slices it, runs the activation on a into a temporary, then multiplies by
+ * b. Here each pair (a[j], b[j]) is read once and act(a[j]) * b[j] written
+ * once, so the activated half never reaches memory.
+ *
+ * This file holds the argument checks and the host reference.
+ */
+#include "core/error.h"
+#include "ops/ops_internal.h"
+
+static const char OP[] = "weft_glu";
+
+static float activate(weft_glu_kind kind, float a)
+{
+    switch (kind) {
+    case WEFT_GLU_GEGLU:
+        return weft__gelu(WEFT_GELU_ERF, a);
+    case WEFT_GLU_GEGLU_TANH:
+        return weft__gelu(WEFT_GELU_TANH, a);
+    default:
+        return weft__silu(a);
+    }
+}
+
+static void host_glu(weft_dtype dtype, weft_glu_kind kind, void *out, const void *in, size_t rows,
+                     size_t cols, size_t in_stride, size_t out_stride)
+{
+    for (size_t r = 0; r < rows; r++) {
+        size_t a0 = r * in_stride, b0 = a0 + cols, o0 = r * out_stride;
+        for (size_t j = 0; j < cols; j++) {
+            float a = weft__load(dtype, in, a0 + j), b = weft__load(dtype, in, b0 + j);
+            weft__store(dtype, out, o0 + j, activate(kind, a) * b);
+        }
+    }
+}
+
+int weft_glu(void *stream, weft_dtype dtype, weft_glu_kind kind, void *out, const void *in,
+             size_t rows, size_t cols, size_t in_stride, size_t out_stride)
+{
+    int rc;
+
+    if ((rc = weft__check_dtype(OP, dtype)) != WEFT_OK)
+        return rc;
+    if (kind != WEFT_GLU_SWIGLU && kind != WEFT_GLU_GEGLU && kind != WEFT_GLU_GEGLU_TANH)
+        return weft__fail(WEFT_EINVAL, "%s: unknown kind %d", OP, (int)kind);
+    if (cols > SIZE_MAX / 2)
+        return weft__fail(WEFT_EINVAL, "%s: %zu columns is too many", OP, cols);
+    if ((rc = weft__check_rows(OP, "the input", rows, 2 * cols, in_stride, dtype)) != WEFT_OK ||
+        (rc = weft__check_rows(OP, "the output", rows, cols, out_stride, dtype)) != WEFT_OK ||
+        (rc = weft__check_ptr(OP, "out", out, 0, dtype)) != WEFT_OK ||
+        (rc = weft__check_ptr(OP, "in", in, 0, dtype)) != WEFT_OK ||
+        (rc = weft__check_stream(OP, stream)) != WEFT_OK)
+        return rc;
+    host_glu(dtype, kind, out, in, rows, cols, in_stride, out_stride);
+    return WEFT_OK;
+}

@@ -1,0 +1,215 @@
+/*
+ * ops_internal.h - what the operator families share: element conversion,
+ * the dropout generator, fp32 math and argument checks.
+ *
+ * Conversions round to nearest, ties to even, and keep NaN a NaN (quiet)
+ * and subnormals exact, so that a host result rounded here equals the
+ * kernels' __float2bfloat16_rn / __float2half_rn of the same fp32 value.
+ *
+ * Transcendentals are computed in double with libm and rounded once to
+ * fp32.
+ */
+#ifndef WEFT_OPS_INTERNAL_H
+#define WEFT_OPS_INTERNAL_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "weft/ops.h"
+
+/* ---- element conversion ---------------------------------------------- */
+
+static inline uint32_t weft__f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float weft__f32_from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline float weft__bf16_to_f32(uint16_t h)
+{
+    return weft__f32_from_bits((uint32_t)h << 16);
+}
+
+static inline uint16_t weft__f32_to_bf16(float f)
+{
+    uint32_t u = weft__f32_bits(f);
+
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep sign and top payload, quiet */
+        return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u); /* carries into the exponent, up to Inf */
+    return (uint16_t)(u >> 16);
+}
+
+static inline float weft__f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+
+    if (exp == 0) { /* zero or subnormal: man * 2^-24, exact in fp32 */
+        float v = (float)man * 0x1p-24f;
+        return sign ? -v : v;
+    }
+    if (exp == 31)
+        return weft__f32_from_bits(sign | 0x7f800000u | (man << 13));
+    return weft__f32_from_bits(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+static inline uint16_t weft__f32_to_f16(float f)
+{
+    uint32_t u = weft__f32_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t ax = u & 0x7fffffffu;
+
+    if (ax > 0x7f800000u) /* NaN */
+        return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+    if (ax >= 0x477ff000u) /* >= 65520 (including Inf) rounds to Inf */
+        return (uint16_t)(sign | 0x7c00u);
+    if (ax >= 0x38800000u) { /* normal: rebias, round off 13 bits */
+        uint32_t h = (ax >> 13) - (112u << 10), rem = ax & 0x1fffu;
+        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+            h++; /* a mantissa carry moves into the exponent, as it should */
+        return (uint16_t)(sign | h);
+    }
+    /* subnormal (or zero): value = m * 2^(e-150), in units of 2^-24 */
+    uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126u - e;
+    if (shift > 24u)
+        return sign;
+    uint32_t h = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (h & 1u)))
+        h++;
+    return (uint16_t)(sign | h);
+}
+
+static inline size_t weft__dtype_size(weft_dtype dtype)
+{
+    return dtype == WEFT_DTYPE_F32 ? 4 : 2;
+}
+
+/* Element i of a dtype array, as fp32. */
+static inline float weft__load(weft_dtype dtype, const void *p, size_t i)
+{
+    switch (dtype) {
+    case WEFT_DTYPE_BF16:
+        return weft__bf16_to_f32(((const uint16_t *)p)[i]);
+    case WEFT_DTYPE_F16:
+        return weft__f16_to_f32(((const uint16_t *)p)[i]);
+    default:
+        return ((const float *)p)[i];
+    }
+}
+
+/* Element i of a dtype array := v, rounded to the dtype. */
+static inline void weft__store(weft_dtype dtype, void *p, size_t i, float v)
+{
+    switch (dtype) {
+    case WEFT_DTYPE_BF16:
+        ((uint16_t *)p)[i] = weft__f32_to_bf16(v);
+        break;
+    case WEFT_DTYPE_F16:
+        ((uint16_t *)p)[i] = weft__f32_to_f16(v);
+        break;
+    default:
+        ((float *)p)[i] = v;
+        break;
+    }
+}
+
+/* v rounded to the dtype and back: what storing then loading gives. */
+static inline float weft__round_to(weft_dtype dtype, float v)
+{
+    switch (dtype) {
+    case WEFT_DTYPE_BF16:
+        return weft__bf16_to_f32(weft__f32_to_bf16(v));
+    case WEFT_DTYPE_F16:
+        return weft__f16_to_f32(weft__f32_to_f16(v));
+    default:
+        return v;
+    }
+}
+
+/* ---- Philox4x32-10 (Salmon et al., SC'11) ---------------------------- */
+
+/* The four 32-bit words for counter ctr under key key; the same inputs
+ * always give the same words, which is what makes dropout replayable. */
+void weft__philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+
+/* Whether dropout keeps logical element e (see weft_softmax_opts). */
+int weft__dropout_keep(uint64_t seed, uint64_t offset, uint64_t e, float p);
+
+/* ---- fp32 math ------------------------------------------------------------ */
+
+/* Computed in double and rounded once to fp32, so the result does not
+ * depend on the float variants of libm. */
+static inline float weft__expf(float x)
+{
+    return (float)exp((double)x);
+}
+
+static inline float weft__erfcf(float x)
+{
+    return (float)erfc((double)x);
+}
+
+/* sin and cos of an angle given in double, each rounded to fp32. */
+static inline void weft__sincos(double a, float *s, float *c)
+{
+    *s = (float)sin(a);
+    *c = (float)cos(a);
+}
+
+/* GELU of the given form; GELU(-Inf) = -0, GELU(+Inf) = +Inf
+ * (activation.c). */
+float weft__gelu(weft_gelu_form form, float x);
+/* SiLU(x) = x / (1 + exp(-x)); SiLU(-Inf) = -0. */
+float weft__silu(float x);
+
+/* ---- argument checks ------------------------------------------------- */
+/* Each returns WEFT_OK, or WEFT_EINVAL with "op: ..." recorded. */
+
+int weft__check_dtype(const char *op, weft_dtype dtype);
+/* rows >= 1, cols >= 1, stride >= cols, and (rows-1)*stride + cols
+ * elements addressable. */
+int weft__check_rows(const char *op, const char *what, size_t rows, size_t cols, size_t stride,
+                     weft_dtype dtype);
+/* p non-NULL (unless optional) and aligned to the element size. */
+int weft__check_ptr(const char *op, const char *name, const void *p, int optional,
+                    weft_dtype dtype);
+/* NULL stream: WEFT_OK; otherwise the not-built-yet error. */
+int weft__check_stream(const char *op, void *stream);
+
+/* Sums of many fp32 terms: terms go into blocks of WEFT__SUM_BLOCK, block
+ * sums into a total, which keeps the rounding error near that of a tree
+ * reduction (as the kernels do) instead of growing with the row length. */
+enum { WEFT__SUM_BLOCK = 256 };
+
+typedef struct weft__sum {
+    float total, block;
+    size_t n;
+} weft__sum;
+
+static inline void weft__sum_add(weft__sum *s, float v)
+{
+    s->block += v;
+    if (++s->n % WEFT__SUM_BLOCK == 0) {
+        s->total += s->block;
+        s->block = 0.0f;
+    }
+}
+
+static inline float weft__sum_get(const weft__sum *s)
+{
+    return s->total + s->block;
+}
+
+#endif

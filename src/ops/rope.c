@@ -1,0 +1,97 @@
+/*
+ * rope.c - rotary position embedding on Q and K in one pass.
+ *
+ * The fusion: frameworks rotate Q and K in separate kernels, each building
+ * (or reading) the cos/sin of every (position, frequency) pair. Here one
+ * pass over a token computes each angle's sine and cosine once and applies
+ * them to every head of Q and of K, in place, so Q and K are each read and
+ * written exactly once and the tables never exist in memory.
+ *
+ * Both layouts pair element i of a head with a partner: i^1 for the
+ * interleaved (GPT-J) layout, i + head_dim/2 for the split-halves
+ * (GPT-NeoX) one. Angles are formed and reduced in double (see ops.h):
+ * fp32 would lose 1e-2 radians at position 1e5.
+ */
+#include <math.h>
+
+#include "core/error.h"
+#include "ops/ops_internal.h"
+
+static const char OP[] = "weft_rope";
+
+/* Turns pair i of every head of one token's row by (sn, cs). */
+static void rotate_heads(weft_dtype dtype, weft_rope_layout layout, void *x, size_t base,
+                         size_t heads, size_t head_dim, size_t i, float sn, float cs)
+{
+    size_t lo = layout == WEFT_ROPE_INTERLEAVED ? 2 * i : i;
+    size_t hi = layout == WEFT_ROPE_INTERLEAVED ? 2 * i + 1 : i + head_dim / 2;
+
+    for (size_t h = 0; h < heads; h++) {
+        size_t at = base + h * head_dim;
+        float a = weft__load(dtype, x, at + lo), b = weft__load(dtype, x, at + hi);
+        weft__store(dtype, x, at + lo, a * cs - b * sn);
+        weft__store(dtype, x, at + hi, a * sn + b * cs);
+    }
+}
+
+static void host_rope(weft_dtype dtype, weft_rope_layout layout, void *q, size_t q_heads,
+                      size_t q_stride, void *k, size_t k_heads, size_t k_stride, size_t tokens,
+                      size_t head_dim, const int32_t *positions, float base)
+{
+    size_t pairs = head_dim / 2;
+
+    for (size_t i = 0; i < pairs; i++) {
+        double inv_freq = pow(base, -2.0 * (double)i / (double)head_dim);
+        for (size_t t = 0; t < tokens; t++) {
+            float sn, cs;
+            weft__sincos((double)positions[t] * inv_freq, &sn, &cs);
+            rotate_heads(dtype, layout, q, t * q_stride, q_heads, head_dim, i, sn, cs);
+            if (k)
+                rotate_heads(dtype, layout, k, t * k_stride, k_heads, head_dim, i, sn, cs);
+        }
+    }
+}
+
+int weft_rope(void *stream, weft_dtype dtype, weft_rope_layout layout, void *q, size_t q_heads,
+              size_t q_stride, void *k, size_t k_heads, size_t k_stride, size_t tokens,
+              size_t head_dim, const int32_t *positions, float base)
+{
+    int rc;
+
+    if ((rc = weft__check_dtype(OP, dtype)) != WEFT_OK)
+        return rc;
+    if (layout != WEFT_ROPE_INTERLEAVED && layout != WEFT_ROPE_HALVES)
+        return weft__fail(WEFT_EINVAL, "%s: unknown layout %d", OP, (int)layout);
+    if (head_dim == 0 || head_dim % 2 != 0)
+        return weft__fail(WEFT_EINVAL, "%s: head_dim %zu is not a positive even number", OP,
+                          head_dim);
+    if (isnan(base) || isinf(base) || base <= 0)
+        return weft__fail(WEFT_EINVAL, "%s: base %g is not finite and > 0", OP, (double)base);
+    if (q_heads == 0)
+        return weft__fail(WEFT_EINVAL, "%s: q_heads is 0", OP);
+    if (q_heads > SIZE_MAX / head_dim)
+        return weft__fail(WEFT_EINVAL, "%s: q_heads * head_dim overflows", OP);
+    if ((rc = weft__check_rows(OP, "q", tokens, q_heads * head_dim, q_stride, dtype)) != WEFT_OK ||
+        (rc = weft__check_ptr(OP, "q", q, 0, dtype)) != WEFT_OK)
+        return rc;
+    if ((k == NULL) != (k_heads == 0))
+        return weft__fail(WEFT_EINVAL, "%s: k is %s but k_heads is %zu", OP, k ? "given" : "NULL",
+                          k_heads);
+    if (k) {
+        if (k_heads > SIZE_MAX / head_dim)
+            return weft__fail(WEFT_EINVAL, "%s: k_heads * head_dim overflows", OP);
+        if ((rc = weft__check_rows(OP, "k", tokens, k_heads * head_dim, k_stride, dtype)) !=
+                WEFT_OK ||
+            (rc = weft__check_ptr(OP, "k", k, 0, dtype)) != WEFT_OK)
+            return rc;
+    }
+    if (positions == NULL)
+        return weft__fail(WEFT_EINVAL, "%s: positions is NULL", OP);
+    if ((uintptr_t)positions % sizeof *positions != 0)
+        return weft__fail(WEFT_EINVAL, "%s: positions is not aligned", OP);
+    if ((rc = weft__check_stream(OP, stream)) != WEFT_OK)
+        return rc;
+    host_rope(dtype, layout, q, q_heads, q_stride, k, k_heads, k_stride, tokens, head_dim,
+              positions, base);
+    return WEFT_OK;
+}
