@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "core/clock.h"
 #include "device/device.h"
 #include "runtime.h"
 #include "task/task.h"
@@ -20,13 +21,6 @@ struct weft_event {
     weft__stream *stream;
     uint64_t seq;
 };
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* The calling task, or the failure to report. */
 static int self_task(const char *fn, weft__task **tp)
@@ -187,11 +181,11 @@ static int drain(weft__task *t)
 {
     weft__device *dev = t->stream_device;
     weft__stream *s = t->stream;
-    uint64_t start = now_ns();
+    uint64_t start = weft__now_ns();
     int rc = weft__stream_sync(dev->ops, s);
     weft__worker_stats *st = weft__worker_stats_of(weft__worker_self()); /* maybe another */
     weft__count(&st->awaits, 1);
-    weft__count(&st->await_ns, now_ns() - start);
+    weft__count(&st->await_ns, weft__now_ns() - start);
     dev->ops->stream_return(dev, s);
     t->stream = NULL;
     t->stream_device = NULL;

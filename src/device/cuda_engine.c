@@ -29,6 +29,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "device/cuda_internal.h"
 #include "task/task.h"
@@ -47,13 +48,6 @@ typedef struct marker {
     weft__waiter w;
     uint64_t seq;
 } marker;
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 int weft__cuda_engine_load(void)
 {
@@ -320,7 +314,7 @@ unsigned weft__cuda_poll(weft__device *d)
     if (atomic_load_explicit(&dev->npending, memory_order_relaxed) == 0 ||
         !weft__lock_try(&dev->active_lock)) /* someone else is polling */
         return 0;
-    uint64_t now = now_ns();
+    uint64_t now = weft__now_ns();
     if (now - dev->last_backstop >= BACKSTOP_NS) {
         dev->last_backstop = now;
         if (weft__cuda_use_device(dev) == WEFT_OK)

@@ -25,6 +25,7 @@
 #include <sys/prctl.h>
 #include <time.h>
 
+#include "core/clock.h"
 #include "core/futex.h"
 #include "core/lock.h"
 #include "sched/deque.h"
@@ -119,13 +120,6 @@ static bool devices_pending(weft__sched *s)
     bool pending = atomic_load(&s->polling) && s->pending(s->poll_ctx);
     atomic_fetch_sub_explicit(&s->polls_in_flight, 1, memory_order_release);
     return pending;
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 static _Thread_local weft__worker *self;
@@ -405,7 +399,7 @@ static void watch_devices(weft__worker *w, unsigned key)
     /* A wait that ends within tens of microseconds (an await right after a
      * short kernel) is common, and a sleep and wake-up cost about as much:
      * poll without sleeping for a while first. */
-    for (uint64_t start = now_ns(); now_ns() - start < WATCH_SPIN_NS;) {
+    for (uint64_t start = weft__now_ns(); weft__now_ns() - start < WATCH_SPIN_NS;) {
         if (atomic_load(&s->epoch) != key || atomic_load(&s->stopping))
             goto out;
         if (poll_devices(s)) {

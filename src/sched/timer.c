@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "core/clock.h"
 #include "core/futex.h"
 #include "core/lock.h"
 #include "sched/timer.h"
@@ -34,13 +35,6 @@ struct weft__timers {
     atomic_bool stopping;
     pthread_t thread;
 };
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* ---- the heap (lock held) --------------------------------------------- */
 
@@ -114,7 +108,7 @@ static void *timer_main(void *arg)
     weft__timers *tm = arg;
     while (!atomic_load(&tm->stopping)) {
         unsigned seen = atomic_load(&tm->wakeup);
-        uint64_t now = now_ns(), next = 0;
+        uint64_t now = weft__now_ns(), next = 0;
         weft__lock_acquire(&tm->lock);
         while (tm->len > 0 && tm->heap[0]->deadline <= now) {
             sleep_entry *e = tm->heap[0];
@@ -167,7 +161,7 @@ void weft__timers_destroy(weft__timers *tm)
 
 int weft__timers_sleep(weft__timers *tm, uint64_t ns)
 {
-    sleep_entry e = {.deadline = now_ns() + ns, .index = NOT_QUEUED};
+    sleep_entry e = {.deadline = weft__now_ns() + ns, .index = NOT_QUEUED};
     weft__waiter_init(&e.waiter);
 
     weft__lock_acquire(&tm->lock);
