@@ -8,8 +8,10 @@
  * host.c (host threads) and, with CUDA, cuda.c. The core never branches on
  * the backend; it calls through weft__device_ops.
  *
- * Backends know nothing of tasks: to wait, they use the waiter protocol of
- * task/wait.h, which suspends a task or blocks a thread alike.
+ * Backends know nothing of tasks' internals: to wait, they use the waiter
+ * protocol of task/wait.h, which suspends a task or blocks a thread alike,
+ * and a wait that would suspend the caller first asks
+ * weft__task_may_suspend (graph regions forbid it).
  */
 #ifndef WEFT_DEVICE_H
 #define WEFT_DEVICE_H
@@ -18,9 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "weft.h"
-
 #include "task/wait.h"
+#include "weft.h"
 
 typedef struct weft__device weft__device;
 typedef struct weft__stream weft__stream;
