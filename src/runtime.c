@@ -69,8 +69,6 @@ static int fill_config(weft_config *cfg, const weft_config *given)
     }
     if (!cfg->stack_size)
         cfg->stack_size = DEFAULT_STACK;
-    if (!cfg->host_threads)
-        cfg->host_threads = 2;
     if (!cfg->graph_cache)
         cfg->graph_cache = 256;
     return WEFT_OK;

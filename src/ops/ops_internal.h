@@ -156,11 +156,6 @@ static inline float weft__expf(float x)
     return (float)exp((double)x);
 }
 
-static inline float weft__erfcf(float x)
-{
-    return (float)erfc((double)x);
-}
-
 /* sin and cos of an angle given in double, each rounded to fp32. */
 static inline void weft__sincos(double a, float *s, float *c)
 {

@@ -169,10 +169,15 @@ static weft_task *handle_of(weft__task *t)
     return (weft_task *)((uintptr_t)t | gen << HANDLE_SHIFT);
 }
 
+static weft__task *record_of(weft_task *h)
+{
+    return (weft__task *)((uintptr_t)h & (((uintptr_t)1 << HANDLE_SHIFT) - 1));
+}
+
 static int task_of(weft_task *h, const char *fn, weft__task **out)
 {
     uintptr_t v = (uintptr_t)h;
-    weft__task *t = (weft__task *)(v & (((uintptr_t)1 << HANDLE_SHIFT) - 1));
+    weft__task *t = record_of(h);
     if (!h)
         return weft__fail(WEFT_EINVAL, "%s: task handle is NULL", fn);
     if ((uintptr_t)t % _Alignof(weft__task) != 0)
@@ -396,11 +401,6 @@ static int check_group(weft_task *const *ts, size_t n, const char *fn)
             return weft__fail(WEFT_EDEADLK, "%s: a task cannot wait for itself", fn);
     }
     return WEFT_OK;
-}
-
-static weft__task *record_of(weft_task *h)
-{
-    return (weft__task *)((uintptr_t)h & (((uintptr_t)1 << HANDLE_SHIFT) - 1));
 }
 
 int weft_when_all(weft_task *const *ts, size_t n)
