@@ -230,13 +230,18 @@ int weft_mapped_alloc(weft_runtime *rt, void **host, void **device, size_t n);
 int weft_mapped_free(weft_runtime *rt, void *host);
 
 /* Graph mode. The device work a task enqueues between weft_region_begin
- * and weft_region_end is recorded as a CUDA graph (stream capture) and
- * launched as one graph; each key keeps its executable graphs, so a region
- * that repeats costs one graph update and launch instead of one launch per
- * operation. When only pointers or scalar arguments changed since last time,
- * the executable graph is updated in place; when the work's shape changed,
- * it is instantiated again. Tasks running the same key at the same time get
- * separate instances. The host backend runs regions eagerly.
+ * and weft_region_end is recorded and launched as one CUDA graph; each key
+ * keeps its executable graphs, so a region that repeats costs one graph
+ * launch instead of one launch per operation. Kernel launches, and memsets
+ * and copies of device or pinned memory, are recorded as they are called
+ * (arguments copied, like an eager launch): a repeat with the same
+ * operations replays the cached graph, setting only the nodes whose
+ * pointers or scalars changed. Other work (host functions, allocation,
+ * pageable memory, your own work on the stream weft_stream gives) makes the
+ * region a stream capture from there on, which costs a graph update per
+ * repeat. When the work's shape changed, the graph is instantiated again.
+ * Tasks running the same key at the same time get separate instances. The
+ * host backend runs regions eagerly.
  *
  * Inside a region a task must not suspend: weft_await, joins, sleeps and
  * the waits of the synchronization objects return WEFT_ESTATE there and
@@ -251,7 +256,8 @@ int weft_region_end(void);
 /* What graph mode did so far, summed over rt's GPUs. */
 typedef struct weft_graph_stats {
     uint64_t launches;       /* regions launched as graphs */
-    uint64_t updates;        /* ... by updating a cached executable graph */
+    uint64_t hits;           /* ... replayed from a recording of the same operations */
+    uint64_t updates;        /* ... after changing a cached executable graph's parameters */
     uint64_t instantiations; /* ... by instantiating one (first time, new shape) */
     uint64_t evictions;      /* executable graphs dropped for the cache bound */
 } weft_graph_stats;

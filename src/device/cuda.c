@@ -166,6 +166,12 @@ static int cuda_copy(weft__stream *s, void *dst, const void *src, size_t n)
     if (rc)
         return rc;
     bool from_pageable = pageable(src), to_pageable = pageable(dst);
+    if (s->recording) { /* graph mode: record what a graph node can copy */
+        if (!from_pageable && !to_pageable)
+            return weft__cuda_record_copy(s->record, dst, src, n);
+        if ((rc = weft__cuda_region_capture(s)))
+            return rc;
+    }
     if (from_pageable && to_pageable)
         return enqueue_host_copy(s, dst, src, n, NULL);
     void *stage = NULL;
@@ -209,7 +215,14 @@ static int cuda_fill(weft__stream *s, void *dst, int value, size_t n)
     if (rc)
         return rc;
     cudaError_t e;
-    if (pageable(dst)) {
+    bool host_side = pageable(dst);
+    if (s->recording) {
+        if (!host_side)
+            return weft__cuda_record_fill(s->record, dst, value, n);
+        if ((rc = weft__cuda_region_capture(s)))
+            return rc;
+    }
+    if (host_side) {
         host_fill *f = malloc(sizeof *f);
         if (!f)
             return weft__fail(WEFT_ENOMEM, "weft_memset_async: out of memory");
@@ -227,7 +240,7 @@ static int cuda_fill(weft__stream *s, void *dst, int value, size_t n)
 static int cuda_host_fn(weft__stream *s, void (*fn)(void *arg), void *arg)
 {
     int rc = weft__cuda_enter(s, "weft_host_async");
-    if (rc)
+    if (rc || (s->recording && (rc = weft__cuda_region_capture(s))))
         return rc;
     cudaError_t e = cudaLaunchHostFunc(s->handle, fn, arg);
     return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaLaunchHostFunc", e);
@@ -239,6 +252,11 @@ static int cuda_launch(weft__stream *s, const void *kernel, weft_dim3 grid, weft
     int rc = weft__cuda_enter(s, "weft_launch");
     if (rc)
         return rc;
+    if (s->recording) {
+        rc = weft__cuda_record_launch(s->record, kernel, grid, block, shared_bytes, args);
+        if (rc != WEFT__CUDA_NOT_RECORDED || (rc = weft__cuda_region_capture(s)))
+            return rc;
+    }
     dim3 g = {grid.x, grid.y, grid.z}, b = {block.x, block.y, block.z};
     cudaError_t e = cudaLaunchKernel(kernel, g, b, args, shared_bytes, s->handle);
     return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaLaunchKernel", e);
@@ -247,7 +265,7 @@ static int cuda_launch(weft__stream *s, const void *kernel, weft_dim3 grid, weft
 static int cuda_malloc_async(weft__stream *s, void **ptr, size_t n)
 {
     int rc = weft__cuda_enter(s, "weft_malloc_async");
-    if (rc)
+    if (rc || (s->recording && (rc = weft__cuda_region_capture(s))))
         return rc;
     cudaError_t e = cudaMallocAsync(ptr, n, s->handle);
     if (e != cudaSuccess)
@@ -259,7 +277,7 @@ static int cuda_malloc_async(weft__stream *s, void **ptr, size_t n)
 static int cuda_free_async(weft__stream *s, void *ptr)
 {
     int rc = weft__cuda_enter(s, "weft_free_async");
-    if (rc)
+    if (rc || (s->recording && (rc = weft__cuda_region_capture(s))))
         return rc;
     weft__cuda_known_remove(ptr);
     cudaError_t e = cudaFreeAsync(ptr, s->handle);
@@ -268,6 +286,10 @@ static int cuda_free_async(weft__stream *s, void *ptr)
 
 static void *cuda_native(weft__stream *s)
 {
+    /* Work the caller enqueues itself cannot be recorded: capture it. Should
+     * the capture fail to start, the region's end reports it. */
+    if (s->recording)
+        weft__cuda_region_capture(s);
     return s->handle;
 }
 

@@ -281,7 +281,7 @@ int weft__cuda_wait(weft__stream *s, uint64_t seq)
 int weft__cuda_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq)
 {
     int rc = weft__cuda_enter(s, "weft_stream_wait");
-    if (rc)
+    if (rc || (s->recording && (rc = weft__cuda_region_capture(s))))
         return rc;
     if (s->dev->completion != WEFT__CUDA_FLAG)
         return (rc = weft__task_may_suspend("weft_stream_wait")) ? rc : weft__cuda_wait(other, seq);

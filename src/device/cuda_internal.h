@@ -47,6 +47,8 @@ struct weft__stream {
     unsigned leases;              /* guarded by dev->pool_lock */
     int class_;                   /* 0 normal and low, 1 high */
     weft__stream *next_capture;   /* a capture stream's free-list link */
+    bool recording;               /* a capture stream keeping a record, not capturing */
+    struct weft__cuda_record *record; /* what it recorded (cuda_record.c) */
 
     volatile uint32_t *flag;      /* FLAG: written by the GPU */
     CUdeviceptr flag_device;
@@ -118,7 +120,40 @@ void weft__cuda_graph_fini(weft__cuda_device *dev);
 int weft__cuda_region_begin(weft__stream *s, weft__stream **capture);
 int weft__cuda_region_end(weft__stream *s, weft__stream *capture, uint64_t key);
 void weft__cuda_region_abandon(weft__stream *capture);
+/* Turn a recording region into a stream capture, its record enqueued
+ * first; nothing when it is capturing already. */
+int weft__cuda_region_capture(weft__stream *capture);
 void weft__cuda_graph_stats(weft__device *d, weft_graph_stats *sum);
+
+/* ---- cuda_record.c ------------------------------------------------------ */
+
+typedef struct weft__cuda_record weft__cuda_record;
+
+/* A record_* call could not record the operation: the caller captures the
+ * region (weft__cuda_region_capture) and enqueues it as usual. */
+#define WEFT__CUDA_NOT_RECORDED 1
+
+weft__cuda_record *weft__cuda_record_new(void);
+void weft__cuda_record_free(weft__cuda_record *r);
+void weft__cuda_record_reset(weft__cuda_record *r);
+unsigned weft__cuda_record_length(const weft__cuda_record *r);
+int weft__cuda_record_launch(weft__cuda_record *r, const void *kernel, weft_dim3 grid,
+                             weft_dim3 block, size_t shared_bytes, void **args);
+int weft__cuda_record_fill(weft__cuda_record *r, void *dst, int value, size_t n);
+int weft__cuda_record_copy(weft__cuda_record *r, void *dst, const void *src, size_t n);
+
+/* Enqueue the recorded operations on stream, in order. */
+cudaError_t weft__cuda_record_enqueue(const weft__cuda_record *r, cudaStream_t stream);
+/* A graph of the recorded operations as a chain; nodes[i] is operation i. */
+cudaError_t weft__cuda_record_build(const weft__cuda_record *r, cudaGraph_t *graph,
+                                    cudaGraphNode_t **nodes);
+/* Same operations and kernels in the same order: one graph serves both. */
+bool weft__cuda_record_same_shape(const weft__cuda_record *a, const weft__cuda_record *b);
+/* Bring exec, instantiated from was's graph (nodes), to now's parameters,
+ * setting only the nodes that differ (*changed counts them). */
+cudaError_t weft__cuda_record_apply(cudaGraphExec_t exec, const cudaGraphNode_t *nodes,
+                                    const weft__cuda_record *was, const weft__cuda_record *now,
+                                    unsigned *changed);
 
 /* ---- cuda_engine.c ----------------------------------------------------- */
 

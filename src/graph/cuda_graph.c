@@ -1,25 +1,31 @@
 /*
  * cuda_graph.c - graph mode for the CUDA backend: a task's region of GPU
- * work, recorded by stream capture and launched as one CUDA graph.
+ * work, launched as one CUDA graph and cached under the region's key.
  *
- * A region's work is captured on a stream of its own (a capture stream,
- * never shared, so no other task's work can slip into the capture; nothing
- * runs there). Each weft_region_end looks for an idle executable graph
- * cached under the same key, and cudaGraphExecUpdate brings it up to date
- * with whatever pointers and scalars changed; if the shape of the work
- * changed, the update is refused and the graph is instantiated again.
- * Capturing and updating every time costs about as much as launching a
- * handful of operations eagerly (bench/RESULTS.md): the gain is in regions
- * of many small operations, and replaying an unchanged region without
- * capturing it again is the next step.
+ * A region's work goes to a stream of its own (a capture stream, never
+ * shared, so no other task's work can slip in; nothing runs there). It
+ * starts out recording: its kernel launches, memsets and copies are kept
+ * as data (cuda_record.c). At weft_region_end an idle executable graph of
+ * the same key recorded from the same operations is brought up to date by
+ * setting the nodes whose parameters changed, and launched; otherwise one
+ * is built from the record and instantiated. Work that cannot be recorded
+ * turns the region into a stream capture; then cudaGraphExecUpdate brings
+ * a cached graph up to date, and a refused update (another shape) means
+ * instantiating again.
  *
  * Invariants:
- *  - An executable graph runs for one task at a time: from being taken
- *    until its launch stream has reached busy_until (the first marker after
- *    the launch, which the launching task's await writes) nobody else takes
- *    it. Reading the stream's last marker and launching happen under the
- *    stream's lock, so no marker of another task can come between. Tasks
- *    running the same key at once get separate graphs.
+ *  - An executable graph serves one task at a time: from being taken until
+ *    its launch stream has reached busy_until (the first marker after the
+ *    launch, which the launching task's await writes) no task on another
+ *    stream takes it. Reading the stream's last marker and launching happen
+ *    under the stream's lock, so no marker of another task can come
+ *    between. Tasks running the same key at once get separate graphs. The
+ *    task that launched it may take it again at once: CUDA orders launches
+ *    of one executable graph, and changing its nodes affects only later
+ *    launches.
+ *  - A graph built from a record keeps that graph, its nodes and the record
+ *    (graph, nodes, record), which say what its nodes hold now; a captured
+ *    one keeps none of them.
  *  - The cache holds at most graph_cap slots per device, at fixed places (a
  *    task holds a pointer to the slot it took). A slot without a graph
  *    (exec NULL) is free; a new graph takes a free slot, else evicts the
@@ -37,6 +43,9 @@
 typedef struct weft__cuda_graph {
     uint64_t key;
     cudaGraphExec_t exec;
+    cudaGraph_t graph; /* built from record; NULL when captured */
+    cudaGraphNode_t *nodes;
+    weft__cuda_record *record;
     weft__stream *busy_stream; /* NULL: idle */
     uint64_t busy_until;       /* valid once launched */
     bool launched;
@@ -50,14 +59,25 @@ int weft__cuda_graph_init(weft__cuda_device *dev, unsigned cap)
     return dev->graphs ? WEFT_OK : weft__fail(WEFT_ENOMEM, "weft: out of memory for graphs");
 }
 
+/* Free what a slot held (a copy of it, taken under graph_lock). */
+static void release(const cuda_graph *g)
+{
+    if (g->exec)
+        cudaGraphExecDestroy(g->exec);
+    if (g->graph)
+        cudaGraphDestroy(g->graph);
+    free(g->nodes);
+    weft__cuda_record_free(g->record);
+}
+
 void weft__cuda_graph_fini(weft__cuda_device *dev)
 {
     for (unsigned i = 0; i < dev->ngraphs; i++)
-        if (dev->graphs[i].exec)
-            cudaGraphExecDestroy(dev->graphs[i].exec);
+        release(&dev->graphs[i]);
     while (dev->captures) {
         weft__stream *c = dev->captures;
         dev->captures = c->next_capture;
+        weft__cuda_record_free(c->record);
         weft__cuda_stream_destroy_bare(c);
     }
     free(dev->graphs);
@@ -73,6 +93,7 @@ void weft__cuda_graph_stats(weft__device *d, weft_graph_stats *sum)
     sum->updates += dev->graph_stats.updates;
     sum->instantiations += dev->graph_stats.instantiations;
     sum->evictions += dev->graph_stats.evictions;
+    sum->hits += dev->graph_stats.hits;
     weft__lock_release(&dev->graph_lock);
 }
 
@@ -91,34 +112,58 @@ int weft__cuda_region_begin(weft__stream *s, weft__stream **capture)
     weft__lock_release(&dev->graph_lock);
     if (!c && (rc = weft__cuda_stream_create_bare(dev, &c)))
         return rc;
-    /* Thread-local mode: only this thread's unsafe calls break the capture,
-     * and the task cannot move to another thread inside the region. */
-    cudaError_t e = cudaStreamBeginCapture(c->handle, cudaStreamCaptureModeThreadLocal);
-    if (e != cudaSuccess) {
+    if (!c->record && !(c->record = weft__cuda_record_new())) {
         weft__cuda_stream_destroy_bare(c);
-        return weft__cuda_fail(dev, "cudaStreamBeginCapture", e);
+        return weft__fail(WEFT_ENOMEM, "weft_region_begin: out of memory");
     }
+    weft__cuda_record_reset(c->record);
+    c->recording = true;
     *capture = c;
     return WEFT_OK;
 }
 
-/* Stop capturing on c and give it back; *graph receives what was recorded
- * (NULL if the capture broke). */
-static cudaError_t stop_capture(weft__stream *c, cudaGraph_t *graph)
+static void give_back(weft__stream *c)
 {
     weft__cuda_device *dev = c->dev;
-    *graph = NULL;
-    cudaError_t e = cudaStreamEndCapture(c->handle, graph);
+    c->recording = false;
     weft__lock_acquire(&dev->graph_lock);
     c->next_capture = dev->captures;
     dev->captures = c;
     weft__lock_release(&dev->graph_lock);
+}
+
+int weft__cuda_region_capture(weft__stream *c)
+{
+    if (!c->recording)
+        return WEFT_OK;
+    c->recording = false;
+    /* Thread-local mode: only this thread's unsafe calls break the capture,
+     * and the task cannot move to another thread inside the region. */
+    cudaError_t e = cudaStreamBeginCapture(c->handle, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess)
+        return weft__cuda_fail(c->dev, "weft_region: cudaStreamBeginCapture", e);
+    if ((e = weft__cuda_record_enqueue(c->record, c->handle)) != cudaSuccess)
+        return weft__cuda_fail(c->dev, "weft_region: enqueueing the recorded work", e);
+    return WEFT_OK;
+}
+
+/* Stop capturing on c and give it back; *graph receives what was captured
+ * (NULL if the capture broke). */
+static cudaError_t stop_capture(weft__stream *c, cudaGraph_t *graph)
+{
+    *graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->handle, graph);
+    give_back(c);
     return e;
 }
 
 void weft__cuda_region_abandon(weft__stream *capture)
 {
     cudaGraph_t graph;
+    if (capture->recording) {
+        give_back(capture);
+        return;
+    }
     if (stop_capture(capture, &graph) == cudaSuccess && graph)
         cudaGraphDestroy(graph);
     cudaGetLastError();
@@ -126,10 +171,16 @@ void weft__cuda_region_abandon(weft__stream *capture)
 
 /* ---- the cache --------------------------------------------------------- */
 
-static bool idle(cuda_graph *g)
+/* Is g free for s: not taken, or launched by s itself, or run to the end? */
+static bool idle(cuda_graph *g, weft__stream *s)
 {
-    if (g->busy_stream &&
-        (!g->launched || !weft__cuda_reached(g->busy_stream, g->busy_until)))
+    if (!g->busy_stream)
+        return true;
+    if (!g->launched)
+        return false;
+    if (g->busy_stream == s)
+        return true;
+    if (!weft__cuda_reached(g->busy_stream, g->busy_until))
         return false;
     g->busy_stream = NULL;
     return true;
@@ -142,7 +193,7 @@ static cuda_graph *take(weft__cuda_device *dev, uint64_t key, weft__stream *s)
     cuda_graph *best = NULL;
     for (unsigned i = 0; i < dev->ngraphs; i++) {
         cuda_graph *g = &dev->graphs[i];
-        if (g->exec && g->key == key && idle(g) && (!best || g->last_used > best->last_used))
+        if (g->exec && g->key == key && idle(g, s) && (!best || g->last_used > best->last_used))
             best = g;
     }
     if (best) {
@@ -154,10 +205,11 @@ static cuda_graph *take(weft__cuda_device *dev, uint64_t key, weft__stream *s)
 }
 
 /* A slot for a new graph: a free one, else the least recently used idle
- * one (evicted), else NULL. Call with graph_lock held. */
-static cuda_graph *make_room(weft__cuda_device *dev, cudaGraphExec_t *evicted)
+ * one (its contents moved to *evicted), else NULL. Call with graph_lock
+ * held. */
+static cuda_graph *make_room(weft__cuda_device *dev, weft__stream *s, cuda_graph *evicted)
 {
-    *evicted = NULL;
+    *evicted = (cuda_graph){0};
     for (unsigned i = 0; i < dev->ngraphs; i++)
         if (!dev->graphs[i].exec && !dev->graphs[i].busy_stream)
             return &dev->graphs[i];
@@ -166,11 +218,12 @@ static cuda_graph *make_room(weft__cuda_device *dev, cudaGraphExec_t *evicted)
     cuda_graph *lru = NULL;
     for (unsigned i = 0; i < dev->ngraphs; i++) {
         cuda_graph *g = &dev->graphs[i];
-        if (g->exec && idle(g) && (!lru || g->last_used < lru->last_used))
+        if (g->exec && idle(g, s) && (!lru || g->last_used < lru->last_used))
             lru = g;
     }
     if (lru) {
-        *evicted = lru->exec;
+        *evicted = *lru;
+        *lru = (cuda_graph){0};
         dev->graph_stats.evictions++;
     }
     return lru;
@@ -195,66 +248,150 @@ static int launch(weft__stream *s, cuda_graph *g, cudaGraphExec_t exec)
     return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(dev, "weft_region_end: cudaGraphLaunch", e);
 }
 
-int weft__cuda_region_end(weft__stream *s, weft__stream *capture, uint64_t key)
+/* Put a newly instantiated exec (with what it was built from, if
+ * anything) in g, or in a slot made for it; NULL when every slot is busy
+ * (then it is launched once and dropped). */
+static cuda_graph *store(weft__stream *s, cuda_graph *g, uint64_t key, cuda_graph made)
+{
+    weft__cuda_device *dev = s->dev;
+    cuda_graph old = {0};
+    weft__lock_acquire(&dev->graph_lock);
+    if (g) {
+        old = *g;
+    } else if ((g = make_room(dev, s, &old)) == NULL) {
+        dev->graph_stats.instantiations++;
+        weft__lock_release(&dev->graph_lock);
+        return NULL;
+    }
+    made.key = key;
+    made.busy_stream = s;
+    made.last_used = ++dev->graph_clock;
+    *g = made;
+    dev->graph_stats.instantiations++;
+    weft__lock_release(&dev->graph_lock);
+    release(&old);
+    return g;
+}
+
+/* Give a taken slot back without a graph: it is free. */
+static void drop(weft__cuda_device *dev, cuda_graph *g)
+{
+    cuda_graph old = *g;
+    weft__lock_acquire(&dev->graph_lock);
+    *g = (cuda_graph){0};
+    weft__lock_release(&dev->graph_lock);
+    release(&old);
+}
+
+/* Launch what g holds (or made, used once) and count it. */
+static int finish(weft__stream *s, cuda_graph *g, cuda_graph *made, bool hit, bool updated)
+{
+    weft__cuda_device *dev = s->dev;
+    weft__lock_acquire(&dev->graph_lock);
+    dev->graph_stats.launches++;
+    dev->graph_stats.hits += hit;
+    dev->graph_stats.updates += updated;
+    weft__lock_release(&dev->graph_lock);
+    int rc = launch(s, g, g ? g->exec : made->exec);
+    if (!g) /* CUDA frees an executable graph in flight once it is done */
+        release(made);
+    return rc;
+}
+
+/* A region that was recorded: replay a cached graph of the same shape, or
+ * build and instantiate one. */
+static int end_recorded(weft__stream *s, weft__stream *c, uint64_t key)
+{
+    weft__cuda_device *dev = s->dev;
+    weft__cuda_record *r = c->record;
+    int rc = weft__cuda_enter(s, "weft_region_end");
+    if (rc || weft__cuda_record_length(r) == 0) { /* nothing to launch */
+        give_back(c);
+        return rc;
+    }
+    weft__lock_acquire(&dev->graph_lock);
+    cuda_graph *g = take(dev, key, s);
+    weft__lock_release(&dev->graph_lock);
+
+    if (g && g->record && weft__cuda_record_same_shape(g->record, r)) {
+        unsigned changed;
+        cudaError_t e = weft__cuda_record_apply(g->exec, g->nodes, g->record, r, &changed);
+        if (e == cudaSuccess) { /* the slot's record now says what its nodes hold */
+            c->record = g->record;
+            g->record = r;
+            give_back(c);
+            return finish(s, g, NULL, true, changed > 0);
+        }
+        cudaGetLastError(); /* a node refused (say, other memory kinds): build anew */
+    }
+
+    cuda_graph made = {0};
+    cudaError_t e = weft__cuda_record_build(r, &made.graph, &made.nodes);
+    if (e == cudaSuccess)
+        e = cudaGraphInstantiate(&made.exec, made.graph, 0);
+    if (e != cudaSuccess) {
+        release(&made);
+        if (g)
+            drop(dev, g);
+        give_back(c);
+        return weft__cuda_fail(dev, "weft_region_end: building the graph", e);
+    }
+    made.record = r; /* the graph keeps the record; the capture stream gets a new one */
+    c->record = NULL;
+    give_back(c);
+    g = store(s, g, key, made);
+    return finish(s, g, &made, false, false);
+}
+
+/* A region that was captured: update a cached graph with the capture, or
+ * instantiate it. */
+static int end_captured(weft__stream *s, weft__stream *c, uint64_t key)
 {
     weft__cuda_device *dev = s->dev;
     cudaGraph_t graph;
-    cudaError_t e = stop_capture(capture, &graph);
+    cudaError_t e = stop_capture(c, &graph);
     if (e != cudaSuccess) /* a forbidden call broke the capture */
         return weft__cuda_fail(dev, "weft_region_end: cudaStreamEndCapture", e);
     int rc = weft__cuda_enter(s, "weft_region_end");
-    if (rc)
-        goto out;
+    if (rc) {
+        cudaGraphDestroy(graph);
+        return rc;
+    }
 
     weft__lock_acquire(&dev->graph_lock);
     cuda_graph *g = take(dev, key, s);
     weft__lock_release(&dev->graph_lock);
 
-    cudaGraphExec_t exec = NULL;
-    bool updated = false;
     if (g) {
         cudaGraphExecUpdateResultInfo info;
-        updated = cudaGraphExecUpdate(g->exec, graph, &info) == cudaSuccess;
-        if (!updated) { /* another shape: instantiate again, in the same slot */
-            cudaGetLastError();
-            cudaGraphExecDestroy(g->exec);
-            g->exec = NULL;
+        if (cudaGraphExecUpdate(g->exec, graph, &info) == cudaSuccess) {
+            cudaGraphDestroy(graph);
+            if (g->record) { /* its nodes no longer hold what the record says */
+                cuda_graph old = {.graph = g->graph, .nodes = g->nodes, .record = g->record};
+                g->graph = NULL;
+                g->nodes = NULL;
+                g->record = NULL;
+                release(&old);
+            }
+            return finish(s, g, NULL, false, true);
         }
+        cudaGetLastError(); /* another shape: instantiate again, in the same slot */
     }
-    if (!updated && (e = cudaGraphInstantiate(&exec, graph, 0)) != cudaSuccess) {
-        rc = weft__cuda_fail(dev, "weft_region_end: cudaGraphInstantiate", e);
-        if (g) { /* the slot has no graph any more: it is free */
-            weft__lock_acquire(&dev->graph_lock);
-            g->busy_stream = NULL;
-            weft__lock_release(&dev->graph_lock);
-        }
-        goto out;
+    cuda_graph made = {0};
+    e = cudaGraphInstantiate(&made.exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+        if (g)
+            drop(dev, g);
+        return weft__cuda_fail(dev, "weft_region_end: cudaGraphInstantiate", e);
     }
+    g = store(s, g, key, made);
+    return finish(s, g, &made, false, false);
+}
 
-    cudaGraphExec_t evicted = NULL;
-    weft__lock_acquire(&dev->graph_lock);
-    if (g && !updated) {
-        g->exec = exec;
-    } else if (!g && (g = make_room(dev, &evicted)) != NULL) {
-        *g = (cuda_graph){.key = key, .exec = exec, .busy_stream = s,
-                          .last_used = ++dev->graph_clock};
-    }
-    dev->graph_stats.launches++;
-    if (updated)
-        dev->graph_stats.updates++;
-    else
-        dev->graph_stats.instantiations++;
-    weft__lock_release(&dev->graph_lock);
-    if (evicted)
-        cudaGraphExecDestroy(evicted);
-
-    rc = launch(s, g, g ? g->exec : exec);
-    if (!g) /* every cached graph busy: this one runs once; CUDA frees it after */
-        cudaGraphExecDestroy(exec);
-out:
-    if (graph)
-        cudaGraphDestroy(graph);
-    return rc;
+int weft__cuda_region_end(weft__stream *s, weft__stream *capture, uint64_t key)
+{
+    return capture->recording ? end_recorded(s, capture, key) : end_captured(s, capture, key);
 }
 
 #endif

@@ -63,7 +63,7 @@ int weft_region_end(void)
     if (broken) {
         ops->region_abandon(capture);
         return weft__fail(WEFT_ESTATE, "weft_region_end: the task tried to suspend inside the "
-                                        "region; its work was dropped");
+                                       "region; its work was dropped");
     }
     return ops->region_end(t->stream, capture, t->region_key);
 }

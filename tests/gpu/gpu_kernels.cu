@@ -305,6 +305,13 @@ int gk_launch_spin_affine_on(void *stream, uint32_t *dst, const uint32_t *src, u
     return (int)e;
 }
 
+int gk_launch_affine_on(void *stream, uint32_t *dst, const uint32_t *src, unsigned n, uint32_t a,
+                        uint32_t b)
+{
+    spin_affine<<<(n + 255) / 256, 256, 0, (cudaStream_t)stream>>>(dst, src, n, a, b, 0);
+    return (int)cudaGetLastError();
+}
+
 unsigned gk_busy_blocks_to_fill(unsigned threads)
 {
     int dev = 0, sms = 0, per_sm = 0;

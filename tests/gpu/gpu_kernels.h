@@ -125,6 +125,11 @@ const char *gk_error_name(int err);
 int gk_launch_spin_affine_on(void *stream, uint32_t *dst, const uint32_t *src, unsigned n,
                              uint32_t a, uint32_t b, uint64_t spin_ns);
 
+/* The same kernel without the spin, on the calling thread's current
+ * device: what a library does with the stream weft_stream gives. */
+int gk_launch_affine_on(void *stream, uint32_t *dst, const uint32_t *src, unsigned n, uint32_t a,
+                        uint32_t b);
+
 /* A plain cudaMalloc of 4 KiB, which CUDA forbids while the calling thread
  * captures a stream: returns its cudaError_t (0 if it was allowed, in which
  * case *ptr is freed again and NULL). */

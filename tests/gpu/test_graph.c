@@ -47,8 +47,7 @@ static bool step(uint64_t key, uint32_t *dev, uint32_t *host_in, uint32_t *host_
     return !key || GT_OK(weft_region_end());
 }
 
-static void reference(const uint32_t *in, uint32_t *out, uint32_t a, uint32_t b,
-                      unsigned scrambles)
+static void reference(const uint32_t *in, uint32_t *out, uint32_t a, uint32_t b, unsigned scrambles)
 {
     for (unsigned i = 0; i < N; i++) {
         uint32_t x = gk_affine_ref(in[i], a, b);
@@ -180,6 +179,148 @@ static void test_1000_tasks_share_one_key(void **state)
     gt_runtime_destroy(rt);
 }
 
+/* ---- recording --------------------------------------------------------- */
+
+enum { MIXED_N = 5000, MIXED_ROUNDS = 4 };
+
+typedef struct mixed_sent {
+    int8_t a;
+    double f;
+    uint16_t b;
+    int32_t c;
+    gk_mixed m;
+    int64_t d;
+    float e;
+} mixed_sent;
+
+/* A region of one launch with arguments of every size and a padded struct,
+ * replayed with new scalars each round: the recorded copies of the
+ * arguments must reach the kernel intact. */
+static void *mixed_main(void *arg)
+{
+    weft_runtime *rt = weft_runtime_current();
+    uint64_t rng = gt_rng(77);
+    unsigned n = MIXED_N;
+    uint32_t *in, *in_d = NULL;
+    uint64_t *out, *out_d = NULL;
+    gk_echo *echo_d = NULL;
+    (void)arg;
+    if (!GT_OK(weft_host_alloc(rt, (void **)&in, n * 4)) ||
+        !GT_OK(weft_host_alloc(rt, (void **)&out, n * 8)) ||
+        !GT_OK(weft_malloc_async((void **)&in_d, n * 4)) ||
+        !GT_OK(weft_malloc_async((void **)&out_d, n * 8)) ||
+        !GT_OK(weft_malloc_async((void **)&echo_d, sizeof *echo_d)))
+        return NULL;
+    for (unsigned r = 0; r < MIXED_ROUNDS; r++) {
+        int8_t a = (int8_t)gt_u32(&rng);
+        double f = gt_double(&rng);
+        uint16_t b = (uint16_t)gt_u32(&rng);
+        int32_t c = (int32_t)gt_u32(&rng);
+        gk_mixed m = {(int8_t)gt_u32(&rng), gt_double(&rng), (int16_t)gt_u32(&rng)};
+        int64_t d = (int64_t)gt_rng_next(&rng);
+        float e = gt_float(&rng);
+        void *args[] = {&a, &f, &b, &in_d, &c, &m, &d, &e, &out_d, &n, &echo_d};
+        gt_fill(&rng, in, n * 4);
+        memset(out, GT_POISON, n * 8);
+        if (!GT_OK(weft_region_begin(500)) || !GT_OK(weft_memcpy_async(in_d, in, n * 4)) ||
+            !GT_OK(
+                weft_launch(gk_mixed_args(), dim((n + 127) / 128, 1, 1), dim(128, 1, 1), 0, args)))
+            return NULL;
+        /* the caller's variables change at once: the record holds copies */
+        mixed_sent sent = {a, f, b, c, m, d, e};
+        a = 0, f = 0, b = 0, c = 0, d = 0, e = 0;
+        memset(&m, 0, sizeof m);
+        if (!GT_OK(weft_memcpy_async(out, out_d, n * 8)) || !GT_OK(weft_region_end()) ||
+            !GT_OK(weft_await()))
+            return NULL;
+        for (unsigned i = 0; i < n; i++)
+            if (!GT_CHECK(out[i] == gk_mixed_ref(in[i], i, sent.a, sent.f, sent.b, sent.c, sent.m,
+                                                 sent.d, sent.e),
+                          "round %u: out[%u] = %016llx is not what the arguments give", r, i,
+                          (unsigned long long)out[i]))
+                return NULL;
+    }
+    GT_OK(weft_free_async(in_d));
+    GT_OK(weft_free_async(out_d));
+    GT_OK(weft_free_async(echo_d));
+    GT_OK(weft_await());
+    weft_host_free(rt, in);
+    weft_host_free(rt, out);
+    return NULL;
+}
+
+static void test_recorded_arguments_arrive_intact(void **state)
+{
+    weft_runtime *rt = gt_runtime(2);
+    weft_graph_stats st;
+    (void)state;
+    gt_run(rt, mixed_main, NULL);
+    assert_ok(weft_graph_stats_get(rt, &st));
+    assert_int_equal(st.launches, MIXED_ROUNDS);
+    assert_int_equal(st.instantiations, 1);
+    assert_int_equal(st.hits, MIXED_ROUNDS - 1); /* replayed, never captured again */
+    assert_int_equal(st.updates, MIXED_ROUNDS - 1);
+    gt_runtime_destroy(rt);
+}
+
+/* A region that starts recorded and goes on with the caller's own kernel on
+ * the raw stream: what was recorded runs first, in order. */
+static void *raw_main(void *arg)
+{
+    weft_runtime *rt = weft_runtime_current();
+    uint64_t rng = gt_rng(78);
+    uint32_t *in, *out, *dev = NULL, *tmp = NULL;
+    unsigned n = N;
+    (void)arg;
+    if (!GT_OK(weft_host_alloc(rt, (void **)&in, N * 4)) ||
+        !GT_OK(weft_host_alloc(rt, (void **)&out, N * 4)) ||
+        !GT_OK(weft_malloc_async((void **)&dev, N * 4)) ||
+        !GT_OK(weft_malloc_async((void **)&tmp, N * 4)))
+        return NULL;
+    for (unsigned r = 0; r < 3; r++) {
+        uint32_t a = gt_u32(&rng) | 1, b = gt_u32(&rng);
+        void *affine_args[] = {&tmp, &dev, &n, &a, &b};
+        void *raw = NULL;
+        int err = 0;
+        gt_fill(&rng, in, N * 4);
+        memset(out, GT_POISON, N * 4);
+        if (!GT_OK(weft_region_begin(501)) || !GT_OK(weft_memcpy_async(dev, in, N * 4)) ||
+            !GT_OK(weft_launch(gk_affine(), dim(N / 256, 1, 1), dim(256, 1, 1), 0, affine_args)) ||
+            !GT_OK(weft_stream(&raw)) ||
+            !GT_CHECK((err = gk_launch_affine_on(raw, dev, tmp, n, b, a)) == 0,
+                      "a launch on the raw stream failed: %s", gk_error_name(err)) ||
+            !GT_OK(weft_memcpy_async(out, dev, N * 4)) || !GT_OK(weft_region_end()) ||
+            !GT_OK(weft_await()))
+            return NULL;
+        for (unsigned i = 0; i < N; i++)
+            if (!GT_CHECK(out[i] == gk_affine_ref(gk_affine_ref(in[i], a, b), b, a),
+                          "round %u: out[%u] = %#x: the raw launch did not follow the recorded "
+                          "work",
+                          r, i, out[i]))
+                return NULL;
+    }
+    GT_OK(weft_free_async(dev));
+    GT_OK(weft_free_async(tmp));
+    GT_OK(weft_await());
+    weft_host_free(rt, in);
+    weft_host_free(rt, out);
+    return NULL;
+}
+
+static void test_raw_stream_work_joins_a_recorded_region(void **state)
+{
+    weft_runtime *rt = gt_runtime(2);
+    weft_graph_stats st;
+    (void)state;
+    gt_run(rt, raw_main, NULL);
+    assert_ok(weft_graph_stats_get(rt, &st));
+    assert_int_equal(st.launches, 3);
+    assert_int_equal(st.hits, 0); /* captured, not replayed from records */
+    assert_int_equal(st.instantiations, 1);
+    assert_int_equal(st.updates, 2);
+    gt_runtime_destroy(rt);
+}
+
 /* ---- misuse ------------------------------------------------------------ */
 
 static void *misuse_main(void *arg)
@@ -206,8 +347,11 @@ static void *misuse_main(void *arg)
     GT_OK(weft_region_end());
     GT_OK(weft_await());
     GT_CHECK(host[0] == 0x01010101u, "the region's memset did not arrive: %#x", host[0]);
-    /* a forbidden call breaks the capture: region_end fails, stream goes on */
+    /* a forbidden call breaks the capture (the raw stream makes the region
+     * a capture): region_end fails, the stream goes on */
+    void *raw = NULL;
     GT_OK(weft_region_begin(12));
+    GT_OK(weft_stream(&raw));
     int err = gk_forbidden_during_capture((void **)&cuda_dev);
     GT_CHECK(err != 0, "a plain cudaMalloc was allowed during capture");
     GT_CHECK(weft_region_end() != WEFT_OK, "a broken capture was launched");
@@ -238,6 +382,8 @@ int main(void)
         cmocka_unit_test(test_a_new_shape_instantiates_again),
         cmocka_unit_test(test_a_small_cache_evicts_the_least_recently_used),
         cmocka_unit_test(test_1000_tasks_share_one_key),
+        cmocka_unit_test(test_recorded_arguments_arrive_intact),
+        cmocka_unit_test(test_raw_stream_work_joins_a_recorded_region),
         cmocka_unit_test(test_misuse_gets_errors_and_the_runtime_goes_on),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
