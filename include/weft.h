@@ -263,6 +263,61 @@ typedef struct weft_graph_stats {
 } weft_graph_stats;
 int weft_graph_stats_get(weft_runtime *rt, weft_graph_stats *stats);
 
+/* Explicit graphs: device work built by hand, node by node with its
+ * dependencies, then launched from a task like any other work (on the
+ * task's stream, covered by weft_await). CUDA backend only: with the host
+ * backend weft_graph_create returns WEFT_EINVAL.
+ *
+ * Each add call appends a node that runs after the nodes in deps (ndeps of
+ * them, NULL when 0) and gives its number in *node (node may be NULL).
+ * Copies and fills take device, pinned or mapped memory; pageable host
+ * memory is refused with WEFT_EINVAL. Events are cudaEvent_t, passed as
+ * void *. A child graph is copied in as it is at the call.
+ *
+ * Conditional nodes let the GPU decide: a condition (weft_graph_cond_create)
+ * is a cudaGraphConditionalHandle that kernels receive as an argument and
+ * set with CUDA's device call cudaGraphSetConditional(cond, value); it
+ * starts each launch at `initial`. An IF node runs its body once when the
+ * condition is non-zero; a WHILE node runs its body as long as the
+ * condition is non-zero, testing it first. Bodies are graphs to fill with
+ * add calls (kernels, copies, fills, children and conditionals only); they
+ * belong to their node and are not destroyed on their own.
+ *
+ * The first weft_graph_launch instantiates the graph on the launching
+ * task's GPU, and seals it: later add calls return WEFT_ESTATE, and tasks
+ * on another GPU get WEFT_EINVAL. Launches of one graph run one after the
+ * other on the GPU, also when several tasks launch it. Building a graph is
+ * not thread-safe; launching is. Destroy a graph once nothing will launch
+ * it again; launches in flight finish first. */
+typedef struct weft_graph weft_graph;
+typedef uint32_t weft_graph_node;
+typedef uint64_t weft_graph_cond;
+
+int weft_graph_create(weft_runtime *rt, weft_graph **g);
+int weft_graph_destroy(weft_graph *g);
+int weft_graph_add_kernel(weft_graph *g, weft_graph_node *node, const weft_graph_node *deps,
+                          size_t ndeps, const void *kernel, weft_dim3 grid, weft_dim3 block,
+                          size_t shared_bytes, void **args);
+int weft_graph_add_copy(weft_graph *g, weft_graph_node *node, const weft_graph_node *deps,
+                        size_t ndeps, void *dst, const void *src, size_t n);
+int weft_graph_add_fill(weft_graph *g, weft_graph_node *node, const weft_graph_node *deps,
+                        size_t ndeps, void *dst, int value, size_t n);
+int weft_graph_add_host(weft_graph *g, weft_graph_node *node, const weft_graph_node *deps,
+                        size_t ndeps, void (*fn)(void *arg), void *arg);
+int weft_graph_add_event_record(weft_graph *g, weft_graph_node *node,
+                                const weft_graph_node *deps, size_t ndeps, void *cuda_event);
+int weft_graph_add_event_wait(weft_graph *g, weft_graph_node *node, const weft_graph_node *deps,
+                              size_t ndeps, void *cuda_event);
+int weft_graph_add_child(weft_graph *g, weft_graph_node *node, const weft_graph_node *deps,
+                         size_t ndeps, const weft_graph *child);
+int weft_graph_cond_create(weft_graph *g, weft_graph_cond *cond, unsigned initial);
+int weft_graph_add_if(weft_graph *g, weft_graph_node *node, const weft_graph_node *deps,
+                      size_t ndeps, weft_graph_cond cond, weft_graph **body);
+int weft_graph_add_while(weft_graph *g, weft_graph_node *node, const weft_graph_node *deps,
+                         size_t ndeps, weft_graph_cond cond, weft_graph **body);
+/* Enqueue one run of g on the calling task's stream. Task only. */
+int weft_graph_launch(weft_graph *g);
+
 /* Events: a point in a task's stream that others can wait for. */
 typedef struct weft_event weft_event;
 

@@ -1,6 +1,7 @@
 /*
  * test_region_host.c - graph regions on the host backend: they run eagerly,
  * and the rules hold (no suspending inside, no nesting, end needs begin).
+ * Explicit graphs are for CUDA: the host backend refuses them clearly.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -99,6 +100,16 @@ static void test_returning_inside_a_region_is_safe(void **state)
     assert_int_equal(weft_join(t, NULL), WEFT_OK);
 }
 
+static void test_explicit_graphs_are_refused_with_a_reason(void **state)
+{
+    weft_graph *g = (weft_graph *)&g; /* not NULL: the call must clear it */
+    assert_int_equal(weft_graph_create(*state, &g), WEFT_EINVAL);
+    assert_null(g);
+    assert_non_null(strstr(weft_last_error(), "CUDA"));
+    assert_int_equal(weft_graph_launch(NULL), WEFT_EINVAL);
+    assert_int_equal(weft_graph_destroy(NULL), WEFT_EINVAL);
+}
+
 static int setup_host(void **state)
 {
     weft_config cfg = {.workers = 2, .backend = WEFT_BACKEND_HOST};
@@ -115,6 +126,7 @@ int main(void)
         cmocka_unit_test(test_regions_run_eagerly_on_the_host),
         cmocka_unit_test(test_region_misuse_gets_clear_errors_and_the_task_goes_on),
         cmocka_unit_test(test_returning_inside_a_region_is_safe),
+        cmocka_unit_test(test_explicit_graphs_are_refused_with_a_reason),
     };
     return cmocka_run_group_tests(tests, setup_host, teardown_rt);
 }

@@ -168,6 +168,31 @@ const void *gk_saxpy(void)
     return (const void *)saxpy;
 }
 
+/* One round of a device-side loop: count it, and go on while the count is
+ * below the limit the GPU reads. */
+static __global__ void while_step(unsigned *count, const unsigned *limit,
+                                  cudaGraphConditionalHandle cond)
+{
+    unsigned c = ++*count;
+    cudaGraphSetConditional(cond, c < *limit);
+}
+
+/* Decide an IF node on the GPU: run the body when the value is odd. */
+static __global__ void if_odd(const unsigned *value, cudaGraphConditionalHandle cond)
+{
+    cudaGraphSetConditional(cond, *value & 1u);
+}
+
+const void *gk_while_step(void)
+{
+    return (const void *)while_step;
+}
+
+const void *gk_if_odd(void)
+{
+    return (const void *)if_odd;
+}
+
 const void *gk_affine(void)
 {
     return (const void *)affine;

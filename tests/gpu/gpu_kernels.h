@@ -111,6 +111,14 @@ const void *gk_wait_flag(void);
  * address nothing is mapped at, a fault: cudaErrorIllegalAddress. */
 const void *gk_fault(void);
 
+/* (unsigned *count, const unsigned *limit, uint64_t cond): one thread;
+ * ++*count, then sets the graph condition cond to (*count < *limit). */
+const void *gk_while_step(void);
+
+/* (const unsigned *value, uint64_t cond): one thread; sets cond to *value
+ * & 1. */
+const void *gk_if_odd(void);
+
 /* ---- host helpers that call CUDA directly ------------------------------ */
 
 /* GPUs CUDA sees; 0 when there are none or no driver. Creates no context. */
