@@ -398,8 +398,8 @@ static void test_trace_checker_refuses_broken_files(void **state)
         "{\"traceEvents\":[{\"ph\":\"X\",\"name\":\"a\",\"pid\":1,\"tid\":1,\"ts\":0,\"dur\":1}",
         "{\"traceEvents\":[1,]}",
         "{\"traceEvents\":[{\"ph\":\"X\",\"name\":\"a\",\"pid\":1,\"tid\":1,\"ts\":0,\"dur\":-1}]}",
-        "{\"traceEvents\":[{\"ph\":\"b\",\"cat\":\"w\",\"id\":\"1\",\"name\":\"a\",\"pid\":1,"
-        "\"tid\":1,\"ts\":5}]}",
+        /* a wait that never ends */
+        "{\"traceEvents\":[{\"ph\":\"b\",\"cat\":\"w\",\"id\":\"1\",\"name\":\"a\",\"pid\":1,\"tid\":1,\"ts\":5}]}",
         "{\"traceEvents\":[{\"ph\":\"X\",\"name\":\"a\",\"pid\":1,\"tid\":1,\"ts\":0,\"dur\":1}]}",
         "{\"traceEvents\":[]} x",
         "{\"traceEvents\":[\"\xc3\"]}",
