@@ -16,7 +16,8 @@
  * Elapsed times are floats in milliseconds, precise to well under a
  * microsecond up to a second or so: an operation read back more than
  * ANCHOR_MS from the anchor becomes the new anchor, its host time carried
- * over, so precision holds over traces of any length.
+ * over, so precision holds over traces of any length; after a long idle
+ * spell (REANCHOR_MS) the anchor is measured anew instead.
  */
 #ifdef WEFT_HAVE_CUDA
 
@@ -29,7 +30,8 @@
 
 enum {
     COLLECT_BATCH = 32,
-    ANCHOR_MS = 1000,
+    ANCHOR_MS = 1000,       /* an operation this far from the anchor becomes it */
+    REANCHOR_MS = 10000,    /* this far (the device idle for long): measure anew */
     ANCHOR_WAIT_NS = 1000000000, /* give up anchoring after this */
 };
 
@@ -135,10 +137,16 @@ void weft__cuda_trace_end(weft__stream *s, void *begin, const weft__op_info *op)
 
 /* ---- reading back ---------------------------------------------------------- */
 
-/* Record the first anchor. Call with anchor_lock held. */
+/* Record an anchor and measure its host time. Call with anchor_lock held. */
 static bool anchor_create(weft__cuda_device *dev)
 {
     cudaEvent_t ev;
+    if (dev->anchor) {
+        cudaEventDestroy(dev->anchor);
+        dev->anchor = NULL;
+    }
+    if (weft__cuda_use_device(dev) != WEFT_OK)
+        return false;
     if (!dev->anchor_stream &&
         cudaStreamCreateWithFlags(&dev->anchor_stream, cudaStreamNonBlocking) != cudaSuccess) {
         dev->anchor_stream = NULL;
@@ -174,8 +182,11 @@ static bool host_times(weft__cuda_device *dev, const timed *op, uint64_t *start,
     bool ok = false;
     *kept = false;
     weft__lock_acquire(&dev->anchor_lock);
-    if ((dev->anchor || anchor_create(dev)) &&
-        cudaEventElapsedTime(&from_anchor, dev->anchor, op->start) == cudaSuccess &&
+    bool anchored = dev->anchor || anchor_create(dev);
+    if (anchored && cudaEventElapsedTime(&from_anchor, dev->anchor, op->start) == cudaSuccess &&
+        fabsf(from_anchor) > REANCHOR_MS) /* floats this large are coarse: measure anew */
+        anchored = anchor_create(dev);
+    if (anchored && cudaEventElapsedTime(&from_anchor, dev->anchor, op->start) == cudaSuccess &&
         cudaEventElapsedTime(&length, op->start, op->end) == cudaSuccess) {
         *start = dev->anchor_ns + (uint64_t)llroundf(from_anchor * 1e6f);
         *end = *start + (length > 0 ? (uint64_t)llroundf(length * 1e6f) : 0);
