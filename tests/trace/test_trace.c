@@ -391,6 +391,30 @@ static void test_trace_stops_and_restarts_while_tasks_run(void **state)
     }
 }
 
+/* With a profiler announced (NVTX's injection variable; here one that does
+ * not exist, so NVTX stays inert) the hooks run for NVTX ranges without a
+ * trace recording: the work is unaffected and nothing is written. Then a
+ * trace recorded alongside holds the work as usual. */
+static void test_profiler_hooks_without_a_trace_change_nothing(void **state)
+{
+    char path[256];
+    (void)state;
+    temp_path(path, sizeof path, "nvtx");
+    remove(path);
+    setenv("NVTX_INJECTION64_PATH", "/nonexistent/libinjection.so", 1);
+    weft_runtime *rt = runtime(2);
+    unsetenv("NVTX_INJECTION64_PATH");
+    run_work(rt);
+    assert_int_equal(access(path, F_OK), -1);
+    assert_int_equal(weft_trace_start(rt, path), WEFT_OK);
+    run_work(rt);
+    assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
+    json *doc = load_checked(path);
+    expect_the_work(doc, 2);
+    json_free(doc);
+    remove(path);
+}
+
 /* The checker itself refuses what is not a trace: a test of the test. */
 static void test_trace_checker_refuses_broken_files(void **state)
 {
@@ -432,6 +456,7 @@ int main(void)
         cmocka_unit_test(test_trace_start_and_stop_bound_the_recording),
         cmocka_unit_test(test_trace_is_valid_json_when_tasks_fail),
         cmocka_unit_test(test_trace_stops_and_restarts_while_tasks_run),
+        cmocka_unit_test(test_profiler_hooks_without_a_trace_change_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
