@@ -88,7 +88,6 @@ struct weft__trace {
     uint64_t epoch;
     int pid;              /* the process's tracks */
     unsigned long events; /* written so far */
-    bool failed;          /* a write failed */
     track_set tracks;
     pthread_t writer;
     pthread_mutex_t writer_mu;
@@ -699,7 +698,6 @@ int weft__trace_start(weft__trace *tr, const char *path, const char *fn)
     tr->epoch = weft__now_ns();
     tr->pid = (int)getpid();
     tr->events = 0;
-    tr->failed = false;
     tr->writer_stop = false;
     free(tr->tracks.keys);
     tr->tracks = (track_set){0};
