@@ -3,7 +3,8 @@
  * strict JSON with the events the runtime's work implies.
  *
  * Each test runs known work - named tasks that join, lock a contended
- * mutex, pass items over a channel, sleep and await host-device work - and
+ * mutex, pass items over a channel, sleep and await host-device work, each
+ * wait made long enough to happen under any load - and
  * reads the file back: it must parse (json.h), satisfy what every trace
  * must (trace_check.h: paired async events, non-negative durations, named
  * tracks) and hold the runs, waits and operations that work produced.
@@ -55,10 +56,17 @@ static void touch(void *arg)
     (*(int *)arg)++;
 }
 
+/* A host function that takes long enough for its task's await to wait. */
+static void slow_touch(void *arg)
+{
+    sleep_ms(10);
+    touch(arg);
+}
+
 static void *child(void *arg)
 {
     (void)arg;
-    weft_sleep_ns(2000000); /* the parent joins while this sleeps */
+    weft_sleep_ns(20000000); /* the parent joins while this sleeps */
     return NULL;
 }
 
@@ -88,7 +96,7 @@ static void *locker(void *arg)
     shared *sh = arg;
     if (weft_mutex_lock(sh->mu))
         return (void *)1;
-    weft_sleep_ns(1000000); /* hold it: the other locker waits */
+    weft_sleep_ns(10000000); /* hold it: the other locker waits */
     weft_mutex_unlock(sh->mu);
     return NULL;
 }
@@ -100,7 +108,7 @@ static void *device_user(void *arg)
     int n = 0;
     memset(src, 7, sizeof src);
     if (weft_memcpy_async(dst, src, sizeof src) || weft_memset_async(src, 0, 100) ||
-        weft_host_async(touch, &n) || weft_await())
+        weft_host_async(slow_touch, &n) || weft_await())
         return (void *)1;
     return n == 1 && dst[4095] == 7 ? NULL : (void *)1;
 }
