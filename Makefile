@@ -6,6 +6,10 @@
 #   make bench      build optimized and run the CPU benchmarks
 #   make gpu-test   build, then run the GPU test suite (tests/gpu/; skipped without a GPU)
 #   make gpu-bench  build optimized and run the GPU benchmarks (nvcc and a GPU)
+#   make install    build, then install into PREFIX (default /usr/local):
+#                   libraries, headers, CMake package, pkg-config file
+#   make check-install  install into a temporary prefix and build and run
+#                   examples/consumer against it (CMake and pkg-config)
 JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE  ?= cmake
 CTEST  ?= ctest
@@ -54,6 +58,15 @@ gpu-bench: deps
 .PHONY: gpu-test
 gpu-test: all
 	$(CTEST) --test-dir build -L gpu --output-on-failure
+
+# Installing: the prefix may be chosen here, after configuring.
+PREFIX ?= /usr/local
+.PHONY: install check-install
+install: all
+	$(CMAKE) --install build --prefix $(PREFIX)
+
+check-install: all
+	scripts/check-install build
 
 clean:
 	rm -rf build build-asan build-tsan build-release

@@ -100,6 +100,31 @@ int weft_stats_get(weft_runtime *rt, weft_stats *stats);
 /* Number of worker threads of rt (0 if rt is not a live runtime). */
 unsigned weft_runtime_workers(const weft_runtime *rt);
 
+/* ---- tracing ----------------------------------------------------------- */
+/*
+ * A timeline of what rt does, written to a file as Chrome trace event JSON
+ * (open it in https://ui.perfetto.dev or chrome://tracing): each task's runs
+ * on the worker threads, named by weft_task_opts.name; each wait (join,
+ * mutex, channel, sleep, GPU, ...) and the time the task then waited for a
+ * worker, on a track of the task's own; and device operations (copies,
+ * memsets, host functions, kernels, graph launches) on a track per stream,
+ * timed on the GPU with CUDA events. A program need not call anything:
+ * WEFT_TRACE=FILE in the environment traces every runtime from its creation
+ * to its destruction (the second runtime of a process writes FILE.2, and so
+ * on). Recording costs a few percent; not recording costs one branch.
+ * With CUDA and a profiler attached (Nsight Systems), tasks, waits and
+ * operations also appear as NVTX ranges in the domain "weft".
+ */
+
+/* Start writing rt's timeline to path (created or truncated). WEFT_ESTATE
+ * if rt is recording already, WEFT_ESYS if path cannot be opened. */
+int weft_trace_start(weft_runtime *rt, const char *path);
+
+/* Stop and complete the file (it is valid JSON from then on). Stopped by
+ * weft_runtime_destroy, and at exit, if still open. WEFT_ESTATE if rt is
+ * not recording; WEFT_ESYS if writing failed. */
+int weft_trace_stop(weft_runtime *rt);
+
 /* ---- tasks ------------------------------------------------------------- */
 
 typedef struct weft_task weft_task;

@@ -7,6 +7,7 @@
  * reused, so a stale weft_runtime * is recognized rather than dereferenced
  * after free.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -119,6 +120,13 @@ static int devices_create(weft_runtime *rt)
         }
         rt->ndevices = 1;
     }
+    for (unsigned i = 0; i < rt->ndevices; i++) {
+        char name[32];
+        bool gpu = strcmp(rt->devices[i]->ops->name, "cuda") == 0;
+        snprintf(name, sizeof name, gpu ? "GPU %u" : "host device %u", i);
+        weft__trace_name_device(rt->trace, i, name);
+        rt->devices[i]->trace = rt->trace;
+    }
     bool polled = rt->devices[0]->ops->poll != NULL;
     if (polled)
         weft__sched_set_poller(rt->sched, poll_devices, devices_pending, rt);
@@ -158,6 +166,41 @@ static void devices_destroy(weft_runtime *rt)
     rt->ndevices = 0;
 }
 
+/* ---- tracing ------------------------------------------------------------ */
+
+/* WEFT_TRACE=FILE: the first runtime of the process writes FILE, the n-th
+ * FILE.n (before FILE's extension, if it has one: trace.3.json). A file
+ * that cannot be opened is reported on stderr; the runtime runs untraced. */
+static void trace_from_environment(weft_runtime *rt)
+{
+    static atomic_uint traced;
+    const char *path = getenv("WEFT_TRACE");
+    if (!path || !*path)
+        return;
+    unsigned n = atomic_fetch_add(&traced, 1) + 1;
+    char numbered[4096];
+    if (n > 1) {
+        const char *slash = strrchr(path, '/'), *dot = strrchr(path, '.');
+        int stem = dot && dot > (slash ? slash : path) ? (int)(dot - path) : (int)strlen(path);
+        snprintf(numbered, sizeof numbered, "%.*s.%u%s", stem, path, n, path + stem);
+        path = numbered;
+    }
+    if (weft__trace_start(rt->trace, path, "WEFT_TRACE") != WEFT_OK)
+        fprintf(stderr, "weft: %s; not tracing\n", weft_last_error());
+}
+
+int weft_trace_start(weft_runtime *rt, const char *path)
+{
+    int rc = weft__runtime_check(rt, "weft_trace_start");
+    return rc ? rc : weft__trace_start(rt->trace, path, "weft_trace_start");
+}
+
+int weft_trace_stop(weft_runtime *rt)
+{
+    int rc = weft__runtime_check(rt, "weft_trace_stop");
+    return rc ? rc : weft__trace_stop(rt->trace, "weft_trace_stop");
+}
+
 /* ---- creating and destroying --------------------------------------------- */
 
 int weft_runtime_create(weft_runtime **out, const weft_config *given)
@@ -177,6 +220,10 @@ int weft_runtime_create(weft_runtime **out, const weft_config *given)
     pthread_mutex_init(&rt->pool_lock, NULL);
     pthread_mutex_init(&rt->device_lock, NULL);
 
+    if (weft__trace_create(&rt->trace) != WEFT_OK) {
+        rc = weft__fail(WEFT_ENOMEM, "weft_runtime_create: out of memory");
+        goto fail_locks;
+    }
     if (weft__overflow_install() != 0) {
         rc = weft__fail(WEFT_ESYS, "weft_runtime_create: cannot install the overflow handler");
         goto fail_locks;
@@ -199,6 +246,7 @@ int weft_runtime_create(weft_runtime **out, const weft_config *given)
         if ((rc = weft__runtime_devices(rt, &devs, &n)))
             goto fail_sched;
     }
+    trace_from_environment(rt);
     atomic_store(&rt->state, WEFT__RT_LIVE);
     *out = rt;
     return WEFT_OK;
@@ -211,6 +259,7 @@ fail_timers:
 fail_stacks:
     weft__stack_pool_destroy(rt->stacks);
 fail_locks:
+    weft__trace_destroy(rt->trace);
     pthread_mutex_destroy(&rt->idle_lock);
     pthread_cond_destroy(&rt->idle);
     pthread_mutex_destroy(&rt->pool_lock);
@@ -277,6 +326,7 @@ int weft_runtime_destroy(weft_runtime *rt)
     devices_destroy(rt);
     weft__timers_destroy(rt->timers);
     weft__sched_destroy(rt->sched);
+    weft__trace_destroy(rt->trace); /* every thread that records has stopped */
     weft__task_pool_destroy(rt);
     weft__stack_pool_destroy(rt->stacks);
     pthread_mutex_destroy(&rt->idle_lock);

@@ -18,6 +18,7 @@
 #include "sched/sched.h"
 #include "sched/timer.h"
 #include "task/task.h"
+#include "trace/trace.h"
 #include "weft.h"
 
 /* The stack sizes weft_config and weft_task_opts accept (0: the default). */
@@ -32,6 +33,7 @@ struct weft_runtime {
     weft__sched *sched;
     weft__timers *timers;
     weft__stack_pool *stacks;
+    weft__trace *trace;        /* the timeline; recording or not */
 
     pthread_mutex_t idle_lock;
     pthread_cond_t idle;      /* while dying: a task ended */

@@ -22,9 +22,14 @@
  *
  * Usage: gpu_pipeline [--quick] [--jobs N] [--reps N] [--host-us LIST]
  *          [--workers LIST] [--inflight N] [--kiters N]
- *          [--host-rate WORDS_PER_US] [--only NAME]
+ *          [--host-rate WORDS_PER_US] [--only NAME] [--phases] [--graph]
+ *          [--trace FILE]
  *   --kiters, --host-rate  the calibration from `pipeline_peers
  *                          --calibrate` (measured here when not given)
+ *   --trace FILE           record weft's timeline (weft_trace_start) during
+ *                          the runs of each worker count, to FILE with the
+ *                          count before its extension (pipeline.w2.json):
+ *                          the figures then say what tracing costs
  */
 #include "weft.h"
 
@@ -42,6 +47,7 @@ static struct {
     double host_rate;
     const char *only;
     int graph; /* each job's GPU steps in a graph region, one key per slot */
+    const char *trace; /* record a timeline of every run here (--trace FILE) */
 } opt;
 
 /* A failed weft call ends the benchmark. */
@@ -201,6 +207,15 @@ static struct wrun *wrun_create(unsigned workers)
     run_task(r->rt, setup_main, r);
     if (!(opt.host_rate > 0))
         opt.host_rate = calibrate_host(r->slots[0].in);
+    if (opt.trace) { /* from here on: the warm-up and the measured runs */
+        char path[4096];
+        const char *dot = strrchr(opt.trace, '.'), *slash = strrchr(opt.trace, '/');
+        int stem = dot && dot > (slash ? slash : opt.trace) ? (int)(dot - opt.trace)
+                                                            : (int)strlen(opt.trace);
+        snprintf(path, sizeof path, "%.*s.w%u%s", stem, opt.trace, workers, opt.trace + stem);
+        WCK(weft_trace_start(r->rt, path));
+        fprintf(stderr, "%s: recording a trace to %s\n", bench_prog, path);
+    }
     return r;
 }
 
@@ -242,8 +257,8 @@ static void run_once(struct wrun *r, struct span *sp)
 static void measure(struct wrun *r, unsigned workers, unsigned host_us)
 {
     char name[96], buf[128];
-    snprintf(name, sizeof name, "gpu.pipeline.h%u.weft.%sw%u", host_us, opt.graph ? "graph." : "",
-             workers);
+    snprintf(name, sizeof name, "gpu.pipeline.h%u.weft.%s%sw%u", host_us,
+             opt.graph ? "graph." : "", opt.trace ? "trace." : "", workers);
     if (opt.only && !strstr(name, opt.only))
         return;
     r->words = (uint64_t)(host_us * opt.host_rate + 0.5);
@@ -284,7 +299,8 @@ static void usage(void)
 {
     fprintf(stderr, "usage: gpu_pipeline [--quick] [--jobs N] [--reps N] [--host-us LIST]\n"
                     "         [--workers LIST] [--inflight N] [--kiters N]\n"
-                    "         [--host-rate WORDS_PER_US] [--only NAME] [--phases] [--graph]\n");
+                    "         [--host-rate WORDS_PER_US] [--only NAME] [--phases] [--graph]\n"
+                    "         [--trace FILE]\n");
     exit(2);
 }
 
@@ -316,6 +332,8 @@ static void parse_args(int argc, char **argv)
             phases = 1;
         else if (!strcmp(a, "--graph"))
             opt.graph = 1;
+        else if (!strcmp(a, "--trace") && v)
+            opt.trace = v, i++;
         else if (!strcmp(a, "--host-us") && v) {
             if (!(opt.nhost = (unsigned)parse_list(v, opt.host_us)))
                 usage();

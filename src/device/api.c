@@ -15,6 +15,7 @@
 #include "device/device.h"
 #include "runtime.h"
 #include "task/task.h"
+#include "trace/nvtx.h"
 
 struct weft_event {
     weft__device *dev;
@@ -94,6 +95,63 @@ static const weft__device_ops *ops_of(const weft__task *t)
     return t->stream_device->ops;
 }
 
+/* ---- enqueueing while a trace is on ---------------------------------------- */
+
+/* One enqueue call, its arguments kept for the traced path. */
+typedef struct enqueue {
+    weft__op_kind kind;
+    const char *call; /* the public call, for NVTX */
+    void *dst;
+    const void *src;
+    size_t n;
+    int value;
+    void (*fn)(void *arg);
+    void *arg;
+    const void *kernel;
+    weft_dim3 grid, block;
+    size_t shared_bytes;
+    void **args;
+} enqueue;
+
+static int enqueue_now(const weft__device_ops *ops, weft__stream *s, const enqueue *e)
+{
+    switch (e->kind) {
+    case WEFT__OP_COPY:
+        return ops->copy(s, e->dst, e->src, e->n);
+    case WEFT__OP_FILL:
+        return ops->fill(s, e->dst, e->value, e->n);
+    case WEFT__OP_HOST_FN:
+        return ops->host_fn(s, e->fn, e->arg);
+    case WEFT__OP_KERNEL:
+        return ops->launch(s, e->kernel, e->grid, e->block, e->shared_bytes, e->args);
+    default:
+        return WEFT_EINVAL;
+    }
+}
+
+/* The enqueue, bracketed for the timeline when the backend times its work
+ * on the device (work recorded into a graph is timed as the graph), and
+ * for a profiler by an NVTX range. */
+static int traced(weft__task *t, weft__stream *s, const enqueue *e)
+{
+    const weft__device_ops *ops = ops_of(t);
+    weft__trace *tr = t->rt->trace;
+    bool timed = ops->trace_begin && !t->region_stream && weft__trace_recording(tr);
+    bool nvtx = weft__trace_nvtx(tr);
+    if (nvtx)
+        weft__nvtx_push(e->call);
+    void *mark = timed ? ops->trace_begin(s) : NULL;
+    int rc = enqueue_now(ops, s, e);
+    if (timed) {
+        weft__op_info op = {.kind = e->kind, .kernel = e->kernel, .bytes = e->n,
+                            .task = weft__trace_task_id(tr, &t->trace_id)};
+        ops->trace_end(s, mark, &op);
+    }
+    if (nvtx)
+        weft__nvtx_pop();
+    return rc;
+}
+
 int weft_memcpy_async(void *dst, const void *src, size_t n)
 {
     weft__task *t = NULL;
@@ -103,6 +161,10 @@ int weft_memcpy_async(void *dst, const void *src, size_t n)
     int rc = weft__task_stream("weft_memcpy_async", &t, &s);
     if (rc || n == 0)
         return rc;
+    if (weft__trace_on())
+        return noted(t, traced(t, s,
+                               &(enqueue){.kind = WEFT__OP_COPY, .call = "weft_memcpy_async",
+                                          .dst = dst, .src = src, .n = n}));
     return noted(t, ops_of(t)->copy(s, dst, src, n));
 }
 
@@ -115,6 +177,10 @@ int weft_memset_async(void *dst, int value, size_t n)
     int rc = weft__task_stream("weft_memset_async", &t, &s);
     if (rc || n == 0)
         return rc;
+    if (weft__trace_on())
+        return noted(t, traced(t, s,
+                               &(enqueue){.kind = WEFT__OP_FILL, .call = "weft_memset_async",
+                                          .dst = dst, .value = value, .n = n}));
     return noted(t, ops_of(t)->fill(s, dst, value, n));
 }
 
@@ -125,7 +191,13 @@ int weft_host_async(void (*fn)(void *arg), void *arg)
     if (!fn)
         return weft__fail(WEFT_EINVAL, "weft_host_async: fn is NULL");
     int rc = weft__task_stream("weft_host_async", &t, &s);
-    return rc ? rc : noted(t, ops_of(t)->host_fn(s, fn, arg));
+    if (rc)
+        return rc;
+    if (weft__trace_on())
+        return noted(t, traced(t, s,
+                               &(enqueue){.kind = WEFT__OP_HOST_FN, .call = "weft_host_async",
+                                          .fn = fn, .arg = arg}));
+    return noted(t, ops_of(t)->host_fn(s, fn, arg));
 }
 
 int weft_launch(const void *kernel, weft_dim3 grid, weft_dim3 block, size_t shared_bytes,
@@ -139,7 +211,14 @@ int weft_launch(const void *kernel, weft_dim3 grid, weft_dim3 block, size_t shar
         return weft__fail(WEFT_EINVAL, "weft_launch: grid %ux%ux%u, block %ux%ux%u has a zero",
                           grid.x, grid.y, grid.z, block.x, block.y, block.z);
     int rc = weft__task_stream("weft_launch", &t, &s);
-    return rc ? rc : noted(t, ops_of(t)->launch(s, kernel, grid, block, shared_bytes, args));
+    if (rc)
+        return rc;
+    if (weft__trace_on())
+        return noted(t, traced(t, s,
+                               &(enqueue){.kind = WEFT__OP_KERNEL, .call = "weft_launch",
+                                          .kernel = kernel, .grid = grid, .block = block,
+                                          .shared_bytes = shared_bytes, .args = args}));
+    return noted(t, ops_of(t)->launch(s, kernel, grid, block, shared_bytes, args));
 }
 
 int weft_stream(void **stream)
@@ -183,6 +262,8 @@ static int drain(weft__task *t)
     weft__stream *s = t->stream;
     uint64_t start = weft__now_ns();
     int rc = weft__stream_sync(dev->ops, s);
+    if (weft__trace_on() && dev->ops->trace_collect)
+        dev->ops->trace_collect(s); /* its work is complete: report it */
     weft__worker_stats *st = weft__worker_stats_of(weft__worker_self()); /* maybe another */
     weft__count(&st->awaits, 1);
     weft__count(&st->await_ns, weft__now_ns() - start);

@@ -421,11 +421,14 @@ static void cuda_destroy(weft__device *d)
         for (unsigned i = 0; i < dev->nstreams[c]; i++) {
             weft__stream *s = dev->streams[c][i];
             cudaStreamSynchronize(s->handle); /* errors: nothing to do */
+            weft__cuda_trace_collect(s);      /* its last timed operations */
+            weft__cuda_trace_stream_fini(s);
             weft__cuda_engine_stream_fini(s);
             cudaStreamDestroy(s->handle);
             free(s);
         }
     weft__cuda_graph_fini(dev);
+    weft__cuda_trace_fini(dev);
     weft__cuda_host_pool_destroy(&dev->host_pool);
     if (dev->flags)
         cudaFreeHost(dev->flags);
@@ -457,6 +460,9 @@ static const weft__device_ops cuda_ops = {
     .graph_stats = weft__cuda_graph_stats,
     .poll = weft__cuda_poll,
     .pending = weft__cuda_pending,
+    .trace_begin = weft__cuda_trace_begin,
+    .trace_end = weft__cuda_trace_end,
+    .trace_collect = weft__cuda_trace_collect,
 };
 
 /* WEFT_CUDA_COMPLETION=flag|event|callback picks how completions are

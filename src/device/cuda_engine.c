@@ -258,7 +258,7 @@ int weft__cuda_wait(weft__stream *s, uint64_t seq)
         return rc;
 
     marker m = {.seq = seq};
-    weft__waiter_init(&m.w);
+    weft__waiter_init(&m.w, WEFT__WAITS_GPU);
     weft__lock_acquire(&s->lock);
     if (weft__cuda_reached(s, seq)) {
         weft__lock_release(&s->lock);

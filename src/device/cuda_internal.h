@@ -57,6 +57,12 @@ struct weft__stream {
     unsigned ev_head, ev_count, ev_cap;
     cudaEvent_t *spare;           /* EVENT: events to record again */
     unsigned nspare, spare_cap;
+
+    /* tracing (cuda_trace.c), guarded by lock */
+    struct weft__cuda_timed *timed; /* operations awaiting read-back, oldest first (a ring) */
+    unsigned timed_head, timed_count, timed_cap;
+    cudaEvent_t *timing_spare;      /* timing events to record again */
+    unsigned ntiming_spare, timing_spare_cap;
 };
 
 struct weft__cuda_device {
@@ -91,6 +97,13 @@ struct weft__cuda_device {
     unsigned ngraphs, graph_cap;
     uint64_t graph_clock;            /* for least recently used */
     weft_graph_stats graph_stats;    /* guarded by graph_lock */
+
+    /* tracing (cuda_trace.c): an event whose host time is known, which
+     * the device times of operations are measured from */
+    weft__lock anchor_lock;
+    cudaEvent_t anchor;
+    uint64_t anchor_ns;
+    cudaStream_t anchor_stream;
 };
 
 /* ---- cuda.c -------------------------------------------------------------- */
@@ -154,6 +167,14 @@ bool weft__cuda_record_same_shape(const weft__cuda_record *a, const weft__cuda_r
 cudaError_t weft__cuda_record_apply(cudaGraphExec_t exec, const cudaGraphNode_t *nodes,
                                     const weft__cuda_record *was, const weft__cuda_record *now,
                                     unsigned *changed);
+
+/* ---- cuda_trace.c ------------------------------------------------------- */
+
+void *weft__cuda_trace_begin(weft__stream *s);
+void weft__cuda_trace_end(weft__stream *s, void *begin, const weft__op_info *op);
+void weft__cuda_trace_collect(weft__stream *s);
+void weft__cuda_trace_stream_fini(weft__stream *s);
+void weft__cuda_trace_fini(weft__cuda_device *dev);
 
 /* ---- cuda_engine.c ----------------------------------------------------- */
 

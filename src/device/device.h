@@ -21,10 +21,19 @@
 #include <stdint.h>
 
 #include "task/wait.h"
+#include "trace/trace.h"
 #include "weft.h"
 
 typedef struct weft__device weft__device;
 typedef struct weft__stream weft__stream;
+
+/* An operation as the timeline names it (trace/trace.h has the kinds). */
+typedef struct weft__op_info {
+    weft__op_kind kind;
+    const void *kernel; /* WEFT__OP_KERNEL: the kernel launched */
+    uint64_t bytes;     /* copies and memsets */
+    uint64_t task;      /* the enqueuing task's trace id */
+} weft__op_info;
 
 typedef struct weft__device_ops {
     const char *name; /* "host", "cuda" */
@@ -92,11 +101,22 @@ typedef struct weft__device_ops {
      * nothing is pending. pending says whether any wait is outstanding. */
     unsigned (*poll)(weft__device *dev);
     bool (*pending)(weft__device *dev);
+
+    /* Timing operations for the timeline, while a trace is on (NULL: the
+     * backend reports its operations itself as its threads run them).
+     * trace_begin is called just before an operation is enqueued on s and
+     * returns what trace_end, called just after with what it was, needs;
+     * the operation is reported once trace_collect finds it complete.
+     * Called with a trace on only, never for recorded (region) work. */
+    void *(*trace_begin)(weft__stream *s);
+    void (*trace_end)(weft__stream *s, void *begin, const weft__op_info *op);
+    void (*trace_collect)(weft__stream *s);
 } weft__device_ops;
 
 struct weft__device {
     const weft__device_ops *ops;
     unsigned index; /* position in the runtime's device table */
+    struct weft__trace *trace; /* the runtime's timeline, set after creation */
     /* Set by the runtime for polled backends: when a wait starts and nobody
      * may be polling (say, every worker is asleep), this gets one going. */
     void (*kick)(void *ctx);

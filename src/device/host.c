@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/lock.h"
 #include "device/device.h"
@@ -95,6 +96,7 @@ struct weft__stream {
     weft__stream *ready_next; /* guarded by dev->ready_mu */
     unsigned leases;          /* guarded by dev->pool_lock */
     unsigned heap_pos;        /* guarded by dev->pool_lock */
+    unsigned id;              /* its place in the pool: the timeline's track */
     host_device *dev;
 };
 
@@ -243,6 +245,20 @@ static void op_run(const op *o)
     }
 }
 
+/* op_run, reported to the timeline from the executor that runs it. */
+__attribute__((noinline)) static void op_run_traced(const weft__stream *s, const op *o)
+{
+    static const weft__op_kind kinds[] = {
+        [OP_COPY] = WEFT__OP_COPY, [OP_FILL] = WEFT__OP_FILL, [OP_CALL] = WEFT__OP_HOST_FN};
+    weft__trace *tr = s->dev->base.trace;
+    uint64_t start = weft__now_ns();
+    op_run(o);
+    if (tr && weft__trace_recording(tr))
+        weft__trace_op(tr, s->dev->base.index, s->id, kinds[o->kind], NULL,
+                       o->kind == OP_COPY ? o->u.copy.n : o->kind == OP_FILL ? o->u.fill.n : 0,
+                       0, start, weft__now_ns());
+}
+
 /* Keep o for the stream's cache, or free it if the cache is full. The cache
  * only shrinks while the batch runs, so `room` taken at batch_take holds. */
 static void batch_recycle(batch *b, op *o)
@@ -268,7 +284,10 @@ static void batch_run(weft__stream *s, batch *b)
 
     for (; o; o = next) {
         next = o->next;
-        op_run(o);
+        if (weft__trace_on())
+            op_run_traced(s, o);
+        else
+            op_run(o);
         b->done++;
         batch_recycle(b, o);
         if (b->done >= b->fire_at && b->done < b->end) {
@@ -448,7 +467,7 @@ static int host_wait(weft__stream *s, uint64_t seq)
         weft__lock_release(&s->lock);
         return WEFT_OK;
     }
-    weft__waiter_init(&m.w);
+    weft__waiter_init(&m.w, WEFT__WAITS_HOST_DEVICE);
     m.target = seq;
     weft__waitq_push(&s->pending, &m.w);
     return weft__waiter_wait(&m.w, &s->lock, false);
@@ -571,6 +590,7 @@ static int host_stream_lease(weft__device *d, int priority, weft__stream **out)
             s = fresh;
             fresh = NULL;
             s->leases = 1;
+            s->id = dev->nstreams;
             s->heap_pos = dev->nstreams;
             dev->heap[dev->nstreams++] = s;
             heap_up(dev->heap, s->heap_pos);

@@ -25,6 +25,7 @@
 #include "device/cuda_internal.h"
 #include "runtime.h"
 #include "task/task.h"
+#include "trace/trace.h"
 
 struct weft_graph {
     weft_runtime *rt;
@@ -373,7 +374,15 @@ int weft_graph_launch(weft_graph *g)
                           "GPU %d",
                           fn, g->ordinal, s->dev->ordinal);
     }
+    /* timed on the device for the timeline, as other work is */
+    weft__trace *tr = t->rt->trace;
+    bool timed = weft__trace_on() && !t->region_stream && weft__trace_recording(tr);
+    void *mark = timed ? weft__cuda_trace_begin(s) : NULL;
     e = cudaGraphLaunch(g->exec, s->handle);
+    if (timed) {
+        weft__op_info op = {.kind = WEFT__OP_GRAPH, .task = weft__trace_task_id(tr, &t->trace_id)};
+        weft__cuda_trace_end(s, mark, &op);
+    }
     weft__lock_release(&g->lock);
     return e == cudaSuccess ? WEFT_OK
                             : weft__cuda_fail(s->dev, "weft_graph_launch: cudaGraphLaunch", e);

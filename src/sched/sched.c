@@ -30,6 +30,7 @@
 #include "core/lock.h"
 #include "sched/deque.h"
 #include "sched/sched.h"
+#include "trace/trace.h"
 
 enum {
     FAIR_TICKS = 61,    /* shared queues checked first every this many picks */
@@ -498,6 +499,15 @@ static void commit_park(weft__worker *w, weft__task *t)
     }
 }
 
+/* The switch into t while a trace is on: its wait and its run are
+ * reported around it (before commit_park can let another worker take it). */
+__attribute__((noinline)) static void switch_traced(weft__worker *w, weft__task *t)
+{
+    uint64_t start = weft__trace_resume(t);
+    weft__fiber_switch(&w->fiber, &t->fiber);
+    weft__trace_leave(t, start, w->leave == WEFT__LEAVE_PARK);
+}
+
 static void run(weft__worker *w, weft__task *t)
 {
     if (!t->started && !weft__task_start(w, t))
@@ -505,7 +515,10 @@ static void run(weft__worker *w, weft__task *t)
     w->current = t;
     t->worker = w;
     weft__count(&w->stats.switches, 1);
-    weft__fiber_switch(&w->fiber, &t->fiber);
+    if (weft__trace_on())
+        switch_traced(w, t);
+    else
+        weft__fiber_switch(&w->fiber, &t->fiber);
     w->current = NULL;
     switch (w->leave) {
     case WEFT__LEAVE_PARK:

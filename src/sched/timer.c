@@ -162,7 +162,7 @@ void weft__timers_destroy(weft__timers *tm)
 int weft__timers_sleep(weft__timers *tm, uint64_t ns)
 {
     sleep_entry e = {.deadline = weft__now_ns() + ns, .index = NOT_QUEUED};
-    weft__waiter_init(&e.waiter);
+    weft__waiter_init(&e.waiter, WEFT__WAITS_SLEEP);
 
     weft__lock_acquire(&tm->lock);
     int rc = heap_push(tm, &e);

@@ -168,7 +168,7 @@ int weft_chan_send(weft_chan *ch, const void *item)
     weft__lock_acquire(&ch->lock);
     status = send_locked(ch, item);
     if (status == WEFT_EAGAIN) {
-        weft__waiter_init(&w);
+        weft__waiter_init(&w, WEFT__WAITS_SEND);
         w.data = (void *)item; /* only ever read */
         weft__waitq_push(&ch->senders, &w);
         /* WEFT_OK: a receiver took the item; ECLOSED: closed meanwhile. */
@@ -199,7 +199,7 @@ int weft_chan_recv(weft_chan *ch, void *item)
     weft__lock_acquire(&ch->lock);
     status = recv_locked(ch, item);
     if (status == WEFT_EAGAIN) {
-        weft__waiter_init(&w);
+        weft__waiter_init(&w, WEFT__WAITS_RECV);
         w.data = item;
         weft__waitq_push(&ch->receivers, &w);
         /* WEFT_OK: a sender copied its item in; ECLOSED: closed meanwhile. */

@@ -110,7 +110,7 @@ static int mutex_acquire(weft_mutex *m, uintptr_t self, bool cancellable)
         weft__lock_release(&m->lock);
         return WEFT_EDEADLK;
     }
-    weft__waiter_init(&w);
+    weft__waiter_init(&w, WEFT__WAITS_MUTEX);
     w.data = (void *)self;
     weft__waitq_push(&m->waiters, &w);
     /* WEFT_OK: the unlocker made us the owner before firing. */
@@ -253,7 +253,7 @@ int weft_cond_wait(weft_cond *c, weft_mutex *m)
 
     /* Lock order: cond, then mutex. Linking before the release is what
      * makes "release m and wait" atomic for anyone who signals under m. */
-    weft__waiter_init(&w);
+    weft__waiter_init(&w, WEFT__WAITS_COND);
     weft__lock_acquire(&c->lock);
     weft__waitq_push(&c->waiters, &w);
     weft__lock_acquire(&m->lock);
@@ -340,7 +340,7 @@ int weft_sem_wait(weft_sem *s)
         weft__lock_release(&s->lock);
         return WEFT_OK;
     }
-    weft__waiter_init(&w);
+    weft__waiter_init(&w, WEFT__WAITS_SEM);
     weft__waitq_push(&s->waiters, &w);
     /* WEFT_OK: a post handed us its permit. */
     status = weft__waitq_park(&s->waiters, &w, &s->lock, true);

@@ -265,6 +265,9 @@ int weft_spawn(weft_runtime *rt, weft_task **out, void *(*fn)(void *), void *arg
     t->region_open = t->region_broken = false;
     t->region_stream = NULL;
     t->errmsg[0] = '\0';
+    t->trace_id = 0;
+    t->trace_parked = 0;
+    t->nvtx_wait = 0;
 
     if (out)
         *out = handle_of(t);
@@ -326,7 +329,7 @@ static int wait_done(weft__task *t)
     if (atomic_load_explicit(&t->done, memory_order_acquire))
         return WEFT_OK;
     weft__waiter w;
-    weft__waiter_init(&w);
+    weft__waiter_init(&w, WEFT__WAITS_JOIN);
     weft__lock_acquire(&t->lock);
     if (atomic_load_explicit(&t->done, memory_order_relaxed)) {
         weft__lock_release(&t->lock);
@@ -439,11 +442,11 @@ int weft_when_any(weft_task *const *ts, size_t n, size_t *first)
     if (n > 16 && !(ws = malloc(n * sizeof *ws)))
         return weft__fail(WEFT_ENOMEM, "weft_when_any: no memory for %zu waiters", n);
     weft__parker *p = weft__parker_self();
-    weft__parker_arm(p, true);
+    weft__parker_arm(p, true, WEFT__WAITS_ANY);
     size_t linked = 0;
     for (; linked < n; linked++) {
         weft__task *t = record_of(ts[linked]);
-        weft__waiter_init(&ws[linked]);
+        weft__waiter_init(&ws[linked], WEFT__WAITS_ANY);
         weft__lock_acquire(&t->lock);
         bool done = atomic_load(&t->done);
         if (!done)

@@ -43,6 +43,7 @@ enum {
 typedef struct weft__parker {
     atomic_uint state;        /* also the futex word of a thread parker */
     struct weft__task *task;  /* NULL: the parker of a plain thread */
+    uint8_t waits_on;         /* a weft__waits_on, for the timeline */
 } weft__parker;
 
 typedef struct weft__task {
@@ -76,6 +77,11 @@ typedef struct weft__task {
     bool region_broken;       /* it tried to suspend: the region is dropped */
     uint64_t region_key;
     char errmsg[WEFT__ERRMSG_SIZE];
+    /* the timeline (trace/hooks.c); only written while a trace is on */
+    uint64_t trace_id;              /* 0 until first seen by a trace */
+    uint64_t trace_parked;          /* when it last parked, 0: it did not */
+    _Atomic uint64_t trace_woken;   /* when that wait was ended */
+    uint64_t nvtx_wait;             /* the NVTX range of that wait */
 } weft__task;
 
 /* Task records a worker keeps for reuse without locking. */
@@ -108,8 +114,9 @@ int weft__task_may_suspend(const char *fn);
 /* The calling task's or thread's parker. */
 weft__parker *weft__parker_self(void);
 
-/* Arm p (RUNNING -> ARMED) for a wait that may be fired from now on. */
-void weft__parker_arm(weft__parker *p, bool cancellable);
+/* Arm p (RUNNING -> ARMED) for a wait that may be fired from now on;
+ * waits_on (a weft__waits_on) says for what. */
+void weft__parker_arm(weft__parker *p, bool cancellable, unsigned waits_on);
 
 /* Release lock (if not NULL), then suspend the task (or block the thread)
  * until the armed parker is notified, and return the status it was notified

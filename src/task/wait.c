@@ -35,8 +35,9 @@ static int status_of(unsigned state)
     return -(int)(state >> WEFT__PARK_STATUS_SHIFT);
 }
 
-void weft__parker_arm(weft__parker *p, bool cancellable)
+void weft__parker_arm(weft__parker *p, bool cancellable, unsigned waits_on)
 {
+    p->waits_on = (uint8_t)waits_on;
     atomic_store(&p->state, WEFT__PARK_ARMED | (cancellable ? WEFT__PARK_CANCELLABLE : 0));
 }
 
@@ -87,6 +88,8 @@ bool weft__parker_notify(weft__parker *p, int status, bool cancel)
         if (atomic_compare_exchange_weak(&p->state, &st, notified))
             break;
     }
+    if (weft__trace_on() && p->task)
+        weft__trace_woken(p->task);
     if (phase(st) == WEFT__PARK_WAITING) {
         if (p->task)
             weft__sched_wake(weft__runtime_sched(p->task->rt), p->task);
@@ -96,17 +99,18 @@ bool weft__parker_notify(weft__parker *p, int status, bool cancel)
     return true;
 }
 
-void weft__waiter_init(weft__waiter *w)
+void weft__waiter_init(weft__waiter *w, unsigned waits_on)
 {
     w->parker = weft__parker_self();
     w->next = w->prev = NULL;
     w->data = NULL;
     w->linked = false;
+    w->waits_on = (uint8_t)waits_on;
 }
 
 int weft__waiter_wait(weft__waiter *w, weft__lock *lock, bool cancellable)
 {
-    weft__parker_arm(w->parker, cancellable);
+    weft__parker_arm(w->parker, cancellable, w->waits_on);
     return weft__parker_park(w->parker, lock);
 }
 

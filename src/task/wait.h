@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "core/lock.h"
+#include "trace/trace.h"
 #include "weft.h"
 
 struct weft__parker;
@@ -44,10 +45,12 @@ typedef struct weft__waiter {
     struct weft__waiter *prev;
     void *data;                  /* for the list's owner, e.g. an item buffer */
     bool linked;                 /* for the list's owner */
+    uint8_t waits_on;            /* what for: a weft__waits_on (trace/trace.h) */
 } weft__waiter;
 
-/* Bind w to the calling task, or to the calling thread outside tasks. */
-void weft__waiter_init(weft__waiter *w);
+/* Bind w to the calling task, or to the calling thread outside tasks;
+ * waits_on (a weft__waits_on) names what it will wait for in traces. */
+void weft__waiter_init(weft__waiter *w, unsigned waits_on);
 
 /* Suspend the calling task (or block the calling thread) until w fires.
  * lock, held by the caller, is released once w can be fired safely; it may

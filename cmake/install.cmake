@@ -1,0 +1,38 @@
+# make install: the libraries, the headers, a CMake package and a pkg-config
+# file, all relocatable (the prefix may change between configuring and
+# installing: cmake --install build --prefix DIR).
+#
+#   find_package(weft)  ->  weft::weft         the shared library
+#                           weft::weft_static  the static one; it brings its
+#                                              dependencies (threads, libm,
+#                                              and with CUDA the static CUDA
+#                                              runtime) along
+#   pkg-config weft     ->  -lweft; --static adds the same dependencies
+include(CMakePackageConfigHelpers)
+
+set_target_properties(weft PROPERTIES EXPORT_NAME weft_static)
+set_target_properties(weft_shared PROPERTIES EXPORT_NAME weft)
+
+install(TARGETS weft weft_shared EXPORT weftTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(FILES include/weft.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY include/weft DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+
+set(WEFT_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/weft)
+install(EXPORT weftTargets NAMESPACE weft:: DESTINATION ${WEFT_CMAKE_DIR})
+configure_package_config_file(cmake/weftConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/weftConfig.cmake INSTALL_DESTINATION ${WEFT_CMAKE_DIR})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/weftConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/weftConfig.cmake ${PROJECT_BINARY_DIR}/weftConfigVersion.cmake
+  DESTINATION ${WEFT_CMAKE_DIR})
+
+# pkg-config: the static library's own dependencies go to Libs.private.
+set(WEFT_PC_PRIVATE "-lpthread -lm")
+if(WEFT_HAVE_CUDA)
+  string(APPEND WEFT_PC_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -ldl -lrt")
+endif()
+configure_file(cmake/weft.pc.in ${PROJECT_BINARY_DIR}/weft.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/weft.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
