@@ -165,6 +165,7 @@ static int cuda_copy(weft__stream *s, void *dst, const void *src, size_t n)
     int rc = weft__cuda_enter(s, "weft_memcpy_async");
     if (rc)
         return rc;
+    weft__cuda_note_work(s);
     bool from_pageable = pageable(src), to_pageable = pageable(dst);
     if (from_pageable && to_pageable)
         return enqueue_host_copy(s, dst, src, n, NULL);
@@ -208,6 +209,7 @@ static int cuda_fill(weft__stream *s, void *dst, int value, size_t n)
     int rc = weft__cuda_enter(s, "weft_memset_async");
     if (rc)
         return rc;
+    weft__cuda_note_work(s);
     cudaError_t e;
     if (pageable(dst)) {
         host_fill *f = malloc(sizeof *f);
@@ -229,6 +231,7 @@ static int cuda_host_fn(weft__stream *s, void (*fn)(void *arg), void *arg)
     int rc = weft__cuda_enter(s, "weft_host_async");
     if (rc)
         return rc;
+    weft__cuda_note_work(s);
     cudaError_t e = cudaLaunchHostFunc(s->handle, fn, arg);
     return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaLaunchHostFunc", e);
 }
@@ -239,6 +242,7 @@ static int cuda_launch(weft__stream *s, const void *kernel, weft_dim3 grid, weft
     int rc = weft__cuda_enter(s, "weft_launch");
     if (rc)
         return rc;
+    weft__cuda_note_work(s);
     dim3 g = {grid.x, grid.y, grid.z}, b = {block.x, block.y, block.z};
     cudaError_t e = cudaLaunchKernel(kernel, g, b, args, shared_bytes, s->handle);
     return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaLaunchKernel", e);
@@ -266,8 +270,11 @@ static int cuda_free_async(weft__stream *s, void *ptr)
     return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaFreeAsync", e);
 }
 
+/* Whoever asks for the handle enqueues on it behind weft's back: count the
+ * stream busy from now on, until its next marker completes. */
 static void *cuda_native(weft__stream *s)
 {
+    weft__cuda_note_work(s);
     return s->handle;
 }
 
@@ -313,6 +320,7 @@ int weft__cuda_stream_create_bare(weft__cuda_device *dev, weft__stream **out)
         return rc;
     }
     s->dev = dev;
+    s->capture = true;
     *out = s;
     return WEFT_OK;
 }
