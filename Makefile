@@ -1,5 +1,6 @@
 # Short commands over CMake. `make test` is all a fresh machine needs.
 #   make            build (RelWithDebInfo) into build/
+#   make run        the main program, weft-images, on a generated sample set
 #   make test       build and run the host test suite under CTest
 #   make check-asan the same suite under AddressSanitizer + UBSan
 #   make check-tsan the same suite under ThreadSanitizer
@@ -15,6 +16,17 @@ CTEST  ?= ctest
 all: deps
 	$(CMAKE) -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	$(CMAKE) --build build -j $(JOBS)
+
+# The main program: weft-images on a generated sample set (3000 images with
+# planted near-duplicates, made once), scored against its ground truth.
+RUN_DIR ?= build/run
+.PHONY: run
+run: all
+	@test -s $(RUN_DIR)/truth.txt || \
+	  build/apps/weft-images/weft-images-sample -n 3000 -t $(RUN_DIR)/truth.txt $(RUN_DIR)/images
+	build/apps/weft-images/weft-images --truth $(RUN_DIR)/truth.txt \
+	  -o $(RUN_DIR)/features.jsonl $(RUN_DIR)/images
+	@echo "make run: one JSON line per image and per group in $(RUN_DIR)/features.jsonl"
 
 # Installs missing Debian/Ubuntu packages; does nothing when all are there.
 deps:
