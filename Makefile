@@ -7,6 +7,7 @@
 #   make bench      build optimized and run the CPU benchmarks
 #   make gpu-test   build, then run the GPU test suite (tests/gpu/; skipped without a GPU)
 #   make gpu-bench  build optimized and run the GPU benchmarks (nvcc and a GPU)
+#   make images-bench  weft-images against a thread pool on the GPU
 JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE  ?= cmake
 CTEST  ?= ctest
@@ -22,6 +23,8 @@ all: deps
 RUN_DIR ?= build/run
 .PHONY: run
 run: all
+	@test -x build/apps/weft-images/weft-images || \
+	  { echo "make run: weft-images was not built: it needs libstb-dev (scripts/install-deps)" >&2; exit 1; }
 	@test -s $(RUN_DIR)/truth.txt || \
 	  build/apps/weft-images/weft-images-sample -n 3000 -t $(RUN_DIR)/truth.txt $(RUN_DIR)/images
 	build/apps/weft-images/weft-images --truth $(RUN_DIR)/truth.txt \
@@ -60,6 +63,14 @@ gpu-bench: deps
 	$(CMAKE) -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DWEFT_TESTS=OFF
 	$(CMAKE) --build build-release -j $(JOBS)
 	scripts/gpu-bench
+
+# weft-images against its thread-pool peer on the GPU; appended to
+# bench/RESULTS.md.
+.PHONY: images-bench
+images-bench: deps
+	$(CMAKE) -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DWEFT_TESTS=OFF
+	$(CMAKE) --build build-release -j $(JOBS)
+	scripts/images-bench
 
 # The GPU suite (CTest label `gpu`); scripts/gpu-check runs it under
 # compute-sanitizer.

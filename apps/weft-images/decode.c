@@ -21,7 +21,7 @@
 
 enum {
     MAX_PIXELS = 1 << 28, /* 256 Mpixels: 768 MiB decoded, ~2 GiB on the device */
-    MAX_SIDE = 1 << 20,   /* keeps every launch grid within CUDA's limits */
+    MAX_SIDE = 1 << 19,   /* keeps every launch grid within CUDA's limits */
 };
 
 typedef enum format { FMT_UNKNOWN, FMT_PNG, FMT_JPEG, FMT_GIF, FMT_BMP, FMT_PNM } format;
