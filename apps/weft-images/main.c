@@ -165,22 +165,27 @@ static void *image_task(void *arg)
     return NULL;
 }
 
-/* Spawn a task per file, never more than inflight at once, and wait for
- * them all, drawing the progress bar meanwhile. */
+/* Spawn a task per file, never more than inflight at once, drawing the
+ * progress bar meanwhile. */
 static int run_all(run *r, job *jobs)
 {
     for (size_t i = 0; i < r->files.n; i++) {
         int rc = weft_sem_wait(r->slots); /* a plain thread: blocks */
         jobs[i] = (job){r, i};
-        if (rc == WEFT_OK)
-            rc = weft_spawn(r->rt, NULL, image_task, &jobs[i], NULL);
-        if (rc) {
+        if (rc == WEFT_OK && (rc = weft_spawn(r->rt, NULL, image_task, &jobs[i], NULL)))
+            weft_sem_post(r->slots); /* the slot it would have given back */
+        if (rc) {                    /* those started still finish; the rest are not looked at */
             wi_report_msg("cannot start a task: %s", weft_last_error());
-            r->files.n = i; /* those started still finish */
-            break;
+            return rc;
         }
         wi_report_progress(atomic_load(&r->done));
     }
+    return WEFT_OK;
+}
+
+/* Wait until every task has given its slot back. */
+static void wait_all(run *r)
+{
     for (unsigned held = 0; held < r->opt.inflight;) {
         if (weft_sem_trywait(r->slots) == WEFT_OK) {
             held++;
@@ -191,7 +196,6 @@ static int run_all(run *r, job *jobs)
     }
     wi_report_progress(atomic_load(&r->done));
     wi_report_end();
-    return WEFT_OK;
 }
 
 /* ---- groups ----------------------------------------------------------------- */
@@ -495,7 +499,8 @@ int main(int argc, char **argv)
     wi_report_start(r.files.n, !r.opt.quiet && isatty(STDERR_FILENO));
     double cpu0 = cpu_seconds();
     uint64_t t0 = wi_now_ns();
-    run_all(&r, jobs);
+    int started = run_all(&r, jobs);
+    wait_all(&r);
     double wall = (double)(wi_now_ns() - t0) / 1e9, cpu = cpu_seconds() - cpu0;
     wi_activity_settle(&r.activity);
     weft_stats st;
@@ -529,7 +534,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "weft-images: writing %s failed\n", r.opt.output ? r.opt.output : "stdout");
         status = EXIT_RUN;
     }
-    if (atomic_load(&r.device_failed))
+    if (atomic_load(&r.device_failed) || started != WEFT_OK)
         status = EXIT_RUN;
 
     weft_sem_destroy(r.slots);

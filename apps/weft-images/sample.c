@@ -13,7 +13,7 @@
  * group of near-duplicates: its file names, separated by tabs.
  *
  * N more files (default 5) are broken on purpose: empty, truncated PNG,
- * JPEG, BMP and GIF, random bytes, plain text. They are in no group.
+ * JPEG, BMP, GIF and PPM, random bytes, plain text. They are in no group.
  *
  * The output depends on COUNT, SEED and --broken only (not on THREADS):
  * every image is drawn from its own random stream.
@@ -435,7 +435,7 @@ static int write_broken(const char *dir, uint64_t seed, unsigned count)
     } kinds[] = {
         {"empty.png", PNG, -1},     {"truncated.png", PNG, 50}, {"truncated.jpg", JPEG, 60},
         {"noise.jpg", JPEG, 0},     {"notes.txt", PNG, 0},      {"truncated.bmp", BMP, 70},
-        {"truncated.gif", GIF, 50},
+        {"truncated.gif", GIF, 50}, {"truncated.ppm", PPM, 60},
     };
     rng r = stream(seed, 0, 3);
     scene s;

@@ -128,7 +128,7 @@ static void test_fixtures_give_exact_json_and_groups(void **state)
 
 /* ---- a generated set with broken files -------------------------------------- */
 
-enum { IMAGES = 120, BROKEN = 7 };
+enum { IMAGES = 120, BROKEN = 8 };
 
 static void test_sample_set_with_broken_files_runs_to_the_end(void **state)
 {
@@ -164,6 +164,8 @@ static void test_sample_set_with_broken_files_runs_to_the_end(void **state)
     assert_non_null(line_with(r.err, "broken-04-noise.jpg: not an image"));
     assert_non_null(line_with(r.err, "broken-05-notes.txt: not an image"));
     assert_non_null(line_with(r.err, "broken-06-truncated.bmp: truncated BMP"));
+    assert_non_null(line_with(r.err, "broken-07-truncated.gif: truncated GIF"));
+    assert_non_null(line_with(r.err, "broken-08-truncated.ppm: truncated PNM"));
     char summary[128];
     snprintf(summary, sizeof summary, "%d files: %d images, %d not readable images",
              IMAGES + BROKEN, IMAGES, BROKEN);
