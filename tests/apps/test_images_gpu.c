@@ -2,7 +2,10 @@
  * test_images_gpu.c - weft-images gives the same results on the GPU as on
  * the host backend: every JSON line (hash, histogram, size) bit for bit,
  * on fixtures and on a generated sample set with broken files, and so the
- * same groups. Exits 77 (skipped) without a GPU.
+ * same groups. The set includes a picture large enough for the kernels'
+ * grid-stride loops and one smaller than the 32x32 shrink. The benchmark's
+ * thread-pool peer must write the same image lines too. Exits 77 (skipped)
+ * without a GPU.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -71,6 +74,20 @@ static void test_gpu_and_host_give_identical_lines(void **state)
     for (int i = 0; i < 7 * 5 * 3; i++)
         rgb[i] = (uint8_t)(i * 37);
     assert_true(write_pnm(tiny, rgb, 7, 5, false));
+    enum { LW = 1999, LH = 1501 }; /* 3 Mpixels: beyond one grid of the histogram kernel */
+    uint8_t *large_rgb = malloc((size_t)LW * LH * 3);
+    char *large = join(images, "large.png");
+    assert_non_null(large_rgb);
+    for (int y = 0; y < LH; y++)
+        for (int x = 0; x < LW; x++) {
+            uint8_t *px = large_rgb + 3 * ((size_t)y * LW + x);
+            int dx = x - 700, dy = y - 900;
+            px[0] = (uint8_t)(x * 255 / LW);
+            px[1] = dx * dx + dy * dy < 400 * 400 ? 230 : (uint8_t)(y * 255 / LH);
+            px[2] = (uint8_t)((x ^ y) & 255);
+        }
+    assert_true(stbi_write_png(large, LW, LH, 3, large_rgb, LW * 3));
+    free(large_rgb);
 
     char *host = run_backend(dir, images, "host"), *cuda = run_backend(dir, images, "cuda");
     size_t nh, nc;
@@ -80,10 +97,41 @@ static void test_gpu_and_host_give_identical_lines(void **state)
     for (size_t i = 0; i < nh; i++)
         if (strcmp(lh[i], lc[i]))
             fail_msg("host and GPU differ:\n  host %s\n  cuda %s", lh[i], lc[i]);
+    bool large_seen = false; /* the text is cut into lines now: look line by line */
+    for (size_t i = 0; i < nc; i++)
+        large_seen |= strstr(lc[i], "large.png\",\"width\":1999,\"height\":1501") != NULL;
+    assert_true(large_seen);
+
+#ifdef WI_THREADS_BIN
+    /* The peer writes image lines only: they must be the same ones. */
+    char *peer_path = join(dir, "threads.jsonl");
+    char *argv[] = {WI_THREADS_BIN, "-j", "4", "-o", peer_path, images, NULL};
+    r = run_program(dir, argv);
+    assert_int_equal(r.status, 0);
+    ran_free(&r);
+    char *peer = slurp(peer_path);
+    assert_non_null(peer);
+    size_t np, images_lines = 0;
+    char **lp = sorted_lines(peer, &np);
+    for (size_t i = 0, j = 0; i < nc; i++) {
+        if (!strstr(lc[i], "\"path\""))
+            continue;
+        images_lines++;
+        assert_true(j < np);
+        if (strcmp(lc[i], lp[j]))
+            fail_msg("weft-images and its peer differ:\n  weft %s\n  peer %s", lc[i], lp[j]);
+        j++;
+    }
+    assert_int_equal(np, images_lines);
+    free(lp);
+    free(peer);
+    free(peer_path);
+#endif
     free(lh);
     free(lc);
     free(host);
     free(cuda);
+    free(large);
     free(quad);
     free(tiny);
     free(images);
