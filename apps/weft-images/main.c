@@ -289,18 +289,19 @@ static void summary(run *r, const char *backend, double wall, double cpu, const 
             images, atomic_load(&r->failed));
     if (atomic_load(&r->device_failed))
         fprintf(stderr, ", %zu failed on the device", atomic_load(&r->device_failed));
-    fprintf(stderr, "\n  backend %s (%u device%s, %s), %u workers\n", backend, devices,
+    unsigned workers = weft_runtime_workers(r->rt);
+    fprintf(stderr, "\n  backend %s (%u device%s, %s), %u worker%s\n", backend, devices,
             devices > 1 ? "s" : "", r->kernels ? "CUDA kernels" : "host versions of the kernels",
-            weft_runtime_workers(r->rt));
+            workers, workers > 1 ? "s" : "");
     fprintf(stderr, "  %.2f s: %.1f images/s, %.1f MB/s decoded\n", wall,
             wall > 0 ? (double)images / wall : 0,
             wall > 0 ? (double)atomic_load(&r->pixel_bytes) / 1e6 / wall : 0);
     double device_pct = busy / devices * pct, host_pct = (double)r->activity.host_ns / 1e9 * pct;
     double cores = wall > 0 ? cpu / wall : 0, overlap_pct = (double)r->activity.both_ns / 1e9 * pct;
     fprintf(stderr,
-            "  device busy %.1f%%, host busy %.1f%% (%.2f cores used), overlap %.1f%% "
+            "  %s busy %.1f%%, host busy %.1f%% (%.2f cores used), overlap %.1f%% "
             "(host and device work at once)\n",
-            device_pct, host_pct, cores, overlap_pct);
+            r->kernels ? "GPU" : "device", device_pct, host_pct, cores, overlap_pct);
     if (r->opt.bench) {
         const char *b = r->opt.bench;
         printf("BENCH %s.images_per_s %.1f images/s\n", b, wall > 0 ? (double)images / wall : 0);

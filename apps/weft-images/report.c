@@ -50,7 +50,7 @@ static void draw(uint64_t now)
     cells[BAR_WIDTH] = '\0';
     fprintf(stderr, "\r[%s] %zu/%zu %3d%%  %.0f images/s", cells, bar.done, bar.total,
             bar.total ? (int)(100 * bar.done / bar.total) : 100, rate);
-    if (rate > 0 && bar.done < bar.total) {
+    if (s >= 1 && rate > 0 && bar.done < bar.total) { /* the first second's rate is noise */
         unsigned eta = (unsigned)((double)(bar.total - bar.done) / rate + 0.5);
         fprintf(stderr, "  ETA %u:%02u", eta / 60, eta % 60);
     }
