@@ -497,7 +497,9 @@ int main(int argc, char **argv)
         return EXIT_RUN;
 
     wi_activity_init(&r.activity);
-    wi_report_start(r.files.n, !r.opt.quiet && isatty(STDERR_FILENO));
+    /* The bar only on a terminal, and not when the JSON lines scroll past on it */
+    bool bar = !r.opt.quiet && isatty(STDERR_FILENO) && !(r.out == stdout && isatty(STDOUT_FILENO));
+    wi_report_start(r.files.n, bar);
     double cpu0 = cpu_seconds();
     uint64_t t0 = wi_now_ns();
     int started = run_all(&r, jobs);
