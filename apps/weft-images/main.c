@@ -323,7 +323,7 @@ static void usage(FILE *f)
           "  -t, --threshold BITS  hashes at most BITS apart (0-64) are near-duplicates;\n"
           "                        default 10\n"
           "  -j, --workers N       worker threads (default: one per CPU)\n"
-          "      --inflight N      images in flight at once (default: 4 per worker)\n"
+          "      --inflight N      images in flight at once (default: 8 per worker)\n"
           "      --backend NAME    auto (default), cuda or host\n"
           "      --truth FILE      score the groups against FILE: one line per true group,\n"
           "                        its paths relative to the folder, separated by tabs\n"
@@ -457,7 +457,7 @@ static int start_runtime(run *r, const char **backend)
     if (!r->opt.workers)
         r->opt.workers = weft_runtime_workers(r->rt);
     if (!r->opt.inflight)
-        r->opt.inflight = 4 * r->opt.workers;
+        r->opt.inflight = 8 * r->opt.workers;
     if (weft_sem_create(&r->slots, r->opt.inflight) != WEFT_OK) {
         fprintf(stderr, "weft-images: %s\n", weft_last_error());
         return -1;
