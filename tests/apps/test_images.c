@@ -188,6 +188,72 @@ static void test_sample_set_with_broken_files_runs_to_the_end(void **state)
     free(dir);
 }
 
+/* ---- the progress bar ------------------------------------------------------- */
+
+/* Run weft-images with stderr on a pseudo-terminal; return what it showed. */
+static char *run_on_terminal(char *const argv[], int *status)
+{
+    int master = posix_openpt(O_RDWR | O_NOCTTY);
+    assert_true(master >= 0);
+    assert_int_equal(grantpt(master), 0);
+    assert_int_equal(unlockpt(master), 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, ptsname(master), O_RDWR | O_NOCTTY, 0);
+    pid_t pid;
+    assert_int_equal(posix_spawn(&pid, argv[0], &fa, NULL, argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    size_t cap = 1 << 16, len = 0;
+    char *text = malloc(cap);
+    assert_non_null(text);
+    for (;;) { /* read as it comes, so the child never blocks on a full terminal */
+        ssize_t k = read(master, text + len, cap - 1 - len);
+        if (k <= 0)
+            break; /* EIO once the child has closed its side */
+        len += (size_t)k;
+        if (len == cap - 1)
+            break;
+    }
+    text[len] = '\0';
+    int ws;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    *status = WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
+    close(master);
+    return text;
+}
+
+static void test_progress_bar_only_on_a_terminal(void **state)
+{
+    fixtures fx = {0};
+    (void)state;
+    make_fixtures(&fx);
+    char *out_path = join(fx.dir, ".out.jsonl");
+    char *argv[] = {WI_BIN, "--backend", "host", "-o", out_path, fx.dir, NULL};
+    int status;
+    char *shown = run_on_terminal(argv, &status);
+    assert_int_equal(status, 0);
+    /* The last drawing shows every file done, and is erased for the summary. */
+    if (!strstr(shown, "[##############################] 5/5 100%"))
+        fail_msg("no finished bar on the terminal:\n%s", shown);
+    assert_non_null(strstr(shown, "images/s\033[K"));
+    assert_non_null(strstr(shown, "\r\033[K"));
+    free(shown);
+
+    /* -q, or stderr not a terminal: no bar. */
+    char *quiet[] = {WI_BIN, "-q", "--backend", "host", "-o", out_path, fx.dir, NULL};
+    shown = run_on_terminal(quiet, &status);
+    assert_int_equal(status, 0);
+    assert_null(strchr(shown, '['));
+    free(shown);
+    ran r = run_program(fx.dir, argv);
+    assert_int_equal(r.status, 0);
+    assert_null(strchr(r.err, '\r'));
+    assert_null(strchr(r.err, '['));
+    ran_free(&r);
+    free(out_path);
+    free_fixtures(&fx);
+}
+
 /* ---- the command line ------------------------------------------------------- */
 
 static void expect_usage_error(const char *dir, char *const argv[], const char *message)
@@ -241,6 +307,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixtures_give_exact_json_and_groups),
         cmocka_unit_test(test_sample_set_with_broken_files_runs_to_the_end),
+        cmocka_unit_test(test_progress_bar_only_on_a_terminal),
         cmocka_unit_test(test_bad_command_lines_exit_2_with_a_message),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
