@@ -1,5 +1,6 @@
 # Short commands over CMake. `make test` is all a fresh machine needs.
 #   make            build (RelWithDebInfo) into build/
+#   make run        the main program, weft-images, on a generated sample set
 #   make test       build and run the host test suite under CTest
 #   make check-asan the same suite under AddressSanitizer + UBSan
 #   make check-tsan the same suite under ThreadSanitizer
@@ -10,6 +11,7 @@
 #                   libraries, headers, CMake package, pkg-config file
 #   make check-install  install into a temporary prefix and build and run
 #                   examples/consumer against it (CMake and pkg-config)
+#   make images-bench  weft-images against a thread pool on the GPU
 JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE  ?= cmake
 CTEST  ?= ctest
@@ -19,6 +21,19 @@ CTEST  ?= ctest
 all: deps
 	$(CMAKE) -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	$(CMAKE) --build build -j $(JOBS)
+
+# The main program: weft-images on a generated sample set (3000 images with
+# planted near-duplicates, made once), scored against its ground truth.
+RUN_DIR ?= build/run
+.PHONY: run
+run: all
+	@test -x build/apps/weft-images/weft-images || \
+	  { echo "make run: weft-images was not built: it needs libstb-dev (scripts/install-deps)" >&2; exit 1; }
+	@test -s $(RUN_DIR)/truth.txt || \
+	  build/apps/weft-images/weft-images-sample -n 3000 -t $(RUN_DIR)/truth.txt $(RUN_DIR)/images
+	build/apps/weft-images/weft-images --truth $(RUN_DIR)/truth.txt \
+	  -o $(RUN_DIR)/features.jsonl $(RUN_DIR)/images
+	@echo "make run: one JSON line per image and per group in $(RUN_DIR)/features.jsonl"
 
 # Installs missing Debian/Ubuntu packages; does nothing when all are there.
 deps:
@@ -52,6 +67,14 @@ gpu-bench: deps
 	$(CMAKE) -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DWEFT_TESTS=OFF
 	$(CMAKE) --build build-release -j $(JOBS)
 	scripts/gpu-bench
+
+# weft-images against its thread-pool peer on the GPU; appended to
+# bench/RESULTS.md.
+.PHONY: images-bench
+images-bench: deps
+	$(CMAKE) -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DWEFT_TESTS=OFF
+	$(CMAKE) --build build-release -j $(JOBS)
+	scripts/images-bench
 
 # The GPU suite (CTest label `gpu`); scripts/gpu-check runs it under
 # compute-sanitizer.

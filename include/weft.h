@@ -83,6 +83,8 @@ int weft_runtime_destroy(weft_runtime *rt);
 /* The runtime running the calling task, or NULL outside tasks. */
 weft_runtime *weft_runtime_current(void);
 
+#define WEFT_STATS_DEVICES 16
+
 /* What a runtime has done so far. Counters are kept per worker and summed
  * when read, so reading costs nothing on the hot paths; the sum is a
  * snapshot, not taken at a single instant. */
@@ -94,6 +96,13 @@ typedef struct weft_stats {
     uint64_t parks;          /* times a worker went to sleep for want of work */
     uint64_t awaits;         /* weft_await calls that had device work to wait for */
     double await_mean_us;    /* their mean time from the call to the return */
+    /* Per device (the first WEFT_STATS_DEVICES), the time it had work
+     * outstanding: from work enqueued while it was idle until the last
+     * pending work is seen complete. A GPU counts time its work waits in
+     * CUDA's queues as busy; the host backend counts queued and running
+     * operations. devices is 0 until the first device call creates them. */
+    unsigned devices;
+    uint64_t device_busy_ns[WEFT_STATS_DEVICES];
 } weft_stats;
 int weft_stats_get(weft_runtime *rt, weft_stats *stats);
 

@@ -348,9 +348,16 @@ int weft_stats_get(weft_runtime *rt, weft_stats *stats)
     if (!stats)
         return weft__fail(WEFT_EINVAL, "weft_stats_get: stats is NULL");
     int rc = weft__runtime_check(rt, "weft_stats_get");
-    if (rc == WEFT_OK)
-        weft__sched_stats(rt->sched, stats);
-    return rc;
+    if (rc != WEFT_OK)
+        return rc;
+    weft__sched_stats(rt->sched, stats);
+    stats->devices = 0;
+    if (atomic_load_explicit(&rt->devices_ready, memory_order_acquire)) {
+        stats->devices = rt->ndevices;
+        for (unsigned i = 0; i < rt->ndevices && i < WEFT_STATS_DEVICES; i++)
+            stats->device_busy_ns[i] = weft__busy_read(&rt->devices[i]->busy);
+    }
+    return WEFT_OK;
 }
 
 unsigned weft_runtime_workers(const weft_runtime *rt)

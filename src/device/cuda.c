@@ -165,6 +165,7 @@ static int cuda_copy(weft__stream *s, void *dst, const void *src, size_t n)
     int rc = weft__cuda_enter(s, "weft_memcpy_async");
     if (rc)
         return rc;
+    weft__cuda_note_work(s);
     bool from_pageable = pageable(src), to_pageable = pageable(dst);
     if (s->recording) { /* graph mode: record what a graph node can copy */
         if (!from_pageable && !to_pageable)
@@ -214,6 +215,7 @@ static int cuda_fill(weft__stream *s, void *dst, int value, size_t n)
     int rc = weft__cuda_enter(s, "weft_memset_async");
     if (rc)
         return rc;
+    weft__cuda_note_work(s);
     cudaError_t e;
     bool host_side = pageable(dst);
     if (s->recording) {
@@ -242,6 +244,7 @@ static int cuda_host_fn(weft__stream *s, void (*fn)(void *arg), void *arg)
     int rc = weft__cuda_enter(s, "weft_host_async");
     if (rc || (s->recording && (rc = weft__cuda_region_capture(s))))
         return rc;
+    weft__cuda_note_work(s);
     cudaError_t e = cudaLaunchHostFunc(s->handle, fn, arg);
     return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaLaunchHostFunc", e);
 }
@@ -252,6 +255,7 @@ static int cuda_launch(weft__stream *s, const void *kernel, weft_dim3 grid, weft
     int rc = weft__cuda_enter(s, "weft_launch");
     if (rc)
         return rc;
+    weft__cuda_note_work(s);
     if (s->recording) {
         rc = weft__cuda_record_launch(s->record, kernel, grid, block, shared_bytes, args);
         if (rc != WEFT__CUDA_NOT_RECORDED || (rc = weft__cuda_region_capture(s)))
@@ -284,10 +288,13 @@ static int cuda_free_async(weft__stream *s, void *ptr)
     return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaFreeAsync", e);
 }
 
+/* Whoever asks for the handle enqueues on it behind weft's back: count the
+ * stream busy from now on, until its next marker completes. Inside a region
+ * that work cannot be recorded: capture it (should the capture fail to
+ * start, the region's end reports it). */
 static void *cuda_native(weft__stream *s)
 {
-    /* Work the caller enqueues itself cannot be recorded: capture it. Should
-     * the capture fail to start, the region's end reports it. */
+    weft__cuda_note_work(s);
     if (s->recording)
         weft__cuda_region_capture(s);
     return s->handle;
@@ -335,6 +342,7 @@ int weft__cuda_stream_create_bare(weft__cuda_device *dev, weft__stream **out)
         return rc;
     }
     s->dev = dev;
+    s->capture = true;
     *out = s;
     return WEFT_OK;
 }

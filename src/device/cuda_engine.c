@@ -113,12 +113,25 @@ static void query_events(weft__stream *s)
     cudaGetLastError();
 }
 
+/* The stream is idle once its last marker is done and nothing was enqueued
+ * after it; on a failed device, nothing more will run. Call with s->lock
+ * held. */
+static void idle_if_done(weft__stream *s, int status)
+{
+    if (s->busy && !atomic_load_explicit(&s->unmarked, memory_order_relaxed) &&
+        (status != WEFT_OK || weft__cuda_reached(s, s->marked))) {
+        s->busy = false;
+        weft__busy_end(&s->dev->base.busy);
+    }
+}
+
 /* Fire the waiters s has reached (all of them, with status, if status is a
  * failure). Call with s->lock held. */
 static unsigned fire_reached(weft__stream *s, int status)
 {
     if (status == WEFT_OK && s->dev->completion == WEFT__CUDA_EVENT)
         query_events(s);
+    idle_if_done(s, status); /* before anyone woken below can look */
     unsigned fired = 0;
     weft__waiter *w;
     while ((w = s->pending.head) != NULL) {
@@ -228,8 +241,10 @@ int weft__cuda_mark(weft__stream *s, uint64_t *seq)
         return rc;
     weft__lock_acquire(&s->lock);
     uint64_t next = s->marked + 1;
-    if ((rc = enqueue_marker(s, next)) == WEFT_OK)
+    if ((rc = enqueue_marker(s, next)) == WEFT_OK) {
         s->marked = next;
+        atomic_store_explicit(&s->unmarked, false, memory_order_relaxed);
+    }
     weft__lock_release(&s->lock);
     if (rc == WEFT_OK)
         *seq = next;
@@ -254,13 +269,14 @@ int weft__cuda_wait(weft__stream *s, uint64_t seq)
 {
     weft__cuda_device *dev = s->dev;
     int rc = weft__cuda_check_failed(dev, "weft_await");
-    if (rc || weft__cuda_reached(s, seq))
+    if (rc)
         return rc;
 
     marker m = {.seq = seq};
     weft__waiter_init(&m.w, WEFT__WAITS_GPU);
     weft__lock_acquire(&s->lock);
-    if (weft__cuda_reached(s, seq)) {
+    if (weft__cuda_reached(s, seq)) { /* done already: no waiter fires for it */
+        idle_if_done(s, WEFT_OK);
         weft__lock_release(&s->lock);
         return WEFT_OK;
     }

@@ -47,8 +47,11 @@ struct weft__stream {
     unsigned leases;              /* guarded by dev->pool_lock */
     int class_;                   /* 0 normal and low, 1 high */
     weft__stream *next_capture;   /* a capture stream's free-list link */
+    bool capture;                 /* records for graph mode, never runs or waits */
     bool recording;               /* a capture stream keeping a record, not capturing */
     struct weft__cuda_record *record; /* what it recorded (cuda_record.c) */
+    bool busy;                    /* has work outstanding (the device's busy time) */
+    _Atomic bool unmarked;        /* work enqueued since the last marker; implies busy */
 
     volatile uint32_t *flag;      /* FLAG: written by the GPU */
     CUdeviceptr flag_device;
@@ -125,6 +128,23 @@ int weft__cuda_enter(weft__stream *s, const char *call);
  * never awaited): graph mode records regions on such streams. */
 int weft__cuda_stream_create_bare(weft__cuda_device *dev, weft__stream **out);
 void weft__cuda_stream_destroy_bare(weft__stream *s);
+
+/* Work is about to be enqueued on s: from idle, the device's busy time
+ * starts. It ends when a marker placed after the work is seen complete
+ * (weft__cuda_idle_if_done). After the first operation this is one relaxed
+ * load. */
+static inline void weft__cuda_note_work(weft__stream *s)
+{
+    if (s->capture || atomic_load_explicit(&s->unmarked, memory_order_relaxed))
+        return;
+    weft__lock_acquire(&s->lock);
+    atomic_store_explicit(&s->unmarked, true, memory_order_relaxed);
+    if (!s->busy) {
+        s->busy = true;
+        weft__busy_begin(&s->dev->base.busy);
+    }
+    weft__lock_release(&s->lock);
+}
 
 /* ---- cuda_graph.c ------------------------------------------------------- */
 

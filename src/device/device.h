@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/clock.h"
+#include "core/lock.h"
 #include "task/wait.h"
 #include "trace/trace.h"
 #include "weft.h"
@@ -113,8 +115,46 @@ typedef struct weft__device_ops {
     void (*trace_collect)(weft__stream *s);
 } weft__device_ops;
 
+/* How long a device has had work outstanding: the union of the intervals
+ * during which at least one of its streams held work not yet known to be
+ * complete. A backend calls busy_begin when a stream goes from idle to
+ * having work, busy_end when it is idle again (both cheap: once per
+ * stretch of work on a stream, not per operation). */
+typedef struct weft__busy {
+    weft__lock lock;    /* a leaf: taken under stream locks, never around one */
+    unsigned streams;   /* streams with work outstanding */
+    uint64_t since_ns;  /* when streams last went from 0 to 1 */
+    uint64_t total_ns;  /* closed intervals */
+} weft__busy;
+
+static inline void weft__busy_begin(weft__busy *b)
+{
+    weft__lock_acquire(&b->lock);
+    if (b->streams++ == 0)
+        b->since_ns = weft__now_ns();
+    weft__lock_release(&b->lock);
+}
+
+static inline void weft__busy_end(weft__busy *b)
+{
+    weft__lock_acquire(&b->lock);
+    if (--b->streams == 0)
+        b->total_ns += weft__now_ns() - b->since_ns;
+    weft__lock_release(&b->lock);
+}
+
+/* Busy time so far, counting an interval still open up to now. */
+static inline uint64_t weft__busy_read(weft__busy *b)
+{
+    weft__lock_acquire(&b->lock);
+    uint64_t ns = b->total_ns + (b->streams ? weft__now_ns() - b->since_ns : 0);
+    weft__lock_release(&b->lock);
+    return ns;
+}
+
 struct weft__device {
     const weft__device_ops *ops;
+    weft__busy busy;
     unsigned index; /* position in the runtime's device table */
     struct weft__trace *trace; /* the runtime's timeline, set after creation */
     /* Set by the runtime for polled backends: when a wait starts and nobody

@@ -27,6 +27,9 @@
  *    guards lease counts and the lease heap.
  *  - No path holds two of these locks at once. A stream lock is held while
  *    firing a marker's waiter, so the task layer's locks nest inside it.
+ *  - The device is busy (device.h) while any stream is scheduled: queued
+ *    or running work counts, from the enqueue that schedules the stream to
+ *    the batch that leaves it empty.
  *  - Operation records come from a per-stream cache: no malloc per operation
  *    once warm, and no cross-stream contention on a shared freelist.
  */
@@ -308,15 +311,17 @@ static bool batch_finish(weft__stream *s, batch *b)
 
     weft__lock_acquire(&s->lock);
     s->completed = b->end;
+    more = s->head != NULL;
+    if (!more) { /* idle before anyone woken below can look */
+        s->scheduled = false;
+        weft__busy_end(&s->dev->base.busy);
+    }
     fire_reached(s);
     if (b->keep) {
         b->keep_tail->next = s->cache;
         s->cache = b->keep;
         s->cache_len += b->kept;
     }
-    more = s->head != NULL;
-    if (!more)
-        s->scheduled = false;
     weft__lock_release(&s->lock);
     return more;
 }
@@ -379,6 +384,8 @@ static int stream_push(weft__stream *s, const op *proto, const char *what)
     s->enqueued++;
     wake = !s->scheduled;
     s->scheduled = true;
+    if (wake)
+        weft__busy_begin(&s->dev->base.busy);
     weft__lock_release(&s->lock);
     if (wake)
         ready_push(s->dev, s);

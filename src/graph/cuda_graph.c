@@ -236,6 +236,7 @@ static cuda_graph *make_room(weft__cuda_device *dev, weft__stream *s, cuda_graph
 static int launch(weft__stream *s, cuda_graph *g, cudaGraphExec_t exec)
 {
     weft__cuda_device *dev = s->dev;
+    weft__cuda_note_work(s);
     weft__lock_acquire(&s->lock);
     cudaError_t e = cudaGraphLaunch(exec, s->handle);
     if (g) {

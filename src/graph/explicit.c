@@ -358,6 +358,7 @@ int weft_graph_launch(weft_graph *g)
         (s->recording && (rc = weft__cuda_region_capture(s)))) /* inside a region */
         return rc;
 
+    weft__cuda_note_work(s);
     weft__lock_acquire(&g->lock);
     cudaError_t e = cudaSuccess;
     if (!g->exec) {
