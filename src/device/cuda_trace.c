@@ -159,9 +159,10 @@ static bool anchor_create(weft__cuda_device *dev)
     }
     uint64_t before = weft__now_ns(), seen;
     cudaError_t e = cudaEventRecord(ev, dev->anchor_stream);
-    while (e == cudaSuccess && (e = cudaEventQuery(ev)) == cudaErrorNotReady &&
-           weft__now_ns() - before < ANCHOR_WAIT_NS)
-        ;
+    if (e == cudaSuccess) /* poll until it is done (or, improbably, the time is up) */
+        while ((e = cudaEventQuery(ev)) == cudaErrorNotReady &&
+               weft__now_ns() - before < ANCHOR_WAIT_NS)
+            ;
     seen = weft__now_ns();
     if (e != cudaSuccess) {
         cudaGetLastError();

@@ -200,7 +200,7 @@ static char *run_on_terminal(char *const argv[], int *status)
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 2, ptsname(master), O_RDWR | O_NOCTTY, 0);
-    pid_t pid;
+    pid_t pid = 0;
     assert_int_equal(posix_spawn(&pid, argv[0], &fa, NULL, argv, environ), 0);
     posix_spawn_file_actions_destroy(&fa);
     size_t cap = 1 << 16, len = 0;
