@@ -9,16 +9,19 @@
  * Conventions shared by every call:
  *  - The first argument is a stream: a cudaStream_t passed as void *. NULL
  *    means "run now, on the calling thread, with the host reference"; the
- *    call has finished when it returns. A non-NULL stream enqueues one
- *    kernel on it and returns at once; a launch that CUDA refuses returns
- *    WEFT_EINVAL or WEFT_EDEVICE with CUDA's error name in the message. In
- *    a library built without CUDA a non-NULL stream returns WEFT_EINVAL
- *    ("<op>: built without CUDA") after the other arguments are checked.
+ *    call has finished when it returns. A non-NULL stream enqueues the
+ *    op's kernel on it and returns at once (for CUDA's default stream pass
+ *    cudaStreamLegacy or cudaStreamPerThread, not NULL); a launch that
+ *    CUDA refuses returns WEFT_EINVAL or WEFT_EDEVICE with CUDA's error
+ *    name in the message. In a library built without CUDA a non-NULL
+ *    stream returns WEFT_EINVAL ("<op>: built without CUDA") after the
+ *    other arguments are checked.
  *  - The kernels compute what the host reference computes, in the same
  *    order where the order matters (the scale before the exponent, the
  *    GELU argument); they differ only in the order of long sums (tree
- *    reductions) and in fp32 transcendentals within a few ulp of the host's
- *    correctly rounded ones. So fp32 results agree to ~1e-6 relative, and
+ *    reductions) and in fp32 transcendentals (the exact GELU's erfc among
+ *    them) within ~5e-7 relative of the host's correctly rounded ones. So
+ *    fp32 results agree to ~1e-6 relative, and
  *    bf16/fp16 results to their rounding (one unit in the last place where
  *    the fp32 values straddle a rounding boundary). Dropout masks agree
  *    bit for bit.
