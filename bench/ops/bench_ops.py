@@ -437,17 +437,23 @@ def run(torch, lib, args):
                 w = torch.randn(c, device="cuda", dtype=dt)
                 b = torch.randn(c, device="cuda", dtype=dt)
                 P, s = ctypes.c_void_p, cur_stream
-                for v in ("lib", "half", "double", "flat"):
+                for v in ("lib", "regs", "regs_half", "regs_double", "regs_flat"):
                     for kern in ("softmax", "layernorm"):
-                        if kern == "softmax":
+                        if kern == "softmax" and v == "lib":
+                            fn = (lambda: lib.weft_softmax(
+                                s(), wd, P(y.data_ptr()), P(x.data_ptr()), r, c, c, None))
+                        elif kern == "softmax":
                             fn = (lambda v=v: lib.weft_bench_softmax_variant(
                                 s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()), r, c))
-                            nbytes = 2 * r * c * es
+                        elif v == "lib":
+                            fn = (lambda: lib.weft_layernorm(
+                                s(), wd, P(y.data_ptr()), None, P(x.data_ptr()), None,
+                                P(w.data_ptr()), P(b.data_ptr()), EPS, r, c, c))
                         else:
                             fn = (lambda v=v: lib.weft_bench_layernorm_variant(
                                 s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()),
                                 P(w.data_ptr()), P(b.data_ptr()), r, c))
-                            nbytes = (2 * r * c + 2 * c) * es
+                        nbytes = (2 * r * c + (0 if kern == "softmax" else 2 * c)) * es
                         if fn() != 0:
                             continue  # the variant does not apply to this shape
                         t = time_per_call(torch, fn, reps)
@@ -585,8 +591,10 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures):
     out.append("")
 
     if variants_out:
-        out.append("Tuning variants (bench/ops/variants.cu; `lib` is the library's choice), "
-                   "TB/s:")
+        out.append("Tuning variants, TB/s: `lib` is the library's kernel (the shared-memory "
+                   "staged one for these aligned rows), `regs*` the register-staged row "
+                   "kernels under other plans, `libm_erfc` GELU with libm's erfcf "
+                   "(bench/ops/variants.cu says more):")
         out.append("")
         shapes = sorted({(dt, s) for _, _, dt, s, _ in variants_out},
                         key=lambda k: (k[0], -k[1][1]))

@@ -3,12 +3,15 @@
  * library's own kernels, and the empty kernel that small inputs are
  * measured against. Built into libweft_ops_bench.so with all of weft.
  *
- * The row kernels (softmax, LayerNorm) run here under other plans than
- * rows.cuh's plan_rows picks, to keep the choices measured:
- *   half     8 values a thread instead of 16: twice the threads per row
- *   double   32 values a thread: half the threads (the compiler spills)
- *   flat     the same row spread over one block that loops over its tiles
- *            instead of a cluster (the later passes re-read from L2)
+ * The library keeps rows in shared memory (the staged kernels) where it
+ * can; these run its register-staged row kernels (softmax, LayerNorm) on
+ * the same shapes, under rows.cuh's plan_rows and changes of it, to keep
+ * that choice and the register kernels' own measured:
+ *   regs         plan_rows: 16 values a thread
+ *   regs_half    8 values a thread: twice the threads per row
+ *   regs_double  32 values a thread: half the threads (the compiler spills)
+ *   regs_flat    a row spread over one block that loops over its tiles
+ *                instead of a cluster (the later passes re-read from L2)
  * and bias+GELU+residual runs with libm's erfcf in place of the library's
  * polynomial, which is what the polynomial buys.
  *
@@ -34,9 +37,9 @@ __global__ void empty_kernel()
 bool variant_plan(const char *variant, size_t cols, int V, row_plan *p)
 {
     *p = plan_rows(cols, V);
-    if (strcmp(variant, "lib") == 0)
+    if (strcmp(variant, "regs") == 0)
         return true;
-    if (strcmp(variant, "half") == 0) {
+    if (strcmp(variant, "regs_half") == 0) {
         if (p->vpt < 2)
             return false;
         p->vpt /= 2;
@@ -50,7 +53,7 @@ bool variant_plan(const char *variant, size_t cols, int V, row_plan *p)
         p->rpb = p->tpr == 32 ? 8 : 1;
         return true;
     }
-    if (strcmp(variant, "double") == 0) {
+    if (strcmp(variant, "regs_double") == 0) {
         if (p->tiles != 1 || (p->cluster == 1 && p->tpr == 32))
             return false;
         p->vpt *= 2;
@@ -61,7 +64,7 @@ bool variant_plan(const char *variant, size_t cols, int V, row_plan *p)
         p->rpb = p->tpr == 32 ? 8 : 1;
         return true;
     }
-    if (strcmp(variant, "flat") == 0) {
+    if (strcmp(variant, "regs_flat") == 0) {
         if (p->cluster == 1)
             return false;
         p->tiles *= p->cluster;
@@ -91,14 +94,14 @@ int run_plan(const char *op, cudaStream_t s, const row_plan &plan, const Params 
 {
     switch (plan.vpt) {
     case 1:
-        return launch_rows(op, s, plan, p.rows, K<T, V, 1>::fn(), p);
+        return launch_rows(op, s, plan, p.rows, K<T, V, 1>::fn(), p, plan.tiles);
     case 2:
-        return launch_rows(op, s, plan, p.rows, K<T, V, 2>::fn(), p);
+        return launch_rows(op, s, plan, p.rows, K<T, V, 2>::fn(), p, plan.tiles);
     case 4:
-        return launch_rows(op, s, plan, p.rows, K<T, V, 4>::fn(), p);
+        return launch_rows(op, s, plan, p.rows, K<T, V, 4>::fn(), p, plan.tiles);
     case 8:
         if constexpr (V * 8 <= 32)
-            return launch_rows(op, s, plan, p.rows, K<T, V, 8>::fn(), p);
+            return launch_rows(op, s, plan, p.rows, K<T, V, 8>::fn(), p, plan.tiles);
         break;
     }
     return WEFT_EINVAL;

@@ -2,18 +2,19 @@
  * norm.cu - LayerNorm, RMSNorm and bias+GELU+residual+LayerNorm on the GPU
  * (norm.c holds the checks and the host reference).
  *
- * One kernel for all three: they differ only in how the row sum s is
+ * The three share their kernels: they differ only in how the row sum s is
  * formed (in + residual, or GELU(in + gelu_bias) + residual) and whether
- * it is centred. The row is read once into registers (rows.cuh says how
- * it is spread), s is formed and rounded to the dtype there, and the
- * statistics follow the host's corrected two-pass algorithm on the
- * registers: the mean, then the sums of the deviations and of their
- * squares (one combined reduction), which correct the mean and the
- * variance. Then s and the normalized row are written: per element two
- * or three reads (in, residual, bias once per column) and one or two
- * writes, nothing else. For the fused op that is 3 reads + 1 write where a
- * framework's GELU kernel, residual add and LayerNorm move 9 row-sized
- * tensors.
+ * it is centred. The row is read once and kept on chip (rows.cuh says
+ * how: in shared memory, copied with cp.async, when the tensors are
+ * 16-byte aligned and the row fits 8 blocks; otherwise in registers), s
+ * is formed and rounded to the dtype there, and the statistics follow the
+ * host's corrected two-pass algorithm on the kept row: the mean, then the
+ * sums of the deviations and of their squares (one combined reduction),
+ * which correct the mean and the variance. Then s and the normalized row
+ * are written: two or three reads an element (in, residual; the biases
+ * once per column) and one or two writes, nothing else. For the fused op
+ * that is 2 reads + 1 write where a framework's GELU kernel, residual add
+ * and LayerNorm move 7 row-sized tensors.
  */
 #include "ops/norm.cuh"
 
@@ -43,6 +44,12 @@ template <typename T> int launch(cudaStream_t stream, const char *op, const weft
                aligned16(a->gelu_bias) && aligned16(a->residual) && aligned16(a->weight) &&
                aligned16(a->bias) && a->stride % V == 0;
 
+    row_plan staged;
+
+    if (vec && plan_staged(a->cols, V, a->residual ? 2 : 1, &staged)) {
+        auto kernel = a->gelu ? norm_staged_kernel<T, true> : norm_staged_kernel<T, false>;
+        return launch_rows(op, stream, staged, p.rows, kernel, p, (size_t)staged.vpt);
+    }
     if (vec)
         return launch_plan<T, V>(op, stream, plan_rows(a->cols, V), p);
     return launch_plan<T, 1>(op, stream, plan_rows(a->cols, 1), p);

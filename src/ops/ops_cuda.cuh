@@ -91,7 +91,7 @@ template <typename T, int V> __device__ __forceinline__ void store_vec(T *p, con
 }
 
 /* Elements of a 16-byte access. */
-template <typename T> constexpr int vec16()
+template <typename T> __host__ __device__ constexpr int vec16()
 {
     return int(16 / sizeof(T));
 }

@@ -3,13 +3,14 @@
  * (softmax.c holds the checks and the host reference).
  *
  * The row machinery of rows.cuh: the visible part of the row is read once
- * into registers and scaled there (scale * x rounded before the maximum is
- * taken, as on the host); a max reduction, then exp(v - max) kept in place
- * of v and a sum reduction, then every column written: e / sum where
- * visible, 0 where masked, each kept or dropped by the same Philox words
- * as the host's. Masked columns are never read, and whole masked vectors
- * cost no load at all. Rows far longer than the registers hold (beyond
- * 8 blocks' tiles) read their tiles again in each of the three passes.
+ * and kept on chip - in shared memory, or in registers for unaligned
+ * tensors and rows beyond 8 blocks - and scaled as it is used (scale * x
+ * rounded before the maximum is taken, as on the host). A max reduction,
+ * a sum of exp(v - max) and its reduction, then every column is written:
+ * e / sum where visible, 0 where masked, each kept or dropped by the same
+ * Philox words as the host's. Masked columns are never read, and whole
+ * masked vectors cost no load at all. Rows longer than 8 blocks hold read
+ * their tiles again in each of the three passes.
  */
 #include "ops/softmax.cuh"
 
@@ -27,6 +28,12 @@ template <typename T> int launch(cudaStream_t stream, const weft__softmax_args *
     constexpr int V = vec16<T>();
     bool vec = aligned16(a->out) && aligned16(a->in) && a->stride % V == 0;
 
+    row_plan staged;
+
+    if (vec && plan_staged(a->cols, V, 1, &staged)) {
+        auto kernel = p.p > 0.0f ? softmax_staged_kernel<T, true> : softmax_staged_kernel<T, false>;
+        return launch_rows("weft_softmax", stream, staged, p.rows, kernel, p, (size_t)staged.vpt);
+    }
     if (vec)
         return launch_plan<T, V>(stream, plan_rows(a->cols, V), p);
     return launch_plan<T, 1>(stream, plan_rows(a->cols, 1), p);

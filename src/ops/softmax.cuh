@@ -136,6 +136,87 @@ __global__ void __launch_bounds__(512, 2)
     }
 }
 
+/*
+ * The staged kernel (rows.cuh): the visible part of the block's segment is
+ * copied to shared memory with cp.async; the max, the sum of exponentials
+ * and the output are computed from there (the exponential twice: cheaper
+ * than keeping fp32 copies). vpt vectors of V elements a thread. Dropout
+ * is a template parameter: Philox's registers only where it runs.
+ */
+template <typename T, bool DROPOUT>
+__global__ void __launch_bounds__(512)
+    softmax_staged_kernel(softmax_params<T> p, size_t row0, unsigned cluster, size_t vpt)
+{
+    constexpr int V = vec16<T>();
+    __shared__ reduce_scratch<float> scratch;
+    const row_place at = place_row<V>(row0, cluster, 1, (unsigned)vpt);
+    if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
+        return;
+    const size_t seg = at.tile, first = (size_t)at.rank * seg, step = (size_t)blockDim.x * V;
+    const size_t mine = (size_t)threadIdx.x * V;
+    const size_t n = visible(p, at.row);
+    T *x_s = reinterpret_cast<T *>(staged_smem()) + threadIdx.y * seg;
+    const T *x_g = p.in + at.row * p.stride;
+
+    for (size_t l = mine; l < seg; l += step) {
+        int m = part_of<V>(first + l, n);
+        if (m == 0)
+            break;
+        stage_part<T, V>(x_s + l, x_g + first + l, m);
+    }
+    copies_landed();
+
+    float max = -INFINITY;
+    for (size_t l = mine; l < seg; l += step) {
+        int m = part_of<V>(first + l, n);
+        if (m == 0)
+            break;
+        float x[V];
+        load_part<T, V>(x, x_s + l, m);
+#pragma unroll
+        for (int e = 0; e < V; e++)
+            if (e < m)
+                max = fmaxf(max, __fmul_rn(p.scale, x[e]));
+    }
+    max = row_reduce(max, op_max(), scratch, cluster);
+
+    float sum = 0.0f;
+    for (size_t l = mine; l < seg; l += step) {
+        int m = part_of<V>(first + l, n);
+        if (m == 0)
+            break;
+        float x[V];
+        load_part<T, V>(x, x_s + l, m);
+#pragma unroll
+        for (int e = 0; e < V; e++)
+            if (e < m)
+                sum += expf(__fmul_rn(p.scale, x[e]) - max);
+    }
+    sum = row_reduce(sum, op_sum(), scratch, cluster);
+
+    T *out_g = p.out + at.row * p.stride;
+    for (size_t l = mine; l < seg; l += step) {
+        size_t j = first + l;
+        int m = part_of<V>(j, p.cols), vis = part_of<V>(j, n);
+        if (m == 0)
+            break;
+        float x[V], y[V];
+        if (vis > 0)
+            load_part<T, V>(x, x_s + l, vis);
+#pragma unroll
+        for (int e = 0; e < V; e++) /* masked: 0, even in a NaN row */
+            y[e] = e < vis ? expf(__fmul_rn(p.scale, x[e]) - max) / sum : 0.0f;
+        if (DROPOUT) {
+            dropout_mask mask(p.seed, p.offset, p.p);
+            unsigned long long e0 = (unsigned long long)at.row * p.cols + j;
+#pragma unroll
+            for (int e = 0; e < V; e++)
+                y[e] = mask.keep(e0 + e) ? y[e] * p.keep_scale : 0.0f;
+        }
+        store_part<T, V>(out_g + j, y, m);
+    }
+}
+
 template <typename T, int V>
 int launch_plan(cudaStream_t stream, const row_plan &plan, const softmax_params<T> &p)
 {
@@ -144,18 +225,18 @@ int launch_plan(cudaStream_t stream, const row_plan &plan, const softmax_params<
     /* plan_rows keeps VPT * V <= 16 (VPT <= 8 when V = 1) */
     switch (plan.vpt) {
     case 1:
-        return launch_rows(op, stream, plan, p.rows, softmax_kernel<T, V, 1>, p);
+        return launch_rows(op, stream, plan, p.rows, softmax_kernel<T, V, 1>, p, plan.tiles);
     case 2:
         if constexpr (V * 2 <= 16)
-            return launch_rows(op, stream, plan, p.rows, softmax_kernel<T, V, 2>, p);
+            return launch_rows(op, stream, plan, p.rows, softmax_kernel<T, V, 2>, p, plan.tiles);
         break;
     case 4:
         if constexpr (V * 4 <= 16)
-            return launch_rows(op, stream, plan, p.rows, softmax_kernel<T, V, 4>, p);
+            return launch_rows(op, stream, plan, p.rows, softmax_kernel<T, V, 4>, p, plan.tiles);
         break;
     case 8:
         if constexpr (V == 1)
-            return launch_rows(op, stream, plan, p.rows, softmax_kernel<T, V, 8>, p);
+            return launch_rows(op, stream, plan, p.rows, softmax_kernel<T, V, 8>, p, plan.tiles);
         break;
     }
     return weft__fail(WEFT_EINVAL, "%s: no kernel for %u vectors a thread", op, plan.vpt);
