@@ -25,7 +25,9 @@ template <typename T> struct gelu_params {
     weft_gelu_form form;
 };
 
-template <typename T, int V> __global__ void bias_gelu_residual_kernel(gelu_params<T> p)
+/* The form is a template parameter: one GELU's registers per kernel. */
+template <typename T, int V, weft_gelu_form FORM>
+__global__ void __launch_bounds__(256) bias_gelu_residual_kernel(gelu_params<T> p)
 {
     for (chunk_walk w(p.rows, (p.cols + V - 1) / V); w.more(); w.next()) {
         size_t j = w.chunk * V, i = w.row * p.stride + j;
@@ -38,7 +40,7 @@ template <typename T, int V> __global__ void bias_gelu_residual_kernel(gelu_para
                 load_vec<T, V>(r, p.residual + i);
 #pragma unroll
             for (int k = 0; k < V; k++) {
-                float y = gelu(p.form, p.bias ? h[k] + b[k] : h[k]);
+                float y = gelu(FORM, p.bias ? h[k] + b[k] : h[k]);
                 h[k] = p.residual ? y + r[k] : y;
             }
             store_vec<T, V>(p.out + i, h);
@@ -48,7 +50,7 @@ template <typename T, int V> __global__ void bias_gelu_residual_kernel(gelu_para
                 float h = to_f32(p.in[e]);
                 if (p.bias)
                     h += to_f32(p.bias[k]);
-                float y = gelu(p.form, h);
+                float y = gelu(FORM, h);
                 if (p.residual)
                     y += to_f32(p.residual[e]);
                 p.out[e] = from_f32<T>(y);
@@ -66,13 +68,19 @@ template <typename T> int launch(cudaStream_t stream, const weft__gelu_args *a)
     bool vec = aligned16(a->out) && aligned16(a->in) && aligned16(a->bias) &&
                aligned16(a->residual) && a->stride % V == 0;
 
+    void (*kernel)(gelu_params<T>);
+    size_t work = a->rows * a->cols;
     if (vec) {
-        size_t chunks = a->rows * ((a->cols + V - 1) / V);
-        bias_gelu_residual_kernel<T, V><<<grid_for(chunks, threads, 8), threads, 0, stream>>>(p);
+        work = a->rows * ((a->cols + V - 1) / V);
+        kernel = bias_gelu_residual_kernel<T, V, WEFT_GELU_TANH>;
+        if (a->form == WEFT_GELU_ERF)
+            kernel = bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF>;
     } else {
-        bias_gelu_residual_kernel<T, 1>
-            <<<grid_for(a->rows * a->cols, threads, 8), threads, 0, stream>>>(p);
+        kernel = bias_gelu_residual_kernel<T, 1, WEFT_GELU_TANH>;
+        if (a->form == WEFT_GELU_ERF)
+            kernel = bias_gelu_residual_kernel<T, 1, WEFT_GELU_ERF>;
     }
+    kernel<<<grid_for(work, threads, 8), threads, 0, stream>>>(p);
     return launched("weft_bias_gelu_residual");
 }
 
