@@ -35,8 +35,10 @@ DEFAULT_LIB = os.path.join(ROOT, "build-release", "bench", "ops", "libweft_ops_b
 
 SHAPES = [(16384, 4096), (4096, 16384), (65536, 1024), (1024, 65536)]
 SMALL_ROWS = [1, 2, 4, 8, 16, 32, 64]
-OPS = ["bias_gelu_residual", "layernorm", "add_layernorm", "rmsnorm", "gelu_layernorm",
-       "softmax", "rope", "swiglu"]
+# the two with targets against torch.compile first: measured before any
+# time budget runs out
+OPS = ["gelu_layernorm", "softmax", "rmsnorm", "layernorm", "add_layernorm",
+       "bias_gelu_residual", "swiglu", "rope"]
 WEFT_DTYPE = {"f32": 0, "bf16": 1, "f16": 2}
 EPS = 1e-5
 
@@ -49,6 +51,9 @@ def parse_args():
     ap.add_argument("--shapes", default=",".join("%dx%d" % s for s in SHAPES))
     ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     ap.add_argument("--no-variants", action="store_true", help="leave the tuning variants out")
+    ap.add_argument("--budget", type=float, default=480,
+                    help="seconds: past 70%% of it torch.compile is skipped, past it the "
+                    "variants and small inputs, so that a report is always written")
     ap.add_argument("--quick", action="store_true",
                     help="fewer repetitions; the section is marked as not figures to quote")
     ap.add_argument("--no-append", action="store_true", help="leave RESULTS.md alone")
@@ -351,6 +356,12 @@ def main():
 
 
 def run(torch, lib, args):
+    import time
+    started = time.monotonic()
+
+    def elapsed():
+        return time.monotonic() - started
+
     reps = 3 if args.quick else 5
     ops = [o for o in args.ops.split(",") if o]
     dtypes = [d for d in args.dtypes.split(",") if d]
@@ -367,6 +378,7 @@ def run(torch, lib, args):
 
     bench = []  # (name, value, unit)
     failures = []
+    notes = []
 
     def emit(name, value, unit):
         bench.append((name, value, unit))
@@ -408,7 +420,9 @@ def run(torch, lib, args):
                 eager = lambda: case.torch_fn(*case.torch_args)  # noqa: E731
                 t_eager = time_per_call(torch, eager, reps)
                 t_comp = None
-                if not args.no_compile:
+                if not args.no_compile and elapsed() > 0.7 * args.budget:
+                    notes.append("torch.compile left out past 70% of the time budget")
+                elif not args.no_compile:
                     compiled = torch.compile(case.torch_fn, dynamic=False)
                     t_comp = time_per_call(torch, lambda: compiled(*case.torch_args), reps)
                 bw = [case.nbytes / t / 1e12 if t else None for t in (t_weft, t_eager, t_comp)]
@@ -424,7 +438,9 @@ def run(torch, lib, args):
 
     # Tuning variants of the row kernels and of GELU, on the same shapes.
     variants_out = []  # (kernel, variant, dtype, shape, TB/s)
-    if not args.no_variants:
+    if not args.no_variants and elapsed() > args.budget:
+        notes.append("variants skipped: past the time budget")
+    elif not args.no_variants:
         for dtype_name in dtypes:
             wd = WEFT_DTYPE[dtype_name]
             for (r, c) in shapes:
@@ -486,6 +502,9 @@ def run(torch, lib, args):
     s = cur_stream
     t_empty = time_in_graph(torch, checked(lib, lambda: lib.weft_bench_empty(s())), reps)
     emit("ops.small.empty_kernel.us", t_empty * 1e6, "us")
+    if elapsed() > args.budget:
+        notes.append("small inputs skipped: past the time budget")
+        ops = []
     for op in ops:
         for r in SMALL_ROWS:
             case = make_case(torch, lib, op, r, 4096, "bf16")
@@ -498,7 +517,8 @@ def run(torch, lib, args):
             emit("ops.small.%s.bf16.%dx4096.vs_empty" % (op, r), t / t_empty, "x")
             small_out.append((op, r, t * 1e6, t_empty * 1e6))
 
-    section = report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures)
+    section = report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures,
+                     sorted(set(notes)))
     print()
     print(section)
     if not args.no_append:
@@ -535,7 +555,7 @@ def machine(torch):
     return gpu, smi.splitlines()[0] if smi else "unknown", commit
 
 
-def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures):
+def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, notes):
     gpu, driver, commit = machine(torch)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out = []
@@ -558,6 +578,8 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures):
                "(weft_bias_gelu_residual_layernorm: bias + erf GELU + residual + LayerNorm, "
                "one kernel), softmax (plain), rope (Q and K, heads of 128, halves layout, in "
                "place; PyTorch gets cos/sin tables), swiglu (out rows x cols from rows x 2cols)")
+    for note in notes:
+        out.append("- note: " + note)
     if failures:
         out.append("- **failed:** " + "; ".join(failures))
     out.append("")
