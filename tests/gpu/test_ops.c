@@ -17,6 +17,11 @@
  * fp32 values that agree to ~1e-6 and may land on either side of a
  * rounding boundary. Row sums that involve no transcendental (LayerNorm's
  * sum_out) must match bit for bit, and so must dropout masks.
+ *
+ * Besides: NaN and Inf where the host puts them, in-place calls, bad
+ * arguments refused before any launch, the ops on a weft task's stream,
+ * and a launch refused after a fault (in a child process) reported with
+ * CUDA's error name.
  */
 #include <math.h>
 
@@ -860,6 +865,51 @@ static void test_ops_run_on_a_task_stream(void **state)
     tens_free(&in), tens_free(&out);
 }
 
+/* ---- launch errors ---------------------------------------------------------- */
+
+/* In a process of its own (the program again, with WEFT_TEST_OPS_FAULT set):
+ * a softmax reading an unmapped address faults the context, and the next
+ * op's launch is refused with CUDA's error name in weft's message. */
+static int fault_child(void)
+{
+    cudaStream_t st;
+    float *out = NULL;
+    if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaMalloc((void **)&out, 1024 * sizeof *out) != cudaSuccess)
+        return 10;
+    const void *unmapped = (const void *)(uintptr_t)0x1000;
+    if (weft_softmax(st, WEFT_DTYPE_F32, out, unmapped, 1, 1024, 1024, NULL) != WEFT_OK)
+        return 11; /* the launch itself is fine; the kernel faults */
+    if (cudaStreamSynchronize(st) == cudaSuccess)
+        return 12;
+    int rc = weft_softmax(st, WEFT_DTYPE_F32, out, out, 1, 1024, 1024, NULL);
+    printf("after the fault: status %d, \"%s\"\n", rc, weft_last_error());
+    if (rc != WEFT_EDEVICE || strstr(weft_last_error(), "weft_softmax") == NULL ||
+        strstr(weft_last_error(), "cudaError") == NULL)
+        return 13;
+    return 0;
+}
+
+static void test_a_refused_launch_names_the_cuda_error(void **state)
+{
+    (void)state;
+    if (gt_sanitizer())
+        skip(); /* the fault is deliberate; the sanitizer would report it */
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("WEFT_TEST_OPS_FAULT", "1", 1);
+        execl("/proc/self/exe", "test_gpu_ops", (char *)NULL);
+        _exit(127);
+    }
+    assert_true(pid > 0);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0)
+        assert_int_equal(errno, EINTR);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 /* ---- main ---------------------------------------------------------------------- */
 
 static int setup(void **state)
@@ -877,6 +927,8 @@ static int teardown(void **state)
 
 int main(void)
 {
+    if (getenv("WEFT_TEST_OPS_FAULT"))
+        return fault_child();
     int skip = gt_start("gpu.ops");
     if (skip)
         return skip;
@@ -893,6 +945,7 @@ int main(void)
         cmocka_unit_test(test_in_place_calls_match_separate_buffers),
         cmocka_unit_test(test_bad_arguments_are_refused_before_launch),
         cmocka_unit_test(test_ops_run_on_a_task_stream),
+        cmocka_unit_test(test_a_refused_launch_names_the_cuda_error),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
