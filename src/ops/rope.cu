@@ -56,9 +56,90 @@ __device__ __forceinline__ void pair_angle(const rope_params<T> &p, int32_t pos,
     cs = (float)c;
 }
 
-/* CP pairs per chunk; V elements per access. */
-template <typename T, int V, int CP> __global__ void rope_kernel(rope_params<T> p)
+/* One chunk of one head: CP pairs, held as fp32. Split halves: V
+ * elements from each half, pair m = (x[m], x[V + m]); interleaved: 2 CP
+ * consecutive elements, pair m = (x[2m], x[2m + 1]). V = 1 is the
+ * element-by-element path (CP = 1). */
+template <typename T, int V, int CP, bool HALVES> struct rope_chunk {
+    static constexpr int N = HALVES ? 2 * V : 2 * CP;
+    float x[N];
+
+    __device__ __forceinline__ void load(const T *head, size_t first_pair, size_t half)
+    {
+        if (HALVES) {
+            const T *lo = head + first_pair;
+            float a[V], b[V];
+            load_vec<T, V>(a, lo);
+            load_vec<T, V>(b, lo + half);
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                x[e] = a[e];
+                x[V + e] = b[e];
+            }
+        } else if (V > 1) {
+            float a[2 * CP];
+            load_vec<T, 2 * CP>(a, head + 2 * first_pair);
+#pragma unroll
+            for (int e = 0; e < 2 * CP; e++)
+                x[e] = a[e];
+        } else {
+            x[0] = to_f32(head[2 * first_pair]);
+            x[1] = to_f32(head[2 * first_pair + 1]);
+        }
+    }
+
+    __device__ __forceinline__ void turn(const float (&sn)[CP], const float (&cs)[CP])
+    {
+#pragma unroll
+        for (int m = 0; m < CP; m++) {
+            if (HALVES)
+                rotate(x[m], x[V + m], sn[m], cs[m]);
+            else
+                rotate(x[2 * m], x[2 * m + 1], sn[m], cs[m]);
+        }
+    }
+
+    __device__ __forceinline__ void store(T *head, size_t first_pair, size_t half) const
+    {
+        if (HALVES) {
+            T *lo = head + first_pair;
+            float a[V], b[V];
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                a[e] = x[e];
+                b[e] = x[V + e];
+            }
+            store_vec<T, V>(lo, a);
+            store_vec<T, V>(lo + half, b);
+        } else if (V > 1) {
+            float a[2 * CP];
+#pragma unroll
+            for (int e = 0; e < 2 * CP; e++)
+                a[e] = x[e];
+            store_vec<T, 2 * CP>(head + 2 * first_pair, a);
+        } else {
+            head[2 * first_pair] = from_f32<T>(x[0]);
+            head[2 * first_pair + 1] = from_f32<T>(x[1]);
+        }
+    }
+};
+
+/* Head h of token t: Q's heads first, then K's. */
+template <typename T>
+__device__ __forceinline__ T *head_at(const rope_params<T> &p, size_t t, size_t h)
 {
+    return h < p.q_heads ? p.q + t * p.q_stride + h * p.head_dim
+                         : p.k + t * p.k_stride + (h - p.q_heads) * p.head_dim;
+}
+
+/* CP pairs per chunk; V elements per access. Two heads a step, both
+ * loaded before either is stored, so that each thread has two heads'
+ * loads in flight (the compiler cannot move a load above a store that
+ * might alias it). */
+template <typename T, int V, int CP, bool HALVES>
+__global__ void __launch_bounds__(256, 3) rope_kernel(rope_params<T> p)
+{
+    const size_t half = p.head_dim / 2, all = p.q_heads + p.k_heads;
     for (chunk_walk w(p.tokens * p.slices, p.chunks); w.more(); w.next()) {
         size_t t = w.row / p.slices, slice = w.row % p.slices;
         size_t first_pair = w.chunk * CP;
@@ -67,55 +148,27 @@ template <typename T, int V, int CP> __global__ void rope_kernel(rope_params<T> 
         for (int m = 0; m < CP; m++)
             pair_angle(p, p.positions[t], first_pair + m, sn[m], cs[m]);
 
-        size_t h0 = slice * p.heads_per_slice, h1 = h0 + p.heads_per_slice;
-        size_t all = p.q_heads + p.k_heads;
-        for (size_t h = h0; h < h1 && h < all; h++) {
-            T *head = h < p.q_heads ? p.q + t * p.q_stride + h * p.head_dim
-                                    : p.k + t * p.k_stride + (h - p.q_heads) * p.head_dim;
-            if (p.halves) {
-                T *lo = head + first_pair, *hi = lo + p.head_dim / 2;
-                float x[V], y[V];
-                if (V > 1) {
-                    load_vec<T, V>(x, lo);
-                    load_vec<T, V>(y, hi);
-                } else {
-                    x[0] = to_f32(lo[0]);
-                    y[0] = to_f32(hi[0]);
-                }
-#pragma unroll
-                for (int m = 0; m < CP; m++)
-                    rotate(x[m], y[m], sn[m], cs[m]);
-                if (V > 1) {
-                    store_vec<T, V>(lo, x);
-                    store_vec<T, V>(hi, y);
-                } else {
-                    lo[0] = from_f32<T>(x[0]);
-                    hi[0] = from_f32<T>(y[0]);
-                }
-            } else {
-                T *at = head + 2 * first_pair;
-                float x[2 * CP];
-                if (V > 1) {
-                    load_vec<T, 2 * CP>(x, at);
-                } else {
-                    x[0] = to_f32(at[0]);
-                    x[1] = to_f32(at[1]);
-                }
-#pragma unroll
-                for (int m = 0; m < CP; m++)
-                    rotate(x[2 * m], x[2 * m + 1], sn[m], cs[m]);
-                if (V > 1) {
-                    store_vec<T, 2 * CP>(at, x);
-                } else {
-                    at[0] = from_f32<T>(x[0]);
-                    at[1] = from_f32<T>(x[1]);
-                }
+        size_t h = slice * p.heads_per_slice, end = h + p.heads_per_slice;
+        if (end > all)
+            end = all;
+        for (; h < end; h += 2) {
+            const bool two = h + 1 < end;
+            rope_chunk<T, V, CP, HALVES> c0, c1;
+            T *head0 = head_at(p, t, h), *head1 = two ? head_at(p, t, h + 1) : nullptr;
+            c0.load(head0, first_pair, half);
+            if (two)
+                c1.load(head1, first_pair, half);
+            c0.turn(sn, cs);
+            c0.store(head0, first_pair, half);
+            if (two) {
+                c1.turn(sn, cs);
+                c1.store(head1, first_pair, half);
             }
         }
     }
 }
 
-template <typename T, int V, int CP>
+template <typename T, int V, int CP, bool HALVES>
 int launch_chunks(cudaStream_t stream, rope_params<T> p, size_t pairs)
 {
     const unsigned threads = 256;
@@ -129,7 +182,7 @@ int launch_chunks(cudaStream_t stream, rope_params<T> p, size_t pairs)
         p.slices = all;
     p.heads_per_slice = (all + p.slices - 1) / p.slices;
     p.slices = (all + p.heads_per_slice - 1) / p.heads_per_slice;
-    rope_kernel<T, V, CP>
+    rope_kernel<T, V, CP, HALVES>
         <<<grid_for(p.tokens * p.slices * p.chunks, threads, 8), threads, 0, stream>>>(p);
     return launched("weft_rope");
 }
@@ -158,10 +211,12 @@ template <typename T> int launch(cudaStream_t stream, const weft__rope_args *a)
                (a->k == NULL || a->k_stride % V == 0) && a->head_dim % V == 0 && span % V == 0;
 
     if (vec && p.halves)
-        return launch_chunks<T, V, V>(stream, p, pairs);
+        return launch_chunks<T, V, V, true>(stream, p, pairs);
     if (vec)
-        return launch_chunks<T, V, V / 2>(stream, p, pairs);
-    return launch_chunks<T, 1, 1>(stream, p, pairs);
+        return launch_chunks<T, V, V / 2, false>(stream, p, pairs);
+    if (p.halves)
+        return launch_chunks<T, 1, 1, true>(stream, p, pairs);
+    return launch_chunks<T, 1, 1, false>(stream, p, pairs);
 }
 
 } // namespace
