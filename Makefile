@@ -12,7 +12,9 @@
 #   make check-install  install into a temporary prefix and build and run
 #                   examples/consumer against it (CMake and pkg-config)
 #   make images-bench  weft-images against a thread pool on the GPU
+#   make gpu-bench-ops  the operators against PyTorch eager and torch.compile
 JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
+PYTHON ?= python3
 CMAKE  ?= cmake
 CTEST  ?= ctest
 
@@ -75,6 +77,15 @@ images-bench: deps
 	$(CMAKE) -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DWEFT_TESTS=OFF
 	$(CMAKE) --build build-release -j $(JOBS)
 	scripts/images-bench
+
+# weft's operators, PyTorch eager and torch.compile on the same tensors in
+# one process (PyTorch and a GPU needed); appends to bench/RESULTS.md.
+# BENCH_OPS_ARGS passes options: bench/ops/bench_ops.py --help.
+.PHONY: gpu-bench-ops
+gpu-bench-ops: deps
+	$(CMAKE) -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DWEFT_TESTS=OFF
+	$(CMAKE) --build build-release -j $(JOBS) --target weft_ops_bench
+	$(PYTHON) bench/ops/bench_ops.py --lib build-release/bench/ops/libweft_ops_bench.so $(BENCH_OPS_ARGS)
 
 # The GPU suite (CTest label `gpu`); scripts/gpu-check runs it under
 # compute-sanitizer.

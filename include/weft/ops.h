@@ -1,6 +1,6 @@
 /*
  * weft/ops.h - fused memory-bound operators: bias+GELU+residual, LayerNorm,
- * RMSNorm, softmax, RoPE, SwiGLU/GeGLU.
+ * RMSNorm, bias+GELU+residual+LayerNorm, softmax, RoPE, SwiGLU/GeGLU.
  *
  * Each call does in one pass what a framework does in several, so that the
  * intermediates (the biased input, the residual sum, the scores) never make
@@ -9,9 +9,22 @@
  * Conventions shared by every call:
  *  - The first argument is a stream: a cudaStream_t passed as void *. NULL
  *    means "run now, on the calling thread, with the host reference"; the
- *    call has finished when it returns. GPU kernels are not built yet: a
- *    non-NULL stream returns WEFT_EINVAL ("<op>: GPU kernels are not built
- *    yet") after the other arguments have been checked.
+ *    call has finished when it returns. A non-NULL stream enqueues the
+ *    op's kernel on it and returns at once (for CUDA's default stream pass
+ *    cudaStreamLegacy or cudaStreamPerThread, not NULL); a launch that
+ *    CUDA refuses returns WEFT_EINVAL or WEFT_EDEVICE with CUDA's error
+ *    name in the message. In a library built without CUDA a non-NULL
+ *    stream returns WEFT_EINVAL ("<op>: built without CUDA") after the
+ *    other arguments are checked.
+ *  - The kernels compute what the host reference computes, in the same
+ *    order where the order matters (the scale before the exponent, the
+ *    GELU argument); they differ only in the order of long sums (tree
+ *    reductions) and in fp32 transcendentals (the exact GELU's erfc among
+ *    them) within ~5e-7 relative of the host's correctly rounded ones. So
+ *    fp32 results agree to ~1e-6 relative, and
+ *    bf16/fp16 results to their rounding (one unit in the last place where
+ *    the fp32 values straddle a rounding boundary). Dropout masks agree
+ *    bit for bit.
  *  - Tensors are batches of rows. Row r of a tensor starts stride elements
  *    (not bytes) after row r-1; stride >= the row length. Any row length
  *    >= 1 and any number of rows >= 1 is accepted.
@@ -88,6 +101,20 @@ int weft_layernorm(void *stream, weft_dtype dtype, void *out, void *sum_out, con
 int weft_rmsnorm(void *stream, weft_dtype dtype, void *out, void *sum_out, const void *in,
                  const void *residual, const void *weight, float eps, size_t rows, size_t cols,
                  size_t stride);
+
+/* The feed-forward tail of a post-norm block in one pass:
+ *   x = residual + GELU(in + gelu_bias)      (as weft_bias_gelu_residual)
+ *   out = LayerNorm(x) * weight + bias      (as weft_layernorm of x)
+ * x is rounded to the dtype, written to x_out when x_out is not NULL, and
+ * normalized as rounded, so the result equals weft_bias_gelu_residual into
+ * a buffer followed by weft_layernorm of that buffer - without the buffer's
+ * round trip through memory. gelu_bias, residual, weight and bias are
+ * optional (NULL = 0, 0, 1, 0). x_out may be in or residual; out may be in.
+ * NaN/Inf: those of the two calls it stands for. */
+int weft_bias_gelu_residual_layernorm(void *stream, weft_dtype dtype, weft_gelu_form form,
+                                      void *out, void *x_out, const void *in, const void *gelu_bias,
+                                      const void *residual, const void *weight, const void *bias,
+                                      float eps, size_t rows, size_t cols, size_t stride);
 
 /* ---- softmax ----------------------------------------------------------- */
 

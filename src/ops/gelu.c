@@ -8,28 +8,26 @@
  * are trained with one or the other and switching changes their outputs.
  *
  * This file holds the argument checks and the host reference; the host
- * reference is what a NULL stream runs and what the kernels are tested
- * against.
+ * reference is what a NULL stream runs and what the kernels (gelu.cu) are
+ * tested against.
  */
 #include "core/error.h"
 #include "ops/ops_internal.h"
 
 static const char OP[] = "weft_bias_gelu_residual";
 
-static void host_bias_gelu_residual(weft_dtype dtype, weft_gelu_form form, void *out,
-                                    const void *in, const void *bias, const void *residual,
-                                    size_t rows, size_t cols, size_t stride)
+static void host_bias_gelu_residual(const weft__gelu_args *a)
 {
-    for (size_t r = 0; r < rows; r++) {
-        for (size_t j = 0; j < cols; j++) {
-            size_t i = r * stride + j;
-            float h = weft__load(dtype, in, i);
-            if (bias)
-                h += weft__load(dtype, bias, j);
-            float y = weft__gelu(form, h);
-            if (residual)
-                y += weft__load(dtype, residual, i);
-            weft__store(dtype, out, i, y);
+    for (size_t r = 0; r < a->rows; r++) {
+        for (size_t j = 0; j < a->cols; j++) {
+            size_t i = r * a->stride + j;
+            float h = weft__load(a->dtype, a->in, i);
+            if (a->bias)
+                h += weft__load(a->dtype, a->bias, j);
+            float y = weft__gelu(a->form, h);
+            if (a->residual)
+                y += weft__load(a->dtype, a->residual, i);
+            weft__store(a->dtype, a->out, i, y);
         }
     }
 }
@@ -38,6 +36,7 @@ int weft_bias_gelu_residual(void *stream, weft_dtype dtype, weft_gelu_form form,
                             const void *in, const void *bias, const void *residual, size_t rows,
                             size_t cols, size_t stride)
 {
+    weft__gelu_args a = {dtype, form, out, in, bias, residual, rows, cols, stride};
     int rc;
 
     if ((rc = weft__check_dtype(OP, dtype)) != WEFT_OK)
@@ -51,6 +50,10 @@ int weft_bias_gelu_residual(void *stream, weft_dtype dtype, weft_gelu_form form,
         (rc = weft__check_ptr(OP, "residual", residual, 1, dtype)) != WEFT_OK ||
         (rc = weft__check_stream(OP, stream)) != WEFT_OK)
         return rc;
-    host_bias_gelu_residual(dtype, form, out, in, bias, residual, rows, cols, stride);
+#ifdef WEFT_HAVE_CUDA
+    if (stream)
+        return weft__gelu_cuda(stream, &a);
+#endif
+    host_bias_gelu_residual(&a);
     return WEFT_OK;
 }

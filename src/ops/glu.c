@@ -6,7 +6,8 @@
  * b. Here each pair (a[j], b[j]) is read once and act(a[j]) * b[j] written
  * once, so the activated half never reaches memory.
  *
- * This file holds the argument checks and the host reference.
+ * This file holds the argument checks and the host reference; glu.cu the
+ * kernel.
  */
 #include "core/error.h"
 #include "ops/ops_internal.h"
@@ -25,14 +26,13 @@ static float activate(weft_glu_kind kind, float a)
     }
 }
 
-static void host_glu(weft_dtype dtype, weft_glu_kind kind, void *out, const void *in, size_t rows,
-                     size_t cols, size_t in_stride, size_t out_stride)
+static void host_glu(const weft__glu_args *g)
 {
-    for (size_t r = 0; r < rows; r++) {
-        size_t a0 = r * in_stride, b0 = a0 + cols, o0 = r * out_stride;
-        for (size_t j = 0; j < cols; j++) {
-            float a = weft__load(dtype, in, a0 + j), b = weft__load(dtype, in, b0 + j);
-            weft__store(dtype, out, o0 + j, activate(kind, a) * b);
+    for (size_t r = 0; r < g->rows; r++) {
+        size_t a0 = r * g->in_stride, b0 = a0 + g->cols, o0 = r * g->out_stride;
+        for (size_t j = 0; j < g->cols; j++) {
+            float a = weft__load(g->dtype, g->in, a0 + j), b = weft__load(g->dtype, g->in, b0 + j);
+            weft__store(g->dtype, g->out, o0 + j, activate(g->kind, a) * b);
         }
     }
 }
@@ -40,6 +40,7 @@ static void host_glu(weft_dtype dtype, weft_glu_kind kind, void *out, const void
 int weft_glu(void *stream, weft_dtype dtype, weft_glu_kind kind, void *out, const void *in,
              size_t rows, size_t cols, size_t in_stride, size_t out_stride)
 {
+    weft__glu_args g = {dtype, kind, out, in, rows, cols, in_stride, out_stride};
     int rc;
 
     if ((rc = weft__check_dtype(OP, dtype)) != WEFT_OK)
@@ -54,6 +55,10 @@ int weft_glu(void *stream, weft_dtype dtype, weft_glu_kind kind, void *out, cons
         (rc = weft__check_ptr(OP, "in", in, 0, dtype)) != WEFT_OK ||
         (rc = weft__check_stream(OP, stream)) != WEFT_OK)
         return rc;
-    host_glu(dtype, kind, out, in, rows, cols, in_stride, out_stride);
+#ifdef WEFT_HAVE_CUDA
+    if (stream)
+        return weft__glu_cuda(stream, &g);
+#endif
+    host_glu(&g);
     return WEFT_OK;
 }

@@ -1,6 +1,6 @@
 /*
  * norm.c - LayerNorm and RMSNorm, each with an optional residual add in
- * front.
+ * front, and bias+GELU+residual+LayerNorm.
  *
  * The fusion: in a pre-norm transformer block a framework computes
  * s = x + residual (one kernel, s written), then normalizes s (a second
@@ -21,24 +21,31 @@
  * The normalized row is computed from s rounded to the dtype - the values
  * written to sum_out - so that out is exactly the normalization of what
  * the caller gets back as the sum.
+ *
+ * bias+GELU+residual+LayerNorm is the same row operation with another way
+ * of forming s (GELU(in + gelu_bias) + residual, as gelu.c computes it):
+ * one pass where a framework runs the GELU chain, writes x, and reads it
+ * back to normalize. The kernels (norm.cu) share the row machinery too.
  */
 #include <math.h>
 
 #include "core/error.h"
 #include "ops/ops_internal.h"
 
-typedef struct norm_args {
-    weft_dtype dtype;
-    void *out, *sum_out;
-    const void *in, *residual, *weight, *bias;
-    float eps;
-    size_t rows, cols, stride;
-} norm_args;
+typedef weft__norm_args norm_args;
 
-/* Element i of s = in + residual, rounded as it is stored in sum_out. */
-static float sum_at(const norm_args *a, size_t i)
+/* Element i (column j) of s, rounded as it is stored in sum_out. */
+static float sum_at(const norm_args *a, size_t i, size_t j)
 {
     float s = weft__load(a->dtype, a->in, i);
+    if (a->gelu) {
+        if (a->gelu_bias)
+            s += weft__load(a->dtype, a->gelu_bias, j);
+        s = weft__gelu(a->form, s);
+        if (a->residual)
+            s += weft__load(a->dtype, a->residual, i);
+        return weft__round_to(a->dtype, s);
+    }
     if (a->residual)
         s = weft__round_to(a->dtype, s + weft__load(a->dtype, a->residual, i));
     return s;
@@ -50,7 +57,7 @@ static void write_row(const norm_args *a, size_t r, float mean, float rstd)
     size_t base = r * a->stride;
 
     for (size_t j = 0; j < a->cols; j++) {
-        float s = sum_at(a, base + j);
+        float s = sum_at(a, base + j, j);
         float y = (s - mean) * rstd;
         if (a->weight)
             y *= weft__load(a->dtype, a->weight, j);
@@ -68,10 +75,10 @@ static void host_layernorm(const norm_args *a)
         size_t base = r * a->stride;
         weft__sum total = {0}, dev = {0}, dev2 = {0};
         for (size_t j = 0; j < a->cols; j++)
-            weft__sum_add(&total, sum_at(a, base + j));
+            weft__sum_add(&total, sum_at(a, base + j, j));
         float n = (float)a->cols, mean = weft__sum_get(&total) / n;
         for (size_t j = 0; j < a->cols; j++) {
-            float d = sum_at(a, base + j) - mean;
+            float d = sum_at(a, base + j, j) - mean;
             weft__sum_add(&dev, d);
             weft__sum_add(&dev2, d * d);
         }
@@ -93,7 +100,7 @@ static void host_rmsnorm(const norm_args *a)
         size_t base = r * a->stride;
         weft__sum sq = {0};
         for (size_t j = 0; j < a->cols; j++) {
-            float s = sum_at(a, base + j);
+            float s = sum_at(a, base + j, j);
             weft__sum_add(&sq, s * s);
         }
         float ms = weft__sum_get(&sq) / (float)a->cols;
@@ -107,13 +114,17 @@ static int check(const char *op, void *stream, const norm_args *a)
 
     if ((rc = weft__check_dtype(op, a->dtype)) != WEFT_OK)
         return rc;
+    if (a->gelu && a->form != WEFT_GELU_TANH && a->form != WEFT_GELU_ERF)
+        return weft__fail(WEFT_EINVAL, "%s: unknown GELU form %d", op, (int)a->form);
     if (isnan(a->eps) || isinf(a->eps) || a->eps < 0)
         return weft__fail(WEFT_EINVAL, "%s: eps %g is not finite and >= 0", op, (double)a->eps);
     if ((rc = weft__check_rows(op, "the input", a->rows, a->cols, a->stride, a->dtype)) !=
             WEFT_OK ||
         (rc = weft__check_ptr(op, "out", a->out, 0, a->dtype)) != WEFT_OK ||
-        (rc = weft__check_ptr(op, "sum_out", a->sum_out, 1, a->dtype)) != WEFT_OK ||
+        (rc = weft__check_ptr(op, a->gelu ? "x_out" : "sum_out", a->sum_out, 1, a->dtype)) !=
+            WEFT_OK ||
         (rc = weft__check_ptr(op, "in", a->in, 0, a->dtype)) != WEFT_OK ||
+        (rc = weft__check_ptr(op, "gelu_bias", a->gelu_bias, 1, a->dtype)) != WEFT_OK ||
         (rc = weft__check_ptr(op, "residual", a->residual, 1, a->dtype)) != WEFT_OK ||
         (rc = weft__check_ptr(op, "weight", a->weight, 1, a->dtype)) != WEFT_OK ||
         (rc = weft__check_ptr(op, "bias", a->bias, 1, a->dtype)) != WEFT_OK ||
@@ -122,26 +133,78 @@ static int check(const char *op, void *stream, const norm_args *a)
     return WEFT_OK;
 }
 
+/* Checks, then runs on the stream or, without one, on the host. */
+static int run(const char *op, void *stream, const norm_args *a)
+{
+    int rc = check(op, stream, a);
+
+    if (rc != WEFT_OK)
+        return rc;
+#ifdef WEFT_HAVE_CUDA
+    if (stream)
+        return weft__norm_cuda(stream, op, a);
+#endif
+    if (a->rms)
+        host_rmsnorm(a);
+    else
+        host_layernorm(a);
+    return WEFT_OK;
+}
+
 int weft_layernorm(void *stream, weft_dtype dtype, void *out, void *sum_out, const void *in,
                    const void *residual, const void *weight, const void *bias, float eps,
                    size_t rows, size_t cols, size_t stride)
 {
-    norm_args a = {dtype, out, sum_out, in, residual, weight, bias, eps, rows, cols, stride};
-    int rc = check("weft_layernorm", stream, &a);
-
-    if (rc == WEFT_OK)
-        host_layernorm(&a);
-    return rc;
+    norm_args a = {.dtype = dtype,
+                   .out = out,
+                   .sum_out = sum_out,
+                   .in = in,
+                   .residual = residual,
+                   .weight = weight,
+                   .bias = bias,
+                   .eps = eps,
+                   .rows = rows,
+                   .cols = cols,
+                   .stride = stride};
+    return run("weft_layernorm", stream, &a);
 }
 
 int weft_rmsnorm(void *stream, weft_dtype dtype, void *out, void *sum_out, const void *in,
                  const void *residual, const void *weight, float eps, size_t rows, size_t cols,
                  size_t stride)
 {
-    norm_args a = {dtype, out, sum_out, in, residual, weight, NULL, eps, rows, cols, stride};
-    int rc = check("weft_rmsnorm", stream, &a);
+    norm_args a = {.dtype = dtype,
+                   .rms = 1,
+                   .out = out,
+                   .sum_out = sum_out,
+                   .in = in,
+                   .residual = residual,
+                   .weight = weight,
+                   .eps = eps,
+                   .rows = rows,
+                   .cols = cols,
+                   .stride = stride};
+    return run("weft_rmsnorm", stream, &a);
+}
 
-    if (rc == WEFT_OK)
-        host_rmsnorm(&a);
-    return rc;
+int weft_bias_gelu_residual_layernorm(void *stream, weft_dtype dtype, weft_gelu_form form,
+                                      void *out, void *x_out, const void *in, const void *gelu_bias,
+                                      const void *residual, const void *weight, const void *bias,
+                                      float eps, size_t rows, size_t cols, size_t stride)
+{
+    norm_args a = {.dtype = dtype,
+                   .gelu = 1,
+                   .form = form,
+                   .out = out,
+                   .sum_out = x_out,
+                   .in = in,
+                   .gelu_bias = gelu_bias,
+                   .residual = residual,
+                   .weight = weight,
+                   .bias = bias,
+                   .eps = eps,
+                   .rows = rows,
+                   .cols = cols,
+                   .stride = stride};
+    return run("weft_bias_gelu_residual_layernorm", stream, &a);
 }

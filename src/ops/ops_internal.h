@@ -8,6 +8,11 @@
  *
  * Transcendentals are computed in double with libm and rounded once to
  * fp32.
+ *
+ * Each family's arguments travel in one struct (weft__*_args) from its
+ * checks to the host reference or, with a stream, to its CUDA launcher
+ * (in the family's .cu file), so both sides read the same checked values.
+ * This header is C and C++: the kernels' files include it too.
  */
 #ifndef WEFT_OPS_INTERNAL_H
 #define WEFT_OPS_INTERNAL_H
@@ -18,6 +23,10 @@
 #include <string.h>
 
 #include "weft/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* ---- element conversion ---------------------------------------------- */
 
@@ -180,7 +189,8 @@ int weft__check_rows(const char *op, const char *what, size_t rows, size_t cols,
 /* p non-NULL (unless optional) and aligned to the element size. */
 int weft__check_ptr(const char *op, const char *name, const void *p, int optional,
                     weft_dtype dtype);
-/* NULL stream: WEFT_OK; otherwise the not-built-yet error. */
+/* WEFT_OK when stream is NULL or the library has its kernels; without CUDA
+ * a stream is refused ("built without CUDA"). */
 int weft__check_stream(const char *op, void *stream);
 
 /* Sums of many fp32 terms: terms go into blocks of WEFT__SUM_BLOCK, block
@@ -206,5 +216,69 @@ static inline float weft__sum_get(const weft__sum *s)
 {
     return s->total + s->block;
 }
+
+/* ---- arguments of each family, checked --------------------------------- */
+
+typedef struct weft__gelu_args {
+    weft_dtype dtype;
+    weft_gelu_form form;
+    void *out;
+    const void *in, *bias, *residual;
+    size_t rows, cols, stride;
+} weft__gelu_args;
+
+/* LayerNorm, RMSNorm and bias+GELU+residual+LayerNorm: the row sum s is
+ *   gelu == 0:  in + residual
+ *   gelu != 0:  GELU(in + gelu_bias) + residual
+ * rounded to the dtype, then normalized (centred unless rms). */
+typedef struct weft__norm_args {
+    weft_dtype dtype;
+    int rms, gelu;
+    weft_gelu_form form;
+    void *out, *sum_out;
+    const void *in, *gelu_bias, *residual, *weight, *bias;
+    float eps;
+    size_t rows, cols, stride;
+} weft__norm_args;
+
+typedef struct weft__softmax_args {
+    weft_dtype dtype;
+    void *out;
+    const void *in;
+    size_t rows, cols, stride;
+    weft_softmax_opts o; /* scale 0 already replaced by 1 */
+} weft__softmax_args;
+
+typedef struct weft__rope_args {
+    weft_dtype dtype;
+    weft_rope_layout layout;
+    void *q, *k;
+    size_t q_heads, q_stride, k_heads, k_stride, tokens, head_dim;
+    const int32_t *positions;
+    float base;
+} weft__rope_args;
+
+typedef struct weft__glu_args {
+    weft_dtype dtype;
+    weft_glu_kind kind;
+    void *out;
+    const void *in;
+    size_t rows, cols, in_stride, out_stride;
+} weft__glu_args;
+
+#ifdef WEFT_HAVE_CUDA
+/* The kernels (the src/ops .cu files): each enqueues its family's work on stream
+ * (a cudaStream_t) and returns WEFT_OK, or the launch's error with CUDA's
+ * error name in the message. The arguments have been checked. */
+int weft__gelu_cuda(void *stream, const weft__gelu_args *a);
+int weft__norm_cuda(void *stream, const char *op, const weft__norm_args *a);
+int weft__softmax_cuda(void *stream, const weft__softmax_args *a);
+int weft__rope_cuda(void *stream, const weft__rope_args *a);
+int weft__glu_cuda(void *stream, const weft__glu_args *a);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

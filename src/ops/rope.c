@@ -91,6 +91,23 @@ int weft_rope(void *stream, weft_dtype dtype, weft_rope_layout layout, void *q, 
         return weft__fail(WEFT_EINVAL, "%s: positions is not aligned", OP);
     if ((rc = weft__check_stream(OP, stream)) != WEFT_OK)
         return rc;
+#ifdef WEFT_HAVE_CUDA
+    if (stream) {
+        weft__rope_args a = {.dtype = dtype,
+                             .layout = layout,
+                             .q = q,
+                             .k = k,
+                             .q_heads = q_heads,
+                             .q_stride = q_stride,
+                             .k_heads = k_heads,
+                             .k_stride = k_stride,
+                             .tokens = tokens,
+                             .head_dim = head_dim,
+                             .positions = positions,
+                             .base = base};
+        return weft__rope_cuda(stream, &a);
+    }
+#endif
     host_rope(dtype, layout, q, q_heads, q_stride, k, k_heads, k_stride, tokens, head_dim,
               positions, base);
     return WEFT_OK;

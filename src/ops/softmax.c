@@ -21,23 +21,15 @@
 
 static const char OP[] = "weft_softmax";
 
-typedef struct softmax_args {
-    weft_dtype dtype;
-    void *out;
-    const void *in;
-    size_t rows, cols, stride;
-    weft_softmax_opts o;
-} softmax_args;
-
 /* Columns [0, n) of row r are unmasked. */
-static size_t visible(const softmax_args *a, size_t r)
+static size_t visible(const weft__softmax_args *a, size_t r)
 {
     if (a->o.causal_q == 0)
         return a->cols;
     return r % a->o.causal_q + a->cols - a->o.causal_q + 1;
 }
 
-static void host_softmax(const softmax_args *a)
+static void host_softmax(const weft__softmax_args *a)
 {
     float scale = a->o.scale, p = a->o.dropout_p;
     float keep_scale = 1.0f / (1.0f - p);
@@ -70,7 +62,7 @@ static void host_softmax(const softmax_args *a)
 int weft_softmax(void *stream, weft_dtype dtype, void *out, const void *in, size_t rows,
                  size_t cols, size_t stride, const weft_softmax_opts *opts)
 {
-    softmax_args a = {dtype, out, in, rows, cols, stride, {.scale = 1.0f}};
+    weft__softmax_args a = {dtype, out, in, rows, cols, stride, {.scale = 1.0f}};
     int rc;
 
     if (opts) {
@@ -94,6 +86,10 @@ int weft_softmax(void *stream, weft_dtype dtype, void *out, const void *in, size
         (rc = weft__check_ptr(OP, "in", in, 0, dtype)) != WEFT_OK ||
         (rc = weft__check_stream(OP, stream)) != WEFT_OK)
         return rc;
+#ifdef WEFT_HAVE_CUDA
+    if (stream)
+        return weft__softmax_cuda(stream, &a);
+#endif
     host_softmax(&a);
     return WEFT_OK;
 }

@@ -419,6 +419,78 @@ static void test_rmsnorm_matches_float64(void **state)
         }
 }
 
+/* ---- bias + GELU + residual + LayerNorm ---------------------------------- */
+
+/* x against the float64 GELU chain; out against a float64 LayerNorm of the
+ * x the call wrote (x is rounded to the dtype before it is normalized); out
+ * without x_out bit for bit the same. */
+static void run_gelu_layernorm(weft_dtype dt, weft_gelu_form form, shape s, int full)
+{
+    buf in = buf_new(dt, s.rows, s.cols, s.stride), res = buf_new(dt, s.rows, s.cols, s.stride);
+    buf x = buf_new(dt, s.rows, s.cols, s.stride), out = buf_new(dt, s.rows, s.cols, s.stride);
+    buf out2 = buf_new(dt, s.rows, s.cols, s.stride);
+    buf gb = buf_new(dt, 1, s.cols, s.cols), w = buf_new(dt, 1, s.cols, s.cols);
+    buf b = buf_new(dt, 1, s.cols, s.cols);
+    cmp cx = {"gelu_ln x", dt, 0, 0}, cy = {"gelu_ln out", dt, 0, 0};
+    const float eps = 1e-5f;
+    double *row = malloc(s.cols * sizeof *row);
+
+    assert_non_null(row);
+    buf_random(&in, -4, 4);
+    buf_random(&res, -2, 2);
+    buf_random(&gb, -1, 1);
+    buf_random(&w, -2, 2);
+    buf_random(&b, -1, 1);
+    buf_poison(&x);
+    buf_poison(&out);
+    buf_poison(&out2);
+    const void *gbp = full ? gb.p : NULL, *rp = full ? res.p : NULL;
+    const void *wp = full ? w.p : NULL, *bp = full ? b.p : NULL;
+    assert_int_equal(weft_bias_gelu_residual_layernorm(NULL, dt, form, out.p, x.p, in.p, gbp, rp,
+                                                       wp, bp, eps, s.rows, s.cols, s.stride),
+                     WEFT_OK);
+    assert_int_equal(weft_bias_gelu_residual_layernorm(NULL, dt, form, out2.p, NULL, in.p, gbp, rp,
+                                                       wp, bp, eps, s.rows, s.cols, s.stride),
+                     WEFT_OK);
+    assert_fully_written(&x, cx.what);
+    assert_fully_written(&out, cy.what);
+    assert_int_equal(memcmp(out.p, out2.p, out.n * weft__dtype_size(dt)), 0);
+    for (size_t r = 0; r < s.rows; r++) {
+        double mean = 0, var = 0;
+        for (size_t j = 0; j < s.cols; j++) {
+            double h = buf_get(&in, r, j) + (full ? buf_get(&gb, 0, j) : 0);
+            double g = ref_gelu(form, h), rr = full ? buf_get(&res, r, j) : 0;
+            cmp_one(&cx, buf_get(&x, r, j), g + rr, dabs(g) * ref_gelu_cond(form, h) + dabs(rr), r,
+                    j);
+            row[j] = buf_get(&x, r, j);
+            mean += row[j];
+        }
+        mean /= (double)s.cols;
+        for (size_t j = 0; j < s.cols; j++)
+            var += (row[j] - mean) * (row[j] - mean);
+        double rstd = 1.0 / sqrt(var / (double)s.cols + eps);
+        for (size_t j = 0; j < s.cols; j++) {
+            double n = (row[j] - mean) * rstd, wj = full ? buf_get(&w, 0, j) : 1;
+            double bj = full ? buf_get(&b, 0, j) : 0;
+            cmp_one(&cy, buf_get(&out, r, j), n * wj + bj, (1 + dabs(n)) * dabs(wj) + dabs(bj), r,
+                    j);
+        }
+    }
+    cmp_done(&cx);
+    cmp_done(&cy);
+    free(row);
+    buf_free(&in), buf_free(&res), buf_free(&x), buf_free(&out), buf_free(&out2);
+    buf_free(&gb), buf_free(&w), buf_free(&b);
+}
+
+static void test_bias_gelu_residual_layernorm_matches_float64(void **state)
+{
+    (void)state;
+    for (int d = 0; d < 3; d++)
+        for (int k = 0; k < NSHAPES; k++)
+            run_gelu_layernorm(DTYPES[d], (weft_gelu_form)(k % 2), SHAPES[k], k != 2);
+}
+
 /* ---- softmax ------------------------------------------------------------- */
 
 /* Row r's unmasked columns, from the rule in ops.h, restated. */
@@ -727,6 +799,14 @@ static void expect_einval(int rc, const char *op, const char *what)
         assert_non_null(strstr(msg, what));
 }
 
+/* A stream with otherwise good arguments: refused by a library built without
+ * CUDA; with CUDA it would launch (tests/gpu/test_ops.c covers that). */
+#ifdef WEFT_HAVE_CUDA
+#define expect_no_kernels(call, op, what) ((void)sizeof(call), (void)(op), (void)(what))
+#else
+#define expect_no_kernels(call, op, what) expect_einval(call, op, what)
+#endif
+
 enum { BAD_N = 64 };
 
 static void test_bad_arguments_are_refused_before_anything_runs(void **state)
@@ -767,8 +847,9 @@ static void test_bad_arguments_are_refused_before_anything_runs(void **state)
                   "bias");
     expect_einval(weft_bias_gelu_residual(NULL, F, WEFT_GELU_TANH, out, in, NULL, mis, 2, 4, 4), G,
                   "residual");
-    expect_einval(weft_bias_gelu_residual(stream, F, WEFT_GELU_TANH, out, in, NULL, NULL, 2, 4, 4),
-                  G, "GPU kernels are not built yet");
+    expect_no_kernels(
+        weft_bias_gelu_residual(stream, F, WEFT_GELU_TANH, out, in, NULL, NULL, 2, 4, 4), G,
+        "built without CUDA");
 
     /* LayerNorm */
     expect_einval(weft_layernorm(NULL, F, NULL, NULL, in, NULL, NULL, NULL, 1e-5f, 2, 4, 4), L,
@@ -794,8 +875,8 @@ static void test_bad_arguments_are_refused_before_anything_runs(void **state)
                   "weight");
     expect_einval(weft_layernorm(NULL, F, out, NULL, in, NULL, NULL, mis, 1e-5f, 2, 4, 4), L,
                   "bias");
-    expect_einval(weft_layernorm(stream, F, out, NULL, in, NULL, NULL, NULL, 1e-5f, 2, 4, 4), L,
-                  "GPU kernels are not built yet");
+    expect_no_kernels(weft_layernorm(stream, F, out, NULL, in, NULL, NULL, NULL, 1e-5f, 2, 4, 4), L,
+                      "built without CUDA");
 
     /* RMSNorm */
     expect_einval(weft_rmsnorm(NULL, F, NULL, NULL, in, NULL, NULL, 1e-5f, 2, 4, 4), R, "out");
@@ -806,8 +887,36 @@ static void test_bad_arguments_are_refused_before_anything_runs(void **state)
     expect_einval(weft_rmsnorm(NULL, BAD, out, NULL, in, NULL, NULL, 1e-5f, 2, 4, 4), R, "dtype");
     expect_einval(weft_rmsnorm(NULL, F, out, NULL, in, NULL, NULL, INFINITY, 2, 4, 4), R, "eps");
     expect_einval(weft_rmsnorm(NULL, F, out, NULL, in, NULL, mis, 1e-5f, 2, 4, 4), R, "weight");
-    expect_einval(weft_rmsnorm(stream, F, out, NULL, in, NULL, NULL, 1e-5f, 2, 4, 4), R,
-                  "GPU kernels are not built yet");
+    expect_no_kernels(weft_rmsnorm(stream, F, out, NULL, in, NULL, NULL, 1e-5f, 2, 4, 4), R,
+                      "built without CUDA");
+
+    /* bias + GELU + residual + LayerNorm */
+    const char *GL = "weft_bias_gelu_residual_layernorm";
+    const weft_gelu_form T = WEFT_GELU_TANH;
+    expect_einval(weft_bias_gelu_residual_layernorm(NULL, F, T, NULL, NULL, in, NULL, NULL, NULL,
+                                                    NULL, 1e-5f, 2, 4, 4),
+                  GL, "out");
+    expect_einval(weft_bias_gelu_residual_layernorm(NULL, F, T, out, NULL, NULL, NULL, NULL, NULL,
+                                                    NULL, 1e-5f, 2, 4, 4),
+                  GL, "in");
+    expect_einval(weft_bias_gelu_residual_layernorm(NULL, F, (weft_gelu_form)4, out, NULL, in, NULL,
+                                                    NULL, NULL, NULL, 1e-5f, 2, 4, 4),
+                  GL, "form");
+    expect_einval(weft_bias_gelu_residual_layernorm(NULL, F, T, out, (void *)mis, in, NULL, NULL,
+                                                    NULL, NULL, 1e-5f, 2, 4, 4),
+                  GL, "x_out");
+    expect_einval(weft_bias_gelu_residual_layernorm(NULL, F, T, out, NULL, in, mis, NULL, NULL,
+                                                    NULL, 1e-5f, 2, 4, 4),
+                  GL, "gelu_bias");
+    expect_einval(weft_bias_gelu_residual_layernorm(NULL, F, T, out, NULL, in, NULL, NULL, NULL,
+                                                    NULL, 1e-5f, 2, 4, 1),
+                  GL, "stride");
+    expect_einval(weft_bias_gelu_residual_layernorm(NULL, F, T, out, NULL, in, NULL, NULL, NULL,
+                                                    NULL, -1e-5f, 2, 4, 4),
+                  GL, "eps");
+    expect_no_kernels(weft_bias_gelu_residual_layernorm(stream, F, T, out, NULL, in, NULL, NULL,
+                                                        NULL, NULL, 1e-5f, 2, 4, 4),
+                      GL, "built without CUDA");
 
     /* softmax */
     weft_softmax_opts o_scale = {.scale = INFINITY}, o_p1 = {.dropout_p = 1.0f},
@@ -825,8 +934,7 @@ static void test_bad_arguments_are_refused_before_anything_runs(void **state)
     expect_einval(weft_softmax(NULL, F, out, in, 2, 4, 4, &o_pnan), S, "dropout_p");
     expect_einval(weft_softmax(NULL, F, out, in, 2, 4, 4, &o_causal), S, "causal_q");
     expect_einval(weft_softmax(NULL, F, out, (void *)mis, 2, 4, 4, NULL), S, "aligned");
-    expect_einval(weft_softmax(stream, F, out, in, 2, 4, 4, NULL), S,
-                  "GPU kernels are not built yet");
+    expect_no_kernels(weft_softmax(stream, F, out, in, 2, 4, 4, NULL), S, "built without CUDA");
 
     /* RoPE: q is in2 (2 tokens, 2 heads of 4), k is out2 (1 head of 4). */
     const int32_t pos[2] = {0, 1};
@@ -850,8 +958,8 @@ static void test_bad_arguments_are_refused_before_anything_runs(void **state)
                   P, "layout");
     expect_einval(weft_rope(NULL, F, I, in2, (size_t)-1, 8, out2, 1, 4, 2, 4, pos, 1e4f), P,
                   "overflows");
-    expect_einval(weft_rope(stream, F, I, in2, 2, 8, out2, 1, 4, 2, 4, pos, 1e4f), P,
-                  "GPU kernels are not built yet");
+    expect_no_kernels(weft_rope(stream, F, I, in2, 2, 8, out2, 1, 4, 2, 4, pos, 1e4f), P,
+                      "built without CUDA");
 
     /* GLU */
     expect_einval(weft_glu(NULL, F, WEFT_GLU_SWIGLU, NULL, in, 2, 4, 8, 4), U, "out");
@@ -863,8 +971,8 @@ static void test_bad_arguments_are_refused_before_anything_runs(void **state)
     expect_einval(weft_glu(NULL, F, WEFT_GLU_SWIGLU, out, in, 2, (size_t)-1, 8, 4), U, "too many");
     expect_einval(weft_glu(NULL, BAD, WEFT_GLU_SWIGLU, out, in, 2, 4, 8, 4), U, "dtype");
     expect_einval(weft_glu(NULL, F, (weft_glu_kind)3, out, in, 2, 4, 8, 4), U, "kind");
-    expect_einval(weft_glu(stream, F, WEFT_GLU_SWIGLU, out, in, 2, 4, 8, 4), U,
-                  "GPU kernels are not built yet");
+    expect_no_kernels(weft_glu(stream, F, WEFT_GLU_SWIGLU, out, in, 2, 4, 8, 4), U,
+                      "built without CUDA");
 
     /* Nothing was written by any refused call, and no input changed. */
     for (int i = 0; i < BAD_N; i++) {
@@ -883,6 +991,7 @@ int main(void)
         cmocka_unit_test(test_layernorm_matches_float64),
         cmocka_unit_test(test_layernorm_rows_far_from_zero_keep_their_variance),
         cmocka_unit_test(test_rmsnorm_matches_float64),
+        cmocka_unit_test(test_bias_gelu_residual_layernorm_matches_float64),
         cmocka_unit_test(test_softmax_matches_float64),
         cmocka_unit_test(test_softmax_causal_mask_hides_future_keys),
         cmocka_unit_test(test_softmax_dropout_is_replayable_and_keeps_1_minus_p),

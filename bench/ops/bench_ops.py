@@ -1,0 +1,659 @@
+#!/usr/bin/env python3
+"""bench_ops.py - weft's fused operators against PyTorch, in one process.
+
+For each operator, dtype (bf16, fp32) and large shape (16384x4096,
+4096x16384, 65536x1024, 1024x65536) it times weft's kernel, PyTorch eager
+and torch.compile on the same tensors and stream, and a device-to-device
+copy for the ceiling. Effective bandwidth counts the bytes an operator must
+move: each input read once, each output written once. It also times the
+tuning variants kept in variants.cu, and small inputs (1 to 64 rows of
+4096) against an empty kernel.
+
+weft is called through ctypes on the tensors' data_ptr() and
+torch.cuda.current_stream().cuda_stream, from libweft_ops_bench.so (all of
+weft in one shared object; see CMakeLists.txt here). That library holds a
+static CUDA runtime whose thread-local storage must be reserved at process
+start, so the script re-executes itself with the library in LD_PRELOAD.
+
+Prints a table and `BENCH <name> <value> <unit>` lines, and appends a
+section to bench/RESULTS.md. Exit status: 0, 1 on an error (PyTorch
+missing, a weft call failing, results that disagree with PyTorch), 77 when
+there is no GPU. Usage: bench/ops/bench_ops.py --help; `make gpu-bench-ops`
+builds and runs it.
+"""
+import argparse
+import ctypes
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_LIB = os.path.join(ROOT, "build-release", "bench", "ops", "libweft_ops_bench.so")
+
+SHAPES = [(16384, 4096), (4096, 16384), (65536, 1024), (1024, 65536)]
+SMALL_ROWS = [1, 2, 4, 8, 16, 32, 64]
+# the two with targets against torch.compile first: measured before any
+# time budget runs out
+OPS = ["gelu_layernorm", "softmax", "rmsnorm", "layernorm", "add_layernorm",
+       "bias_gelu_residual", "swiglu", "rope"]
+WEFT_DTYPE = {"f32": 0, "bf16": 1, "f16": 2}
+EPS = 1e-5
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lib", default=DEFAULT_LIB, help="libweft_ops_bench.so to load")
+    ap.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of " + ",".join(OPS))
+    ap.add_argument("--dtypes", default="bf16,f32")
+    ap.add_argument("--shapes", default=",".join("%dx%d" % s for s in SHAPES))
+    ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+    ap.add_argument("--no-variants", action="store_true", help="leave the tuning variants out")
+    ap.add_argument("--budget", type=float, default=480,
+                    help="seconds: past 70%% of it torch.compile is skipped, past it the "
+                    "variants and small inputs, so that a report is always written")
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer repetitions; the section is marked as not figures to quote")
+    ap.add_argument("--no-append", action="store_true", help="leave RESULTS.md alone")
+    ap.add_argument("--results", default=os.path.join(ROOT, "bench", "RESULTS.md"))
+    return ap.parse_args()
+
+
+def die(msg, status=1):
+    print("bench_ops: " + msg, file=sys.stderr)
+    sys.exit(status)
+
+
+def preload_self(lib):
+    """Re-execute with lib in LD_PRELOAD, once (see the module comment)."""
+    if not os.path.exists(lib):
+        die("%s is missing: build it first (make gpu-bench-ops builds build-release/)" % lib)
+    lib = os.path.abspath(lib)
+    preload = os.environ.get("LD_PRELOAD", "")
+    if lib in preload.split(":"):
+        return lib
+    env = dict(os.environ, LD_PRELOAD=(lib + ":" + preload) if preload else lib)
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
+# ---- weft through ctypes --------------------------------------------------
+
+
+class SoftmaxOpts(ctypes.Structure):
+    _fields_ = [("scale", ctypes.c_float), ("causal_q", ctypes.c_size_t),
+                ("dropout_p", ctypes.c_float), ("seed", ctypes.c_uint64),
+                ("offset", ctypes.c_uint64)]
+
+
+def load_weft(path):
+    lib = ctypes.CDLL(path)
+    P, Z, I, F = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_float
+    sig = {
+        "weft_bias_gelu_residual": [P, I, I, P, P, P, P, Z, Z, Z],
+        "weft_layernorm": [P, I, P, P, P, P, P, P, F, Z, Z, Z],
+        "weft_rmsnorm": [P, I, P, P, P, P, P, F, Z, Z, Z],
+        "weft_bias_gelu_residual_layernorm": [P, I, I, P, P, P, P, P, P, P, F, Z, Z, Z],
+        "weft_softmax": [P, I, P, P, Z, Z, Z, ctypes.POINTER(SoftmaxOpts)],
+        "weft_rope": [P, I, I, P, Z, Z, P, Z, Z, Z, Z, P, F],
+        "weft_glu": [P, I, I, P, P, Z, Z, Z, Z],
+        "weft_bench_empty": [P],
+        "weft_bench_softmax_variant": [P, I, ctypes.c_char_p, P, P, Z, Z],
+        "weft_bench_layernorm_variant": [P, I, ctypes.c_char_p, P, P, P, P, Z, Z],
+        "weft_bench_gelu_libm": [P, I, P, P, P, P, Z, Z],
+    }
+    for name, args in sig.items():
+        fn = getattr(lib, name)
+        fn.argtypes = args
+        fn.restype = ctypes.c_int
+    lib.weft_last_error.argtypes = []
+    lib.weft_last_error.restype = ctypes.c_char_p
+    return lib
+
+
+class WeftError(Exception):
+    pass
+
+
+def checked(lib, fn):
+    """fn() -> weft status; raises with weft's message on an error."""
+    def call():
+        rc = fn()
+        if rc != 0:
+            raise WeftError("weft status %d: %s" % (rc, lib.weft_last_error().decode()))
+    return call
+
+
+# ---- timing ----------------------------------------------------------------
+
+
+def time_per_call(torch, fn, reps, min_ms=10.0):
+    """Median seconds per call of fn over reps runs of back-to-back calls."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    one = max(start.elapsed_time(end), 1e-3)
+    iters = int(min(max(min_ms / one, 3), 500))
+    times = []
+    for _ in range(reps):
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / iters * 1e-3)
+    return statistics.median(times)
+
+
+def time_in_graph(torch, fn, reps, launches=200):
+    """Median seconds per launch of fn, launches captured in one CUDA graph
+    (so the host's launch cost is not what is measured)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(launches):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / launches * 1e-3)
+    return statistics.median(times)
+
+
+# ---- the operators -----------------------------------------------------------
+
+
+class Case:
+    """One operator on one shape and dtype: its tensors, the bytes it must
+    move, weft's call, and PyTorch's version (a function of the tensors)."""
+
+    def __init__(self, name, nbytes, weft_call, torch_fn, torch_args, check):
+        self.name, self.nbytes = name, nbytes
+        self.weft_call, self.torch_fn, self.torch_args = weft_call, torch_fn, torch_args
+        self.check = check  # () -> (weft result, PyTorch result), compared once
+
+
+def cur_stream():
+    # Never 0 here: main runs on a stream of its own, and weft reads a NULL
+    # stream as "run on the host".
+    import torch
+    return torch.cuda.current_stream().cuda_stream
+
+
+def make_case(torch, lib, op, rows, cols, dtype_name):
+    F = torch.nn.functional
+    dt = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}[dtype_name]
+    wd = WEFT_DTYPE[dtype_name]
+    es = torch.tensor([], dtype=dt).element_size()
+    dev = "cuda"
+    stream = cur_stream
+
+    def rand(*shape):
+        return torch.randn(*shape, device=dev, dtype=dt)
+
+    def ptr(t):
+        return ctypes.c_void_p(t.data_ptr() if t is not None else 0)
+
+    rc = rows * cols
+    if op == "bias_gelu_residual":
+        x, b, r, out = rand(rows, cols), rand(cols), rand(rows, cols), rand(rows, cols)
+        args = (ptr(out), ptr(x), ptr(b), ptr(r))
+
+        def call():
+            return lib.weft_bias_gelu_residual(stream(), wd, 1, *args, rows, cols, cols)
+
+        def fn(x, b, r):
+            return F.gelu(x + b) + r
+        return Case(op, (3 * rc + cols) * es, call, fn, (x, b, r),
+                    lambda: (out, fn(x, b, r)))
+    if op == "layernorm":
+        x, w, b, out = rand(rows, cols), rand(cols), rand(cols), rand(rows, cols)
+        args = (ptr(out), ptr(None), ptr(x), ptr(None), ptr(w), ptr(b))
+
+        def call():
+            return lib.weft_layernorm(stream(), wd, *args, EPS, rows, cols, cols)
+
+        def fn(x, w, b):
+            return F.layer_norm(x, (cols,), w, b, EPS)
+        return Case(op, (2 * rc + 2 * cols) * es, call, fn, (x, w, b),
+                    lambda: (out, fn(x, w, b)))
+    if op == "add_layernorm":
+        x, r, w, b = rand(rows, cols), rand(rows, cols), rand(cols), rand(cols)
+        s, out = rand(rows, cols), rand(rows, cols)
+        args = (ptr(out), ptr(s), ptr(x), ptr(r), ptr(w), ptr(b))
+
+        def call():
+            return lib.weft_layernorm(stream(), wd, *args, EPS, rows, cols, cols)
+
+        def fn(x, r, w, b):
+            t = x + r
+            return t, F.layer_norm(t, (cols,), w, b, EPS)
+        return Case(op, (4 * rc + 2 * cols) * es, call, fn, (x, r, w, b),
+                    lambda: (out, fn(x, r, w, b)[1]))
+    if op == "rmsnorm":
+        x, w, out = rand(rows, cols), rand(cols), rand(rows, cols)
+        args = (ptr(out), ptr(None), ptr(x), ptr(None), ptr(w))
+
+        def call():
+            return lib.weft_rmsnorm(stream(), wd, *args, EPS, rows, cols, cols)
+
+        if hasattr(F, "rms_norm"):
+            def fn(x, w):
+                return F.rms_norm(x, (cols,), w, EPS)
+        else:
+            def fn(x, w):
+                xf = x.float()
+                return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * w
+        return Case(op, (2 * rc + cols) * es, call, fn, (x, w), lambda: (out, fn(x, w)))
+    if op == "gelu_layernorm":
+        x, gb, r = rand(rows, cols), rand(cols), rand(rows, cols)
+        w, b, out = rand(cols), rand(cols), rand(rows, cols)
+        args = (ptr(out), ptr(None), ptr(x), ptr(gb), ptr(r), ptr(w), ptr(b))
+
+        def call():
+            return lib.weft_bias_gelu_residual_layernorm(stream(), wd, 1, *args, EPS, rows, cols,
+                                                         cols)
+
+        def fn(x, gb, r, w, b):
+            return F.layer_norm(F.gelu(x + gb) + r, (cols,), w, b, EPS)
+        return Case(op, (3 * rc + 3 * cols) * es, call, fn, (x, gb, r, w, b),
+                    lambda: (out, fn(x, gb, r, w, b)))
+    if op == "softmax":
+        x, out = rand(rows, cols), rand(rows, cols)
+        args = (ptr(out), ptr(x))
+
+        def call():
+            return lib.weft_softmax(stream(), wd, *args, rows, cols, cols, None)
+
+        def fn(x):
+            return torch.softmax(x, -1)
+        return Case(op, 2 * rc * es, call, fn, (x,), lambda: (out, fn(x)))
+    if op == "rope":
+        # rows tokens of cols / 128 heads of 128 for Q and for K, NeoX
+        # halves layout; PyTorch gets cos/sin tables built beforehand.
+        hd = 128
+        heads = cols // hd
+        q, k = rand(rows, cols), rand(rows, cols)
+        pos = torch.randint(0, 32768, (rows,), device=dev, dtype=torch.int32)
+        inv = 10000.0 ** (-2.0 * torch.arange(hd // 2, device=dev, dtype=torch.float64) / hd)
+        ang = pos.double()[:, None] * inv[None, :]
+        cos, sin = ang.cos().float()[:, None, :], ang.sin().float()[:, None, :]
+        args = (ptr(q), heads, cols, ptr(k), heads, cols, rows, hd, ptr(pos))
+
+        def call():
+            return lib.weft_rope(stream(), wd, 1, *args, 10000.0)
+
+        def fn(q, k, cos, sin):
+            def rot(t):
+                t = t.view(rows, heads, hd)
+                a, b = t[..., : hd // 2].float(), t[..., hd // 2:].float()
+                return torch.cat((a * cos - b * sin, a * sin + b * cos), -1).to(t.dtype)
+            return rot(q), rot(k)
+
+        def check():
+            q0, k0 = q.clone(), k.clone()
+            want = fn(q0, k0, cos, sin)[0]
+            call()
+            got = q.view(rows, heads, hd).clone()
+            q.copy_(q0), k.copy_(k0)
+            return got, want
+        return Case(op, (4 * rc) * es + 4 * rows, call, fn, (q, k, cos, sin), check)
+    if op == "swiglu":
+        x, out = rand(rows, 2 * cols), rand(rows, cols)
+        args = (ptr(out), ptr(x))
+
+        def call():
+            return lib.weft_glu(stream(), wd, 0, *args, rows, cols, 2 * cols, cols)
+
+        def fn(x):
+            a, b = x.chunk(2, -1)
+            return F.silu(a) * b
+        return Case(op, 3 * rc * es, call, fn, (x,), lambda: (out, fn(x)))
+    raise ValueError(op)
+
+
+def compare(torch, got, want, dtype_name):
+    """Largest error relative to the largest value, and whether it is
+    within what the dtype's rounding allows against PyTorch's own."""
+    g, w = got.float(), want.float()
+    bad = (g.isnan() != w.isnan()).any().item()
+    err = ((g - w).nan_to_num().abs().max() / (w.nan_to_num().abs().max() + 1e-30)).item()
+    return err, (not bad) and err <= (3e-2 if dtype_name != "f32" else 1e-4)
+
+
+# ---- the run ---------------------------------------------------------------------
+
+
+def main():
+    args = parse_args()
+    lib_path = preload_self(args.lib)
+    try:
+        import torch
+    except ImportError:
+        die("PyTorch is not installed here: this benchmark measures weft against PyTorch eager "
+            "and torch.compile, so it needs torch with CUDA (as on the GPU machine)")
+    if not torch.cuda.is_available():
+        print("bench_ops: no GPU here; nothing measured", file=sys.stderr)
+        sys.exit(77)
+    lib = load_weft(lib_path)
+    # weft reads a NULL stream as "run on the host", and PyTorch's default
+    # stream is CUDA's legacy NULL stream: everything runs on one of ours.
+    with torch.cuda.stream(torch.cuda.Stream()):
+        run(torch, lib, args)
+
+
+def run(torch, lib, args):
+    import time
+    started = time.monotonic()
+
+    def elapsed():
+        return time.monotonic() - started
+
+    reps = 3 if args.quick else 5
+    ops = [o for o in args.ops.split(",") if o]
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
+    for o in ops:
+        if o not in OPS:
+            die("unknown op %s (know %s)" % (o, ",".join(OPS)), 2)
+    if not args.no_compile:
+        dyn = torch._dynamo.config
+        for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
+                     "accumulated_recompile_limit"):
+            if hasattr(dyn, knob):
+                setattr(dyn, knob, 4096)
+
+    bench = []  # (name, value, unit)
+    failures = []
+    notes = []
+
+    def emit(name, value, unit):
+        bench.append((name, value, unit))
+        print("BENCH %s %.6g %s" % (name, value, unit), flush=True)
+
+    def progress(msg):
+        print("bench_ops: " + msg, file=sys.stderr, flush=True)
+
+    # The ceiling: a device-to-device copy of 512 MiB (read 512, write 512).
+    src = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    src.fill_(1)
+    t_copy = time_per_call(torch, lambda: dst.copy_(src), reps)
+    copy_tbps = 2 * src.numel() / t_copy / 1e12
+    del src, dst
+    emit("ops.copy.tbps", copy_tbps, "TB/s")
+
+    rows_out = []  # (op, dtype, shape, weft, eager, compiled) in TB/s
+    for op in ops:
+        for dtype_name in dtypes:
+            for (r, c) in shapes:
+                tag = "%s.%s.%dx%d" % (op, dtype_name, r, c)
+                progress(tag)
+                torch.manual_seed(r * 7 + c)
+                case = make_case(torch, lib, op, r, c, dtype_name)
+                call = checked(lib, case.weft_call)
+                try:
+                    got, want = case.check()
+                    torch.cuda.synchronize()
+                    err, ok = compare(torch, got, want, dtype_name)
+                    del got, want
+                    if not ok:
+                        failures.append("%s: differs from PyTorch (relative error %.3g)" %
+                                        (tag, err))
+                    t_weft = time_per_call(torch, call, reps)
+                except WeftError as e:
+                    failures.append("%s: %s" % (tag, e))
+                    continue
+                eager = lambda: case.torch_fn(*case.torch_args)  # noqa: E731
+                t_eager = time_per_call(torch, eager, reps)
+                t_comp = None
+                if not args.no_compile and elapsed() > 0.7 * args.budget:
+                    notes.append("torch.compile left out past 70% of the time budget")
+                elif not args.no_compile:
+                    compiled = torch.compile(case.torch_fn, dynamic=False)
+                    t_comp = time_per_call(torch, lambda: compiled(*case.torch_args), reps)
+                bw = [case.nbytes / t / 1e12 if t else None for t in (t_weft, t_eager, t_comp)]
+                emit("ops.%s.weft.tbps" % tag, bw[0], "TB/s")
+                emit("ops.%s.weft.pct_copy" % tag, 100 * bw[0] / copy_tbps, "%")
+                emit("ops.%s.eager.tbps" % tag, bw[1], "TB/s")
+                if bw[2]:
+                    emit("ops.%s.compile.tbps" % tag, bw[2], "TB/s")
+                    emit("ops.%s.weft_vs_compile" % tag, bw[0] / bw[2], "x")
+                rows_out.append((op, dtype_name, (r, c), bw[0], bw[1], bw[2], err))
+                del case
+                torch.cuda.empty_cache()
+
+    # Tuning variants of the row kernels and of GELU, on the same shapes.
+    variants_out = []  # (kernel, variant, dtype, shape, TB/s)
+    if not args.no_variants and elapsed() > args.budget:
+        notes.append("variants skipped: past the time budget")
+    elif not args.no_variants:
+        for dtype_name in dtypes:
+            wd = WEFT_DTYPE[dtype_name]
+            for (r, c) in shapes:
+                progress("variants %s %dx%d" % (dtype_name, r, c))
+                dt = {"bf16": torch.bfloat16, "f32": torch.float32}[dtype_name]
+                es = torch.tensor([], dtype=dt).element_size()
+                x = torch.randn(r, c, device="cuda", dtype=dt)
+                y = torch.empty_like(x)
+                z = torch.randn(r, c, device="cuda", dtype=dt)
+                w = torch.randn(c, device="cuda", dtype=dt)
+                b = torch.randn(c, device="cuda", dtype=dt)
+                P, s = ctypes.c_void_p, cur_stream
+                for v in ("lib", "regs", "regs_half", "regs_double", "regs_flat"):
+                    for kern in ("softmax", "layernorm"):
+                        if kern == "softmax" and v == "lib":
+                            fn = (lambda: lib.weft_softmax(
+                                s(), wd, P(y.data_ptr()), P(x.data_ptr()), r, c, c, None))
+                        elif kern == "softmax":
+                            fn = (lambda v=v: lib.weft_bench_softmax_variant(
+                                s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()), r, c))
+                        elif v == "lib":
+                            fn = (lambda: lib.weft_layernorm(
+                                s(), wd, P(y.data_ptr()), None, P(x.data_ptr()), None,
+                                P(w.data_ptr()), P(b.data_ptr()), EPS, r, c, c))
+                        else:
+                            fn = (lambda v=v: lib.weft_bench_layernorm_variant(
+                                s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()),
+                                P(w.data_ptr()), P(b.data_ptr()), r, c))
+                        nbytes = (2 * r * c + (0 if kern == "softmax" else 2 * c)) * es
+                        if fn() != 0:
+                            continue  # the variant does not apply to this shape
+                        t = time_per_call(torch, fn, reps)
+                        tbps = nbytes / t / 1e12
+                        emit("ops.variant.%s.%s.%s.%dx%d.tbps" % (kern, v, dtype_name, r, c),
+                             tbps, "TB/s")
+                        variants_out.append((kern, v, dtype_name, (r, c), tbps))
+                for v, fn in (("lib", lambda: lib.weft_bias_gelu_residual(
+                        s(), wd, 1, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
+                        P(z.data_ptr()), r, c, c)),
+                        ("libm_erfc", lambda: lib.weft_bench_gelu_libm(
+                            s(), wd, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
+                            P(z.data_ptr()), r, c))):
+                    if fn() != 0:
+                        failures.append("gelu variant %s: %s" %
+                                        (v, lib.weft_last_error().decode()))
+                        continue
+                    t = time_per_call(torch, fn, reps)
+                    tbps = (3 * r * c + c) * es / t / 1e12
+                    emit("ops.variant.gelu_erf.%s.%s.%dx%d.tbps" % (v, dtype_name, r, c),
+                         tbps, "TB/s")
+                    variants_out.append(("bias_gelu_residual (erf)", v, dtype_name, (r, c), tbps))
+                del x, y, z, w, b
+                torch.cuda.empty_cache()
+
+    # Small inputs: one kernel per call, against an empty kernel, both
+    # launched back to back from one CUDA graph.
+    small_out = []  # (op, rows, us, empty_us)
+    progress("small inputs")
+    s = cur_stream
+    t_empty = time_in_graph(torch, checked(lib, lambda: lib.weft_bench_empty(s())), reps)
+    emit("ops.small.empty_kernel.us", t_empty * 1e6, "us")
+    if elapsed() > args.budget:
+        notes.append("small inputs skipped: past the time budget")
+        ops = []
+    for op in ops:
+        for r in SMALL_ROWS:
+            case = make_case(torch, lib, op, r, 4096, "bf16")
+            try:
+                t = time_in_graph(torch, checked(lib, case.weft_call), reps)
+            except (WeftError, RuntimeError) as e:
+                failures.append("small %s %d rows: %s" % (op, r, e))
+                continue
+            emit("ops.small.%s.bf16.%dx4096.us" % (op, r), t * 1e6, "us")
+            emit("ops.small.%s.bf16.%dx4096.vs_empty" % (op, r), t / t_empty, "x")
+            small_out.append((op, r, t * 1e6, t_empty * 1e6))
+
+    section = report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures,
+                     sorted(set(notes)))
+    print()
+    print(section)
+    if not args.no_append:
+        with open(args.results, "a") as f:
+            f.write("\n" + section)
+        progress("appended to %s" % args.results)
+    if failures:
+        for f in failures:
+            print("bench_ops: FAILED: " + f, file=sys.stderr)
+        sys.exit(1)
+
+
+# ---- the report -------------------------------------------------------------------
+
+
+def machine(torch):
+    gpu = torch.cuda.get_device_name()
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        smi = ""
+    commit = os.environ.get("WEFT_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                                    capture_output=True, text=True).stdout.strip() or "unknown"
+            dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain",
+                                    "--untracked-files=no"], capture_output=True, text=True)
+            if dirty.stdout.strip():
+                commit += " (modified)"
+        except OSError:
+            commit = "unknown"
+    return gpu, smi.splitlines()[0] if smi else "unknown", commit
+
+
+def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, notes):
+    gpu, driver, commit = machine(torch)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    out = []
+    head = "## GPU operator benchmarks, %s" % when
+    if args.quick:
+        head += " (quick smoke run: not figures to quote)"
+    out += [head, ""]
+    out.append("- GPU: %s, driver %s; PyTorch %s (CUDA %s); Python %s" %
+               (gpu, driver, torch.__version__, torch.version.cuda, platform.python_version()))
+    out.append("- commit %s, Release build; weft called through ctypes on PyTorch's tensors "
+               "and current stream (bench/ops/bench_ops.py)" % commit)
+    out.append("- copy ceiling: device-to-device copy of 512 MiB, **%.2f TB/s** (read + write)" %
+               copy_tbps)
+    out.append("- effective bandwidth = bytes the op must move (inputs read once, outputs "
+               "written once) / time; median of %d runs of back-to-back calls, >= 10 ms each, "
+               "after warm-up; torch.compile default mode, static shapes" %
+               (3 if args.quick else 5))
+    out.append("- ops: bias_gelu_residual (exact erf GELU), layernorm (weight, bias), "
+               "add_layernorm (residual add, sum written too), rmsnorm (weight), gelu_layernorm "
+               "(weft_bias_gelu_residual_layernorm: bias + erf GELU + residual + LayerNorm, "
+               "one kernel), softmax (plain), rope (Q and K, heads of 128, halves layout, in "
+               "place; PyTorch gets cos/sin tables), swiglu (out rows x cols from rows x 2cols)")
+    for note in notes:
+        out.append("- note: " + note)
+    if failures:
+        out.append("- **failed:** " + "; ".join(failures))
+    out.append("")
+    out.append("| op | dtype | rows x cols | weft TB/s | % of copy | eager TB/s | "
+               "compile TB/s | weft / compile | error vs eager |")
+    out.append("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for op, dt, (r, c), w, e, cmp_, err in rows_out:
+        out.append("| %s | %s | %dx%d | %.2f | %.0f%% | %.2f | %s | %s | %.1e |" %
+                   (op, dt, r, c, w, 100 * w / copy_tbps, e,
+                    "%.2f" % cmp_ if cmp_ else "—", "%.2f×" % (w / cmp_) if cmp_ else "—", err))
+    out.append("")
+
+    # Targets.
+    below = [(op, dt, s, w) for op, dt, s, w, _, _, _ in rows_out if w < 0.9 * copy_tbps]
+    if rows_out:
+        verdict = "met" if not below else "missed"
+        line = "- target, every op ≥ 90%% of copy at the large shapes: **%s** (%d of %d)" % (
+            verdict, len(rows_out) - len(below), len(rows_out))
+        if below:
+            line += "; below: " + ", ".join("%s %s %dx%d %.0f%%" % (op, dt, s[0], s[1],
+                                                                  100 * w / copy_tbps)
+                                            for op, dt, s, w in below[:16])
+            if len(below) > 16:
+                line += ", and %d more" % (len(below) - 16)
+        out.append(line)
+    for op, want in (("gelu_layernorm", 1.5), ("softmax", 2.0)):
+        for o, dt, (r, c), w, _, cmp_, _ in rows_out:
+            if o == op and dt == "bf16" and cmp_:
+                out.append("- target, %s bf16 %dx%d ≥ %.1f× torch.compile: **%s** (%.2f×)" %
+                           (op, r, c, want, "met" if w >= want * cmp_ else "missed", w / cmp_))
+    out.append("")
+
+    if variants_out:
+        out.append("Tuning variants, TB/s: `lib` is the library's kernel (the shared-memory "
+                   "staged one for these aligned rows), `regs*` the register-staged row "
+                   "kernels under other plans, `libm_erfc` GELU with libm's erfcf "
+                   "(bench/ops/variants.cu says more):")
+        out.append("")
+        shapes = sorted({(dt, s) for _, _, dt, s, _ in variants_out},
+                        key=lambda k: (k[0], -k[1][1]))
+        cols = ["%s %dx%d" % (dt, s[0], s[1]) for dt, s in shapes]
+        out.append("| kernel | variant | " + " | ".join(cols) + " |")
+        out.append("| --- | --- |" + " ---: |" * len(cols))
+        keys = []
+        for k, v, _, _, _ in variants_out:
+            if (k, v) not in keys:
+                keys.append((k, v))
+        for k, v in keys:
+            cells = []
+            for dt, s in shapes:
+                vals = [t for kk, vv, d, ss, t in variants_out
+                        if kk == k and vv == v and d == dt and ss == s]
+                cells.append("%.2f" % vals[0] if vals else "—")
+            out.append("| %s | %s | %s |" % (k, v, " | ".join(cells)))
+        out.append("")
+
+    if small_out:
+        empty = small_out[0][3]
+        out.append("Small inputs, bf16 rows of 4096, one kernel per call, launched back to back "
+                   "from a CUDA graph; an empty kernel takes %.2f µs the same way. µs per call "
+                   "(× empty kernel):" % empty)
+        out.append("")
+        out.append("| op | " + " | ".join("%d rows" % r for r in SMALL_ROWS) + " |")
+        out.append("| --- |" + " ---: |" * len(SMALL_ROWS))
+        for op in OPS:
+            cells = []
+            for r in SMALL_ROWS:
+                v = [us for o, rr, us, _ in small_out if o == op and rr == r]
+                cells.append("%.2f (%.1f×)" % (v[0], v[0] / empty) if v else "—")
+            if any(c != "—" for c in cells):
+                out.append("| %s | %s |" % (op, " | ".join(cells)))
+        out.append("")
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+/*
+ * variants.cu - the tuning variants that bench_ops.py times beside the
+ * library's own kernels, and the empty kernel that small inputs are
+ * measured against. Built into libweft_ops_bench.so with all of weft.
+ *
+ * The library keeps rows in shared memory (the staged kernels) where it
+ * can; these run its register-staged row kernels (softmax, LayerNorm) on
+ * the same shapes, under rows.cuh's plan_rows and changes of it, to keep
+ * that choice and the register kernels' own measured:
+ *   regs         plan_rows: 16 values a thread
+ *   regs_half    8 values a thread: twice the threads per row
+ *   regs_double  32 values a thread: half the threads (the compiler spills)
+ *   regs_flat    a row spread over one block that loops over its tiles
+ *                instead of a cluster (the later passes re-read from L2)
+ * and bias+GELU+residual runs with libm's erfcf in place of the library's
+ * polynomial, which is what the polynomial buys.
+ *
+ * Each entry point returns a weft status; WEFT_EINVAL means the variant
+ * does not apply to that shape (the script leaves it out).
+ */
+#include <string.h>
+
+#include "ops/norm.cuh"
+#include "ops/softmax.cuh"
+
+namespace weft_ops
+{
+namespace
+{
+
+__global__ void empty_kernel()
+{
+}
+
+/* The library's plan for the vector path, changed as `variant` says; false
+ * when the variant does not apply. */
+bool variant_plan(const char *variant, size_t cols, int V, row_plan *p)
+{
+    *p = plan_rows(cols, V);
+    if (strcmp(variant, "regs") == 0)
+        return true;
+    if (strcmp(variant, "regs_half") == 0) {
+        if (p->vpt < 2)
+            return false;
+        p->vpt /= 2;
+        if (p->tpr < 512) {
+            p->tpr *= 2;
+        } else if (p->cluster < 8 && p->tiles == 1) {
+            p->cluster *= 2;
+        } else {
+            return false;
+        }
+        p->rpb = p->tpr == 32 ? 8 : 1;
+        return true;
+    }
+    if (strcmp(variant, "regs_double") == 0) {
+        if (p->tiles != 1 || (p->cluster == 1 && p->tpr == 32))
+            return false;
+        p->vpt *= 2;
+        if (p->cluster > 1)
+            p->cluster /= 2;
+        else
+            p->tpr /= 2;
+        p->rpb = p->tpr == 32 ? 8 : 1;
+        return true;
+    }
+    if (strcmp(variant, "regs_flat") == 0) {
+        if (p->cluster == 1)
+            return false;
+        p->tiles *= p->cluster;
+        p->cluster = 1;
+        return true;
+    }
+    return false;
+}
+
+/* The kernels by vectors a thread, for run_plan. */
+template <typename T, int V, int VPT> struct softmax_k {
+    static auto fn()
+    {
+        return softmax_kernel<T, V, VPT>;
+    }
+};
+template <typename T, int V, int VPT> struct norm_k {
+    static auto fn()
+    {
+        return norm_kernel<T, V, VPT>;
+    }
+};
+
+/* Up to 32 values a thread, beyond what the library instantiates. */
+template <typename T, int V, typename Params, template <typename, int, int> class K>
+int run_plan(const char *op, cudaStream_t s, const row_plan &plan, const Params &p)
+{
+    switch (plan.vpt) {
+    case 1:
+        return launch_rows(op, s, plan, p.rows, K<T, V, 1>::fn(), p, plan.tiles);
+    case 2:
+        return launch_rows(op, s, plan, p.rows, K<T, V, 2>::fn(), p, plan.tiles);
+    case 4:
+        return launch_rows(op, s, plan, p.rows, K<T, V, 4>::fn(), p, plan.tiles);
+    case 8:
+        if constexpr (V * 8 <= 32)
+            return launch_rows(op, s, plan, p.rows, K<T, V, 8>::fn(), p, plan.tiles);
+        break;
+    }
+    return WEFT_EINVAL;
+}
+
+template <typename T>
+int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *in, size_t rows,
+                    size_t cols)
+{
+    constexpr int V = vec16<T>();
+    softmax_params<T> p = {(T *)out, (const T *)in, rows, cols, cols, 0, 1.0f, 0.0f, 1.0f, 0, 0};
+    row_plan plan;
+    if (cols % V != 0 || !variant_plan(variant, cols, V, &plan))
+        return WEFT_EINVAL;
+    return run_plan<T, V, softmax_params<T>, softmax_k>("softmax variant", s, plan, p);
+}
+
+template <typename T>
+int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void *in,
+                      const void *weight, const void *bias, size_t rows, size_t cols)
+{
+    constexpr int V = vec16<T>();
+    norm_params<T> p = {
+        (T *)out, NULL, (const T *)in, NULL,  NULL,  (const T *)weight, (const T *)bias, rows,
+        cols,     cols, 1e-5f,         false, false, WEFT_GELU_ERF};
+    row_plan plan;
+    if (cols % V != 0 || !variant_plan(variant, cols, V, &plan))
+        return WEFT_EINVAL;
+    return run_plan<T, V, norm_params<T>, norm_k>("layernorm variant", s, plan, p);
+}
+
+/* bias + GELU (libm's erfcf) + residual, otherwise as gelu.cu. */
+template <typename T, int V>
+__global__ void gelu_libm_kernel(T *out, const T *in, const T *bias, const T *res, size_t rows,
+                                 size_t cols)
+{
+    for (chunk_walk w(rows, cols / V); w.more(); w.next()) {
+        size_t j = w.chunk * V, i = w.row * cols + j;
+        float h[V], r[V], b[V];
+        load_vec<T, V>(h, in + i);
+        load_vec<T, V>(b, bias + j);
+        load_vec<T, V>(r, res + i);
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            float x = h[k] + b[k];
+            h[k] = 0.5f * x * erfcf(-x * 0.70710678118654752f) + r[k];
+        }
+        store_vec<T, V>(out + i, h);
+    }
+}
+
+template <typename T>
+int gelu_libm(cudaStream_t s, void *out, const void *in, const void *bias, const void *res,
+              size_t rows, size_t cols)
+{
+    constexpr int V = vec16<T>();
+    if (cols % V != 0)
+        return WEFT_EINVAL;
+    gelu_libm_kernel<T, V><<<grid_for(rows * cols / V, 256, 8), 256, 0, s>>>(
+        (T *)out, (const T *)in, (const T *)bias, (const T *)res, rows, cols);
+    return launched("gelu libm variant");
+}
+
+} // namespace
+} // namespace weft_ops
+
+using namespace weft_ops;
+
+#define BY_DTYPE(dtype, call)                                                                      \
+    ((dtype) == WEFT_DTYPE_BF16  ? call<__nv_bfloat16>                                             \
+     : (dtype) == WEFT_DTYPE_F16 ? call<__half>                                                    \
+                                 : call<float>)
+
+extern "C" {
+
+int weft_bench_empty(void *stream)
+{
+    empty_kernel<<<1, 1, 0, (cudaStream_t)stream>>>();
+    return launched("empty kernel");
+}
+
+int weft_bench_softmax_variant(void *stream, int dtype, const char *variant, void *out,
+                               const void *in, size_t rows, size_t cols)
+{
+    return BY_DTYPE(dtype, softmax_variant)((cudaStream_t)stream, variant, out, in, rows, cols);
+}
+
+int weft_bench_layernorm_variant(void *stream, int dtype, const char *variant, void *out,
+                                 const void *in, const void *weight, const void *bias, size_t rows,
+                                 size_t cols)
+{
+    return BY_DTYPE(dtype, layernorm_variant)((cudaStream_t)stream, variant, out, in, weight, bias,
+                                              rows, cols);
+}
+
+int weft_bench_gelu_libm(void *stream, int dtype, void *out, const void *in, const void *bias,
+                         const void *res, size_t rows, size_t cols)
+{
+    return BY_DTYPE(dtype, gelu_libm)((cudaStream_t)stream, out, in, bias, res, rows, cols);
+}
+}

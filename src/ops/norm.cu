@@ -1,0 +1,73 @@
+/*
+ * norm.cu - LayerNorm, RMSNorm and bias+GELU+residual+LayerNorm on the GPU
+ * (norm.c holds the checks and the host reference).
+ *
+ * The three share their kernels: they differ only in how the row sum s is
+ * formed (in + residual, or GELU(in + gelu_bias) + residual) and whether
+ * it is centred. The row is read once and kept on chip (rows.cuh says
+ * how: in shared memory, copied with cp.async, when the tensors are
+ * 16-byte aligned and the row fits 8 blocks; otherwise in registers), s
+ * is formed and rounded to the dtype there, and the statistics follow the
+ * host's corrected two-pass algorithm on the kept row: the mean, then the
+ * sums of the deviations and of their squares (one combined reduction),
+ * which correct the mean and the variance. Then s and the normalized row
+ * are written: two or three reads an element (in, residual; the biases
+ * once per column) and one or two writes, nothing else. For the fused op
+ * that is 2 reads + 1 write where a framework's GELU kernel, residual add
+ * and LayerNorm move 7 row-sized tensors.
+ */
+#include "ops/norm.cuh"
+
+namespace weft_ops
+{
+namespace
+{
+
+template <typename T> int launch(cudaStream_t stream, const char *op, const weft__norm_args *a)
+{
+    norm_params<T> p = {(T *)a->out,
+                        (T *)a->sum_out,
+                        (const T *)a->in,
+                        (const T *)a->gelu_bias,
+                        (const T *)a->residual,
+                        (const T *)a->weight,
+                        (const T *)a->bias,
+                        a->rows,
+                        a->cols,
+                        a->stride,
+                        a->eps,
+                        a->rms != 0,
+                        a->gelu != 0,
+                        a->form};
+    constexpr int V = vec16<T>();
+    bool vec = aligned16(a->out) && aligned16(a->sum_out) && aligned16(a->in) &&
+               aligned16(a->gelu_bias) && aligned16(a->residual) && aligned16(a->weight) &&
+               aligned16(a->bias) && a->stride % V == 0;
+
+    row_plan staged;
+
+    if (vec && plan_staged(a->cols, V, a->residual ? 2 : 1, &staged)) {
+        auto kernel = a->gelu ? norm_staged_kernel<T, true> : norm_staged_kernel<T, false>;
+        return launch_rows(op, stream, staged, p.rows, kernel, p, (size_t)staged.vpt);
+    }
+    if (vec)
+        return launch_plan<T, V>(op, stream, plan_rows(a->cols, V), p);
+    return launch_plan<T, 1>(op, stream, plan_rows(a->cols, 1), p);
+}
+
+} // namespace
+} // namespace weft_ops
+
+extern "C" int weft__norm_cuda(void *stream, const char *op, const weft__norm_args *a)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+
+    switch (a->dtype) {
+    case WEFT_DTYPE_BF16:
+        return weft_ops::launch<__nv_bfloat16>(s, op, a);
+    case WEFT_DTYPE_F16:
+        return weft_ops::launch<__half>(s, op, a);
+    default:
+        return weft_ops::launch<float>(s, op, a);
+    }
+}

@@ -1,0 +1,328 @@
+/*
+ * norm.cuh - the norm kernel and its launch by plan, apart from the
+ * launcher (norm.cu) so that bench/ops/ can time other plans of the same
+ * kernel side by side. norm.cu says what the kernel does and why.
+ */
+#ifndef WEFT_OPS_NORM_CUH
+#define WEFT_OPS_NORM_CUH
+
+#include "ops/rows.cuh"
+
+namespace weft_ops
+{
+
+template <typename T> struct norm_params {
+    T *out, *sum_out;
+    const T *in, *gelu_bias, *residual, *weight, *bias;
+    size_t rows, cols, stride;
+    float eps;
+    bool rms, gelu;
+    weft_gelu_form form;
+};
+
+/* s for column j from in (h), the residual (r) and the GELU bias (g). */
+template <typename T>
+__device__ __forceinline__ float form_sum(const norm_params<T> &p, float h, float r, float g)
+{
+    if (p.gelu) {
+        float y = gelu(p.form, p.gelu_bias ? h + g : h);
+        return round_to<T>(p.residual ? y + r : y);
+    }
+    return p.residual ? round_to<T>(h + r) : h;
+}
+
+/* Vector k of tile t into x[k] (as s); elements past the row are 0. */
+template <typename T, int V>
+__device__ __forceinline__ void load_sums(const norm_params<T> &p, const row_place &at, size_t t,
+                                          int k, float (&x)[V])
+{
+    size_t j = elem_at<V>(at, t, k), i = at.row * p.stride + j;
+    if (V > 1 && j + V <= p.cols) {
+        float h[V], r[V], g[V];
+        load_vec<T, V>(h, p.in + i);
+        if (p.residual)
+            load_vec<T, V>(r, p.residual + i);
+        if (p.gelu && p.gelu_bias)
+            load_vec<T, V>(g, p.gelu_bias + j);
+#pragma unroll
+        for (int e = 0; e < V; e++)
+            x[e] = form_sum(p, h[e], r[e], g[e]);
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+        x[e] = 0.0f;
+        if (j + e < p.cols) {
+            float r = p.residual ? to_f32(p.residual[i + e]) : 0.0f;
+            float g = p.gelu && p.gelu_bias ? to_f32(p.gelu_bias[j + e]) : 0.0f;
+            x[e] = form_sum(p, to_f32(p.in[i + e]), r, g);
+        }
+    }
+}
+
+/* Writes vector k of tile t: s to sum_out, the normalized value to out. */
+template <typename T, int V>
+__device__ __forceinline__ void store_row(const norm_params<T> &p, const row_place &at, size_t t,
+                                          int k, const float (&x)[V], float mean, float rstd)
+{
+    size_t j = elem_at<V>(at, t, k), i = at.row * p.stride + j;
+    float y[V], w[V], b[V];
+    bool whole = V > 1 && j + V <= p.cols;
+
+    if (whole) {
+        if (p.weight)
+            load_vec<T, V>(w, p.weight + j);
+        if (p.bias)
+            load_vec<T, V>(b, p.bias + j);
+    } else {
+#pragma unroll
+        for (int e = 0; e < V; e++) {
+            w[e] = p.weight && j + e < p.cols ? to_f32(p.weight[j + e]) : 1.0f;
+            b[e] = p.bias && j + e < p.cols ? to_f32(p.bias[j + e]) : 0.0f;
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+        /* the host's roundings: (s - mean) * rstd, times w, plus b */
+        float v = __fmul_rn(x[e] - mean, rstd);
+        if (p.weight)
+            v = __fmul_rn(v, w[e]);
+        if (p.bias)
+            v = __fadd_rn(v, b[e]);
+        y[e] = v;
+    }
+    if (whole) {
+        if (p.sum_out)
+            store_vec<T, V>(p.sum_out + i, x);
+        store_vec<T, V>(p.out + i, y);
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+        if (j + e < p.cols) {
+            if (p.sum_out)
+                p.sum_out[i + e] = from_f32<T>(x[e]);
+            p.out[i + e] = from_f32<T>(y[e]);
+        }
+    }
+}
+
+template <typename T, int V, int VPT>
+__global__ void __launch_bounds__(512, 2)
+    norm_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t tiles)
+{
+    __shared__ reduce_scratch<float> s1;
+    __shared__ reduce_scratch<sum2> s2;
+    const row_place at = place_row<V>(row0, cluster, tiles, VPT);
+    if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
+        return;
+    const bool staged = tiles == 1;
+    const float n = (float)p.cols;
+    float x[VPT][V];
+
+    if (staged) {
+#pragma unroll
+        for (int k = 0; k < VPT; k++)
+            load_sums<T, V>(p, at, at.first, k, x[k]);
+    }
+
+    /* The mean (or, for RMSNorm, the mean square). */
+    float acc = 0.0f;
+    for (size_t t = at.first; t < at.first + tiles; t++) {
+#pragma unroll
+        for (int k = 0; k < VPT; k++) {
+            if (!staged)
+                load_sums<T, V>(p, at, t, k, x[k]);
+#pragma unroll
+            for (int e = 0; e < V; e++)
+                acc += p.rms ? x[k][e] * x[k][e] : x[k][e];
+        }
+    }
+    float mean = row_reduce(acc, op_sum(), s1, cluster) / n, rstd;
+
+    if (p.rms) {
+        rstd = 1.0f / sqrtf(mean + p.eps);
+        mean = 0.0f;
+    } else {
+        /* Deviations and their squares; past the row's end s is 0 but its
+         * deviation is not, so those elements are left out by index. */
+        sum2 dev = {0.0f, 0.0f};
+        for (size_t t = at.first; t < at.first + tiles; t++) {
+#pragma unroll
+            for (int k = 0; k < VPT; k++) {
+                if (!staged)
+                    load_sums<T, V>(p, at, t, k, x[k]);
+                size_t j = elem_at<V>(at, t, k);
+#pragma unroll
+                for (int e = 0; e < V; e++) {
+                    if (j + e < p.cols) {
+                        float d = x[k][e] - mean;
+                        dev.a += d;
+                        dev.b += d * d;
+                    }
+                }
+            }
+        }
+        dev = row_reduce(dev, op_sum(), s2, cluster);
+        mean += dev.a / n;
+        float var = (dev.b - dev.a * dev.a / n) / n;
+        if (var < 0.0f)
+            var = 0.0f;
+        rstd = 1.0f / sqrtf(var + p.eps);
+    }
+
+    for (size_t t = at.first; t < at.first + tiles; t++) {
+#pragma unroll
+        for (int k = 0; k < VPT; k++) {
+            if (!staged)
+                load_sums<T, V>(p, at, t, k, x[k]);
+            store_row<T, V>(p, at, t, k, x[k], mean, rstd);
+        }
+    }
+}
+
+/*
+ * The staged kernel (rows.cuh): the block's part of the row - in, and the
+ * residual when there is one - is copied to shared memory with cp.async,
+ * s is formed there and written back over in (s is rounded to the dtype,
+ * so it fits), and the statistics and the output read it from there.
+ * vpt vectors of V elements a thread, at run time. GELU is a template
+ * parameter, so that the plain norms do not pay its registers.
+ */
+template <typename T, bool GELU>
+__global__ void __launch_bounds__(512)
+    norm_staged_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t vpt)
+{
+    constexpr int V = vec16<T>();
+    __shared__ reduce_scratch<float> s1;
+    __shared__ reduce_scratch<sum2> s2;
+    const row_place at = place_row<V>(row0, cluster, 1, (unsigned)vpt);
+    if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
+        return;
+    const size_t seg = at.tile, first = (size_t)at.rank * seg, step = (size_t)blockDim.x * V;
+    const size_t mine = (size_t)threadIdx.x * V; /* this thread's first vector in the segment */
+    const size_t buffers = p.residual ? 2 : 1;
+    T *in_s = reinterpret_cast<T *>(staged_smem()) + threadIdx.y * seg * buffers;
+    T *res_s = in_s + seg;
+    const T *in_g = p.in + at.row * p.stride;
+    const T *res_g = p.residual ? p.residual + at.row * p.stride : nullptr;
+    const float n = (float)p.cols;
+
+    for (size_t l = mine; l < seg; l += step) {
+        int m = part_of<V>(first + l, p.cols);
+        if (m == 0)
+            break;
+        stage_part<T, V>(in_s + l, in_g + first + l, m);
+        if (res_g)
+            stage_part<T, V>(res_s + l, res_g + first + l, m);
+    }
+    copies_landed();
+
+    /* s, in place of in; the mean (or, for RMSNorm, the mean square). */
+    float acc = 0.0f;
+    for (size_t l = mine; l < seg; l += step) {
+        int m = part_of<V>(first + l, p.cols);
+        if (m == 0)
+            break;
+        float h[V], r[V] = {}, g[V] = {};
+        load_part<T, V>(h, in_s + l, m);
+        if (res_g)
+            load_part<T, V>(r, res_s + l, m);
+        if (GELU && p.gelu_bias)
+            load_part<T, V>(g, p.gelu_bias + first + l, m);
+#pragma unroll
+        for (int e = 0; e < V; e++) {
+            if (GELU)
+                h[e] = gelu(p.form, p.gelu_bias ? h[e] + g[e] : h[e]);
+            if (GELU || res_g)
+                h[e] = round_to<T>(res_g ? h[e] + r[e] : h[e]);
+            if (e < m)
+                acc += p.rms ? h[e] * h[e] : h[e];
+        }
+        if (res_g || GELU)
+            store_part<T, V>(in_s + l, h, m);
+    }
+    float mean = row_reduce(acc, op_sum(), s1, cluster) / n, rstd;
+
+    if (p.rms) {
+        rstd = 1.0f / sqrtf(mean + p.eps);
+        mean = 0.0f;
+    } else {
+        sum2 dev = {0.0f, 0.0f};
+        for (size_t l = mine; l < seg; l += step) {
+            int m = part_of<V>(first + l, p.cols);
+            if (m == 0)
+                break;
+            float x[V];
+            load_part<T, V>(x, in_s + l, m);
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                if (e < m) {
+                    float d = x[e] - mean;
+                    dev.a += d;
+                    dev.b += d * d;
+                }
+            }
+        }
+        dev = row_reduce(dev, op_sum(), s2, cluster);
+        mean += dev.a / n;
+        float var = (dev.b - dev.a * dev.a / n) / n;
+        if (var < 0.0f)
+            var = 0.0f;
+        rstd = 1.0f / sqrtf(var + p.eps);
+    }
+
+    T *out_g = p.out + at.row * p.stride;
+    T *sum_g = p.sum_out ? p.sum_out + at.row * p.stride : nullptr;
+    for (size_t l = mine; l < seg; l += step) {
+        size_t j = first + l;
+        int m = part_of<V>(j, p.cols);
+        if (m == 0)
+            break;
+        float x[V], w[V], b[V], y[V];
+        load_part<T, V>(x, in_s + l, m);
+        if (p.weight)
+            load_part<T, V>(w, p.weight + j, m);
+        if (p.bias)
+            load_part<T, V>(b, p.bias + j, m);
+#pragma unroll
+        for (int e = 0; e < V; e++) {
+            float v = __fmul_rn(x[e] - mean, rstd);
+            if (p.weight)
+                v = __fmul_rn(v, w[e]);
+            if (p.bias)
+                v = __fadd_rn(v, b[e]);
+            y[e] = v;
+        }
+        if (sum_g)
+            store_part<T, V>(sum_g + j, x, m);
+        store_part<T, V>(out_g + j, y, m);
+    }
+}
+
+template <typename T, int V>
+int launch_plan(const char *op, cudaStream_t stream, const row_plan &plan, const norm_params<T> &p)
+{
+    /* plan_rows keeps VPT * V <= 16 (VPT <= 8 when V = 1) */
+    switch (plan.vpt) {
+    case 1:
+        return launch_rows(op, stream, plan, p.rows, norm_kernel<T, V, 1>, p, plan.tiles);
+    case 2:
+        if constexpr (V * 2 <= 16)
+            return launch_rows(op, stream, plan, p.rows, norm_kernel<T, V, 2>, p, plan.tiles);
+        break;
+    case 4:
+        if constexpr (V * 4 <= 16)
+            return launch_rows(op, stream, plan, p.rows, norm_kernel<T, V, 4>, p, plan.tiles);
+        break;
+    case 8:
+        if constexpr (V == 1)
+            return launch_rows(op, stream, plan, p.rows, norm_kernel<T, V, 8>, p, plan.tiles);
+        break;
+    }
+    return weft__fail(WEFT_EINVAL, "%s: no kernel for %u vectors a thread", op, plan.vpt);
+}
+
+} // namespace weft_ops
+
+#endif

@@ -1,0 +1,393 @@
+/*
+ * ops_cuda.cuh - what the operator kernels share: element types, vector
+ * access, the walk over (row, chunk) of elementwise ops, row reductions
+ * (warp, block, cluster), Philox, and launch error reporting.
+ *
+ * Every kernel is a template over its element type T (float, bf16, fp16)
+ * and its vector width V: V elements make one 16-byte access when every
+ * pointer and the stride allow it (ops_vec_width), else V = 1 and each
+ * element is its own access. Arithmetic is fp32 throughout; conversions
+ * round to nearest even, as the host's weft__store does.
+ *
+ * Where the host reference's order of rounding matters (the softmax
+ * scale before the max is subtracted, the GELU argument), the kernels
+ * round the same way with __fmul_rn/__fadd_rn, which nvcc never contracts
+ * into fused multiply-adds.
+ */
+#ifndef WEFT_OPS_CUDA_CUH
+#define WEFT_OPS_CUDA_CUH
+
+#include <atomic>
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "ops/ops_internal.h"
+
+extern "C" {
+#include "core/error.h"
+}
+
+namespace weft_ops
+{
+
+/* ---- elements ------------------------------------------------------------ */
+
+__device__ __forceinline__ float to_f32(float x)
+{
+    return x;
+}
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x)
+{
+    return __bfloat162float(x);
+}
+__device__ __forceinline__ float to_f32(__half x)
+{
+    return __half2float(x);
+}
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x)
+{
+    return x;
+}
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x)
+{
+    return __float2bfloat16_rn(x);
+}
+template <> __device__ __forceinline__ __half from_f32<__half>(float x)
+{
+    return __float2half_rn(x);
+}
+
+/* v rounded to T and back: what storing then loading gives. */
+template <typename T> __device__ __forceinline__ float round_to(float v)
+{
+    return to_f32(from_f32<T>(v));
+}
+
+/* V elements as one aligned access. */
+template <typename T, int V> struct alignas(sizeof(T) * V) vec {
+    T e[V];
+};
+
+template <typename T, int V> __device__ __forceinline__ void load_vec(float (&dst)[V], const T *p)
+{
+    vec<T, V> v = *reinterpret_cast<const vec<T, V> *>(p);
+#pragma unroll
+    for (int k = 0; k < V; k++)
+        dst[k] = to_f32(v.e[k]);
+}
+
+template <typename T, int V> __device__ __forceinline__ void store_vec(T *p, const float (&src)[V])
+{
+    vec<T, V> v;
+#pragma unroll
+    for (int k = 0; k < V; k++)
+        v.e[k] = from_f32<T>(src[k]);
+    *reinterpret_cast<vec<T, V> *>(p) = v;
+}
+
+/* Elements of a 16-byte access. */
+template <typename T> __host__ __device__ constexpr int vec16()
+{
+    return int(16 / sizeof(T));
+}
+
+/* Whether p is aligned to a 16-byte access (NULL is: it is never read). */
+static inline bool aligned16(const void *p)
+{
+    return (uintptr_t)p % 16 == 0;
+}
+
+/* ---- activations (activation.c's forms) ------------------------------- */
+
+/*
+ * The activations are most of the arithmetic of the elementwise ops, and a
+ * bf16 op at the copy rate leaves about 50 instructions an element: libm's
+ * erfcf alone takes most of that. So the exact GELU is built here from
+ * cheaper parts, accurate to ~5e-7 relative (checked against 30-digit
+ * erfc from -13 to 8):
+ *
+ *   Phi(x) = 0.5 erfc(z) for x < 0, 1 - 0.5 erfc(z) otherwise, z = |x|/sqrt 2
+ *   erfc(z) = exp(-z^2) erfcx(z), erfcx(z) = p(t), t = (z - 2)/(z + 2)
+ *
+ * p is a degree-11 Chebyshev fit of erfcx in t, which maps [0, inf) to
+ * [-1, 1) where erfcx is smooth (relative error 2e-8). exp(-x^2/2) takes
+ * x^2 as a rounded square plus its exact error (an fma), so the tail keeps
+ * its relative accuracy although x^2/2 is large there; |x| is capped at
+ * 16, past which erfc(z) is below fp32's smallest subnormal anyway.
+ * Divisions by 1 + exp(.) use the correctly rounded reciprocal.
+ */
+__device__ __forceinline__ float gelu_erf(float x)
+{
+    const float ax = fminf(fabsf(x), 16.0f);
+    const float z = ax * 0.70710678118654752f;
+    const float t = __fdividef(z - 2.0f, z + 2.0f); /* z + 2 in [2, 14]: exact enough */
+    float p = -2.005525130e-05f;
+    p = fmaf(p, t, 2.503721362e-06f);
+    p = fmaf(p, t, 1.651740022e-04f);
+    p = fmaf(p, t, 6.633545854e-05f);
+    p = fmaf(p, t, -9.770971956e-04f);
+    p = fmaf(p, t, -8.577544359e-04f);
+    p = fmaf(p, t, 6.996307522e-03f);
+    p = fmaf(p, t, 3.735239385e-03f);
+    p = fmaf(p, t, -7.897847891e-02f);
+    p = fmaf(p, t, 2.416580021e-01f);
+    p = fmaf(p, t, -4.271858633e-01f);
+    p = fmaf(p, t, 2.553956807e-01f);
+    const float sq = ax * ax, sq_err = fmaf(ax, ax, -sq);
+    float e = expf(-0.5f * sq);
+    e = fmaf(e, -0.5f * sq_err, e); /* exp(-(sq + sq_err)/2) to first order */
+    const float half_erfc = 0.5f * e * p;
+    return x * (x < 0.0f ? half_erfc : 1.0f - half_erfc);
+}
+
+__device__ __forceinline__ float gelu(weft_gelu_form form, float x)
+{
+    if (isinf(x))
+        return x > 0 ? x : -0.0f;
+    if (form == WEFT_GELU_ERF)
+        return gelu_erf(x);
+    const float k0 = 0.7978845608028654f, k1 = 0.044715f;
+    /* The host's order of roundings: x * x * x, times k1, plus x, times
+     * k0, times -2; exp's argument is then bit for bit the host's. */
+    float x3 = __fmul_rn(__fmul_rn(x, x), x);
+    float u = __fmul_rn(k0, __fadd_rn(x, __fmul_rn(k1, x3)));
+    return x * __frcp_rn(1.0f + expf(__fmul_rn(-2.0f, u)));
+}
+
+__device__ __forceinline__ float silu(float x)
+{
+    if (isinf(x))
+        return x > 0 ? x : -0.0f;
+    return x * __frcp_rn(1.0f + expf(-x));
+}
+
+/* ---- Philox4x32-10, as common.c ----------------------------------------- */
+
+__device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k)
+{
+    const uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u;
+    const uint32_t W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
+
+#pragma unroll
+    for (int round = 0; round < 10; round++) {
+        uint32_t hi0 = __umulhi(M0, c.x), lo0 = M0 * c.x;
+        uint32_t hi1 = __umulhi(M1, c.z), lo1 = M1 * c.z;
+        c = make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+        k.x += W0;
+        k.y += W1;
+    }
+    return c;
+}
+
+/* The keep decisions of consecutive logical elements, one Philox block (4
+ * elements) at a time: next(e) for increasing e calls Philox once per
+ * block it enters. */
+struct dropout_mask {
+    uint2 key;
+    uint32_t off_lo, off_hi;
+    float p;
+    unsigned long long block;
+    uint4 words;
+
+    __device__ dropout_mask(unsigned long long seed, unsigned long long offset, float p_)
+        : key(make_uint2((uint32_t)seed, (uint32_t)(seed >> 32))), off_lo((uint32_t)offset),
+          off_hi((uint32_t)(offset >> 32)), p(p_), block(~0ull), words()
+    {
+    }
+
+    __device__ __forceinline__ bool keep(unsigned long long e)
+    {
+        unsigned long long b = e / 4;
+        if (b != block) {
+            block = b;
+            words =
+                philox4x32_10(make_uint4((uint32_t)b, (uint32_t)(b >> 32), off_lo, off_hi), key);
+        }
+        uint32_t lane = (uint32_t)(e % 4);
+        uint32_t w = lane == 0 ? words.x : lane == 1 ? words.y : lane == 2 ? words.z : words.w;
+        return (float)(w >> 8) * 0x1p-24f >= p;
+    }
+};
+
+/* ---- elementwise walk ---------------------------------------------------- */
+
+/* A grid-stride walk over the chunks of rows x chunks_per_row: each
+ * thread starts at its global index and moves by the grid's size, which is
+ * added as whole rows plus a remainder, so no division happens in the
+ * loop. */
+struct chunk_walk {
+    size_t row, chunk, rows, per_row, step_rows, step_chunks;
+
+    __device__ chunk_walk(size_t rows_, size_t per_row_) : rows(rows_), per_row(per_row_)
+    {
+        size_t g = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+        size_t step = (size_t)gridDim.x * blockDim.x;
+        row = g / per_row;
+        chunk = g % per_row;
+        step_rows = step / per_row;
+        step_chunks = step % per_row;
+    }
+
+    __device__ __forceinline__ bool more() const
+    {
+        return row < rows;
+    }
+
+    __device__ __forceinline__ void next()
+    {
+        row += step_rows;
+        chunk += step_chunks;
+        if (chunk >= per_row) {
+            chunk -= per_row;
+            row++;
+        }
+    }
+};
+
+/* ---- row reductions -------------------------------------------------------- */
+
+struct op_sum {
+    __device__ __forceinline__ float operator()(float a, float b) const
+    {
+        return a + b;
+    }
+};
+/* fmaxf returns the other operand for a NaN: a NaN is never the maximum,
+ * as the host's "v > max" never picks one. */
+struct op_max {
+    __device__ __forceinline__ float operator()(float a, float b) const
+    {
+        return fmaxf(a, b);
+    }
+};
+
+/* Two sums reduced together (one barrier for both). */
+struct sum2 {
+    float a, b;
+};
+
+__device__ __forceinline__ float shfl_xor(float v, int m)
+{
+    return __shfl_xor_sync(0xffffffffu, v, m);
+}
+__device__ __forceinline__ sum2 shfl_xor(sum2 v, int m)
+{
+    return {__shfl_xor_sync(0xffffffffu, v.a, m), __shfl_xor_sync(0xffffffffu, v.b, m)};
+}
+template <typename Op> __device__ __forceinline__ float combine(Op op, float x, float y)
+{
+    return op(x, y);
+}
+template <typename Op> __device__ __forceinline__ sum2 combine(Op op, sum2 x, sum2 y)
+{
+    return {op(x.a, y.a), op(x.b, y.b)};
+}
+
+/* Scratch for one reduction: a slot per warp, one for the block's result
+ * (read by the other blocks of a cluster). */
+template <typename R> struct reduce_scratch {
+    R warp[32];
+    R block;
+};
+
+/*
+ * The reduction of v over one row, returned to every thread of the row.
+ * A row is one warp (blockDim.x == 32, several rows per block), or one
+ * block, or the blocks of one cluster. The order of the combination is
+ * fixed, so every thread gets the same bits: within a warp the xor
+ * butterfly (each step combines two equal partial results, commutatively),
+ * then the warps' results in order, then the blocks' in rank order.
+ */
+template <typename R, typename Op>
+__device__ __forceinline__ R row_reduce(R v, Op op, reduce_scratch<R> &s, unsigned cluster)
+{
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1)
+        v = combine(op, v, shfl_xor(v, m));
+    if (blockDim.x == 32)
+        return v;
+
+    unsigned warps = blockDim.x / 32, warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0)
+        s.warp[warp] = v;
+    __syncthreads();
+    v = s.warp[0];
+    for (unsigned w = 1; w < warps; w++)
+        v = combine(op, v, s.warp[w]);
+    if (cluster == 1) {
+        __syncthreads(); /* the slots are reused by the next reduction */
+        return v;
+    }
+
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    if (threadIdx.x == 0)
+        s.block = v;
+    cl.sync();
+    v = *cl.map_shared_rank(&s.block, 0);
+    for (unsigned b = 1; b < cluster; b++)
+        v = combine(op, v, *cl.map_shared_rank(&s.block, b));
+    cl.sync(); /* no block rewrites or leaves its slot while others read it */
+    return v;
+}
+
+/* ---- launching ------------------------------------------------------------ */
+
+/* The multiprocessors of the calling thread's current device, asked of
+ * CUDA once per device (launches inside graph capture ask nothing). */
+static inline int sm_count()
+{
+    static std::atomic<int> known[64];
+    int dev = 0, n = 0;
+
+    if (cudaGetDevice(&dev) != cudaSuccess)
+        return 1;
+    if (dev >= 0 && dev < 64 && (n = known[dev].load(std::memory_order_relaxed)) > 0)
+        return n;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1)
+        return 1;
+    if (dev >= 0 && dev < 64)
+        known[dev].store(n, std::memory_order_relaxed);
+    return n;
+}
+
+/* WEFT_OK, or the launch's error as a weft status with CUDA's name for it. */
+static inline int launch_status(const char *op, cudaError_t e)
+{
+    if (e == cudaSuccess)
+        return WEFT_OK;
+    cudaGetLastError(); /* a refused launch is not sticky: clear it */
+    int status = e == cudaErrorMemoryAllocation ? WEFT_ENOMEM
+                 : e == cudaErrorInvalidValue || e == cudaErrorInvalidConfiguration ||
+                         e == cudaErrorInvalidResourceHandle
+                     ? WEFT_EINVAL
+                     : WEFT_EDEVICE;
+    return weft__fail(status, "%s: kernel launch failed: %s (%s)", op, cudaGetErrorName(e),
+                      cudaGetErrorString(e));
+}
+
+/* After a <<<>>> launch. */
+static inline int launched(const char *op)
+{
+    return launch_status(op, cudaGetLastError());
+}
+
+/* Blocks for `work` items of `threads` threads each, at most a few waves
+ * of resident blocks (the kernels walk the rest in a grid-stride loop). */
+static inline unsigned grid_for(size_t work, unsigned threads, unsigned per_sm)
+{
+    size_t want = (work + threads - 1) / threads;
+    size_t cap = (size_t)sm_count() * per_sm;
+    if (want > cap)
+        want = cap;
+    return want ? (unsigned)want : 1u;
+}
+
+} // namespace weft_ops
+
+#endif

@@ -1,0 +1,287 @@
+/*
+ * rows.cuh - the row machinery of the reducing kernels (norm.cu,
+ * softmax.cu): how a row is spread over threads, kept on chip, and
+ * launched.
+ *
+ * Why this design: LayerNorm, RMSNorm and softmax need statistics of the
+ * whole row before they can write any of it. Reading the row once means
+ * keeping it on chip between the statistics and the writes, and reaching
+ * the copy rate means keeping enough loads in flight while blocks sit in
+ * their reductions. Two ways of keeping the row, both with the same
+ * layout (vector k of thread t of a row's TPR threads at (k * TPR + t) * V,
+ * so each load of a warp is one contiguous 512-byte run):
+ *
+ *  - staged: the row goes to shared memory with cp.async (below). Loads in
+ *    flight cost no registers, so an SM holds ~200 KB of rows in flight.
+ *    The main path, for 16-byte aligned tensors and rows that fit 8 blocks
+ *    of STAGED_BLOCK_BYTES.
+ *  - in registers: each thread holds VPT vectors as fp32 (at most 16
+ *    values, so that 64 registers hold them with no spills and two
+ *    512-thread blocks stay resident an SM). For unaligned tensors (one
+ *    element a vector) and rows too long to stage; there a row's blocks
+ *    loop over tiles of their segment and read them again for each pass
+ *    (from L2 mostly: a cluster's segment is small next to the 50 MB L2).
+ *
+ * The row size picks the layout, for both:
+ *
+ *   short rows                 a warp per row, 8 rows a block, shuffles
+ *                              only, no barriers
+ *   medium rows (to ~16K)      a block per row (64..512 threads), warps
+ *                              combined in shared memory
+ *   long rows (65536 and up)   a cluster of C <= 8 blocks per row
+ *                              (Hopper), each block keeping its segment;
+ *                              block results meet through distributed
+ *                              shared memory, the row still read once
+ *
+ * Elements past the row's end are not read and count as nothing.
+ */
+#ifndef WEFT_OPS_ROWS_CUH
+#define WEFT_OPS_ROWS_CUH
+
+#include "ops/ops_cuda.cuh"
+
+namespace weft_ops
+{
+
+/* How a launch spreads rows over threads. */
+struct row_plan {
+    unsigned tpr;     /* threads per row: 32 (a warp) to 512 */
+    unsigned rpb;     /* rows per block: 8 with a warp per row, else 1 */
+    unsigned cluster; /* blocks per row (a thread block cluster when > 1) */
+    unsigned vpt;     /* vectors each thread holds: 1, 2, 4 or 8 (any, staged) */
+    size_t tiles;     /* tiles each block goes through; 1 = held, read once */
+    size_t smem;      /* dynamic shared memory a block (staged kernels) */
+};
+
+/* Where a block's part of the row lies; filled by the kernel. */
+struct row_place {
+    size_t row;    /* the row, or >= rows for an idle warp */
+    size_t first;  /* the block's first tile */
+    size_t tile;   /* elements per tile */
+    unsigned tid;  /* thread within the row's threads */
+    unsigned rank; /* block within the cluster */
+};
+
+template <int V>
+__device__ __forceinline__ row_place place_row(size_t row0, unsigned cluster, size_t tiles,
+                                               unsigned vpt)
+{
+    row_place p;
+    p.tid = threadIdx.x;
+    p.rank = blockIdx.x % cluster;
+    p.row = row0 + (size_t)(blockIdx.x / cluster) * blockDim.y + threadIdx.y;
+    p.tile = (size_t)blockDim.x * vpt * V;
+    p.first = (size_t)p.rank * tiles;
+    return p;
+}
+
+/* Element index (in the row) of vector k of this thread in tile t. */
+template <int V> __device__ __forceinline__ size_t elem_at(const row_place &p, size_t t, int k)
+{
+    return t * p.tile + ((size_t)k * blockDim.x + p.tid) * V;
+}
+
+/* Largest vectors per thread for V-element vectors: 16 values a thread
+ * (8 with V = 1). More spills at the 64 registers that two resident
+ * 512-thread blocks leave a thread. */
+static inline unsigned vpt_max(int V)
+{
+    return V >= 16 ? 1u : V >= 2 ? 16u / (unsigned)V : 8u;
+}
+
+static inline size_t pow2_at_least(size_t n)
+{
+    size_t p = 1;
+    while (p < n)
+        p <<= 1;
+    return p;
+}
+
+static inline row_plan plan_rows(size_t cols, int V)
+{
+    const size_t vmax = vpt_max(V), nvec = (cols + V - 1) / V;
+    row_plan p = {32, 8, 1, 1, 1, 0};
+
+    if (nvec <= 32 * vmax) {
+        p.vpt = (unsigned)pow2_at_least((nvec + 31) / 32);
+        return p;
+    }
+    p.rpb = 1;
+    size_t tpr = pow2_at_least((nvec + vmax - 1) / vmax);
+    if (tpr <= 512) {
+        p.tpr = (unsigned)tpr;
+        p.vpt = (unsigned)pow2_at_least((nvec + tpr - 1) / tpr);
+        return p;
+    }
+    p.tpr = 512;
+    p.vpt = (unsigned)vmax;
+    size_t tile = 512 * vmax * (size_t)V, tiles = (cols + tile - 1) / tile;
+    if (tiles <= 8) {
+        p.cluster = (unsigned)pow2_at_least(tiles);
+    } else {
+        p.cluster = 8;
+        p.tiles = (tiles + 7) / 8;
+    }
+    return p;
+}
+
+/* ---- staging in shared memory ----------------------------------------- */
+
+/*
+ * The staged kernels (norm_staged_kernel, softmax_staged_kernel) hold the
+ * row in shared memory instead of registers, copied there with cp.async:
+ * every copy of a block is in flight at once without holding a register,
+ * so an SM has up to ~200 KB of rows in flight - several times what the
+ * register kernels reach - which hides DRAM latency behind each block's
+ * reductions. ~8 vectors a thread: enough work per thread to make the
+ * reductions cheap, few enough to keep blocks short. Each thread copies
+ * and later reads only its own vectors (the same layout as the register
+ * kernels, (k * TPR + t) * V), so its own cp.async.wait_all is all the
+ * synchronisation the copies need; the reductions' barriers do the rest.
+ * They take 16-byte aligned rows only (the register kernels do the rest),
+ * and a block stages at most STAGED_BLOCK_BYTES (at least three blocks an
+ * SM); longer rows spread over a cluster of up to 8 blocks, and rows
+ * longer than that go to the register kernels' tile loop.
+ */
+enum : size_t { STAGED_BLOCK_BYTES = 64 * 1024 };
+
+/* A staged plan for `buffers` row-sized tensors of V-element, 16-byte
+ * vectors; false when the row is too long for 8 blocks. */
+static inline bool plan_staged(size_t cols, int V, unsigned buffers, row_plan *p)
+{
+    const size_t nvec = (cols + V - 1) / V, row_bytes = nvec * 16 * buffers;
+
+    *p = {32, 8, 1, 1, 1, 0};
+    if (nvec <= 32 * 8) { /* a warp per row, 8 rows a block */
+        p->vpt = (unsigned)((nvec + 31) / 32);
+        p->smem = (size_t)8 * 32 * p->vpt * 16 * buffers;
+        return true;
+    }
+    size_t tpr = pow2_at_least((nvec + 7) / 8); /* ~8 vectors a thread */
+    p->tpr = (unsigned)(tpr < 64 ? 64 : tpr > 512 ? 512 : tpr);
+    p->rpb = 1;
+    size_t cluster = pow2_at_least((row_bytes + STAGED_BLOCK_BYTES - 1) / STAGED_BLOCK_BYTES);
+    if (cluster > 8)
+        return false;
+    p->cluster = (unsigned)cluster;
+    p->vpt = (unsigned)((nvec + cluster * p->tpr - 1) / (cluster * p->tpr));
+    p->smem = (size_t)p->tpr * p->vpt * 16 * buffers;
+    return p->smem <= STAGED_BLOCK_BYTES;
+}
+
+/* 16 bytes from global memory to shared memory, asynchronously. */
+__device__ __forceinline__ void copy_async16(void *smem, const void *global)
+{
+    unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global) : "memory");
+}
+
+/* The dynamic shared memory of a staged kernel, 16-byte aligned. */
+__device__ __forceinline__ unsigned char *staged_smem()
+{
+    extern __shared__ uint4 weft_staged[];
+    return reinterpret_cast<unsigned char *>(weft_staged);
+}
+
+/* The first n of V elements at p into x, the rest 0; one 16-byte access
+ * when n == V. p is shared or global memory. */
+template <typename T, int V>
+__device__ __forceinline__ void load_part(float (&x)[V], const T *p, int n)
+{
+    if (n == V) {
+        load_vec<T, V>(x, p);
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < V; e++)
+        x[e] = e < n ? to_f32(p[e]) : 0.0f;
+}
+
+/* The first n of V elements of x to p, rounded to T. */
+template <typename T, int V>
+__device__ __forceinline__ void store_part(T *p, const float (&x)[V], int n)
+{
+    if (n == V) {
+        store_vec<T, V>(p, x);
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < V; e++)
+        if (e < n)
+            p[e] = from_f32<T>(x[e]);
+}
+
+/* Copies the first n of V elements at global g to shared s: one 16-byte
+ * cp.async when n == V, else plain loads and stores. */
+template <typename T, int V> __device__ __forceinline__ void stage_part(T *s, const T *g, int n)
+{
+    if (n == V) {
+        copy_async16(s, g);
+        return;
+    }
+    for (int e = 0; e < n; e++)
+        s[e] = g[e];
+}
+
+/* Elements of the V at j that lie before end (0 when none). */
+template <int V> __device__ __forceinline__ int part_of(size_t j, size_t end)
+{
+    return j >= end ? 0 : end - j >= (size_t)V ? V : (int)(end - j);
+}
+
+/* This thread's copies have landed (and are visible to it). */
+__device__ __forceinline__ void copies_landed()
+{
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+/* ---- launching ------------------------------------------------------------ */
+
+/*
+ * Launches kernel(params, row0, cluster, arg) over all rows with plan p
+ * and p.smem bytes of dynamic shared memory, in pieces when the rows would
+ * need more blocks than a grid may have. A plan with cluster > 1 is
+ * launched as clusters of that many blocks. arg is the plan's tiles for
+ * the register kernels, its vectors a thread for the staged ones.
+ */
+template <typename Params>
+static int launch_rows(const char *op, cudaStream_t stream, const row_plan &p, size_t rows,
+                       void (*kernel)(Params, size_t, unsigned, size_t), const Params &params,
+                       size_t arg)
+{
+    const size_t max_blocks = (size_t)1 << 30;
+    size_t rows_per_launch = max_blocks / p.cluster * p.rpb;
+
+    /* CUDA gives a kernel 48 KB of dynamic shared memory unless told */
+    if (p.smem > 48 * 1024) {
+        cudaError_t e =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)p.smem);
+        if (e != cudaSuccess)
+            return launch_status(op, e);
+    }
+    for (size_t row0 = 0; row0 < rows; row0 += rows_per_launch) {
+        size_t n = rows - row0 < rows_per_launch ? rows - row0 : rows_per_launch;
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1];
+        cfg.gridDim = dim3((unsigned)((n + p.rpb - 1) / p.rpb * p.cluster), 1, 1);
+        cfg.blockDim = dim3(p.tpr, p.rpb, 1);
+        cfg.dynamicSmemBytes = p.smem;
+        cfg.stream = stream;
+        if (p.cluster > 1) {
+            attr[0].id = cudaLaunchAttributeClusterDimension;
+            attr[0].val.clusterDim.x = p.cluster;
+            attr[0].val.clusterDim.y = 1;
+            attr[0].val.clusterDim.z = 1;
+            cfg.attrs = attr;
+            cfg.numAttrs = 1;
+        }
+        int rc = launch_status(op, cudaLaunchKernelEx(&cfg, kernel, params, row0, p.cluster, arg));
+        if (rc != WEFT_OK)
+            return rc;
+    }
+    return WEFT_OK;
+}
+
+} // namespace weft_ops
+
+#endif

@@ -1,0 +1,57 @@
+/*
+ * softmax.cu - softmax with scale, causal mask and dropout on the GPU
+ * (softmax.c holds the checks and the host reference).
+ *
+ * The row machinery of rows.cuh: the visible part of the row is read once
+ * and kept on chip - in shared memory, or in registers for unaligned
+ * tensors and rows beyond 8 blocks - and scaled as it is used (scale * x
+ * rounded before the maximum is taken, as on the host). A max reduction,
+ * a sum of exp(v - max) and its reduction, then every column is written:
+ * e / sum where visible, 0 where masked, each kept or dropped by the same
+ * Philox words as the host's. Masked columns are never read, and whole
+ * masked vectors cost no load at all. Rows longer than 8 blocks hold read
+ * their tiles again in each of the three passes.
+ */
+#include "ops/softmax.cuh"
+
+namespace weft_ops
+{
+namespace
+{
+
+template <typename T> int launch(cudaStream_t stream, const weft__softmax_args *a)
+{
+    softmax_params<T> p = {(T *)a->out, (const T *)a->in, a->rows, a->cols, a->stride,
+                           a->o.causal_q, a->o.scale, a->o.dropout_p,
+                           /* computed as the host computes it */
+                           1.0f / (1.0f - a->o.dropout_p), a->o.seed, a->o.offset};
+    constexpr int V = vec16<T>();
+    bool vec = aligned16(a->out) && aligned16(a->in) && a->stride % V == 0;
+
+    row_plan staged;
+
+    if (vec && plan_staged(a->cols, V, 1, &staged)) {
+        auto kernel = p.p > 0.0f ? softmax_staged_kernel<T, true> : softmax_staged_kernel<T, false>;
+        return launch_rows("weft_softmax", stream, staged, p.rows, kernel, p, (size_t)staged.vpt);
+    }
+    if (vec)
+        return launch_plan<T, V>(stream, plan_rows(a->cols, V), p);
+    return launch_plan<T, 1>(stream, plan_rows(a->cols, 1), p);
+}
+
+} // namespace
+} // namespace weft_ops
+
+extern "C" int weft__softmax_cuda(void *stream, const weft__softmax_args *a)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+
+    switch (a->dtype) {
+    case WEFT_DTYPE_BF16:
+        return weft_ops::launch<__nv_bfloat16>(s, a);
+    case WEFT_DTYPE_F16:
+        return weft_ops::launch<__half>(s, a);
+    default:
+        return weft_ops::launch<float>(s, a);
+    }
+}

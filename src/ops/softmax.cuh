@@ -1,0 +1,247 @@
+/*
+ * softmax.cuh - the softmax kernel and its launch by plan, apart from the
+ * launcher (softmax.cu) so that bench/ops/ can time other plans of the same
+ * kernel side by side. softmax.cu says what the kernel does and why.
+ */
+#ifndef WEFT_OPS_SOFTMAX_CUH
+#define WEFT_OPS_SOFTMAX_CUH
+
+#include <math.h>
+
+#include "ops/rows.cuh"
+
+namespace weft_ops
+{
+
+template <typename T> struct softmax_params {
+    T *out;
+    const T *in;
+    size_t rows, cols, stride, causal_q;
+    float scale, p, keep_scale;
+    unsigned long long seed, offset;
+};
+
+/* Columns [0, n) of the row are visible. */
+template <typename T>
+__device__ __forceinline__ size_t visible(const softmax_params<T> &p, size_t row)
+{
+    return p.causal_q ? row % p.causal_q + p.cols - p.causal_q + 1 : p.cols;
+}
+
+/* Vector k of tile t, scaled, into x[k]; -Inf where not visible. */
+template <typename T, int V>
+__device__ __forceinline__ void load_scaled(const softmax_params<T> &p, const row_place &at,
+                                            size_t t, int k, size_t n, float (&x)[V])
+{
+    size_t j = elem_at<V>(at, t, k);
+    const T *src = p.in + at.row * p.stride + j;
+    if (V > 1 && j + V <= n) {
+        load_vec<T, V>(x, src);
+#pragma unroll
+        for (int e = 0; e < V; e++)
+            x[e] = __fmul_rn(p.scale, x[e]);
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < V; e++)
+        x[e] = j + e < n ? __fmul_rn(p.scale, to_f32(src[e])) : -INFINITY;
+}
+
+/* exp(v - max) where visible, 0 elsewhere; the row sum counts these. */
+template <int V>
+__device__ __forceinline__ void exponentiate(float (&x)[V], size_t j, size_t n, float max)
+{
+#pragma unroll
+    for (int e = 0; e < V; e++)
+        x[e] = j + e < n ? expf(x[e] - max) : 0.0f;
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void store_probs(const softmax_params<T> &p, const row_place &at,
+                                            size_t t, int k, size_t n, const float (&x)[V],
+                                            float sum)
+{
+    size_t j = elem_at<V>(at, t, k);
+    if (j >= p.cols)
+        return;
+    T *dst = p.out + at.row * p.stride + j;
+    float y[V];
+#pragma unroll
+    for (int e = 0; e < V; e++)
+        y[e] = j + e < n ? x[e] / sum : 0.0f; /* masked: 0 even in a NaN row */
+    if (p.p > 0.0f) {
+        dropout_mask mask(p.seed, p.offset, p.p);
+        unsigned long long first = (unsigned long long)at.row * p.cols + j;
+#pragma unroll
+        for (int e = 0; e < V; e++)
+            y[e] = mask.keep(first + e) ? y[e] * p.keep_scale : 0.0f;
+    }
+    if (V > 1 && j + V <= p.cols) {
+        store_vec<T, V>(dst, y);
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < V; e++)
+        if (j + e < p.cols)
+            dst[e] = from_f32<T>(y[e]);
+}
+
+template <typename T, int V, int VPT>
+__global__ void __launch_bounds__(512, 2)
+    softmax_kernel(softmax_params<T> p, size_t row0, unsigned cluster, size_t tiles)
+{
+    __shared__ reduce_scratch<float> scratch;
+    const row_place at = place_row<V>(row0, cluster, tiles, VPT);
+    if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
+        return;
+    const bool staged = tiles == 1;
+    const size_t n = visible(p, at.row);
+    float x[VPT][V];
+
+    float max = -INFINITY;
+    for (size_t t = at.first; t < at.first + tiles; t++) {
+#pragma unroll
+        for (int k = 0; k < VPT; k++) {
+            load_scaled<T, V>(p, at, t, k, n, x[k]);
+#pragma unroll
+            for (int e = 0; e < V; e++)
+                max = fmaxf(max, x[k][e]);
+        }
+    }
+    max = row_reduce(max, op_max(), scratch, cluster);
+
+    float sum = 0.0f;
+    for (size_t t = at.first; t < at.first + tiles; t++) {
+#pragma unroll
+        for (int k = 0; k < VPT; k++) {
+            if (!staged)
+                load_scaled<T, V>(p, at, t, k, n, x[k]);
+            exponentiate<V>(x[k], elem_at<V>(at, t, k), n, max);
+#pragma unroll
+            for (int e = 0; e < V; e++)
+                sum += x[k][e];
+        }
+    }
+    sum = row_reduce(sum, op_sum(), scratch, cluster);
+
+    for (size_t t = at.first; t < at.first + tiles; t++) {
+#pragma unroll
+        for (int k = 0; k < VPT; k++) {
+            if (!staged) {
+                load_scaled<T, V>(p, at, t, k, n, x[k]);
+                exponentiate<V>(x[k], elem_at<V>(at, t, k), n, max);
+            }
+            store_probs<T, V>(p, at, t, k, n, x[k], sum);
+        }
+    }
+}
+
+/*
+ * The staged kernel (rows.cuh): the visible part of the block's segment is
+ * copied to shared memory with cp.async; the max, the sum of exponentials
+ * and the output are computed from there (the exponential twice: cheaper
+ * than keeping fp32 copies). vpt vectors of V elements a thread. Dropout
+ * is a template parameter: Philox's registers only where it runs.
+ */
+template <typename T, bool DROPOUT>
+__global__ void __launch_bounds__(512)
+    softmax_staged_kernel(softmax_params<T> p, size_t row0, unsigned cluster, size_t vpt)
+{
+    constexpr int V = vec16<T>();
+    __shared__ reduce_scratch<float> scratch;
+    const row_place at = place_row<V>(row0, cluster, 1, (unsigned)vpt);
+    if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
+        return;
+    const size_t seg = at.tile, first = (size_t)at.rank * seg, step = (size_t)blockDim.x * V;
+    const size_t mine = (size_t)threadIdx.x * V;
+    const size_t n = visible(p, at.row);
+    T *x_s = reinterpret_cast<T *>(staged_smem()) + threadIdx.y * seg;
+    const T *x_g = p.in + at.row * p.stride;
+
+    for (size_t l = mine; l < seg; l += step) {
+        int m = part_of<V>(first + l, n);
+        if (m == 0)
+            break;
+        stage_part<T, V>(x_s + l, x_g + first + l, m);
+    }
+    copies_landed();
+
+    float max = -INFINITY;
+    for (size_t l = mine; l < seg; l += step) {
+        int m = part_of<V>(first + l, n);
+        if (m == 0)
+            break;
+        float x[V];
+        load_part<T, V>(x, x_s + l, m);
+#pragma unroll
+        for (int e = 0; e < V; e++)
+            if (e < m)
+                max = fmaxf(max, __fmul_rn(p.scale, x[e]));
+    }
+    max = row_reduce(max, op_max(), scratch, cluster);
+
+    float sum = 0.0f;
+    for (size_t l = mine; l < seg; l += step) {
+        int m = part_of<V>(first + l, n);
+        if (m == 0)
+            break;
+        float x[V];
+        load_part<T, V>(x, x_s + l, m);
+#pragma unroll
+        for (int e = 0; e < V; e++)
+            if (e < m)
+                sum += expf(__fmul_rn(p.scale, x[e]) - max);
+    }
+    sum = row_reduce(sum, op_sum(), scratch, cluster);
+
+    T *out_g = p.out + at.row * p.stride;
+    for (size_t l = mine; l < seg; l += step) {
+        size_t j = first + l;
+        int m = part_of<V>(j, p.cols), vis = part_of<V>(j, n);
+        if (m == 0)
+            break;
+        float x[V], y[V];
+        if (vis > 0)
+            load_part<T, V>(x, x_s + l, vis);
+#pragma unroll
+        for (int e = 0; e < V; e++) /* masked: 0, even in a NaN row */
+            y[e] = e < vis ? expf(__fmul_rn(p.scale, x[e]) - max) / sum : 0.0f;
+        if (DROPOUT) {
+            dropout_mask mask(p.seed, p.offset, p.p);
+            unsigned long long e0 = (unsigned long long)at.row * p.cols + j;
+#pragma unroll
+            for (int e = 0; e < V; e++)
+                y[e] = mask.keep(e0 + e) ? y[e] * p.keep_scale : 0.0f;
+        }
+        store_part<T, V>(out_g + j, y, m);
+    }
+}
+
+template <typename T, int V>
+int launch_plan(cudaStream_t stream, const row_plan &plan, const softmax_params<T> &p)
+{
+    const char *op = "weft_softmax";
+
+    /* plan_rows keeps VPT * V <= 16 (VPT <= 8 when V = 1) */
+    switch (plan.vpt) {
+    case 1:
+        return launch_rows(op, stream, plan, p.rows, softmax_kernel<T, V, 1>, p, plan.tiles);
+    case 2:
+        if constexpr (V * 2 <= 16)
+            return launch_rows(op, stream, plan, p.rows, softmax_kernel<T, V, 2>, p, plan.tiles);
+        break;
+    case 4:
+        if constexpr (V * 4 <= 16)
+            return launch_rows(op, stream, plan, p.rows, softmax_kernel<T, V, 4>, p, plan.tiles);
+        break;
+    case 8:
+        if constexpr (V == 1)
+            return launch_rows(op, stream, plan, p.rows, softmax_kernel<T, V, 8>, p, plan.tiles);
+        break;
+    }
+    return weft__fail(WEFT_EINVAL, "%s: no kernel for %u vectors a thread", op, plan.vpt);
+}
+
+} // namespace weft_ops
+
+#endif
