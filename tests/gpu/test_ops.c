@@ -104,11 +104,20 @@ static void tens_random(tens *t, double lo, double hi)
         weft__store(t->dt, t->h, i, in_row(t, i) ? (float)uniform(lo, hi) : NAN);
 }
 
+/* cudaMemcpy from pageable memory may return before its DMA reaches the
+ * device, and the ops run on non-blocking streams that do not wait for
+ * it: a late poison would look like an element the kernel never wrote. */
+static void settle(void)
+{
+    assert_cuda(cudaDeviceSynchronize());
+}
+
 /* The device copy := the host's, its guards poisoned. */
 static void tens_upload(const tens *t)
 {
     assert_cuda(cudaMemset(t->base, 0xff, (2 * GUARD + t->skew + t->n) * t->esize));
     assert_cuda(cudaMemcpy(t->d, t->h, t->n * t->esize, cudaMemcpyHostToDevice));
+    settle();
 }
 
 /* The device copy := the host's padding, rows poisoned (an output). */
@@ -121,6 +130,7 @@ static void tens_poison(tens *t)
             memset((char *)img + i * t->esize, 0xff, t->esize);
     assert_cuda(cudaMemset(t->base, 0xff, (2 * GUARD + t->skew + t->n) * t->esize));
     assert_cuda(cudaMemcpy(t->d, img, t->n * t->esize, cudaMemcpyHostToDevice));
+    settle();
     free(img);
 }
 

@@ -170,7 +170,7 @@ static size_t runs_named(const json *doc, const char *name)
     for (size_t i = 0; i < events->n; i++) {
         const json *e = events->items[i];
         const char *ph = json_str(e, "ph"), *nm = json_str(e, "name"), *cat = json_str(e, "cat");
-        double pid;
+        double pid = 0;
         if (strcmp(ph, "X") || strcmp(cat, "task") || strcmp(nm, name))
             continue;
         assert_true(json_num(e, "pid", &pid));
