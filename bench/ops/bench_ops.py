@@ -176,6 +176,13 @@ def time_in_graph(torch, fn, reps, launches=200):
 # ---- the operators -----------------------------------------------------------
 
 
+def ran(lib, call, got, want):
+    """Run weft's call, then give its output and PyTorch's (computed after,
+    from the same inputs) to compare."""
+    checked(lib, call)()
+    return got, want()
+
+
 class Case:
     """One operator on one shape and dtype: its tensors, the bytes it must
     move, weft's call, and PyTorch's version (a function of the tensors)."""
@@ -218,7 +225,7 @@ def make_case(torch, lib, op, rows, cols, dtype_name):
         def fn(x, b, r):
             return F.gelu(x + b) + r
         return Case(op, (3 * rc + cols) * es, call, fn, (x, b, r),
-                    lambda: (out, fn(x, b, r)))
+                    lambda: ran(lib, call, out, lambda: fn(x, b, r)))
     if op == "layernorm":
         x, w, b, out = rand(rows, cols), rand(cols), rand(cols), rand(rows, cols)
         args = (ptr(out), ptr(None), ptr(x), ptr(None), ptr(w), ptr(b))
@@ -229,7 +236,7 @@ def make_case(torch, lib, op, rows, cols, dtype_name):
         def fn(x, w, b):
             return F.layer_norm(x, (cols,), w, b, EPS)
         return Case(op, (2 * rc + 2 * cols) * es, call, fn, (x, w, b),
-                    lambda: (out, fn(x, w, b)))
+                    lambda: ran(lib, call, out, lambda: fn(x, w, b)))
     if op == "add_layernorm":
         x, r, w, b = rand(rows, cols), rand(rows, cols), rand(cols), rand(cols)
         s, out = rand(rows, cols), rand(rows, cols)
@@ -242,7 +249,7 @@ def make_case(torch, lib, op, rows, cols, dtype_name):
             t = x + r
             return t, F.layer_norm(t, (cols,), w, b, EPS)
         return Case(op, (4 * rc + 2 * cols) * es, call, fn, (x, r, w, b),
-                    lambda: (out, fn(x, r, w, b)[1]))
+                    lambda: ran(lib, call, out, lambda: fn(x, r, w, b)[1]))
     if op == "rmsnorm":
         x, w, out = rand(rows, cols), rand(cols), rand(rows, cols)
         args = (ptr(out), ptr(None), ptr(x), ptr(None), ptr(w))
@@ -257,7 +264,8 @@ def make_case(torch, lib, op, rows, cols, dtype_name):
             def fn(x, w):
                 xf = x.float()
                 return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * w
-        return Case(op, (2 * rc + cols) * es, call, fn, (x, w), lambda: (out, fn(x, w)))
+        return Case(op, (2 * rc + cols) * es, call, fn, (x, w),
+                    lambda: ran(lib, call, out, lambda: fn(x, w)))
     if op == "gelu_layernorm":
         x, gb, r = rand(rows, cols), rand(cols), rand(rows, cols)
         w, b, out = rand(cols), rand(cols), rand(rows, cols)
@@ -270,7 +278,7 @@ def make_case(torch, lib, op, rows, cols, dtype_name):
         def fn(x, gb, r, w, b):
             return F.layer_norm(F.gelu(x + gb) + r, (cols,), w, b, EPS)
         return Case(op, (3 * rc + 3 * cols) * es, call, fn, (x, gb, r, w, b),
-                    lambda: (out, fn(x, gb, r, w, b)))
+                    lambda: ran(lib, call, out, lambda: fn(x, gb, r, w, b)))
     if op == "softmax":
         x, out = rand(rows, cols), rand(rows, cols)
         args = (ptr(out), ptr(x))
@@ -280,7 +288,8 @@ def make_case(torch, lib, op, rows, cols, dtype_name):
 
         def fn(x):
             return torch.softmax(x, -1)
-        return Case(op, 2 * rc * es, call, fn, (x,), lambda: (out, fn(x)))
+        return Case(op, 2 * rc * es, call, fn, (x,),
+                    lambda: ran(lib, call, out, lambda: fn(x)))
     if op == "rope":
         # rows tokens of cols / 128 heads of 128 for Q and for K, NeoX
         # halves layout; PyTorch gets cos/sin tables built beforehand.
@@ -321,7 +330,8 @@ def make_case(torch, lib, op, rows, cols, dtype_name):
         def fn(x):
             a, b = x.chunk(2, -1)
             return F.silu(a) * b
-        return Case(op, 3 * rc * es, call, fn, (x,), lambda: (out, fn(x)))
+        return Case(op, 3 * rc * es, call, fn, (x,),
+                    lambda: ran(lib, call, out, lambda: fn(x)))
     raise ValueError(op)
 
 
