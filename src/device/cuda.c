@@ -271,6 +271,7 @@ static int cuda_malloc_async(weft__stream *s, void **ptr, size_t n)
     int rc = weft__cuda_enter(s, "weft_malloc_async");
     if (rc || (s->recording && (rc = weft__cuda_region_capture(s))))
         return rc;
+    s->timing_chain = false; /* untimed, between timed operations */
     cudaError_t e = cudaMallocAsync(ptr, n, s->handle);
     if (e != cudaSuccess)
         return weft__cuda_fail(s->dev, "cudaMallocAsync", e);
@@ -283,6 +284,7 @@ static int cuda_free_async(weft__stream *s, void *ptr)
     int rc = weft__cuda_enter(s, "weft_free_async");
     if (rc || (s->recording && (rc = weft__cuda_region_capture(s))))
         return rc;
+    s->timing_chain = false; /* untimed, between timed operations */
     weft__cuda_known_remove(ptr);
     cudaError_t e = cudaFreeAsync(ptr, s->handle);
     return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaFreeAsync", e);

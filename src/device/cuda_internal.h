@@ -66,6 +66,9 @@ struct weft__stream {
     unsigned timed_head, timed_count, timed_cap;
     cudaEvent_t *timing_spare;      /* timing events to record again */
     unsigned ntiming_spare, timing_spare_cap;
+    bool timing_chain;              /* nothing enqueued since the newest timed op's end
+                                     * event: the next op may start from it */
+    cudaEvent_t chained_start;      /* the end trace_begin reused, until trace_end */
 };
 
 struct weft__cuda_device {
@@ -132,9 +135,11 @@ void weft__cuda_stream_destroy_bare(weft__stream *s);
 /* Work is about to be enqueued on s: from idle, the device's busy time
  * starts. It ends when a marker placed after the work is seen complete
  * (weft__cuda_idle_if_done). After the first operation this is one relaxed
- * load. */
+ * load. Every enqueue on a stream calls it, so it also ends the chaining of
+ * timing events (cuda_trace.c). */
 static inline void weft__cuda_note_work(weft__stream *s)
 {
+    s->timing_chain = false; /* a timed operation's end is no longer the newest */
     if (s->capture || atomic_load_explicit(&s->unmarked, memory_order_relaxed))
         return;
     weft__lock_acquire(&s->lock);

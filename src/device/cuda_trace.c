@@ -4,7 +4,9 @@
  * While a trace records, each operation a task enqueues is bracketed by two
  * timing events recorded on its stream (trace_begin, trace_end), and queued
  * on the stream with the marker that will cover it (the stream's next
- * sequence number). Nothing waits for them: when the task's await has seen
+ * sequence number). Operations enqueued back to back share events: one's
+ * end is the next one's start (chained), so a run of n operations costs
+ * n + 1 event records, not 2n - each a driver call of microseconds. Nothing waits for them: when the task's await has seen
  * that marker complete, trace_collect reads the events back and reports the
  * operation. Events come from, and go back to, a spare list per stream.
  *
@@ -37,6 +39,7 @@ enum {
 
 typedef struct weft__cuda_timed {
     cudaEvent_t start, end;
+    bool chained; /* start is the previous operation's end, which that one owns */
     uint64_t seq; /* complete once the stream reaches this marker */
     weft__op_info op;
 } timed;
@@ -89,11 +92,23 @@ static cudaEvent_t record(weft__stream *s)
 
 /* ---- bracketing operations ------------------------------------------------- */
 
+/* The newest timed operation's end, if nothing was enqueued since. Call
+ * with s->lock held. */
+static cudaEvent_t chain_from(weft__stream *s)
+{
+    if (!s->timing_chain || s->timed_count == 0)
+        return NULL;
+    return s->timed[(s->timed_head + s->timed_count - 1) % s->timed_cap].end;
+}
+
 void *weft__cuda_trace_begin(weft__stream *s)
 {
     if (weft__cuda_use_device(s->dev) != WEFT_OK)
         return NULL;
-    return record(s);
+    weft__lock_acquire(&s->lock);
+    cudaEvent_t start = s->chained_start = chain_from(s);
+    weft__lock_release(&s->lock);
+    return start ? start : record(s);
 }
 
 /* Room for one more timed operation. Call with s->lock held. */
@@ -119,18 +134,27 @@ void weft__cuda_trace_end(weft__stream *s, void *begin, const weft__op_info *op)
     cudaEvent_t start = begin, end;
     if (!start)
         return;
+    weft__lock_acquire(&s->lock);
+    bool chained = start == s->chained_start; /* then the previous operation owns it */
+    s->chained_start = NULL;
+    weft__lock_release(&s->lock);
     if (!(end = record(s))) {
-        event_put(s, start);
+        if (!chained)
+            event_put(s, start);
+        s->timing_chain = false;
         return;
     }
     weft__lock_acquire(&s->lock);
     bool queued = timed_reserve(s);
     if (queued) /* markers after this one are enqueued after both events */
         s->timed[(s->timed_head + s->timed_count++) % s->timed_cap] =
-            (timed){.start = start, .end = end, .seq = s->marked + 1, .op = *op};
+            (timed){.start = start, .end = end, .chained = chained, .seq = s->marked + 1,
+                    .op = *op};
+    s->timing_chain = queued;
     weft__lock_release(&s->lock);
     if (!queued) {
-        event_put(s, start);
+        if (!chained)
+            event_put(s, start);
         event_put(s, end);
     }
 }
@@ -191,7 +215,7 @@ static bool host_times(weft__cuda_device *dev, const timed *op, uint64_t *start,
         cudaEventElapsedTime(&length, op->start, op->end) == cudaSuccess) {
         *start = dev->anchor_ns + (uint64_t)llroundf(from_anchor * 1e6f);
         *end = *start + (length > 0 ? (uint64_t)llroundf(length * 1e6f) : 0);
-        if (fabsf(from_anchor) > ANCHOR_MS) {
+        if (fabsf(from_anchor) > ANCHOR_MS && !op->chained) {
             cudaEventDestroy(dev->anchor);
             dev->anchor = op->start;
             dev->anchor_ns = *start;
@@ -261,7 +285,7 @@ static void report(weft__stream *s, const timed *op)
         weft__trace_op(tr, dev->base.index, stream_index(s), op->op.kind, name, op->op.bytes,
                        op->op.task, start, end);
     }
-    if (!kept)
+    if (!kept && !op->chained)
         event_put(s, op->start);
     event_put(s, op->end);
 }
@@ -291,7 +315,8 @@ void weft__cuda_trace_stream_fini(weft__stream *s)
 {
     for (unsigned i = 0; i < s->timed_count; i++) {
         timed *op = &s->timed[(s->timed_head + i) % s->timed_cap];
-        cudaEventDestroy(op->start);
+        if (!op->chained) /* else it is the previous one's end */
+            cudaEventDestroy(op->start);
         cudaEventDestroy(op->end);
     }
     for (unsigned i = 0; i < s->ntiming_spare; i++)
