@@ -37,6 +37,7 @@ static const char *const DTYPE_NAMES[] = {"f32", "bf16", "f16"};
 enum { GUARD = 64 }; /* poisoned elements before and after each device tensor */
 
 static cudaStream_t stream;
+static weft_runtime *runtime; /* for the test on a task's stream */
 static uint64_t rng;
 
 #define assert_cuda(expr)                                                                          \
@@ -843,9 +844,8 @@ static void test_ops_run_on_a_task_stream(void **state)
     tens_random(&out, 0, 1);
     tens_upload(&in), tens_poison(&out);
     task_job job = {dt, s.rows, s.cols, in.d, out.d};
-    weft_runtime *rt = gt_runtime(2);
-    gt_run(rt, task_main, &job);
-    gt_runtime_destroy(rt);
+    gt_reset();
+    gt_run(runtime, task_main, &job);
     void *got = tens_download(&out, "task stream", 1);
 
     void *probs = gt_xmalloc(out.n * out.esize);
@@ -912,17 +912,25 @@ static void test_a_refused_launch_names_the_cuda_error(void **state)
 
 /* ---- main ---------------------------------------------------------------------- */
 
+/* weft's runtime first, so that it is what starts CUDA (as in the other
+ * GPU tests: it sets the device flags and CUDA_DEVICE_MAX_CONNECTIONS). */
 static int setup(void **state)
 {
     (void)state;
+    weft_config cfg = {.workers = 2, .backend = WEFT_BACKEND_CUDA};
     rng = gt_rng(5);
+    if (weft_runtime_create(&runtime, &cfg) != WEFT_OK) {
+        fprintf(stderr, "weft_runtime_create: %s\n", weft_last_error());
+        return -1;
+    }
     return cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess ? 0 : -1;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    return cudaStreamDestroy(stream) == cudaSuccess ? 0 : -1;
+    int ok = cudaStreamDestroy(stream) == cudaSuccess;
+    return weft_runtime_destroy(runtime) == WEFT_OK && ok ? 0 : -1;
 }
 
 int main(void)
