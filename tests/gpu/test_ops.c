@@ -499,10 +499,13 @@ static void test_softmax_dropout_matches_host_and_replays(void **state)
     uint64_t seed = gt_rng_next(&rng), offset = gt_rng_next(&rng) >> 1;
     for (int d = 0; d < 3; d++) {
         weft_dtype dt = DTYPES[d];
-        shape small[] = {{3, 7, 9, 0}, {5, 4097, 4100, 0}, {2, 65536, 65536, 1}};
-        for (int k = 0; k < 3; k++) {
+        /* element by element, staged (a warp, a block, a cluster a row),
+         * and in registers across a cluster */
+        shape shapes[] = {{3, 7, 9, 0},       {40, 512, 512, 0},    {5, 4097, 4100, 0},
+                          {4, 4096, 4096, 0}, {2, 65536, 65536, 0}, {2, 65536, 65536, 1}};
+        for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
             weft_softmax_opts o = {.dropout_p = (float)p, .seed = seed, .offset = offset};
-            free(run_softmax(dt, small[k], &o, 2));
+            free(run_softmax(dt, shapes[k], &o, 2));
         }
     }
 
