@@ -15,7 +15,9 @@
  *    CUDA refuses returns WEFT_EINVAL or WEFT_EDEVICE with CUDA's error
  *    name in the message. In a library built without CUDA a non-NULL
  *    stream returns WEFT_EINVAL ("<op>: built without CUDA") after the
- *    other arguments are checked.
+ *    other arguments are checked. With a stream every pointer (RoPE's
+ *    positions too) is memory the GPU can read or write; with NULL,
+ *    memory the host can.
  *  - The kernels compute what the host reference computes, in the same
  *    order where the order matters (the scale before the exponent, the
  *    GELU argument); they differ only in the order of long sums (tree

@@ -1,7 +1,9 @@
 /*
- * norm.cuh - the norm kernel and its launch by plan, apart from the
- * launcher (norm.cu) so that bench/ops/ can time other plans of the same
- * kernel side by side. norm.cu says what the kernel does and why.
+ * norm.cuh - the LayerNorm/RMSNorm kernels: staged in shared memory (the
+ * main path) and in registers (unaligned tensors, rows too long to
+ * stage), with the register kernel's launch by plan. Apart from the
+ * launcher (norm.cu), which says what they compute and why, so that
+ * bench/ops/ can time other plans of the same kernels side by side.
  */
 #ifndef WEFT_OPS_NORM_CUH
 #define WEFT_OPS_NORM_CUH
@@ -107,6 +109,9 @@ __device__ __forceinline__ void store_row(const norm_params<T> &p, const row_pla
     }
 }
 
+/* The register kernel: VPT vectors of V elements a thread, in registers
+ * as fp32; `tiles` > 1 makes it loop over tiles, reading each again per
+ * pass. */
 template <typename T, int V, int VPT>
 __global__ void __launch_bounds__(512, 2)
     norm_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t tiles)

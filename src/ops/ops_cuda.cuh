@@ -5,9 +5,9 @@
  *
  * Every kernel is a template over its element type T (float, bf16, fp16)
  * and its vector width V: V elements make one 16-byte access when every
- * pointer and the stride allow it (ops_vec_width), else V = 1 and each
- * element is its own access. Arithmetic is fp32 throughout; conversions
- * round to nearest even, as the host's weft__store does.
+ * pointer and the stride allow it (the launchers ask aligned16), else
+ * V = 1 and each element is its own access. Arithmetic is fp32 throughout;
+ * conversions round to nearest even, as the host's weft__store does.
  *
  * Where the host reference's order of rounding matters (the softmax
  * scale before the max is subtracted, the GELU argument), the kernels

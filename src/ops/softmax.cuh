@@ -1,7 +1,9 @@
 /*
- * softmax.cuh - the softmax kernel and its launch by plan, apart from the
- * launcher (softmax.cu) so that bench/ops/ can time other plans of the same
- * kernel side by side. softmax.cu says what the kernel does and why.
+ * softmax.cuh - the softmax kernels: staged in shared memory (the main
+ * path) and in registers (unaligned tensors, rows too long to stage),
+ * with the register kernel's launch by plan. Apart from the launcher
+ * (softmax.cu), which says what they compute and why, so that bench/ops/
+ * can time other plans of the same kernels side by side.
  */
 #ifndef WEFT_OPS_SOFTMAX_CUH
 #define WEFT_OPS_SOFTMAX_CUH
@@ -86,6 +88,9 @@ __device__ __forceinline__ void store_probs(const softmax_params<T> &p, const ro
             dst[e] = from_f32<T>(y[e]);
 }
 
+/* The register kernel: VPT vectors of V elements a thread, in registers
+ * as fp32; `tiles` > 1 makes it loop over tiles, reading each again per
+ * pass. */
 template <typename T, int V, int VPT>
 __global__ void __launch_bounds__(512, 2)
     softmax_kernel(softmax_params<T> p, size_t row0, unsigned cluster, size_t tiles)

@@ -37,6 +37,7 @@ static const char *const DTYPE_NAMES[] = {"f32", "bf16", "f16"};
 enum { GUARD = 64 }; /* poisoned elements before and after each device tensor */
 
 static cudaStream_t stream;
+static weft_runtime *runtime; /* for the test on a task's stream */
 static uint64_t rng;
 
 #define assert_cuda(expr)                                                                          \
@@ -322,9 +323,10 @@ static void test_bias_gelu_residual_matches_host(void **state)
 enum norm_kind { LAYERNORM, RMSNORM, GELU_LAYERNORM };
 static const char *const NORM_NAMES[] = {"layernorm", "rmsnorm", "gelu_layernorm"};
 
-static int call_norm(enum norm_kind kind, void *st, weft_dtype dt, void *out, void *sum_out,
-                     const void *in, const void *gb, const void *res, const void *w, const void *b,
-                     shape s)
+/* form: the fused op's GELU (the others have none) */
+static int call_norm(enum norm_kind kind, weft_gelu_form form, void *st, weft_dtype dt, void *out,
+                     void *sum_out, const void *in, const void *gb, const void *res, const void *w,
+                     const void *b, shape s)
 {
     const float eps = 1e-5f;
     switch (kind) {
@@ -333,15 +335,17 @@ static int call_norm(enum norm_kind kind, void *st, weft_dtype dt, void *out, vo
     case RMSNORM:
         return weft_rmsnorm(st, dt, out, sum_out, in, res, w, eps, s.rows, s.cols, s.stride);
     default:
-        return weft_bias_gelu_residual_layernorm(st, dt, WEFT_GELU_TANH, out, sum_out, in, gb, res,
-                                                 w, b, eps, s.rows, s.cols, s.stride);
+        return weft_bias_gelu_residual_layernorm(st, dt, form, out, sum_out, in, gb, res, w, b, eps,
+                                                 s.rows, s.cols, s.stride);
     }
 }
 
 /* full: residual, sum_out, weight and bias (and the GELU bias); else none.
- * offset moves the rows away from zero. */
+ * offset moves the rows away from zero. The fused op's GELU form changes
+ * with the shape and the dtype, so each shape sees both. */
 static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int full, double offset)
 {
+    weft_gelu_form form = (s.rows + s.cols + (size_t)dt) % 2 ? WEFT_GELU_ERF : WEFT_GELU_TANH;
     tens in = tens_new(dt, s.rows, s.cols, s.stride, s.skew);
     tens res = tens_new(dt, s.rows, s.cols, s.stride, s.skew);
     tens out = tens_new(dt, s.rows, s.cols, s.stride, s.skew);
@@ -360,8 +364,9 @@ static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int full, doub
     tens_random(&sum, 0, 1);
     tens_upload(&in), tens_upload(&res), tens_upload(&gb), tens_upload(&w), tens_upload(&b);
     tens_poison(&out), tens_poison(&sum);
-    assert_ok(call_norm(kind, stream, dt, out.d, with_sum ? sum.d : NULL, in.d, full ? gb.d : NULL,
-                        full ? res.d : NULL, full ? w.d : NULL, full ? b.d : NULL, s));
+    assert_ok(call_norm(kind, form, stream, dt, out.d, with_sum ? sum.d : NULL, in.d,
+                        full ? gb.d : NULL, full ? res.d : NULL, full ? w.d : NULL,
+                        full ? b.d : NULL, s));
     sync_ok();
     void *got = tens_download(&out, c.what, 1);
     void *got_sum = tens_download(&sum, "sum_out", with_sum);
@@ -375,7 +380,7 @@ static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int full, doub
         /* x against the host's GELU chain; out against the host's
          * LayerNorm of the x the kernel wrote (x may differ in its last
          * place, and LayerNorm would magnify that). */
-        assert_ok(weft_bias_gelu_residual(NULL, dt, WEFT_GELU_TANH, sum.h, in.h, full ? gb.h : NULL,
+        assert_ok(weft_bias_gelu_residual(NULL, dt, form, sum.h, in.h, full ? gb.h : NULL,
                                           full ? res.h : NULL, s.rows, s.cols, s.stride));
         for (size_t r = 0; r < s.rows; r++)
             for (size_t j = 0; j < s.cols; j++) {
@@ -388,7 +393,7 @@ static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int full, doub
         assert_ok(weft_layernorm(NULL, dt, out.h, NULL, got_sum, NULL, full ? w.h : NULL,
                                  full ? b.h : NULL, 1e-5f, s.rows, s.cols, s.stride));
     } else {
-        assert_ok(call_norm(kind, NULL, dt, out.h, with_sum ? sum.h : NULL, in.h, NULL,
+        assert_ok(call_norm(kind, form, NULL, dt, out.h, with_sum ? sum.h : NULL, in.h, NULL,
                             full ? res.h : NULL, full ? w.h : NULL, full ? b.h : NULL, s));
         if (with_sum) /* fp32 add and one rounding: the same bits */
             assert_same_bits(&sum, got_sum, sum.h, "sum_out");
@@ -504,10 +509,13 @@ static void test_softmax_dropout_matches_host_and_replays(void **state)
     uint64_t seed = gt_rng_next(&rng), offset = gt_rng_next(&rng) >> 1;
     for (int d = 0; d < 3; d++) {
         weft_dtype dt = DTYPES[d];
-        shape small[] = {{3, 7, 9, 0}, {5, 4097, 4100, 0}, {2, 65536, 65536, 1}};
-        for (int k = 0; k < 3; k++) {
+        /* element by element, staged (a warp, a block, a cluster a row),
+         * and in registers across a cluster */
+        shape shapes[] = {{3, 7, 9, 0},       {40, 512, 512, 0},    {5, 4097, 4100, 0},
+                          {4, 4096, 4096, 0}, {2, 65536, 65536, 0}, {2, 65536, 65536, 1}};
+        for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
             weft_softmax_opts o = {.dropout_p = (float)p, .seed = seed, .offset = offset};
-            free(run_softmax(dt, small[k], &o, 2));
+            free(run_softmax(dt, shapes[k], &o, 2));
         }
     }
 
@@ -687,10 +695,10 @@ static void test_nan_and_inf_match_host(void **state)
             case 1:
             case 2:
             case 3:
-                rc_dev = call_norm((enum norm_kind)(op - 1), stream, dt, out.d, NULL, gpu_in, NULL,
-                                   res.d, NULL, NULL, s);
-                rc_host = call_norm((enum norm_kind)(op - 1), NULL, dt, out.h, NULL, host_in, NULL,
-                                    res.h, NULL, NULL, s);
+                rc_dev = call_norm((enum norm_kind)(op - 1), WEFT_GELU_ERF, stream, dt, out.d, NULL,
+                                   gpu_in, NULL, res.d, NULL, NULL, s);
+                rc_host = call_norm((enum norm_kind)(op - 1), WEFT_GELU_ERF, NULL, dt, out.h, NULL,
+                                    host_in, NULL, res.h, NULL, NULL, s);
                 break;
             case 4:
                 rc_dev = weft_softmax(stream, dt, out.d, gpu_in, s.rows, s.cols, s.stride, NULL);
@@ -853,9 +861,8 @@ static void test_ops_run_on_a_task_stream(void **state)
     tens_random(&out, 0, 1);
     tens_upload(&in), tens_poison(&out);
     task_job job = {dt, s.rows, s.cols, in.d, out.d};
-    weft_runtime *rt = gt_runtime(2);
-    gt_run(rt, task_main, &job);
-    gt_runtime_destroy(rt);
+    gt_reset();
+    gt_run(runtime, task_main, &job);
     void *got = tens_download(&out, "task stream", 1);
 
     void *probs = gt_xmalloc(out.n * out.esize);
@@ -922,17 +929,25 @@ static void test_a_refused_launch_names_the_cuda_error(void **state)
 
 /* ---- main ---------------------------------------------------------------------- */
 
+/* weft's runtime first, so that it is what starts CUDA (as in the other
+ * GPU tests: it sets the device flags and CUDA_DEVICE_MAX_CONNECTIONS). */
 static int setup(void **state)
 {
     (void)state;
+    weft_config cfg = {.workers = 2, .backend = WEFT_BACKEND_CUDA};
     rng = gt_rng(5);
+    if (weft_runtime_create(&runtime, &cfg) != WEFT_OK) {
+        fprintf(stderr, "weft_runtime_create: %s\n", weft_last_error());
+        return -1;
+    }
     return cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess ? 0 : -1;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    return cudaStreamDestroy(stream) == cudaSuccess ? 0 : -1;
+    int ok = cudaStreamDestroy(stream) == cudaSuccess;
+    return weft_runtime_destroy(runtime) == WEFT_OK && ok ? 0 : -1;
 }
 
 int main(void)
