@@ -85,6 +85,16 @@ weft_runtime *weft_runtime_current(void);
 
 #define WEFT_STATS_DEVICES 16
 
+/* What graph mode did so far, summed over a runtime's GPUs (see the graph
+ * calls below). */
+typedef struct weft_graph_stats {
+    uint64_t launches;       /* regions launched as graphs */
+    uint64_t hits;           /* ... replayed from a recording of the same operations */
+    uint64_t updates;        /* ... after changing a cached executable graph's parameters */
+    uint64_t instantiations; /* ... by instantiating one (first time, new shape) */
+    uint64_t evictions;      /* executable graphs dropped for the cache bound */
+} weft_graph_stats;
+
 /* What a runtime has done so far. Counters are kept per worker and summed
  * when read, so reading costs nothing on the hot paths; the sum is a
  * snapshot, not taken at a single instant. */
@@ -103,6 +113,7 @@ typedef struct weft_stats {
      * operations. devices is 0 until the first device call creates them. */
     unsigned devices;
     uint64_t device_busy_ns[WEFT_STATS_DEVICES];
+    weft_graph_stats graph; /* graph mode, as weft_graph_stats_get gives it */
 } weft_stats;
 int weft_stats_get(weft_runtime *rt, weft_stats *stats);
 
@@ -287,14 +298,7 @@ int weft_mapped_free(weft_runtime *rt, void *host);
 int weft_region_begin(uint64_t key);
 int weft_region_end(void);
 
-/* What graph mode did so far, summed over rt's GPUs. */
-typedef struct weft_graph_stats {
-    uint64_t launches;       /* regions launched as graphs */
-    uint64_t hits;           /* ... replayed from a recording of the same operations */
-    uint64_t updates;        /* ... after changing a cached executable graph's parameters */
-    uint64_t instantiations; /* ... by instantiating one (first time, new shape) */
-    uint64_t evictions;      /* executable graphs dropped for the cache bound */
-} weft_graph_stats;
+/* What graph mode did so far (also in weft_stats). */
 int weft_graph_stats_get(weft_runtime *rt, weft_graph_stats *stats);
 
 /* Explicit graphs: device work built by hand, node by node with its

@@ -352,10 +352,16 @@ int weft_stats_get(weft_runtime *rt, weft_stats *stats)
         return rc;
     weft__sched_stats(rt->sched, stats);
     stats->devices = 0;
+    stats->graph = (weft_graph_stats){0};
     if (atomic_load_explicit(&rt->devices_ready, memory_order_acquire)) {
         stats->devices = rt->ndevices;
-        for (unsigned i = 0; i < rt->ndevices && i < WEFT_STATS_DEVICES; i++)
-            stats->device_busy_ns[i] = weft__busy_read(&rt->devices[i]->busy);
+        for (unsigned i = 0; i < rt->ndevices; i++) {
+            weft__device *dev = rt->devices[i];
+            if (i < WEFT_STATS_DEVICES)
+                stats->device_busy_ns[i] = weft__busy_read(&dev->busy);
+            if (dev->ops->graph_stats)
+                dev->ops->graph_stats(dev, &stats->graph);
+        }
     }
     return WEFT_OK;
 }

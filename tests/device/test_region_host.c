@@ -48,6 +48,12 @@ static void test_regions_run_eagerly_on_the_host(void **state)
     void *r = (void *)99;
     assert_int_equal(weft_join(t, &r), WEFT_OK);
     assert_null(r);
+    weft_stats st;
+    memset(&st, 0xa7, sizeof st);
+    assert_int_equal(weft_stats_get(*state, &st), WEFT_OK);
+    assert_int_equal(st.graph.launches, 0); /* eager: no graph was launched */
+    assert_int_equal(st.graph.instantiations, 0);
+    assert_int_equal(st.devices, 1);
 }
 
 static void *misuse(void *arg)
