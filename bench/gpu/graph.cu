@@ -23,6 +23,7 @@
 #include "weft.h"
 
 #include "gpu_common.cuh"
+#include "weft_check.cuh"
 
 #define WORDS 256u /* one block: the kernels are small on purpose */
 #define MAX_KERNELS 64u
@@ -65,16 +66,6 @@ static void check(const char *way, const uint32_t *dev, const uint32_t *want)
         bench_die();
     }
 }
-
-static void wck_at(int status, const char *what, int line)
-{
-    if (status == WEFT_OK)
-        return;
-    fprintf(stderr, "%s: line %d: %s: %s (%s)\n", bench_prog, line, what, weft_strerror(status),
-            weft_last_error());
-    bench_die();
-}
-#define WCK(call) wck_at((call), #call, __LINE__)
 
 /* ---- raw CUDA ------------------------------------------------------------ */
 

@@ -25,6 +25,7 @@
 #include "weft.h"
 
 #include "gpu_common.cuh"
+#include "weft_check.cuh"
 #include "raw_latency.cuh"
 
 #define ROUNDS 10 /* await: alternations between raw and weft */
@@ -37,16 +38,6 @@ static struct {
     unsigned launches, reps;
     unsigned idle_tasks, idle_ms, idle_workers;
 } opt;
-
-static void wck_at(int status, const char *what, int line)
-{
-    if (status == WEFT_OK)
-        return;
-    fprintf(stderr, "%s: line %d: %s: %s (%s)\n", bench_prog, line, what, weft_strerror(status),
-            weft_last_error());
-    bench_die();
-}
-#define WCK(call) wck_at((call), #call, __LINE__)
 
 static weft_runtime *rt_start(unsigned workers)
 {

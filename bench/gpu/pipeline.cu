@@ -34,6 +34,7 @@
 #include "weft.h"
 
 #include "gpu_common.cuh"
+#include "weft_check.cuh"
 
 #define MAX_INFLIGHT 256
 #define JOB_STACK (64u * 1024u)
@@ -49,17 +50,6 @@ static struct {
     int graph; /* each job's GPU steps in a graph region, one key per slot */
     const char *trace; /* record a timeline of every run here (--trace FILE) */
 } opt;
-
-/* A failed weft call ends the benchmark. */
-static void wck_at(int status, const char *what, int line)
-{
-    if (status == WEFT_OK)
-        return;
-    fprintf(stderr, "%s: line %d: %s: %s (%s)\n", bench_prog, line, what, weft_strerror(status),
-            weft_last_error());
-    bench_die();
-}
-#define WCK(call) wck_at((call), #call, __LINE__)
 
 /* One runtime's state for a series of runs. */
 struct wrun {

@@ -77,14 +77,6 @@ template <typename T> int launch(cudaStream_t stream, const weft__glu_args *a)
 
 extern "C" int weft__glu_cuda(void *stream, const weft__glu_args *a)
 {
-    cudaStream_t s = (cudaStream_t)stream;
-
-    switch (a->dtype) {
-    case WEFT_DTYPE_BF16:
-        return weft_ops::launch<__nv_bfloat16>(s, a);
-    case WEFT_DTYPE_F16:
-        return weft_ops::launch<__half>(s, a);
-    default:
-        return weft_ops::launch<float>(s, a);
-    }
+    return weft_ops::by_dtype(
+        a->dtype, [&](auto t) { return weft_ops::launch<decltype(t)>((cudaStream_t)stream, a); });
 }

@@ -60,14 +60,7 @@ template <typename T> int launch(cudaStream_t stream, const char *op, const weft
 
 extern "C" int weft__norm_cuda(void *stream, const char *op, const weft__norm_args *a)
 {
-    cudaStream_t s = (cudaStream_t)stream;
-
-    switch (a->dtype) {
-    case WEFT_DTYPE_BF16:
-        return weft_ops::launch<__nv_bfloat16>(s, op, a);
-    case WEFT_DTYPE_F16:
-        return weft_ops::launch<__half>(s, op, a);
-    default:
-        return weft_ops::launch<float>(s, op, a);
-    }
+    return weft_ops::by_dtype(a->dtype, [&](auto t) {
+        return weft_ops::launch<decltype(t)>((cudaStream_t)stream, op, a);
+    });
 }

@@ -388,6 +388,20 @@ static inline unsigned grid_for(size_t work, unsigned threads, unsigned per_sm)
     return want ? (unsigned)want : 1u;
 }
 
+/* launch_as(T{}) with T the element type of dtype: each operator's entry
+ * point picks its kernels' instantiation this way. */
+template <typename F> static inline int by_dtype(weft_dtype dtype, F launch_as)
+{
+    switch (dtype) {
+    case WEFT_DTYPE_BF16:
+        return launch_as(__nv_bfloat16{});
+    case WEFT_DTYPE_F16:
+        return launch_as(__half{});
+    default:
+        return launch_as(float{});
+    }
+}
+
 } // namespace weft_ops
 
 #endif
