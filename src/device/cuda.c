@@ -110,9 +110,7 @@ int weft__cuda_enter(weft__stream *s, const char *call)
 
 /* ---- operations -------------------------------------------------------- */
 
-/* Pageable host memory: CUDA reads it at enqueue time (host to device) or
- * synchronizes (device to host), which breaks stream order. */
-static bool pageable(const void *p)
+bool weft__cuda_pageable(const void *p)
 {
     if (weft__cuda_known(p))
         return false;
@@ -166,7 +164,7 @@ static int cuda_copy(weft__stream *s, void *dst, const void *src, size_t n)
     if (rc)
         return rc;
     weft__cuda_note_work(s);
-    bool from_pageable = pageable(src), to_pageable = pageable(dst);
+    bool from_pageable = weft__cuda_pageable(src), to_pageable = weft__cuda_pageable(dst);
     if (s->recording) { /* graph mode: record what a graph node can copy */
         if (!from_pageable && !to_pageable)
             return weft__cuda_record_copy(s->record, dst, src, n);
@@ -217,7 +215,7 @@ static int cuda_fill(weft__stream *s, void *dst, int value, size_t n)
         return rc;
     weft__cuda_note_work(s);
     cudaError_t e;
-    bool host_side = pageable(dst);
+    bool host_side = weft__cuda_pageable(dst);
     if (s->recording) {
         if (!host_side)
             return weft__cuda_record_fill(s->record, dst, value, n);
@@ -312,9 +310,8 @@ static int stream_create(cuda_device *dev, int class_, weft__stream **out)
     memset(s, 0, sizeof *s);
     int rc = weft__cuda_use_device(dev);
     cudaError_t e = cudaSuccess;
-    if (rc == WEFT_OK &&
-        (e = cudaStreamCreateWithPriority(&s->handle, cudaStreamNonBlocking,
-                                          dev->priority[class_])) != cudaSuccess)
+    if (rc == WEFT_OK && (e = cudaStreamCreateWithPriority(&s->handle, cudaStreamNonBlocking,
+                                                           dev->priority[class_])) != cudaSuccess)
         rc = weft__cuda_fail(dev, "cudaStreamCreateWithPriority", e);
     if (rc) {
         free(s);
@@ -506,8 +503,7 @@ static int device_create(int ordinal, unsigned graph_cache, weft__device **out)
         (e = cudaDeviceGetStreamPriorityRange(&least, &greatest)) != cudaSuccess ||
         (e = cudaHostAlloc((void **)&dev->flags, flags_bytes,
                            cudaHostAllocMapped | cudaHostAllocPortable)) != cudaSuccess ||
-        (e = cudaHostGetDevicePointer((void **)&dev->flags_device, dev->flags, 0)) !=
-            cudaSuccess) {
+        (e = cudaHostGetDevicePointer((void **)&dev->flags_device, dev->flags, 0)) != cudaSuccess) {
         int rc = weft__cuda_fail(dev, "weft: opening the GPU", e);
         cuda_destroy(&dev->base);
         return rc;

@@ -24,9 +24,9 @@ enum {
  * (bench/RESULTS.md), the others stay for measuring them side by side
  * (WEFT_CUDA_COMPLETION=flag|event|callback in the environment). */
 typedef enum weft__cuda_completion {
-    WEFT__CUDA_FLAG,     /* the GPU writes the sequence number into mapped memory */
-    WEFT__CUDA_EVENT,    /* a CUDA event per marker, queried by the engine */
-    WEFT__CUDA_CALLBACK  /* a host function per marker fires the waiters itself */
+    WEFT__CUDA_FLAG,    /* the GPU writes the sequence number into mapped memory */
+    WEFT__CUDA_EVENT,   /* a CUDA event per marker, queried by the engine */
+    WEFT__CUDA_CALLBACK /* a host function per marker fires the waiters itself */
 } weft__cuda_completion;
 
 typedef struct weft__cuda_device weft__cuda_device;
@@ -41,40 +41,40 @@ struct weft__stream {
     _Alignas(64) weft__lock lock; /* guards the marker state below */
     cudaStream_t handle;
     weft__cuda_device *dev;
-    uint64_t marked;              /* last sequence number enqueued */
-    weft__waitq pending;          /* waiters, in sequence order */
-    bool active;                  /* on dev->active (changed holding both locks) */
-    unsigned leases;              /* guarded by dev->pool_lock */
-    int class_;                   /* 0 normal and low, 1 high */
-    weft__stream *next_capture;   /* a capture stream's free-list link */
-    bool capture;                 /* records for graph mode, never runs or waits */
-    bool recording;               /* a capture stream keeping a record, not capturing */
+    uint64_t marked;                  /* last sequence number enqueued */
+    weft__waitq pending;              /* waiters, in sequence order */
+    bool active;                      /* on dev->active (changed holding both locks) */
+    unsigned leases;                  /* guarded by dev->pool_lock */
+    int class_;                       /* 0 normal and low, 1 high */
+    weft__stream *next_capture;       /* a capture stream's free-list link */
+    bool capture;                     /* records for graph mode, never runs or waits */
+    bool recording;                   /* a capture stream keeping a record, not capturing */
     struct weft__cuda_record *record; /* what it recorded (cuda_record.c) */
-    bool busy;                    /* has work outstanding (the device's busy time) */
-    _Atomic bool unmarked;        /* work enqueued since the last marker; implies busy */
+    bool busy;                        /* has work outstanding (the device's busy time) */
+    _Atomic bool unmarked;            /* work enqueued since the last marker; implies busy */
 
-    volatile uint32_t *flag;      /* FLAG: written by the GPU */
+    volatile uint32_t *flag; /* FLAG: written by the GPU */
     CUdeviceptr flag_device;
-    _Atomic uint64_t done;        /* EVENT, CALLBACK: highest sequence known done */
+    _Atomic uint64_t done;         /* EVENT, CALLBACK: highest sequence known done */
     weft__cuda_mark_event *events; /* EVENT: recorded, oldest first (a ring) */
     unsigned ev_head, ev_count, ev_cap;
-    cudaEvent_t *spare;           /* EVENT: events to record again */
+    cudaEvent_t *spare; /* EVENT: events to record again */
     unsigned nspare, spare_cap;
 
     /* tracing (cuda_trace.c), guarded by lock */
     struct weft__cuda_timed *timed; /* operations awaiting read-back, oldest first (a ring) */
     unsigned timed_head, timed_count, timed_cap;
-    cudaEvent_t *timing_spare;      /* timing events to record again */
+    cudaEvent_t *timing_spare; /* timing events to record again */
     unsigned ntiming_spare, timing_spare_cap;
-    bool timing_chain;              /* nothing enqueued since the newest timed op's end
-                                     * event: the next op may start from it */
-    cudaEvent_t chained_start;      /* the end trace_begin reused, until trace_end */
+    bool timing_chain;         /* nothing enqueued since the newest timed op's end
+                                * event: the next op may start from it */
+    cudaEvent_t chained_start; /* the end trace_begin reused, until trace_end */
 };
 
 struct weft__cuda_device {
     weft__device base; /* first: the core sees only this */
     int ordinal;
-    int priority[2];   /* CUDA stream priority of each class */
+    int priority[2]; /* CUDA stream priority of each class */
     weft__cuda_completion completion;
 
     weft__lock pool_lock;
@@ -83,16 +83,16 @@ struct weft__cuda_device {
     unsigned next_shared[2];
     atomic_uint leased;
 
-    uint32_t *flags;   /* 2 * MAX_STREAMS completion words, mapped */
+    uint32_t *flags; /* 2 * MAX_STREAMS completion words, mapped */
     CUdeviceptr flags_device;
 
     weft__lock active_lock; /* guards active; also keeps one poller at a time */
     weft__stream *active[2 * WEFT__CUDA_MAX_STREAMS];
     unsigned nactive;
-    atomic_uint npending;   /* waiters, all streams */
-    atomic_int failed;      /* the sticky cudaError_t, 0 while healthy */
+    atomic_uint npending; /* waiters, all streams */
+    atomic_int failed;    /* the sticky cudaError_t, 0 while healthy */
     uint64_t last_backstop;
-    unsigned next_query;    /* the backstop's turn among active streams */
+    unsigned next_query; /* the backstop's turn among active streams */
 
     weft__cuda_host_pool host_pool;
 
@@ -101,8 +101,8 @@ struct weft__cuda_device {
     struct weft__cuda_graph *graphs; /* cached executable graphs */
     weft__stream *captures;          /* idle capture streams */
     unsigned ngraphs, graph_cap;
-    uint64_t graph_clock;            /* for least recently used */
-    weft_graph_stats graph_stats;    /* guarded by graph_lock */
+    uint64_t graph_clock;         /* for least recently used */
+    weft_graph_stats graph_stats; /* guarded by graph_lock */
 
     /* tracing (cuda_trace.c): an event whose host time is known, which
      * the device times of operations are measured from */
@@ -126,6 +126,11 @@ int weft__cuda_use_device(weft__cuda_device *dev);
 
 /* Before any enqueue: the device must be healthy and current. */
 int weft__cuda_enter(weft__stream *s, const char *call);
+
+/* Pageable host memory: CUDA reads it at enqueue time (host to device) or
+ * synchronizes (device to host), which breaks stream order; graph nodes
+ * cannot reach it at all. */
+bool weft__cuda_pageable(const void *p);
 
 /* A stream of dev outside the lease pool, with no completion word (it is
  * never awaited): graph mode records regions on such streams. */

@@ -231,20 +231,23 @@ static cuda_graph *make_room(weft__cuda_device *dev, weft__stream *s, cuda_graph
 
 /* ---- replaying --------------------------------------------------------- */
 
-/* Launch exec on s; a cached graph g (or NULL) becomes busy until s's next
- * marker. */
-static int launch(weft__stream *s, cuda_graph *g, cudaGraphExec_t exec)
+/* Launch exec on s and count it; a cached graph g (or NULL) becomes busy
+ * until s's next marker. */
+static int launch(weft__stream *s, cuda_graph *g, cudaGraphExec_t exec, bool hit, bool updated)
 {
     weft__cuda_device *dev = s->dev;
     weft__cuda_note_work(s);
     weft__lock_acquire(&s->lock);
     cudaError_t e = cudaGraphLaunch(exec, s->handle);
+    weft__lock_acquire(&dev->graph_lock);
     if (g) {
-        weft__lock_acquire(&dev->graph_lock);
         g->busy_until = s->marked + 1;
         g->launched = true;
-        weft__lock_release(&dev->graph_lock);
     }
+    dev->graph_stats.launches++;
+    dev->graph_stats.hits += hit;
+    dev->graph_stats.updates += updated;
+    weft__lock_release(&dev->graph_lock);
     weft__lock_release(&s->lock);
     return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(dev, "weft_region_end: cudaGraphLaunch", e);
 }
@@ -257,18 +260,17 @@ static cuda_graph *store(weft__stream *s, cuda_graph *g, uint64_t key, cuda_grap
     weft__cuda_device *dev = s->dev;
     cuda_graph old = {0};
     weft__lock_acquire(&dev->graph_lock);
-    if (g) {
-        old = *g;
-    } else if ((g = make_room(dev, s, &old)) == NULL) {
-        dev->graph_stats.instantiations++;
-        weft__lock_release(&dev->graph_lock);
-        return NULL;
-    }
-    made.key = key;
-    made.busy_stream = s;
-    made.last_used = ++dev->graph_clock;
-    *g = made;
     dev->graph_stats.instantiations++;
+    if (g)
+        old = *g;
+    else
+        g = make_room(dev, s, &old);
+    if (g) {
+        made.key = key;
+        made.busy_stream = s;
+        made.last_used = ++dev->graph_clock;
+        *g = made;
+    }
     weft__lock_release(&dev->graph_lock);
     release(&old);
     return g;
@@ -287,13 +289,7 @@ static void drop(weft__cuda_device *dev, cuda_graph *g)
 /* Launch what g holds (or made, used once) and count it. */
 static int finish(weft__stream *s, cuda_graph *g, cuda_graph *made, bool hit, bool updated)
 {
-    weft__cuda_device *dev = s->dev;
-    weft__lock_acquire(&dev->graph_lock);
-    dev->graph_stats.launches++;
-    dev->graph_stats.hits += hit;
-    dev->graph_stats.updates += updated;
-    weft__lock_release(&dev->graph_lock);
-    int rc = launch(s, g, g ? g->exec : made->exec);
+    int rc = launch(s, g, g ? g->exec : made->exec, hit, updated);
     if (!g) /* CUDA frees an executable graph in flight once it is done */
         release(made);
     return rc;

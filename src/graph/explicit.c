@@ -178,16 +178,9 @@ int weft_graph_add_kernel(weft_graph *g, weft_graph_node *node, const weft_graph
  * or mapped. */
 static int check_addressable(const char *fn, const char *what, const void *p)
 {
-    struct cudaPointerAttributes attr;
     if (!p)
         return weft__fail(WEFT_EINVAL, "%s: %s is NULL", fn, what);
-    if (weft__cuda_known(p))
-        return WEFT_OK;
-    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
-        cudaGetLastError();
-        attr.type = cudaMemoryTypeUnregistered;
-    }
-    if (attr.type == cudaMemoryTypeUnregistered)
+    if (weft__cuda_pageable(p))
         return weft__fail(WEFT_EINVAL,
                           "%s: %s is pageable host memory, which a graph cannot "
                           "reach; use weft_host_alloc or device memory",
