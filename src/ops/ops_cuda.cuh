@@ -18,6 +18,7 @@
 #define WEFT_OPS_CUDA_CUH
 
 #include <atomic>
+#include <type_traits>
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -73,20 +74,56 @@ template <typename T, int V> struct alignas(sizeof(T) * V) vec {
     T e[V];
 };
 
+/* V elements as fp32 from one aligned access. Half types convert in pairs:
+ * cvt.rn.bf16x2.f32 rounds two values in one instruction where the single
+ * form takes one each plus the packing. */
 template <typename T, int V> __device__ __forceinline__ void load_vec(float (&dst)[V], const T *p)
 {
     vec<T, V> v = *reinterpret_cast<const vec<T, V> *>(p);
+    if constexpr (V % 2 == 0 && std::is_same_v<T, __nv_bfloat16>) {
 #pragma unroll
-    for (int k = 0; k < V; k++)
-        dst[k] = to_f32(v.e[k]);
+        for (int k = 0; k < V; k += 2) {
+            float2 f = __bfloat1622float2(__nv_bfloat162(v.e[k], v.e[k + 1]));
+            dst[k] = f.x;
+            dst[k + 1] = f.y;
+        }
+    } else if constexpr (V % 2 == 0 && std::is_same_v<T, __half>) {
+#pragma unroll
+        for (int k = 0; k < V; k += 2) {
+            float2 f = __half22float2(__half2(v.e[k], v.e[k + 1]));
+            dst[k] = f.x;
+            dst[k + 1] = f.y;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            dst[k] = to_f32(v.e[k]);
+    }
 }
 
+/* V fp32 values rounded to T, stored as one aligned access. */
 template <typename T, int V> __device__ __forceinline__ void store_vec(T *p, const float (&src)[V])
 {
     vec<T, V> v;
+    if constexpr (V % 2 == 0 && std::is_same_v<T, __nv_bfloat16>) {
 #pragma unroll
-    for (int k = 0; k < V; k++)
-        v.e[k] = from_f32<T>(src[k]);
+        for (int k = 0; k < V; k += 2) {
+            __nv_bfloat162 h = __floats2bfloat162_rn(src[k], src[k + 1]);
+            v.e[k] = h.x;
+            v.e[k + 1] = h.y;
+        }
+    } else if constexpr (V % 2 == 0 && std::is_same_v<T, __half>) {
+#pragma unroll
+        for (int k = 0; k < V; k += 2) {
+            __half2 h = __floats2half2_rn(src[k], src[k + 1]);
+            v.e[k] = h.x;
+            v.e[k + 1] = h.y;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            v.e[k] = from_f32<T>(src[k]);
+    }
     *reinterpret_cast<vec<T, V> *>(p) = v;
 }
 
