@@ -463,7 +463,8 @@ def run(torch, lib, args):
                 w = torch.randn(c, device="cuda", dtype=dt)
                 b = torch.randn(c, device="cuda", dtype=dt)
                 P, s = ctypes.c_void_p, cur_stream
-                for v in ("lib", "regs", "regs_half", "regs_double", "regs_flat"):
+                for v in ("lib", "held_narrow", "held_wide", "staged", "regs", "regs_half",
+                          "regs_double", "regs_flat"):
                     for kern in ("softmax", "layernorm"):
                         if kern == "softmax" and v == "lib":
                             fn = (lambda: lib.weft_softmax(
@@ -623,8 +624,9 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
     out.append("")
 
     if variants_out:
-        out.append("Tuning variants, TB/s: `lib` is the library's kernel (the shared-memory "
-                   "staged one for these aligned rows), `regs*` the register-staged row "
+        out.append("Tuning variants, TB/s: `lib` is the library's kernel (the held one, rows "
+                   "in registers, for these aligned rows), `held_*` it under other plans, "
+                   "`staged` rows in shared memory, `regs*` the register-tile row "
                    "kernels under other plans, `libm_erfc` GELU with libm's erfcf "
                    "(bench/ops/variants.cu says more):")
         out.append("")

@@ -3,10 +3,11 @@
  * library's own kernels, and the empty kernel that small inputs are
  * measured against. Built into libweft_ops_bench.so with all of weft.
  *
- * The library keeps rows in shared memory (the staged kernels) where it
- * can; these run its register-staged row kernels (softmax, LayerNorm) on
- * the same shapes, under rows.cuh's plan_rows and changes of it, to keep
- * that choice and the register kernels' own measured:
+ * The library holds aligned rows in registers (the held kernels) where it
+ * can; these run the held kernels under other plans (held_narrow,
+ * held_wide: see held_variant_plan), the shared-memory staged kernels
+ * (staged), and its register-tile row kernels (softmax, LayerNorm) on
+ * the same shapes, under rows.cuh's plan_rows and changes of it:
  *   regs         plan_rows: 16 values a thread
  *   regs_half    8 values a thread: twice the threads per row
  *   regs_double  32 values a thread: half the threads (the compiler spills)
@@ -74,6 +75,46 @@ bool variant_plan(const char *variant, size_t cols, int V, row_plan *p)
     return false;
 }
 
+/* The held kernels (the library's main path) under other plans:
+ *   held_narrow  half the values a thread, twice the threads
+ *   held_wide    twice the values a thread (up to 32), half the threads
+ * and the shared-memory staged kernels they replaced (`staged`). false
+ * when the variant does not apply. */
+bool held_variant_plan(const char *variant, size_t cols, int V, row_plan *p)
+{
+    if (!plan_held(cols, V, p))
+        return false;
+    if (strcmp(variant, "held_narrow") == 0) {
+        if (p->vpt < 2 || p->tpr == 32 || (p->tpr == 512 && p->cluster == 8))
+            return false;
+        p->vpt /= 2;
+        if (p->tpr < 512)
+            p->tpr *= 2;
+        else
+            p->cluster *= 2;
+        return true;
+    }
+    if (strcmp(variant, "held_wide") == 0) {
+        if (p->vpt * 2 * V > HELD_MAX_VALUES || p->tpr == 32)
+            return false;
+        p->vpt *= 2;
+        if (p->cluster > 1)
+            p->cluster /= 2;
+        else if (p->tpr > 64)
+            p->tpr /= 2;
+        else
+            return false;
+        return true;
+    }
+    return false;
+}
+
+template <typename Params, typename K>
+int run_held(const char *op, cudaStream_t s, const row_plan &plan, const Params &p, K kernel)
+{
+    return kernel ? launch_rows(op, s, plan, p.rows, kernel, p, 0) : WEFT_EINVAL;
+}
+
 /* The kernels by vectors a thread, for run_plan. */
 template <typename T, int V, int VPT> struct softmax_k {
     static auto fn()
@@ -114,7 +155,16 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
     constexpr int V = vec16<T>();
     softmax_params<T> p = {(T *)out, (const T *)in, rows, cols, cols, 0, 1.0f, 0.0f, 1.0f, 0, 0};
     row_plan plan;
-    if (cols % V != 0 || !variant_plan(variant, cols, V, &plan))
+    if (cols % V != 0)
+        return WEFT_EINVAL;
+    if (strcmp(variant, "staged") == 0)
+        return plan_staged(cols, V, 1, &plan)
+                   ? launch_rows("softmax variant", s, plan, rows,
+                                 softmax_staged_kernel<T, false>, p, (size_t)plan.vpt)
+                   : WEFT_EINVAL;
+    if (held_variant_plan(variant, cols, V, &plan))
+        return run_held("softmax variant", s, plan, p, softmax_held_for<T, false>(plan.vpt));
+    if (!variant_plan(variant, cols, V, &plan))
         return WEFT_EINVAL;
     return run_plan<T, V, softmax_params<T>, softmax_k>("softmax variant", s, plan, p);
 }
@@ -128,7 +178,16 @@ int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void
         (T *)out, NULL, (const T *)in, NULL,  NULL,  (const T *)weight, (const T *)bias, rows,
         cols,     cols, 1e-5f,         false, false, WEFT_GELU_ERF};
     row_plan plan;
-    if (cols % V != 0 || !variant_plan(variant, cols, V, &plan))
+    if (cols % V != 0)
+        return WEFT_EINVAL;
+    if (strcmp(variant, "staged") == 0)
+        return plan_staged(cols, V, 1, &plan)
+                   ? launch_rows("layernorm variant", s, plan, rows, norm_staged_kernel<T, false>,
+                                 p, (size_t)plan.vpt)
+                   : WEFT_EINVAL;
+    if (held_variant_plan(variant, cols, V, &plan))
+        return run_held("layernorm variant", s, plan, p, norm_held_for<T, NORM_LAYER>(plan.vpt));
+    if (!variant_plan(variant, cols, V, &plan))
         return WEFT_EINVAL;
     return run_plan<T, V, norm_params<T>, norm_k>("layernorm variant", s, plan, p);
 }

@@ -44,8 +44,17 @@ template <typename T> int launch(cudaStream_t stream, const char *op, const weft
                aligned16(a->gelu_bias) && aligned16(a->residual) && aligned16(a->weight) &&
                aligned16(a->bias) && a->stride % V == 0;
 
-    row_plan staged;
+    row_plan staged, held;
 
+    if (vec && plan_held(a->cols, V, &held)) {
+        auto kernel = a->gelu ? (a->form == WEFT_GELU_TANH
+                                     ? norm_held_for<T, NORM_GELU_TANH_LAYER>(held.vpt)
+                                     : norm_held_for<T, NORM_GELU_ERF_LAYER>(held.vpt))
+                      : a->rms ? norm_held_for<T, NORM_RMS>(held.vpt)
+                               : norm_held_for<T, NORM_LAYER>(held.vpt);
+        if (kernel)
+            return launch_rows(op, stream, held, p.rows, kernel, p, 0);
+    }
     if (vec && plan_staged(a->cols, V, a->residual ? 2 : 1, &staged)) {
         auto kernel = a->gelu ? norm_staged_kernel<T, true> : norm_staged_kernel<T, false>;
         return launch_rows(op, stream, staged, p.rows, kernel, p, (size_t)staged.vpt);

@@ -335,10 +335,11 @@ template <typename R> struct reduce_scratch {
 /*
  * The reduction of v over one row, returned to every thread of the row.
  * A row is one warp (blockDim.x == 32, several rows per block), or one
- * block, or the blocks of one cluster. The order of the combination is
- * fixed, so every thread gets the same bits: within a warp the xor
- * butterfly (each step combines two equal partial results, commutatively),
- * then the warps' results in order, then the blocks' in rank order.
+ * block (a power of two of warps), or the blocks of one cluster. The order
+ * of the combination is fixed, so every thread gets the same bits: the xor
+ * butterfly within the warp (each step combines two equal partial
+ * results, commutatively), the same over the warps' results, then the
+ * blocks' in rank order.
  */
 template <typename R, typename Op>
 __device__ __forceinline__ R row_reduce(R v, Op op, reduce_scratch<R> &s, unsigned cluster)
@@ -349,13 +350,16 @@ __device__ __forceinline__ R row_reduce(R v, Op op, reduce_scratch<R> &s, unsign
     if (blockDim.x == 32)
         return v;
 
-    unsigned warps = blockDim.x / 32, warp = threadIdx.x / 32;
-    if (threadIdx.x % 32 == 0)
-        s.warp[warp] = v;
+    /* the warps' results: lane l of every warp takes warp l % warps's, so
+     * that a butterfly within groups of `warps` lanes (a power of two)
+     * leaves every lane the block's result, in log2(warps) steps */
+    const unsigned warps = blockDim.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0)
+        s.warp[threadIdx.x / 32] = v;
     __syncthreads();
-    v = s.warp[0];
-    for (unsigned w = 1; w < warps; w++)
-        v = combine(op, v, s.warp[w]);
+    v = s.warp[lane % warps];
+    for (unsigned m = warps / 2; m >= 1; m >>= 1)
+        v = combine(op, v, shfl_xor(v, (int)m));
     if (cluster == 1) {
         __syncthreads(); /* the slots are reused by the next reduction */
         return v;

@@ -125,6 +125,121 @@ static inline row_plan plan_rows(size_t cols, int V)
     return p;
 }
 
+/* ---- holding the row in registers ------------------------------------- */
+
+/*
+ * The held kernels (norm_held_kernel, softmax_held_kernel) are the main
+ * path for 16-byte aligned tensors: each thread loads all of its vectors of
+ * the row at once (VPT, a template parameter, so every loop over them is
+ * unrolled and the loads are issued back to back), keeps them in registers
+ * as fp32, and every later pass is arithmetic on registers. The ops are
+ * bound by the instructions they issue per element long before the bytes
+ * in flight run out, so what matters is what each element costs: no
+ * per-element bounds checks (vectors are whole, or beyond the end and
+ * zero, or the row's one partial vector), 32-bit offsets within the row,
+ * half types converted in pairs. Row data is streamed (evict-first loads
+ * and stores); per-column parameters (weights, biases) go through the
+ * read-only path, so that the SM's next rows find them in L1.
+ *
+ * ~16 values a thread, up to 32 for rows in one warp or block or the
+ * cluster of 8 blocks that holds the longest; more would spill. Longer
+ * rows (beyond 131072 elements) go to the register kernels' tile loop.
+ */
+enum : unsigned { HELD_MAX_VALUES = 32 };
+
+static inline bool plan_held(size_t cols, int V, row_plan *p)
+{
+    const size_t nvec = (cols + V - 1) / V;
+    const size_t want = V >= 8 ? 2 : 16 / V; /* vectors for ~16 values */
+    const size_t most = HELD_MAX_VALUES / V;
+
+    *p = {32, 8, 1, 1, 1, 0};
+    if (nvec <= 32 * most) { /* a warp per row, 8 rows a block */
+        p->vpt = (unsigned)pow2_at_least((nvec + 31) / 32);
+        return true;
+    }
+    p->rpb = 1;
+    size_t threads = pow2_at_least((nvec + want - 1) / want);
+    if (threads <= 512) {
+        p->tpr = (unsigned)threads;
+        p->vpt = (unsigned)pow2_at_least((nvec + threads - 1) / threads);
+        return true;
+    }
+    /* long rows: the cluster that gives ~16 values a thread, else 8 blocks
+     * with up to 32 */
+    p->tpr = 512;
+    for (size_t c = 2; c <= 8; c *= 2) {
+        size_t vpt = pow2_at_least((nvec + 512 * c - 1) / (512 * c));
+        if (vpt <= want || (c == 8 && vpt <= most)) {
+            p->cluster = (unsigned)c;
+            p->vpt = (unsigned)vpt;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The 16 bytes at p: streamed row data (evict first) or per-column
+ * parameters (read-only path, kept in L1). */
+__device__ __forceinline__ uint4 load_streamed(const void *p)
+{
+    return __ldcs(reinterpret_cast<const uint4 *>(p));
+}
+__device__ __forceinline__ uint4 load_param(const void *p)
+{
+    return __ldg(reinterpret_cast<const uint4 *>(p));
+}
+__device__ __forceinline__ void store_streamed(void *p, uint4 v)
+{
+    __stcs(reinterpret_cast<uint4 *>(p), v);
+}
+
+/* The first n of the V elements at p as a 16-byte vector, zeros after. */
+template <typename T, int V> __device__ __forceinline__ uint4 load_partial(const T *p, int n)
+{
+    vec<T, V> v;
+#pragma unroll
+    for (int e = 0; e < V; e++)
+        v.e[e] = e < n ? p[e] : from_f32<T>(0.0f);
+    return *reinterpret_cast<const uint4 *>(&v);
+}
+
+/* The first n of V values to p. */
+template <typename T, int V>
+__device__ __forceinline__ void store_partial(T *p, const float (&x)[V], int n)
+{
+#pragma unroll
+    for (int e = 0; e < V; e++)
+        if (e < n)
+            p[e] = from_f32<T>(x[e]);
+}
+
+/* Raw 16-byte vectors to and from fp32 values. */
+template <typename T, int V> __device__ __forceinline__ void unpack(float (&x)[V], uint4 raw)
+{
+    load_vec<T, V>(x, reinterpret_cast<const T *>(&raw));
+}
+template <typename T, int V> __device__ __forceinline__ uint4 pack(const float (&x)[V])
+{
+    uint4 raw;
+    store_vec<T, V>(reinterpret_cast<T *>(&raw), x);
+    return raw;
+}
+
+/* Where this thread's vector k lies in its row (elements), for the held
+ * layout: vector k of thread t of block `rank` at ((rank * VPT + k) * TPR + t) * V. */
+template <int V, int VPT>
+__device__ __forceinline__ unsigned held_at(const row_place &at, int k)
+{
+    return ((at.rank * VPT + k) * blockDim.x + at.tid) * V;
+}
+
+/* Elements of the V at j before end: V, 0, or the row's one partial vector. */
+template <int V> __device__ __forceinline__ int held_part(unsigned j, unsigned end)
+{
+    return j + V <= end ? V : j >= end ? 0 : (int)(end - j);
+}
+
 /* ---- staging in shared memory ----------------------------------------- */
 
 /*

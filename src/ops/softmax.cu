@@ -28,8 +28,14 @@ template <typename T> int launch(cudaStream_t stream, const weft__softmax_args *
     constexpr int V = vec16<T>();
     bool vec = aligned16(a->out) && aligned16(a->in) && a->stride % V == 0;
 
-    row_plan staged;
+    row_plan staged, held;
 
+    if (vec && plan_held(a->cols, V, &held)) {
+        auto kernel = p.p > 0.0f ? softmax_held_for<T, true>(held.vpt)
+                                 : softmax_held_for<T, false>(held.vpt);
+        if (kernel)
+            return launch_rows("weft_softmax", stream, held, p.rows, kernel, p, 0);
+    }
     if (vec && plan_staged(a->cols, V, 1, &staged)) {
         auto kernel = p.p > 0.0f ? softmax_staged_kernel<T, true> : softmax_staged_kernel<T, false>;
         return launch_rows("weft_softmax", stream, staged, p.rows, kernel, p, (size_t)staged.vpt);
