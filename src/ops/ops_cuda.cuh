@@ -313,6 +313,62 @@ struct chunk_walk {
     }
 };
 
+/*
+ * A grid-stride walk over the V-element chunks of a rows x cols tensor
+ * (cols a multiple of V) whose rows lie `stride` elements apart. It keeps
+ * the chunk's element offset and column and moves both by constants
+ * worked out once, so a step is a few adds and an address needs no
+ * multiply (chunk_walk forms row * stride + chunk for each).
+ * I is the offset type: uint32_t where fits32() allows, which makes each
+ * address one instruction, else size_t.
+ */
+template <typename I> struct tensor_walk {
+    I at, end, col, cols, step_at, step_col, wrap;
+
+    __device__ tensor_walk(size_t rows, size_t cols_, size_t stride, unsigned v)
+    {
+        size_t per_row = cols_ / v;
+        size_t g = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+        size_t step = (size_t)gridDim.x * blockDim.x;
+        end = (I)(rows * stride);
+        cols = (I)cols_;
+        wrap = (I)(stride - cols_);
+        if (per_row == 0) { /* nothing to walk */
+            at = end, col = 0, step_at = 0, step_col = 0;
+            return;
+        }
+        col = (I)(g % per_row * v);
+        at = (I)(g / per_row * stride) + col;
+        step_col = (I)(step % per_row * v);
+        step_at = (I)(step / per_row * stride) + step_col;
+    }
+
+    __device__ __forceinline__ bool more() const
+    {
+        return at < end;
+    }
+
+    __device__ __forceinline__ void next()
+    {
+        at += step_at;
+        col += step_col;
+        if (col >= cols) {
+            col -= cols;
+            at += wrap;
+        }
+    }
+
+    /* Whether every offset the walk forms with `threads` threads in all
+     * fits 32 bits: at most (rows + threads / chunks per row + 2) rows. */
+    static bool fits32(size_t rows, size_t cols, size_t stride, unsigned v, size_t threads)
+    {
+        const size_t lim = (size_t)1 << 32;
+        size_t per_row = cols / v ? cols / v : 1;
+        return rows < lim && stride < lim && threads < lim &&
+               (rows + threads / per_row + 3) * stride < lim;
+    }
+};
+
 /* ---- row reductions -------------------------------------------------------- */
 
 struct op_sum {
