@@ -33,7 +33,7 @@ template <typename T> struct gelu_params {
 template <typename T, int V, weft_gelu_form FORM, typename I, bool BIAS, bool RESIDUAL>
 __device__ __forceinline__ void gelu_chunks(const gelu_params<T> &p)
 {
-    for (tensor_walk<I> w(p.rows, p.cols / V * V, p.stride, V); w.more(); w.next()) {
+    for (tensor_walk<I> w(p.rows, p.cols / V * V, p.stride, p.stride, V); w.more(); w.next()) {
         float h[V], b[V], r[V];
         load_vec<T, V>(h, p.in + w.at);
         if (BIAS)

@@ -315,17 +315,19 @@ struct chunk_walk {
 
 /*
  * A grid-stride walk over the V-element chunks of a rows x cols tensor
- * (cols a multiple of V) whose rows lie `stride` elements apart. It keeps
- * the chunk's element offset and column and moves both by constants
- * worked out once, so a step is a few adds and an address needs no
- * multiply (chunk_walk forms row * stride + chunk for each).
- * I is the offset type: uint32_t where fits32() allows, which makes each
- * address one instruction, else size_t.
+ * (cols a multiple of V). It keeps the chunk's column and its element
+ * offset in two tensors whose rows lie `stride` and `stride2` elements
+ * apart (an op's output and input, say; the same stride twice costs
+ * nothing, the compiler merges them), and moves them by constants worked
+ * out once, so a step is a few adds and an address needs no multiply
+ * (chunk_walk forms row * stride + chunk for each). I is the offset type:
+ * uint32_t where fits32() allows, which makes each address one
+ * instruction, else size_t.
  */
 template <typename I> struct tensor_walk {
-    I at, end, col, cols, step_at, step_col, wrap;
+    I at, at2, end, col, cols, step_at, step_at2, step_col, wrap, wrap2;
 
-    __device__ tensor_walk(size_t rows, size_t cols_, size_t stride, unsigned v)
+    __device__ tensor_walk(size_t rows, size_t cols_, size_t stride, size_t stride2, unsigned v)
     {
         size_t per_row = cols_ / v;
         size_t g = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -333,14 +335,17 @@ template <typename I> struct tensor_walk {
         end = (I)(rows * stride);
         cols = (I)cols_;
         wrap = (I)(stride - cols_);
+        wrap2 = (I)(stride2 - cols_);
         if (per_row == 0) { /* nothing to walk */
-            at = end, col = 0, step_at = 0, step_col = 0;
+            at = end, at2 = 0, col = 0, step_at = step_at2 = step_col = 0;
             return;
         }
         col = (I)(g % per_row * v);
         at = (I)(g / per_row * stride) + col;
+        at2 = (I)(g / per_row * stride2) + col;
         step_col = (I)(step % per_row * v);
         step_at = (I)(step / per_row * stride) + step_col;
+        step_at2 = (I)(step / per_row * stride2) + step_col;
     }
 
     __device__ __forceinline__ bool more() const
@@ -351,15 +356,18 @@ template <typename I> struct tensor_walk {
     __device__ __forceinline__ void next()
     {
         at += step_at;
+        at2 += step_at2;
         col += step_col;
         if (col >= cols) {
             col -= cols;
             at += wrap;
+            at2 += wrap2;
         }
     }
 
     /* Whether every offset the walk forms with `threads` threads in all
-     * fits 32 bits: at most (rows + threads / chunks per row + 2) rows. */
+     * fits 32 bits: at most (rows + threads / chunks per row + 2) rows of
+     * `stride`, the larger of the two. */
     static bool fits32(size_t rows, size_t cols, size_t stride, unsigned v, size_t threads)
     {
         const size_t lim = (size_t)1 << 32;
