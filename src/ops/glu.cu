@@ -5,9 +5,12 @@
  * Design: elementwise over the output, like gelu.cu. A thread takes a
  * 16-byte chunk j of the output row and reads the matching chunks of both
  * halves of the input row (a at j, b at cols + j), so each input byte is
- * read once and the activated half never leaves registers. Vector access
- * needs cols, both strides and both pointers to keep every chunk 16-byte
- * aligned; otherwise one element per access.
+ * read once and the activated half never leaves registers. The walk keeps
+ * the output's and the input's offsets (tensor_walk), and the activation
+ * is a template parameter, so the loop holds nothing but loads, the
+ * arithmetic and a store. Vector access needs cols, both strides and both
+ * pointers to keep every chunk 16-byte aligned; otherwise one element per
+ * access.
  */
 #include "ops/ops_cuda.cuh"
 
@@ -20,56 +23,70 @@ template <typename T> struct glu_params {
     T *out;
     const T *in;
     size_t rows, cols, in_stride, out_stride;
-    weft_glu_kind kind;
 };
 
-__device__ __forceinline__ float activate(weft_glu_kind kind, float a)
+template <weft_glu_kind KIND> __device__ __forceinline__ float activate(float a)
 {
-    switch (kind) {
+    switch (KIND) {
     case WEFT_GLU_GEGLU:
-        return gelu(WEFT_GELU_ERF, a);
+        return gelu_erf(a);
     case WEFT_GLU_GEGLU_TANH:
-        return gelu(WEFT_GELU_TANH, a);
+        return gelu_tanh(a);
     default:
         return silu(a);
     }
 }
 
-template <typename T, int V> __global__ void glu_kernel(glu_params<T> p)
+/* cols is a multiple of V. */
+template <typename T, int V, weft_glu_kind KIND, typename I>
+__global__ void __launch_bounds__(256) glu_kernel(glu_params<T> p)
 {
-    for (chunk_walk w(p.rows, (p.cols + V - 1) / V); w.more(); w.next()) {
-        size_t j = w.chunk * V;
-        const T *a = p.in + w.row * p.in_stride, *b = a + p.cols;
-        T *o = p.out + w.row * p.out_stride;
-        if (V > 1 && j + V <= p.cols) {
-            float x[V], y[V];
-            load_vec<T, V>(x, a + j);
-            load_vec<T, V>(y, b + j);
+    const T *gate = p.in, *up = p.in + p.cols;
+    for (tensor_walk<I> w(p.rows, p.cols, p.out_stride, p.in_stride, V); w.more(); w.next()) {
+        float x[V], y[V];
+        load_vec<T, V>(x, gate + w.at2);
+        load_vec<T, V>(y, up + w.at2);
 #pragma unroll
-            for (int k = 0; k < V; k++)
-                x[k] = activate(p.kind, x[k]) * y[k];
-            store_vec<T, V>(o + j, x);
-        } else {
-            for (size_t k = j; k < p.cols && k < j + V; k++)
-                o[k] = from_f32<T>(activate(p.kind, to_f32(a[k])) * to_f32(b[k]));
-        }
+        for (int k = 0; k < V; k++)
+            x[k] = activate<KIND>(x[k]) * y[k];
+        store_vec<T, V>(p.out + w.at, x);
     }
+}
+
+template <typename T, int V, typename I> auto pick_kernel(weft_glu_kind kind)
+{
+    switch (kind) {
+    case WEFT_GLU_GEGLU:
+        return glu_kernel<T, V, WEFT_GLU_GEGLU, I>;
+    case WEFT_GLU_GEGLU_TANH:
+        return glu_kernel<T, V, WEFT_GLU_GEGLU_TANH, I>;
+    default:
+        return glu_kernel<T, V, WEFT_GLU_SWIGLU, I>;
+    }
+}
+
+template <typename T, int V>
+int launch_v(cudaStream_t stream, const glu_params<T> &p, weft_glu_kind kind)
+{
+    const unsigned threads = 256;
+    unsigned blocks = grid_for(p.rows * (p.cols / V), threads, 8);
+    size_t stride = p.in_stride > p.out_stride ? p.in_stride : p.out_stride;
+    auto kernel = tensor_walk<uint32_t>::fits32(p.rows, p.cols, stride, V, (size_t)blocks * threads)
+                      ? pick_kernel<T, V, uint32_t>(kind)
+                      : pick_kernel<T, V, size_t>(kind);
+    kernel<<<blocks, threads, 0, stream>>>(p);
+    return launched("weft_glu");
 }
 
 template <typename T> int launch(cudaStream_t stream, const weft__glu_args *a)
 {
-    glu_params<T> p = {(T *)a->out,  (const T *)a->in, a->rows, a->cols,
-                       a->in_stride, a->out_stride,    a->kind};
+    glu_params<T> p = {(T *)a->out, (const T *)a->in, a->rows,
+                       a->cols,     a->in_stride,     a->out_stride};
     constexpr int V = vec16<T>();
-    const unsigned threads = 256;
     bool vec = aligned16(a->out) && aligned16(a->in) && a->cols % V == 0 && a->in_stride % V == 0 &&
                a->out_stride % V == 0;
 
-    if (vec)
-        glu_kernel<T, V><<<grid_for(a->rows * (a->cols / V), threads, 8), threads, 0, stream>>>(p);
-    else
-        glu_kernel<T, 1><<<grid_for(a->rows * a->cols, threads, 8), threads, 0, stream>>>(p);
-    return launched("weft_glu");
+    return vec ? launch_v<T, V>(stream, p, a->kind) : launch_v<T, 1>(stream, p, a->kind);
 }
 
 } // namespace

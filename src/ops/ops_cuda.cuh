@@ -10,9 +10,9 @@
  * conversions round to nearest even, as the host's weft__store does.
  *
  * Where the host reference's order of rounding matters (the softmax
- * scale before the max is subtracted, the GELU argument), the kernels
- * round the same way with __fmul_rn/__fadd_rn, which nvcc never contracts
- * into fused multiply-adds.
+ * scale before the max is subtracted), the kernels round the same way
+ * with __fmul_rn/__fadd_rn, which nvcc never contracts into fused
+ * multiply-adds.
  */
 #ifndef WEFT_OPS_CUDA_CUH
 #define WEFT_OPS_CUDA_CUH
@@ -143,64 +143,91 @@ static inline bool aligned16(const void *p)
 
 /*
  * The activations are most of the arithmetic of the elementwise ops, and a
- * bf16 op at the copy rate leaves about 50 instructions an element: libm's
- * erfcf alone takes most of that. So the exact GELU is built here from
- * cheaper parts, accurate to ~5e-7 relative (checked against 30-digit
- * erfc from -13 to 8):
+ * bf16 op at the copy rate leaves about 50 instructions an element for
+ * everything, loads and index math included. So they are built from the
+ * special function unit's 2^x and 1/x (one instruction each, about 2 ulp)
+ * and a few fused multiply-adds, with no branch: an Inf needs none (see
+ * each form), and a NaN propagates through the final multiply.
  *
- *   Phi(x) = 0.5 erfc(z) for x < 0, 1 - 0.5 erfc(z) otherwise, z = |x|/sqrt 2
- *   erfc(z) = exp(-z^2) erfcx(z), erfcx(z) = p(t), t = (z - 2)/(z + 2)
+ * The tests allow GELU an error of 1e-5 relative times 4 + x^2: the
+ * argument of exp is itself rounded to fp32 on the host, which moves the
+ * result by ~x^2 of an ulp in the tails. The forms below stay well inside
+ * that: 1.5e-6 relative for |x| <= 3, 2e-7 x^2 beyond (at most 1/20 of
+ * the bound); results whose exponent falls below fp32's normal range are
+ * flushed to zero, i.e. off by less than 1e-37.
+ */
+
+/* 2^x and 1/x, subnormal results flushed to zero. */
+__device__ __forceinline__ float exp2_approx(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float rcp_approx(float x)
+{
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* x times a factor in [0, 1] that vanishes at -Inf: the host's x / (1 +
+ * Inf) and x Phi(x) give -0 there, which -Inf * 0 would make a NaN. So x
+ * is clamped to the finite range first, by max.NaN, which keeps a NaN. */
+__device__ __forceinline__ float times_gate(float x, float gate)
+{
+    float finite;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(finite) : "f"(x), "f"(-3.40282347e38f /* -FLT_MAX */));
+    return finite * gate;
+}
+
+/*
+ * The exact GELU, x Phi(x). PyTorch's 0.5 x (1 + erf(x / sqrt 2)) is
+ * cheaper still but cancels in the negative tail (no correct digit left
+ * below x = -5), where the host's erfc keeps relative accuracy; so:
  *
- * p is a degree-11 Chebyshev fit of erfcx in t, which maps [0, inf) to
- * [-1, 1) where erfcx is smooth (relative error 2e-8). exp(-x^2/2) takes
- * x^2 as a rounded square plus its exact error (an fma), so the tail keeps
- * its relative accuracy although x^2/2 is large there; |x| is capped at
- * 16, past which erfc(z) is below fp32's smallest subnormal anyway.
- * Divisions by 1 + exp(.) use the correctly rounded reciprocal.
+ *   Phi(-a) = exp(-a^2/2) q(a), a = |x|;  Phi(x) = 1 - Phi(-x) for x >= 0
+ *
+ * q(a) = 0.5 erfcx(a / sqrt 2) is smooth and tends to 0 slowly; it is a
+ * degree-7 polynomial in t = (a - 3.75)/(a + 3.75), which maps [0, Inf)
+ * onto [-1, 1) (a minimax fit in relative error, 8e-7, on [0, 16]). |a| is
+ * capped at 16, past which Phi(-a) is below fp32's range anyway.
  */
 __device__ __forceinline__ float gelu_erf(float x)
 {
-    const float ax = fminf(fabsf(x), 16.0f);
-    const float z = ax * 0.70710678118654752f;
-    const float t = __fdividef(z - 2.0f, z + 2.0f); /* z + 2 in [2, 14]: exact enough */
-    float p = -2.005525130e-05f;
-    p = fmaf(p, t, 2.503721362e-06f);
-    p = fmaf(p, t, 1.651740022e-04f);
-    p = fmaf(p, t, 6.633545854e-05f);
-    p = fmaf(p, t, -9.770971956e-04f);
-    p = fmaf(p, t, -8.577544359e-04f);
-    p = fmaf(p, t, 6.996307522e-03f);
-    p = fmaf(p, t, 3.735239385e-03f);
-    p = fmaf(p, t, -7.897847891e-02f);
-    p = fmaf(p, t, 2.416580021e-01f);
-    p = fmaf(p, t, -4.271858633e-01f);
-    p = fmaf(p, t, 2.553956807e-01f);
-    const float sq = ax * ax, sq_err = fmaf(ax, ax, -sq);
-    float e = expf(-0.5f * sq);
-    e = fmaf(e, -0.5f * sq_err, e); /* exp(-(sq + sq_err)/2) to first order */
-    const float half_erfc = 0.5f * e * p;
-    return x * (x < 0.0f ? half_erfc : 1.0f - half_erfc);
+    const float k = 3.75f;
+    const float a = fminf(fabsf(x), 16.0f);
+    const float t = fmaf(-2.0f * k, rcp_approx(a + k), 1.0f);
+    float q = 5.080080591e-04f;
+    q = fmaf(q, t, -7.307599299e-04f);
+    q = fmaf(q, t, -4.770565312e-03f);
+    q = fmaf(q, t, 2.520528808e-02f);
+    q = fmaf(q, t, -6.727581471e-02f);
+    q = fmaf(q, t, 1.254839897e-01f);
+    q = fmaf(q, t, -1.784635335e-01f);
+    q = fmaf(q, t, 1.000391841e-01f);
+    const float tail = exp2_approx(a * a * -0.72134752044448170f) * q; /* Phi(-a) */
+    return times_gate(x, x < 0.0f ? tail : 1.0f - tail);
+}
+
+/* The tanh form, x / (1 + exp(-2u)) with u = k0 (x + k1 x^3), as
+ * 2^(x (c0 + c1 x^2)) with log2(e) folded into the constants. */
+__device__ __forceinline__ float gelu_tanh(float x)
+{
+    const float k0 = 0.7978845608028654f, k1 = 0.044715f, log2e = 1.4426950408889634f;
+    const float c0 = -2.0f * k0 * log2e, c1 = c0 * k1;
+    const float e = exp2_approx(x * fmaf(x * x, c1, c0));
+    return times_gate(x, rcp_approx(1.0f + e));
 }
 
 __device__ __forceinline__ float gelu(weft_gelu_form form, float x)
 {
-    if (isinf(x))
-        return x > 0 ? x : -0.0f;
-    if (form == WEFT_GELU_ERF)
-        return gelu_erf(x);
-    const float k0 = 0.7978845608028654f, k1 = 0.044715f;
-    /* The host's order of roundings: x * x * x, times k1, plus x, times
-     * k0, times -2; exp's argument is then bit for bit the host's. */
-    float x3 = __fmul_rn(__fmul_rn(x, x), x);
-    float u = __fmul_rn(k0, __fadd_rn(x, __fmul_rn(k1, x3)));
-    return x * __frcp_rn(1.0f + expf(__fmul_rn(-2.0f, u)));
+    return form == WEFT_GELU_ERF ? gelu_erf(x) : gelu_tanh(x);
 }
 
 __device__ __forceinline__ float silu(float x)
 {
-    if (isinf(x))
-        return x > 0 ? x : -0.0f;
-    return x * __frcp_rn(1.0f + expf(-x));
+    return times_gate(x, rcp_approx(1.0f + exp2_approx(x * -1.4426950408889634f)));
 }
 
 /* ---- Philox4x32-10, as common.c ----------------------------------------- */
@@ -283,6 +310,70 @@ struct chunk_walk {
             chunk -= per_row;
             row++;
         }
+    }
+};
+
+/*
+ * A grid-stride walk over the V-element chunks of a rows x cols tensor
+ * (cols a multiple of V). It keeps the chunk's column and its element
+ * offset in two tensors whose rows lie `stride` and `stride2` elements
+ * apart (an op's output and input, say; the same stride twice costs
+ * nothing, the compiler merges them), and moves them by constants worked
+ * out once, so a step is a few adds and an address needs no multiply
+ * (chunk_walk forms row * stride + chunk for each). I is the offset type:
+ * uint32_t where fits32() allows, which makes each address one
+ * instruction, else size_t.
+ */
+template <typename I> struct tensor_walk {
+    I at, at2, end, col, cols, step_at, step_at2, step_col, wrap, wrap2;
+
+    __device__ tensor_walk(size_t rows, size_t cols_, size_t stride, size_t stride2, unsigned v)
+    {
+        size_t per_row = cols_ / v;
+        size_t g = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+        size_t step = (size_t)gridDim.x * blockDim.x;
+        end = (I)(rows * stride);
+        cols = (I)cols_;
+        wrap = (I)(stride - cols_);
+        wrap2 = (I)(stride2 - cols_);
+        if (per_row == 0) { /* nothing to walk */
+            at = end, at2 = 0, col = 0, step_at = step_at2 = step_col = 0;
+            return;
+        }
+        col = (I)(g % per_row * v);
+        at = (I)(g / per_row * stride) + col;
+        at2 = (I)(g / per_row * stride2) + col;
+        step_col = (I)(step % per_row * v);
+        step_at = (I)(step / per_row * stride) + step_col;
+        step_at2 = (I)(step / per_row * stride2) + step_col;
+    }
+
+    __device__ __forceinline__ bool more() const
+    {
+        return at < end;
+    }
+
+    __device__ __forceinline__ void next()
+    {
+        at += step_at;
+        at2 += step_at2;
+        col += step_col;
+        if (col >= cols) {
+            col -= cols;
+            at += wrap;
+            at2 += wrap2;
+        }
+    }
+
+    /* Whether every offset the walk forms with `threads` threads in all
+     * fits 32 bits: at most (rows + threads / chunks per row + 2) rows of
+     * `stride`, the larger of the two. */
+    static bool fits32(size_t rows, size_t cols, size_t stride, unsigned v, size_t threads)
+    {
+        const size_t lim = (size_t)1 << 32;
+        size_t per_row = cols / v ? cols / v : 1;
+        return rows < lim && stride < lim && threads < lim &&
+               (rows + threads / per_row + 3) * stride < lim;
     }
 };
 
