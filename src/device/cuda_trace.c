@@ -42,6 +42,7 @@ enum {
     ANCHOR_MS = 100,             /* an operation ending this far from the anchor becomes it */
     REANCHOR_MS = 10000,         /* this far (the device idle for long): measure anew */
     ANCHOR_WAIT_NS = 1000000000, /* give up anchoring after this */
+    KERNEL_NAMES = 256,          /* kernels whose names are kept (a power of two) */
 };
 
 typedef struct weft__cuda_timed {
@@ -265,7 +266,7 @@ static bool host_times(weft__stream *s, const timed *op, uint64_t *start, uint64
  * plain name (_Z5k_mixPjjjj: k_mix), one of internal linkage (_ZL4stepv:
  * step), a nested one (_ZN2ns4blurEPf: blur, the last component). Else the
  * name as CUDA gives it. */
-static const char *kernel_name(const void *kernel, char *buf, size_t size)
+static const char *demangled(const void *kernel, char *buf, size_t size)
 {
     const char *name = NULL;
     if (!kernel || cudaFuncGetName(&name, kernel) != cudaSuccess || !name) {
@@ -296,6 +297,43 @@ static const char *kernel_name(const void *kernel, char *buf, size_t size)
     memcpy(buf, last, last_len);
     buf[last_len] = '\0';
     return buf;
+}
+
+/* Kernel names, looked up and demangled once per kernel (kernels live as
+ * long as the process). An open-addressed table read without locks: the
+ * thread that claims a free slot writes the name, then publishes the
+ * kernel; a reader that meets a slot still being written does not wait
+ * but works the name out itself. */
+static struct kernel_slot {
+    _Atomic(const void *) kernel; /* set once name is written */
+    atomic_bool claimed;
+    char name[WEFT__TRACE_NAME];
+} kernel_names[KERNEL_NAMES];
+
+static void name_copy(char *dst, const char *src)
+{
+    size_t n = strnlen(src, WEFT__TRACE_NAME - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+static const char *kernel_name(const void *kernel, char *buf, size_t size)
+{
+    size_t h = (size_t)(((uintptr_t)kernel >> 4) * 0x9e3779b97f4a7c15u >> 32);
+    for (size_t i = 0; i < KERNEL_NAMES; i++) {
+        struct kernel_slot *slot = &kernel_names[(h + i) % KERNEL_NAMES];
+        const void *k = atomic_load_explicit(&slot->kernel, memory_order_acquire);
+        if (k == kernel)
+            return slot->name;
+        if (k)
+            continue;
+        if (atomic_exchange_explicit(&slot->claimed, true, memory_order_relaxed))
+            break; /* being written, maybe for this kernel */
+        name_copy(slot->name, demangled(kernel, buf, size));
+        atomic_store_explicit(&slot->kernel, kernel, memory_order_release);
+        return slot->name;
+    }
+    return demangled(kernel, buf, size); /* full, or busy: not kept */
 }
 
 /* The stream's place in the device's pool: its track in the timeline. */
