@@ -66,9 +66,10 @@ struct weft__stream {
     unsigned timed_head, timed_count, timed_cap;
     cudaEvent_t *timing_spare; /* timing events to record again */
     unsigned ntiming_spare, timing_spare_cap;
-    bool timing_chain;         /* nothing enqueued since the newest timed op's end
-                                * event: the next op may start from it */
-    cudaEvent_t chained_start; /* the end trace_begin reused, until trace_end */
+    bool timing_chain;     /* nothing enqueued since the newest timed op's end
+                            * event: the next op may start from it */
+    bool timed_end_known;  /* timed_end_ns holds the last read-back op's end */
+    uint64_t timed_end_ns; /* host time: where an op chained to it starts */
 };
 
 struct weft__cuda_device {

@@ -6,23 +6,30 @@
  * on the stream with the marker that will cover it (the stream's next
  * sequence number). Operations enqueued back to back share events: one's
  * end is the next one's start (chained), so a run of n operations costs
- * n + 1 event records, not 2n - each a driver call of microseconds. Nothing waits for them: when the task's await has seen
- * that marker complete, trace_collect reads the events back and reports the
- * operation. Events come from, and go back to, a spare list per stream.
+ * n + 1 event records, not 2n - each a driver call of microseconds, more
+ * when threads contend for the driver. Nothing waits for them: when the
+ * task's await has seen that marker complete, trace_collect reads the
+ * events back and reports the operations. Events come from, and go back
+ * to, a spare list per stream.
  *
  * Device time to host time. cudaEventElapsedTime measures between two
  * events only, so each device has an anchor: an event whose host time is
  * known. The first one is recorded on an idle stream of its own and polled
  * until done (once per device, the only wait this file makes); its host time
  * is the middle of the record-to-seen interval, a few microseconds wide.
- * Elapsed times are floats in milliseconds, precise to well under a
- * microsecond up to a second or so: an operation read back more than
- * ANCHOR_MS from the anchor becomes the new anchor, its host time carried
- * over, so precision holds over traces of any length; after a long idle
- * spell (REANCHOR_MS) the anchor is measured anew instead.
+ * Each event is measured from the anchor once: a chained operation starts
+ * at the host time its predecessor's end was given, so a run of n
+ * operations costs n + 1 elapsed-time calls. Operations are read back in
+ * stream order under the stream's lock, which keeps that predecessor's time
+ * at hand. Elapsed times are floats in milliseconds, precise to a few
+ * nanoseconds up to ANCHOR_MS: an operation's end read back further than
+ * that from the anchor becomes the new anchor, its host time carried over,
+ * so precision holds over traces of any length; after a long idle spell
+ * (REANCHOR_MS) the anchor is measured anew instead.
  */
 #ifdef WEFT_HAVE_CUDA
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,42 +39,34 @@
 
 enum {
     COLLECT_BATCH = 32,
-    ANCHOR_MS = 1000,       /* an operation this far from the anchor becomes it */
-    REANCHOR_MS = 10000,    /* this far (the device idle for long): measure anew */
+    ANCHOR_MS = 100,             /* an operation ending this far from the anchor becomes it */
+    REANCHOR_MS = 10000,         /* this far (the device idle for long): measure anew */
     ANCHOR_WAIT_NS = 1000000000, /* give up anchoring after this */
+    KERNEL_NAMES = 256,          /* kernels whose names are kept (a power of two) */
 };
 
 typedef struct weft__cuda_timed {
-    cudaEvent_t start, end;
-    bool chained; /* start is the previous operation's end, which that one owns */
+    cudaEvent_t start; /* NULL: chained, it starts where the previous operation ended */
+    cudaEvent_t end;
     uint64_t seq; /* complete once the stream reaches this marker */
     weft__op_info op;
 } timed;
 
 /* ---- timing events --------------------------------------------------------- */
 
-static cudaEvent_t event_get(weft__stream *s)
+/* A spare event of s, or NULL. Call with s->lock held. */
+static cudaEvent_t spare_take(weft__stream *s)
 {
-    cudaEvent_t ev = NULL;
-    weft__lock_acquire(&s->lock);
-    if (s->ntiming_spare > 0)
-        ev = s->timing_spare[--s->ntiming_spare];
-    weft__lock_release(&s->lock);
-    if (!ev && cudaEventCreate(&ev) != cudaSuccess) {
-        cudaGetLastError();
-        return NULL;
-    }
-    return ev;
+    return s->ntiming_spare > 0 ? s->timing_spare[--s->ntiming_spare] : NULL;
 }
 
-static void event_put(weft__stream *s, cudaEvent_t ev)
+/* Keep ev for recording again. Call with s->lock held. */
+static void spare_give(weft__stream *s, cudaEvent_t ev)
 {
-    weft__lock_acquire(&s->lock);
     if (s->ntiming_spare == s->timing_spare_cap) {
         unsigned cap = s->timing_spare_cap ? 2 * s->timing_spare_cap : 16;
         cudaEvent_t *spare = realloc(s->timing_spare, cap * sizeof *spare);
         if (!spare) {
-            weft__lock_release(&s->lock);
             cudaEventDestroy(ev);
             return;
         }
@@ -75,40 +74,59 @@ static void event_put(weft__stream *s, cudaEvent_t ev)
         s->timing_spare_cap = cap;
     }
     s->timing_spare[s->ntiming_spare++] = ev;
+}
+
+static void event_put(weft__stream *s, cudaEvent_t ev)
+{
+    weft__lock_acquire(&s->lock);
+    spare_give(s, ev);
     weft__lock_release(&s->lock);
 }
 
-/* An event recorded on s now, or NULL (the operation goes untimed). */
-static cudaEvent_t record(weft__stream *s)
+/* ev (a spare, or NULL for a new one) recorded on s now, or NULL: the
+ * operation goes untimed. */
+static cudaEvent_t record(weft__stream *s, cudaEvent_t ev)
 {
-    cudaEvent_t ev = event_get(s);
-    if (ev && cudaEventRecord(ev, s->handle) != cudaSuccess) {
+    if (!ev && cudaEventCreate(&ev) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    if (cudaEventRecord(ev, s->handle) != cudaSuccess) {
         cudaGetLastError();
         event_put(s, ev);
-        ev = NULL;
+        return NULL;
     }
     return ev;
 }
 
 /* ---- bracketing operations ------------------------------------------------- */
 
-/* The newest timed operation's end, if nothing was enqueued since. Call
- * with s->lock held. */
-static cudaEvent_t chain_from(weft__stream *s)
+/* The newest timed operation's end, or NULL. Call with s->lock held. */
+static cudaEvent_t newest_end(const weft__stream *s)
 {
-    if (!s->timing_chain || s->timed_count == 0)
+    if (s->timed_count == 0)
         return NULL;
     return s->timed[(s->timed_head + s->timed_count - 1) % s->timed_cap].end;
 }
+
+/* What trace_begin hands trace_end: the event the operation starts from,
+ * its low bit set when that is the newest timed operation's end (chained:
+ * that operation owns the event). Events are driver objects, aligned. */
+#define CHAINED ((uintptr_t)1)
 
 void *weft__cuda_trace_begin(weft__stream *s)
 {
     if (weft__cuda_use_device(s->dev) != WEFT_OK)
         return NULL;
     weft__lock_acquire(&s->lock);
-    cudaEvent_t start = s->chained_start = chain_from(s);
+    cudaEvent_t chained = s->timing_chain ? newest_end(s) : NULL;
+    cudaEvent_t spare = chained ? NULL : spare_take(s);
     weft__lock_release(&s->lock);
-    return start ? start : record(s);
+    if (chained)
+        return (void *)((uintptr_t)chained | CHAINED);
+    cudaEvent_t start = record(s, spare);
+    assert(((uintptr_t)start & CHAINED) == 0);
+    return start;
 }
 
 /* Room for one more timed operation. Call with s->lock held. */
@@ -131,32 +149,30 @@ static bool timed_reserve(weft__stream *s)
 
 void weft__cuda_trace_end(weft__stream *s, void *begin, const weft__op_info *op)
 {
-    cudaEvent_t start = begin, end;
+    bool chained = (uintptr_t)begin & CHAINED;
+    cudaEvent_t start = (cudaEvent_t)((uintptr_t)begin & ~CHAINED), end;
     if (!start)
         return;
     weft__lock_acquire(&s->lock);
-    bool chained = start == s->chained_start; /* then the previous operation owns it */
-    s->chained_start = NULL;
+    cudaEvent_t spare = spare_take(s);
     weft__lock_release(&s->lock);
-    if (!(end = record(s))) {
-        if (!chained)
-            event_put(s, start);
-        s->timing_chain = false;
-        return;
-    }
+    end = record(s, spare);
     weft__lock_acquire(&s->lock);
-    bool queued = timed_reserve(s);
+    /* A chain holds if start is still the newest end: no other timed
+     * operation was queued since (leases that share a stream) nor read
+     * back. */
+    bool queued = end && (!chained || start == newest_end(s)) && timed_reserve(s);
     if (queued) /* markers after this one are enqueued after both events */
         s->timed[(s->timed_head + s->timed_count++) % s->timed_cap] =
-            (timed){.start = start, .end = end, .chained = chained, .seq = s->marked + 1,
-                    .op = *op};
+            (timed){.start = chained ? NULL : start, .end = end, .seq = s->marked + 1, .op = *op};
+    else {
+        if (!chained)
+            spare_give(s, start);
+        if (end)
+            spare_give(s, end);
+    }
     s->timing_chain = queued;
     weft__lock_release(&s->lock);
-    if (!queued) {
-        if (!chained)
-            event_put(s, start);
-        event_put(s, end);
-    }
 }
 
 /* ---- reading back ---------------------------------------------------------- */
@@ -198,41 +214,59 @@ static bool anchor_create(weft__cuda_device *dev)
     return true;
 }
 
-/* Host times of op's events. May keep op->start as the new anchor (then
- * *kept is set and the caller must not reuse it). */
-static bool host_times(weft__cuda_device *dev, const timed *op, uint64_t *start, uint64_t *end,
-                       bool *kept)
+/* ms from the anchor to ev, measured anew when the anchor is too far. Call
+ * with anchor_lock held. */
+static bool from_anchor(weft__cuda_device *dev, cudaEvent_t ev, float *ms)
 {
-    float from_anchor, length;
-    bool ok = false;
-    *kept = false;
-    weft__lock_acquire(&dev->anchor_lock);
-    bool anchored = dev->anchor || anchor_create(dev);
-    if (anchored && cudaEventElapsedTime(&from_anchor, dev->anchor, op->start) == cudaSuccess &&
-        fabsf(from_anchor) > REANCHOR_MS) /* floats this large are coarse: measure anew */
-        anchored = anchor_create(dev);
-    if (anchored && cudaEventElapsedTime(&from_anchor, dev->anchor, op->start) == cudaSuccess &&
-        cudaEventElapsedTime(&length, op->start, op->end) == cudaSuccess) {
-        *start = dev->anchor_ns + (uint64_t)llroundf(from_anchor * 1e6f);
-        *end = *start + (length > 0 ? (uint64_t)llroundf(length * 1e6f) : 0);
-        if (fabsf(from_anchor) > ANCHOR_MS && !op->chained) {
-            cudaEventDestroy(dev->anchor);
-            dev->anchor = op->start;
-            dev->anchor_ns = *start;
-            *kept = true;
-        }
-        ok = true;
-    }
+    if (!dev->anchor && !anchor_create(dev))
+        return false;
+    if (cudaEventElapsedTime(ms, dev->anchor, ev) != cudaSuccess)
+        return false;
+    if (fabsf(*ms) <= REANCHOR_MS) /* farther, floats are coarse */
+        return true;
+    return anchor_create(dev) && cudaEventElapsedTime(ms, dev->anchor, ev) == cudaSuccess;
+}
+
+static uint64_t host_time(const weft__cuda_device *dev, float ms)
+{
+    return dev->anchor_ns + (uint64_t)llround((double)ms * 1e6);
+}
+
+/* Host times of op, in stream order: a chained op starts at the host time
+ * its predecessor's end was given (s->timed_end_ns). *ok: the times are
+ * known. Returns true when op->end became the new anchor: then the caller
+ * must not reuse it. Call with s->lock and anchor_lock held. */
+static bool host_times(weft__stream *s, const timed *op, uint64_t *start, uint64_t *end, bool *ok)
+{
+    weft__cuda_device *dev = s->dev;
+    float ms_start = 0, ms_end;
+    bool after_known = s->timed_end_known;
+    bool measured =
+        from_anchor(dev, op->end, &ms_end) &&
+        (!op->start || cudaEventElapsedTime(&ms_start, dev->anchor, op->start) == cudaSuccess);
     cudaGetLastError();
-    weft__lock_release(&dev->anchor_lock);
-    return ok;
+    *ok = measured && (op->start || after_known);
+    s->timed_end_known = measured;
+    if (!measured)
+        return false;
+    *end = host_time(dev, ms_end);
+    *start = op->start ? host_time(dev, ms_start) : s->timed_end_ns;
+    if (*start > *end)
+        *start = *end;
+    s->timed_end_ns = *end;
+    if (fabsf(ms_end) <= ANCHOR_MS)
+        return false;
+    cudaEventDestroy(dev->anchor);
+    dev->anchor = op->end;
+    dev->anchor_ns = *end;
+    return true;
 }
 
 /* A kernel's name without its C++ mangling, for the common shapes: a
  * plain name (_Z5k_mixPjjjj: k_mix), one of internal linkage (_ZL4stepv:
  * step), a nested one (_ZN2ns4blurEPf: blur, the last component). Else the
  * name as CUDA gives it. */
-static const char *kernel_name(const void *kernel, char *buf, size_t size)
+static const char *demangled(const void *kernel, char *buf, size_t size)
 {
     const char *name = NULL;
     if (!kernel || cudaFuncGetName(&name, kernel) != cudaSuccess || !name) {
@@ -265,57 +299,114 @@ static const char *kernel_name(const void *kernel, char *buf, size_t size)
     return buf;
 }
 
+/* Kernel names, looked up and demangled once per kernel (kernels live as
+ * long as the process). An open-addressed table read without locks: the
+ * thread that claims a free slot writes the name, then publishes the
+ * kernel; a reader that meets a slot still being written does not wait
+ * but works the name out itself. */
+static struct kernel_slot {
+    _Atomic(const void *) kernel; /* set once name is written */
+    atomic_bool claimed;
+    char name[WEFT__TRACE_NAME];
+} kernel_names[KERNEL_NAMES];
+
+static void name_copy(char *dst, const char *src)
+{
+    size_t n = strnlen(src, WEFT__TRACE_NAME - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+static const char *kernel_name(const void *kernel, char *buf, size_t size)
+{
+    size_t h = (size_t)(((uintptr_t)kernel >> 4) * 0x9e3779b97f4a7c15u >> 32);
+    for (size_t i = 0; i < KERNEL_NAMES; i++) {
+        struct kernel_slot *slot = &kernel_names[(h + i) % KERNEL_NAMES];
+        const void *k = atomic_load_explicit(&slot->kernel, memory_order_acquire);
+        if (k == kernel)
+            return slot->name;
+        if (k)
+            continue;
+        if (atomic_exchange_explicit(&slot->claimed, true, memory_order_relaxed))
+            break; /* being written, maybe for this kernel */
+        name_copy(slot->name, demangled(kernel, buf, size));
+        atomic_store_explicit(&slot->kernel, kernel, memory_order_release);
+        return slot->name;
+    }
+    return demangled(kernel, buf, size); /* full, or busy: not kept */
+}
+
 /* The stream's place in the device's pool: its track in the timeline. */
 static unsigned stream_index(const weft__stream *s)
 {
     return (unsigned)((s->flag - s->dev->flags) / WEFT__CUDA_FLAG_STRIDE);
 }
 
-static void report(weft__stream *s, const timed *op)
+typedef struct read_back {
+    timed op;
+    uint64_t start, end;
+} read_back;
+
+static void report(weft__trace *tr, weft__stream *s, const read_back *r)
+{
+    char buf[64];
+    const char *name =
+        r->op.op.kind == WEFT__OP_KERNEL ? kernel_name(r->op.op.kernel, buf, sizeof buf) : NULL;
+    weft__trace_op(tr, s->dev->base.index, stream_index(s), r->op.op.kind, name, r->op.op.bytes,
+                   r->op.op.task, r->start, r->end);
+}
+
+/* Read back the complete operations at the head of the ring, up to a batch,
+ * their events going back to the spares; n: how many were taken off. */
+static unsigned read_batch(weft__stream *s, bool recording, read_back *done, unsigned *n)
 {
     weft__cuda_device *dev = s->dev;
-    weft__trace *tr = dev->base.trace;
-    uint64_t start, end;
-    bool kept = false;
-    if (tr && weft__trace_recording(tr) && host_times(dev, op, &start, &end, &kept)) {
-        char buf[64];
-        const char *name = op->op.kind == WEFT__OP_KERNEL
-                               ? kernel_name(op->op.kernel, buf, sizeof buf)
-                               : NULL;
-        weft__trace_op(tr, dev->base.index, stream_index(s), op->op.kind, name, op->op.bytes,
-                       op->op.task, start, end);
+    unsigned taken = 0;
+    *n = 0;
+    weft__lock_acquire(&s->lock);
+    if (recording)
+        weft__lock_acquire(&dev->anchor_lock);
+    while (taken < COLLECT_BATCH && s->timed_count > 0) {
+        timed *op = &s->timed[s->timed_head];
+        if (!weft__cuda_reached(s, op->seq))
+            break;
+        read_back *r = &done[*n];
+        bool ok = false, kept = recording && host_times(s, op, &r->start, &r->end, &ok);
+        if (ok)
+            r->op = *op, ++*n;
+        if (!recording)
+            s->timed_end_known = false;
+        if (op->start)
+            spare_give(s, op->start);
+        if (!kept)
+            spare_give(s, op->end);
+        s->timed_head = (s->timed_head + 1) % s->timed_cap;
+        s->timed_count--;
+        taken++;
     }
-    if (!kept && !op->chained)
-        event_put(s, op->start);
-    event_put(s, op->end);
+    if (recording)
+        weft__lock_release(&dev->anchor_lock);
+    weft__lock_release(&s->lock);
+    return taken;
 }
 
 void weft__cuda_trace_collect(weft__stream *s)
 {
-    timed done[COLLECT_BATCH];
-    unsigned n;
+    weft__trace *tr = s->dev->base.trace;
+    read_back done[COLLECT_BATCH];
+    unsigned taken, n;
     do {
-        n = 0;
-        weft__lock_acquire(&s->lock);
-        while (n < COLLECT_BATCH && s->timed_count > 0) {
-            timed *op = &s->timed[s->timed_head];
-            if (!weft__cuda_reached(s, op->seq))
-                break;
-            done[n++] = *op;
-            s->timed_head = (s->timed_head + 1) % s->timed_cap;
-            s->timed_count--;
-        }
-        weft__lock_release(&s->lock);
+        taken = read_batch(s, tr && weft__trace_recording(tr), done, &n);
         for (unsigned i = 0; i < n; i++)
-            report(s, &done[i]);
-    } while (n == COLLECT_BATCH);
+            report(tr, s, &done[i]);
+    } while (taken == COLLECT_BATCH);
 }
 
 void weft__cuda_trace_stream_fini(weft__stream *s)
 {
     for (unsigned i = 0; i < s->timed_count; i++) {
         timed *op = &s->timed[(s->timed_head + i) % s->timed_cap];
-        if (!op->chained) /* else it is the previous one's end */
+        if (op->start) /* else it is the previous one's end */
             cudaEventDestroy(op->start);
         cudaEventDestroy(op->end);
     }
