@@ -168,11 +168,10 @@ typedef enum weft_rope_layout {
  *   (x, y) -> (x cos - y sin, x sin + y cos).
  * head_dim is even; base > 0 and finite (10000 is usual); q_stride >=
  * q_heads * head_dim. k may be NULL with k_heads 0 to rotate Q alone.
- * The angle is formed and reduced to one turn in double, since an fp32
- * angle at position 10^5 would be off by 10^-2 radians; the host then takes
- * its sine and cosine in double and rounds them to fp32, the kernels take
- * them from the reduced angle in fp32, within 5e-7. The rotation itself is
- * fp32.
+ * The angle and its sine and cosine are computed in double and rounded to
+ * fp32, since an fp32 angle at position 10^5 would be off by 10^-2 radians;
+ * the rotation itself is fp32. The kernels must keep that accuracy (e.g. a
+ * table built on the host).
  * NaN/Inf: IEEE arithmetic per pair; a non-finite element affects only its
  * own pair. */
 int weft_rope(void *stream, weft_dtype dtype, weft_rope_layout layout, void *q, size_t q_heads,

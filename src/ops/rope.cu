@@ -3,22 +3,16 @@
  * the checks and the host reference).
  *
  * Design: a work item is (token, chunk of pairs, slice of heads). Its
- * thread computes the chunk's angles once and applies them to every head
- * of the slice, Q's heads then K's, reading and writing each element once,
- * in place. Slices are only as many as it takes to give the GPU enough
- * threads when tokens are few, so a small call is many short threads
- * rather than a few long ones. Consecutive threads take consecutive
- * chunks of a head, so each access of a warp is contiguous.
- *
- * Angles: the host forms pos * base^(-2i/d) in double and takes its sine
- * and cosine in double, since fp32 would lose 1e-2 radians at position
- * 1e5. Double sincos is long (and pow longer), which made a call of one
- * token a chain of microseconds. Here only the part that needs double is
- * done in double: the frequency, base^(-2i/d) / 2 pi, is 2^(i c) for the
- * chunk's first pair and one multiply by 2^c for each next one (c from
- * the host); the angle in turns is reduced to [-1/2, 1/2] in double; the
- * sine and cosine of that fraction come from the special function unit,
- * within 4e-7 (the tests allow 1e-5 of the row's largest element).
+ * thread computes the chunk's angles once - pow and sincos in double, as
+ * the host does, so positions in the hundreds of thousands keep fp32
+ * accuracy - and applies them to every head of the slice, Q's heads then
+ * K's, reading and writing each element once, in place. The double
+ * precision work is paid once per (token, pair, slice) and shared by the
+ * slice's heads; slices are only as many as it takes to give the GPU
+ * enough threads when tokens are few. Consecutive threads take consecutive
+ * chunks of a head, so each access of a warp is contiguous. The rotation
+ * is rounded as on the host (no fused multiply-adds), so results match the
+ * host's bit for bit whenever the double sine and cosine round alike.
  *
  * Chunks: with 16-byte access, V elements of a head (V/2 interleaved
  * pairs), or V pairs of the split-halves layout (a vector from each half);
@@ -38,9 +32,7 @@ template <typename T> struct rope_params {
     size_t q_heads, q_stride, k_heads, k_stride, tokens, head_dim;
     size_t slices, heads_per_slice, chunks; /* chunks per head */
     const int32_t *positions;
-    /* c = -2 log2(base) / head_dim: pair i turns 2^(i c) / 2 pi a position */
-    double log2_ratio;
-    double ratio; /* 2^c */
+    double base;
     bool halves;
 };
 
@@ -52,75 +44,83 @@ __device__ __forceinline__ void rotate(float &x, float &y, float sn, float cs)
     y = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
 }
 
-/* sin and cos of the angles of pairs first, first + 1, ... at position
- * pos (see the top of the file). */
-template <typename T, int CP>
-__device__ __forceinline__ void chunk_angles(const rope_params<T> &p, int32_t pos, size_t first,
-                                             float (&sn)[CP], float (&cs)[CP])
+/* sin and cos of pair i's angle at position pos, in double, as the host. */
+template <typename T>
+__device__ __forceinline__ void pair_angle(const rope_params<T> &p, int32_t pos, size_t i,
+                                           float &sn, float &cs)
 {
-    double freq = exp2((double)first * p.log2_ratio) * 0.15915494309189534; /* turns */
-#pragma unroll
-    for (int m = 0; m < CP; m++) {
-        double turns = (double)pos * freq;
-        float frac = (float)(turns - rint(turns));
-        __sincosf(frac * 6.2831853071795865f, &sn[m], &cs[m]);
-        freq *= p.ratio;
-    }
+    double inv_freq = pow(p.base, -2.0 * (double)i / (double)p.head_dim);
+    double s, c;
+    sincos((double)pos * inv_freq, &s, &c);
+    sn = (float)s;
+    cs = (float)c;
 }
 
-/* One chunk of one head: CP pairs, held as loaded and converted to fp32
- * only to be turned, so that half types take half the registers while
- * the angles are worked out. Split halves: V elements from each half,
- * pair m = (lo[m], hi[m]); interleaved: 2 CP consecutive elements, pair
- * m = (lo[2m], lo[2m + 1]). V = 1 is the element-by-element path (CP = 1,
- * a pair as lo and hi in either layout). */
+/* One chunk of one head: CP pairs, held as fp32. Split halves: V
+ * elements from each half, pair m = (x[m], x[V + m]); interleaved: 2 CP
+ * consecutive elements, pair m = (x[2m], x[2m + 1]). V = 1 is the
+ * element-by-element path (CP = 1). */
 template <typename T, int V, int CP, bool HALVES> struct rope_chunk {
-    static constexpr bool SPLIT = HALVES || V == 1; /* a pair is (lo[m], hi[m]) */
-    static constexpr int W = SPLIT ? V : 2 * CP;    /* elements per access */
-    vec<T, W> lo, hi;
-
-    __device__ __forceinline__ static const vec<T, W> *at(const T *p)
-    {
-        return reinterpret_cast<const vec<T, W> *>(p);
-    }
+    static constexpr int N = HALVES ? 2 * V : 2 * CP;
+    float x[N];
 
     __device__ __forceinline__ void load(const T *head, size_t first_pair, size_t half)
     {
         if (HALVES) {
-            lo = *at(head + first_pair);
-            hi = *at(head + first_pair + half);
-        } else if (V == 1) {
-            lo = *at(head + 2 * first_pair);
-            hi = *at(head + 2 * first_pair + 1);
+            const T *lo = head + first_pair;
+            float a[V], b[V];
+            load_vec<T, V>(a, lo);
+            load_vec<T, V>(b, lo + half);
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                x[e] = a[e];
+                x[V + e] = b[e];
+            }
+        } else if (V > 1) {
+            float a[2 * CP];
+            load_vec<T, 2 * CP>(a, head + 2 * first_pair);
+#pragma unroll
+            for (int e = 0; e < 2 * CP; e++)
+                x[e] = a[e];
         } else {
-            lo = *at(head + 2 * first_pair);
+            x[0] = to_f32(head[2 * first_pair]);
+            x[1] = to_f32(head[2 * first_pair + 1]);
         }
     }
 
     __device__ __forceinline__ void turn(const float (&sn)[CP], const float (&cs)[CP])
     {
-        float a[W], b[W];
-        load_vec<T, W>(a, lo.e);
-        if (SPLIT)
-            load_vec<T, W>(b, hi.e);
 #pragma unroll
         for (int m = 0; m < CP; m++) {
-            if (SPLIT)
-                rotate(a[m], b[m], sn[m], cs[m]);
+            if (HALVES)
+                rotate(x[m], x[V + m], sn[m], cs[m]);
             else
-                rotate(a[2 * m], a[2 * m + 1], sn[m], cs[m]);
+                rotate(x[2 * m], x[2 * m + 1], sn[m], cs[m]);
         }
-        store_vec<T, W>(lo.e, a);
-        if (SPLIT)
-            store_vec<T, W>(hi.e, b);
     }
 
     __device__ __forceinline__ void store(T *head, size_t first_pair, size_t half) const
     {
-        T *p = head + (HALVES ? first_pair : 2 * first_pair);
-        *reinterpret_cast<vec<T, W> *>(p) = lo;
-        if (SPLIT)
-            *reinterpret_cast<vec<T, W> *>(p + (HALVES ? half : 1)) = hi;
+        if (HALVES) {
+            T *lo = head + first_pair;
+            float a[V], b[V];
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                a[e] = x[e];
+                b[e] = x[V + e];
+            }
+            store_vec<T, V>(lo, a);
+            store_vec<T, V>(lo + half, b);
+        } else if (V > 1) {
+            float a[2 * CP];
+#pragma unroll
+            for (int e = 0; e < 2 * CP; e++)
+                a[e] = x[e];
+            store_vec<T, 2 * CP>(head + 2 * first_pair, a);
+        } else {
+            head[2 * first_pair] = from_f32<T>(x[0]);
+            head[2 * first_pair + 1] = from_f32<T>(x[1]);
+        }
     }
 };
 
@@ -135,10 +135,7 @@ __device__ __forceinline__ T *head_at(const rope_params<T> &p, size_t t, size_t 
 /* CP pairs per chunk; V elements per access. Two heads a step, both
  * loaded before either is stored, so that each thread has two heads'
  * loads in flight (the compiler cannot move a load above a store that
- * might alias it). The first head is loaded before the angles are worked
- * out, so that a short call (a head a thread) waits for memory and the
- * arithmetic at once rather than one after the other; a second one would
- * hold too many registers meanwhile. */
+ * might alias it). */
 template <typename T, int V, int CP, bool HALVES>
 __global__ void __launch_bounds__(256, 3) rope_kernel(rope_params<T> p)
 {
@@ -146,18 +143,19 @@ __global__ void __launch_bounds__(256, 3) rope_kernel(rope_params<T> p)
     for (chunk_walk w(p.tokens * p.slices, p.chunks); w.more(); w.next()) {
         size_t t = w.row / p.slices, slice = w.row % p.slices;
         size_t first_pair = w.chunk * CP;
-        /* every slice has a head: slices = ceil(all / heads_per_slice) */
+        float sn[CP], cs[CP];
+#pragma unroll
+        for (int m = 0; m < CP; m++)
+            pair_angle(p, p.positions[t], first_pair + m, sn[m], cs[m]);
+
         size_t h = slice * p.heads_per_slice, end = h + p.heads_per_slice;
         if (end > all)
             end = all;
-
-        rope_chunk<T, V, CP, HALVES> c0, c1;
-        bool two = h + 1 < end;
-        T *head0 = head_at(p, t, h), *head1 = two ? head_at(p, t, h + 1) : nullptr;
-        c0.load(head0, first_pair, half);
-        float sn[CP], cs[CP];
-        chunk_angles<T, CP>(p, p.positions[t], first_pair, sn, cs);
-        for (;;) {
+        for (; h < end; h += 2) {
+            const bool two = h + 1 < end;
+            rope_chunk<T, V, CP, HALVES> c0, c1;
+            T *head0 = head_at(p, t, h), *head1 = two ? head_at(p, t, h + 1) : nullptr;
+            c0.load(head0, first_pair, half);
             if (two)
                 c1.load(head1, first_pair, half);
             c0.turn(sn, cs);
@@ -166,12 +164,6 @@ __global__ void __launch_bounds__(256, 3) rope_kernel(rope_params<T> p)
                 c1.turn(sn, cs);
                 c1.store(head1, first_pair, half);
             }
-            if ((h += 2) >= end)
-                break;
-            two = h + 1 < end;
-            head0 = head_at(p, t, h);
-            head1 = two ? head_at(p, t, h + 1) : nullptr;
-            c0.load(head0, first_pair, half);
         }
     }
 }
@@ -207,8 +199,7 @@ template <typename T> int launch(cudaStream_t stream, const weft__rope_args *a)
     p.tokens = a->tokens;
     p.head_dim = a->head_dim;
     p.positions = a->positions;
-    p.log2_ratio = -2.0 * log2(a->base) / (double)a->head_dim;
-    p.ratio = exp2(p.log2_ratio);
+    p.base = a->base;
     p.halves = a->layout == WEFT_ROPE_HALVES;
 
     constexpr int V = vec16<T>();

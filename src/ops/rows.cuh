@@ -5,30 +5,34 @@
  *
  * Why this design: LayerNorm, RMSNorm and softmax need statistics of the
  * whole row before they can write any of it. Reading the row once means
- * keeping it on chip between the statistics and the writes, and reaching
- * the copy rate means keeping enough loads in flight while blocks sit in
- * their reductions. Two ways of keeping the row, both with the same
- * layout (vector k of thread t of a row's TPR threads at (k * TPR + t) * V,
- * so each load of a warp is one contiguous 512-byte run):
+ * keeping it on chip between the statistics and the writes; reaching the
+ * copy rate then depends mostly on what each element costs in
+ * instructions (the H200 issues ~36 per element of a bf16 op at the copy
+ * rate, reductions and bookkeeping included). Three ways of keeping the
+ * row, all with the same layout (vector k of thread t of a row's TPR
+ * threads at (k * TPR + t) * V, so each load of a warp is one contiguous
+ * 512-byte run):
  *
- *  - staged: the row goes to shared memory with cp.async (below). Loads in
- *    flight cost no registers, so an SM holds ~200 KB of rows in flight.
- *    The main path, for 16-byte aligned tensors and rows that fit 8 blocks
- *    of STAGED_BLOCK_BYTES.
- *  - in registers: each thread holds VPT vectors as fp32 (at most 16
- *    values, so that 64 registers hold them with no spills and two
- *    512-thread blocks stay resident an SM). For unaligned tensors (one
- *    element a vector) and rows too long to stage; there a row's blocks
- *    loop over tiles of their segment and read them again for each pass
- *    (from L2 mostly: a cluster's segment is small next to the 50 MB L2).
+ *  - held (below): each thread loads all of its VPT vectors at once, VPT a
+ *    template parameter, and keeps them as fp32 (up to 32 values). The
+ *    main path, for 16-byte aligned tensors and rows up to 131072 elements.
+ *  - staged: the row goes to shared memory with cp.async. Loads in flight
+ *    cost no registers, but every pass re-reads and converts shared memory
+ *    in run-time loops; kept as a benchmark variant (bench/ops/), which it
+ *    lost to held by 1.5-2x.
+ *  - register tiles: each thread holds VPT vectors as fp32 (at most 16
+ *    values). For unaligned tensors (one element a vector) and rows too
+ *    long to hold; there a row's blocks loop over tiles of their segment
+ *    and read them again for each pass (from L2 mostly: a cluster's
+ *    segment is small next to the 50 MB L2).
  *
- * The row size picks the layout, for both:
+ * The row size picks the layout, for all three:
  *
  *   short rows                 a warp per row, 8 rows a block, shuffles
  *                              only, no barriers
  *   medium rows (to ~16K)      a block per row (64..512 threads), warps
  *                              combined in shared memory
- *   long rows (65536 and up)   a cluster of C <= 8 blocks per row
+ *   long rows                  a cluster of C <= 8 blocks per row
  *                              (Hopper), each block keeping its segment;
  *                              block results meet through distributed
  *                              shared memory, the row still read once
@@ -165,12 +169,13 @@ static inline bool plan_held(size_t cols, int V, row_plan *p)
         p->vpt = (unsigned)pow2_at_least((nvec + threads - 1) / threads);
         return true;
     }
-    /* long rows: the cluster that gives ~16 values a thread, else 8 blocks
-     * with up to 32 */
+    /* long rows: the fewest blocks that hold the row with up to 32 values
+     * a thread (measured: a cluster's synchronisation costs more than the
+     * longer passes) */
     p->tpr = 512;
-    for (size_t c = 2; c <= 8; c *= 2) {
+    for (size_t c = 1; c <= 8; c *= 2) {
         size_t vpt = pow2_at_least((nvec + 512 * c - 1) / (512 * c));
-        if (vpt <= want || (c == 8 && vpt <= most)) {
+        if (vpt <= most) {
             p->cluster = (unsigned)c;
             p->vpt = (unsigned)vpt;
             return true;
