@@ -463,8 +463,9 @@ def run(torch, lib, args):
                 w = torch.randn(c, device="cuda", dtype=dt)
                 b = torch.randn(c, device="cuda", dtype=dt)
                 P, s = ctypes.c_void_p, cur_stream
-                for v in ("lib", "held_narrow", "held_wide", "staged", "regs", "regs_half",
-                          "regs_double", "regs_flat"):
+                lib_out = {}
+                for v in ("lib", "held_prefetch", "held_narrow", "held_wide", "staged", "regs",
+                          "regs_half", "regs_double", "regs_flat"):
                     for kern in ("softmax", "layernorm"):
                         if kern == "softmax" and v == "lib":
                             fn = (lambda: lib.weft_softmax(
@@ -483,6 +484,18 @@ def run(torch, lib, args):
                         nbytes = (2 * r * c + (0 if kern == "softmax" else 2 * c)) * es
                         if fn() != 0:
                             continue  # the variant does not apply to this shape
+                        # a variant is timed only if it computes what the library does
+                        if v == "lib":
+                            lib_out[kern] = y.float().clone()
+                        elif kern in lib_out:
+                            want = lib_out[kern]
+                            err = (y.float() - want).abs().max().item()
+                            if not err <= (2e-2 if dtype_name != "f32" else 1e-4) * \
+                                    max(want.abs().max().item(), 1e-30):
+                                failures.append("variant %s %s %s %dx%d: differs from the "
+                                                "library by %.3g" % (kern, v, dtype_name, r, c,
+                                                                     err))
+                                continue
                         t = time_per_call(torch, fn, reps)
                         tbps = nbytes / t / 1e12
                         emit("ops.variant.%s.%s.%s.%dx%d.tbps" % (kern, v, dtype_name, r, c),

@@ -4,17 +4,18 @@
  * measured against. Built into libweft_ops_bench.so with all of weft.
  *
  * The library holds aligned rows in registers (the held kernels) where it
- * can; these run the held kernels under other plans (held_narrow,
- * held_wide: see held_variant_plan), the shared-memory staged kernels
- * (staged), and its register-tile row kernels (softmax, LayerNorm) on
- * the same shapes, under rows.cuh's plan_rows and changes of it:
+ * can; these run the held kernels under other plans (held_prefetch,
+ * held_narrow, held_wide: see held_variant_plan), the shared-memory
+ * staged kernels (staged), and its register-tile row kernels (softmax,
+ * LayerNorm) on the same shapes, under rows.cuh's plan_rows and changes
+ * of it:
  *   regs         plan_rows: 16 values a thread
  *   regs_half    8 values a thread: twice the threads per row
  *   regs_double  32 values a thread: half the threads (the compiler spills)
  *   regs_flat    a row spread over one block that loops over its tiles
  *                instead of a cluster (the later passes re-read from L2)
  * and bias+GELU+residual runs with libm's erfcf in place of the library's
- * polynomial, which is what the polynomial buys.
+ * activation, which is what the activation's own fit buys.
  *
  * Each entry point returns a weft status; WEFT_EINVAL means the variant
  * does not apply to that shape (the script leaves it out).
@@ -75,37 +76,31 @@ bool variant_plan(const char *variant, size_t cols, int V, row_plan *p)
     return false;
 }
 
-/* The held kernels (the library's main path) under other plans:
- *   held_narrow  half the values a thread, twice the threads
- *   held_wide    twice the values a thread (up to 32), half the threads
+/* The held kernels (the library's main path, a block for every row)
+ * under other plans, from the library's `values` a thread:
+ *   held_prefetch  the library's plan at up to 16 values a thread,
+ *                  launched as enough blocks to fill the GPU once, each
+ *                  going through many rows and loading the next while it
+ *                  reduces and writes the current one
+ *   held_narrow    half the values a thread, twice the threads
+ *   held_wide      twice the values a thread (up to 32), half the threads
  * and the shared-memory staged kernels they replaced (`staged`). false
- * when the variant does not apply. */
-bool held_variant_plan(const char *variant, size_t cols, int V, row_plan *p)
+ * when the variant does not apply; *prefetch says which kernel to run. */
+bool held_variant_plan(const char *variant, size_t cols, int V, unsigned values, row_plan *p,
+                       bool *prefetch)
 {
-    if (!plan_held(cols, V, p))
-        return false;
-    if (strcmp(variant, "held_narrow") == 0) {
-        if (p->vpt < 2 || p->tpr == 32 || (p->tpr == 512 && p->cluster == 8))
+    *prefetch = false;
+    if (strcmp(variant, "held_prefetch") == 0) {
+        if (!plan_held(cols, V, values < HELD_PREFETCH_VALUES ? values : HELD_PREFETCH_VALUES, p))
             return false;
-        p->vpt /= 2;
-        if (p->tpr < 512)
-            p->tpr *= 2;
-        else
-            p->cluster *= 2;
+        *prefetch = true;
+        p->groups = held_groups(*p);
         return true;
     }
-    if (strcmp(variant, "held_wide") == 0) {
-        if (p->vpt * 2 * V > HELD_MAX_VALUES || p->tpr == 32)
-            return false;
-        p->vpt *= 2;
-        if (p->cluster > 1)
-            p->cluster /= 2;
-        else if (p->tpr > 64)
-            p->tpr /= 2;
-        else
-            return false;
-        return true;
-    }
+    if (strcmp(variant, "held_narrow") == 0)
+        return values / 2 >= (unsigned)V && plan_held(cols, V, values / 2, p);
+    if (strcmp(variant, "held_wide") == 0)
+        return values * 2 <= HELD_MAX_VALUES && plan_held(cols, V, values * 2, p);
     return false;
 }
 
@@ -162,8 +157,11 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
                    ? launch_rows("softmax variant", s, plan, rows,
                                  softmax_staged_kernel<T, false>, p, (size_t)plan.vpt)
                    : WEFT_EINVAL;
-    if (held_variant_plan(variant, cols, V, &plan))
-        return run_held("softmax variant", s, plan, p, softmax_held_for<T, false>(plan.vpt));
+    bool prefetch;
+    if (held_variant_plan(variant, cols, V, 32, &plan, &prefetch))
+        return run_held("softmax variant", s, plan, p,
+                        prefetch ? softmax_held_for<T, false, true>(plan.vpt)
+                                 : softmax_held_for<T, false, false>(plan.vpt));
     if (!variant_plan(variant, cols, V, &plan))
         return WEFT_EINVAL;
     return run_plan<T, V, softmax_params<T>, softmax_k>("softmax variant", s, plan, p);
@@ -185,8 +183,11 @@ int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void
                    ? launch_rows("layernorm variant", s, plan, rows, norm_staged_kernel<T, false>,
                                  p, (size_t)plan.vpt)
                    : WEFT_EINVAL;
-    if (held_variant_plan(variant, cols, V, &plan))
-        return run_held("layernorm variant", s, plan, p, norm_held_for<T, NORM_LAYER>(plan.vpt));
+    bool prefetch;
+    if (held_variant_plan(variant, cols, V, 16, &plan, &prefetch))
+        return run_held("layernorm variant", s, plan, p,
+                        prefetch ? norm_held_for<T, NORM_LAYER, true>(plan.vpt)
+                                 : norm_held_for<T, NORM_LAYER, false>(plan.vpt));
     if (!variant_plan(variant, cols, V, &plan))
         return WEFT_EINVAL;
     return run_plan<T, V, norm_params<T>, norm_k>("layernorm variant", s, plan, p);

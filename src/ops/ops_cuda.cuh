@@ -448,7 +448,7 @@ __device__ __forceinline__ R row_reduce(R v, Op op, reduce_scratch<R> &s, unsign
     if (lane == 0)
         s.warp[threadIdx.x / 32] = v;
     __syncthreads();
-    v = s.warp[lane % warps];
+    v = s.warp[lane & (warps - 1)];
     for (unsigned m = warps / 2; m >= 1; m >>= 1)
         v = combine(op, v, shfl_xor(v, (int)m));
     if (cluster == 1) {
