@@ -464,8 +464,8 @@ def run(torch, lib, args):
                 b = torch.randn(c, device="cuda", dtype=dt)
                 P, s = ctypes.c_void_p, cur_stream
                 lib_out = {}
-                for v in ("lib", "held_prefetch", "held_narrow", "held_wide", "staged", "regs",
-                          "regs_half", "regs_double", "regs_flat"):
+                for v in ("lib", "held_narrow", "held_wide", "staged", "regs", "regs_half",
+                          "regs_double", "regs_flat"):
                     for kern in ("softmax", "layernorm"):
                         if kern == "softmax" and v == "lib":
                             fn = (lambda: lib.weft_softmax(

@@ -4,8 +4,8 @@
  * measured against. Built into libweft_ops_bench.so with all of weft.
  *
  * The library holds aligned rows in registers (the held kernels) where it
- * can; these run the held kernels under other plans (held_prefetch,
- * held_narrow, held_wide: see held_variant_plan), the shared-memory
+ * can; these run the held kernels under other plans (held_narrow,
+ * held_wide: see held_variant_plan), the shared-memory
  * staged kernels (staged), and its register-tile row kernels (softmax,
  * LayerNorm) on the same shapes, under rows.cuh's plan_rows and changes
  * of it:
@@ -76,27 +76,14 @@ bool variant_plan(const char *variant, size_t cols, int V, row_plan *p)
     return false;
 }
 
-/* The held kernels (the library's main path, a block for every row)
- * under other plans, from the library's `values` a thread:
- *   held_prefetch  the library's plan at up to 16 values a thread,
- *                  launched as enough blocks to fill the GPU once, each
- *                  going through many rows and loading the next while it
- *                  reduces and writes the current one
- *   held_narrow    half the values a thread, twice the threads
- *   held_wide      twice the values a thread (up to 32), half the threads
+/* The held kernels (the library's main path) under other plans, from the
+ * library's `values` a thread:
+ *   held_narrow  half the values a thread, twice the threads
+ *   held_wide    twice the values a thread (up to 32), half the threads
  * and the shared-memory staged kernels they replaced (`staged`). false
- * when the variant does not apply; *prefetch says which kernel to run. */
-bool held_variant_plan(const char *variant, size_t cols, int V, unsigned values, row_plan *p,
-                       bool *prefetch)
+ * when the variant does not apply. */
+bool held_variant_plan(const char *variant, size_t cols, int V, unsigned values, row_plan *p)
 {
-    *prefetch = false;
-    if (strcmp(variant, "held_prefetch") == 0) {
-        if (!plan_held(cols, V, values < HELD_PREFETCH_VALUES ? values : HELD_PREFETCH_VALUES, p))
-            return false;
-        *prefetch = true;
-        p->groups = held_groups(*p);
-        return true;
-    }
     if (strcmp(variant, "held_narrow") == 0)
         return values / 2 >= (unsigned)V && plan_held(cols, V, values / 2, p);
     if (strcmp(variant, "held_wide") == 0)
@@ -157,11 +144,8 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
                    ? launch_rows("softmax variant", s, plan, rows,
                                  softmax_staged_kernel<T, false>, p, (size_t)plan.vpt)
                    : WEFT_EINVAL;
-    bool prefetch;
-    if (held_variant_plan(variant, cols, V, 32, &plan, &prefetch))
-        return run_held("softmax variant", s, plan, p,
-                        prefetch ? softmax_held_for<T, false, true>(plan.vpt)
-                                 : softmax_held_for<T, false, false>(plan.vpt));
+    if (held_variant_plan(variant, cols, V, 32, &plan))
+        return run_held("softmax variant", s, plan, p, softmax_held_for<T, false>(plan.vpt));
     if (!variant_plan(variant, cols, V, &plan))
         return WEFT_EINVAL;
     return run_plan<T, V, softmax_params<T>, softmax_k>("softmax variant", s, plan, p);
@@ -183,11 +167,8 @@ int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void
                    ? launch_rows("layernorm variant", s, plan, rows, norm_staged_kernel<T, false>,
                                  p, (size_t)plan.vpt)
                    : WEFT_EINVAL;
-    bool prefetch;
-    if (held_variant_plan(variant, cols, V, 16, &plan, &prefetch))
-        return run_held("layernorm variant", s, plan, p,
-                        prefetch ? norm_held_for<T, NORM_LAYER, true>(plan.vpt)
-                                 : norm_held_for<T, NORM_LAYER, false>(plan.vpt));
+    if (held_variant_plan(variant, cols, V, 16, &plan))
+        return run_held("layernorm variant", s, plan, p, norm_held_for<T, NORM_LAYER>(plan.vpt));
     if (!variant_plan(variant, cols, V, &plan))
         return WEFT_EINVAL;
     return run_plan<T, V, norm_params<T>, norm_k>("layernorm variant", s, plan, p);

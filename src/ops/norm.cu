@@ -23,17 +23,6 @@ namespace weft_ops
 namespace
 {
 
-/* The held kernel that forms and normalizes as a asks (a block a row). */
-template <typename T>
-auto held_kernel(const weft__norm_args *a, unsigned vpt, const norm_params<T> &)
-{
-    if (a->gelu)
-        return a->form == WEFT_GELU_TANH ? norm_held_for<T, NORM_GELU_TANH_LAYER, false>(vpt)
-                                         : norm_held_for<T, NORM_GELU_ERF_LAYER, false>(vpt);
-    return a->rms ? norm_held_for<T, NORM_RMS, false>(vpt)
-                  : norm_held_for<T, NORM_LAYER, false>(vpt);
-}
-
 template <typename T> int launch(cudaStream_t stream, const char *op, const weft__norm_args *a)
 {
     norm_params<T> p = {(T *)a->out,
@@ -58,7 +47,11 @@ template <typename T> int launch(cudaStream_t stream, const char *op, const weft
     row_plan staged, held;
 
     if (vec && plan_held(a->cols, V, 16, &held)) { /* measured best: 16 values a thread */
-        auto kernel = held_kernel(a, held.vpt, p);
+        auto kernel = a->gelu ? (a->form == WEFT_GELU_TANH
+                                     ? norm_held_for<T, NORM_GELU_TANH_LAYER>(held.vpt)
+                                     : norm_held_for<T, NORM_GELU_ERF_LAYER>(held.vpt))
+                      : a->rms ? norm_held_for<T, NORM_RMS>(held.vpt)
+                               : norm_held_for<T, NORM_LAYER>(held.vpt);
         if (kernel)
             return launch_rows(op, stream, held, p.rows, kernel, p, 0);
     }

@@ -309,35 +309,16 @@ __global__ void __launch_bounds__(512)
  * so that no element pays for a choice made once per launch. */
 enum norm_mode { NORM_LAYER, NORM_RMS, NORM_GELU_ERF_LAYER, NORM_GELU_TANH_LAYER };
 
-/* Issues the loads of one row's vectors of src (in or the residual). */
-template <typename T, int V, int VPT>
-__device__ __forceinline__ void load_held(uint4 (&raw)[VPT], const T *src, const unsigned (&j)[VPT],
-                                          const int (&part)[VPT])
-{
-#pragma unroll
-    for (int k = 0; k < VPT; k++) {
-        raw[k] = make_uint4(0, 0, 0, 0);
-        if (part[k] == V)
-            raw[k] = load_streamed(src + j[k]);
-        else if (part[k] > 0)
-            raw[k] = load_partial<T, V>(src + j[k], part[k]);
-    }
-}
-
 /*
  * The held kernel (rows.cuh): each thread loads its VPT vectors of in and
- * the residual at once, forms s in registers, and takes the statistics
- * and writes the output from there. A block (or warp, or cluster) goes
- * through rows `step` apart, and issues the next row's loads as soon as
- * it has formed s of the current one, so that they are in flight through
- * the reductions and the writes (PREFETCH; without it the launch gives
- * every row its own block). Elements past the row's end load as 0 and form
- * s = 0 (GELU(0) = 0), so the sums need no mask; the deviations, whose
- * terms there would be -mean, mask the row's one partial vector and skip
- * vectors past the end.
+ * the residual (and of the per-column biases and weights) at once, forms s
+ * in registers, and takes the statistics and writes the output from
+ * there. Elements past the row's end load as 0 and form s = 0 (GELU(0) =
+ * 0), so the sums need no mask; the deviations, whose terms there would be
+ * -mean, mask the row's one partial vector and skip vectors past the end.
  */
-template <typename T, int VPT, norm_mode MODE, bool PREFETCH>
-__global__ void __launch_bounds__(512, VPT * vec16<T>() <= HELD_PREFETCH_VALUES ? 2 : 1)
+template <typename T, int VPT, norm_mode MODE>
+__global__ void __launch_bounds__(512)
     norm_held_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t)
 {
     constexpr int V = vec16<T>();
@@ -348,9 +329,9 @@ __global__ void __launch_bounds__(512, VPT * vec16<T>() <= HELD_PREFETCH_VALUES 
     const row_place at = place_row<V>(row0, cluster, 1, VPT);
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
         return;
-    const size_t step = (size_t)(gridDim.x / cluster) * blockDim.y;
     const unsigned cols = (unsigned)p.cols;
-    const float n = (float)p.cols, inv_n = 1.0f / n;
+    const T *in = p.in + at.row * p.stride;
+    const T *res = p.residual ? p.residual + at.row * p.stride : nullptr;
     unsigned j[VPT];
     int part[VPT];
     uint4 raw_in[VPT], raw_res[VPT], raw_gb[VPT];
@@ -359,140 +340,131 @@ __global__ void __launch_bounds__(512, VPT * vec16<T>() <= HELD_PREFETCH_VALUES 
     for (int k = 0; k < VPT; k++) {
         j[k] = held_at<V, VPT>(at, k);
         part[k] = held_part<V>(j[k], cols);
+        raw_in[k] = raw_res[k] = raw_gb[k] = make_uint4(0, 0, 0, 0);
+        if (part[k] == V) {
+            raw_in[k] = load_streamed(in + j[k]);
+            if (res)
+                raw_res[k] = load_streamed(res + j[k]);
+            if (GELU && p.gelu_bias)
+                raw_gb[k] = load_param(p.gelu_bias + j[k]);
+        } else if (part[k] > 0) {
+            raw_in[k] = load_partial<T, V>(in + j[k], part[k]);
+            if (res)
+                raw_res[k] = load_partial<T, V>(res + j[k], part[k]);
+            if (GELU && p.gelu_bias)
+                raw_gb[k] = load_partial<T, V>(p.gelu_bias + j[k], part[k]);
+        }
     }
-    if (GELU && p.gelu_bias)
-        load_held<T, V, VPT>(raw_gb, p.gelu_bias, j, part);
-    load_held<T, V, VPT>(raw_in, p.in + at.row * p.stride, j, part);
-    if (p.residual)
-        load_held<T, V, VPT>(raw_res, p.residual + at.row * p.stride, j, part);
 
-    for (size_t row = at.row;; row += step) {
-        /* s, as the host forms and rounds it; the sum (of squares, RMS) */
-        float x[VPT][V], acc = 0.0f;
+    /* s, as the host forms and rounds it; the sum (of squares, RMS) */
+    float x[VPT][V], acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+        unpack<T, V>(x[k], raw_in[k]);
+        if (GELU || res) {
+            float r[V], g[V];
+            unpack<T, V>(r, raw_res[k]);
+            unpack<T, V>(g, raw_gb[k]);
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                float h = x[k][e];
+                if (GELU)
+                    h = gelu(FORM, p.gelu_bias ? h + g[e] : h);
+                x[k][e] = round_to<T>(res ? h + r[e] : h);
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < V; e++)
+            acc += MODE == NORM_RMS ? x[k][e] * x[k][e] : x[k][e];
+    }
+    const float n = (float)p.cols, inv_n = 1.0f / n;
+    float mean = row_reduce(acc, op_sum(), s1, cluster) * inv_n, rstd;
+
+    if (MODE == NORM_RMS) {
+        rstd = rsqrtf(mean + p.eps);
+        mean = 0.0f;
+    } else {
+        /* the host's correction: the deviations' sum and sum of squares */
+        sum2 dev = {0.0f, 0.0f};
 #pragma unroll
         for (int k = 0; k < VPT; k++) {
-            unpack<T, V>(x[k], raw_in[k]);
-            if (GELU || p.residual) {
-                float r[V], g[V];
-                if (p.residual)
-                    unpack<T, V>(r, raw_res[k]);
-                if (GELU && p.gelu_bias)
-                    unpack<T, V>(g, raw_gb[k]);
+            if (part[k] == V) {
 #pragma unroll
                 for (int e = 0; e < V; e++) {
-                    float h = x[k][e];
-                    if (GELU)
-                        h = gelu(FORM, p.gelu_bias ? h + g[e] : h);
-                    x[k][e] = round_to<T>(p.residual ? h + r[e] : h);
+                    float d = x[k][e] - mean;
+                    dev.a += d;
+                    dev.b += d * d;
                 }
-            }
+            } else {
 #pragma unroll
-            for (int e = 0; e < V; e++)
-                acc += MODE == NORM_RMS ? x[k][e] * x[k][e] : x[k][e];
-        }
-        const bool more = PREFETCH && row + step < p.rows;
-        if (more) {
-            load_held<T, V, VPT>(raw_in, p.in + (row + step) * p.stride, j, part);
-            if (p.residual)
-                load_held<T, V, VPT>(raw_res, p.residual + (row + step) * p.stride, j, part);
-        }
-
-        float mean = row_reduce(acc, op_sum(), s1, cluster) * inv_n, rstd;
-        if (MODE == NORM_RMS) {
-            rstd = rsqrtf(mean + p.eps);
-            mean = 0.0f;
-        } else {
-            /* the host's correction: the deviations' sum and sum of squares */
-            sum2 dev = {0.0f, 0.0f};
-#pragma unroll
-            for (int k = 0; k < VPT; k++) {
-                if (part[k] == V) {
-#pragma unroll
-                    for (int e = 0; e < V; e++) {
+                for (int e = 0; e < V; e++) {
+                    if (e < part[k]) {
                         float d = x[k][e] - mean;
                         dev.a += d;
                         dev.b += d * d;
                     }
-                } else {
-#pragma unroll
-                    for (int e = 0; e < V; e++) {
-                        if (e < part[k]) {
-                            float d = x[k][e] - mean;
-                            dev.a += d;
-                            dev.b += d * d;
-                        }
-                    }
                 }
             }
-            dev = row_reduce(dev, op_sum(), s2, cluster);
-            mean += dev.a * inv_n;
-            float var = (dev.b - dev.a * dev.a * inv_n) * inv_n;
-            rstd = rsqrtf(fmaxf(var, 0.0f) + p.eps);
         }
+        dev = row_reduce(dev, op_sum(), s2, cluster);
+        mean += dev.a * inv_n;
+        float var = (dev.b - dev.a * dev.a * inv_n) * inv_n;
+        rstd = rsqrtf(fmaxf(var, 0.0f) + p.eps);
+    }
 
-        T *out = p.out + row * p.stride;
-        T *sum_out = p.sum_out ? p.sum_out + row * p.stride : nullptr;
+    T *out = p.out + at.row * p.stride;
+    T *sum_out = p.sum_out ? p.sum_out + at.row * p.stride : nullptr;
 #pragma unroll
-        for (int k = 0; k < VPT; k++) {
-            if (part[k] == 0)
-                continue;
-            float w[V], b[V], y[V];
-            if (p.weight)
-                unpack<T, V>(w, part[k] == V ? load_param(p.weight + j[k])
-                                             : load_partial<T, V>(p.weight + j[k], part[k]));
-            if (p.bias)
-                unpack<T, V>(b, part[k] == V ? load_param(p.bias + j[k])
-                                             : load_partial<T, V>(p.bias + j[k], part[k]));
+    for (int k = 0; k < VPT; k++) {
+        if (part[k] == 0)
+            continue;
+        float w[V], b[V], y[V];
+        if (p.weight)
+            unpack<T, V>(w, part[k] == V ? load_param(p.weight + j[k])
+                                         : load_partial<T, V>(p.weight + j[k], part[k]));
+        if (p.bias)
+            unpack<T, V>(b, part[k] == V ? load_param(p.bias + j[k])
+                                         : load_partial<T, V>(p.bias + j[k], part[k]));
 #pragma unroll
-            for (int e = 0; e < V; e++) {
-                /* (s - mean) * rstd, times w, plus b: the host's order,
-                 * with the last two fused */
-                float v = (x[k][e] - mean) * rstd;
-                if (p.weight && p.bias)
-                    v = fmaf(v, w[e], b[e]);
-                else if (p.weight)
-                    v *= w[e];
-                else if (p.bias)
-                    v += b[e];
-                y[e] = v;
-            }
-            if (part[k] == V) {
-                if (sum_out)
-                    store_streamed(sum_out + j[k], pack<T, V>(x[k]));
-                store_streamed(out + j[k], pack<T, V>(y));
-            } else {
-                if (sum_out)
-                    store_partial<T, V>(sum_out + j[k], x[k], part[k]);
-                store_partial<T, V>(out + j[k], y, part[k]);
-            }
+        for (int e = 0; e < V; e++) {
+            /* (s - mean) * rstd, times w, plus b: the host's order, with
+             * the last two fused */
+            float v = (x[k][e] - mean) * rstd;
+            if (p.weight && p.bias)
+                v = fmaf(v, w[e], b[e]);
+            else if (p.weight)
+                v *= w[e];
+            else if (p.bias)
+                v += b[e];
+            y[e] = v;
         }
-        if (!more)
-            break;
+        if (part[k] == V) {
+            if (sum_out)
+                store_streamed(sum_out + j[k], pack<T, V>(x[k]));
+            store_streamed(out + j[k], pack<T, V>(y));
+        } else {
+            if (sum_out)
+                store_partial<T, V>(sum_out + j[k], x[k], part[k]);
+            store_partial<T, V>(out + j[k], y, part[k]);
+        }
     }
 }
 
-/* The held kernel for plan.vpt, or NULL when there is none (prefetching
- * ones hold at most HELD_PREFETCH_VALUES a thread). */
-template <typename T, norm_mode MODE, bool PREFETCH>
+/* The held kernel for plan.vpt, or NULL when there is none. */
+template <typename T, norm_mode MODE>
 static void (*norm_held_for(unsigned vpt))(norm_params<T>, size_t, unsigned, size_t)
 {
     constexpr int V = vec16<T>();
-    constexpr int MOST = PREFETCH ? HELD_PREFETCH_VALUES : HELD_MAX_VALUES;
     switch (vpt) {
     case 1:
-        return norm_held_kernel<T, 1, MODE, PREFETCH>;
+        return norm_held_kernel<T, 1, MODE>;
     case 2:
-        if constexpr (2 * V <= MOST)
-            return norm_held_kernel<T, 2, MODE, PREFETCH>;
-        break;
+        return norm_held_kernel<T, 2, MODE>;
     case 4:
-        if constexpr (4 * V <= MOST)
-            return norm_held_kernel<T, 4, MODE, PREFETCH>;
-        break;
+        return norm_held_kernel<T, 4, MODE>;
     case 8:
-        if constexpr (8 * V <= MOST)
-            return norm_held_kernel<T, 8, MODE, PREFETCH>;
-        break;
+        if constexpr (8 * V <= HELD_MAX_VALUES)
+            return norm_held_kernel<T, 8, MODE>;
     }
     return nullptr;
 }

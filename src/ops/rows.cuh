@@ -55,8 +55,6 @@ struct row_plan {
     unsigned vpt;     /* vectors each thread holds: 1, 2, 4 or 8 (any, staged) */
     size_t tiles;     /* tiles each block goes through; 1 = held, read once */
     size_t smem;      /* dynamic shared memory a block (staged kernels) */
-    size_t groups;    /* blocks (clusters) to launch at most, each going
-                       * through every groups-th row group; 0: one a group */
 };
 
 /* Where a block's part of the row lies; filled by the kernel. */
@@ -73,10 +71,9 @@ __device__ __forceinline__ row_place place_row(size_t row0, unsigned cluster, si
                                                unsigned vpt)
 {
     row_place p;
-    const unsigned group = cluster == 1 ? blockIdx.x : blockIdx.x / cluster; /* no divide */
     p.tid = threadIdx.x;
-    p.rank = blockIdx.x - group * cluster;
-    p.row = row0 + (size_t)group * blockDim.y + threadIdx.y;
+    p.rank = blockIdx.x % cluster;
+    p.row = row0 + (size_t)(blockIdx.x / cluster) * blockDim.y + threadIdx.y;
     p.tile = (size_t)blockDim.x * vpt * V;
     p.first = (size_t)p.rank * tiles;
     return p;
@@ -107,7 +104,7 @@ static inline size_t pow2_at_least(size_t n)
 static inline row_plan plan_rows(size_t cols, int V)
 {
     const size_t vmax = vpt_max(V), nvec = (cols + V - 1) / V;
-    row_plan p = {32, 8, 1, 1, 1, 0, 0};
+    row_plan p = {32, 8, 1, 1, 1, 0};
 
     if (nvec <= 32 * vmax) {
         p.vpt = (unsigned)pow2_at_least((nvec + 31) / 32);
@@ -152,7 +149,7 @@ static inline row_plan plan_rows(size_t cols, int V)
  * cluster of 8 blocks that holds the longest; more would spill. Longer
  * rows (beyond 131072 elements) go to the register kernels' tile loop.
  */
-enum : unsigned { HELD_MAX_VALUES = 32, HELD_PREFETCH_VALUES = 16 };
+enum : unsigned { HELD_MAX_VALUES = 32 };
 
 /* The held plan for `values` a thread (16 or 32); false when the row is too
  * long to hold. */
@@ -162,7 +159,7 @@ static inline bool plan_held(size_t cols, int V, unsigned values, row_plan *p)
     const size_t want = values / V; /* vectors a thread, as asked */
     const size_t most = HELD_MAX_VALUES / V;
 
-    *p = {32, 8, 1, 1, 1, 0, 0};
+    *p = {32, 8, 1, 1, 1, 0};
     if (nvec <= 32 * most) { /* a warp per row, 8 rows a block */
         p->vpt = (unsigned)pow2_at_least((nvec + 31) / 32);
         return true;
@@ -187,17 +184,6 @@ static inline bool plan_held(size_t cols, int V, unsigned values, row_plan *p)
         }
     }
     return false;
-}
-
-/* Blocks (clusters) that fill every SM (2048 threads each) once under
- * plan p: what a prefetching held kernel is launched with (plan.groups),
- * each block going through rows `groups` apart so that its next row's
- * loads overlap its current row's reductions and writes. */
-static inline size_t held_groups(const row_plan &p)
-{
-    size_t per_sm = 2048 / ((size_t)p.tpr * p.rpb);
-    size_t groups = (size_t)sm_count() * (per_sm ? per_sm : 1) / p.cluster;
-    return groups ? groups : 1;
 }
 
 /* The 16 bytes at p: streamed row data (evict first) or per-column
@@ -287,7 +273,7 @@ static inline bool plan_staged(size_t cols, int V, unsigned buffers, row_plan *p
 {
     const size_t nvec = (cols + V - 1) / V, row_bytes = nvec * 16 * buffers;
 
-    *p = {32, 8, 1, 1, 1, 0, 0};
+    *p = {32, 8, 1, 1, 1, 0};
     if (nvec <= 32 * 8) { /* a warp per row, 8 rows a block */
         p->vpt = (unsigned)((nvec + 31) / 32);
         p->smem = (size_t)8 * 32 * p->vpt * 16 * buffers;
@@ -387,8 +373,6 @@ static int launch_rows(const char *op, cudaStream_t stream, const row_plan &p, s
 {
     const size_t max_blocks = (size_t)1 << 30;
     size_t rows_per_launch = max_blocks / p.cluster * p.rpb;
-    if (p.groups) /* the blocks loop over every row: one launch */
-        rows_per_launch = rows;
 
     /* CUDA gives a kernel 48 KB of dynamic shared memory unless told */
     if (p.smem > 48 * 1024) {
@@ -401,10 +385,7 @@ static int launch_rows(const char *op, cudaStream_t stream, const row_plan &p, s
         size_t n = rows - row0 < rows_per_launch ? rows - row0 : rows_per_launch;
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute attr[1];
-        size_t groups = (n + p.rpb - 1) / p.rpb;
-        if (p.groups && groups > p.groups)
-            groups = p.groups;
-        cfg.gridDim = dim3((unsigned)(groups * p.cluster), 1, 1);
+        cfg.gridDim = dim3((unsigned)((n + p.rpb - 1) / p.rpb * p.cluster), 1, 1);
         cfg.blockDim = dim3(p.tpr, p.rpb, 1);
         cfg.dynamicSmemBytes = p.smem;
         cfg.stream = stream;

@@ -231,26 +231,6 @@ __device__ __forceinline__ float exp2_flush(float x)
     return y;
 }
 
-/* Issues the loads of the visible part of one row's vectors; vis[k] is
- * how many of vector k's elements are visible. */
-template <typename T, int V, int VPT>
-__device__ __forceinline__ void load_visible(uint4 (&raw)[VPT], int (&vis)[VPT],
-                                             const softmax_params<T> &p, size_t row,
-                                             const unsigned (&j)[VPT])
-{
-    const T *src = p.in + row * p.stride;
-    const unsigned n = (unsigned)visible(p, row);
-#pragma unroll
-    for (int k = 0; k < VPT; k++) {
-        vis[k] = held_part<V>(j[k], n);
-        raw[k] = make_uint4(0, 0, 0, 0);
-        if (vis[k] == V)
-            raw[k] = load_streamed(src + j[k]);
-        else if (vis[k] > 0)
-            raw[k] = load_partial<T, V>(src + j[k], vis[k]);
-    }
-}
-
 /*
  * The held kernel (rows.cuh): each thread loads its VPT vectors of the
  * visible row at once and keeps them in registers: scaled (rounded as the
@@ -258,12 +238,10 @@ __device__ __forceinline__ void load_visible(uint4 (&raw)[VPT], int (&vis)[VPT],
  * e * (1 / sum). exp(v - max) is 2^(v log2 e - max log2 e), one fma and
  * one ex2 (relative error ~1e-6 over the range that matters, where expf
  * takes ~10 instructions). Invisible and past-the-end elements are -Inf, so
- * they neither win the max nor add to the sum (2^-Inf = 0). As the norms'
- * held kernel, a block goes through rows `step` apart and loads the next
- * row while it reduces and writes the current one (PREFETCH).
+ * they neither win the max nor add to the sum (2^-Inf = 0).
  */
-template <typename T, int VPT, bool DROPOUT, bool PREFETCH>
-__global__ void __launch_bounds__(512, VPT * vec16<T>() <= HELD_PREFETCH_VALUES ? 2 : 1)
+template <typename T, int VPT, bool DROPOUT>
+__global__ void __launch_bounds__(512)
     softmax_held_kernel(softmax_params<T> p, size_t row0, unsigned cluster, size_t)
 {
     constexpr int V = vec16<T>();
@@ -272,112 +250,102 @@ __global__ void __launch_bounds__(512, VPT * vec16<T>() <= HELD_PREFETCH_VALUES 
     const row_place at = place_row<V>(row0, cluster, 1, VPT);
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
         return;
-    const size_t step = (size_t)(gridDim.x / cluster) * blockDim.y;
-    const unsigned cols = (unsigned)p.cols;
+    const unsigned cols = (unsigned)p.cols, n = (unsigned)visible(p, at.row);
+    const T *in = p.in + at.row * p.stride;
     unsigned j[VPT];
     int vis[VPT];
     uint4 raw[VPT];
 
 #pragma unroll
-    for (int k = 0; k < VPT; k++)
+    for (int k = 0; k < VPT; k++) {
         j[k] = held_at<V, VPT>(at, k);
-    load_visible<T, V, VPT>(raw, vis, p, at.row, j);
+        vis[k] = held_part<V>(j[k], n);
+        raw[k] = make_uint4(0, 0, 0, 0);
+        if (vis[k] == V)
+            raw[k] = load_streamed(in + j[k]);
+        else if (vis[k] > 0)
+            raw[k] = load_partial<T, V>(in + j[k], vis[k]);
+    }
 
-    for (size_t row = at.row;; row += step) {
-        float x[VPT][V], max = -INFINITY;
-        int shown[VPT]; /* vis of this row, while the next row's loads go out */
+    float x[VPT][V], max = -INFINITY;
 #pragma unroll
-        for (int k = 0; k < VPT; k++) {
-            shown[k] = vis[k];
-            unpack<T, V>(x[k], raw[k]);
-            if (shown[k] == V) {
-#pragma unroll
-                for (int e = 0; e < V; e++)
-                    x[k][e] = __fmul_rn(p.scale, x[k][e]);
-            } else {
-#pragma unroll
-                for (int e = 0; e < V; e++)
-                    x[k][e] = e < shown[k] ? __fmul_rn(p.scale, x[k][e]) : -INFINITY;
-            }
+    for (int k = 0; k < VPT; k++) {
+        unpack<T, V>(x[k], raw[k]);
+        if (vis[k] == V) {
 #pragma unroll
             for (int e = 0; e < V; e++)
-                max = fmaxf(max, x[k][e]);
+                x[k][e] = __fmul_rn(p.scale, x[k][e]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < V; e++)
+                x[k][e] = e < vis[k] ? __fmul_rn(p.scale, x[k][e]) : -INFINITY;
         }
-        const bool more = PREFETCH && row + step < p.rows;
-        if (more)
-            load_visible<T, V, VPT>(raw, vis, p, row + step, j);
-        max = row_reduce(max, op_max(), scratch, cluster);
+#pragma unroll
+        for (int e = 0; e < V; e++)
+            max = fmaxf(max, x[k][e]);
+    }
+    max = row_reduce(max, op_max(), scratch, cluster);
 
-        /* a row of -Inf has max -Inf: a finite offset keeps its exponents 0
-         * (and its output NaN, 0 / 0, as on the host) */
-        const float shift = max == -INFINITY ? 0.0f : max * LOG2E;
-        float sum = 0.0f;
+    /* a row of -Inf has max -Inf: a finite offset keeps its exponents 0
+     * (and its output NaN, 0 / 0, as on the host) */
+    const float shift = max == -INFINITY ? 0.0f : max * LOG2E;
+    float sum = 0.0f;
 #pragma unroll
-        for (int k = 0; k < VPT; k++) {
+    for (int k = 0; k < VPT; k++) {
 #pragma unroll
-            for (int e = 0; e < V; e++) {
-                x[k][e] = exp2_flush(fmaf(x[k][e], LOG2E, -shift));
-                sum += x[k][e];
-            }
+        for (int e = 0; e < V; e++) {
+            x[k][e] = exp2_flush(fmaf(x[k][e], LOG2E, -shift));
+            sum += x[k][e];
         }
-        sum = row_reduce(sum, op_sum(), scratch, cluster);
-        const float inv = 1.0f / sum;
+    }
+    sum = row_reduce(sum, op_sum(), scratch, cluster);
+    const float inv = 1.0f / sum;
 
-        T *out = p.out + row * p.stride;
+    T *out = p.out + at.row * p.stride;
 #pragma unroll
-        for (int k = 0; k < VPT; k++) {
-            const int part = held_part<V>(j[k], cols);
-            if (part == 0)
-                continue;
-            float y[V];
-            if (shown[k] == V) {
+    for (int k = 0; k < VPT; k++) {
+        const int part = held_part<V>(j[k], cols);
+        if (part == 0)
+            continue;
+        float y[V];
+        if (vis[k] == V) {
 #pragma unroll
-                for (int e = 0; e < V; e++)
-                    y[e] = x[k][e] * inv;
-            } else {
+            for (int e = 0; e < V; e++)
+                y[e] = x[k][e] * inv;
+        } else {
 #pragma unroll
-                for (int e = 0; e < V; e++) /* masked: 0, even in a NaN row */
-                    y[e] = e < shown[k] ? x[k][e] * inv : 0.0f;
-            }
-            if (DROPOUT) {
-                dropout_mask mask(p.seed, p.offset, p.p);
-                unsigned long long e0 = (unsigned long long)row * p.cols + j[k];
-#pragma unroll
-                for (int e = 0; e < V; e++)
-                    y[e] = mask.keep(e0 + e) ? y[e] * p.keep_scale : 0.0f;
-            }
-            if (part == V)
-                store_streamed(out + j[k], pack<T, V>(y));
-            else
-                store_partial<T, V>(out + j[k], y, part);
+            for (int e = 0; e < V; e++) /* masked: 0, even in a NaN row */
+                y[e] = e < vis[k] ? x[k][e] * inv : 0.0f;
         }
-        if (!more)
-            break;
+        if (DROPOUT) {
+            dropout_mask mask(p.seed, p.offset, p.p);
+            unsigned long long e0 = (unsigned long long)at.row * p.cols + j[k];
+#pragma unroll
+            for (int e = 0; e < V; e++)
+                y[e] = mask.keep(e0 + e) ? y[e] * p.keep_scale : 0.0f;
+        }
+        if (part == V)
+            store_streamed(out + j[k], pack<T, V>(y));
+        else
+            store_partial<T, V>(out + j[k], y, part);
     }
 }
 
-/* The held kernel for plan.vpt, or NULL when there is none (prefetching
- * ones hold at most HELD_PREFETCH_VALUES a thread). */
-template <typename T, bool DROPOUT, bool PREFETCH>
+/* The held kernel for plan.vpt, or NULL when there is none. */
+template <typename T, bool DROPOUT>
 static void (*softmax_held_for(unsigned vpt))(softmax_params<T>, size_t, unsigned, size_t)
 {
     constexpr int V = vec16<T>();
-    constexpr int MOST = PREFETCH ? HELD_PREFETCH_VALUES : HELD_MAX_VALUES;
     switch (vpt) {
     case 1:
-        return softmax_held_kernel<T, 1, DROPOUT, PREFETCH>;
+        return softmax_held_kernel<T, 1, DROPOUT>;
     case 2:
-        if constexpr (2 * V <= MOST)
-            return softmax_held_kernel<T, 2, DROPOUT, PREFETCH>;
-        break;
+        return softmax_held_kernel<T, 2, DROPOUT>;
     case 4:
-        if constexpr (4 * V <= MOST)
-            return softmax_held_kernel<T, 4, DROPOUT, PREFETCH>;
-        break;
+        return softmax_held_kernel<T, 4, DROPOUT>;
     case 8:
-        if constexpr (8 * V <= MOST)
-            return softmax_held_kernel<T, 8, DROPOUT, PREFETCH>;
-        break;
+        if constexpr (8 * V <= HELD_MAX_VALUES)
+            return softmax_held_kernel<T, 8, DROPOUT>;
     }
     return nullptr;
 }
