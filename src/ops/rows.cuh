@@ -145,9 +145,10 @@ static inline row_plan plan_rows(size_t cols, int V)
  * and stores); per-column parameters (weights, biases) go through the
  * read-only path, so that the SM's next rows find them in L1.
  *
- * ~16 values a thread, up to 32 for rows in one warp or block or the
- * cluster of 8 blocks that holds the longest; more would spill. Longer
- * rows (beyond 131072 elements) go to the register kernels' tile loop.
+ * The launcher asks for 16 values a thread (the norms) or 32 (softmax),
+ * whichever measured faster; rows in one warp, and rows too long for 512
+ * threads, take up to 32; more would spill. Longer rows (beyond 131072
+ * elements, 8 blocks of 512 threads) go to the register kernels' tile loop.
  */
 enum : unsigned { HELD_MAX_VALUES = 32 };
 

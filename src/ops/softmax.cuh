@@ -222,23 +222,15 @@ __global__ void __launch_bounds__(512)
     }
 }
 
-/* 2^x, with results below fp32's normal range flushed to 0 (a
- * probability under 1e-38 of its row's largest). */
-__device__ __forceinline__ float exp2_flush(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
 /*
  * The held kernel (rows.cuh): each thread loads its VPT vectors of the
  * visible row at once and keeps them in registers: scaled (rounded as the
  * host rounds scale * x), then exponentiated in place, then written as
  * e * (1 / sum). exp(v - max) is 2^(v log2 e - max log2 e), one fma and
  * one ex2 (relative error ~1e-6 over the range that matters, where expf
- * takes ~10 instructions). Invisible and past-the-end elements are -Inf, so
- * they neither win the max nor add to the sum (2^-Inf = 0).
+ * takes ~10 instructions; probabilities under 1e-38 of the row's largest
+ * flush to 0). Invisible and past-the-end elements are -Inf, so they
+ * neither win the max nor add to the sum (2^-Inf = 0).
  */
 template <typename T, int VPT, bool DROPOUT>
 __global__ void __launch_bounds__(512)
@@ -294,7 +286,7 @@ __global__ void __launch_bounds__(512)
     for (int k = 0; k < VPT; k++) {
 #pragma unroll
         for (int e = 0; e < V; e++) {
-            x[k][e] = exp2_flush(fmaf(x[k][e], LOG2E, -shift));
+            x[k][e] = exp2_approx(fmaf(x[k][e], LOG2E, -shift));
             sum += x[k][e];
         }
     }
