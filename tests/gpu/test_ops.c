@@ -256,6 +256,7 @@ static const shape ROW_SHAPES[] = {
     {70, 256, 264, 0},      {64, 1024, 1024, 0},    {3, 4095, 4095, 0},   {3, 4097, 4100, 0},
     {4, 4096, 4096, 0},     {3, 4096, 4096, 1},     {2, 16384, 16384, 0}, {2, 65536, 65536, 0},
     {1, 262144, 262144, 0}, {2, 100000, 100003, 0}, {2, 65536, 65536, 1},
+    {2, 65537, 65544, 0}, /* a cluster of 8 holding a partial vector, threads past the end */
 };
 enum { NROW_SHAPES = sizeof ROW_SHAPES / sizeof *ROW_SHAPES };
 
