@@ -25,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <weft.h>
@@ -268,14 +267,6 @@ out:
 
 /* ---- the summary ------------------------------------------------------------ */
 
-static double cpu_seconds(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
-           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
-}
-
 static void summary(run *r, const char *backend, double wall, double cpu, const weft_stats *st)
 {
     size_t images =
@@ -500,11 +491,11 @@ int main(int argc, char **argv)
     /* The bar only on a terminal, and not when the JSON lines scroll past on it */
     bool bar = !r.opt.quiet && isatty(STDERR_FILENO) && !(r.out == stdout && isatty(STDOUT_FILENO));
     wi_report_start(r.files.n, bar);
-    double cpu0 = cpu_seconds();
+    double cpu0 = wi_cpu_seconds();
     uint64_t t0 = wi_now_ns();
     int started = run_all(&r, jobs);
     wait_all(&r);
-    double wall = (double)(wi_now_ns() - t0) / 1e9, cpu = cpu_seconds() - cpu0;
+    double wall = (double)(wi_now_ns() - t0) / 1e9, cpu = wi_cpu_seconds() - cpu0;
     wi_activity_settle(&r.activity);
     weft_stats st;
     weft_stats_get(r.rt, &st);

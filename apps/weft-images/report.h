@@ -13,6 +13,8 @@
 #include <stdint.h>
 
 uint64_t wi_now_ns(void);
+/* CPU time of the whole process, user and system, in seconds. */
+double wi_cpu_seconds(void);
 
 /* ---- stderr: messages and the progress bar ------------------------------ */
 

@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
@@ -149,14 +148,6 @@ static void *work(void *arg)
     return NULL;
 }
 
-static double cpu_seconds(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
-           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
-}
-
 static void usage(FILE *f)
 {
     fputs("usage: weft-images-threads [-j THREADS] [--sync spin|block] [-o FILE] [-t BITS]\n"
@@ -245,7 +236,7 @@ int main(int argc, char **argv)
         return 1;
     wi_report_start(p.files.n, false);
 
-    double cpu0 = cpu_seconds();
+    double cpu0 = wi_cpu_seconds();
     uint64_t t0 = wi_now_ns();
     for (unsigned long t = 0; t < threads; t++) {
         ws[t].p = &p;
@@ -256,7 +247,7 @@ int main(int argc, char **argv)
     }
     for (unsigned long t = 0; t < threads; t++)
         pthread_join(ts[t], NULL);
-    double wall = (double)(wi_now_ns() - t0) / 1e9, cpu = cpu_seconds() - cpu0;
+    double wall = (double)(wi_now_ns() - t0) / 1e9, cpu = wi_cpu_seconds() - cpu0;
 
     /* The same grouping as weft-images, on the images in file order. */
     size_t m = 0;

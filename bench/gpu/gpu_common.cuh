@@ -225,6 +225,21 @@ static inline void bench_line(const char *name, double value, const char *unit)
     fflush(stdout);
 }
 
+/* A pipeline figure: jobs/s and cores used over n repetitions (sorted),
+ * printed as median (min..max) and as BENCH lines name.jobs_per_s and
+ * name.cores. */
+static inline void report_jobs(const char *name, double *rate, double *cores, int n)
+{
+    struct stats sr = stats_of(rate, n), sc = stats_of(cores, n);
+    char buf[160];
+    fprintf(stderr, "%-34s %9.0f jobs/s (%.0f..%.0f)  %5.2f cores (%.2f..%.2f)\n", name, sr.med,
+            sr.min, sr.max, sc.med, sc.min, sc.max);
+    snprintf(buf, sizeof buf, "%s.jobs_per_s", name);
+    bench_line(buf, sr.med, "jobs/s");
+    snprintf(buf, sizeof buf, "%s.cores", name);
+    bench_line(buf, sc.med, "cores");
+}
+
 /* ---- watchdog ---------------------------------------------------------- */
 
 /* A hang (in weft or in CUDA) must not hang the whole run: each section

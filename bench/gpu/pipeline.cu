@@ -246,7 +246,7 @@ static void run_once(struct wrun *r, struct span *sp)
 
 static void measure(struct wrun *r, unsigned workers, unsigned host_us)
 {
-    char name[96], buf[128];
+    char name[96];
     snprintf(name, sizeof name, "gpu.pipeline.h%u.weft.%s%sw%u", host_us,
              opt.graph ? "graph." : "", opt.trace ? "trace." : "", workers);
     if (opt.only && !strstr(name, opt.only))
@@ -274,13 +274,7 @@ static void measure(struct wrun *r, unsigned workers, unsigned host_us)
         }
         free(col);
     }
-    struct stats sr = stats_of(rate, (int)opt.reps), sc = stats_of(cores, (int)opt.reps);
-    fprintf(stderr, "%-34s %9.0f jobs/s (%.0f..%.0f)  %5.2f cores (%.2f..%.2f)\n", name, sr.med,
-            sr.min, sr.max, sc.med, sc.min, sc.max);
-    snprintf(buf, sizeof buf, "%s.jobs_per_s", name);
-    bench_line(buf, sr.med, "jobs/s");
-    snprintf(buf, sizeof buf, "%s.cores", name);
-    bench_line(buf, sc.med, "cores");
+    report_jobs(name, rate, cores, (int)opt.reps);
 }
 
 /* ---- main -------------------------------------------------------------- */

@@ -277,14 +277,7 @@ static void measure(const char *name, enum way w, unsigned threads, unsigned hos
         cores[r] = sp.cpu / sp.wall;
     }
     alarm(0);
-    struct stats sr = stats_of(rate, (int)opt.reps), sc = stats_of(cores, (int)opt.reps);
-    fprintf(stderr, "%-34s %9.0f jobs/s (%.0f..%.0f)  %5.2f cores (%.2f..%.2f)\n", name, sr.med,
-            sr.min, sr.max, sc.med, sc.min, sc.max);
-    char buf[128];
-    snprintf(buf, sizeof buf, "%s.jobs_per_s", name);
-    bench_line(buf, sr.med, "jobs/s");
-    snprintf(buf, sizeof buf, "%s.cores", name);
-    bench_line(buf, sc.med, "cores");
+    report_jobs(name, rate, cores, (int)opt.reps);
 }
 
 /* ---- main -------------------------------------------------------------- */

@@ -18,8 +18,9 @@
  *    main path, for 16-byte aligned tensors and rows up to 131072 elements.
  *  - staged: the row goes to shared memory with cp.async. Loads in flight
  *    cost no registers, but every pass re-reads and converts shared memory
- *    in run-time loops; kept as a benchmark variant (bench/ops/), which it
- *    lost to held by 1.5-2x.
+ *    in run-time loops, and it lost to held by 1.5-2x (bench/ops/ keeps it
+ *    as a variant); it takes the aligned rows too long to hold that still
+ *    fit 8 blocks of STAGED_BLOCK_BYTES (half types to 262144 elements).
  *  - register tiles: each thread holds VPT vectors as fp32 (at most 16
  *    values). For unaligned tensors (one element a vector) and rows too
  *    long to hold; there a row's blocks loop over tiles of their segment
