@@ -464,8 +464,8 @@ def run(torch, lib, args):
                 b = torch.randn(c, device="cuda", dtype=dt)
                 P, s = ctypes.c_void_p, cur_stream
                 lib_out = {}
-                for v in ("lib", "held_narrow", "held_wide", "staged", "regs", "regs_half",
-                          "regs_double", "regs_flat"):
+                for v in ("lib", "ring2", "ring4", "held", "held_narrow", "held_wide", "staged",
+                          "regs", "regs_half", "regs_double", "regs_flat"):
                     for kern in ("softmax", "layernorm"):
                         if kern == "softmax" and v == "lib":
                             fn = (lambda: lib.weft_softmax(
@@ -637,8 +637,11 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
     out.append("")
 
     if variants_out:
-        out.append("Tuning variants, TB/s: `lib` is the library's kernel (the held one, rows "
-                   "in registers, for these aligned rows), `held_*` it under other plans, "
+        out.append("Tuning variants, TB/s: `lib` is the library's kernel (for these aligned "
+                   "rows `ring2` for bf16 LayerNorm, `held` otherwise), `ring2`/`ring4` rows "
+                   "copied ahead into a ring of 2 or 4 slots in shared memory, then held in "
+                   "registers, `held` rows loaded straight into registers, `held_*` that "
+                   "under other plans, "
                    "`staged` rows in shared memory, `regs*` the register-tile row "
                    "kernels under other plans, `libm_erfc` GELU with libm's erfcf "
                    "(bench/ops/variants.cu says more):")

@@ -3,12 +3,15 @@
  * library's own kernels, and the empty kernel that small inputs are
  * measured against. Built into libweft_ops_bench.so with all of weft.
  *
- * The library holds aligned rows in registers (the held kernels) where it
- * can; these run the held kernels under other plans (held_narrow,
- * held_wide: see held_variant_plan), the shared-memory
- * staged kernels (staged), and its register-tile row kernels (softmax,
- * LayerNorm) on the same shapes, under rows.cuh's plan_rows and changes
- * of it:
+ * The library holds aligned rows in registers, loaded straight from
+ * global memory (the held kernels) or, for the plain norms of half types,
+ * streamed through a ring in shared memory (the ring kernels, 2 slots a
+ * block); these run the ring kernels with 2 and 4 slots (ring2, ring4;
+ * softmax's ring is no library path: it measured slower), the held kernels
+ * under the library's plan (held) and others (held_narrow, held_wide: see
+ * held_variant_plan), the shared-memory staged kernels (staged), and its
+ * register-tile row kernels (softmax, LayerNorm) on the same shapes, under
+ * rows.cuh's plan_rows and changes of it:
  *   regs         plan_rows: 16 values a thread
  *   regs_half    8 values a thread: twice the threads per row
  *   regs_double  32 values a thread: half the threads (the compiler spills)
@@ -84,11 +87,33 @@ bool variant_plan(const char *variant, size_t cols, int V, row_plan *p)
  * when the variant does not apply. */
 bool held_variant_plan(const char *variant, size_t cols, int V, unsigned values, row_plan *p)
 {
+    if (strcmp(variant, "held") == 0)
+        return plan_held(cols, V, values, p);
     if (strcmp(variant, "held_narrow") == 0)
         return values / 2 >= (unsigned)V && plan_held(cols, V, values / 2, p);
     if (strcmp(variant, "held_wide") == 0)
         return values * 2 <= HELD_MAX_VALUES && plan_held(cols, V, values * 2, p);
     return false;
+}
+
+/* The ring kernels with at most 2 or 4 slots a block. */
+unsigned ring_variant_slots(const char *variant)
+{
+    return strcmp(variant, "ring2") == 0 ? 2 : strcmp(variant, "ring4") == 0 ? 4 : 0;
+}
+
+template <typename Params, typename K>
+int run_ring(const char *op, cudaStream_t s, size_t cols, int V, size_t elem_size,
+             unsigned values, unsigned slots, const Params &p, K kernel_for)
+{
+    row_plan blocks;
+    ring_plan ring;
+    if (!plan_held(cols, V, values, &blocks, true))
+        return WEFT_EINVAL;
+    auto kernel = kernel_for(blocks.vpt);
+    if (!kernel || !plan_ring(kernel, blocks, cols, p.rows, V, elem_size, 1, slots, &ring))
+        return WEFT_EINVAL;
+    return launch_ring(op, s, ring, kernel, p);
 }
 
 template <typename Params, typename K>
@@ -144,6 +169,9 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
                    ? launch_rows("softmax variant", s, plan, rows,
                                  softmax_staged_kernel<T, false>, p, (size_t)plan.vpt)
                    : WEFT_EINVAL;
+    if (unsigned slots = ring_variant_slots(variant))
+        return run_ring("softmax variant", s, cols, V, sizeof(T), 32, slots, p,
+                        softmax_ring_for<T, false>);
     if (held_variant_plan(variant, cols, V, 32, &plan))
         return run_held("softmax variant", s, plan, p, softmax_held_for<T, false>(plan.vpt));
     if (!variant_plan(variant, cols, V, &plan))
@@ -167,6 +195,9 @@ int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void
                    ? launch_rows("layernorm variant", s, plan, rows, norm_staged_kernel<T, false>,
                                  p, (size_t)plan.vpt)
                    : WEFT_EINVAL;
+    if (unsigned slots = ring_variant_slots(variant))
+        return run_ring("layernorm variant", s, cols, V, sizeof(T), 16, slots, p,
+                        norm_ring_for<T, NORM_LAYER>);
     if (held_variant_plan(variant, cols, V, 16, &plan))
         return run_held("layernorm variant", s, plan, p, norm_held_for<T, NORM_LAYER>(plan.vpt));
     if (!variant_plan(variant, cols, V, &plan))

@@ -5,9 +5,10 @@
  * The three share their kernels: they differ only in how the row sum s is
  * formed (in + residual, or GELU(in + gelu_bias) + residual) and whether
  * it is centred. The row is read once and kept on chip (rows.cuh says
- * how: in shared memory, copied with cp.async, when the tensors are
- * 16-byte aligned and the row fits 8 blocks; otherwise in registers), s
- * is formed and rounded to the dtype there, and the statistics follow the
+ * how: for 16-byte aligned tensors in registers, loaded straight from
+ * global memory or, for the plain norms of half types, streamed through
+ * a ring in shared memory; otherwise in register tiles), s is formed and
+ * rounded to the dtype there, and the statistics follow the
  * host's corrected two-pass algorithm on the kept row: the mean, then the
  * sums of the deviations and of their squares (one combined reduction),
  * which correct the mean and the variance. Then s and the normalized row
@@ -22,6 +23,19 @@ namespace weft_ops
 {
 namespace
 {
+
+/* f(std::integral_constant<norm_mode, M>) for the args' mode M. */
+template <typename F> int by_mode(const weft__norm_args *a, F f)
+{
+    using std::integral_constant;
+    if (a->gelu && a->form == WEFT_GELU_TANH)
+        return f(integral_constant<norm_mode, NORM_GELU_TANH_LAYER>());
+    if (a->gelu)
+        return f(integral_constant<norm_mode, NORM_GELU_ERF_LAYER>());
+    if (a->rms)
+        return f(integral_constant<norm_mode, NORM_RMS>());
+    return f(integral_constant<norm_mode, NORM_LAYER>());
+}
 
 template <typename T> int launch(cudaStream_t stream, const char *op, const weft__norm_args *a)
 {
@@ -47,13 +61,26 @@ template <typename T> int launch(cudaStream_t stream, const char *op, const weft
     row_plan staged, held;
 
     if (vec && plan_held(a->cols, V, 16, &held)) { /* measured best: 16 values a thread */
-        auto kernel = a->gelu ? (a->form == WEFT_GELU_TANH
-                                     ? norm_held_for<T, NORM_GELU_TANH_LAYER>(held.vpt)
-                                     : norm_held_for<T, NORM_GELU_ERF_LAYER>(held.vpt))
-                      : a->rms ? norm_held_for<T, NORM_RMS>(held.vpt)
-                               : norm_held_for<T, NORM_LAYER>(held.vpt);
-        if (kernel)
+        return by_mode(a, [&](auto mode) {
+            constexpr norm_mode MODE = decltype(mode)::value;
+            /* the ring only where it measured faster: the plain norms of
+             * half types, the fewest bytes an element (bench/RESULTS.md) */
+            if constexpr (sizeof(T) == 2 && (MODE == NORM_LAYER || MODE == NORM_RMS)) {
+                row_plan blocks;
+                ring_plan ring;
+                if (!a->residual && plan_held(a->cols, V, 16, &blocks, true)) {
+                    auto ring_kernel = norm_ring_for<T, MODE>(blocks.vpt);
+                    if (ring_kernel && plan_ring(ring_kernel, blocks, a->cols, a->rows, V,
+                                                 sizeof(T), 1, 2, &ring))
+                        return launch_ring(op, stream, ring, ring_kernel, p);
+                }
+            }
+            auto kernel = norm_held_for<T, MODE>(held.vpt);
+            if (!kernel)
+                return weft__fail(WEFT_EINVAL, "%s: no kernel for %u vectors a thread", op,
+                                  held.vpt);
             return launch_rows(op, stream, held, p.rows, kernel, p, 0);
+        });
     }
     if (vec && plan_staged(a->cols, V, a->residual ? 2 : 1, &staged)) {
         auto kernel = a->gelu ? norm_staged_kernel<T, true> : norm_staged_kernel<T, false>;

@@ -1,7 +1,8 @@
 /*
- * norm.cuh - the LayerNorm/RMSNorm kernels: staged in shared memory (the
- * main path) and in registers (unaligned tensors, rows too long to
- * stage), with the register kernel's launch by plan. Apart from the
+ * norm.cuh - the LayerNorm/RMSNorm kernels: held in registers (the main
+ * path), fed through a ring in shared memory, staged in shared memory,
+ * and in register tiles (unaligned tensors, rows too long to hold), with
+ * the register kernel's launch by plan. Apart from the
  * launcher (norm.cu), which says what they compute and why, so that
  * bench/ops/ can time other plans of the same kernels side by side.
  */
@@ -310,28 +311,26 @@ __global__ void __launch_bounds__(512)
 enum norm_mode { NORM_LAYER, NORM_RMS, NORM_GELU_ERF_LAYER, NORM_GELU_TANH_LAYER };
 
 /*
- * The held kernel (rows.cuh): each thread loads its VPT vectors of in and
- * the residual (and of the per-column biases and weights) at once, forms s
- * in registers, and takes the statistics and writes the output from
- * there. Elements past the row's end load as 0 and form s = 0 (GELU(0) =
- * 0), so the sums need no mask; the deviations, whose terms there would be
+ * One row of the held kernels (rows.cuh): each thread loads its VPT
+ * vectors of in and the residual when there is one (from global memory,
+ * or from the ring's slot: Row) and of the per-column biases and weights
+ * at once, forms s in
+ * registers, and takes the statistics and writes the output from there.
+ * Elements past the row's end load as 0 and form s = 0 (GELU(0) = 0), so
+ * the sums need no mask; the deviations, whose terms there would be
  * -mean, mask the row's one partial vector and skip vectors past the end.
+ * read() runs once every thread of the row has read its vectors.
  */
-template <typename T, int VPT, norm_mode MODE>
-__global__ void __launch_bounds__(512)
-    norm_held_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t)
+template <typename T, int VPT, norm_mode MODE, typename Row, typename Read>
+__device__ __forceinline__ void norm_held_row(const norm_params<T> &p, const row_place &at,
+                                              const Row &in, const Row &res, Read read,
+                                              reduce_scratch<float> &s1, reduce_scratch<sum2> &s2,
+                                              unsigned cluster)
 {
     constexpr int V = vec16<T>();
     constexpr bool GELU = MODE == NORM_GELU_ERF_LAYER || MODE == NORM_GELU_TANH_LAYER;
     constexpr weft_gelu_form FORM = MODE == NORM_GELU_TANH_LAYER ? WEFT_GELU_TANH : WEFT_GELU_ERF;
-    __shared__ reduce_scratch<float> s1;
-    __shared__ reduce_scratch<sum2> s2;
-    const row_place at = place_row<V>(row0, cluster, 1, VPT);
-    if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
-        return;
     const unsigned cols = (unsigned)p.cols;
-    const T *in = p.in + at.row * p.stride;
-    const T *res = p.residual ? p.residual + at.row * p.stride : nullptr;
     unsigned j[VPT];
     int part[VPT];
     uint4 raw_in[VPT], raw_res[VPT], raw_gb[VPT];
@@ -341,19 +340,14 @@ __global__ void __launch_bounds__(512)
         j[k] = held_at<V, VPT>(at, k);
         part[k] = held_part<V>(j[k], cols);
         raw_in[k] = raw_res[k] = raw_gb[k] = make_uint4(0, 0, 0, 0);
-        if (part[k] == V) {
-            raw_in[k] = load_streamed(in + j[k]);
-            if (res)
-                raw_res[k] = load_streamed(res + j[k]);
-            if (GELU && p.gelu_bias)
-                raw_gb[k] = load_param(p.gelu_bias + j[k]);
-        } else if (part[k] > 0) {
-            raw_in[k] = load_partial<T, V>(in + j[k], part[k]);
-            if (res)
-                raw_res[k] = load_partial<T, V>(res + j[k], part[k]);
-            if (GELU && p.gelu_bias)
-                raw_gb[k] = load_partial<T, V>(p.gelu_bias + j[k], part[k]);
-        }
+        if (part[k] == 0)
+            continue;
+        raw_in[k] = in.at(j[k], part[k]);
+        if (p.residual)
+            raw_res[k] = res.at(j[k], part[k]);
+        if (GELU && p.gelu_bias)
+            raw_gb[k] = part[k] == V ? load_param(p.gelu_bias + j[k])
+                                     : load_partial<T, V>(p.gelu_bias + j[k], part[k]);
     }
 
     /* s, as the host forms and rounds it; the sum (of squares, RMS) */
@@ -361,7 +355,7 @@ __global__ void __launch_bounds__(512)
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
         unpack<T, V>(x[k], raw_in[k]);
-        if (GELU || res) {
+        if (GELU || p.residual) {
             float r[V], g[V];
             unpack<T, V>(r, raw_res[k]);
             unpack<T, V>(g, raw_gb[k]);
@@ -370,7 +364,7 @@ __global__ void __launch_bounds__(512)
                 float h = x[k][e];
                 if (GELU)
                     h = gelu(FORM, p.gelu_bias ? h + g[e] : h);
-                x[k][e] = round_to<T>(res ? h + r[e] : h);
+                x[k][e] = round_to<T>(p.residual ? h + r[e] : h);
             }
         }
 #pragma unroll
@@ -379,6 +373,7 @@ __global__ void __launch_bounds__(512)
     }
     const float n = (float)p.cols, inv_n = 1.0f / n;
     float mean = row_reduce(acc, op_sum(), s1, cluster) * inv_n, rstd;
+    read();
 
     if (MODE == NORM_RMS) {
         rstd = rsqrtf(mean + p.eps);
@@ -450,6 +445,66 @@ __global__ void __launch_bounds__(512)
     }
 }
 
+/* The held kernel: a row a block (or a cluster, or a warp), straight from
+ * global memory. At 16 values a thread or fewer, at most 64 registers:
+ * four blocks of 256 threads stay resident (left to itself, ptxas gave the
+ * fp32 GELU form 102 registers, two blocks, and the fused op lost 25%). */
+template <typename T, int VPT, norm_mode MODE>
+__global__ void __launch_bounds__(512, VPT * vec16<T>() <= 16 ? 2 : 1)
+    norm_held_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t)
+{
+    constexpr int V = vec16<T>();
+    __shared__ reduce_scratch<float> s1;
+    __shared__ reduce_scratch<sum2> s2;
+    const row_place at = place_row<V>(row0, cluster, 1, VPT);
+    if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
+        return;
+    const global_row<T, V> in = {p.in + at.row * p.stride};
+    const global_row<T, V> res = {p.residual ? p.residual + at.row * p.stride : nullptr};
+    norm_held_row<T, VPT, MODE>(p, at, in, res, [] {}, s1, s2, cluster);
+}
+
+/* The ring kernel (rows.cuh): resident blocks (or clusters) loop over
+ * rows, each row's segment of in and the residual arriving in a slot of
+ * the block's ring ahead of its turn. */
+template <typename T, int VPT, norm_mode MODE>
+__global__ void __launch_bounds__(512) norm_ring_kernel(norm_params<T> p, ring_plan plan)
+{
+    constexpr int V = vec16<T>();
+    __shared__ reduce_scratch<float> s1;
+    __shared__ reduce_scratch<sum2> s2;
+    const unsigned cluster = plan.held.cluster, seg = blockDim.x * VPT * V;
+    row_place at = {0, 0, 0, threadIdx.x, blockIdx.x % cluster};
+    const size_t group = blockIdx.x / cluster, groups = gridDim.x / cluster;
+    const unsigned first = at.rank * seg, cols = (unsigned)p.cols;
+    const unsigned mine = first >= cols ? 0 : cols - first < seg ? cols - first : seg;
+    const row_ring<T> ring = {ring_smem(), plan.slots, plan.buffers, plan.seg_bytes, first};
+
+    /* slot s's next row (thread 0 only) */
+    auto fill = [&](unsigned s, size_t row) {
+        ring.fill(s, p.in + row * p.stride, p.residual ? p.residual + row * p.stride : nullptr, mine);
+    };
+    ring.init();
+    if (threadIdx.x == 0)
+        for (unsigned s = 0; s < plan.slots && group + s * groups < p.rows; s++)
+            fill(s, group + s * groups);
+
+    unsigned i = 0;
+    for (size_t row = group; row < p.rows; row += groups, i++) {
+        const unsigned s = i % plan.slots;
+        ring.wait(i);
+        at.row = row;
+        const slot_row<T, V> in = {ring.segment(s, 0), first};
+        const slot_row<T, V> res = {ring.segment(s, 1), first};
+        auto refill = [&] {
+            size_t next = row + plan.slots * groups;
+            if (threadIdx.x == 0 && next < p.rows)
+                fill(s, next);
+        };
+        norm_held_row<T, VPT, MODE>(p, at, in, res, refill, s1, s2, cluster);
+    }
+}
+
 /* The held kernel for plan.vpt, or NULL when there is none. */
 template <typename T, norm_mode MODE>
 static void (*norm_held_for(unsigned vpt))(norm_params<T>, size_t, unsigned, size_t)
@@ -465,6 +520,25 @@ static void (*norm_held_for(unsigned vpt))(norm_params<T>, size_t, unsigned, siz
     case 8:
         if constexpr (8 * V <= HELD_MAX_VALUES)
             return norm_held_kernel<T, 8, MODE>;
+    }
+    return nullptr;
+}
+
+/* The ring kernel for plan.vpt, or NULL when there is none. */
+template <typename T, norm_mode MODE>
+static void (*norm_ring_for(unsigned vpt))(norm_params<T>, ring_plan)
+{
+    constexpr int V = vec16<T>();
+    switch (vpt) {
+    case 1:
+        return norm_ring_kernel<T, 1, MODE>;
+    case 2:
+        return norm_ring_kernel<T, 2, MODE>;
+    case 4:
+        return norm_ring_kernel<T, 4, MODE>;
+    case 8:
+        if constexpr (8 * V <= HELD_MAX_VALUES)
+            return norm_ring_kernel<T, 8, MODE>;
     }
     return nullptr;
 }

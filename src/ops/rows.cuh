@@ -15,7 +15,9 @@
  *
  *  - held (below): each thread loads all of its VPT vectors at once, VPT a
  *    template parameter, and keeps them as fp32 (up to 32 values). The
- *    main path, for 16-byte aligned tensors and rows up to 131072 elements.
+ *    main path, for 16-byte aligned tensors and rows up to 131072 elements;
+ *    the plain norms of half types have it fed through a ring of rows in
+ *    shared memory (the ring kernels, below).
  *  - staged: the row goes to shared memory with cp.async. Loads in flight
  *    cost no registers, but every pass re-reads and converts shared memory
  *    in run-time loops, and it lost to held by 1.5-2x (bench/ops/ keeps it
@@ -154,15 +156,18 @@ static inline row_plan plan_rows(size_t cols, int V)
 enum : unsigned { HELD_MAX_VALUES = 32 };
 
 /* The held plan for `values` a thread (16 or 32); false when the row is too
- * long to hold. */
-static inline bool plan_held(size_t cols, int V, unsigned values, row_plan *p)
+ * long to hold. Rows that a warp holds take a warp each unless
+ * `block_rows` (the ring kernels' plan: a block per row). */
+static inline bool plan_held(size_t cols, int V, unsigned values, row_plan *p,
+                             bool block_rows = false)
 {
     const size_t nvec = (cols + V - 1) / V;
     const size_t want = values / V; /* vectors a thread, as asked */
     const size_t most = HELD_MAX_VALUES / V;
 
     *p = {32, 8, 1, 1, 1, 0};
-    if (nvec <= 32 * most) { /* a warp per row, 8 rows a block */
+    if (nvec <= 32 * (block_rows ? want : most)) { /* a warp per row */
+        p->rpb = block_rows ? 1 : 8;
         p->vpt = (unsigned)pow2_at_least((nvec + 31) / 32);
         return true;
     }
@@ -247,6 +252,291 @@ __device__ __forceinline__ unsigned held_at(const row_place &at, int k)
 template <int V> __device__ __forceinline__ int held_part(unsigned j, unsigned end)
 {
     return j + V <= end ? V : j >= end ? 0 : (int)(end - j);
+}
+
+/* ---- streaming rows through a ring in shared memory ---------------------- */
+
+/*
+ * The ring kernels (norm_ring_kernel, softmax_ring_kernel) are the held
+ * kernels fed by the copy engine. A held kernel's loads in flight are its
+ * registers: at 16 bf16 values a thread an SM keeps ~32 KB of rows in
+ * flight, and only while its blocks are in their load phase. A ring
+ * kernel's blocks stay resident and loop over rows; each keeps a ring of
+ * `slots` rows in shared memory, filled by bulk asynchronous copies (TMA)
+ * that one thread issues and an mbarrier per slot counts in, so that
+ * while a block works on one row its next slots - 1 rows are on their
+ * way. Each thread reads its vectors of the slot into registers, in the
+ * held layout, and from there the row is the held kernels' (the same
+ * code: norm_held_row, softmax_held_row); the slot is refilled as soon
+ * as the row's first reduction shows that every thread of the row has
+ * read it.
+ *
+ * Measured (bench/RESULTS.md): the plain norms of half types, the fewest
+ * bytes an element, gain 10-30% with 2 slots; more slots cost resident
+ * blocks and lose. Everything else - fp32, residuals, the fused GELU,
+ * softmax - is bound by the instructions it issues more than by latency
+ * and runs faster held, so only the plain half-type norms take the ring.
+ *
+ * Bulk copies move whole 16-byte runs between 16-byte aligned addresses,
+ * so the ring takes aligned tensors whose rows are whole vectors; a block
+ * copies its segment of the row (a cluster's blocks each their own).
+ */
+struct ring_plan {
+    row_plan held;       /* threads per row, cluster, vectors a thread; a block per row */
+    unsigned slots;      /* rows in flight a block */
+    unsigned seg_bytes;  /* one tensor's segment of a row, the bytes a block copies */
+    unsigned buffers;    /* row-sized inputs in a slot (in, and a residual) */
+    unsigned grid;       /* resident blocks, a multiple of the cluster */
+};
+
+/* The dynamic shared memory of a ring kernel: the slots' mbarriers, then
+ * the slots, each `buffers` segments. */
+__device__ __forceinline__ unsigned char *ring_smem()
+{
+    extern __shared__ __align__(128) unsigned char weft_ring[];
+    return weft_ring;
+}
+
+enum : unsigned { RING_BARRIER_BYTES = 128, RING_MAX_SLOTS = 8 };
+
+static inline size_t ring_bytes(unsigned slots, unsigned seg_bytes, unsigned buffers)
+{
+    return RING_BARRIER_BYTES + (size_t)slots * seg_bytes * buffers;
+}
+
+__device__ __forceinline__ unsigned shared_address(const void *p)
+{
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void barrier_init(unsigned bar)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+}
+
+/* The one arrival of the barrier's phase, which then completes when
+ * `bytes` more have landed. */
+__device__ __forceinline__ void barrier_expect(unsigned bar, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+
+/* Waits until the barrier's phase of this parity has completed. */
+__device__ __forceinline__ void barrier_wait(unsigned bar, unsigned parity)
+{
+    unsigned done;
+    do {
+        asm volatile("{\n .reg .pred p;\n"
+                     " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+/* bytes (a multiple of 16) from global src to shared dst, counted in at bar. */
+__device__ __forceinline__ void bulk_copy(unsigned dst, const void *src, unsigned bytes,
+                                          unsigned bar)
+{
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar)
+        : "memory");
+}
+
+/* 16 bytes of shared memory; volatile, so that it is read where it stands
+ * and never again after the slot is refilled. */
+__device__ __forceinline__ uint4 load_shared(unsigned addr)
+{
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr));
+    return v;
+}
+
+/* Where a held row's vectors come from: global memory (the held kernels)
+ * or the block's segment in a ring slot (the ring kernels). at(j, part)
+ * is the 16 bytes of elements j.., the first `part` of them (0 to V), the
+ * rest 0. */
+template <typename T, int V> struct global_row {
+    const T *row;
+    __device__ __forceinline__ uint4 at(unsigned j, int part) const
+    {
+        return part == V  ? load_streamed(row + j)
+               : part > 0 ? load_partial<T, V>(row + j, part)
+                          : make_uint4(0, 0, 0, 0);
+    }
+};
+template <typename T, int V> struct slot_row {
+    const T *seg;   /* the segment in the slot */
+    unsigned first; /* the segment's first element in the row */
+    __device__ __forceinline__ uint4 at(unsigned j, int part) const
+    {
+        return part == V  ? load_shared(shared_address(seg + (j - first)))
+               : part > 0 ? load_partial<T, V>(seg + (j - first), part)
+                          : make_uint4(0, 0, 0, 0);
+    }
+};
+
+/*
+ * The ring of a block: slot i % slots holds the block's i-th row. One
+ * thread issues the copies; everyone waits on the slot's barrier, whose
+ * phase flips once per use.
+ */
+template <typename T> struct row_ring {
+    unsigned char *smem;
+    unsigned slots, buffers, seg_bytes; /* as the plan says */
+    unsigned first;                     /* the block's segment's first element */
+
+    __device__ __forceinline__ unsigned bar(unsigned s) const
+    {
+        return shared_address(smem) + 8 * s;
+    }
+    __device__ __forceinline__ T *segment(unsigned s, unsigned buffer) const
+    {
+        return reinterpret_cast<T *>(smem + RING_BARRIER_BYTES + (s * buffers + buffer) * seg_bytes);
+    }
+
+    /* The mbarriers, before any copy (all threads of the block call it). */
+    __device__ __forceinline__ void init() const
+    {
+        if (threadIdx.x == 0)
+            for (unsigned s = 0; s < slots; s++)
+                barrier_init(bar(s));
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        __syncthreads();
+    }
+
+    /* Copies elements [first, first + n) of the row's in (and residual,
+     * with two buffers) into slot s, n a multiple of V, possibly 0; one
+     * thread only. */
+    __device__ __forceinline__ void fill(unsigned s, const T *in, const T *res, unsigned n) const
+    {
+        unsigned bytes = n * (unsigned)sizeof(T);
+        barrier_expect(bar(s), bytes * buffers);
+        if (bytes > 0) {
+            bulk_copy(shared_address(segment(s, 0)), in + first, bytes, bar(s));
+            if (buffers > 1)
+                bulk_copy(shared_address(segment(s, 1)), res + first, bytes, bar(s));
+        }
+    }
+
+    __device__ __forceinline__ void wait(unsigned i) const
+    {
+        barrier_wait(bar(i % slots), (i / slots) & 1);
+    }
+};
+
+/* false, with CUDA's error for a refused query cleared (it is not sticky). */
+static inline bool ring_refused()
+{
+    cudaGetLastError();
+    return false;
+}
+
+/*
+ * The ring plan for the held plan `held` (a block or a cluster per row)
+ * and `buffers` row-sized inputs: as many resident blocks an SM as the
+ * kernel's registers allow that still leave each at least two slots, up
+ * to `max_slots` slots each, and as many blocks as CUDA says are then
+ * resident (whole clusters, as the GPCs fit them) or as leave each
+ * cluster two rows. false when no ring fits, or there are fewer rows than
+ * two an SM.
+ */
+template <typename K>
+static bool plan_ring(K kernel, const row_plan &held, size_t cols, size_t rows, int V,
+                      size_t elem_size, unsigned buffers, unsigned max_slots, ring_plan *r)
+{
+    if (held.rpb != 1 || cols % V != 0 || cols / V < 32)
+        return false;
+    int dev = 0, smem_sm = 0, smem_block = 0, blocks = 0;
+    cudaFuncAttributes fa;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) !=
+            cudaSuccess ||
+        cudaDeviceGetAttribute(&smem_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+            cudaSuccess ||
+        cudaFuncGetAttributes(&fa, kernel) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, (int)held.tpr, 0) !=
+            cudaSuccess)
+        return ring_refused();
+
+    r->held = held;
+    r->buffers = buffers;
+    r->seg_bytes = (unsigned)((size_t)held.tpr * held.vpt * V * elem_size);
+    const long slot_bytes = (long)r->seg_bytes * buffers;
+    for (r->slots = 0; blocks >= 1 && r->slots < 2; blocks--) {
+        /* each block also keeps its static shared memory and 1 KB for CUDA */
+        long share = smem_sm / blocks - 1024;
+        if (share > smem_block)
+            share = smem_block;
+        long slots = (share - (long)fa.sharedSizeBytes - RING_BARRIER_BYTES) / slot_bytes;
+        r->slots = slots < 0 ? 0 : slots < (long)max_slots ? (unsigned)slots : max_slots;
+    }
+    if (r->slots < 2)
+        return false;
+
+    const size_t smem = ring_bytes(r->slots, r->seg_bytes, buffers);
+    if (smem > 48 * 1024 &&
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+            cudaSuccess)
+        return ring_refused();
+    int resident = 0;
+    if (held.cluster == 1) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, (int)held.tpr,
+                                                          smem) != cudaSuccess)
+            return ring_refused();
+        resident *= sm_count();
+    } else {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim = {held.cluster, 1, 1};
+        cfg.gridDim = dim3(held.cluster * (unsigned)sm_count(), 1, 1);
+        cfg.blockDim = dim3(held.tpr, 1, 1);
+        cfg.dynamicSmemBytes = smem;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        if (cudaOccupancyMaxActiveClusters(&resident, kernel, &cfg) != cudaSuccess)
+            return ring_refused();
+        resident *= (int)held.cluster;
+    }
+    /* every cluster loops over two rows or more; few rows (small inputs)
+     * are the held kernels', which start with no setup */
+    size_t clusters = (size_t)resident / held.cluster;
+    if (clusters > rows / 2)
+        clusters = rows / 2;
+    if (clusters == 0 || rows < 2 * (size_t)sm_count())
+        return false;
+    r->grid = (unsigned)(clusters * held.cluster);
+    return true;
+}
+
+/* Launches a ring kernel(params, plan) with plan r (plan_ring has set the
+ * kernel's shared memory). */
+template <typename Params>
+static int launch_ring(const char *op, cudaStream_t stream, const ring_plan &r,
+                       void (*kernel)(Params, ring_plan), const Params &params)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = dim3(r.grid, 1, 1);
+    cfg.blockDim = dim3(r.held.tpr, 1, 1);
+    cfg.dynamicSmemBytes = ring_bytes(r.slots, r.seg_bytes, r.buffers);
+    cfg.stream = stream;
+    if (r.held.cluster > 1) {
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = r.held.cluster;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+    return launch_status(op, cudaLaunchKernelEx(&cfg, kernel, params, r));
 }
 
 /* ---- staging in shared memory ----------------------------------------- */

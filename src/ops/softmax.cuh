@@ -1,7 +1,9 @@
 /*
- * softmax.cuh - the softmax kernels: staged in shared memory (the main
- * path) and in registers (unaligned tensors, rows too long to stage),
- * with the register kernel's launch by plan. Apart from the launcher
+ * softmax.cuh - the softmax kernels: held in registers (the main path),
+ * fed through a ring in shared memory (measured slower: bench/ops/ keeps
+ * it as a variant), staged in shared memory, and in register tiles
+ * (unaligned tensors, rows too long to hold), with the register kernel's
+ * launch by plan. Apart from the launcher
  * (softmax.cu), which says what they compute and why, so that bench/ops/
  * can time other plans of the same kernels side by side.
  */
@@ -223,27 +225,25 @@ __global__ void __launch_bounds__(512)
 }
 
 /*
- * The held kernel (rows.cuh): each thread loads its VPT vectors of the
- * visible row at once and keeps them in registers: scaled (rounded as the
+ * One row of the held kernels (rows.cuh): each thread loads its VPT
+ * vectors of the visible row at once (from global memory, or from the
+ * ring's slot: Row) and keeps them in registers: scaled (rounded as the
  * host rounds scale * x), then exponentiated in place, then written as
  * e * (1 / sum). exp(v - max) is 2^(v log2 e - max log2 e), one fma and
  * one ex2 (relative error ~1e-6 over the range that matters, where expf
  * takes ~10 instructions; probabilities under 1e-38 of the row's largest
  * flush to 0). Invisible and past-the-end elements are -Inf, so they
- * neither win the max nor add to the sum (2^-Inf = 0).
+ * neither win the max nor add to the sum (2^-Inf = 0). read() runs once
+ * every thread of the row has read its vectors.
  */
-template <typename T, int VPT, bool DROPOUT>
-__global__ void __launch_bounds__(512)
-    softmax_held_kernel(softmax_params<T> p, size_t row0, unsigned cluster, size_t)
+template <typename T, int VPT, bool DROPOUT, typename Row, typename Read>
+__device__ __forceinline__ void softmax_held_row(const softmax_params<T> &p, const row_place &at,
+                                                 const Row &in, Read read,
+                                                 reduce_scratch<float> &scratch, unsigned cluster)
 {
     constexpr int V = vec16<T>();
     constexpr float LOG2E = 1.4426950408889634f;
-    __shared__ reduce_scratch<float> scratch;
-    const row_place at = place_row<V>(row0, cluster, 1, VPT);
-    if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
-        return;
     const unsigned cols = (unsigned)p.cols, n = (unsigned)visible(p, at.row);
-    const T *in = p.in + at.row * p.stride;
     unsigned j[VPT];
     int vis[VPT];
     uint4 raw[VPT];
@@ -252,11 +252,7 @@ __global__ void __launch_bounds__(512)
     for (int k = 0; k < VPT; k++) {
         j[k] = held_at<V, VPT>(at, k);
         vis[k] = held_part<V>(j[k], n);
-        raw[k] = make_uint4(0, 0, 0, 0);
-        if (vis[k] == V)
-            raw[k] = load_streamed(in + j[k]);
-        else if (vis[k] > 0)
-            raw[k] = load_partial<T, V>(in + j[k], vis[k]);
+        raw[k] = in.at(j[k], vis[k]);
     }
 
     float x[VPT][V], max = -INFINITY;
@@ -277,6 +273,7 @@ __global__ void __launch_bounds__(512)
             max = fmaxf(max, x[k][e]);
     }
     max = row_reduce(max, op_max(), scratch, cluster);
+    read();
 
     /* a row of -Inf has max -Inf: a finite offset keeps its exponents 0
      * (and its output NaN, 0 / 0, as on the host) */
@@ -323,6 +320,62 @@ __global__ void __launch_bounds__(512)
     }
 }
 
+/* The held kernel: a row a block (or a cluster, or a warp), straight from
+ * global memory. */
+template <typename T, int VPT, bool DROPOUT>
+__global__ void __launch_bounds__(512)
+    softmax_held_kernel(softmax_params<T> p, size_t row0, unsigned cluster, size_t)
+{
+    constexpr int V = vec16<T>();
+    __shared__ reduce_scratch<float> scratch;
+    const row_place at = place_row<V>(row0, cluster, 1, VPT);
+    if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
+        return;
+    const global_row<T, V> in = {p.in + at.row * p.stride};
+    softmax_held_row<T, VPT, DROPOUT>(p, at, in, [] {}, scratch, cluster);
+}
+
+/* The ring kernel (rows.cuh): resident blocks (or clusters) loop over
+ * rows, each row's visible part arriving in a slot of the block's ring
+ * ahead of its turn. */
+template <typename T, int VPT, bool DROPOUT>
+__global__ void __launch_bounds__(512) softmax_ring_kernel(softmax_params<T> p, ring_plan plan)
+{
+    constexpr int V = vec16<T>();
+    __shared__ reduce_scratch<float> scratch;
+    const unsigned cluster = plan.held.cluster, seg = blockDim.x * VPT * V;
+    row_place at = {0, 0, 0, threadIdx.x, blockIdx.x % cluster};
+    const size_t group = blockIdx.x / cluster, groups = gridDim.x / cluster;
+    const unsigned first = at.rank * seg;
+    const row_ring<T> ring = {ring_smem(), plan.slots, 1, plan.seg_bytes, first};
+
+    /* slot s's next row, its visible vectors in this block's segment
+     * (thread 0 only) */
+    auto fill = [&](unsigned s, size_t row) {
+        unsigned end = ((unsigned)visible(p, row) + V - 1) / V * V;
+        unsigned mine = first >= end ? 0 : end - first < seg ? end - first : seg;
+        ring.fill(s, p.in + row * p.stride, nullptr, mine);
+    };
+    ring.init();
+    if (threadIdx.x == 0)
+        for (unsigned s = 0; s < plan.slots && group + s * groups < p.rows; s++)
+            fill(s, group + s * groups);
+
+    unsigned i = 0;
+    for (size_t row = group; row < p.rows; row += groups, i++) {
+        const unsigned s = i % plan.slots;
+        ring.wait(i);
+        at.row = row;
+        const slot_row<T, V> in = {ring.segment(s, 0), first};
+        auto refill = [&] {
+            size_t next = row + plan.slots * groups;
+            if (threadIdx.x == 0 && next < p.rows)
+                fill(s, next);
+        };
+        softmax_held_row<T, VPT, DROPOUT>(p, at, in, refill, scratch, cluster);
+    }
+}
+
 /* The held kernel for plan.vpt, or NULL when there is none. */
 template <typename T, bool DROPOUT>
 static void (*softmax_held_for(unsigned vpt))(softmax_params<T>, size_t, unsigned, size_t)
@@ -338,6 +391,25 @@ static void (*softmax_held_for(unsigned vpt))(softmax_params<T>, size_t, unsigne
     case 8:
         if constexpr (8 * V <= HELD_MAX_VALUES)
             return softmax_held_kernel<T, 8, DROPOUT>;
+    }
+    return nullptr;
+}
+
+/* The ring kernel for plan.vpt, or NULL when there is none. */
+template <typename T, bool DROPOUT>
+static void (*softmax_ring_for(unsigned vpt))(softmax_params<T>, ring_plan)
+{
+    constexpr int V = vec16<T>();
+    switch (vpt) {
+    case 1:
+        return softmax_ring_kernel<T, 1, DROPOUT>;
+    case 2:
+        return softmax_ring_kernel<T, 2, DROPOUT>;
+    case 4:
+        return softmax_ring_kernel<T, 4, DROPOUT>;
+    case 8:
+        if constexpr (8 * V <= HELD_MAX_VALUES)
+            return softmax_ring_kernel<T, 8, DROPOUT>;
     }
     return nullptr;
 }

@@ -250,13 +250,15 @@ typedef struct shape {
 
 /* Every layout of rows.cuh and both access paths: a warp per row (with
  * idle warps), blocks per row, clusters of 2 and 8, looping clusters,
- * vectors and single elements. */
+ * vectors and single elements, and rows streamed through a ring. */
 static const shape ROW_SHAPES[] = {
     {1, 1, 1, 0},           {5, 1, 3, 0},           {3, 7, 7, 0},         {2, 7, 12, 0},
     {70, 256, 264, 0},      {64, 1024, 1024, 0},    {3, 4095, 4095, 0},   {3, 4097, 4100, 0},
     {4, 4096, 4096, 0},     {3, 4096, 4096, 1},     {2, 16384, 16384, 0}, {2, 65536, 65536, 0},
     {1, 262144, 262144, 0}, {2, 100000, 100003, 0}, {2, 65536, 65536, 1},
     {2, 65537, 65544, 0}, /* a cluster of 8 holding a partial vector, threads past the end */
+    /* rows enough for the ring kernels: blocks of a warp or more, clusters of 2 */
+    {270, 256, 256, 0},     {300, 1024, 1032, 0},   {300, 4096, 4104, 0}, {280, 32768, 32768, 0},
 };
 enum { NROW_SHAPES = sizeof ROW_SHAPES / sizeof *ROW_SHAPES };
 
@@ -341,10 +343,14 @@ static int call_norm(enum norm_kind kind, weft_gelu_form form, void *st, weft_dt
     }
 }
 
-/* full: residual, sum_out, weight and bias (and the GELU bias); else none.
- * offset moves the rows away from zero. The fused op's GELU form changes
+/* What a norm is given besides in: nothing; the residual, sum_out, weight
+ * and bias (and the GELU bias); or the weight and bias alone. */
+enum norm_inputs { NORM_BARE, NORM_FULL, NORM_AFFINE };
+
+/* inputs: an enum norm_inputs (0 and 1 as a truth value). offset moves the
+ * rows away from zero. The fused op's GELU form changes
  * with the shape and the dtype, so each shape sees both. */
-static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int full, double offset)
+static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int inputs, double offset)
 {
     weft_gelu_form form = (s.rows + s.cols + (size_t)dt) % 2 ? WEFT_GELU_ERF : WEFT_GELU_TANH;
     tens in = tens_new(dt, s.rows, s.cols, s.stride, s.skew);
@@ -354,7 +360,8 @@ static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int full, doub
     tens gb = tens_new(dt, 1, s.cols, s.cols, s.skew), w = tens_new(dt, 1, s.cols, s.cols, s.skew);
     tens b = tens_new(dt, 1, s.cols, s.cols, s.skew);
     cmp c = {NORM_NAMES[kind], &out, 0, 0}, cs = {"gelu_layernorm x", &sum, 0, 0};
-    int fused = kind == GELU_LAYERNORM, with_sum = full || fused;
+    int fused = kind == GELU_LAYERNORM, with_res = inputs == NORM_FULL, affine = inputs != NORM_BARE;
+    int with_sum = with_res || fused;
 
     tens_random(&in, offset - 2, offset + 2);
     tens_random(&res, -1, 1);
@@ -366,8 +373,8 @@ static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int full, doub
     tens_upload(&in), tens_upload(&res), tens_upload(&gb), tens_upload(&w), tens_upload(&b);
     tens_poison(&out), tens_poison(&sum);
     assert_ok(call_norm(kind, form, stream, dt, out.d, with_sum ? sum.d : NULL, in.d,
-                        full ? gb.d : NULL, full ? res.d : NULL, full ? w.d : NULL,
-                        full ? b.d : NULL, s));
+                        with_res ? gb.d : NULL, with_res ? res.d : NULL, affine ? w.d : NULL,
+                        affine ? b.d : NULL, s));
     sync_ok();
     void *got = tens_download(&out, c.what, 1);
     void *got_sum = tens_download(&sum, "sum_out", with_sum);
@@ -381,28 +388,28 @@ static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int full, doub
         /* x against the host's GELU chain; out against the host's
          * LayerNorm of the x the kernel wrote (x may differ in its last
          * place, and LayerNorm would magnify that). */
-        assert_ok(weft_bias_gelu_residual(NULL, dt, form, sum.h, in.h, full ? gb.h : NULL,
-                                          full ? res.h : NULL, s.rows, s.cols, s.stride));
+        assert_ok(weft_bias_gelu_residual(NULL, dt, form, sum.h, in.h, with_res ? gb.h : NULL,
+                                          with_res ? res.h : NULL, s.rows, s.cols, s.stride));
         for (size_t r = 0; r < s.rows; r++)
             for (size_t j = 0; j < s.cols; j++) {
-                double h = get(&in, in.h, r, j) + (full ? get(&gb, gb.h, 0, j) : 0);
+                double h = get(&in, in.h, r, j) + (with_res ? get(&gb, gb.h, 0, j) : 0);
                 double ref = get(&sum, sum.h, r, j);
-                double rr = full ? dabs(get(&res, res.h, r, j)) : 0;
+                double rr = with_res ? dabs(get(&res, res.h, r, j)) : 0;
                 cmp_one(&cs, get(&sum, got_sum, r, j), ref, dabs(ref) + rr, gelu_cond(h), r, j);
             }
         cmp_done(&cs);
-        assert_ok(weft_layernorm(NULL, dt, out.h, NULL, got_sum, NULL, full ? w.h : NULL,
-                                 full ? b.h : NULL, 1e-5f, s.rows, s.cols, s.stride));
+        assert_ok(weft_layernorm(NULL, dt, out.h, NULL, got_sum, NULL, affine ? w.h : NULL,
+                                 affine ? b.h : NULL, 1e-5f, s.rows, s.cols, s.stride));
     } else {
         assert_ok(call_norm(kind, form, NULL, dt, out.h, with_sum ? sum.h : NULL, in.h, NULL,
-                            full ? res.h : NULL, full ? w.h : NULL, full ? b.h : NULL, s));
+                            with_res ? res.h : NULL, affine ? w.h : NULL, affine ? b.h : NULL, s));
         if (with_sum) /* fp32 add and one rounding: the same bits */
             assert_same_bits(&sum, got_sum, sum.h, "sum_out");
     }
     for (size_t r = 0; r < s.rows; r++)
         for (size_t j = 0; j < s.cols; j++) {
-            double wj = full ? dabs(get(&w, w.h, 0, j)) : 1;
-            double bj = full && kind != RMSNORM ? dabs(get(&b, b.h, 0, j)) : 0;
+            double wj = affine ? dabs(get(&w, w.h, 0, j)) : 1;
+            double bj = affine && kind != RMSNORM ? dabs(get(&b, b.h, 0, j)) : 0;
             double ref = get(&out, out.h, r, j);
             /* an error in the mean moves the result by |w| absolutely */
             cmp_one(&c, get(&out, got, r, j), ref, dabs(ref) + wj + bj, 1, r, j);
@@ -420,8 +427,12 @@ static void test_layernorm_matches_host(void **state)
         for (int k = 0; k < NROW_SHAPES; k++)
             if (!skipped_here(ROW_SHAPES[k]))
                 run_norm(LAYERNORM, DTYPES[d], ROW_SHAPES[k], k % 2 == 0, 0);
+    /* the ring kernels (half types, no residual) with a weight and bias */
+    for (int d = 1; d < 3; d++)
+        run_norm(LAYERNORM, DTYPES[d], (shape){300, 4096, 4104, 0}, NORM_AFFINE, 0);
     /* far from zero: the corrected two-pass variance on the device too */
     run_norm(LAYERNORM, WEFT_DTYPE_F32, (shape){3, 4097, 4097, 0}, 0, 100);
+    run_norm(LAYERNORM, WEFT_DTYPE_BF16, (shape){300, 1024, 1024, 0}, NORM_AFFINE, 100);
     run_norm(LAYERNORM, WEFT_DTYPE_F32, (shape){2, 65536, 65536, 0}, 1, 30);
 }
 
@@ -432,6 +443,8 @@ static void test_rmsnorm_matches_host(void **state)
         for (int k = 0; k < NROW_SHAPES; k++)
             if (!skipped_here(ROW_SHAPES[k]))
                 run_norm(RMSNORM, DTYPES[d], ROW_SHAPES[k], k % 2 == 1, 0);
+    for (int d = 1; d < 3; d++)
+        run_norm(RMSNORM, DTYPES[d], (shape){280, 32768, 32768, 0}, NORM_AFFINE, 0);
 }
 
 static void test_bias_gelu_residual_layernorm_matches_host(void **state)
@@ -511,9 +524,10 @@ static void test_softmax_dropout_matches_host_and_replays(void **state)
     for (int d = 0; d < 3; d++) {
         weft_dtype dt = DTYPES[d];
         /* element by element, staged (a warp, a block, a cluster a row),
-         * and in registers across a cluster */
-        shape shapes[] = {{3, 7, 9, 0},       {40, 512, 512, 0},    {5, 4097, 4100, 0},
-                          {4, 4096, 4096, 0}, {2, 65536, 65536, 0}, {2, 65536, 65536, 1}};
+         * in registers across a cluster, and through a ring */
+        shape shapes[] = {{3, 7, 9, 0},         {40, 512, 512, 0},    {5, 4097, 4100, 0},
+                          {4, 4096, 4096, 0},   {2, 65536, 65536, 0}, {2, 65536, 65536, 1},
+                          {300, 4096, 4096, 0}};
         for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
             weft_softmax_opts o = {.dropout_p = (float)p, .seed = seed, .offset = offset};
             free(run_softmax(dt, shapes[k], &o, 2));
