@@ -464,7 +464,8 @@ def run(torch, lib, args):
                 b = torch.randn(c, device="cuda", dtype=dt)
                 P, s = ctypes.c_void_p, cur_stream
                 lib_out = {}
-                for v in ("lib", "ring2", "ring4", "held", "held_narrow", "held_wide", "staged",
+                for v in ("lib", "ring2", "ring4", "ring2_wide", "held", "held_narrow",
+                          "held_wide", "staged",
                           "regs", "regs_half", "regs_double", "regs_flat"):
                     for kern in ("softmax", "layernorm"):
                         if kern == "softmax" and v == "lib":
@@ -640,7 +641,8 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
         out.append("Tuning variants, TB/s: `lib` is the library's kernel (for these aligned "
                    "rows `ring2` for bf16 LayerNorm, `held` otherwise), `ring2`/`ring4` rows "
                    "copied ahead into a ring of 2 or 4 slots in shared memory, then held in "
-                   "registers, `held` rows loaded straight into registers, `held_*` that "
+                   "registers, `ring2_wide` that at twice the values a thread, `held` rows "
+                   "loaded straight into registers, `held_*` that "
                    "under other plans, "
                    "`staged` rows in shared memory, `regs*` the register-tile row "
                    "kernels under other plans, `libm_erfc` GELU with libm's erfcf "

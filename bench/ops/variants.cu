@@ -6,8 +6,9 @@
  * The library holds aligned rows in registers, loaded straight from
  * global memory (the held kernels) or, for the plain norms of half types,
  * streamed through a ring in shared memory (the ring kernels, 2 slots a
- * block); these run the ring kernels with 2 and 4 slots (ring2, ring4;
- * softmax's ring is no library path: it measured slower), the held kernels
+ * block); these run the ring kernels with 2 and 4 slots (ring2, ring4),
+ * and with 2 at twice the values a thread (ring2_wide; softmax's ring is no
+ * library path: it measured slower), the held kernels
  * under the library's plan (held) and others (held_narrow, held_wide: see
  * held_variant_plan), the shared-memory staged kernels (staged), and its
  * register-tile row kernels (softmax, LayerNorm) on the same shapes, under
@@ -96,15 +97,24 @@ bool held_variant_plan(const char *variant, size_t cols, int V, unsigned values,
     return false;
 }
 
-/* The ring kernels with at most 2 or 4 slots a block. */
-unsigned ring_variant_slots(const char *variant)
+/* The ring kernels: ring2 and ring4 with at most 2 or 4 slots a block at
+ * the library's values a thread, ring2_wide with 2 slots at twice the
+ * values (up to 32). false when the variant is no ring or does not apply. */
+bool ring_variant(const char *variant, unsigned values, unsigned *slots, unsigned *vals)
 {
-    return strcmp(variant, "ring2") == 0 ? 2 : strcmp(variant, "ring4") == 0 ? 4 : 0;
+    *vals = values;
+    if (strcmp(variant, "ring2") == 0 || strcmp(variant, "ring4") == 0) {
+        *slots = variant[4] - '0';
+        return true;
+    }
+    *slots = 2;
+    *vals = values * 2;
+    return strcmp(variant, "ring2_wide") == 0 && *vals <= HELD_MAX_VALUES;
 }
 
 template <typename Params, typename K>
-int run_ring(const char *op, cudaStream_t s, size_t cols, int V, size_t elem_size,
-             unsigned values, unsigned slots, const Params &p, K kernel_for)
+int run_ring(const char *op, cudaStream_t s, size_t cols, int V, size_t elem_size, unsigned values,
+             unsigned slots, const Params &p, K kernel_for)
 {
     row_plan blocks;
     ring_plan ring;
@@ -166,11 +176,12 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
         return WEFT_EINVAL;
     if (strcmp(variant, "staged") == 0)
         return plan_staged(cols, V, 1, &plan)
-                   ? launch_rows("softmax variant", s, plan, rows,
-                                 softmax_staged_kernel<T, false>, p, (size_t)plan.vpt)
+                   ? launch_rows("softmax variant", s, plan, rows, softmax_staged_kernel<T, false>,
+                                 p, (size_t)plan.vpt)
                    : WEFT_EINVAL;
-    if (unsigned slots = ring_variant_slots(variant))
-        return run_ring("softmax variant", s, cols, V, sizeof(T), 32, slots, p,
+    unsigned slots, values;
+    if (ring_variant(variant, 32, &slots, &values))
+        return run_ring("softmax variant", s, cols, V, sizeof(T), values, slots, p,
                         softmax_ring_for<T, false>);
     if (held_variant_plan(variant, cols, V, 32, &plan))
         return run_held("softmax variant", s, plan, p, softmax_held_for<T, false>(plan.vpt));
@@ -195,8 +206,9 @@ int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void
                    ? launch_rows("layernorm variant", s, plan, rows, norm_staged_kernel<T, false>,
                                  p, (size_t)plan.vpt)
                    : WEFT_EINVAL;
-    if (unsigned slots = ring_variant_slots(variant))
-        return run_ring("layernorm variant", s, cols, V, sizeof(T), 16, slots, p,
+    unsigned slots, values;
+    if (ring_variant(variant, 16, &slots, &values))
+        return run_ring("layernorm variant", s, cols, V, sizeof(T), values, slots, p,
                         norm_ring_for<T, NORM_LAYER>);
     if (held_variant_plan(variant, cols, V, 16, &plan))
         return run_held("layernorm variant", s, plan, p, norm_held_for<T, NORM_LAYER>(plan.vpt));

@@ -31,6 +31,7 @@ int weft__cuda_devices_create(weft__device ***devs, unsigned *count, unsigned gr
 
 #include "core/error.h"
 #include "device/cuda_internal.h"
+#include "device/cuda_status.h"
 
 typedef weft__cuda_device cuda_device;
 
@@ -69,12 +70,7 @@ int weft__cuda_fail(weft__cuda_device *dev, const char *call, cudaError_t e)
         int healthy = 0;
         atomic_compare_exchange_strong(&dev->failed, &healthy, (int)e);
     }
-    int status = e == cudaErrorMemoryAllocation ? WEFT_ENOMEM
-                 : e == cudaErrorInvalidValue || e == cudaErrorInvalidConfiguration ||
-                         e == cudaErrorInvalidDeviceFunction
-                     ? WEFT_EINVAL
-                     : WEFT_EDEVICE;
-    return weft__fail(status, "%s: %s (%s) on GPU %d", call, cudaGetErrorName(e),
+    return weft__fail(weft__cuda_status(e), "%s: %s (%s) on GPU %d", call, cudaGetErrorName(e),
                       cudaGetErrorString(e), dev->ordinal);
 }
 

@@ -70,8 +70,8 @@ template <typename T> int launch(cudaStream_t stream, const char *op, const weft
                 ring_plan ring;
                 if (!a->residual && plan_held(a->cols, V, 16, &blocks, true)) {
                     auto ring_kernel = norm_ring_for<T, MODE>(blocks.vpt);
-                    if (ring_kernel && plan_ring(ring_kernel, blocks, a->cols, a->rows, V,
-                                                 sizeof(T), 1, 2, &ring))
+                    if (ring_kernel &&
+                        plan_ring(ring_kernel, blocks, a->cols, a->rows, V, sizeof(T), 1, 2, &ring))
                         return launch_ring(op, stream, ring, ring_kernel, p);
                 }
             }

@@ -23,6 +23,22 @@ template <typename T> struct norm_params {
     weft_gelu_form form;
 };
 
+/* The statistics' finish, shared by every norm kernel: the host's
+ * corrected two-pass algorithm (norm.c), with a reciprocal in place of
+ * each division (within the tests' bounds, and instructions fewer a row).
+ * LayerNorm: the first mean corrected by the deviations' sum, and 1 /
+ * sqrt(variance + eps); RMSNorm: 1 / sqrt(mean square + eps). */
+__device__ __forceinline__ float layer_rstd(float &mean, sum2 dev, float inv_n, float eps)
+{
+    mean += dev.a * inv_n;
+    float var = (dev.b - dev.a * dev.a * inv_n) * inv_n;
+    return rsqrtf(fmaxf(var, 0.0f) + eps);
+}
+__device__ __forceinline__ float rms_rstd(float mean_square, float eps)
+{
+    return rsqrtf(mean_square + eps);
+}
+
 /* s for column j from in (h), the residual (r) and the GELU bias (g). */
 template <typename T>
 __device__ __forceinline__ float form_sum(const norm_params<T> &p, float h, float r, float g)
@@ -123,7 +139,7 @@ __global__ void __launch_bounds__(512, 2)
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
         return;
     const bool staged = tiles == 1;
-    const float n = (float)p.cols;
+    const float inv_n = 1.0f / (float)p.cols;
     float x[VPT][V];
 
     if (staged) {
@@ -144,10 +160,10 @@ __global__ void __launch_bounds__(512, 2)
                 acc += p.rms ? x[k][e] * x[k][e] : x[k][e];
         }
     }
-    float mean = row_reduce(acc, op_sum(), s1, cluster) / n, rstd;
+    float mean = row_reduce(acc, op_sum(), s1, cluster) * inv_n, rstd;
 
     if (p.rms) {
-        rstd = 1.0f / sqrtf(mean + p.eps);
+        rstd = rms_rstd(mean, p.eps);
         mean = 0.0f;
     } else {
         /* Deviations and their squares; past the row's end s is 0 but its
@@ -170,11 +186,7 @@ __global__ void __launch_bounds__(512, 2)
             }
         }
         dev = row_reduce(dev, op_sum(), s2, cluster);
-        mean += dev.a / n;
-        float var = (dev.b - dev.a * dev.a / n) / n;
-        if (var < 0.0f)
-            var = 0.0f;
-        rstd = 1.0f / sqrtf(var + p.eps);
+        rstd = layer_rstd(mean, dev, inv_n, p.eps);
     }
 
     for (size_t t = at.first; t < at.first + tiles; t++) {
@@ -212,7 +224,7 @@ __global__ void __launch_bounds__(512)
     T *res_s = in_s + seg;
     const T *in_g = p.in + at.row * p.stride;
     const T *res_g = p.residual ? p.residual + at.row * p.stride : nullptr;
-    const float n = (float)p.cols;
+    const float inv_n = 1.0f / (float)p.cols;
 
     for (size_t l = mine; l < seg; l += step) {
         int m = part_of<V>(first + l, p.cols);
@@ -248,10 +260,10 @@ __global__ void __launch_bounds__(512)
         if (res_g || GELU)
             store_part<T, V>(in_s + l, h, m);
     }
-    float mean = row_reduce(acc, op_sum(), s1, cluster) / n, rstd;
+    float mean = row_reduce(acc, op_sum(), s1, cluster) * inv_n, rstd;
 
     if (p.rms) {
-        rstd = 1.0f / sqrtf(mean + p.eps);
+        rstd = rms_rstd(mean, p.eps);
         mean = 0.0f;
     } else {
         sum2 dev = {0.0f, 0.0f};
@@ -271,11 +283,7 @@ __global__ void __launch_bounds__(512)
             }
         }
         dev = row_reduce(dev, op_sum(), s2, cluster);
-        mean += dev.a / n;
-        float var = (dev.b - dev.a * dev.a / n) / n;
-        if (var < 0.0f)
-            var = 0.0f;
-        rstd = 1.0f / sqrtf(var + p.eps);
+        rstd = layer_rstd(mean, dev, inv_n, p.eps);
     }
 
     T *out_g = p.out + at.row * p.stride;
@@ -322,10 +330,9 @@ enum norm_mode { NORM_LAYER, NORM_RMS, NORM_GELU_ERF_LAYER, NORM_GELU_TANH_LAYER
  * read() runs once every thread of the row has read its vectors.
  */
 template <typename T, int VPT, norm_mode MODE, typename Row, typename Read>
-__device__ __forceinline__ void norm_held_row(const norm_params<T> &p, const row_place &at,
-                                              const Row &in, const Row &res, Read read,
-                                              reduce_scratch<float> &s1, reduce_scratch<sum2> &s2,
-                                              unsigned cluster)
+__device__ __forceinline__ void
+norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const Row &res,
+              Read read, reduce_scratch<float> &s1, reduce_scratch<sum2> &s2, unsigned cluster)
 {
     constexpr int V = vec16<T>();
     constexpr bool GELU = MODE == NORM_GELU_ERF_LAYER || MODE == NORM_GELU_TANH_LAYER;
@@ -371,12 +378,12 @@ __device__ __forceinline__ void norm_held_row(const norm_params<T> &p, const row
         for (int e = 0; e < V; e++)
             acc += MODE == NORM_RMS ? x[k][e] * x[k][e] : x[k][e];
     }
-    const float n = (float)p.cols, inv_n = 1.0f / n;
+    const float inv_n = 1.0f / (float)p.cols;
     float mean = row_reduce(acc, op_sum(), s1, cluster) * inv_n, rstd;
     read();
 
     if (MODE == NORM_RMS) {
-        rstd = rsqrtf(mean + p.eps);
+        rstd = rms_rstd(mean, p.eps);
         mean = 0.0f;
     } else {
         /* the host's correction: the deviations' sum and sum of squares */
@@ -402,9 +409,7 @@ __device__ __forceinline__ void norm_held_row(const norm_params<T> &p, const row
             }
         }
         dev = row_reduce(dev, op_sum(), s2, cluster);
-        mean += dev.a * inv_n;
-        float var = (dev.b - dev.a * dev.a * inv_n) * inv_n;
-        rstd = rsqrtf(fmaxf(var, 0.0f) + p.eps);
+        rstd = layer_rstd(mean, dev, inv_n, p.eps);
     }
 
     T *out = p.out + at.row * p.stride;
@@ -450,7 +455,7 @@ __device__ __forceinline__ void norm_held_row(const norm_params<T> &p, const row
  * four blocks of 256 threads stay resident (left to itself, ptxas gave the
  * fp32 GELU form 102 registers, two blocks, and the fused op lost 25%). */
 template <typename T, int VPT, norm_mode MODE>
-__global__ void __launch_bounds__(512, VPT * vec16<T>() <= 16 ? 2 : 1)
+__global__ void __launch_bounds__(512, VPT *vec16<T>() <= 16 ? 2 : 1)
     norm_held_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t)
 {
     constexpr int V = vec16<T>();
@@ -461,7 +466,8 @@ __global__ void __launch_bounds__(512, VPT * vec16<T>() <= 16 ? 2 : 1)
         return;
     const global_row<T, V> in = {p.in + at.row * p.stride};
     const global_row<T, V> res = {p.residual ? p.residual + at.row * p.stride : nullptr};
-    norm_held_row<T, VPT, MODE>(p, at, in, res, [] {}, s1, s2, cluster);
+    norm_held_row<T, VPT, MODE>(
+        p, at, in, res, [] {}, s1, s2, cluster);
 }
 
 /* The ring kernel (rows.cuh): resident blocks (or clusters) loop over
@@ -482,7 +488,8 @@ __global__ void __launch_bounds__(512) norm_ring_kernel(norm_params<T> p, ring_p
 
     /* slot s's next row (thread 0 only) */
     auto fill = [&](unsigned s, size_t row) {
-        ring.fill(s, p.in + row * p.stride, p.residual ? p.residual + row * p.stride : nullptr, mine);
+        ring.fill(s, p.in + row * p.stride, p.residual ? p.residual + row * p.stride : nullptr,
+                  mine);
     };
     ring.init();
     if (threadIdx.x == 0)

@@ -25,6 +25,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "device/cuda_status.h"
 #include "ops/ops_internal.h"
 
 extern "C" {
@@ -494,13 +495,8 @@ static inline int launch_status(const char *op, cudaError_t e)
     if (e == cudaSuccess)
         return WEFT_OK;
     cudaGetLastError(); /* a refused launch is not sticky: clear it */
-    int status = e == cudaErrorMemoryAllocation ? WEFT_ENOMEM
-                 : e == cudaErrorInvalidValue || e == cudaErrorInvalidConfiguration ||
-                         e == cudaErrorInvalidResourceHandle
-                     ? WEFT_EINVAL
-                     : WEFT_EDEVICE;
-    return weft__fail(status, "%s: kernel launch failed: %s (%s)", op, cudaGetErrorName(e),
-                      cudaGetErrorString(e));
+    return weft__fail(weft__cuda_status(e), "%s: kernel launch failed: %s (%s)", op,
+                      cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
 /* After a <<<>>> launch. */

@@ -242,8 +242,7 @@ template <typename T, int V> __device__ __forceinline__ uint4 pack(const float (
 
 /* Where this thread's vector k lies in its row (elements), for the held
  * layout: vector k of thread t of block `rank` at ((rank * VPT + k) * TPR + t) * V. */
-template <int V, int VPT>
-__device__ __forceinline__ unsigned held_at(const row_place &at, int k)
+template <int V, int VPT> __device__ __forceinline__ unsigned held_at(const row_place &at, int k)
 {
     return ((at.rank * VPT + k) * blockDim.x + at.tid) * V;
 }
@@ -282,11 +281,11 @@ template <int V> __device__ __forceinline__ int held_part(unsigned j, unsigned e
  * copies its segment of the row (a cluster's blocks each their own).
  */
 struct ring_plan {
-    row_plan held;       /* threads per row, cluster, vectors a thread; a block per row */
-    unsigned slots;      /* rows in flight a block */
-    unsigned seg_bytes;  /* one tensor's segment of a row, the bytes a block copies */
-    unsigned buffers;    /* row-sized inputs in a slot (in, and a residual) */
-    unsigned grid;       /* resident blocks, a multiple of the cluster */
+    row_plan held;      /* threads per row, cluster, vectors a thread; a block per row */
+    unsigned slots;     /* rows in flight a block */
+    unsigned seg_bytes; /* one tensor's segment of a row, the bytes a block copies */
+    unsigned buffers;   /* row-sized inputs in a slot (in, and a residual) */
+    unsigned grid;      /* resident blocks, a multiple of the cluster */
 };
 
 /* The dynamic shared memory of a ring kernel: the slots' mbarriers, then
@@ -318,8 +317,7 @@ __device__ __forceinline__ void barrier_init(unsigned bar)
  * `bytes` more have landed. */
 __device__ __forceinline__ void barrier_expect(unsigned bar, unsigned bytes)
 {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
-                 "r"(bytes)
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
                  : "memory");
 }
 
@@ -341,10 +339,10 @@ __device__ __forceinline__ void barrier_wait(unsigned bar, unsigned parity)
 __device__ __forceinline__ void bulk_copy(unsigned dst, const void *src, unsigned bytes,
                                           unsigned bar)
 {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-        "l"(src), "r"(bytes), "r"(bar)
-        : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+                 "%2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
 }
 
 /* 16 bytes of shared memory; volatile, so that it is read where it stands
@@ -398,7 +396,8 @@ template <typename T> struct row_ring {
     }
     __device__ __forceinline__ T *segment(unsigned s, unsigned buffer) const
     {
-        return reinterpret_cast<T *>(smem + RING_BARRIER_BYTES + (s * buffers + buffer) * seg_bytes);
+        return reinterpret_cast<T *>(smem + RING_BARRIER_BYTES +
+                                     (s * buffers + buffer) * seg_bytes);
     }
 
     /* The mbarriers, before any copy (all threads of the block call it). */
@@ -487,8 +486,8 @@ static bool plan_ring(K kernel, const row_plan &held, size_t cols, size_t rows, 
         return ring_refused();
     int resident = 0;
     if (held.cluster == 1) {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, (int)held.tpr,
-                                                          smem) != cudaSuccess)
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, (int)held.tpr, smem) !=
+            cudaSuccess)
             return ring_refused();
         resident *= sm_count();
     } else {

@@ -332,7 +332,8 @@ __global__ void __launch_bounds__(512)
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
         return;
     const global_row<T, V> in = {p.in + at.row * p.stride};
-    softmax_held_row<T, VPT, DROPOUT>(p, at, in, [] {}, scratch, cluster);
+    softmax_held_row<T, VPT, DROPOUT>(
+        p, at, in, [] {}, scratch, cluster);
 }
 
 /* The ring kernel (rows.cuh): resident blocks (or clusters) loop over

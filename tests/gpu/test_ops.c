@@ -252,13 +252,27 @@ typedef struct shape {
  * idle warps), blocks per row, clusters of 2 and 8, looping clusters,
  * vectors and single elements, and rows streamed through a ring. */
 static const shape ROW_SHAPES[] = {
-    {1, 1, 1, 0},           {5, 1, 3, 0},           {3, 7, 7, 0},         {2, 7, 12, 0},
-    {70, 256, 264, 0},      {64, 1024, 1024, 0},    {3, 4095, 4095, 0},   {3, 4097, 4100, 0},
-    {4, 4096, 4096, 0},     {3, 4096, 4096, 1},     {2, 16384, 16384, 0}, {2, 65536, 65536, 0},
-    {1, 262144, 262144, 0}, {2, 100000, 100003, 0}, {2, 65536, 65536, 1},
+    {1, 1, 1, 0},
+    {5, 1, 3, 0},
+    {3, 7, 7, 0},
+    {2, 7, 12, 0},
+    {70, 256, 264, 0},
+    {64, 1024, 1024, 0},
+    {3, 4095, 4095, 0},
+    {3, 4097, 4100, 0},
+    {4, 4096, 4096, 0},
+    {3, 4096, 4096, 1},
+    {2, 16384, 16384, 0},
+    {2, 65536, 65536, 0},
+    {1, 262144, 262144, 0},
+    {2, 100000, 100003, 0},
+    {2, 65536, 65536, 1},
     {2, 65537, 65544, 0}, /* a cluster of 8 holding a partial vector, threads past the end */
     /* rows enough for the ring kernels: blocks of a warp or more, clusters of 2 */
-    {270, 256, 256, 0},     {300, 1024, 1032, 0},   {300, 4096, 4104, 0}, {280, 32768, 32768, 0},
+    {270, 256, 256, 0},
+    {300, 1024, 1032, 0},
+    {300, 4096, 4104, 0},
+    {280, 32768, 32768, 0},
 };
 enum { NROW_SHAPES = sizeof ROW_SHAPES / sizeof *ROW_SHAPES };
 
@@ -360,7 +374,8 @@ static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int inputs, do
     tens gb = tens_new(dt, 1, s.cols, s.cols, s.skew), w = tens_new(dt, 1, s.cols, s.cols, s.skew);
     tens b = tens_new(dt, 1, s.cols, s.cols, s.skew);
     cmp c = {NORM_NAMES[kind], &out, 0, 0}, cs = {"gelu_layernorm x", &sum, 0, 0};
-    int fused = kind == GELU_LAYERNORM, with_res = inputs == NORM_FULL, affine = inputs != NORM_BARE;
+    int fused = kind == GELU_LAYERNORM, with_res = inputs == NORM_FULL,
+        affine = inputs != NORM_BARE;
     int with_sum = with_res || fused;
 
     tens_random(&in, offset - 2, offset + 2);
@@ -525,8 +540,8 @@ static void test_softmax_dropout_matches_host_and_replays(void **state)
         weft_dtype dt = DTYPES[d];
         /* element by element, staged (a warp, a block, a cluster a row),
          * in registers across a cluster, and through a ring */
-        shape shapes[] = {{3, 7, 9, 0},         {40, 512, 512, 0},    {5, 4097, 4100, 0},
-                          {4, 4096, 4096, 0},   {2, 65536, 65536, 0}, {2, 65536, 65536, 1},
+        shape shapes[] = {{3, 7, 9, 0},        {40, 512, 512, 0},    {5, 4097, 4100, 0},
+                          {4, 4096, 4096, 0},  {2, 65536, 65536, 0}, {2, 65536, 65536, 1},
                           {300, 4096, 4096, 0}};
         for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
             weft_softmax_opts o = {.dropout_p = (float)p, .seed = seed, .offset = offset};
