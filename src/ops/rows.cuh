@@ -296,7 +296,8 @@ __device__ __forceinline__ unsigned char *ring_smem()
     return weft_ring;
 }
 
-enum : unsigned { RING_BARRIER_BYTES = 128, RING_MAX_SLOTS = 8 };
+/* room for the mbarriers (8 bytes each) ahead of the slots */
+enum : unsigned { RING_BARRIER_BYTES = 128, RING_MAX_SLOTS = RING_BARRIER_BYTES / 8 };
 
 static inline size_t ring_bytes(unsigned slots, unsigned seg_bytes, unsigned buffers)
 {
@@ -452,6 +453,8 @@ static bool plan_ring(K kernel, const row_plan &held, size_t cols, size_t rows, 
 {
     if (held.rpb != 1 || cols % V != 0 || cols / V < 32)
         return false;
+    if (max_slots > RING_MAX_SLOTS)
+        max_slots = RING_MAX_SLOTS;
     int dev = 0, smem_sm = 0, smem_block = 0, blocks = 0;
     cudaFuncAttributes fa;
     if (cudaGetDevice(&dev) != cudaSuccess ||
