@@ -516,38 +516,16 @@ __global__ void __launch_bounds__(512) norm_ring_kernel(norm_params<T> p, ring_p
 template <typename T, norm_mode MODE>
 static void (*norm_held_for(unsigned vpt))(norm_params<T>, size_t, unsigned, size_t)
 {
-    constexpr int V = vec16<T>();
-    switch (vpt) {
-    case 1:
-        return norm_held_kernel<T, 1, MODE>;
-    case 2:
-        return norm_held_kernel<T, 2, MODE>;
-    case 4:
-        return norm_held_kernel<T, 4, MODE>;
-    case 8:
-        if constexpr (8 * V <= HELD_MAX_VALUES)
-            return norm_held_kernel<T, 8, MODE>;
-    }
-    return nullptr;
+    return held_vpt<vec16<T>()>(
+        vpt, [](auto k) { return norm_held_kernel<T, decltype(k)::value, MODE>; });
 }
 
 /* The ring kernel for plan.vpt, or NULL when there is none. */
 template <typename T, norm_mode MODE>
 static void (*norm_ring_for(unsigned vpt))(norm_params<T>, ring_plan)
 {
-    constexpr int V = vec16<T>();
-    switch (vpt) {
-    case 1:
-        return norm_ring_kernel<T, 1, MODE>;
-    case 2:
-        return norm_ring_kernel<T, 2, MODE>;
-    case 4:
-        return norm_ring_kernel<T, 4, MODE>;
-    case 8:
-        if constexpr (8 * V <= HELD_MAX_VALUES)
-            return norm_ring_kernel<T, 8, MODE>;
-    }
-    return nullptr;
+    return held_vpt<vec16<T>()>(
+        vpt, [](auto k) { return norm_ring_kernel<T, decltype(k)::value, MODE>; });
 }
 
 template <typename T, int V>

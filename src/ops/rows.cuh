@@ -193,6 +193,26 @@ static inline bool plan_held(size_t cols, int V, unsigned values, row_plan *p,
     return false;
 }
 
+/* pick(std::integral_constant<int, VPT>()) - a held or ring kernel of VPT
+ * vectors a thread - for vpt, or NULL where VPT * V would exceed
+ * HELD_MAX_VALUES. */
+template <int V, typename Pick>
+static auto held_vpt(unsigned vpt, Pick pick) -> decltype(pick(std::integral_constant<int, 1>()))
+{
+    switch (vpt) {
+    case 1:
+        return pick(std::integral_constant<int, 1>());
+    case 2:
+        return pick(std::integral_constant<int, 2>());
+    case 4:
+        return pick(std::integral_constant<int, 4>());
+    case 8:
+        if constexpr (8 * V <= HELD_MAX_VALUES)
+            return pick(std::integral_constant<int, 8>());
+    }
+    return nullptr;
+}
+
 /* The 16 bytes at p: streamed row data (evict first) or per-column
  * parameters (read-only path, kept in L1). */
 __device__ __forceinline__ uint4 load_streamed(const void *p)

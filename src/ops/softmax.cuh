@@ -381,38 +381,16 @@ __global__ void __launch_bounds__(512) softmax_ring_kernel(softmax_params<T> p, 
 template <typename T, bool DROPOUT>
 static void (*softmax_held_for(unsigned vpt))(softmax_params<T>, size_t, unsigned, size_t)
 {
-    constexpr int V = vec16<T>();
-    switch (vpt) {
-    case 1:
-        return softmax_held_kernel<T, 1, DROPOUT>;
-    case 2:
-        return softmax_held_kernel<T, 2, DROPOUT>;
-    case 4:
-        return softmax_held_kernel<T, 4, DROPOUT>;
-    case 8:
-        if constexpr (8 * V <= HELD_MAX_VALUES)
-            return softmax_held_kernel<T, 8, DROPOUT>;
-    }
-    return nullptr;
+    return held_vpt<vec16<T>()>(
+        vpt, [](auto k) { return softmax_held_kernel<T, decltype(k)::value, DROPOUT>; });
 }
 
 /* The ring kernel for plan.vpt, or NULL when there is none. */
 template <typename T, bool DROPOUT>
 static void (*softmax_ring_for(unsigned vpt))(softmax_params<T>, ring_plan)
 {
-    constexpr int V = vec16<T>();
-    switch (vpt) {
-    case 1:
-        return softmax_ring_kernel<T, 1, DROPOUT>;
-    case 2:
-        return softmax_ring_kernel<T, 2, DROPOUT>;
-    case 4:
-        return softmax_ring_kernel<T, 4, DROPOUT>;
-    case 8:
-        if constexpr (8 * V <= HELD_MAX_VALUES)
-            return softmax_ring_kernel<T, 8, DROPOUT>;
-    }
-    return nullptr;
+    return held_vpt<vec16<T>()>(
+        vpt, [](auto k) { return softmax_ring_kernel<T, decltype(k)::value, DROPOUT>; });
 }
 
 template <typename T, int V>
