@@ -481,35 +481,20 @@ __global__ void __launch_bounds__(512) norm_ring_kernel(norm_params<T> p, ring_p
     __shared__ reduce_scratch<sum2> s2;
     const unsigned cluster = plan.held.cluster, seg = blockDim.x * VPT * V;
     row_place at = {0, 0, 0, threadIdx.x, blockIdx.x % cluster};
-    const size_t group = blockIdx.x / cluster, groups = gridDim.x / cluster;
     const unsigned first = at.rank * seg, cols = (unsigned)p.cols;
     const unsigned mine = first >= cols ? 0 : cols - first < seg ? cols - first : seg;
     const row_ring<T> ring = {ring_smem(), plan.slots, plan.buffers, plan.seg_bytes, first};
 
-    /* slot s's next row (thread 0 only) */
     auto fill = [&](unsigned s, size_t row) {
         ring.fill(s, p.in + row * p.stride, p.residual ? p.residual + row * p.stride : nullptr,
                   mine);
     };
-    ring.init();
-    if (threadIdx.x == 0)
-        for (unsigned s = 0; s < plan.slots && group + s * groups < p.rows; s++)
-            fill(s, group + s * groups);
-
-    unsigned i = 0;
-    for (size_t row = group; row < p.rows; row += groups, i++) {
-        const unsigned s = i % plan.slots;
-        ring.wait(i);
+    ring_rows(ring, p.rows, cluster, fill, [&](size_t row, unsigned s, auto read) {
         at.row = row;
         const slot_row<T, V> in = {ring.segment(s, 0), first};
         const slot_row<T, V> res = {ring.segment(s, 1), first};
-        auto refill = [&] {
-            size_t next = row + plan.slots * groups;
-            if (threadIdx.x == 0 && next < p.rows)
-                fill(s, next);
-        };
-        norm_held_row<T, VPT, MODE>(p, at, in, res, refill, s1, s2, cluster);
-    }
+        norm_held_row<T, VPT, MODE>(p, at, in, res, read, s1, s2, cluster);
+    });
 }
 
 /* The held kernel for plan.vpt, or NULL when there is none. */

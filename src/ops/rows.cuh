@@ -451,6 +451,35 @@ template <typename T> struct row_ring {
     }
 };
 
+/*
+ * A ring kernel's loop over its block's rows (its cluster's: row group
+ * blockIdx.x / cluster of gridDim.x / cluster): fill(s, row) issues slot
+ * s's copies of a row (thread 0 only); row(r, s, read) works on row r from
+ * slot s and calls read() once every thread of the row has read the slot,
+ * which refills it with the row `slots` turns on.
+ */
+template <typename T, typename Fill, typename Row>
+__device__ __forceinline__ void ring_rows(const row_ring<T> &ring, size_t rows, unsigned cluster,
+                                          Fill fill, Row row)
+{
+    const size_t group = blockIdx.x / cluster, groups = gridDim.x / cluster;
+    ring.init();
+    if (threadIdx.x == 0)
+        for (unsigned s = 0; s < ring.slots && group + s * groups < rows; s++)
+            fill(s, group + s * groups);
+
+    unsigned i = 0;
+    for (size_t r = group; r < rows; r += groups, i++) {
+        const unsigned s = i % ring.slots;
+        ring.wait(i);
+        row(r, s, [&] {
+            size_t next = r + ring.slots * groups;
+            if (threadIdx.x == 0 && next < rows)
+                fill(s, next);
+        });
+    }
+}
+
 /* false, with CUDA's error for a refused query cleared (it is not sticky). */
 static inline bool ring_refused()
 {

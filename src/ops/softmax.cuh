@@ -346,35 +346,20 @@ __global__ void __launch_bounds__(512) softmax_ring_kernel(softmax_params<T> p, 
     __shared__ reduce_scratch<float> scratch;
     const unsigned cluster = plan.held.cluster, seg = blockDim.x * VPT * V;
     row_place at = {0, 0, 0, threadIdx.x, blockIdx.x % cluster};
-    const size_t group = blockIdx.x / cluster, groups = gridDim.x / cluster;
     const unsigned first = at.rank * seg;
     const row_ring<T> ring = {ring_smem(), plan.slots, 1, plan.seg_bytes, first};
 
-    /* slot s's next row, its visible vectors in this block's segment
-     * (thread 0 only) */
+    /* the row's visible vectors in this block's segment */
     auto fill = [&](unsigned s, size_t row) {
         unsigned end = ((unsigned)visible(p, row) + V - 1) / V * V;
         unsigned mine = first >= end ? 0 : end - first < seg ? end - first : seg;
         ring.fill(s, p.in + row * p.stride, nullptr, mine);
     };
-    ring.init();
-    if (threadIdx.x == 0)
-        for (unsigned s = 0; s < plan.slots && group + s * groups < p.rows; s++)
-            fill(s, group + s * groups);
-
-    unsigned i = 0;
-    for (size_t row = group; row < p.rows; row += groups, i++) {
-        const unsigned s = i % plan.slots;
-        ring.wait(i);
+    ring_rows(ring, p.rows, cluster, fill, [&](size_t row, unsigned s, auto read) {
         at.row = row;
         const slot_row<T, V> in = {ring.segment(s, 0), first};
-        auto refill = [&] {
-            size_t next = row + plan.slots * groups;
-            if (threadIdx.x == 0 && next < p.rows)
-                fill(s, next);
-        };
-        softmax_held_row<T, VPT, DROPOUT>(p, at, in, refill, scratch, cluster);
-    }
+        softmax_held_row<T, VPT, DROPOUT>(p, at, in, read, scratch, cluster);
+    });
 }
 
 /* The held kernel for plan.vpt, or NULL when there is none. */
