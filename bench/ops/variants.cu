@@ -6,13 +6,13 @@
  * The library holds aligned rows in registers, loaded straight from
  * global memory (the held kernels) or, for the plain norms of half types,
  * streamed through a ring in shared memory (the ring kernels, 2 slots a
- * block); these run the ring kernels with 2 and 4 slots (ring2, ring4),
- * and with 2 at twice the values a thread (ring2_wide; softmax's ring is no
- * library path: it measured slower), the held kernels
- * under the library's plan (held) and others (held_narrow, held_wide: see
- * held_variant_plan), the shared-memory staged kernels (staged), and its
- * register-tile row kernels (softmax, LayerNorm) on the same shapes, under
- * rows.cuh's plan_rows and changes of it:
+ * block). These run the ring kernels with 2 and 4 slots (ring2, ring4)
+ * and with 2 at twice the values a thread (ring2_wide; softmax's ring is
+ * no library path: it measured slower), the held kernels under the
+ * library's plan (held) and others (held_narrow, held_wide: see
+ * held_variant_plan), the shared-memory staged kernels (staged), and the
+ * register-tile row kernels (softmax, LayerNorm) on the same shapes,
+ * under rows.cuh's plan_rows and changes of it:
  *   regs         plan_rows: 16 values a thread
  *   regs_half    8 values a thread: twice the threads per row
  *   regs_double  32 values a thread: half the threads (the compiler spills)
