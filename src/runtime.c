@@ -53,8 +53,7 @@ static int fill_config(weft_config *cfg, const weft_config *given)
     if (cfg->workers > MAX_WORKERS)
         return weft__fail(WEFT_EINVAL, "weft_runtime_create: %u workers is more than %d",
                           cfg->workers, MAX_WORKERS);
-    if (cfg->stack_size &&
-        (cfg->stack_size < WEFT__STACK_MIN || cfg->stack_size > WEFT__STACK_MAX))
+    if (cfg->stack_size && (cfg->stack_size < WEFT__STACK_MIN || cfg->stack_size > WEFT__STACK_MAX))
         return weft__fail(WEFT_EINVAL, "weft_runtime_create: stack_size %zu is outside [%zu, %zu]",
                           cfg->stack_size, WEFT__STACK_MIN, WEFT__STACK_MAX);
     if (cfg->backend != WEFT_BACKEND_AUTO && cfg->backend != WEFT_BACKEND_HOST &&
@@ -120,21 +119,20 @@ static int devices_create(weft_runtime *rt)
         }
         rt->ndevices = 1;
     }
-    for (unsigned i = 0; i < rt->ndevices; i++) {
-        char name[32];
-        bool gpu = strcmp(rt->devices[i]->ops->name, "cuda") == 0;
-        snprintf(name, sizeof name, gpu ? "GPU %u" : "host device %u", i);
-        weft__trace_name_device(rt->trace, i, name);
-        rt->devices[i]->trace = rt->trace;
-    }
     bool polled = rt->devices[0]->ops->poll != NULL;
     if (polled)
         weft__sched_set_poller(rt->sched, poll_devices, devices_pending, rt);
     for (unsigned i = 0; i < rt->ndevices; i++) {
-        rt->devices[i]->index = i;
+        weft__device *dev = rt->devices[i];
+        char name[32];
+        bool gpu = strcmp(dev->ops->name, "cuda") == 0;
+        snprintf(name, sizeof name, gpu ? "GPU %u" : "host device %u", i);
+        weft__trace_name_device(rt->trace, i, name);
+        dev->trace = rt->trace;
+        dev->index = i;
         if (polled) {
-            rt->devices[i]->kick = kick_sched;
-            rt->devices[i]->kick_ctx = rt->sched;
+            dev->kick = kick_sched;
+            dev->kick_ctx = rt->sched;
         }
     }
     return WEFT_OK;

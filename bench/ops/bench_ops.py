@@ -40,6 +40,10 @@ SMALL_ROWS = [1, 2, 4, 8, 16, 32, 64]
 OPS = ["gelu_layernorm", "softmax", "rmsnorm", "layernorm", "add_layernorm",
        "bias_gelu_residual", "swiglu", "rope"]
 WEFT_DTYPE = {"f32": 0, "bf16": 1, "f16": 2}
+
+
+def torch_dtype(torch, dtype_name):
+    return {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}[dtype_name]
 EPS = 1e-5
 
 
@@ -202,7 +206,7 @@ def cur_stream():
 
 def make_case(torch, lib, op, rows, cols, dtype_name):
     F = torch.nn.functional
-    dt = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}[dtype_name]
+    dt = torch_dtype(torch, dtype_name)
     wd = WEFT_DTYPE[dtype_name]
     es = torch.tensor([], dtype=dt).element_size()
     dev = "cuda"
@@ -335,7 +339,7 @@ def make_case(torch, lib, op, rows, cols, dtype_name):
     raise ValueError(op)
 
 
-def compare(torch, got, want, dtype_name):
+def compare(got, want, dtype_name):
     """Largest error relative to the largest value, and whether it is
     within what the dtype's rounding allows against PyTorch's own."""
     g, w = got.float(), want.float()
@@ -418,7 +422,7 @@ def run(torch, lib, args):
                 try:
                     got, want = case.check()
                     torch.cuda.synchronize()
-                    err, ok = compare(torch, got, want, dtype_name)
+                    err, ok = compare(got, want, dtype_name)
                     del got, want
                     if not ok:
                         failures.append("%s: differs from PyTorch (relative error %.3g)" %
@@ -455,7 +459,7 @@ def run(torch, lib, args):
             wd = WEFT_DTYPE[dtype_name]
             for (r, c) in shapes:
                 progress("variants %s %dx%d" % (dtype_name, r, c))
-                dt = {"bf16": torch.bfloat16, "f32": torch.float32}[dtype_name]
+                dt = torch_dtype(torch, dtype_name)
                 es = torch.tensor([], dtype=dt).element_size()
                 x = torch.randn(r, c, device="cuda", dtype=dt)
                 y = torch.empty_like(x)

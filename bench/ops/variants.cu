@@ -80,12 +80,11 @@ bool variant_plan(const char *variant, size_t cols, int V, row_plan *p)
     return false;
 }
 
-/* The held kernels (the library's main path) under other plans, from the
- * library's `values` a thread:
+/* The held kernels under the library's plan, from its `values` a thread
+ * (held), and under others:
  *   held_narrow  half the values a thread, twice the threads
  *   held_wide    twice the values a thread (up to 32), half the threads
- * and the shared-memory staged kernels they replaced (`staged`). false
- * when the variant does not apply. */
+ * false when the variant does not apply. */
 bool held_variant_plan(const char *variant, size_t cols, int V, unsigned values, row_plan *p)
 {
     if (strcmp(variant, "held") == 0)
@@ -121,7 +120,7 @@ int run_ring(const char *op, cudaStream_t s, size_t cols, int V, size_t elem_siz
     if (!plan_held(cols, V, values, &blocks, true))
         return WEFT_EINVAL;
     auto kernel = kernel_for(blocks.vpt);
-    if (!kernel || !plan_ring(kernel, blocks, cols, p.rows, V, elem_size, 1, slots, &ring))
+    if (!kernel || !plan_ring(kernel, blocks, cols, p.rows, V, elem_size, slots, &ring))
         return WEFT_EINVAL;
     return launch_ring(op, s, ring, kernel, p);
 }
@@ -254,11 +253,6 @@ int gelu_libm(cudaStream_t s, void *out, const void *in, const void *bias, const
 
 using namespace weft_ops;
 
-#define BY_DTYPE(dtype, call)                                                                      \
-    ((dtype) == WEFT_DTYPE_BF16  ? call<__nv_bfloat16>                                             \
-     : (dtype) == WEFT_DTYPE_F16 ? call<__half>                                                    \
-                                 : call<float>)
-
 extern "C" {
 
 int weft_bench_empty(void *stream)
@@ -270,20 +264,26 @@ int weft_bench_empty(void *stream)
 int weft_bench_softmax_variant(void *stream, int dtype, const char *variant, void *out,
                                const void *in, size_t rows, size_t cols)
 {
-    return BY_DTYPE(dtype, softmax_variant)((cudaStream_t)stream, variant, out, in, rows, cols);
+    return by_dtype((weft_dtype)dtype, [&](auto t) {
+        return softmax_variant<decltype(t)>((cudaStream_t)stream, variant, out, in, rows, cols);
+    });
 }
 
 int weft_bench_layernorm_variant(void *stream, int dtype, const char *variant, void *out,
                                  const void *in, const void *weight, const void *bias, size_t rows,
                                  size_t cols)
 {
-    return BY_DTYPE(dtype, layernorm_variant)((cudaStream_t)stream, variant, out, in, weight, bias,
+    return by_dtype((weft_dtype)dtype, [&](auto t) {
+        return layernorm_variant<decltype(t)>((cudaStream_t)stream, variant, out, in, weight, bias,
                                               rows, cols);
+    });
 }
 
 int weft_bench_gelu_libm(void *stream, int dtype, void *out, const void *in, const void *bias,
                          const void *res, size_t rows, size_t cols)
 {
-    return BY_DTYPE(dtype, gelu_libm)((cudaStream_t)stream, out, in, bias, res, rows, cols);
+    return by_dtype((weft_dtype)dtype, [&](auto t) {
+        return gelu_libm<decltype(t)>((cudaStream_t)stream, out, in, bias, res, rows, cols);
+    });
 }
 }

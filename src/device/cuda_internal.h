@@ -61,7 +61,8 @@ struct weft__stream {
     cudaEvent_t *spare; /* EVENT: events to record again */
     unsigned nspare, spare_cap;
 
-    /* tracing (cuda_trace.c), guarded by lock */
+    /* tracing (cuda_trace.c), guarded by lock but for timing_chain, which
+     * only the task enqueuing on the stream (its leaseholder) touches */
     struct weft__cuda_timed *timed; /* operations awaiting read-back, oldest first (a ring) */
     unsigned timed_head, timed_count, timed_cap;
     cudaEvent_t *timing_spare; /* timing events to record again */
@@ -140,9 +141,10 @@ void weft__cuda_stream_destroy_bare(weft__stream *s);
 
 /* Work is about to be enqueued on s: from idle, the device's busy time
  * starts. It ends when a marker placed after the work is seen complete
- * (weft__cuda_idle_if_done). After the first operation this is one relaxed
- * load. Every enqueue on a stream calls it, so it also ends the chaining of
- * timing events (cuda_trace.c). */
+ * (idle_if_done, cuda_engine.c). After the first operation this is one
+ * relaxed load. Kernels, copies, memsets, host functions and graph
+ * launches call it, so it also ends the chaining of timing events
+ * (cuda_trace.c); the stream's other operations end it themselves. */
 static inline void weft__cuda_note_work(weft__stream *s)
 {
     s->timing_chain = false; /* a timed operation's end is no longer the newest */

@@ -310,13 +310,6 @@ static struct kernel_slot {
     char name[WEFT__TRACE_NAME];
 } kernel_names[KERNEL_NAMES];
 
-static void name_copy(char *dst, const char *src)
-{
-    size_t n = strnlen(src, WEFT__TRACE_NAME - 1);
-    memcpy(dst, src, n);
-    dst[n] = '\0';
-}
-
 static const char *kernel_name(const void *kernel, char *buf, size_t size)
 {
     size_t h = (size_t)(((uintptr_t)kernel >> 4) * 0x9e3779b97f4a7c15u >> 32);
@@ -329,7 +322,7 @@ static const char *kernel_name(const void *kernel, char *buf, size_t size)
             continue;
         if (atomic_exchange_explicit(&slot->claimed, true, memory_order_relaxed))
             break; /* being written, maybe for this kernel */
-        name_copy(slot->name, demangled(kernel, buf, size));
+        weft__trace_copy_name(slot->name, demangled(kernel, buf, size));
         atomic_store_explicit(&slot->kernel, kernel, memory_order_release);
         return slot->name;
     }

@@ -7,7 +7,8 @@
  * it is centred. The row is read once and kept on chip (rows.cuh says
  * how: for 16-byte aligned tensors in registers, loaded straight from
  * global memory or, for the plain norms of half types, streamed through
- * a ring in shared memory; otherwise in register tiles), s is formed and
+ * a ring in shared memory, or for aligned rows too long to hold staged in
+ * shared memory; otherwise in register tiles), s is formed and
  * rounded to the dtype there, and the statistics follow the
  * host's corrected two-pass algorithm on the kept row: the mean, then the
  * sums of the deviations and of their squares (one combined reduction),
@@ -71,7 +72,7 @@ template <typename T> int launch(cudaStream_t stream, const char *op, const weft
                 if (!a->residual && plan_held(a->cols, V, 16, &blocks, true)) {
                     auto ring_kernel = norm_ring_for<T, MODE>(blocks.vpt);
                     if (ring_kernel &&
-                        plan_ring(ring_kernel, blocks, a->cols, a->rows, V, sizeof(T), 1, 2, &ring))
+                        plan_ring(ring_kernel, blocks, a->cols, a->rows, V, sizeof(T), 2, &ring))
                         return launch_ring(op, stream, ring, ring_kernel, p);
                 }
             }

@@ -138,11 +138,11 @@ __global__ void __launch_bounds__(512, 2)
     const row_place at = place_row<V>(row0, cluster, tiles, VPT);
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
         return;
-    const bool staged = tiles == 1;
+    const bool once = tiles == 1; /* held, read once */
     const float inv_n = 1.0f / (float)p.cols;
     float x[VPT][V];
 
-    if (staged) {
+    if (once) {
 #pragma unroll
         for (int k = 0; k < VPT; k++)
             load_sums<T, V>(p, at, at.first, k, x[k]);
@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(512, 2)
     for (size_t t = at.first; t < at.first + tiles; t++) {
 #pragma unroll
         for (int k = 0; k < VPT; k++) {
-            if (!staged)
+            if (!once)
                 load_sums<T, V>(p, at, t, k, x[k]);
 #pragma unroll
             for (int e = 0; e < V; e++)
@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(512, 2)
         for (size_t t = at.first; t < at.first + tiles; t++) {
 #pragma unroll
             for (int k = 0; k < VPT; k++) {
-                if (!staged)
+                if (!once)
                     load_sums<T, V>(p, at, t, k, x[k]);
                 size_t j = elem_at<V>(at, t, k);
 #pragma unroll
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(512, 2)
     for (size_t t = at.first; t < at.first + tiles; t++) {
 #pragma unroll
         for (int k = 0; k < VPT; k++) {
-            if (!staged)
+            if (!once)
                 load_sums<T, V>(p, at, t, k, x[k]);
             store_row<T, V>(p, at, t, k, x[k], mean, rstd);
         }
@@ -471,8 +471,9 @@ __global__ void __launch_bounds__(512, VPT *vec16<T>() <= 16 ? 2 : 1)
 }
 
 /* The ring kernel (rows.cuh): resident blocks (or clusters) loop over
- * rows, each row's segment of in and the residual arriving in a slot of
- * the block's ring ahead of its turn. */
+ * rows, each row's segment of in arriving in a slot of the block's ring
+ * ahead of its turn. No residual: that would double the bytes a row,
+ * where the held kernel measured faster. */
 template <typename T, int VPT, norm_mode MODE>
 __global__ void __launch_bounds__(512) norm_ring_kernel(norm_params<T> p, ring_plan plan)
 {
@@ -483,17 +484,13 @@ __global__ void __launch_bounds__(512) norm_ring_kernel(norm_params<T> p, ring_p
     row_place at = {0, 0, 0, threadIdx.x, blockIdx.x % cluster};
     const unsigned first = at.rank * seg, cols = (unsigned)p.cols;
     const unsigned mine = first >= cols ? 0 : cols - first < seg ? cols - first : seg;
-    const row_ring<T> ring = {ring_smem(), plan.slots, plan.buffers, plan.seg_bytes, first};
+    const row_ring<T> ring = {ring_smem(), plan.slots, plan.seg_bytes, first};
 
-    auto fill = [&](unsigned s, size_t row) {
-        ring.fill(s, p.in + row * p.stride, p.residual ? p.residual + row * p.stride : nullptr,
-                  mine);
-    };
+    auto fill = [&](unsigned s, size_t row) { ring.fill(s, p.in + row * p.stride, mine); };
     ring_rows(ring, p.rows, cluster, fill, [&](size_t row, unsigned s, auto read) {
         at.row = row;
-        const slot_row<T, V> in = {ring.segment(s, 0), first};
-        const slot_row<T, V> res = {ring.segment(s, 1), first};
-        norm_held_row<T, VPT, MODE>(p, at, in, res, read, s1, s2, cluster);
+        const slot_row<T, V> in = {ring.segment(s), first};
+        norm_held_row<T, VPT, MODE>(p, at, in, in, read, s1, s2, cluster);
     });
 }
 

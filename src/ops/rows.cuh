@@ -303,13 +303,12 @@ template <int V> __device__ __forceinline__ int held_part(unsigned j, unsigned e
 struct ring_plan {
     row_plan held;      /* threads per row, cluster, vectors a thread; a block per row */
     unsigned slots;     /* rows in flight a block */
-    unsigned seg_bytes; /* one tensor's segment of a row, the bytes a block copies */
-    unsigned buffers;   /* row-sized inputs in a slot (in, and a residual) */
+    unsigned seg_bytes; /* a slot: the block's segment of a row */
     unsigned grid;      /* resident blocks, a multiple of the cluster */
 };
 
 /* The dynamic shared memory of a ring kernel: the slots' mbarriers, then
- * the slots, each `buffers` segments. */
+ * the slots. */
 __device__ __forceinline__ unsigned char *ring_smem()
 {
     extern __shared__ __align__(128) unsigned char weft_ring[];
@@ -319,9 +318,9 @@ __device__ __forceinline__ unsigned char *ring_smem()
 /* room for the mbarriers (8 bytes each) ahead of the slots */
 enum : unsigned { RING_BARRIER_BYTES = 128, RING_MAX_SLOTS = RING_BARRIER_BYTES / 8 };
 
-static inline size_t ring_bytes(unsigned slots, unsigned seg_bytes, unsigned buffers)
+static inline size_t ring_bytes(unsigned slots, unsigned seg_bytes)
 {
-    return RING_BARRIER_BYTES + (size_t)slots * seg_bytes * buffers;
+    return RING_BARRIER_BYTES + (size_t)slots * seg_bytes;
 }
 
 __device__ __forceinline__ unsigned shared_address(const void *p)
@@ -408,17 +407,16 @@ template <typename T, int V> struct slot_row {
  */
 template <typename T> struct row_ring {
     unsigned char *smem;
-    unsigned slots, buffers, seg_bytes; /* as the plan says */
-    unsigned first;                     /* the block's segment's first element */
+    unsigned slots, seg_bytes; /* as the plan says */
+    unsigned first;            /* the block's segment's first element */
 
     __device__ __forceinline__ unsigned bar(unsigned s) const
     {
         return shared_address(smem) + 8 * s;
     }
-    __device__ __forceinline__ T *segment(unsigned s, unsigned buffer) const
+    __device__ __forceinline__ T *segment(unsigned s) const
     {
-        return reinterpret_cast<T *>(smem + RING_BARRIER_BYTES +
-                                     (s * buffers + buffer) * seg_bytes);
+        return reinterpret_cast<T *>(smem + RING_BARRIER_BYTES + s * seg_bytes);
     }
 
     /* The mbarriers, before any copy (all threads of the block call it). */
@@ -431,18 +429,14 @@ template <typename T> struct row_ring {
         __syncthreads();
     }
 
-    /* Copies elements [first, first + n) of the row's in (and residual,
-     * with two buffers) into slot s, n a multiple of V, possibly 0; one
-     * thread only. */
-    __device__ __forceinline__ void fill(unsigned s, const T *in, const T *res, unsigned n) const
+    /* Copies elements [first, first + n) of the row at `row` into slot s,
+     * n a multiple of V, possibly 0; one thread only. */
+    __device__ __forceinline__ void fill(unsigned s, const T *row, unsigned n) const
     {
         unsigned bytes = n * (unsigned)sizeof(T);
-        barrier_expect(bar(s), bytes * buffers);
-        if (bytes > 0) {
-            bulk_copy(shared_address(segment(s, 0)), in + first, bytes, bar(s));
-            if (buffers > 1)
-                bulk_copy(shared_address(segment(s, 1)), res + first, bytes, bar(s));
-        }
+        barrier_expect(bar(s), bytes);
+        if (bytes > 0)
+            bulk_copy(shared_address(segment(s)), row + first, bytes, bar(s));
     }
 
     __device__ __forceinline__ void wait(unsigned i) const
@@ -489,7 +483,7 @@ static inline bool ring_refused()
 
 /*
  * The ring plan for the held plan `held` (a block or a cluster per row)
- * and `buffers` row-sized inputs: as many resident blocks an SM as the
+ * of one row-sized input: as many resident blocks an SM as the
  * kernel's registers allow that still leave each at least two slots, up
  * to `max_slots` slots each, and as many blocks as CUDA says are then
  * resident (whole clusters, as the GPCs fit them) or as leave each
@@ -498,9 +492,11 @@ static inline bool ring_refused()
  */
 template <typename K>
 static bool plan_ring(K kernel, const row_plan &held, size_t cols, size_t rows, int V,
-                      size_t elem_size, unsigned buffers, unsigned max_slots, ring_plan *r)
+                      size_t elem_size, unsigned max_slots, ring_plan *r)
 {
-    if (held.rpb != 1 || cols % V != 0 || cols / V < 32)
+    /* few rows (small inputs) are the held kernels', which start with no
+     * setup: refused before any question to CUDA */
+    if (held.rpb != 1 || cols % V != 0 || cols / V < 32 || rows < 2 * (size_t)sm_count())
         return false;
     if (max_slots > RING_MAX_SLOTS)
         max_slots = RING_MAX_SLOTS;
@@ -517,9 +513,8 @@ static bool plan_ring(K kernel, const row_plan &held, size_t cols, size_t rows, 
         return ring_refused();
 
     r->held = held;
-    r->buffers = buffers;
     r->seg_bytes = (unsigned)((size_t)held.tpr * held.vpt * V * elem_size);
-    const long slot_bytes = (long)r->seg_bytes * buffers;
+    const long slot_bytes = r->seg_bytes;
     for (r->slots = 0; blocks >= 1 && r->slots < 2; blocks--) {
         /* each block also keeps its static shared memory and 1 KB for CUDA */
         long share = smem_sm / blocks - 1024;
@@ -531,7 +526,7 @@ static bool plan_ring(K kernel, const row_plan &held, size_t cols, size_t rows, 
     if (r->slots < 2)
         return false;
 
-    const size_t smem = ring_bytes(r->slots, r->seg_bytes, buffers);
+    const size_t smem = ring_bytes(r->slots, r->seg_bytes);
     if (smem > 48 * 1024 &&
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
             cudaSuccess)
@@ -556,12 +551,11 @@ static bool plan_ring(K kernel, const row_plan &held, size_t cols, size_t rows, 
             return ring_refused();
         resident *= (int)held.cluster;
     }
-    /* every cluster loops over two rows or more; few rows (small inputs)
-     * are the held kernels', which start with no setup */
+    /* every cluster loops over two rows or more */
     size_t clusters = (size_t)resident / held.cluster;
     if (clusters > rows / 2)
         clusters = rows / 2;
-    if (clusters == 0 || rows < 2 * (size_t)sm_count())
+    if (clusters == 0)
         return false;
     r->grid = (unsigned)(clusters * held.cluster);
     return true;
@@ -577,7 +571,7 @@ static int launch_ring(const char *op, cudaStream_t stream, const ring_plan &r,
     cudaLaunchAttribute attr[1];
     cfg.gridDim = dim3(r.grid, 1, 1);
     cfg.blockDim = dim3(r.held.tpr, 1, 1);
-    cfg.dynamicSmemBytes = ring_bytes(r.slots, r.seg_bytes, r.buffers);
+    cfg.dynamicSmemBytes = ring_bytes(r.slots, r.seg_bytes);
     cfg.stream = stream;
     if (r.held.cluster > 1) {
         attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -595,18 +589,17 @@ static int launch_ring(const char *op, cudaStream_t stream, const ring_plan &r,
 /*
  * The staged kernels (norm_staged_kernel, softmax_staged_kernel) hold the
  * row in shared memory instead of registers, copied there with cp.async:
- * every copy of a block is in flight at once without holding a register,
- * so an SM has up to ~200 KB of rows in flight - several times what the
- * register kernels reach - which hides DRAM latency behind each block's
- * reductions. ~8 vectors a thread: enough work per thread to make the
- * reductions cheap, few enough to keep blocks short. Each thread copies
- * and later reads only its own vectors (the same layout as the register
- * kernels, (k * TPR + t) * V), so its own cp.async.wait_all is all the
- * synchronisation the copies need; the reductions' barriers do the rest.
- * They take 16-byte aligned rows only (the register kernels do the rest),
- * and a block stages at most STAGED_BLOCK_BYTES (at least three blocks an
- * SM); longer rows spread over a cluster of up to 8 blocks, and rows
- * longer than that go to the register kernels' tile loop.
+ * every copy of a block is in flight at once without holding a register.
+ * They lost to the held kernels by 1.5-2x (every pass re-reads and
+ * converts shared memory in run-time loops) and now take only the aligned
+ * rows too long to hold that 8 blocks still stage. ~8 vectors a thread.
+ * Each thread copies and later reads only its own vectors (the same layout
+ * as the register kernels, (k * TPR + t) * V), so its own
+ * cp.async.wait_all is all the synchronisation the copies need; the
+ * reductions' barriers do the rest. A block stages at most
+ * STAGED_BLOCK_BYTES (at least three blocks an SM); longer rows spread
+ * over a cluster of up to 8 blocks, and rows longer than that go to the
+ * register kernels' tile loop.
  */
 enum : size_t { STAGED_BLOCK_BYTES = 64 * 1024 };
 

@@ -3,8 +3,9 @@
  * (softmax.c holds the checks and the host reference).
  *
  * The row machinery of rows.cuh: the visible part of the row is read once
- * and kept on chip - in registers for 16-byte aligned tensors, else in
- * register tiles - and scaled as it is used (scale * x
+ * and kept on chip - in registers for 16-byte aligned tensors (in shared
+ * memory for aligned rows too long to hold), else in register tiles - and
+ * scaled as it is used (scale * x
  * rounded before the maximum is taken, as on the host). A max reduction,
  * a sum of exp(v - max) and its reduction, then every column is written:
  * e / sum where visible, 0 where masked, each kept or dropped by the same

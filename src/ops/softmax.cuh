@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(512, 2)
     const row_place at = place_row<V>(row0, cluster, tiles, VPT);
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
         return;
-    const bool staged = tiles == 1;
+    const bool once = tiles == 1; /* held, read once */
     const size_t n = visible(p, at.row);
     float x[VPT][V];
 
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(512, 2)
     for (size_t t = at.first; t < at.first + tiles; t++) {
 #pragma unroll
         for (int k = 0; k < VPT; k++) {
-            if (!staged)
+            if (!once)
                 load_scaled<T, V>(p, at, t, k, n, x[k]);
             exponentiate<V>(x[k], elem_at<V>(at, t, k), n, max);
 #pragma unroll
@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(512, 2)
     for (size_t t = at.first; t < at.first + tiles; t++) {
 #pragma unroll
         for (int k = 0; k < VPT; k++) {
-            if (!staged) {
+            if (!once) {
                 load_scaled<T, V>(p, at, t, k, n, x[k]);
                 exponentiate<V>(x[k], elem_at<V>(at, t, k), n, max);
             }
@@ -347,17 +347,17 @@ __global__ void __launch_bounds__(512) softmax_ring_kernel(softmax_params<T> p, 
     const unsigned cluster = plan.held.cluster, seg = blockDim.x * VPT * V;
     row_place at = {0, 0, 0, threadIdx.x, blockIdx.x % cluster};
     const unsigned first = at.rank * seg;
-    const row_ring<T> ring = {ring_smem(), plan.slots, 1, plan.seg_bytes, first};
+    const row_ring<T> ring = {ring_smem(), plan.slots, plan.seg_bytes, first};
 
     /* the row's visible vectors in this block's segment */
     auto fill = [&](unsigned s, size_t row) {
         unsigned end = ((unsigned)visible(p, row) + V - 1) / V * V;
         unsigned mine = first >= end ? 0 : end - first < seg ? end - first : seg;
-        ring.fill(s, p.in + row * p.stride, nullptr, mine);
+        ring.fill(s, p.in + row * p.stride, mine);
     };
     ring_rows(ring, p.rows, cluster, fill, [&](size_t row, unsigned s, auto read) {
         at.row = row;
-        const slot_row<T, V> in = {ring.segment(s, 0), first};
+        const slot_row<T, V> in = {ring.segment(s), first};
         softmax_held_row<T, VPT, DROPOUT>(p, at, in, read, scratch, cluster);
     });
 }

@@ -210,13 +210,6 @@ static void append_end(buffer *b)
     atomic_store_explicit(&b->busy, false, memory_order_release);
 }
 
-static void copy_name(char *dst, const char *src)
-{
-    size_t n = strnlen(src, WEFT__TRACE_NAME - 1);
-    memcpy(dst, src, n);
-    dst[n] = '\0';
-}
-
 /* ---- events ---------------------------------------------------------------- */
 
 bool weft__trace_recording(const weft__trace *tr)
@@ -251,7 +244,7 @@ void weft__trace_run(weft__trace *tr, uint64_t *task_id, const char *task_name, 
                .task = weft__trace_task_id(tr, task_id),
                .tid = b->tid,
                .kind = REC_RUN};
-    copy_name(r->name, task_name ? task_name : "task");
+    weft__trace_copy_name(r->name, task_name ? task_name : "task");
     append_end(b);
 }
 
@@ -272,7 +265,7 @@ void weft__trace_wait(weft__trace *tr, uint64_t *task_id, const char *task_name,
                .tid = b->tid,
                .kind = REC_WAIT,
                .what = (uint8_t)what};
-    copy_name(r->name, task_name ? task_name : "task");
+    weft__trace_copy_name(r->name, task_name ? task_name : "task");
     append_end(b);
 }
 
@@ -292,7 +285,7 @@ void weft__trace_op(weft__trace *tr, unsigned device, unsigned stream, weft__op_
                .device = (uint16_t)device,
                .kind = REC_OP,
                .what = (uint8_t)kind};
-    copy_name(r->name, name ? name : weft__op_kind_name(kind));
+    weft__trace_copy_name(r->name, name ? name : weft__op_kind_name(kind));
     append_end(b);
 }
 

@@ -29,6 +29,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef struct weft__trace weft__trace;
 
@@ -59,6 +60,14 @@ typedef enum weft__op_kind {
 } weft__op_kind;
 
 enum { WEFT__TRACE_NAME = 40 }; /* bytes of a name kept per event */
+
+/* src, cut to fit a WEFT__TRACE_NAME buffer. */
+static inline void weft__trace_copy_name(char *dst, const char *src)
+{
+    size_t n = strnlen(src, WEFT__TRACE_NAME - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
 
 /* ---- the one branch ------------------------------------------------------ */
 
