@@ -72,8 +72,7 @@ int weft__task_stream(const char *fn, weft__task **tp, weft__stream **sp)
     }
     if (!t->stream) {
         weft__device *dev = NULL;
-        if ((rc = place(t, &dev)) ||
-            (rc = dev->ops->stream_lease(dev, t->priority, &t->stream)))
+        if ((rc = place(t, &dev)) || (rc = dev->ops->stream_lease(dev, t->priority, &t->stream)))
             return rc;
         t->stream_device = dev;
     }
@@ -95,61 +94,30 @@ static const weft__device_ops *ops_of(const weft__task *t)
     return t->stream_device->ops;
 }
 
-/* ---- enqueueing while a trace is on ---------------------------------------- */
+/* ---- an operation's brackets while a trace is on ------------------------- */
 
-/* One enqueue call, its arguments kept for the traced path. */
-typedef struct enqueue {
-    weft__op_kind kind;
-    const char *call; /* the public call, for NVTX */
-    void *dst;
-    const void *src;
-    size_t n;
-    int value;
-    void (*fn)(void *arg);
-    void *arg;
-    const void *kernel;
-    weft_dim3 grid, block;
-    size_t shared_bytes;
-    void **args;
-} enqueue;
-
-static int enqueue_now(const weft__device_ops *ops, weft__stream *s, const enqueue *e)
+weft__op_bracket weft__op_bracket_open(weft__task *t, weft__stream *s, const char *call)
 {
-    switch (e->kind) {
-    case WEFT__OP_COPY:
-        return ops->copy(s, e->dst, e->src, e->n);
-    case WEFT__OP_FILL:
-        return ops->fill(s, e->dst, e->value, e->n);
-    case WEFT__OP_HOST_FN:
-        return ops->host_fn(s, e->fn, e->arg);
-    case WEFT__OP_KERNEL:
-        return ops->launch(s, e->kernel, e->grid, e->block, e->shared_bytes, e->args);
-    default:
-        return WEFT_EINVAL;
-    }
+    const weft__device_ops *ops = t->stream_device->ops;
+    weft__trace *tr = t->rt->trace;
+    weft__op_bracket b = {.timed =
+                              ops->trace_begin && !t->region_stream && weft__trace_recording(tr),
+                          .nvtx = weft__trace_nvtx(tr)};
+    if (b.nvtx)
+        weft__nvtx_push(call);
+    if (b.timed)
+        b.mark = ops->trace_begin(s);
+    return b;
 }
 
-/* The enqueue, bracketed for the timeline when the backend times its work
- * on the device (work recorded into a graph is timed as the graph), and
- * for a profiler by an NVTX range. */
-static int traced(weft__task *t, weft__stream *s, const enqueue *e)
+void weft__op_bracket_close(weft__task *t, weft__stream *s, weft__op_bracket b, weft__op_info op)
 {
-    const weft__device_ops *ops = ops_of(t);
-    weft__trace *tr = t->rt->trace;
-    bool timed = ops->trace_begin && !t->region_stream && weft__trace_recording(tr);
-    bool nvtx = weft__trace_nvtx(tr);
-    if (nvtx)
-        weft__nvtx_push(e->call);
-    void *mark = timed ? ops->trace_begin(s) : NULL;
-    int rc = enqueue_now(ops, s, e);
-    if (timed) {
-        weft__op_info op = {.kind = e->kind, .kernel = e->kernel, .bytes = e->n,
-                            .task = weft__trace_task_id(tr, &t->trace_id)};
-        ops->trace_end(s, mark, &op);
+    if (b.timed) {
+        op.task = weft__trace_task_id(t->rt->trace, &t->trace_id);
+        t->stream_device->ops->trace_end(s, b.mark, &op);
     }
-    if (nvtx)
+    if (b.nvtx)
         weft__nvtx_pop();
-    return rc;
 }
 
 int weft_memcpy_async(void *dst, const void *src, size_t n)
@@ -161,11 +129,12 @@ int weft_memcpy_async(void *dst, const void *src, size_t n)
     int rc = weft__task_stream("weft_memcpy_async", &t, &s);
     if (rc || n == 0)
         return rc;
-    if (weft__trace_on())
-        return noted(t, traced(t, s,
-                               &(enqueue){.kind = WEFT__OP_COPY, .call = "weft_memcpy_async",
-                                          .dst = dst, .src = src, .n = n}));
-    return noted(t, ops_of(t)->copy(s, dst, src, n));
+    if (!weft__trace_on())
+        return noted(t, ops_of(t)->copy(s, dst, src, n));
+    weft__op_bracket b = weft__op_bracket_open(t, s, "weft_memcpy_async");
+    rc = ops_of(t)->copy(s, dst, src, n);
+    weft__op_bracket_close(t, s, b, (weft__op_info){.kind = WEFT__OP_COPY, .bytes = n});
+    return noted(t, rc);
 }
 
 int weft_memset_async(void *dst, int value, size_t n)
@@ -177,11 +146,12 @@ int weft_memset_async(void *dst, int value, size_t n)
     int rc = weft__task_stream("weft_memset_async", &t, &s);
     if (rc || n == 0)
         return rc;
-    if (weft__trace_on())
-        return noted(t, traced(t, s,
-                               &(enqueue){.kind = WEFT__OP_FILL, .call = "weft_memset_async",
-                                          .dst = dst, .value = value, .n = n}));
-    return noted(t, ops_of(t)->fill(s, dst, value, n));
+    if (!weft__trace_on())
+        return noted(t, ops_of(t)->fill(s, dst, value, n));
+    weft__op_bracket b = weft__op_bracket_open(t, s, "weft_memset_async");
+    rc = ops_of(t)->fill(s, dst, value, n);
+    weft__op_bracket_close(t, s, b, (weft__op_info){.kind = WEFT__OP_FILL, .bytes = n});
+    return noted(t, rc);
 }
 
 int weft_host_async(void (*fn)(void *arg), void *arg)
@@ -193,11 +163,12 @@ int weft_host_async(void (*fn)(void *arg), void *arg)
     int rc = weft__task_stream("weft_host_async", &t, &s);
     if (rc)
         return rc;
-    if (weft__trace_on())
-        return noted(t, traced(t, s,
-                               &(enqueue){.kind = WEFT__OP_HOST_FN, .call = "weft_host_async",
-                                          .fn = fn, .arg = arg}));
-    return noted(t, ops_of(t)->host_fn(s, fn, arg));
+    if (!weft__trace_on())
+        return noted(t, ops_of(t)->host_fn(s, fn, arg));
+    weft__op_bracket b = weft__op_bracket_open(t, s, "weft_host_async");
+    rc = ops_of(t)->host_fn(s, fn, arg);
+    weft__op_bracket_close(t, s, b, (weft__op_info){.kind = WEFT__OP_HOST_FN});
+    return noted(t, rc);
 }
 
 int weft_launch(const void *kernel, weft_dim3 grid, weft_dim3 block, size_t shared_bytes,
@@ -213,12 +184,12 @@ int weft_launch(const void *kernel, weft_dim3 grid, weft_dim3 block, size_t shar
     int rc = weft__task_stream("weft_launch", &t, &s);
     if (rc)
         return rc;
-    if (weft__trace_on())
-        return noted(t, traced(t, s,
-                               &(enqueue){.kind = WEFT__OP_KERNEL, .call = "weft_launch",
-                                          .kernel = kernel, .grid = grid, .block = block,
-                                          .shared_bytes = shared_bytes, .args = args}));
-    return noted(t, ops_of(t)->launch(s, kernel, grid, block, shared_bytes, args));
+    if (!weft__trace_on())
+        return noted(t, ops_of(t)->launch(s, kernel, grid, block, shared_bytes, args));
+    weft__op_bracket b = weft__op_bracket_open(t, s, "weft_launch");
+    rc = ops_of(t)->launch(s, kernel, grid, block, shared_bytes, args);
+    weft__op_bracket_close(t, s, b, (weft__op_info){.kind = WEFT__OP_KERNEL, .kernel = kernel});
+    return noted(t, rc);
 }
 
 int weft_stream(void **stream)
@@ -401,8 +372,7 @@ unsigned weft_device_count(weft_runtime *rt)
 {
     weft__device **devs;
     unsigned n;
-    if (weft__runtime_check(rt, "weft_device_count") ||
-        weft__runtime_devices(rt, &devs, &n))
+    if (weft__runtime_check(rt, "weft_device_count") || weft__runtime_devices(rt, &devs, &n))
         return 0;
     return n;
 }

@@ -61,8 +61,8 @@ typedef struct weft__device_ops {
     int (*copy)(weft__stream *s, void *dst, const void *src, size_t n);
     int (*fill)(weft__stream *s, void *dst, int value, size_t n);
     int (*host_fn)(weft__stream *s, void (*fn)(void *arg), void *arg);
-    int (*launch)(weft__stream *s, const void *kernel, weft_dim3 grid,
-                  weft_dim3 block, size_t shared_bytes, void **args);
+    int (*launch)(weft__stream *s, const void *kernel, weft_dim3 grid, weft_dim3 block,
+                  size_t shared_bytes, void **args);
     int (*malloc_async)(weft__stream *s, void **ptr, size_t n);
     int (*free_async)(weft__stream *s, void *ptr);
 
@@ -84,8 +84,7 @@ typedef struct weft__device_ops {
 
     /* Host memory for fast transfers; mapped: also addressable by the
      * device at *device_ptr. */
-    int (*host_alloc)(weft__device *dev, void **ptr, size_t n, bool mapped,
-                      void **device_ptr);
+    int (*host_alloc)(weft__device *dev, void **ptr, size_t n, bool mapped, void **device_ptr);
     int (*host_free)(weft__device *dev, void *ptr);
 
     /* Graph mode (NULL: the backend runs regions eagerly). region_begin
@@ -121,10 +120,10 @@ typedef struct weft__device_ops {
  * having work, busy_end when it is idle again (both cheap: once per
  * stretch of work on a stream, not per operation). */
 typedef struct weft__busy {
-    weft__lock lock;    /* a leaf: taken under stream locks, never around one */
-    unsigned streams;   /* streams with work outstanding */
-    uint64_t since_ns;  /* when streams last went from 0 to 1 */
-    uint64_t total_ns;  /* closed intervals */
+    weft__lock lock;   /* a leaf: taken under stream locks, never around one */
+    unsigned streams;  /* streams with work outstanding */
+    uint64_t since_ns; /* when streams last went from 0 to 1 */
+    uint64_t total_ns; /* closed intervals */
 } weft__busy;
 
 static inline void weft__busy_begin(weft__busy *b)
@@ -155,13 +154,29 @@ static inline uint64_t weft__busy_read(weft__busy *b)
 struct weft__device {
     const weft__device_ops *ops;
     weft__busy busy;
-    unsigned index; /* position in the runtime's device table */
+    unsigned index;            /* position in the runtime's device table */
     struct weft__trace *trace; /* the runtime's timeline, set after creation */
     /* Set by the runtime for polled backends: when a wait starts and nobody
      * may be polling (say, every worker is asleep), this gets one going. */
     void (*kick)(void *ctx);
     void *kick_ctx;
 };
+
+/* ---- an operation's brackets while a trace is on (api.c) -------------- */
+
+/* The timeline times an operation on the device (unless it is recorded
+ * into a graph: the graph's launch is timed), and a profiler sees an NVTX
+ * range named after the public call. Open just before the operation is
+ * enqueued, close just after; only while weft__trace_on(). */
+typedef struct weft__op_bracket {
+    void *mark; /* the backend's trace_begin, for its trace_end */
+    bool timed, nvtx;
+} weft__op_bracket;
+
+struct weft__task;
+weft__op_bracket weft__op_bracket_open(struct weft__task *t, weft__stream *s, const char *call);
+void weft__op_bracket_close(struct weft__task *t, weft__stream *s, weft__op_bracket b,
+                            weft__op_info op);
 
 /* Wait for everything enqueued on s so far. */
 static inline int weft__stream_sync(const weft__device_ops *ops, weft__stream *s)

@@ -369,13 +369,12 @@ int weft_graph_launch(weft_graph *g)
                           fn, g->ordinal, s->dev->ordinal);
     }
     /* timed on the device for the timeline, as other work is */
-    weft__trace *tr = t->rt->trace;
-    bool timed = weft__trace_on() && !t->region_stream && weft__trace_recording(tr);
-    void *mark = timed ? weft__cuda_trace_begin(s) : NULL;
-    e = cudaGraphLaunch(g->exec, s->handle);
-    if (timed) {
-        weft__op_info op = {.kind = WEFT__OP_GRAPH, .task = weft__trace_task_id(tr, &t->trace_id)};
-        weft__cuda_trace_end(s, mark, &op);
+    if (weft__trace_on()) {
+        weft__op_bracket b = weft__op_bracket_open(t, s, fn);
+        e = cudaGraphLaunch(g->exec, s->handle);
+        weft__op_bracket_close(t, s, b, (weft__op_info){.kind = WEFT__OP_GRAPH});
+    } else {
+        e = cudaGraphLaunch(g->exec, s->handle);
     }
     weft__lock_release(&g->lock);
     return e == cudaSuccess ? WEFT_OK

@@ -11,32 +11,12 @@
 #include "device/device.h"
 #include "runtime.h"
 #include "task/task.h"
-#include "trace/nvtx.h"
 
 static void region_close(weft__task *t)
 {
     t->region_open = false;
     t->region_broken = false;
     t->region_stream = NULL;
-}
-
-/* The graph launch, timed on the device for the timeline. */
-static int region_end_traced(weft__task *t, weft__stream *capture)
-{
-    const weft__device_ops *ops = t->stream_device->ops;
-    weft__trace *tr = t->rt->trace;
-    bool timed = ops->trace_begin && weft__trace_recording(tr);
-    if (weft__trace_nvtx(tr))
-        weft__nvtx_push("weft_region_end");
-    void *mark = timed ? ops->trace_begin(t->stream) : NULL;
-    int rc = ops->region_end(t->stream, capture, t->region_key);
-    if (timed) {
-        weft__op_info op = {.kind = WEFT__OP_GRAPH, .task = weft__trace_task_id(tr, &t->trace_id)};
-        ops->trace_end(t->stream, mark, &op);
-    }
-    if (weft__trace_nvtx(tr))
-        weft__nvtx_pop();
-    return rc;
 }
 
 void weft__region_drop(weft__task *t)
@@ -85,9 +65,12 @@ int weft_region_end(void)
         return weft__fail(WEFT_ESTATE, "weft_region_end: the task tried to suspend inside the "
                                        "region; its work was dropped");
     }
-    if (weft__trace_on())
-        return region_end_traced(t, capture);
-    return ops->region_end(t->stream, capture, t->region_key);
+    if (!weft__trace_on())
+        return ops->region_end(t->stream, capture, t->region_key);
+    weft__op_bracket b = weft__op_bracket_open(t, t->stream, "weft_region_end");
+    int rc = ops->region_end(t->stream, capture, t->region_key);
+    weft__op_bracket_close(t, t->stream, b, (weft__op_info){.kind = WEFT__OP_GRAPH});
+    return rc;
 }
 
 int weft_graph_stats_get(weft_runtime *rt, weft_graph_stats *stats)
