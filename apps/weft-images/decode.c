@@ -187,17 +187,18 @@ void wi_image_free(wi_image *img)
     img->rgb = NULL;
 }
 
-size_t wi_json_line(char *buf, size_t len, const char *path, uint32_t w, uint32_t h,
-                    uint64_t file_bytes, const wi_result *r)
-{
-    size_t at = 0;
+/* snprintf into buf at at, counting what did not fit as snprintf does. */
 #define PUT(...)                                                                                   \
     do {                                                                                           \
         int k = snprintf(buf + (at < len ? at : len), at < len ? len - at : 0, __VA_ARGS__);       \
         at += k > 0 ? (size_t)k : 0;                                                               \
     } while (0)
-    PUT("{\"path\":\"");
-    for (const unsigned char *c = (const unsigned char *)path; *c; c++) {
+
+size_t wi_json_string(char *buf, size_t len, const char *s)
+{
+    size_t at = 0;
+    PUT("\"");
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
         if (*c == '"' || *c == '\\')
             PUT("\\%c", *c);
         else if (*c < 0x20)
@@ -205,11 +206,59 @@ size_t wi_json_line(char *buf, size_t len, const char *path, uint32_t w, uint32_
         else
             PUT("%c", *c);
     }
-    PUT("\",\"width\":%u,\"height\":%u,\"bytes\":%llu,\"hash\":\"%016llx\",\"histogram\":[", w, h,
+    PUT("\"");
+    return at;
+}
+
+size_t wi_json_line(char *buf, size_t len, const char *path, uint32_t w, uint32_t h,
+                    uint64_t file_bytes, const wi_result *r)
+{
+    size_t at = 0;
+    PUT("{\"path\":");
+    at += wi_json_string(buf + (at < len ? at : len), at < len ? len - at : 0, path);
+    PUT(",\"width\":%u,\"height\":%u,\"bytes\":%llu,\"hash\":\"%016llx\",\"histogram\":[", w, h,
         (unsigned long long)file_bytes, (unsigned long long)r->hash);
     for (unsigned i = 0; i < WI_HIST_BINS; i++)
         PUT(i ? ",%u" : "%u", r->histogram[i]);
     PUT("]}\n");
-#undef PUT
     return at;
+}
+
+#undef PUT
+
+/* What one of the snprintf-like wi_json_* calls formats, written with one
+ * fputs: lines from several threads never interleave. */
+typedef struct json_text {
+    const char *path;
+    const wi_image *img; /* NULL: path alone, as a string */
+    const wi_result *r;
+} json_text;
+
+static size_t json_format(char *buf, size_t len, const json_text *t)
+{
+    if (!t->img)
+        return wi_json_string(buf, len, t->path);
+    return wi_json_line(buf, len, t->path, t->img->width, t->img->height, t->img->file_bytes, t->r);
+}
+
+static int json_put(FILE *f, const json_text *t)
+{
+    char small[1024], *buf = small;
+    size_t len = json_format(small, sizeof small, t);
+    if (len >= sizeof small && (buf = malloc(len + 1)) != NULL) /* a very long path */
+        json_format(buf, len + 1, t);
+    int rc = buf && fputs(buf, f) != EOF ? 0 : -1;
+    if (buf != small)
+        free(buf);
+    return rc;
+}
+
+int wi_json_write(FILE *f, const char *path, const wi_image *img, const wi_result *r)
+{
+    return json_put(f, &(json_text){path, img, r});
+}
+
+int wi_json_put_string(FILE *f, const char *s)
+{
+    return json_put(f, &(json_text){s, NULL, NULL});
 }

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "stages.h"
 
@@ -42,8 +43,8 @@ typedef struct wi_image {
 } wi_image;
 
 /* Read and decode path into RGB. Returns 0, or -1 with a one-line reason
- * in why ("empty file", "truncated JPEG: no end-of-image marker", "not an
- * image (unknown image type)", a system error). */
+ * in why ("empty file", "truncated GIF: no trailer", "not an image
+ * (stb_image: unknown image type)", a system error). */
 int wi_image_load(const char *path, wi_image *img, char *why, size_t why_len);
 void wi_image_free(wi_image *img);
 
@@ -53,6 +54,14 @@ void wi_image_free(wi_image *img);
  * length, or the length it would need (as snprintf). */
 size_t wi_json_line(char *buf, size_t len, const char *path, uint32_t w, uint32_t h,
                     uint64_t file_bytes, const wi_result *r);
+/* s as a JSON string, quotes included, into buf; returns as wi_json_line. */
+size_t wi_json_string(char *buf, size_t len, const char *s);
+/* Write the JSON line of one image (wi_json_write) or s as a JSON string
+ * (wi_json_put_string) to f with one fputs, so that lines from several
+ * threads do not interleave. Return 0, or -1 when out of memory for a very
+ * long path or when f failed. */
+int wi_json_write(FILE *f, const char *path, const wi_image *img, const wi_result *r);
+int wi_json_put_string(FILE *f, const char *s);
 
 /* ---- grouping (groups.c) ------------------------------------------------ */
 

@@ -120,19 +120,6 @@ static int device_pass(run *r, const wi_image *img, wi_result *result)
     return rc;
 }
 
-static void write_line(run *r, const wi_file *file, const wi_image *img, const wi_result *res)
-{
-    char line[1024], *buf = line;
-    size_t len =
-        wi_json_line(line, sizeof line, file->path, img->width, img->height, img->file_bytes, res);
-    if (len >= sizeof line && (buf = malloc(len + 1)) != NULL) /* a very long path */
-        wi_json_line(buf, len + 1, file->path, img->width, img->height, img->file_bytes, res);
-    if (!buf || fputs(buf, r->out) == EOF)
-        atomic_store(&r->write_failed, true);
-    if (buf != line)
-        free(buf);
-}
-
 static void *image_task(void *arg)
 {
     job *j = arg;
@@ -155,7 +142,8 @@ static void *image_task(void *arg)
         wi_activity_add(&r->activity, +1, 0);
         r->outcomes[j->index] = (outcome){true, res.hash};
         atomic_fetch_add(&r->pixel_bytes, (unsigned long long)img.width * img.height * 3);
-        write_line(r, file, &img, &res);
+        if (wi_json_write(r->out, file->path, &img, &res))
+            atomic_store(&r->write_failed, true);
         wi_activity_add(&r->activity, -1, 0);
     }
     wi_image_free(&img);
@@ -199,20 +187,6 @@ static void wait_all(run *r)
 
 /* ---- groups ----------------------------------------------------------------- */
 
-static void put_path_json(FILE *f, const char *path)
-{
-    fputc('"', f);
-    for (const unsigned char *c = (const unsigned char *)path; *c; c++) {
-        if (*c == '"' || *c == '\\')
-            fprintf(f, "\\%c", *c);
-        else if (*c < 0x20)
-            fprintf(f, "\\u%04x", *c);
-        else
-            fputc(*c, f);
-    }
-    fputc('"', f);
-}
-
 /* Group the hashes, write one JSON line per group, show the first few on
  * stderr. group[] receives each file's group (or -1). */
 static size_t write_groups(run *r, long *group, size_t *grouped)
@@ -246,7 +220,8 @@ static size_t write_groups(run *r, long *group, size_t *grouped)
             if (group[i] == (long)id) {
                 if (!first)
                     fputc(',', r->out);
-                put_path_json(r->out, r->files.v[i].path);
+                if (wi_json_put_string(r->out, r->files.v[i].path))
+                    atomic_store(&r->write_failed, true);
                 if (id < SHOWN_GROUPS)
                     fprintf(stderr, " %s", r->files.v[i].path);
                 first = false;

@@ -7,7 +7,7 @@
  * blended shapes, with a little noise), and for about a third of them one
  * to three near-duplicates made by resizing, cropping a few percent off
  * the edges, changing brightness and re-encoding (another format, or JPEG
- * at another quality). Sizes range from 64 to 720 pixels a side; formats
+ * at another quality). Originals are 48 to 400 pixels a side; formats
  * are PNG, JPEG, BMP, GIF (with giflib), PPM and PGM. File names are
  * shuffled, so a group is not told by its names. TRUTH gets one line per
  * group of near-duplicates: its file names, separated by tabs.
@@ -303,7 +303,7 @@ static int write_picture(const char *path, const picture *p, format f, int quali
 
 /* ---- the plan ---------------------------------------------------------------- */
 
-/* One output image: an original (variant_of < 0) or a near-duplicate. */
+/* One output image: an original, or with copy a near-duplicate of one. */
 typedef struct item {
     long base;   /* the original scene's number */
     bool copy;   /* a near-duplicate of it */
@@ -321,7 +321,7 @@ typedef struct plan {
 } plan;
 
 /* The original of base b: its size and scene. */
-static picture original(uint64_t seed, long b, rng *r_out)
+static picture original(uint64_t seed, long b)
 {
     rng r = stream(seed, (uint64_t)b, 1);
     int w = between(&r, 48, 400);
@@ -329,8 +329,6 @@ static picture original(uint64_t seed, long b, rng *r_out)
     h = h < 48 ? 48 : h > 400 ? 400 : h;
     scene s;
     scene_make(&s, &r);
-    if (r_out)
-        *r_out = r;
     return scene_draw(&s, w, h);
 }
 
@@ -371,8 +369,7 @@ static void *render(void *arg)
     char path[4096];
     while ((i = atomic_fetch_add(&pl->next, 1)) < pl->n) {
         item *it = &pl->items[i];
-        rng r;
-        picture p = original(pl->seed, it->base, &r);
+        picture p = original(pl->seed, it->base);
         rng edit = stream(pl->seed, it->id, 2);
         int quality = between(&edit, 75, 95);
         if (it->copy)

@@ -112,7 +112,7 @@ static void *work(void *arg)
 {
     worker *w = arg;
     peer *p = w->p;
-    char why[256], line[1024];
+    char why[256];
     size_t i;
     if (check(cudaStreamCreateWithFlags(&w->stream, cudaStreamNonBlocking), "cudaStreamCreate")) {
         atomic_store(&p->cuda_failed, 1);
@@ -134,10 +134,7 @@ static void *work(void *arg)
             p->ok[i] = true;
             atomic_fetch_add(&p->images, 1);
             atomic_fetch_add(&p->pixel_bytes, (unsigned long long)img.width * img.height * 3);
-            size_t len = wi_json_line(line, sizeof line, file->path, img.width, img.height,
-                                      img.file_bytes, &res);
-            if (len < sizeof line)
-                fputs(line, p->out);
+            wi_json_write(p->out, file->path, &img, &res);
         }
         wi_image_free(&img);
     }

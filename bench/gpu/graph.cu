@@ -173,12 +173,12 @@ int main(int argc, char **argv)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--quick"))
             opt.steps = 1000, opt.reps = 3;
-        else if (!strcmp(a, "--steps") && v)
-            opt.steps = (unsigned)atoi(v), i++;
-        else if (!strcmp(a, "--kernels") && v)
-            opt.kernels = (unsigned)atoi(v), i++;
-        else if (!strcmp(a, "--reps") && v)
-            opt.reps = (unsigned)atoi(v), i++;
+        else if (!strcmp(a, "--steps"))
+            opt.steps = (unsigned)parse_num(a, v), i++;
+        else if (!strcmp(a, "--kernels"))
+            opt.kernels = (unsigned)parse_num(a, v), i++;
+        else if (!strcmp(a, "--reps"))
+            opt.reps = (unsigned)parse_num(a, v), i++;
         else
             usage();
     }

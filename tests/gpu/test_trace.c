@@ -10,8 +10,8 @@
  * the launch would last microseconds), inside the session, and ending
  * before the task's GPU wait ends (the conversion to host time holds).
  */
-#include "../trace/trace_check.h"
 #include "gpu_test.h"
+#include "../trace/trace_check.h" /* after cmocka: trace_load_checked */
 
 enum { TASKS = 8, WORDS = 4096 };
 #define SPIN_NS 200000ull
@@ -123,12 +123,11 @@ static int by_ts(const void *a, const void *b)
 static void test_trace_times_gpu_operations_on_their_streams(void **state)
 {
     static const char *order[] = {"copy", "kernel", "memset", "copy", "host function"};
-    char path[256], error[256];
+    char path[256];
     job jobs[TASKS + 1];
     weft_task *ts[TASKS + 1];
     (void)state;
-    snprintf(path, sizeof path, "%s/weft-gpu-trace-%d.json",
-             getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+    trace_temp_path(path, sizeof path, "gpu");
     weft_runtime *rt = gt_runtime(2);
     uint64_t rng = gt_rng(1);
     for (int i = 0; i <= TASKS; i++) {
@@ -153,11 +152,7 @@ static void test_trace_times_gpu_operations_on_their_streams(void **state)
     }
     gt_runtime_destroy(rt);
 
-    json *doc = trace_load(path, error, sizeof error);
-    if (!doc)
-        fail_msg("%s is not JSON: %s", path, error);
-    if (!trace_check(doc, error, sizeof error))
-        fail_msg("%s: %s", path, error);
+    json *doc = trace_load_checked(path);
     assert_true(trace_count(doc, "M", "process_name", NULL) >= 2);
 
     static op ops[4096];

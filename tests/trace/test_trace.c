@@ -25,24 +25,6 @@
 #include "weft.h"
 #include "weft_test.h"
 
-/* A file name of its own for each test, removed at the end. */
-static void temp_path(char *buf, size_t n, const char *what)
-{
-    const char *dir = getenv("TMPDIR");
-    snprintf(buf, n, "%s/weft-trace-%s-%d.json", dir && *dir ? dir : "/tmp", what, (int)getpid());
-}
-
-static json *load_checked(const char *path)
-{
-    char error[256];
-    json *doc = trace_load(path, error, sizeof error);
-    if (!doc)
-        fail_msg("%s is not JSON: %s", path, error);
-    if (!trace_check(doc, error, sizeof error))
-        fail_msg("%s: %s", path, error);
-    return doc;
-}
-
 /* ---- the work ------------------------------------------------------------ */
 
 typedef struct shared {
@@ -225,7 +207,7 @@ static void test_weft_trace_env_records_runs_waits_and_device_ops(void **state)
 {
     char path[256];
     (void)state;
-    temp_path(path, sizeof path, "env");
+    trace_temp_path(path, sizeof path, "env");
     setenv("WEFT_TRACE", path, 1);
     weft_runtime *rt = runtime(2);
     unsetenv("WEFT_TRACE");
@@ -233,7 +215,7 @@ static void test_weft_trace_env_records_runs_waits_and_device_ops(void **state)
     assert_int_equal(weft_trace_start(rt, path), WEFT_ESTATE); /* recording already */
     assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
 
-    json *doc = load_checked(path);
+    json *doc = trace_load_checked(path);
     expect_the_work(doc, 2);
     json_free(doc);
     remove(path);
@@ -243,8 +225,8 @@ static void test_trace_start_and_stop_bound_the_recording(void **state)
 {
     char path[256], path2[256];
     (void)state;
-    temp_path(path, sizeof path, "startstop");
-    temp_path(path2, sizeof path2, "second");
+    trace_temp_path(path, sizeof path, "startstop");
+    trace_temp_path(path2, sizeof path2, "second");
     weft_runtime *rt = runtime(3);
     assert_int_equal(weft_trace_stop(rt), WEFT_ESTATE); /* not recording */
     assert_int_equal(weft_trace_start(rt, NULL), WEFT_EINVAL);
@@ -259,7 +241,7 @@ static void test_trace_start_and_stop_bound_the_recording(void **state)
     run_work(rt); /* not recorded either */
     assert_int_equal(weft_trace_stop(rt), WEFT_ESTATE);
 
-    json *doc = load_checked(path);
+    json *doc = trace_load_checked(path);
     expect_the_work(doc, 3);
     assert_int_equal(runs_named(doc, "producer") <= 50, 1);
     size_t roots = runs_named(doc, "root");
@@ -269,7 +251,7 @@ static void test_trace_start_and_stop_bound_the_recording(void **state)
     assert_int_equal(weft_trace_start(rt, path2), WEFT_OK);
     run_work(rt);
     assert_int_equal(weft_runtime_destroy(rt), WEFT_OK); /* stops it */
-    doc = load_checked(path2);
+    doc = trace_load_checked(path2);
     expect_the_work(doc, 3);
     assert_true(runs_named(doc, "root") >= 2 && roots >= 2);
     json_free(doc);
@@ -292,7 +274,7 @@ static void test_trace_is_valid_json_when_tasks_fail(void **state)
     weft_chan *ch;
     weft_task *ts[40];
     (void)state;
-    temp_path(path, sizeof path, "fail");
+    trace_temp_path(path, sizeof path, "fail");
     weft_runtime *rt = runtime(2);
     assert_int_equal(weft_trace_start(rt, path), WEFT_OK);
     assert_int_equal(weft_chan_create(&ch, sizeof(int), 1), WEFT_OK);
@@ -314,7 +296,7 @@ static void test_trace_is_valid_json_when_tasks_fail(void **state)
     assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
     weft_chan_destroy(ch);
 
-    json *doc = load_checked(path);
+    json *doc = trace_load_checked(path);
     assert_true(runs_named(doc, "doomed \"quoted\" \\ name\n") >= 1);
     assert_true(runs_named(doc, "d\xc3\xa9j\xc3\xa0") >= 1);
     assert_true(trace_count(doc, "b", "wait: chan recv", "wait") >= 1);
@@ -371,7 +353,7 @@ static void test_trace_stops_and_restarts_while_tasks_run(void **state)
     for (int k = 0; k < SESSIONS; k++) {
         char what[16];
         snprintf(what, sizeof what, "restart%d", k);
-        temp_path(paths[k], sizeof paths[k], what);
+        trace_temp_path(paths[k], sizeof paths[k], what);
         sleep_ms(10);
         assert_int_equal(weft_trace_start(rt, paths[k]), WEFT_OK);
         sleep_ms(70); /* longer than the writer's period */
@@ -390,7 +372,7 @@ static void test_trace_stops_and_restarts_while_tasks_run(void **state)
     }
     assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
     for (int k = 0; k < SESSIONS; k++) {
-        json *doc = load_checked(paths[k]);
+        json *doc = trace_load_checked(paths[k]);
         assert_true(runs_named(doc, "ping") >= 1);
         assert_true(runs_named(doc, "pong") >= 1);
         assert_true(trace_count(doc, "X", "host function", "device") >= 1);
@@ -407,7 +389,7 @@ static void test_profiler_hooks_without_a_trace_change_nothing(void **state)
 {
     char path[256];
     (void)state;
-    temp_path(path, sizeof path, "nvtx");
+    trace_temp_path(path, sizeof path, "nvtx");
     remove(path);
     setenv("NVTX_INJECTION64_PATH", "/nonexistent/libinjection.so", 1);
     weft_runtime *rt = runtime(2);
@@ -417,7 +399,7 @@ static void test_profiler_hooks_without_a_trace_change_nothing(void **state)
     assert_int_equal(weft_trace_start(rt, path), WEFT_OK);
     run_work(rt);
     assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
-    json *doc = load_checked(path);
+    json *doc = trace_load_checked(path);
     expect_the_work(doc, 2);
     json_free(doc);
     remove(path);

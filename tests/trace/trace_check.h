@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "json.h"
 
@@ -35,6 +36,13 @@ static inline char *trace_read_file(const char *path, size_t *n)
     if (text)
         text[*n] = '\0';
     return text;
+}
+
+/* A file name of its own for each test (what tells them apart). */
+static inline void trace_temp_path(char *buf, size_t n, const char *what)
+{
+    const char *dir = getenv("TMPDIR");
+    snprintf(buf, n, "%s/weft-trace-%s-%d.json", dir && *dir ? dir : "/tmp", what, (int)getpid());
 }
 
 /* The parsed trace at path, or NULL with why in error. */
@@ -185,5 +193,23 @@ static inline size_t trace_count(const json *doc, const char *ph, const char *pr
     }
     return n;
 }
+
+/* ---- for cmocka test programs (include cmocka.h first) ------------------ */
+#ifdef cmocka_unit_test
+
+/* The parsed trace at path, failing the test unless it is JSON and passes
+ * trace_check. */
+static inline json *trace_load_checked(const char *path)
+{
+    char error[256];
+    json *doc = trace_load(path, error, sizeof error);
+    if (!doc)
+        fail_msg("%s is not JSON: %s", path, error);
+    if (!trace_check(doc, error, sizeof error))
+        fail_msg("%s: %s", path, error);
+    return doc;
+}
+
+#endif
 
 #endif
