@@ -105,6 +105,7 @@ def load_weft(path):
         "weft_bench_empty": [P],
         "weft_bench_softmax_variant": [P, I, ctypes.c_char_p, P, P, Z, Z],
         "weft_bench_layernorm_variant": [P, I, ctypes.c_char_p, P, P, P, P, Z, Z],
+        "weft_bench_gelu_layernorm_variant": [P, I, ctypes.c_char_p, P, P, P, P, P, P, Z, Z],
         "weft_bench_gelu_libm": [P, I, P, P, P, P, Z, Z],
     }
     for name, args in sig.items():
@@ -468,8 +469,8 @@ def run(torch, lib, args):
                 b = torch.randn(c, device="cuda", dtype=dt)
                 P, s = ctypes.c_void_p, cur_stream
                 lib_out = {}
-                for v in ("lib", "ring2", "ring4", "ring2_wide", "held", "held_narrow",
-                          "held_wide", "staged",
+                for v in ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held",
+                          "held_checked", "held_narrow", "held_wide", "staged",
                           "regs", "regs_half", "regs_double", "regs_flat"):
                     for kern in ("softmax", "layernorm"):
                         if kern == "softmax" and v == "lib":
@@ -506,6 +507,34 @@ def run(torch, lib, args):
                         emit("ops.variant.%s.%s.%s.%dx%d.tbps" % (kern, v, dtype_name, r, c),
                              tbps, "TB/s")
                         variants_out.append((kern, v, dtype_name, (r, c), tbps))
+                # the fused op: its held kernel with the inputs fixed or checked
+                for v in ("lib", "held", "held_checked"):
+                    if v == "lib":
+                        fn = (lambda: lib.weft_bias_gelu_residual_layernorm(
+                            s(), wd, 1, P(y.data_ptr()), None, P(x.data_ptr()), P(w.data_ptr()),
+                            P(z.data_ptr()), P(w.data_ptr()), P(b.data_ptr()), EPS, r, c, c))
+                    else:
+                        fn = (lambda v=v: lib.weft_bench_gelu_layernorm_variant(
+                            s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()),
+                            P(w.data_ptr()), P(z.data_ptr()), P(w.data_ptr()), P(b.data_ptr()),
+                            r, c))
+                    if fn() != 0:
+                        continue
+                    if v == "lib":
+                        lib_out["gelu_layernorm"] = y.float().clone()
+                    elif "gelu_layernorm" in lib_out:
+                        want = lib_out["gelu_layernorm"]
+                        err = (y.float() - want).abs().max().item()
+                        if not err <= (2e-2 if dtype_name != "f32" else 1e-4) * \
+                                max(want.abs().max().item(), 1e-30):
+                            failures.append("variant gelu_layernorm %s %s %dx%d: differs from "
+                                            "the library by %.3g" % (v, dtype_name, r, c, err))
+                            continue
+                    t = time_per_call(torch, fn, reps)
+                    tbps = (3 * r * c + 3 * c) * es / t / 1e12
+                    emit("ops.variant.gelu_layernorm.%s.%s.%dx%d.tbps" % (v, dtype_name, r, c),
+                         tbps, "TB/s")
+                    variants_out.append(("gelu_layernorm", v, dtype_name, (r, c), tbps))
                 for v, fn in (("lib", lambda: lib.weft_bias_gelu_residual(
                         s(), wd, 1, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
                         P(z.data_ptr()), r, c, c)),
@@ -643,11 +672,13 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
 
     if variants_out:
         out.append("Tuning variants, TB/s: `lib` is the library's kernel (for these aligned "
-                   "rows `ring2` for bf16 LayerNorm, `held` otherwise), `ring2`/`ring4` rows "
+                   "rows: bf16 LayerNorm `held_wide` for rows of 1024 and 4096 and `ring2` for "
+                   "longer ones, `held` otherwise), `ring2`/`ring4` rows "
                    "copied ahead into a ring of 2 or 4 slots in shared memory, then held in "
                    "registers, `ring2_wide` that at twice the values a thread, `held` rows "
-                   "loaded straight into registers, `held_*` that "
-                   "under other plans, "
+                   "loaded straight into registers, `held_narrow`/`held_wide` that "
+                   "under other plans, `*_checked` LayerNorm kernels that test for each "
+                   "input at run time (what rows of any length take), "
                    "`staged` rows in shared memory, `regs*` the register-tile row "
                    "kernels under other plans, `libm_erfc` GELU with libm's erfcf "
                    "(bench/ops/variants.cu says more):")

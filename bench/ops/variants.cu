@@ -10,7 +10,10 @@
  * and with 2 at twice the values a thread (ring2_wide; softmax's ring is
  * no library path: it measured slower), the held kernels under the
  * library's plan (held) and others (held_narrow, held_wide: see
- * held_variant_plan), the shared-memory staged kernels (staged), and the
+ * held_variant_plan), the LayerNorm kernels that test for each input at
+ * run time instead of having the call's inputs fixed at compile time
+ * (ring2_checked, held_checked), the shared-memory staged kernels
+ * (staged), and the
  * register-tile row kernels (softmax, LayerNorm) on the same shapes,
  * under rows.cuh's plan_rows and changes of it:
  *   regs         plan_rows: 16 values a thread
@@ -205,15 +208,60 @@ int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void
                    ? launch_rows("layernorm variant", s, plan, rows, norm_staged_kernel<T, false>,
                                  p, (size_t)plan.vpt)
                    : WEFT_EINVAL;
+    /* the held and ring kernels that test for each input at run time,
+     * as rows of any length take them */
+    if (strcmp(variant, "ring2_checked") == 0)
+        return run_ring("layernorm variant", s, cols, V, sizeof(T), 16, 2, p,
+                        norm_ring_for<T, NORM_LAYER, NORM_IO_CHECKED>);
+    if (strcmp(variant, "held_checked") == 0)
+        return plan_held(cols, V, 16, &plan)
+                   ? run_held("layernorm variant", s, plan, p,
+                              norm_held_for<T, NORM_LAYER, NORM_IO_CHECKED>(plan.vpt))
+                   : WEFT_EINVAL;
     unsigned slots, values;
     if (ring_variant(variant, 16, &slots, &values))
         return run_ring("layernorm variant", s, cols, V, sizeof(T), values, slots, p,
-                        norm_ring_for<T, NORM_LAYER>);
+                        norm_ring_for<T, NORM_LAYER, NORM_IO_WEIGHT | NORM_IO_BIAS>);
     if (held_variant_plan(variant, cols, V, 16, &plan))
-        return run_held("layernorm variant", s, plan, p, norm_held_for<T, NORM_LAYER>(plan.vpt));
+        return run_held("layernorm variant", s, plan, p,
+                        norm_held_for<T, NORM_LAYER, NORM_IO_WEIGHT | NORM_IO_BIAS>(plan.vpt));
     if (!variant_plan(variant, cols, V, &plan))
         return WEFT_EINVAL;
     return run_plan<T, V, norm_params<T>, norm_k>("layernorm variant", s, plan, p);
+}
+
+/* The fused op (erf GELU with its bias, the residual, weight and bias, no
+ * sum written) in its held kernel, with those inputs fixed at compile time
+ * (held, the library's) or tested at run time (held_checked). */
+template <typename T>
+int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const void *in,
+                           const void *gelu_bias, const void *residual, const void *weight,
+                           const void *bias, size_t rows, size_t cols)
+{
+    constexpr int V = vec16<T>();
+    constexpr unsigned IO = NORM_IO_GELU_BIAS | NORM_IO_RESIDUAL | NORM_IO_WEIGHT | NORM_IO_BIAS;
+    norm_params<T> p = {};
+    p.out = (T *)out;
+    p.in = (const T *)in;
+    p.gelu_bias = (const T *)gelu_bias;
+    p.residual = (const T *)residual;
+    p.weight = (const T *)weight;
+    p.bias = (const T *)bias;
+    p.rows = rows;
+    p.cols = p.stride = cols;
+    p.eps = 1e-5f;
+    p.gelu = true;
+    p.form = WEFT_GELU_ERF;
+    row_plan plan;
+    if (cols % V != 0 || !plan_held(cols, V, 16, &plan))
+        return WEFT_EINVAL;
+    if (strcmp(variant, "held") == 0)
+        return run_held("gelu_layernorm variant", s, plan, p,
+                        norm_held_for<T, NORM_GELU_ERF_LAYER, IO>(plan.vpt));
+    if (strcmp(variant, "held_checked") == 0)
+        return run_held("gelu_layernorm variant", s, plan, p,
+                        norm_held_for<T, NORM_GELU_ERF_LAYER, NORM_IO_CHECKED>(plan.vpt));
+    return WEFT_EINVAL;
 }
 
 /* bias + GELU (libm's erfcf) + residual, otherwise as gelu.cu. */
@@ -276,6 +324,17 @@ int weft_bench_layernorm_variant(void *stream, int dtype, const char *variant, v
     return by_dtype((weft_dtype)dtype, [&](auto t) {
         return layernorm_variant<decltype(t)>((cudaStream_t)stream, variant, out, in, weight, bias,
                                               rows, cols);
+    });
+}
+
+int weft_bench_gelu_layernorm_variant(void *stream, int dtype, const char *variant, void *out,
+                                      const void *in, const void *gelu_bias, const void *residual,
+                                      const void *weight, const void *bias, size_t rows,
+                                      size_t cols)
+{
+    return by_dtype((weft_dtype)dtype, [&](auto t) {
+        return gelu_layernorm_variant<decltype(t)>((cudaStream_t)stream, variant, out, in,
+                                                   gelu_bias, residual, weight, bias, rows, cols);
     });
 }
 

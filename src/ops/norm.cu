@@ -6,10 +6,10 @@
  * formed (in + residual, or GELU(in + gelu_bias) + residual) and whether
  * it is centred. The row is read once and kept on chip (rows.cuh says
  * how: for 16-byte aligned tensors in registers, loaded straight from
- * global memory or, for the plain norms of half types, streamed through
- * a ring in shared memory, or for aligned rows too long to hold staged in
- * shared memory; otherwise in register tiles), s is formed and
- * rounded to the dtype there, and the statistics follow the
+ * global memory or, for the plain norms of half types on long rows,
+ * streamed through a ring in shared memory, or for aligned rows too long
+ * to hold staged in shared memory; otherwise in register tiles), s is
+ * formed and rounded to the dtype there, and the statistics follow the
  * host's corrected two-pass algorithm on the kept row: the mean, then the
  * sums of the deviations and of their squares (one combined reduction),
  * which correct the mean and the variance. Then s and the normalized row
@@ -38,6 +38,37 @@ template <typename F> int by_mode(const weft__norm_args *a, F f)
     return f(integral_constant<norm_mode, NORM_LAYER>());
 }
 
+/* f(std::integral_constant<unsigned, IO>) for what the args' call reads
+ * and writes (norm.cuh's norm_io): fixed at compile time for the common
+ * calls of MODE on rows of whole vectors - the plain op with its weight
+ * (and bias), and the same with the residual added and the sum written;
+ * the fused op with its GELU bias and residual, with or without the sum -
+ * and checked at run time otherwise. The fused op in fp32 keeps the checks:
+ * with its inputs fixed it measured up to 14% slower (bench/RESULTS.md,
+ * the gelu_layernorm variants). */
+template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_args *a, F f)
+{
+    using std::integral_constant;
+    constexpr int V = vec16<T>();
+    constexpr bool GELU = MODE == NORM_GELU_ERF_LAYER || MODE == NORM_GELU_TANH_LAYER;
+    constexpr unsigned AFFINE =
+        MODE == NORM_RMS ? NORM_IO_WEIGHT : (unsigned)NORM_IO_WEIGHT | NORM_IO_BIAS;
+    constexpr unsigned PLAIN = GELU ? AFFINE | NORM_IO_GELU_BIAS | NORM_IO_RESIDUAL : AFFINE;
+    constexpr unsigned ADDED = PLAIN | NORM_IO_RESIDUAL | NORM_IO_SUM_OUT;
+    const unsigned io = (a->residual ? NORM_IO_RESIDUAL : 0u) |
+                        (a->gelu && a->gelu_bias ? NORM_IO_GELU_BIAS : 0u) |
+                        (a->weight ? NORM_IO_WEIGHT : 0u) | (a->bias ? NORM_IO_BIAS : 0u) |
+                        (a->sum_out ? NORM_IO_SUM_OUT : 0u);
+
+    if constexpr (!(GELU && sizeof(T) == 4)) {
+        if (a->cols % V == 0 && io == PLAIN)
+            return f(integral_constant<unsigned, PLAIN>());
+        if (a->cols % V == 0 && io == ADDED)
+            return f(integral_constant<unsigned, ADDED>());
+    }
+    return f(integral_constant<unsigned, NORM_IO_CHECKED>());
+}
+
 template <typename T> int launch(cudaStream_t stream, const char *op, const weft__norm_args *a)
 {
     norm_params<T> p = {(T *)a->out,
@@ -64,23 +95,34 @@ template <typename T> int launch(cudaStream_t stream, const char *op, const weft
     if (vec && plan_held(a->cols, V, 16, &held)) { /* measured best: 16 values a thread */
         return by_mode(a, [&](auto mode) {
             constexpr norm_mode MODE = decltype(mode)::value;
-            /* the ring only where it measured faster: the plain norms of
-             * half types, the fewest bytes an element (bench/RESULTS.md) */
-            if constexpr (sizeof(T) == 2 && (MODE == NORM_LAYER || MODE == NORM_RMS)) {
-                row_plan blocks;
-                ring_plan ring;
-                if (!a->residual && plan_held(a->cols, V, 16, &blocks, true)) {
-                    auto ring_kernel = norm_ring_for<T, MODE>(blocks.vpt);
-                    if (ring_kernel &&
-                        plan_ring(ring_kernel, blocks, a->cols, a->rows, V, sizeof(T), 2, &ring))
-                        return launch_ring(op, stream, ring, ring_kernel, p);
+            return by_io<T, MODE>(a, [&](auto io) {
+                constexpr unsigned IO = decltype(io)::value;
+                /* The plain norms of half types, the fewest bytes an
+                 * element, measured fastest (bench/RESULTS.md) at 32 values
+                 * a thread where that takes fewer than 512 threads a row,
+                 * and through the ring where it would take more. */
+                constexpr bool PLAIN_HALF = sizeof(T) == 2 &&
+                                            (MODE == NORM_LAYER || MODE == NORM_RMS) &&
+                                            (IO == NORM_IO_CHECKED || !(IO & NORM_IO_RESIDUAL));
+                row_plan plan = held;
+                if constexpr (PLAIN_HALF) {
+                    row_plan wide, blocks;
+                    ring_plan ring;
+                    if (!a->residual && plan_held(a->cols, V, 32, &wide) && wide.tpr < 512) {
+                        plan = wide;
+                    } else if (!a->residual && plan_held(a->cols, V, 16, &blocks, true)) {
+                        auto ring_kernel = norm_ring_for<T, MODE, IO>(blocks.vpt);
+                        if (ring_kernel && plan_ring(ring_kernel, blocks, a->cols, a->rows, V,
+                                                     sizeof(T), 2, &ring))
+                            return launch_ring(op, stream, ring, ring_kernel, p);
+                    }
                 }
-            }
-            auto kernel = norm_held_for<T, MODE>(held.vpt);
-            if (!kernel)
-                return weft__fail(WEFT_EINVAL, "%s: no kernel for %u vectors a thread", op,
-                                  held.vpt);
-            return launch_rows(op, stream, held, p.rows, kernel, p, 0);
+                auto kernel = norm_held_for<T, MODE, IO>(plan.vpt);
+                if (!kernel)
+                    return weft__fail(WEFT_EINVAL, "%s: no kernel for %u vectors a thread", op,
+                                      plan.vpt);
+                return launch_rows(op, stream, plan, p.rows, kernel, p, 0);
+            });
         });
     }
     if (vec && plan_staged(a->cols, V, a->residual ? 2 : 1, &staged)) {

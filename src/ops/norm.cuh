@@ -318,18 +318,38 @@ __global__ void __launch_bounds__(512)
  * so that no element pays for a choice made once per launch. */
 enum norm_mode { NORM_LAYER, NORM_RMS, NORM_GELU_ERF_LAYER, NORM_GELU_TANH_LAYER };
 
+/* What a held row reads and writes besides in and out. The common calls
+ * (norm.cu's by_io) have it fixed at compile time, on rows of whole
+ * vectors (cols a multiple of V), so that no vector pays for a test of a
+ * pointer or keeps a partial-vector path; NORM_IO_CHECKED takes every
+ * other call: what p holds, tested at run time, rows of any length. */
+enum norm_io : unsigned {
+    NORM_IO_RESIDUAL = 1,
+    NORM_IO_GELU_BIAS = 2,
+    NORM_IO_WEIGHT = 4,
+    NORM_IO_BIAS = 8,
+    NORM_IO_SUM_OUT = 16,
+    NORM_IO_CHECKED = 32,
+};
+
+/* Whether a row of IO has the tensor at ptr (its bit in norm_io). */
+template <unsigned IO> __device__ __forceinline__ bool io_has(const void *ptr, unsigned bit)
+{
+    return IO & NORM_IO_CHECKED ? ptr != nullptr : (IO & bit) != 0;
+}
+
 /*
  * One row of the held kernels (rows.cuh): each thread loads its VPT
  * vectors of in and the residual when there is one (from global memory,
  * or from the ring's slot: Row) and of the per-column biases and weights
- * at once, forms s in
- * registers, and takes the statistics and writes the output from there.
- * Elements past the row's end load as 0 and form s = 0 (GELU(0) = 0), so
- * the sums need no mask; the deviations, whose terms there would be
- * -mean, mask the row's one partial vector and skip vectors past the end.
- * read() runs once every thread of the row has read its vectors.
+ * at once, forms s in registers, and takes the statistics and writes the
+ * output from there. Elements past the row's end load as 0 and form
+ * s = 0 (GELU(0) = 0), so the sums need no mask; the deviations, whose
+ * terms there would be -mean, mask the row's one partial vector and skip
+ * vectors past the end. read() runs once every thread of the row has read
+ * its vectors.
  */
-template <typename T, int VPT, norm_mode MODE, typename Row, typename Read>
+template <typename T, int VPT, norm_mode MODE, unsigned IO, typename Row, typename Read>
 __device__ __forceinline__ void
 norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const Row &res,
               Read read, reduce_scratch<float> &s1, reduce_scratch<sum2> &s2, unsigned cluster)
@@ -337,6 +357,11 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
     constexpr int V = vec16<T>();
     constexpr bool GELU = MODE == NORM_GELU_ERF_LAYER || MODE == NORM_GELU_TANH_LAYER;
     constexpr weft_gelu_form FORM = MODE == NORM_GELU_TANH_LAYER ? WEFT_GELU_TANH : WEFT_GELU_ERF;
+    const bool has_res = io_has<IO>(p.residual, NORM_IO_RESIDUAL);
+    const bool has_gb = GELU && io_has<IO>(p.gelu_bias, NORM_IO_GELU_BIAS);
+    const bool has_w = io_has<IO>(p.weight, NORM_IO_WEIGHT);
+    const bool has_b = io_has<IO>(p.bias, NORM_IO_BIAS);
+    const bool has_sum = io_has<IO>(p.sum_out, NORM_IO_SUM_OUT);
     const unsigned cols = (unsigned)p.cols;
     unsigned j[VPT];
     int part[VPT];
@@ -345,14 +370,14 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
         j[k] = held_at<V, VPT>(at, k);
-        part[k] = held_part<V>(j[k], cols);
+        part[k] = IO & NORM_IO_CHECKED ? held_part<V>(j[k], cols) : j[k] < cols ? V : 0;
         raw_in[k] = raw_res[k] = raw_gb[k] = make_uint4(0, 0, 0, 0);
         if (part[k] == 0)
             continue;
         raw_in[k] = in.at(j[k], part[k]);
-        if (p.residual)
+        if (has_res)
             raw_res[k] = res.at(j[k], part[k]);
-        if (GELU && p.gelu_bias)
+        if (has_gb)
             raw_gb[k] = part[k] == V ? load_param(p.gelu_bias + j[k])
                                      : load_partial<T, V>(p.gelu_bias + j[k], part[k]);
     }
@@ -362,7 +387,7 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
         unpack<T, V>(x[k], raw_in[k]);
-        if (GELU || p.residual) {
+        if (GELU || has_res) {
             float r[V], g[V];
             unpack<T, V>(r, raw_res[k]);
             unpack<T, V>(g, raw_gb[k]);
@@ -370,8 +395,10 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
             for (int e = 0; e < V; e++) {
                 float h = x[k][e];
                 if (GELU)
-                    h = gelu(FORM, p.gelu_bias ? h + g[e] : h);
-                x[k][e] = round_to<T>(p.residual ? h + r[e] : h);
+                    h = gelu(FORM, has_gb ? h + g[e] : h);
+                /* the host's rounding of the add: never fused into GELU's
+                 * last multiply */
+                x[k][e] = round_to<T>(has_res ? __fadd_rn(h, r[e]) : h);
             }
         }
 #pragma unroll
@@ -413,16 +440,16 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
     }
 
     T *out = p.out + at.row * p.stride;
-    T *sum_out = p.sum_out ? p.sum_out + at.row * p.stride : nullptr;
+    T *sum_out = has_sum ? p.sum_out + at.row * p.stride : nullptr;
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
         if (part[k] == 0)
             continue;
         float w[V], b[V], y[V];
-        if (p.weight)
+        if (has_w)
             unpack<T, V>(w, part[k] == V ? load_param(p.weight + j[k])
                                          : load_partial<T, V>(p.weight + j[k], part[k]));
-        if (p.bias)
+        if (has_b)
             unpack<T, V>(b, part[k] == V ? load_param(p.bias + j[k])
                                          : load_partial<T, V>(p.bias + j[k], part[k]));
 #pragma unroll
@@ -430,20 +457,20 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
             /* (s - mean) * rstd, times w, plus b: the host's order, with
              * the last two fused */
             float v = (x[k][e] - mean) * rstd;
-            if (p.weight && p.bias)
+            if (has_w && has_b)
                 v = fmaf(v, w[e], b[e]);
-            else if (p.weight)
+            else if (has_w)
                 v *= w[e];
-            else if (p.bias)
+            else if (has_b)
                 v += b[e];
             y[e] = v;
         }
         if (part[k] == V) {
-            if (sum_out)
+            if (has_sum)
                 store_streamed(sum_out + j[k], pack<T, V>(x[k]));
             store_streamed(out + j[k], pack<T, V>(y));
         } else {
-            if (sum_out)
+            if (has_sum)
                 store_partial<T, V>(sum_out + j[k], x[k], part[k]);
             store_partial<T, V>(out + j[k], y, part[k]);
         }
@@ -454,7 +481,7 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
  * global memory. At 16 values a thread or fewer, at most 64 registers:
  * four blocks of 256 threads stay resident (left to itself, ptxas gave the
  * fp32 GELU form 102 registers, two blocks, and the fused op lost 25%). */
-template <typename T, int VPT, norm_mode MODE>
+template <typename T, int VPT, norm_mode MODE, unsigned IO>
 __global__ void __launch_bounds__(512, VPT *vec16<T>() <= 16 ? 2 : 1)
     norm_held_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t)
 {
@@ -466,7 +493,7 @@ __global__ void __launch_bounds__(512, VPT *vec16<T>() <= 16 ? 2 : 1)
         return;
     const global_row<T, V> in = {p.in + at.row * p.stride};
     const global_row<T, V> res = {p.residual ? p.residual + at.row * p.stride : nullptr};
-    norm_held_row<T, VPT, MODE>(
+    norm_held_row<T, VPT, MODE, IO>(
         p, at, in, res, [] {}, s1, s2, cluster);
 }
 
@@ -474,7 +501,7 @@ __global__ void __launch_bounds__(512, VPT *vec16<T>() <= 16 ? 2 : 1)
  * rows, each row's segment of in arriving in a slot of the block's ring
  * ahead of its turn. No residual: that would double the bytes a row,
  * where the held kernel measured faster. */
-template <typename T, int VPT, norm_mode MODE>
+template <typename T, int VPT, norm_mode MODE, unsigned IO>
 __global__ void __launch_bounds__(512) norm_ring_kernel(norm_params<T> p, ring_plan plan)
 {
     constexpr int V = vec16<T>();
@@ -490,24 +517,24 @@ __global__ void __launch_bounds__(512) norm_ring_kernel(norm_params<T> p, ring_p
     ring_rows(ring, p.rows, cluster, fill, [&](size_t row, unsigned s, auto read) {
         at.row = row;
         const slot_row<T, V> in = {ring.segment(s), first};
-        norm_held_row<T, VPT, MODE>(p, at, in, in, read, s1, s2, cluster);
+        norm_held_row<T, VPT, MODE, IO>(p, at, in, in, read, s1, s2, cluster);
     });
 }
 
 /* The held kernel for plan.vpt, or NULL when there is none. */
-template <typename T, norm_mode MODE>
+template <typename T, norm_mode MODE, unsigned IO>
 static void (*norm_held_for(unsigned vpt))(norm_params<T>, size_t, unsigned, size_t)
 {
     return held_vpt<vec16<T>()>(
-        vpt, [](auto k) { return norm_held_kernel<T, decltype(k)::value, MODE>; });
+        vpt, [](auto k) { return norm_held_kernel<T, decltype(k)::value, MODE, IO>; });
 }
 
 /* The ring kernel for plan.vpt, or NULL when there is none. */
-template <typename T, norm_mode MODE>
+template <typename T, norm_mode MODE, unsigned IO>
 static void (*norm_ring_for(unsigned vpt))(norm_params<T>, ring_plan)
 {
     return held_vpt<vec16<T>()>(
-        vpt, [](auto k) { return norm_ring_kernel<T, decltype(k)::value, MODE>; });
+        vpt, [](auto k) { return norm_ring_kernel<T, decltype(k)::value, MODE, IO>; });
 }
 
 template <typename T, int V>

@@ -74,9 +74,11 @@ __device__ __forceinline__ row_place place_row(size_t row0, unsigned cluster, si
                                                unsigned vpt)
 {
     row_place p;
+    /* a block per row needs no division (tens of instructions a thread) */
+    const unsigned group = cluster == 1 ? blockIdx.x : blockIdx.x / cluster;
     p.tid = threadIdx.x;
-    p.rank = blockIdx.x % cluster;
-    p.row = row0 + (size_t)(blockIdx.x / cluster) * blockDim.y + threadIdx.y;
+    p.rank = cluster == 1 ? 0 : blockIdx.x % cluster;
+    p.row = row0 + (size_t)group * blockDim.y + threadIdx.y;
     p.tile = (size_t)blockDim.x * vpt * V;
     p.first = (size_t)p.rank * tiles;
     return p;
@@ -148,10 +150,11 @@ static inline row_plan plan_rows(size_t cols, int V)
  * and stores); per-column parameters (weights, biases) go through the
  * read-only path, so that the SM's next rows find them in L1.
  *
- * The launcher asks for 16 values a thread (the norms) or 32 (softmax),
- * whichever measured faster; rows in one warp, and rows too long for 512
- * threads, take up to 32; more would spill. Longer rows (beyond 131072
- * elements, 8 blocks of 512 threads) go to the register kernels' tile loop.
+ * The launcher asks for 16 values a thread (the norms) or 32 (softmax,
+ * the plain norms of half types), whichever measured faster; rows in one
+ * warp, and rows too long for 512 threads, take up to 32; more would
+ * spill. Longer rows (beyond 131072 elements, 8 blocks of 512 threads) go
+ * to the register kernels' tile loop.
  */
 enum : unsigned { HELD_MAX_VALUES = 32 };
 
@@ -291,10 +294,13 @@ template <int V> __device__ __forceinline__ int held_part(unsigned j, unsigned e
  * read it.
  *
  * Measured (bench/RESULTS.md): the plain norms of half types, the fewest
- * bytes an element, gain 10-30% with 2 slots; more slots cost resident
- * blocks and lose. Everything else - fp32, residuals, the fused GELU,
- * softmax - is bound by the instructions it issues more than by latency
- * and runs faster held, so only the plain half-type norms take the ring.
+ * bytes an element, gain with 2 slots on rows that held would take 512
+ * threads or more (a block holding few rows at a time, or a cluster):
+ * +45% at 4096x16384 bf16; on shorter rows holding 32 values a thread
+ * wins. More slots cost resident blocks and lose. Everything else - fp32,
+ * residuals, the fused GELU, softmax - is bound by the instructions it
+ * issues more than by latency and runs faster held, so only the plain
+ * half-type norms take the ring.
  *
  * Bulk copies move whole 16-byte runs between 16-byte aligned addresses,
  * so the ring takes aligned tensors whose rows are whole vectors; a block
@@ -439,9 +445,11 @@ template <typename T> struct row_ring {
             bulk_copy(shared_address(segment(s)), row + first, bytes, bar(s));
     }
 
-    __device__ __forceinline__ void wait(unsigned i) const
+    /* Waits for slot s's fill of this parity (it flips on every turn
+     * round the ring). */
+    __device__ __forceinline__ void wait(unsigned s, unsigned parity) const
     {
-        barrier_wait(bar(i % slots), (i / slots) & 1);
+        barrier_wait(bar(s), parity);
     }
 };
 
@@ -462,15 +470,18 @@ __device__ __forceinline__ void ring_rows(const row_ring<T> &ring, size_t rows, 
         for (unsigned s = 0; s < ring.slots && group + s * groups < rows; s++)
             fill(s, group + s * groups);
 
-    unsigned i = 0;
-    for (size_t r = group; r < rows; r += groups, i++) {
-        const unsigned s = i % ring.slots;
-        ring.wait(i);
+    unsigned s = 0, parity = 0; /* counted, not divided out of the turn */
+    for (size_t r = group; r < rows; r += groups) {
+        ring.wait(s, parity);
         row(r, s, [&] {
             size_t next = r + ring.slots * groups;
             if (threadIdx.x == 0 && next < rows)
                 fill(s, next);
         });
+        if (++s == ring.slots) {
+            s = 0;
+            parity ^= 1;
+        }
     }
 }
 

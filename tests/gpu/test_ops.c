@@ -268,13 +268,27 @@ static const shape ROW_SHAPES[] = {
     {2, 100000, 100003, 0},
     {2, 65536, 65536, 1},
     {2, 65537, 65544, 0}, /* a cluster of 8 holding a partial vector, threads past the end */
-    /* rows enough for the ring kernels: blocks of a warp or more, clusters of 2 */
+    /* many rows: held at 32 values a thread (the plain norms of half
+     * types), and the ring kernels' rows of a block and of a cluster of 2 */
     {270, 256, 256, 0},
     {300, 1024, 1032, 0},
     {300, 4096, 4104, 0},
+    {270, 16384, 16392, 0},
     {280, 32768, 32768, 0},
 };
 enum { NROW_SHAPES = sizeof ROW_SHAPES / sizeof *ROW_SHAPES };
+
+/* Rows of whole vectors, too few for the ring: the held kernels with the
+ * call's inputs fixed at compile time. A warp per row, a block per row
+ * whose threads' vectors fill the row or run past its end (5120), and a
+ * cluster of 2. */
+static const shape HELD_SHAPES[] = {
+    {9, 1024, 1032, 0},
+    {5, 4096, 4096, 0},
+    {3, 5120, 5128, 0},
+    {2, 32768, 32768, 0},
+};
+enum { NHELD_SHAPES = sizeof HELD_SHAPES / sizeof *HELD_SHAPES };
 
 /* Elementwise ops: the same awkward rows, and enough elements for every
  * thread of the grid to take several chunks. */
@@ -358,8 +372,9 @@ static int call_norm(enum norm_kind kind, weft_gelu_form form, void *st, weft_dt
 }
 
 /* What a norm is given besides in: nothing; the residual, sum_out, weight
- * and bias (and the GELU bias); or the weight and bias alone. */
-enum norm_inputs { NORM_BARE, NORM_FULL, NORM_AFFINE };
+ * and bias (and the GELU bias); the weight and bias alone; or all but
+ * sum_out. */
+enum norm_inputs { NORM_BARE, NORM_FULL, NORM_AFFINE, NORM_NO_SUM };
 
 /* inputs: an enum norm_inputs (0 and 1 as a truth value). offset moves the
  * rows away from zero. The fused op's GELU form changes
@@ -374,9 +389,11 @@ static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int inputs, do
     tens gb = tens_new(dt, 1, s.cols, s.cols, s.skew), w = tens_new(dt, 1, s.cols, s.cols, s.skew);
     tens b = tens_new(dt, 1, s.cols, s.cols, s.skew);
     cmp c = {NORM_NAMES[kind], &out, 0, 0}, cs = {"gelu_layernorm x", &sum, 0, 0};
-    int fused = kind == GELU_LAYERNORM, with_res = inputs == NORM_FULL,
-        affine = inputs != NORM_BARE;
-    int with_sum = with_res || fused;
+    int fused = kind == GELU_LAYERNORM, no_sum = inputs == NORM_NO_SUM;
+    int with_res = inputs == NORM_FULL || no_sum, affine = inputs != NORM_BARE;
+    /* the fused op's reference is the LayerNorm of the x the device
+     * formed: without sum_out, a call with it comes first to get x */
+    int with_sum = (with_res && !no_sum) || fused;
 
     tens_random(&in, offset - 2, offset + 2);
     tens_random(&res, -1, 1);
@@ -390,6 +407,11 @@ static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int inputs, do
     assert_ok(call_norm(kind, form, stream, dt, out.d, with_sum ? sum.d : NULL, in.d,
                         with_res ? gb.d : NULL, with_res ? res.d : NULL, affine ? w.d : NULL,
                         affine ? b.d : NULL, s));
+    if (fused && no_sum) {
+        tens_poison(&out);
+        assert_ok(call_norm(kind, form, stream, dt, out.d, NULL, in.d, gb.d, res.d,
+                            affine ? w.d : NULL, affine ? b.d : NULL, s));
+    }
     sync_ok();
     void *got = tens_download(&out, c.what, 1);
     void *got_sum = tens_download(&sum, "sum_out", with_sum);
@@ -442,9 +464,17 @@ static void test_layernorm_matches_host(void **state)
         for (int k = 0; k < NROW_SHAPES; k++)
             if (!skipped_here(ROW_SHAPES[k]))
                 run_norm(LAYERNORM, DTYPES[d], ROW_SHAPES[k], k % 2 == 0, 0);
-    /* the ring kernels (half types, no residual) with a weight and bias */
+    /* the ring kernels (half types, no residual) with a weight and bias,
+     * under compute-sanitizer too; the held kernels with them and with a
+     * residual but no sum, on rows that fill their threads and on rows that
+     * leave some past the end */
     for (int d = 1; d < 3; d++)
-        run_norm(LAYERNORM, DTYPES[d], (shape){300, 4096, 4104, 0}, NORM_AFFINE, 0);
+        run_norm(LAYERNORM, DTYPES[d], (shape){270, 16384, 16392, 0}, NORM_AFFINE, 0);
+    for (int d = 0; d < 3; d++)
+        for (int k = 0; k < NHELD_SHAPES; k++) {
+            run_norm(LAYERNORM, DTYPES[d], HELD_SHAPES[k], NORM_AFFINE, 0);
+            run_norm(LAYERNORM, DTYPES[d], HELD_SHAPES[k], NORM_NO_SUM, 0);
+        }
     /* far from zero: the corrected two-pass variance on the device too */
     run_norm(LAYERNORM, WEFT_DTYPE_F32, (shape){3, 4097, 4097, 0}, 0, 100);
     run_norm(LAYERNORM, WEFT_DTYPE_BF16, (shape){300, 1024, 1024, 0}, NORM_AFFINE, 100);
@@ -460,6 +490,11 @@ static void test_rmsnorm_matches_host(void **state)
                 run_norm(RMSNORM, DTYPES[d], ROW_SHAPES[k], k % 2 == 1, 0);
     for (int d = 1; d < 3; d++)
         run_norm(RMSNORM, DTYPES[d], (shape){280, 32768, 32768, 0}, NORM_AFFINE, 0);
+    for (int d = 0; d < 3; d++)
+        for (int k = 0; k < NHELD_SHAPES; k++) {
+            run_norm(RMSNORM, DTYPES[d], HELD_SHAPES[k], NORM_AFFINE, 0);
+            run_norm(RMSNORM, DTYPES[d], HELD_SHAPES[k], NORM_NO_SUM, 0);
+        }
 }
 
 static void test_bias_gelu_residual_layernorm_matches_host(void **state)
@@ -469,6 +504,9 @@ static void test_bias_gelu_residual_layernorm_matches_host(void **state)
         for (int k = 0; k < NROW_SHAPES; k++)
             if (!skipped_here(ROW_SHAPES[k]))
                 run_norm(GELU_LAYERNORM, DTYPES[d], ROW_SHAPES[k], k != 2, 0);
+    for (int d = 0; d < 3; d++)
+        for (int k = 0; k < NHELD_SHAPES; k++)
+            run_norm(GELU_LAYERNORM, DTYPES[d], HELD_SHAPES[k], NORM_NO_SUM, 0);
 }
 
 /* ---- softmax ---------------------------------------------------------------- */
