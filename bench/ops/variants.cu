@@ -4,25 +4,26 @@
  * measured against. Built into libweft_ops_bench.so with all of weft.
  *
  * The library holds aligned rows in registers, loaded straight from
- * global memory (the held kernels) or, for the plain norms of half types,
- * streamed through a ring in shared memory (the ring kernels, 2 slots a
- * block). These run the ring kernels with 2 and 4 slots (ring2, ring4)
- * and with 2 at twice the values a thread (ring2_wide; softmax's ring is
- * no library path: it measured slower), the held kernels under the
- * library's plan (held) and others (held_narrow, held_wide: see
- * held_variant_plan), the LayerNorm kernels that test for each input at
- * run time instead of having the call's inputs fixed at compile time
+ * global memory (the held kernels) or, for the plain norms of half types
+ * on long rows, streamed through a ring in shared memory (the ring
+ * kernels, 2 slots a block). These run the ring kernels with 2 and 4
+ * slots (ring2, ring4) and with 2 at twice the values a thread
+ * (ring2_wide; softmax's ring is no library path: it measured slower),
+ * the held kernels under the library's plan (held) and others
+ * (held_narrow, held_wide: see held_variant_plan), the kernels that test
+ * at run time for what the library fixes at compile time on these rows -
+ * LayerNorm's inputs, softmax's mask and scale, partial vectors -
  * (ring2_checked, held_checked), the shared-memory staged kernels
- * (staged), and the
- * register-tile row kernels (softmax, LayerNorm) on the same shapes,
- * under rows.cuh's plan_rows and changes of it:
+ * (staged), and the register-tile row kernels (softmax, LayerNorm) on the
+ * same shapes, under rows.cuh's plan_rows and changes of it:
  *   regs         plan_rows: 16 values a thread
  *   regs_half    8 values a thread: twice the threads per row
  *   regs_double  32 values a thread: half the threads (the compiler spills)
  *   regs_flat    a row spread over one block that loops over its tiles
  *                instead of a cluster (the later passes re-read from L2)
- * and bias+GELU+residual runs with libm's erfcf in place of the library's
- * activation, which is what the activation's own fit buys.
+ * the fused bias+GELU+residual+LayerNorm held with its inputs fixed or
+ * checked, and bias+GELU+residual runs with libm's erfcf in place of the
+ * library's activation, which is what the activation's own fit buys.
  *
  * Each entry point returns a weft status; WEFT_EINVAL means the variant
  * does not apply to that shape (the script leaves it out).
@@ -181,12 +182,21 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
                    ? launch_rows("softmax variant", s, plan, rows, softmax_staged_kernel<T, false>,
                                  p, (size_t)plan.vpt)
                    : WEFT_EINVAL;
+    if (strcmp(variant, "ring2_checked") == 0)
+        return run_ring("softmax variant", s, cols, V, sizeof(T), 32, 2, p,
+                        softmax_ring_for<T, SOFTMAX_CHECKED>);
+    if (strcmp(variant, "held_checked") == 0)
+        return plan_held(cols, V, 32, &plan)
+                   ? run_held("softmax variant", s, plan, p,
+                              softmax_held_for<T, SOFTMAX_CHECKED>(plan.vpt))
+                   : WEFT_EINVAL;
     unsigned slots, values;
     if (ring_variant(variant, 32, &slots, &values))
         return run_ring("softmax variant", s, cols, V, sizeof(T), values, slots, p,
-                        softmax_ring_for<T, false>);
+                        softmax_ring_for<T, SOFTMAX_PLAIN>);
     if (held_variant_plan(variant, cols, V, 32, &plan))
-        return run_held("softmax variant", s, plan, p, softmax_held_for<T, false>(plan.vpt));
+        return run_held("softmax variant", s, plan, p,
+                        softmax_held_for<T, SOFTMAX_PLAIN>(plan.vpt));
     if (!variant_plan(variant, cols, V, &plan))
         return WEFT_EINVAL;
     return run_plan<T, V, softmax_params<T>, softmax_k>("softmax variant", s, plan, p);

@@ -32,8 +32,11 @@ template <typename T> int launch(cudaStream_t stream, const weft__softmax_args *
     row_plan staged, held;
 
     if (vec && plan_held(a->cols, V, 32, &held)) { /* measured best: 32 values a thread */
-        auto kernel =
-            p.p > 0.0f ? softmax_held_for<T, true>(held.vpt) : softmax_held_for<T, false>(held.vpt);
+        const bool whole = !p.causal_q && a->cols % V == 0;
+        auto kernel = p.p > 0.0f        ? softmax_held_for<T, SOFTMAX_DROPOUT>(held.vpt)
+                      : !whole          ? softmax_held_for<T, SOFTMAX_CHECKED>(held.vpt)
+                      : p.scale == 1.0f ? softmax_held_for<T, SOFTMAX_PLAIN>(held.vpt)
+                                        : softmax_held_for<T, SOFTMAX_SCALED>(held.vpt);
         if (kernel)
             return launch_rows("weft_softmax", stream, held, p.rows, kernel, p, 0);
     }

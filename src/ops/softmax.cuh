@@ -224,6 +224,13 @@ __global__ void __launch_bounds__(512)
     }
 }
 
+/* What a held softmax row does besides exponentiate and normalize; a
+ * template parameter. PLAIN (scale 1) and SCALED take rows of whole
+ * vectors with no mask and no dropout, so that no vector pays for a mask
+ * or keeps a partial-vector path; CHECKED takes every other row as p
+ * says, DROPOUT that and dropout. */
+enum softmax_form { SOFTMAX_PLAIN, SOFTMAX_SCALED, SOFTMAX_CHECKED, SOFTMAX_DROPOUT };
+
 /*
  * One row of the held kernels (rows.cuh): each thread loads its VPT
  * vectors of the visible row at once (from global memory, or from the
@@ -236,14 +243,15 @@ __global__ void __launch_bounds__(512)
  * neither win the max nor add to the sum (2^-Inf = 0). read() runs once
  * every thread of the row has read its vectors.
  */
-template <typename T, int VPT, bool DROPOUT, typename Row, typename Read>
+template <typename T, int VPT, softmax_form FORM, typename Row, typename Read>
 __device__ __forceinline__ void softmax_held_row(const softmax_params<T> &p, const row_place &at,
                                                  const Row &in, Read read,
                                                  reduce_scratch<float> &scratch, unsigned cluster)
 {
     constexpr int V = vec16<T>();
     constexpr float LOG2E = 1.4426950408889634f;
-    const unsigned cols = (unsigned)p.cols, n = (unsigned)visible(p, at.row);
+    constexpr bool CHECKED = FORM == SOFTMAX_CHECKED || FORM == SOFTMAX_DROPOUT;
+    const unsigned cols = (unsigned)p.cols, n = CHECKED ? (unsigned)visible(p, at.row) : cols;
     unsigned j[VPT];
     int vis[VPT];
     uint4 raw[VPT];
@@ -251,7 +259,7 @@ __device__ __forceinline__ void softmax_held_row(const softmax_params<T> &p, con
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
         j[k] = held_at<V, VPT>(at, k);
-        vis[k] = held_part<V>(j[k], n);
+        vis[k] = CHECKED ? held_part<V>(j[k], n) : j[k] < cols ? V : 0;
         raw[k] = in.at(j[k], vis[k]);
     }
 
@@ -260,9 +268,10 @@ __device__ __forceinline__ void softmax_held_row(const softmax_params<T> &p, con
     for (int k = 0; k < VPT; k++) {
         unpack<T, V>(x[k], raw[k]);
         if (vis[k] == V) {
+            if (FORM != SOFTMAX_PLAIN) /* scale 1 leaves x as it is */
 #pragma unroll
-            for (int e = 0; e < V; e++)
-                x[k][e] = __fmul_rn(p.scale, x[k][e]);
+                for (int e = 0; e < V; e++)
+                    x[k][e] = __fmul_rn(p.scale, x[k][e]);
         } else {
 #pragma unroll
             for (int e = 0; e < V; e++)
@@ -293,7 +302,7 @@ __device__ __forceinline__ void softmax_held_row(const softmax_params<T> &p, con
     T *out = p.out + at.row * p.stride;
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
-        const int part = held_part<V>(j[k], cols);
+        const int part = CHECKED ? held_part<V>(j[k], cols) : vis[k];
         if (part == 0)
             continue;
         float y[V];
@@ -306,7 +315,7 @@ __device__ __forceinline__ void softmax_held_row(const softmax_params<T> &p, con
             for (int e = 0; e < V; e++) /* masked: 0, even in a NaN row */
                 y[e] = e < vis[k] ? x[k][e] * inv : 0.0f;
         }
-        if (DROPOUT) {
+        if (FORM == SOFTMAX_DROPOUT) {
             dropout_mask mask(p.seed, p.offset, p.p);
             unsigned long long e0 = (unsigned long long)at.row * p.cols + j[k];
 #pragma unroll
@@ -322,7 +331,7 @@ __device__ __forceinline__ void softmax_held_row(const softmax_params<T> &p, con
 
 /* The held kernel: a row a block (or a cluster, or a warp), straight from
  * global memory. */
-template <typename T, int VPT, bool DROPOUT>
+template <typename T, int VPT, softmax_form FORM>
 __global__ void __launch_bounds__(512)
     softmax_held_kernel(softmax_params<T> p, size_t row0, unsigned cluster, size_t)
 {
@@ -332,14 +341,14 @@ __global__ void __launch_bounds__(512)
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
         return;
     const global_row<T, V> in = {p.in + at.row * p.stride};
-    softmax_held_row<T, VPT, DROPOUT>(
+    softmax_held_row<T, VPT, FORM>(
         p, at, in, [] {}, scratch, cluster);
 }
 
 /* The ring kernel (rows.cuh): resident blocks (or clusters) loop over
  * rows, each row's visible part arriving in a slot of the block's ring
  * ahead of its turn. */
-template <typename T, int VPT, bool DROPOUT>
+template <typename T, int VPT, softmax_form FORM>
 __global__ void __launch_bounds__(512) softmax_ring_kernel(softmax_params<T> p, ring_plan plan)
 {
     constexpr int V = vec16<T>();
@@ -358,24 +367,24 @@ __global__ void __launch_bounds__(512) softmax_ring_kernel(softmax_params<T> p, 
     ring_rows(ring, p.rows, cluster, fill, [&](size_t row, unsigned s, auto read) {
         at.row = row;
         const slot_row<T, V> in = {ring.segment(s), first};
-        softmax_held_row<T, VPT, DROPOUT>(p, at, in, read, scratch, cluster);
+        softmax_held_row<T, VPT, FORM>(p, at, in, read, scratch, cluster);
     });
 }
 
 /* The held kernel for plan.vpt, or NULL when there is none. */
-template <typename T, bool DROPOUT>
+template <typename T, softmax_form FORM>
 static void (*softmax_held_for(unsigned vpt))(softmax_params<T>, size_t, unsigned, size_t)
 {
     return held_vpt<vec16<T>()>(
-        vpt, [](auto k) { return softmax_held_kernel<T, decltype(k)::value, DROPOUT>; });
+        vpt, [](auto k) { return softmax_held_kernel<T, decltype(k)::value, FORM>; });
 }
 
 /* The ring kernel for plan.vpt, or NULL when there is none. */
-template <typename T, bool DROPOUT>
+template <typename T, softmax_form FORM>
 static void (*softmax_ring_for(unsigned vpt))(softmax_params<T>, ring_plan)
 {
     return held_vpt<vec16<T>()>(
-        vpt, [](auto k) { return softmax_ring_kernel<T, decltype(k)::value, DROPOUT>; });
+        vpt, [](auto k) { return softmax_ring_kernel<T, decltype(k)::value, FORM>; });
 }
 
 template <typename T, int V>
