@@ -406,7 +406,8 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
             acc += MODE == NORM_RMS ? x[k][e] * x[k][e] : x[k][e];
     }
     const float inv_n = 1.0f / (float)p.cols;
-    float mean = row_reduce(acc, op_sum(), s1, cluster) * inv_n, rstd;
+    /* LayerNorm's second reduction (s2) follows */
+    float mean = row_reduce(acc, op_sum(), s1, cluster, MODE != NORM_RMS) * inv_n, rstd;
     read();
 
     if (MODE == NORM_RMS) {

@@ -432,9 +432,17 @@ template <typename R> struct reduce_scratch {
  * butterfly within the warp (each step combines two equal partial
  * results, commutatively), the same over the warps' results, then the
  * blocks' in rank order.
+ *
+ * Before returning it waits until every thread (every block) has read s,
+ * so that the next reduction may write it - unless `then_other`: the
+ * row's next reduction uses other scratch, and its first barrier, which
+ * each thread reaches only after reading this one's result, already keeps
+ * s from being written too early (a barrier a row saved, a cluster's
+ * among them).
  */
 template <typename R, typename Op>
-__device__ __forceinline__ R row_reduce(R v, Op op, reduce_scratch<R> &s, unsigned cluster)
+__device__ __forceinline__ R row_reduce(R v, Op op, reduce_scratch<R> &s, unsigned cluster,
+                                        bool then_other = false)
 {
 #pragma unroll
     for (int m = 16; m >= 1; m >>= 1)
@@ -453,7 +461,8 @@ __device__ __forceinline__ R row_reduce(R v, Op op, reduce_scratch<R> &s, unsign
     for (unsigned m = warps / 2; m >= 1; m >>= 1)
         v = combine(op, v, shfl_xor(v, (int)m));
     if (cluster == 1) {
-        __syncthreads(); /* the slots are reused by the next reduction */
+        if (!then_other)
+            __syncthreads(); /* the slots are reused by the next reduction */
         return v;
     }
 
@@ -465,7 +474,8 @@ __device__ __forceinline__ R row_reduce(R v, Op op, reduce_scratch<R> &s, unsign
     v = *cl.map_shared_rank(&s.block, 0);
     for (unsigned b = 1; b < cluster; b++)
         v = combine(op, v, *cl.map_shared_rank(&s.block, b));
-    cl.sync(); /* no block rewrites or leaves its slot while others read it */
+    if (!then_other)
+        cl.sync(); /* no block rewrites or leaves its slot while others read it */
     return v;
 }
 

@@ -244,9 +244,9 @@ enum softmax_form { SOFTMAX_PLAIN, SOFTMAX_SCALED, SOFTMAX_CHECKED, SOFTMAX_DROP
  * every thread of the row has read its vectors.
  */
 template <typename T, int VPT, softmax_form FORM, typename Row, typename Read>
-__device__ __forceinline__ void softmax_held_row(const softmax_params<T> &p, const row_place &at,
-                                                 const Row &in, Read read,
-                                                 reduce_scratch<float> &scratch, unsigned cluster)
+__device__ __forceinline__ void
+softmax_held_row(const softmax_params<T> &p, const row_place &at, const Row &in, Read read,
+                 reduce_scratch<float> (&scratch)[2], unsigned cluster)
 {
     constexpr int V = vec16<T>();
     constexpr float LOG2E = 1.4426950408889634f;
@@ -281,7 +281,7 @@ __device__ __forceinline__ void softmax_held_row(const softmax_params<T> &p, con
         for (int e = 0; e < V; e++)
             max = fmaxf(max, x[k][e]);
     }
-    max = row_reduce(max, op_max(), scratch, cluster);
+    max = row_reduce(max, op_max(), scratch[0], cluster, true); /* the sum's follows */
     read();
 
     /* a row of -Inf has max -Inf: a finite offset keeps its exponents 0
@@ -296,7 +296,7 @@ __device__ __forceinline__ void softmax_held_row(const softmax_params<T> &p, con
             sum += x[k][e];
         }
     }
-    sum = row_reduce(sum, op_sum(), scratch, cluster);
+    sum = row_reduce(sum, op_sum(), scratch[1], cluster);
     const float inv = 1.0f / sum;
 
     T *out = p.out + at.row * p.stride;
@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(512)
     softmax_held_kernel(softmax_params<T> p, size_t row0, unsigned cluster, size_t)
 {
     constexpr int V = vec16<T>();
-    __shared__ reduce_scratch<float> scratch;
+    __shared__ reduce_scratch<float> scratch[2]; /* the max's, the sum's */
     const row_place at = place_row<V>(row0, cluster, 1, VPT);
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
         return;
@@ -352,7 +352,7 @@ template <typename T, int VPT, softmax_form FORM>
 __global__ void __launch_bounds__(512) softmax_ring_kernel(softmax_params<T> p, ring_plan plan)
 {
     constexpr int V = vec16<T>();
-    __shared__ reduce_scratch<float> scratch;
+    __shared__ reduce_scratch<float> scratch[2]; /* the max's, the sum's */
     const unsigned cluster = plan.held.cluster, seg = blockDim.x * VPT * V;
     row_place at = {0, 0, 0, threadIdx.x, blockIdx.x % cluster};
     const unsigned first = at.rank * seg;
