@@ -100,6 +100,7 @@ __attribute__((noinline)) int weft__cuda_use_device(weft__cuda_device *dev)
 
 int weft__cuda_enter(weft__stream *s, const char *call)
 {
+    s->timing_chain = false; /* the newest timed end is no longer the stream's last */
     int rc = weft__cuda_check_failed(s->dev, call);
     return rc ? rc : weft__cuda_use_device(s->dev);
 }
@@ -265,7 +266,6 @@ static int cuda_malloc_async(weft__stream *s, void **ptr, size_t n)
     int rc = weft__cuda_enter(s, "weft_malloc_async");
     if (rc || (s->recording && (rc = weft__cuda_region_capture(s))))
         return rc;
-    s->timing_chain = false; /* untimed, between timed operations */
     cudaError_t e = cudaMallocAsync(ptr, n, s->handle);
     if (e != cudaSuccess)
         return weft__cuda_fail(s->dev, "cudaMallocAsync", e);
@@ -278,7 +278,6 @@ static int cuda_free_async(weft__stream *s, void *ptr)
     int rc = weft__cuda_enter(s, "weft_free_async");
     if (rc || (s->recording && (rc = weft__cuda_region_capture(s))))
         return rc;
-    s->timing_chain = false; /* untimed, between timed operations */
     weft__cuda_known_remove(ptr);
     cudaError_t e = cudaFreeAsync(ptr, s->handle);
     return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaFreeAsync", e);
@@ -290,6 +289,7 @@ static int cuda_free_async(weft__stream *s, void *ptr)
  * start, the region's end reports it). */
 static void *cuda_native(weft__stream *s)
 {
+    s->timing_chain = false; /* its work comes after the newest timed end */
     weft__cuda_note_work(s);
     if (s->recording)
         weft__cuda_region_capture(s);

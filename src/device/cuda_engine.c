@@ -241,7 +241,6 @@ int weft__cuda_mark(weft__stream *s, uint64_t *seq)
         return rc;
     weft__lock_acquire(&s->lock);
     uint64_t next = s->marked + 1;
-    s->timing_chain = false; /* the marker comes between */
     if ((rc = enqueue_marker(s, next)) == WEFT_OK) {
         s->marked = next;
         atomic_store_explicit(&s->unmarked, false, memory_order_relaxed);
@@ -300,7 +299,6 @@ int weft__cuda_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq)
     int rc = weft__cuda_enter(s, "weft_stream_wait");
     if (rc || (s->recording && (rc = weft__cuda_region_capture(s))))
         return rc;
-    s->timing_chain = false; /* untimed, between timed operations */
     if (s->dev->completion != WEFT__CUDA_FLAG)
         return (rc = weft__task_may_suspend("weft_stream_wait")) ? rc : weft__cuda_wait(other, seq);
     CUresult r = wait_value((CUstream)s->handle, other->flag_device, (cuuint32_t)seq,

@@ -126,7 +126,9 @@ int weft__cuda_check_failed(weft__cuda_device *dev, const char *call);
 /* Make dev the calling thread's current device. */
 int weft__cuda_use_device(weft__cuda_device *dev);
 
-/* Before any enqueue: the device must be healthy and current. */
+/* Before any enqueue: the device must be healthy and current. It also ends
+ * the chaining of timing events (cuda_trace.c): what comes next is enqueued
+ * after the newest timed operation's end. */
 int weft__cuda_enter(weft__stream *s, const char *call);
 
 /* Pageable host memory: CUDA reads it at enqueue time (host to device) or
@@ -142,12 +144,10 @@ void weft__cuda_stream_destroy_bare(weft__stream *s);
 /* Work is about to be enqueued on s: from idle, the device's busy time
  * starts. It ends when a marker placed after the work is seen complete
  * (idle_if_done, cuda_engine.c). After the first operation this is one
- * relaxed load. Kernels, copies, memsets, host functions and graph
- * launches call it, so it also ends the chaining of timing events
- * (cuda_trace.c); the stream's other operations end it themselves. */
+ * relaxed load. Kernels, copies, memsets, host functions, graph launches
+ * and the handle given out call it. */
 static inline void weft__cuda_note_work(weft__stream *s)
 {
-    s->timing_chain = false; /* a timed operation's end is no longer the newest */
     if (s->capture || atomic_load_explicit(&s->unmarked, memory_order_relaxed))
         return;
     weft__lock_acquire(&s->lock);
