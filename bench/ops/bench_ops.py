@@ -107,6 +107,8 @@ def load_weft(path):
         "weft_bench_layernorm_variant": [P, I, ctypes.c_char_p, P, P, P, P, Z, Z],
         "weft_bench_gelu_layernorm_variant": [P, I, ctypes.c_char_p, P, P, P, P, P, P, Z, Z],
         "weft_bench_gelu_libm": [P, I, P, P, P, P, Z, Z],
+        "weft_bench_gelu_pairs": [P, I, P, P, P, P, Z, Z],
+        "weft_bench_gelu_grid8": [P, I, P, P, P, P, Z, Z],
     }
     for name, args in sig.items():
         fn = getattr(lib, name)
@@ -540,11 +542,27 @@ def run(torch, lib, args):
                         P(z.data_ptr()), r, c, c)),
                         ("libm_erfc", lambda: lib.weft_bench_gelu_libm(
                             s(), wd, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
+                            P(z.data_ptr()), r, c)),
+                        ("pairs", lambda: lib.weft_bench_gelu_pairs(
+                            s(), wd, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
+                            P(z.data_ptr()), r, c)),
+                        ("grid8", lambda: lib.weft_bench_gelu_grid8(
+                            s(), wd, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
                             P(z.data_ptr()), r, c))):
                     if fn() != 0:
                         failures.append("gelu variant %s: %s" %
                                         (v, lib.weft_last_error().decode()))
                         continue
+                    if v == "lib":
+                        lib_out["gelu"] = y.float().clone()
+                    else:
+                        want = lib_out["gelu"]
+                        err = (y.float() - want).abs().max().item()
+                        if not err <= (2e-2 if dtype_name != "f32" else 1e-4) * \
+                                max(want.abs().max().item(), 1e-30):
+                            failures.append("gelu variant %s %s %dx%d: differs from the "
+                                            "library by %.3g" % (v, dtype_name, r, c, err))
+                            continue
                     t = time_per_call(torch, fn, reps)
                     tbps = (3 * r * c + c) * es / t / 1e12
                     emit("ops.variant.gelu_erf.%s.%s.%dx%d.tbps" % (v, dtype_name, r, c),
@@ -681,7 +699,9 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "what the library's fix at compile time on these rows (as rows of any "
                    "length take them), "
                    "`staged` rows in shared memory, `regs*` the register-tile row "
-                   "kernels under other plans, `libm_erfc` GELU with libm's erfcf "
+                   "kernels under other plans, `libm_erfc` GELU with libm's erfcf, `pairs` "
+                   "GELU two chunks a step, `grid8` the library's GELU on its former grid of "
+                   "8 blocks an SM "
                    "(bench/ops/variants.cu says more):")
         out.append("")
         shapes = sorted({(dt, s) for _, _, dt, s, _ in variants_out},

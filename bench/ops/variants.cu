@@ -23,13 +23,17 @@
  *                instead of a cluster (the later passes re-read from L2)
  * the fused bias+GELU+residual+LayerNorm held with its inputs fixed or
  * checked, and bias+GELU+residual runs with libm's erfcf in place of the
- * library's activation, which is what the activation's own fit buys.
+ * library's activation, which is what the activation's own fit buys,
+ * with two chunks a step (pairs), twice the loads in flight a thread, and
+ * the library's kernel on its former grid of 8 blocks an SM (grid8: a
+ * second, partial wave where fewer stay resident).
  *
  * Each entry point returns a weft status; WEFT_EINVAL means the variant
  * does not apply to that shape (the script leaves it out).
  */
 #include <string.h>
 
+#include "ops/gelu.cuh"
 #include "ops/norm.cuh"
 #include "ops/softmax.cuh"
 
@@ -301,9 +305,77 @@ int gelu_libm(cudaStream_t s, void *out, const void *in, const void *bias, const
     constexpr int V = vec16<T>();
     if (cols % V != 0)
         return WEFT_EINVAL;
-    gelu_libm_kernel<T, V><<<grid_for(rows * cols / V, 256, 8), 256, 0, s>>>(
+    auto kernel = gelu_libm_kernel<T, V>;
+    kernel<<<grid_for(kernel, rows * cols / V, 256), 256, 0, s>>>(
         (T *)out, (const T *)in, (const T *)bias, (const T *)res, rows, cols);
     return launched("gelu libm variant");
+}
+
+/* bias + GELU (erf, the library's) + residual taking two chunks a step:
+ * both chunks' loads are issued before either is computed, twice the
+ * bytes in flight a thread of the library's one chunk a step. */
+template <typename T, int V>
+__global__ void __launch_bounds__(256)
+    gelu_pairs_kernel(T *out, const T *in, const T *bias, const T *res, size_t rows, size_t cols)
+{
+    tensor_walk<uint32_t> w(rows, cols, cols, cols, V);
+    while (w.more()) {
+        tensor_walk<uint32_t> w2 = w;
+        w2.next();
+        const bool two = w2.more();
+        float h[2][V], b[2][V], r[2][V];
+        load_vec<T, V>(h[0], in + w.at);
+        load_vec<T, V>(b[0], bias + w.col);
+        load_vec<T, V>(r[0], res + w.at);
+        if (two) {
+            load_vec<T, V>(h[1], in + w2.at);
+            load_vec<T, V>(b[1], bias + w2.col);
+            load_vec<T, V>(r[1], res + w2.at);
+        }
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            if (c == 1 && !two)
+                break;
+#pragma unroll
+            for (int k = 0; k < V; k++)
+                h[c][k] = gelu(WEFT_GELU_ERF, h[c][k] + b[c][k]) + r[c][k];
+            store_vec<T, V>(out + (c == 0 ? w.at : w2.at), h[c]);
+        }
+        w = w2;
+        if (two)
+            w.next();
+    }
+}
+
+template <typename T>
+int gelu_pairs(cudaStream_t s, void *out, const void *in, const void *bias, const void *res,
+               size_t rows, size_t cols)
+{
+    constexpr int V = vec16<T>();
+    auto kernel = gelu_pairs_kernel<T, V>;
+    const unsigned blocks = grid_for(kernel, rows * cols / V, 256);
+    if (cols % V != 0 || !tensor_walk<uint32_t>::fits32(rows, cols, cols, V, (size_t)blocks * 256))
+        return WEFT_EINVAL;
+    kernel<<<blocks, 256, 0, s>>>((T *)out, (const T *)in, (const T *)bias, (const T *)res, rows,
+                                  cols);
+    return launched("gelu pairs variant");
+}
+
+/* The library's bias + GELU (erf) + residual kernel on its former grid:
+ * 8 blocks an SM, however many stay resident (grid8). */
+template <typename T>
+int gelu_grid8(cudaStream_t s, void *out, const void *in, const void *bias, const void *res,
+               size_t rows, size_t cols)
+{
+    constexpr int V = vec16<T>();
+    const size_t want = (rows * cols / V + 255) / 256, cap = (size_t)sm_count() * 8;
+    const unsigned blocks = (unsigned)(want < cap ? want : cap);
+    const gelu_params<T> p = {(T *)out, (const T *)in, (const T *)bias, (const T *)res, rows,
+                              cols,     cols};
+    if (cols % V != 0 || !tensor_walk<uint32_t>::fits32(rows, cols, cols, V, (size_t)blocks * 256))
+        return WEFT_EINVAL;
+    bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, uint32_t><<<blocks, 256, 0, s>>>(p);
+    return launched("gelu grid8 variant");
 }
 
 } // namespace
@@ -345,6 +417,22 @@ int weft_bench_gelu_layernorm_variant(void *stream, int dtype, const char *varia
     return by_dtype((weft_dtype)dtype, [&](auto t) {
         return gelu_layernorm_variant<decltype(t)>((cudaStream_t)stream, variant, out, in,
                                                    gelu_bias, residual, weight, bias, rows, cols);
+    });
+}
+
+int weft_bench_gelu_pairs(void *stream, int dtype, void *out, const void *in, const void *bias,
+                          const void *res, size_t rows, size_t cols)
+{
+    return by_dtype((weft_dtype)dtype, [&](auto t) {
+        return gelu_pairs<decltype(t)>((cudaStream_t)stream, out, in, bias, res, rows, cols);
+    });
+}
+
+int weft_bench_gelu_grid8(void *stream, int dtype, void *out, const void *in, const void *bias,
+                          const void *res, size_t rows, size_t cols)
+{
+    return by_dtype((weft_dtype)dtype, [&](auto t) {
+        return gelu_grid8<decltype(t)>((cudaStream_t)stream, out, in, bias, res, rows, cols);
     });
 }
 

@@ -69,11 +69,14 @@ template <typename T, int V>
 int launch_v(cudaStream_t stream, const glu_params<T> &p, weft_glu_kind kind)
 {
     const unsigned threads = 256;
-    unsigned blocks = grid_for(p.rows * (p.cols / V), threads, 8);
-    size_t stride = p.in_stride > p.out_stride ? p.in_stride : p.out_stride;
-    auto kernel = tensor_walk<uint32_t>::fits32(p.rows, p.cols, stride, V, (size_t)blocks * threads)
-                      ? pick_kernel<T, V, uint32_t>(kind)
-                      : pick_kernel<T, V, size_t>(kind);
+    const size_t work = p.rows * (p.cols / V);
+    const size_t stride = p.in_stride > p.out_stride ? p.in_stride : p.out_stride;
+    auto kernel = pick_kernel<T, V, uint32_t>(kind);
+    unsigned blocks = grid_for(kernel, work, threads);
+    if (!tensor_walk<uint32_t>::fits32(p.rows, p.cols, stride, V, (size_t)blocks * threads)) {
+        kernel = pick_kernel<T, V, size_t>(kind);
+        blocks = grid_for(kernel, work, threads);
+    }
     kernel<<<blocks, threads, 0, stream>>>(p);
     return launched("weft_glu");
 }

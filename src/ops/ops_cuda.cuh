@@ -18,6 +18,7 @@
 #define WEFT_OPS_CUDA_CUH
 
 #include <atomic>
+#include <mutex>
 #include <type_traits>
 
 #include <cooperative_groups.h>
@@ -515,12 +516,55 @@ static inline int launched(const char *op)
     return launch_status(op, cudaGetLastError());
 }
 
-/* Blocks for `work` items of `threads` threads each, at most a few waves
- * of resident blocks (the kernels walk the rest in a grid-stride loop). */
-static inline unsigned grid_for(size_t work, unsigned threads, unsigned per_sm)
+/* Blocks of `threads` threads (no dynamic shared memory) that one SM keeps
+ * resident for kernel, asked of CUDA once per kernel, device and block
+ * size (published entries never change, so readers take no lock); 1 if
+ * CUDA cannot say. */
+static inline unsigned resident_blocks(const void *kernel, unsigned threads)
+{
+    struct fit {
+        const void *kernel;
+        int dev;
+        unsigned threads, blocks;
+    };
+    enum { KEPT = 64 };
+    static fit kept[KEPT];
+    static std::atomic<unsigned> published{0};
+    static std::mutex writer;
+
+    int dev = 0, blocks = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 1;
+    }
+    const unsigned n = published.load(std::memory_order_acquire);
+    for (unsigned i = 0; i < n; i++)
+        if (kept[i].kernel == kernel && kept[i].dev == dev && kept[i].threads == threads)
+            return kept[i].blocks;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, (int)threads, 0) !=
+            cudaSuccess ||
+        blocks < 1) {
+        cudaGetLastError();
+        return 1;
+    }
+    std::lock_guard<std::mutex> hold(writer);
+    const unsigned at = published.load(std::memory_order_relaxed);
+    if (at < KEPT) {
+        kept[at] = {kernel, dev, threads, (unsigned)blocks};
+        published.store(at + 1, std::memory_order_release);
+    }
+    return (unsigned)blocks;
+}
+
+/* Blocks for `work` items of `threads` threads each of a grid-stride
+ * kernel: at most the blocks the GPU keeps resident, one wave (the
+ * kernels walk the rest). A fixed number of blocks an SM left kernels of
+ * many registers a second, partial wave, whose SMs end the op with a
+ * fraction of the loads in flight. */
+template <typename K> static unsigned grid_for(K kernel, size_t work, unsigned threads)
 {
     size_t want = (work + threads - 1) / threads;
-    size_t cap = (size_t)sm_count() * per_sm;
+    size_t cap = (size_t)sm_count() * resident_blocks((const void *)kernel, threads);
     if (want > cap)
         want = cap;
     return want ? (unsigned)want : 1u;

@@ -182,8 +182,8 @@ int launch_chunks(cudaStream_t stream, rope_params<T> p, size_t pairs)
         p.slices = all;
     p.heads_per_slice = (all + p.slices - 1) / p.slices;
     p.slices = (all + p.heads_per_slice - 1) / p.heads_per_slice;
-    rope_kernel<T, V, CP, HALVES>
-        <<<grid_for(p.tokens * p.slices * p.chunks, threads, 8), threads, 0, stream>>>(p);
+    auto kernel = rope_kernel<T, V, CP, HALVES>;
+    kernel<<<grid_for(kernel, p.tokens * p.slices * p.chunks, threads), threads, 0, stream>>>(p);
     return launched("weft_rope");
 }
 
