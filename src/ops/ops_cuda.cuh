@@ -17,6 +17,8 @@
 #ifndef WEFT_OPS_CUDA_CUH
 #define WEFT_OPS_CUDA_CUH
 
+#include <string.h>
+
 #include <atomic>
 #include <mutex>
 #include <type_traits>
@@ -516,44 +518,74 @@ static inline int launched(const char *op)
     return launch_status(op, cudaGetLastError());
 }
 
+/*
+ * Answers CUDA gives the same every time - occupancy, what a kernel was
+ * given - kept per key (a struct of plain fields, compared bytewise: zero
+ * it before filling), so that a launch asks once per kernel and device.
+ * Published entries never change, so finding one takes no lock; a full
+ * table just stops keeping.
+ */
+template <typename Key, typename Value, unsigned N> struct kept_answers {
+    struct entry {
+        Key key;
+        Value value;
+    };
+    entry entries[N];
+    std::atomic<unsigned> published{0};
+    std::mutex writer;
+
+    bool find(const Key &key, Value *value)
+    {
+        const unsigned n = published.load(std::memory_order_acquire);
+        for (unsigned i = 0; i < n; i++)
+            if (memcmp(&entries[i].key, &key, sizeof key) == 0) {
+                *value = entries[i].value;
+                return true;
+            }
+        return false;
+    }
+
+    void keep(const Key &key, const Value &value)
+    {
+        std::lock_guard<std::mutex> hold(writer);
+        const unsigned n = published.load(std::memory_order_relaxed);
+        if (n < N) {
+            entries[n] = {key, value};
+            published.store(n + 1, std::memory_order_release);
+        }
+    }
+};
+
 /* Blocks of `threads` threads (no dynamic shared memory) that one SM keeps
- * resident for kernel, asked of CUDA once per kernel, device and block
- * size (published entries never change, so readers take no lock); 1 if
- * CUDA cannot say. */
+ * resident for kernel; 1 if CUDA cannot say. */
 static inline unsigned resident_blocks(const void *kernel, unsigned threads)
 {
-    struct fit {
+    struct key {
         const void *kernel;
         int dev;
-        unsigned threads, blocks;
+        unsigned threads;
     };
-    enum { KEPT = 64 };
-    static fit kept[KEPT];
-    static std::atomic<unsigned> published{0};
-    static std::mutex writer;
+    static kept_answers<key, unsigned, 64> kept;
+    key k;
+    memset(&k, 0, sizeof k);
+    k.kernel = kernel;
+    k.threads = threads;
+    unsigned blocks = 0;
+    int n = 0;
 
-    int dev = 0, blocks = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
+    if (cudaGetDevice(&k.dev) != cudaSuccess) {
         cudaGetLastError();
         return 1;
     }
-    const unsigned n = published.load(std::memory_order_acquire);
-    for (unsigned i = 0; i < n; i++)
-        if (kept[i].kernel == kernel && kept[i].dev == dev && kept[i].threads == threads)
-            return kept[i].blocks;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, (int)threads, 0) !=
-            cudaSuccess ||
-        blocks < 1) {
+    if (kept.find(k, &blocks))
+        return blocks;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, (int)threads, 0) != cudaSuccess ||
+        n < 1) {
         cudaGetLastError();
         return 1;
     }
-    std::lock_guard<std::mutex> hold(writer);
-    const unsigned at = published.load(std::memory_order_relaxed);
-    if (at < KEPT) {
-        kept[at] = {kernel, dev, threads, (unsigned)blocks};
-        published.store(at + 1, std::memory_order_release);
-    }
-    return (unsigned)blocks;
+    kept.keep(k, (unsigned)n);
+    return (unsigned)n;
 }
 
 /* Blocks for `work` items of `threads` threads each of a grid-stride

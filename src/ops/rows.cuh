@@ -492,25 +492,18 @@ static inline bool ring_refused()
     return false;
 }
 
-/*
- * The ring plan for the held plan `held` (a block or a cluster per row)
- * of one row-sized input: as many resident blocks an SM as the
- * kernel's registers allow that still leave each at least two slots, up
- * to `max_slots` slots each, and as many blocks as CUDA says are then
- * resident (whole clusters, as the GPCs fit them) or as leave each
- * cluster two rows. false when no ring fits, or there are fewer rows than
- * two an SM.
- */
+/* What CUDA says of a ring kernel under a held plan: the slots a block
+ * gets and the blocks then resident on the GPU (0 slots: no ring fits).
+ * Found once per kernel and device (ring_fit_of) and kept. */
+struct ring_fit {
+    unsigned slots;
+    int resident;
+};
+
 template <typename K>
-static bool plan_ring(K kernel, const row_plan &held, size_t cols, size_t rows, int V,
-                      size_t elem_size, unsigned max_slots, ring_plan *r)
+static bool ring_fit_of(K kernel, const row_plan &held, unsigned seg_bytes, unsigned max_slots,
+                        ring_fit *fit)
 {
-    /* few rows (small inputs) are the held kernels', which start with no
-     * setup: refused before any question to CUDA */
-    if (held.rpb != 1 || cols % V != 0 || cols / V < 32 || rows < 2 * (size_t)sm_count())
-        return false;
-    if (max_slots > RING_MAX_SLOTS)
-        max_slots = RING_MAX_SLOTS;
     int dev = 0, smem_sm = 0, smem_block = 0, blocks = 0;
     cudaFuncAttributes fa;
     if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -523,31 +516,30 @@ static bool plan_ring(K kernel, const row_plan &held, size_t cols, size_t rows, 
             cudaSuccess)
         return ring_refused();
 
-    r->held = held;
-    r->seg_bytes = (unsigned)((size_t)held.tpr * held.vpt * V * elem_size);
-    const long slot_bytes = r->seg_bytes;
-    for (r->slots = 0; blocks >= 1 && r->slots < 2; blocks--) {
+    /* as many resident blocks an SM as the registers allow that still
+     * leave each two slots */
+    for (fit->slots = 0; blocks >= 1 && fit->slots < 2; blocks--) {
         /* each block also keeps its static shared memory and 1 KB for CUDA */
         long share = smem_sm / blocks - 1024;
         if (share > smem_block)
             share = smem_block;
-        long slots = (share - (long)fa.sharedSizeBytes - RING_BARRIER_BYTES) / slot_bytes;
-        r->slots = slots < 0 ? 0 : slots < (long)max_slots ? (unsigned)slots : max_slots;
+        long slots = (share - (long)fa.sharedSizeBytes - RING_BARRIER_BYTES) / (long)seg_bytes;
+        fit->slots = slots < 0 ? 0 : slots < (long)max_slots ? (unsigned)slots : max_slots;
     }
-    if (r->slots < 2)
-        return false;
+    fit->resident = 0;
+    if (fit->slots < 2)
+        return true;
 
-    const size_t smem = ring_bytes(r->slots, r->seg_bytes);
+    const size_t smem = ring_bytes(fit->slots, seg_bytes);
     if (smem > 48 * 1024 &&
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
             cudaSuccess)
         return ring_refused();
-    int resident = 0;
     if (held.cluster == 1) {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, (int)held.tpr, smem) !=
-            cudaSuccess)
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit->resident, kernel, (int)held.tpr,
+                                                          smem) != cudaSuccess)
             return ring_refused();
-        resident *= sm_count();
+        fit->resident *= sm_count();
     } else {
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute attr[1];
@@ -558,12 +550,64 @@ static bool plan_ring(K kernel, const row_plan &held, size_t cols, size_t rows, 
         cfg.dynamicSmemBytes = smem;
         cfg.attrs = attr;
         cfg.numAttrs = 1;
-        if (cudaOccupancyMaxActiveClusters(&resident, kernel, &cfg) != cudaSuccess)
+        if (cudaOccupancyMaxActiveClusters(&fit->resident, kernel, &cfg) != cudaSuccess)
             return ring_refused();
-        resident *= (int)held.cluster;
+        fit->resident *= (int)held.cluster;
     }
+    return true;
+}
+
+/*
+ * The ring plan for the held plan `held` (a block or a cluster per row)
+ * of one row-sized input: as many resident blocks an SM as the
+ * kernel's registers allow that still leave each at least two slots, up
+ * to `max_slots` slots each, and as many blocks as CUDA says are then
+ * resident (whole clusters, as the GPCs fit them) or as leave each
+ * cluster two rows. false when no ring fits, or there are fewer rows than
+ * two an SM. What CUDA says is asked once per kernel, device and plan.
+ */
+template <typename K>
+static bool plan_ring(K kernel, const row_plan &held, size_t cols, size_t rows, int V,
+                      size_t elem_size, unsigned max_slots, ring_plan *r)
+{
+    struct key {
+        const void *kernel;
+        int dev;
+        unsigned tpr, cluster, vpt, seg_bytes, max_slots;
+    };
+    static kept_answers<key, ring_fit, 64> kept;
+
+    /* few rows (small inputs) are the held kernels', which start with no
+     * setup: refused before any question to CUDA */
+    if (held.rpb != 1 || cols % V != 0 || cols / V < 32 || rows < 2 * (size_t)sm_count())
+        return false;
+    if (max_slots > RING_MAX_SLOTS)
+        max_slots = RING_MAX_SLOTS;
+    r->held = held;
+    r->seg_bytes = (unsigned)((size_t)held.tpr * held.vpt * V * elem_size);
+
+    key k;
+    memset(&k, 0, sizeof k);
+    k.kernel = (const void *)kernel;
+    k.tpr = held.tpr;
+    k.cluster = held.cluster;
+    k.vpt = held.vpt;
+    k.seg_bytes = r->seg_bytes;
+    k.max_slots = max_slots;
+    ring_fit fit;
+    if (cudaGetDevice(&k.dev) != cudaSuccess)
+        return ring_refused();
+    if (!kept.find(k, &fit)) {
+        if (!ring_fit_of(kernel, held, r->seg_bytes, max_slots, &fit))
+            return false;
+        kept.keep(k, fit);
+    }
+    if (fit.slots < 2)
+        return false;
+    r->slots = fit.slots;
+
     /* every cluster loops over two rows or more */
-    size_t clusters = (size_t)resident / held.cluster;
+    size_t clusters = (size_t)fit.resident / held.cluster;
     if (clusters > rows / 2)
         clusters = rows / 2;
     if (clusters == 0)
