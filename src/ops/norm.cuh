@@ -370,7 +370,7 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
         j[k] = held_at<V, VPT>(at, k);
-        part[k] = IO & NORM_IO_CHECKED ? held_part<V>(j[k], cols) : j[k] < cols ? V : 0;
+        part[k] = IO & NORM_IO_CHECKED ? part_of<V>(j[k], cols) : j[k] < cols ? V : 0;
         raw_in[k] = raw_res[k] = raw_gb[k] = make_uint4(0, 0, 0, 0);
         if (part[k] == 0)
             continue;

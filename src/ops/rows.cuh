@@ -90,6 +90,14 @@ template <int V> __device__ __forceinline__ size_t elem_at(const row_place &p, s
     return t * p.tile + ((size_t)k * blockDim.x + p.tid) * V;
 }
 
+/* Elements of the V at j before end: V, 0, or the row's one partial
+ * vector. Index is the row offsets' type: unsigned in the held kernels
+ * (32-bit offsets, fewer instructions an element), size_t elsewhere. */
+template <int V, typename Index> __device__ __forceinline__ int part_of(Index j, Index end)
+{
+    return j + V <= end ? V : j >= end ? 0 : (int)(end - j);
+}
+
 /* Largest vectors per thread for V-element vectors: 16 values a thread
  * (8 with V = 1). More spills at the 64 registers that two resident
  * 512-thread blocks leave a thread. */
@@ -268,12 +276,6 @@ template <typename T, int V> __device__ __forceinline__ uint4 pack(const float (
 template <int V, int VPT> __device__ __forceinline__ unsigned held_at(const row_place &at, int k)
 {
     return ((at.rank * VPT + k) * blockDim.x + at.tid) * V;
-}
-
-/* Elements of the V at j before end: V, 0, or the row's one partial vector. */
-template <int V> __device__ __forceinline__ int held_part(unsigned j, unsigned end)
-{
-    return j + V <= end ? V : j >= end ? 0 : (int)(end - j);
 }
 
 /* ---- streaming rows through a ring in shared memory ---------------------- */
@@ -734,12 +736,6 @@ template <typename T, int V> __device__ __forceinline__ void stage_part(T *s, co
     }
     for (int e = 0; e < n; e++)
         s[e] = g[e];
-}
-
-/* Elements of the V at j that lie before end (0 when none). */
-template <int V> __device__ __forceinline__ int part_of(size_t j, size_t end)
-{
-    return j >= end ? 0 : end - j >= (size_t)V ? V : (int)(end - j);
 }
 
 /* This thread's copies have landed (and are visible to it). */

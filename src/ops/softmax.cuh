@@ -259,7 +259,7 @@ softmax_held_row(const softmax_params<T> &p, const row_place &at, const Row &in,
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
         j[k] = held_at<V, VPT>(at, k);
-        vis[k] = CHECKED ? held_part<V>(j[k], n) : j[k] < cols ? V : 0;
+        vis[k] = CHECKED ? part_of<V>(j[k], n) : j[k] < cols ? V : 0;
         raw[k] = in.at(j[k], vis[k]);
     }
 
@@ -302,7 +302,7 @@ softmax_held_row(const softmax_params<T> &p, const row_place &at, const Row &in,
     T *out = p.out + at.row * p.stride;
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
-        const int part = CHECKED ? held_part<V>(j[k], cols) : vis[k];
+        const int part = CHECKED ? part_of<V>(j[k], cols) : vis[k];
         if (part == 0)
             continue;
         float y[V];
