@@ -696,7 +696,7 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "registers, `ring2_wide` that at twice the values a thread, `held` rows "
                    "loaded straight into registers, `held_narrow`/`held_wide` that "
                    "under other plans, `*_checked` kernels that test at run time for "
-                   "what the library's fix at compile time on these rows (as rows of any "
+                   "what the library fixes at compile time on these rows (as rows of any "
                    "length take them), "
                    "`staged` rows in shared memory, `regs*` the register-tile row "
                    "kernels under other plans, `libm_erfc` GELU with libm's erfcf, `pairs` "
