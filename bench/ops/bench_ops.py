@@ -690,8 +690,9 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
 
     if variants_out:
         out.append("Tuning variants, TB/s: `lib` is the library's kernel (for these aligned "
-                   "rows: bf16 LayerNorm `held_wide` for rows of 1024 and 4096 and `ring2` for "
-                   "longer ones, `held` otherwise), `ring2`/`ring4` rows "
+                   "rows: LayerNorm `held_wide` on bf16 rows of 1024 and 4096, `ring2` on "
+                   "longer bf16 rows and f32 rows of 65536; softmax `ring2` on bf16 rows of "
+                   "65536; `held` otherwise), `ring2`/`ring4` rows "
                    "copied ahead into a ring of 2 or 4 slots in shared memory, then held in "
                    "registers, `ring2_wide` that at twice the values a thread, `held` rows "
                    "loaded straight into registers, `held_narrow`/`held_wide` that "

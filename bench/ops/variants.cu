@@ -4,12 +4,11 @@
  * measured against. Built into libweft_ops_bench.so with all of weft.
  *
  * The library holds aligned rows in registers, loaded straight from
- * global memory (the held kernels) or, for the plain norms of half types
- * on long rows, streamed through a ring in shared memory (the ring
- * kernels, 2 slots a block). These run the ring kernels with 2 and 4
- * slots (ring2, ring4) and with 2 at twice the values a thread
- * (ring2_wide; softmax's ring is no library path: it measured slower),
- * the held kernels under the library's plan (held) and others
+ * global memory (the held kernels) or, for the plain norms and softmax on
+ * long rows, streamed through a ring in shared memory (the ring kernels,
+ * 2 slots a block; rows.cuh says which). These run the ring kernels with
+ * 2 and 4 slots (ring2, ring4) and with 2 at twice the values a thread
+ * (ring2_wide), the held kernels under the library's plan (held) and others
  * (held_narrow, held_wide: see held_variant_plan), the kernels that test
  * at run time for what the library fixes at compile time on these rows -
  * LayerNorm's inputs, softmax's mask and scale, partial vectors -

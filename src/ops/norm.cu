@@ -97,20 +97,25 @@ template <typename T> int launch(cudaStream_t stream, const char *op, const weft
             constexpr norm_mode MODE = decltype(mode)::value;
             return by_io<T, MODE>(a, [&](auto io) {
                 constexpr unsigned IO = decltype(io)::value;
-                /* The plain norms of half types, the fewest bytes an
-                 * element, measured fastest (bench/RESULTS.md) at 32 values
-                 * a thread where that takes fewer than 512 threads a row,
-                 * and through the ring where it would take more. */
-                constexpr bool PLAIN_HALF = sizeof(T) == 2 &&
-                                            (MODE == NORM_LAYER || MODE == NORM_RMS) &&
-                                            (IO == NORM_IO_CHECKED || !(IO & NORM_IO_RESIDUAL));
+                /* The plain norms (no residual), measured fastest
+                 * (bench/RESULTS.md): of half types, the fewest bytes an
+                 * element, at 32 values a thread where that takes fewer
+                 * than 512 threads a row, and through the ring where it
+                 * would take more; in fp32, through the ring where held
+                 * they would take a cluster a row. */
+                constexpr bool PLAIN = (MODE == NORM_LAYER || MODE == NORM_RMS) &&
+                                       (IO == NORM_IO_CHECKED || !(IO & NORM_IO_RESIDUAL));
                 row_plan plan = held;
-                if constexpr (PLAIN_HALF) {
+                if constexpr (PLAIN) {
                     row_plan wide, blocks;
                     ring_plan ring;
-                    if (!a->residual && plan_held(a->cols, V, 32, &wide) && wide.tpr < 512) {
+                    const bool half = sizeof(T) == 2;
+                    if (a->residual) {
+                        /* held: the ring takes one input */
+                    } else if (half && plan_held(a->cols, V, 32, &wide) && wide.tpr < 512) {
                         plan = wide;
-                    } else if (!a->residual && plan_held(a->cols, V, 16, &blocks, true)) {
+                    } else if ((half || held.cluster > 1) &&
+                               plan_held(a->cols, V, 16, &blocks, true)) {
                         auto ring_kernel = norm_ring_for<T, MODE, IO>(blocks.vpt);
                         if (ring_kernel && plan_ring(ring_kernel, blocks, a->cols, a->rows, V,
                                                      sizeof(T), 2, &ring))

@@ -3,8 +3,10 @@
  * (softmax.c holds the checks and the host reference).
  *
  * The row machinery of rows.cuh: the visible part of the row is read once
- * and kept on chip - in registers for 16-byte aligned tensors (in shared
- * memory for aligned rows too long to hold), else in register tiles - and
+ * and kept on chip - in registers for 16-byte aligned tensors (fed through
+ * a ring in shared memory on long unmasked rows of half types; staged in
+ * shared memory for aligned rows too long to hold), else in register
+ * tiles - and
  * scaled as it is used (scale * x
  * rounded before the maximum is taken, as on the host). A max reduction,
  * a sum of exp(v - max) and its reduction, then every column is written:
@@ -33,6 +35,18 @@ template <typename T> int launch(cudaStream_t stream, const weft__softmax_args *
 
     if (vec && plan_held(a->cols, V, 32, &held)) { /* measured best: 32 values a thread */
         const bool whole = !p.causal_q && a->cols % V == 0;
+        if constexpr (sizeof(T) == 2) {
+            /* rows that held take a cluster, no mask, no dropout: faster
+             * through the ring in half types (bench/RESULTS.md) */
+            ring_plan ring;
+            if (held.cluster > 1 && whole && p.p == 0.0f) {
+                auto ring_kernel = p.scale == 1.0f ? softmax_ring_for<T, SOFTMAX_PLAIN>(held.vpt)
+                                                   : softmax_ring_for<T, SOFTMAX_SCALED>(held.vpt);
+                if (ring_kernel &&
+                    plan_ring(ring_kernel, held, a->cols, a->rows, V, sizeof(T), 2, &ring))
+                    return launch_ring("weft_softmax", stream, ring, ring_kernel, p);
+            }
+        }
         auto kernel = p.p > 0.0f        ? softmax_held_for<T, SOFTMAX_DROPOUT>(held.vpt)
                       : !whole          ? softmax_held_for<T, SOFTMAX_CHECKED>(held.vpt)
                       : p.scale == 1.0f ? softmax_held_for<T, SOFTMAX_PLAIN>(held.vpt)

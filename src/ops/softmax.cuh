@@ -1,11 +1,10 @@
 /*
  * softmax.cuh - the softmax kernels: held in registers (the main path),
- * fed through a ring in shared memory (measured slower: bench/ops/ keeps
- * it as a variant), staged in shared memory, and in register tiles
- * (unaligned tensors, rows too long to hold), with the register kernel's
- * launch by plan. Apart from the launcher
- * (softmax.cu), which says what they compute and why, so that bench/ops/
- * can time other plans of the same kernels side by side.
+ * fed through a ring in shared memory (long unmasked rows of half types),
+ * staged in shared memory, and in register tiles (unaligned tensors, rows
+ * too long to hold), with the register kernel's launch by plan. Apart from
+ * the launcher (softmax.cu), which says what they compute and why, so that
+ * bench/ops/ can time other plans of the same kernels side by side.
  */
 #ifndef WEFT_OPS_SOFTMAX_CUH
 #define WEFT_OPS_SOFTMAX_CUH

@@ -464,12 +464,14 @@ static void test_layernorm_matches_host(void **state)
         for (int k = 0; k < NROW_SHAPES; k++)
             if (!skipped_here(ROW_SHAPES[k]))
                 run_norm(LAYERNORM, DTYPES[d], ROW_SHAPES[k], k % 2 == 0, 0);
-    /* the ring kernels (half types, no residual) with a weight and bias,
-     * under compute-sanitizer too; the held kernels with them and with a
-     * residual but no sum, on rows that fill their threads and on rows that
-     * leave some past the end */
+    /* the ring kernels (no residual) with a weight and bias, under
+     * compute-sanitizer too: rows of a block (half types) and of a cluster
+     * (all); the held kernels with them and with a residual but no sum, on
+     * rows that fill their threads and on rows that leave some past the end */
     for (int d = 1; d < 3; d++)
         run_norm(LAYERNORM, DTYPES[d], (shape){270, 16384, 16392, 0}, NORM_AFFINE, 0);
+    for (int d = 0; d < 3; d++)
+        run_norm(LAYERNORM, DTYPES[d], (shape){280, 32768, 32768, 0}, NORM_AFFINE, 0);
     for (int d = 0; d < 3; d++)
         for (int k = 0; k < NHELD_SHAPES; k++) {
             run_norm(LAYERNORM, DTYPES[d], HELD_SHAPES[k], NORM_AFFINE, 0);
@@ -488,7 +490,7 @@ static void test_rmsnorm_matches_host(void **state)
         for (int k = 0; k < NROW_SHAPES; k++)
             if (!skipped_here(ROW_SHAPES[k]))
                 run_norm(RMSNORM, DTYPES[d], ROW_SHAPES[k], k % 2 == 1, 0);
-    for (int d = 1; d < 3; d++)
+    for (int d = 0; d < 3; d++)
         run_norm(RMSNORM, DTYPES[d], (shape){280, 32768, 32768, 0}, NORM_AFFINE, 0);
     for (int d = 0; d < 3; d++)
         for (int k = 0; k < NHELD_SHAPES; k++) {
@@ -559,6 +561,13 @@ static void test_softmax_matches_host(void **state)
             free(run_softmax(DTYPES[d], s, &causal, 4));
         }
     free(run_softmax(WEFT_DTYPE_F32, (shape){3, 4097, 4097, 0}, NULL, 4));
+    /* the ring kernels (half types, rows of a cluster, no mask), under
+     * compute-sanitizer too */
+    for (int d = 1; d < 3; d++) {
+        weft_softmax_opts scaled = {.scale = 0.125f};
+        free(run_softmax(DTYPES[d], (shape){266, 32768, 32776, 0}, NULL, 4));
+        free(run_softmax(DTYPES[d], (shape){266, 32768, 32776, 0}, &scaled, 30));
+    }
     /* causal rows as in attention: queries aligned at the end of the keys */
     weft_softmax_opts causal = {.causal_q = 333};
     free(run_softmax(WEFT_DTYPE_BF16, (shape){666, 1000, 1000, 0}, &causal, 4));
