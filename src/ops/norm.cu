@@ -6,9 +6,9 @@
  * formed (in + residual, or GELU(in + gelu_bias) + residual) and whether
  * it is centred. The row is read once and kept on chip (rows.cuh says
  * how: for 16-byte aligned tensors in registers, loaded straight from
- * global memory or, for the plain norms of half types on long rows,
- * streamed through a ring in shared memory, or for aligned rows too long
- * to hold staged in shared memory; otherwise in register tiles), s is
+ * global memory or, for the plain norms on long rows, streamed through a
+ * ring in shared memory, or for aligned rows too long to hold staged in
+ * shared memory; otherwise in register tiles), s is
  * formed and rounded to the dtype there, and the statistics follow the
  * host's corrected two-pass algorithm on the kept row: the mean, then the
  * sums of the deviations and of their squares (one combined reduction),
@@ -44,8 +44,8 @@ template <typename F> int by_mode(const weft__norm_args *a, F f)
  * (and bias), and the same with the residual added and the sum written;
  * the fused op with its GELU bias and residual, with or without the sum -
  * and checked at run time otherwise. The fused op in fp32 keeps the checks:
- * with its inputs fixed it measured up to 14% slower (bench/RESULTS.md,
- * the gelu_layernorm variants). */
+ * with its inputs fixed it measured 12-15% slower (bench/RESULTS.md, the
+ * gelu_layernorm variants). */
 template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_args *a, F f)
 {
     using std::integral_constant;
@@ -97,24 +97,22 @@ template <typename T> int launch(cudaStream_t stream, const char *op, const weft
             constexpr norm_mode MODE = decltype(mode)::value;
             return by_io<T, MODE>(a, [&](auto io) {
                 constexpr unsigned IO = decltype(io)::value;
-                /* The plain norms (no residual), measured fastest
-                 * (bench/RESULTS.md): of half types, the fewest bytes an
-                 * element, at 32 values a thread where that takes fewer
-                 * than 512 threads a row, and through the ring where it
-                 * would take more; in fp32, through the ring where held
-                 * they would take a cluster a row. */
+                /* The plain norms with one input (the ring takes one),
+                 * as measured fastest (bench/RESULTS.md): of half types,
+                 * the fewest bytes an element, at 32 values a thread where
+                 * that takes fewer than 512 threads a row, and through the
+                 * ring where it would take more; in fp32, through the ring
+                 * where held they would take a cluster a row. */
                 constexpr bool PLAIN = (MODE == NORM_LAYER || MODE == NORM_RMS) &&
                                        (IO == NORM_IO_CHECKED || !(IO & NORM_IO_RESIDUAL));
                 row_plan plan = held;
                 if constexpr (PLAIN) {
                     row_plan wide, blocks;
                     ring_plan ring;
-                    const bool half = sizeof(T) == 2;
-                    if (a->residual) {
-                        /* held: the ring takes one input */
-                    } else if (half && plan_held(a->cols, V, 32, &wide) && wide.tpr < 512) {
+                    const bool half = sizeof(T) == 2, one_input = !a->residual;
+                    if (one_input && half && plan_held(a->cols, V, 32, &wide) && wide.tpr < 512) {
                         plan = wide;
-                    } else if ((half || held.cluster > 1) &&
+                    } else if (one_input && (half || held.cluster > 1) &&
                                plan_held(a->cols, V, 16, &blocks, true)) {
                         auto ring_kernel = norm_ring_for<T, MODE, IO>(blocks.vpt);
                         if (ring_kernel && plan_ring(ring_kernel, blocks, a->cols, a->rows, V,

@@ -6,12 +6,11 @@
  * and kept on chip - in registers for 16-byte aligned tensors (fed through
  * a ring in shared memory on long unmasked rows of half types; staged in
  * shared memory for aligned rows too long to hold), else in register
- * tiles - and
- * scaled as it is used (scale * x
- * rounded before the maximum is taken, as on the host). A max reduction,
- * a sum of exp(v - max) and its reduction, then every column is written:
- * e / sum where visible, 0 where masked, each kept or dropped by the same
- * Philox words as the host's. Masked columns are never read, and whole
+ * tiles - and scaled as it is used (scale * x rounded before the maximum
+ * is taken, as on the host). A max reduction, a sum of exp(v - max) and
+ * its reduction, then every column is written: e / sum where visible, 0
+ * where masked, each kept or dropped by the same Philox words as the
+ * host's. Masked columns are never read, and whole
  * masked vectors cost no load at all. Rows longer than 8 blocks hold read
  * their tiles again in each of the three passes.
  */
