@@ -271,6 +271,39 @@ template <typename T, int V> __device__ __forceinline__ uint4 pack(const float (
     return raw;
 }
 
+/* The first n of V elements at p into x, the rest 0; one 16-byte access
+ * when n == V. p is shared or global memory. For the kernels that convert
+ * as they load (staged): a partial vector converts element by element,
+ * where unpack(load_partial()) would round its zeros through T and convert
+ * in pairs, more instructions. */
+template <typename T, int V>
+__device__ __forceinline__ void load_part(float (&x)[V], const T *p, int n)
+{
+    if (n == V) {
+        load_vec<T, V>(x, p);
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < V; e++)
+        x[e] = e < n ? to_f32(p[e]) : 0.0f;
+}
+
+/* The first n of V values to p, rounded to T: one 16-byte store when
+ * n == V, streamed (evict first) when STREAMED, the held kernels' row
+ * data. */
+template <typename T, int V, bool STREAMED = false>
+__device__ __forceinline__ void store_part(T *p, const float (&x)[V], int n)
+{
+    if (n == V) {
+        if (STREAMED)
+            store_streamed(p, pack<T, V>(x));
+        else
+            store_vec<T, V>(p, x);
+        return;
+    }
+    store_partial<T, V>(p, x, n);
+}
+
 /* Where this thread's vector k lies in its row (elements), for the held
  * layout: vector k of thread t of block `rank` at ((rank * VPT + k) * TPR + t) * V. */
 template <int V, int VPT> __device__ __forceinline__ unsigned held_at(const row_place &at, int k)
@@ -697,34 +730,6 @@ __device__ __forceinline__ unsigned char *staged_smem()
 {
     extern __shared__ uint4 weft_staged[];
     return reinterpret_cast<unsigned char *>(weft_staged);
-}
-
-/* The first n of V elements at p into x, the rest 0; one 16-byte access
- * when n == V. p is shared or global memory. */
-template <typename T, int V>
-__device__ __forceinline__ void load_part(float (&x)[V], const T *p, int n)
-{
-    if (n == V) {
-        load_vec<T, V>(x, p);
-        return;
-    }
-#pragma unroll
-    for (int e = 0; e < V; e++)
-        x[e] = e < n ? to_f32(p[e]) : 0.0f;
-}
-
-/* The first n of V elements of x to p, rounded to T. */
-template <typename T, int V>
-__device__ __forceinline__ void store_part(T *p, const float (&x)[V], int n)
-{
-    if (n == V) {
-        store_vec<T, V>(p, x);
-        return;
-    }
-#pragma unroll
-    for (int e = 0; e < V; e++)
-        if (e < n)
-            p[e] = from_f32<T>(x[e]);
 }
 
 /* Copies the first n of V elements at global g to shared s: one 16-byte

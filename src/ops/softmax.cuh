@@ -321,10 +321,7 @@ softmax_held_row(const softmax_params<T> &p, const row_place &at, const Row &in,
             for (int e = 0; e < V; e++)
                 y[e] = mask.keep(e0 + e) ? y[e] * p.keep_scale : 0.0f;
         }
-        if (part == V)
-            store_streamed(out + j[k], pack<T, V>(y));
-        else
-            store_partial<T, V>(out + j[k], y, part);
+        store_part<T, V, true>(out + j[k], y, part);
     }
 }
 
