@@ -142,6 +142,21 @@ static inline row_plan plan_rows(size_t cols, int V)
     return p;
 }
 
+/* Makes cfg launch (or ask about) clusters of `cluster` blocks, a thread
+ * block cluster each, through attr, which must last as long as cfg; a
+ * cluster of 1 needs no attribute. */
+static inline void set_cluster(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *attr, unsigned cluster)
+{
+    if (cluster <= 1)
+        return;
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = cluster;
+    attr->val.clusterDim.y = 1;
+    attr->val.clusterDim.z = 1;
+    cfg->attrs = attr;
+    cfg->numAttrs = 1;
+}
+
 /* ---- holding the row in registers ------------------------------------- */
 
 /*
@@ -578,14 +593,11 @@ static bool ring_fit_of(K kernel, const row_plan &held, unsigned seg_bytes, unsi
         fit->resident *= sm_count();
     } else {
         cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim = {held.cluster, 1, 1};
+        cudaLaunchAttribute attr;
         cfg.gridDim = dim3(held.cluster * (unsigned)sm_count(), 1, 1);
         cfg.blockDim = dim3(held.tpr, 1, 1);
         cfg.dynamicSmemBytes = smem;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
+        set_cluster(&cfg, &attr, held.cluster);
         if (cudaOccupancyMaxActiveClusters(&fit->resident, kernel, &cfg) != cudaSuccess)
             return ring_refused();
         fit->resident *= (int)held.cluster;
@@ -659,19 +671,12 @@ static int launch_ring(const char *op, cudaStream_t stream, const ring_plan &r,
                        void (*kernel)(Params, ring_plan), const Params &params)
 {
     cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
+    cudaLaunchAttribute attr;
     cfg.gridDim = dim3(r.grid, 1, 1);
     cfg.blockDim = dim3(r.held.tpr, 1, 1);
     cfg.dynamicSmemBytes = ring_bytes(r.slots, r.seg_bytes);
     cfg.stream = stream;
-    if (r.held.cluster > 1) {
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = r.held.cluster;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-    }
+    set_cluster(&cfg, &attr, r.held.cluster);
     return launch_status(op, cudaLaunchKernelEx(&cfg, kernel, params, r));
 }
 
@@ -777,19 +782,12 @@ static int launch_rows(const char *op, cudaStream_t stream, const row_plan &p, s
     for (size_t row0 = 0; row0 < rows; row0 += rows_per_launch) {
         size_t n = rows - row0 < rows_per_launch ? rows - row0 : rows_per_launch;
         cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr[1];
+        cudaLaunchAttribute attr;
         cfg.gridDim = dim3((unsigned)((n + p.rpb - 1) / p.rpb * p.cluster), 1, 1);
         cfg.blockDim = dim3(p.tpr, p.rpb, 1);
         cfg.dynamicSmemBytes = p.smem;
         cfg.stream = stream;
-        if (p.cluster > 1) {
-            attr[0].id = cudaLaunchAttributeClusterDimension;
-            attr[0].val.clusterDim.x = p.cluster;
-            attr[0].val.clusterDim.y = 1;
-            attr[0].val.clusterDim.z = 1;
-            cfg.attrs = attr;
-            cfg.numAttrs = 1;
-        }
+        set_cluster(&cfg, &attr, p.cluster);
         int rc = launch_status(op, cudaLaunchKernelEx(&cfg, kernel, params, row0, p.cluster, arg));
         if (rc != WEFT_OK)
             return rc;
