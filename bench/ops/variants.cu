@@ -152,23 +152,18 @@ template <typename T, int V, int VPT> struct norm_k {
     }
 };
 
-/* Up to 32 values a thread, beyond what the library instantiates. */
+/* Up to 32 values a thread (regs_double), beyond what the library
+ * instantiates. */
 template <typename T, int V, typename Params, template <typename, int, int> class K>
 int run_plan(const char *op, cudaStream_t s, const row_plan &plan, const Params &p)
 {
-    switch (plan.vpt) {
-    case 1:
-        return launch_rows(op, s, plan, p.rows, K<T, V, 1>::fn(), p, plan.tiles);
-    case 2:
-        return launch_rows(op, s, plan, p.rows, K<T, V, 2>::fn(), p, plan.tiles);
-    case 4:
-        return launch_rows(op, s, plan, p.rows, K<T, V, 4>::fn(), p, plan.tiles);
-    case 8:
-        if constexpr (V * 8 <= 32)
-            return launch_rows(op, s, plan, p.rows, K<T, V, 8>::fn(), p, plan.tiles);
-        break;
-    }
-    return WEFT_EINVAL;
+    return by_vpt<32 / V>(
+        plan.vpt,
+        [&](auto k) {
+            return launch_rows(op, s, plan, p.rows, K<T, V, decltype(k)::value>::fn(), p,
+                               plan.tiles);
+        },
+        [] { return (int)WEFT_EINVAL; });
 }
 
 template <typename T>

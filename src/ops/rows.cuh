@@ -101,7 +101,7 @@ template <int V, typename Index> __device__ __forceinline__ int part_of(Index j,
 /* Largest vectors per thread for V-element vectors: 16 values a thread
  * (8 with V = 1). More spills at the 64 registers that two resident
  * 512-thread blocks leave a thread. */
-static inline unsigned vpt_max(int V)
+static constexpr unsigned vpt_max(int V)
 {
     return V >= 16 ? 1u : V >= 2 ? 16u / (unsigned)V : 8u;
 }
@@ -140,6 +140,35 @@ static inline row_plan plan_rows(size_t cols, int V)
         p.tiles = (tiles + 7) / 8;
     }
     return p;
+}
+
+/*
+ * From a plan's vectors a thread to a kernel's: pick(std::integral_constant<
+ * int, VPT>()) for VPT = vpt (1, 2, 4 or 8) up to MAX_VPT, else none().
+ * Only the VPT up to MAX_VPT are instantiated, so that each launcher builds
+ * the kernels its plans can ask for and no more.
+ */
+template <unsigned MAX_VPT, typename Pick, typename None>
+static auto by_vpt(unsigned vpt, Pick pick, None none)
+    -> decltype(pick(std::integral_constant<int, 1>()))
+{
+    switch (vpt) {
+    case 1:
+        return pick(std::integral_constant<int, 1>());
+    case 2:
+        if constexpr (2 <= MAX_VPT)
+            return pick(std::integral_constant<int, 2>());
+        break;
+    case 4:
+        if constexpr (4 <= MAX_VPT)
+            return pick(std::integral_constant<int, 4>());
+        break;
+    case 8:
+        if constexpr (8 <= MAX_VPT)
+            return pick(std::integral_constant<int, 8>());
+        break;
+    }
+    return none();
 }
 
 /* Makes cfg launch (or ask about) clusters of `cluster` blocks, a thread
@@ -225,18 +254,7 @@ static inline bool plan_held(size_t cols, int V, unsigned values, row_plan *p,
 template <int V, typename Pick>
 static auto held_vpt(unsigned vpt, Pick pick) -> decltype(pick(std::integral_constant<int, 1>()))
 {
-    switch (vpt) {
-    case 1:
-        return pick(std::integral_constant<int, 1>());
-    case 2:
-        return pick(std::integral_constant<int, 2>());
-    case 4:
-        return pick(std::integral_constant<int, 4>());
-    case 8:
-        if constexpr (8 * V <= HELD_MAX_VALUES)
-            return pick(std::integral_constant<int, 8>());
-    }
-    return nullptr;
+    return by_vpt<HELD_MAX_VALUES / V>(vpt, pick, [] { return nullptr; });
 }
 
 /* The 16 bytes at p: streamed row data (evict first) or per-column

@@ -388,24 +388,16 @@ int launch_plan(cudaStream_t stream, const row_plan &plan, const softmax_params<
 {
     const char *op = "weft_softmax";
 
-    /* plan_rows keeps VPT * V <= 16 (VPT <= 8 when V = 1) */
-    switch (plan.vpt) {
-    case 1:
-        return launch_rows(op, stream, plan, p.rows, softmax_kernel<T, V, 1>, p, plan.tiles);
-    case 2:
-        if constexpr (V * 2 <= 16)
-            return launch_rows(op, stream, plan, p.rows, softmax_kernel<T, V, 2>, p, plan.tiles);
-        break;
-    case 4:
-        if constexpr (V * 4 <= 16)
-            return launch_rows(op, stream, plan, p.rows, softmax_kernel<T, V, 4>, p, plan.tiles);
-        break;
-    case 8:
-        if constexpr (V == 1)
-            return launch_rows(op, stream, plan, p.rows, softmax_kernel<T, V, 8>, p, plan.tiles);
-        break;
-    }
-    return weft__fail(WEFT_EINVAL, "%s: no kernel for %u vectors a thread", op, plan.vpt);
+    /* the vectors a thread that plan_rows can ask for */
+    return by_vpt<vpt_max(V)>(
+        plan.vpt,
+        [&](auto k) {
+            return launch_rows(op, stream, plan, p.rows, softmax_kernel<T, V, decltype(k)::value>,
+                               p, plan.tiles);
+        },
+        [&] {
+            return weft__fail(WEFT_EINVAL, "%s: no kernel for %u vectors a thread", op, plan.vpt);
+        });
 }
 
 } // namespace weft_ops
