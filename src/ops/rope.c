@@ -19,35 +19,34 @@
 
 static const char OP[] = "weft_rope";
 
-/* Turns pair i of every head of one token's row by (sn, cs). */
-static void rotate_heads(weft_dtype dtype, weft_rope_layout layout, void *x, size_t base,
-                         size_t heads, size_t head_dim, size_t i, float sn, float cs)
+/* Turns pair i of every head of one token's row of x (q or k of a) by
+ * (sn, cs); the row starts at element `row`. */
+static void rotate_heads(const weft__rope_args *a, void *x, size_t row, size_t heads, size_t i,
+                         float sn, float cs)
 {
-    size_t lo = layout == WEFT_ROPE_INTERLEAVED ? 2 * i : i;
-    size_t hi = layout == WEFT_ROPE_INTERLEAVED ? 2 * i + 1 : i + head_dim / 2;
+    size_t lo = a->layout == WEFT_ROPE_INTERLEAVED ? 2 * i : i;
+    size_t hi = a->layout == WEFT_ROPE_INTERLEAVED ? 2 * i + 1 : i + a->head_dim / 2;
 
     for (size_t h = 0; h < heads; h++) {
-        size_t at = base + h * head_dim;
-        float a = weft__load(dtype, x, at + lo), b = weft__load(dtype, x, at + hi);
-        weft__store(dtype, x, at + lo, a * cs - b * sn);
-        weft__store(dtype, x, at + hi, a * sn + b * cs);
+        size_t at = row + h * a->head_dim;
+        float u = weft__load(a->dtype, x, at + lo), v = weft__load(a->dtype, x, at + hi);
+        weft__store(a->dtype, x, at + lo, u * cs - v * sn);
+        weft__store(a->dtype, x, at + hi, u * sn + v * cs);
     }
 }
 
-static void host_rope(weft_dtype dtype, weft_rope_layout layout, void *q, size_t q_heads,
-                      size_t q_stride, void *k, size_t k_heads, size_t k_stride, size_t tokens,
-                      size_t head_dim, const int32_t *positions, float base)
+static void host_rope(const weft__rope_args *a)
 {
-    size_t pairs = head_dim / 2;
+    size_t pairs = a->head_dim / 2;
 
     for (size_t i = 0; i < pairs; i++) {
-        double inv_freq = pow(base, -2.0 * (double)i / (double)head_dim);
-        for (size_t t = 0; t < tokens; t++) {
+        double inv_freq = pow(a->base, -2.0 * (double)i / (double)a->head_dim);
+        for (size_t t = 0; t < a->tokens; t++) {
             float sn, cs;
-            weft__sincos((double)positions[t] * inv_freq, &sn, &cs);
-            rotate_heads(dtype, layout, q, t * q_stride, q_heads, head_dim, i, sn, cs);
-            if (k)
-                rotate_heads(dtype, layout, k, t * k_stride, k_heads, head_dim, i, sn, cs);
+            weft__sincos((double)a->positions[t] * inv_freq, &sn, &cs);
+            rotate_heads(a, a->q, t * a->q_stride, a->q_heads, i, sn, cs);
+            if (a->k)
+                rotate_heads(a, a->k, t * a->k_stride, a->k_heads, i, sn, cs);
         }
     }
 }
@@ -91,24 +90,22 @@ int weft_rope(void *stream, weft_dtype dtype, weft_rope_layout layout, void *q, 
         return weft__fail(WEFT_EINVAL, "%s: positions is not aligned", OP);
     if ((rc = weft__check_stream(OP, stream)) != WEFT_OK)
         return rc;
+    weft__rope_args a = {.dtype = dtype,
+                         .layout = layout,
+                         .q = q,
+                         .k = k,
+                         .q_heads = q_heads,
+                         .q_stride = q_stride,
+                         .k_heads = k_heads,
+                         .k_stride = k_stride,
+                         .tokens = tokens,
+                         .head_dim = head_dim,
+                         .positions = positions,
+                         .base = base};
 #ifdef WEFT_HAVE_CUDA
-    if (stream) {
-        weft__rope_args a = {.dtype = dtype,
-                             .layout = layout,
-                             .q = q,
-                             .k = k,
-                             .q_heads = q_heads,
-                             .q_stride = q_stride,
-                             .k_heads = k_heads,
-                             .k_stride = k_stride,
-                             .tokens = tokens,
-                             .head_dim = head_dim,
-                             .positions = positions,
-                             .base = base};
+    if (stream)
         return weft__rope_cuda(stream, &a);
-    }
 #endif
-    host_rope(dtype, layout, q, q_heads, q_stride, k, k_heads, k_stride, tokens, head_dim,
-              positions, base);
+    host_rope(&a);
     return WEFT_OK;
 }
