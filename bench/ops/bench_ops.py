@@ -471,6 +471,31 @@ def run(torch, lib, args):
                 b = torch.randn(c, device="cuda", dtype=dt)
                 P, s = ctypes.c_void_p, cur_stream
                 lib_out = {}
+
+                def time_variant(kern, v, fn, nbytes, tag=None, must_apply=False):
+                    """Times variant v of kern (fn launches it into y), if it applies
+                    and computes what the library's kernel ("lib", run first) does."""
+                    if fn() != 0:
+                        if must_apply:
+                            failures.append("variant %s %s: %s" %
+                                            (kern, v, lib.weft_last_error().decode()))
+                        return  # the variant does not apply to this shape
+                    if v == "lib":
+                        lib_out[kern] = y.float().clone()
+                    elif kern in lib_out:
+                        want = lib_out[kern]
+                        err = (y.float() - want).abs().max().item()
+                        if not err <= (2e-2 if dtype_name != "f32" else 1e-4) * \
+                                max(want.abs().max().item(), 1e-30):
+                            failures.append("variant %s %s %s %dx%d: differs from the "
+                                            "library by %.3g" % (kern, v, dtype_name, r, c, err))
+                            return
+                    t = time_per_call(torch, fn, reps)
+                    tbps = nbytes / t / 1e12
+                    emit("ops.variant.%s.%s.%s.%dx%d.tbps" % (tag or kern, v, dtype_name, r, c),
+                         tbps, "TB/s")
+                    variants_out.append((kern, v, dtype_name, (r, c), tbps))
+
                 for v in ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held",
                           "held_checked", "held_narrow", "held_wide", "staged",
                           "regs", "regs_half", "regs_double", "regs_flat"):
@@ -489,26 +514,8 @@ def run(torch, lib, args):
                             fn = (lambda v=v: lib.weft_bench_layernorm_variant(
                                 s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()),
                                 P(w.data_ptr()), P(b.data_ptr()), r, c))
-                        nbytes = (2 * r * c + (0 if kern == "softmax" else 2 * c)) * es
-                        if fn() != 0:
-                            continue  # the variant does not apply to this shape
-                        # a variant is timed only if it computes what the library does
-                        if v == "lib":
-                            lib_out[kern] = y.float().clone()
-                        elif kern in lib_out:
-                            want = lib_out[kern]
-                            err = (y.float() - want).abs().max().item()
-                            if not err <= (2e-2 if dtype_name != "f32" else 1e-4) * \
-                                    max(want.abs().max().item(), 1e-30):
-                                failures.append("variant %s %s %s %dx%d: differs from the "
-                                                "library by %.3g" % (kern, v, dtype_name, r, c,
-                                                                     err))
-                                continue
-                        t = time_per_call(torch, fn, reps)
-                        tbps = nbytes / t / 1e12
-                        emit("ops.variant.%s.%s.%s.%dx%d.tbps" % (kern, v, dtype_name, r, c),
-                             tbps, "TB/s")
-                        variants_out.append((kern, v, dtype_name, (r, c), tbps))
+                        time_variant(kern, v, fn,
+                                     (2 * r * c + (0 if kern == "softmax" else 2 * c)) * es)
                 # the fused op: its held kernel with the inputs fixed or checked
                 for v in ("lib", "held", "held_checked"):
                     if v == "lib":
@@ -520,23 +527,7 @@ def run(torch, lib, args):
                             s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()),
                             P(w.data_ptr()), P(z.data_ptr()), P(w.data_ptr()), P(b.data_ptr()),
                             r, c))
-                    if fn() != 0:
-                        continue
-                    if v == "lib":
-                        lib_out["gelu_layernorm"] = y.float().clone()
-                    elif "gelu_layernorm" in lib_out:
-                        want = lib_out["gelu_layernorm"]
-                        err = (y.float() - want).abs().max().item()
-                        if not err <= (2e-2 if dtype_name != "f32" else 1e-4) * \
-                                max(want.abs().max().item(), 1e-30):
-                            failures.append("variant gelu_layernorm %s %s %dx%d: differs from "
-                                            "the library by %.3g" % (v, dtype_name, r, c, err))
-                            continue
-                    t = time_per_call(torch, fn, reps)
-                    tbps = (3 * r * c + 3 * c) * es / t / 1e12
-                    emit("ops.variant.gelu_layernorm.%s.%s.%dx%d.tbps" % (v, dtype_name, r, c),
-                         tbps, "TB/s")
-                    variants_out.append(("gelu_layernorm", v, dtype_name, (r, c), tbps))
+                    time_variant("gelu_layernorm", v, fn, (3 * r * c + 3 * c) * es)
                 for v, fn in (("lib", lambda: lib.weft_bias_gelu_residual(
                         s(), wd, 1, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
                         P(z.data_ptr()), r, c, c)),
@@ -549,25 +540,8 @@ def run(torch, lib, args):
                         ("grid8", lambda: lib.weft_bench_gelu_grid8(
                             s(), wd, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
                             P(z.data_ptr()), r, c))):
-                    if fn() != 0:
-                        failures.append("gelu variant %s: %s" %
-                                        (v, lib.weft_last_error().decode()))
-                        continue
-                    if v == "lib":
-                        lib_out["gelu"] = y.float().clone()
-                    else:
-                        want = lib_out["gelu"]
-                        err = (y.float() - want).abs().max().item()
-                        if not err <= (2e-2 if dtype_name != "f32" else 1e-4) * \
-                                max(want.abs().max().item(), 1e-30):
-                            failures.append("gelu variant %s %s %dx%d: differs from the "
-                                            "library by %.3g" % (v, dtype_name, r, c, err))
-                            continue
-                    t = time_per_call(torch, fn, reps)
-                    tbps = (3 * r * c + c) * es / t / 1e12
-                    emit("ops.variant.gelu_erf.%s.%s.%dx%d.tbps" % (v, dtype_name, r, c),
-                         tbps, "TB/s")
-                    variants_out.append(("bias_gelu_residual (erf)", v, dtype_name, (r, c), tbps))
+                    time_variant("bias_gelu_residual (erf)", v, fn, (3 * r * c + c) * es,
+                                 tag="gelu_erf", must_apply=True)
                 del x, y, z, w, b
                 torch.cuda.empty_cache()
 
