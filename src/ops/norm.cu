@@ -100,24 +100,28 @@ template <typename T> int launch(cudaStream_t stream, const char *op, const weft
                 /* The plain norms with one input (the ring takes one),
                  * as measured fastest (bench/RESULTS.md): of half types,
                  * the fewest bytes an element, at 32 values a thread where
-                 * that takes fewer than 512 threads a row, and through the
-                 * ring where it would take more; in fp32, through the ring
-                 * where held they would take a cluster a row. */
+                 * that takes fewer than 512 threads a row; RMSNorm through
+                 * the ring where that would take more, and in fp32 where
+                 * held it would take a cluster a row. LayerNorm, its
+                 * statistics one reduction of moments, runs faster held. */
                 constexpr bool PLAIN = (MODE == NORM_LAYER || MODE == NORM_RMS) &&
                                        (IO == NORM_IO_CHECKED || !(IO & NORM_IO_RESIDUAL));
                 row_plan plan = held;
                 if constexpr (PLAIN) {
-                    row_plan wide, blocks;
-                    ring_plan ring;
+                    row_plan wide;
                     const bool half = sizeof(T) == 2, one_input = !a->residual;
                     if (one_input && half && plan_held(a->cols, V, 32, &wide) && wide.tpr < 512) {
                         plan = wide;
-                    } else if (one_input && (half || held.cluster > 1) &&
-                               plan_held(a->cols, V, 16, &blocks, true)) {
-                        auto ring_kernel = norm_ring_for<T, MODE, IO>(blocks.vpt);
-                        if (ring_kernel && plan_ring(ring_kernel, blocks, a->cols, a->rows, V,
-                                                     sizeof(T), 2, &ring))
-                            return launch_ring(op, stream, ring, ring_kernel, p);
+                    } else if constexpr (MODE == NORM_RMS) {
+                        row_plan blocks;
+                        ring_plan ring;
+                        if (one_input && (half || held.cluster > 1) &&
+                            plan_held(a->cols, V, 16, &blocks, true)) {
+                            auto ring_kernel = norm_ring_for<T, MODE, IO>(blocks.vpt);
+                            if (ring_kernel && plan_ring(ring_kernel, blocks, a->cols, a->rows, V,
+                                                         sizeof(T), 2, &ring))
+                                return launch_ring(op, stream, ring, ring_kernel, p);
+                        }
                     }
                 }
                 auto kernel = norm_held_for<T, MODE, IO>(plan.vpt);

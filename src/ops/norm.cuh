@@ -23,11 +23,12 @@ template <typename T> struct norm_params {
     weft_gelu_form form;
 };
 
-/* The statistics' finish, shared by every norm kernel: the host's
- * corrected two-pass algorithm (norm.c), with a reciprocal in place of
- * each division (within the tests' bounds, and instructions fewer a row).
- * LayerNorm: the first mean corrected by the deviations' sum, and 1 /
- * sqrt(variance + eps); RMSNorm: 1 / sqrt(mean square + eps). */
+/* The statistics' finish, with a reciprocal in place of each division
+ * (within the tests' bounds, and instructions fewer a row). LayerNorm in
+ * the register-tile and staged kernels: the host's corrected two-pass
+ * algorithm (norm.c), the first mean corrected by the deviations' sum, and
+ * 1 / sqrt(variance + eps) (the held kernels merge moments instead: one
+ * reduction, not two); RMSNorm: 1 / sqrt(mean square + eps). */
 __device__ __forceinline__ float layer_rstd(float &mean, sum2 dev, float inv_n, float eps)
 {
     mean += dev.a * inv_n;
@@ -318,6 +319,10 @@ __global__ void __launch_bounds__(512)
  * so that no element pays for a choice made once per launch. */
 enum norm_mode { NORM_LAYER, NORM_RMS, NORM_GELU_ERF_LAYER, NORM_GELU_TANH_LAYER };
 
+/* What a held row reduces: the sum of squares (RMSNorm), or moments. */
+template <norm_mode MODE>
+using norm_stat = typename std::conditional<MODE == NORM_RMS, float, moments>::type;
+
 /* What a held row reads and writes besides in and out. The common calls
  * (norm.cu's by_io) have it fixed at compile time, on rows of whole
  * vectors (cols a multiple of V), so that no vector pays for a test of a
@@ -338,21 +343,48 @@ template <unsigned IO> __device__ __forceinline__ bool io_has(const void *ptr, u
     return IO & NORM_IO_CHECKED ? ptr != nullptr : (IO & bit) != 0;
 }
 
+/* This thread's part of a held row (sum: of its s): how many elements,
+ * their mean, their squared deviations from it. Past the row's end s is 0
+ * but its deviation is not, so those elements are left out by index: the
+ * row's one partial vector is masked, vectors past the end skipped. */
+template <int V, int VPT>
+__device__ __forceinline__ moments part_moments(const float (&x)[VPT][V], const int (&part)[VPT],
+                                                float sum)
+{
+    int count = 0;
+#pragma unroll
+    for (int k = 0; k < VPT; k++)
+        count += part[k];
+    /* an approximate quotient: the parts' rounding errors average out in
+     * the merge, and to first order leave m2 as it is */
+    moments m = {(float)count, count ? __fdividef(sum, (float)count) : 0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+#pragma unroll
+        for (int e = 0; e < V; e++) {
+            if (part[k] == V || e < part[k]) {
+                float d = x[k][e] - m.mean;
+                m.m2 += d * d;
+            }
+        }
+    }
+    return m;
+}
+
 /*
  * One row of the held kernels (rows.cuh): each thread loads its VPT
  * vectors of in and the residual when there is one (from global memory,
  * or from the ring's slot: Row) and of the per-column biases and weights
  * at once, forms s in registers, and takes the statistics and writes the
  * output from there. Elements past the row's end load as 0 and form
- * s = 0 (GELU(0) = 0), so the sums need no mask; the deviations, whose
- * terms there would be -mean, mask the row's one partial vector and skip
- * vectors past the end. read() runs once every thread of the row has read
- * its vectors.
+ * s = 0 (GELU(0) = 0), so the sums need no mask. LayerNorm's statistics
+ * are one reduction of each thread's moments. read() runs once every
+ * thread of the row has read its vectors.
  */
 template <typename T, int VPT, norm_mode MODE, unsigned IO, typename Row, typename Read>
 __device__ __forceinline__ void
 norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const Row &res,
-              Read read, reduce_scratch<float> &s1, reduce_scratch<sum2> &s2, unsigned cluster)
+              Read read, reduce_scratch<norm_stat<MODE>> &scratch, unsigned cluster)
 {
     constexpr int V = vec16<T>();
     constexpr bool GELU = MODE == NORM_GELU_ERF_LAYER || MODE == NORM_GELU_TANH_LAYER;
@@ -406,38 +438,16 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
             acc += MODE == NORM_RMS ? x[k][e] * x[k][e] : x[k][e];
     }
     const float inv_n = 1.0f / (float)p.cols;
-    /* LayerNorm's second reduction (s2) follows */
-    float mean = row_reduce(acc, op_sum(), s1, cluster, MODE != NORM_RMS) * inv_n, rstd;
-    read();
-
-    if (MODE == NORM_RMS) {
-        rstd = rms_rstd(mean, p.eps);
+    float mean, rstd;
+    if constexpr (MODE == NORM_RMS) {
+        rstd = rms_rstd(row_reduce(acc, op_sum(), scratch, cluster) * inv_n, p.eps);
         mean = 0.0f;
+        read();
     } else {
-        /* the host's correction: the deviations' sum and sum of squares */
-        sum2 dev = {0.0f, 0.0f};
-#pragma unroll
-        for (int k = 0; k < VPT; k++) {
-            if (part[k] == V) {
-#pragma unroll
-                for (int e = 0; e < V; e++) {
-                    float d = x[k][e] - mean;
-                    dev.a += d;
-                    dev.b += d * d;
-                }
-            } else {
-#pragma unroll
-                for (int e = 0; e < V; e++) {
-                    if (e < part[k]) {
-                        float d = x[k][e] - mean;
-                        dev.a += d;
-                        dev.b += d * d;
-                    }
-                }
-            }
-        }
-        dev = row_reduce(dev, op_sum(), s2, cluster);
-        rstd = layer_rstd(mean, dev, inv_n, p.eps);
+        moments m = row_reduce(part_moments<V, VPT>(x, part, acc), op_merge(), scratch, cluster);
+        read();
+        mean = m.mean;
+        rstd = rsqrtf(m.m2 * inv_n + p.eps);
     }
 
     T *out = p.out + at.row * p.stride;
@@ -487,27 +497,26 @@ __global__ void __launch_bounds__(512, VPT *vec16<T>() <= 16 ? 2 : 1)
     norm_held_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t)
 {
     constexpr int V = vec16<T>();
-    __shared__ reduce_scratch<float> s1;
-    __shared__ reduce_scratch<sum2> s2;
+    __shared__ reduce_scratch<norm_stat<MODE>> scratch;
     const row_place at = place_row<V>(row0, cluster, 1, VPT);
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
         return;
     const global_row<T, V> in = {p.in + at.row * p.stride};
     const global_row<T, V> res = {p.residual ? p.residual + at.row * p.stride : nullptr};
     norm_held_row<T, VPT, MODE, IO>(
-        p, at, in, res, [] {}, s1, s2, cluster);
+        p, at, in, res, [] {}, scratch, cluster);
 }
 
 /* The ring kernel (rows.cuh): resident blocks (or clusters) loop over
  * rows, each row's segment of in arriving in a slot of the block's ring
  * ahead of its turn. No residual: that would double the bytes a row,
- * where the held kernel measured faster. */
+ * where the held kernel measured faster. The library runs RMSNorm through
+ * it; LayerNorm measured faster held (bench/ops/ times it here too). */
 template <typename T, int VPT, norm_mode MODE, unsigned IO>
 __global__ void __launch_bounds__(512) norm_ring_kernel(norm_params<T> p, ring_plan plan)
 {
     constexpr int V = vec16<T>();
-    __shared__ reduce_scratch<float> s1;
-    __shared__ reduce_scratch<sum2> s2;
+    __shared__ reduce_scratch<norm_stat<MODE>> scratch;
     const unsigned cluster = plan.held.cluster, seg = blockDim.x * VPT * V;
     row_place at = {0, 0, 0, threadIdx.x, blockIdx.x % cluster};
     const unsigned first = at.rank * seg, cols = (unsigned)p.cols;
@@ -518,7 +527,7 @@ __global__ void __launch_bounds__(512) norm_ring_kernel(norm_params<T> p, ring_p
     ring_rows(ring, p.rows, cluster, fill, [&](size_t row, unsigned s, auto read) {
         at.row = row;
         const slot_row<T, V> in = {ring.segment(s), first};
-        norm_held_row<T, VPT, MODE, IO>(p, at, in, in, read, s1, s2, cluster);
+        norm_held_row<T, VPT, MODE, IO>(p, at, in, in, read, scratch, cluster);
     });
 }
 

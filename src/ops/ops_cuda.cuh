@@ -420,6 +420,50 @@ template <typename Op> __device__ __forceinline__ sum2 combine(Op op, sum2 x, su
     return {op(x.a, y.a), op(x.b, y.b)};
 }
 
+/* A part of a row as LayerNorm's statistics see it: how many elements,
+ * their mean, and the sum of their squared deviations from it. Two parts
+ * merge into their union exactly (Chan, Golub and LeVeque's pairwise
+ * update), so the mean and the variance take one reduction, and the
+ * variance keeps the two-pass accuracy: no E[s^2] - E[s]^2. */
+struct moments {
+    float n, mean, m2;
+};
+
+__device__ __forceinline__ moments shfl_xor(moments v, int m)
+{
+    return {__shfl_xor_sync(0xffffffffu, v.n, m), __shfl_xor_sync(0xffffffffu, v.mean, m),
+            __shfl_xor_sync(0xffffffffu, v.m2, m)};
+}
+
+/* The merge, written so that merge(a, b) and merge(b, a) give the same bits
+ * (each lane of a butterfly step computes one of them): the difference of
+ * the means appears only squared or times the difference of the counts,
+ * and no product of a's and b's terms is contracted into an fma. The mean
+ * is the midpoint, corrected when the counts differ: one rounding at the
+ * mean's magnitude a step, and the steps below average their errors
+ * instead of adding them. Equal counts - every step but those at a row's
+ * end - take no reciprocal: the merge is on each row's critical path. */
+struct op_merge {
+    __device__ __forceinline__ moments operator()(moments a, moments b) const
+    {
+        float d = __fsub_rn(b.mean, a.mean), d2 = __fmul_rn(d, d);
+        float mid = __fmul_rn(__fadd_rn(a.mean, b.mean), 0.5f), m2 = __fadd_rn(a.m2, b.m2);
+        if (a.n == b.n) /* n_a n_b / n = n_a / 2 */
+            return {__fadd_rn(a.n, b.n), mid, __fmaf_rn(d2, __fmul_rn(a.n, 0.5f), m2)};
+        if (a.n == 0.0f || b.n == 0.0f)
+            return a.n == 0.0f ? b : a;
+        float n = __fadd_rn(a.n, b.n), inv = __frcp_rn(n);
+        float skew = __fmul_rn(__fmul_rn(d, __fsub_rn(b.n, a.n)), __fmul_rn(0.5f, inv));
+        float spread = __fmul_rn(d2, __fmul_rn(__fmul_rn(a.n, b.n), inv));
+        return {n, __fadd_rn(mid, skew), __fadd_rn(m2, spread)};
+    }
+};
+
+template <typename Op> __device__ __forceinline__ moments combine(Op op, moments x, moments y)
+{
+    return op(x, y);
+}
+
 /* Scratch for one reduction: a slot per warp, one for the block's result
  * (read by the other blocks of a cluster). */
 template <typename R> struct reduce_scratch {
