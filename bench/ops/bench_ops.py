@@ -497,7 +497,8 @@ def run(torch, lib, args):
                     variants_out.append((kern, v, dtype_name, (r, c), tbps))
 
                 for v in ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held",
-                          "held_checked", "held_narrow", "held_wide", "staged",
+                          "held_checked", "held_narrow", "held_wide", "held_online",
+                          "ring2_online", "staged",
                           "regs", "regs_half", "regs_double", "regs_flat"):
                     for kern in ("softmax", "layernorm"):
                         if kern == "softmax" and v == "lib":
@@ -664,15 +665,15 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
 
     if variants_out:
         out.append("Tuning variants, TB/s: `lib` is the library's kernel (for these aligned "
-                   "rows: LayerNorm `held_wide` on bf16 rows of 1024 and 4096, `ring2` on "
-                   "longer bf16 rows and f32 rows of 65536; softmax `ring2` on bf16 rows of "
-                   "65536; `held` otherwise), `ring2`/`ring4` rows "
+                   "rows: LayerNorm `held_wide` on bf16 rows of 1024 and 4096; softmax "
+                   "`ring2` on bf16 rows of 65536; `held` otherwise), `ring2`/`ring4` rows "
                    "copied ahead into a ring of 2 or 4 slots in shared memory, then held in "
                    "registers, `ring2_wide` that at twice the values a thread, `held` rows "
                    "loaded straight into registers, `held_narrow`/`held_wide` that "
                    "under other plans, `*_checked` kernels that test at run time for "
                    "what the library fixes at compile time on these rows (as rows of any "
-                   "length take them), "
+                   "length take them), `*_online` softmax taking its max and sum in one "
+                   "reduction, "
                    "`staged` rows in shared memory, `regs*` the register-tile row "
                    "kernels under other plans, `libm_erfc` GELU with libm's erfcf, `pairs` "
                    "GELU two chunks a step, `grid8` the library's GELU on its former grid of "

@@ -12,7 +12,8 @@
  * (held_narrow, held_wide: see held_variant_plan), the kernels that test
  * at run time for what the library fixes at compile time on these rows -
  * LayerNorm's inputs, softmax's mask and scale, partial vectors -
- * (ring2_checked, held_checked), the shared-memory staged kernels
+ * (ring2_checked, held_checked), softmax's max and sum in one reduction
+ * (held_online, ring2_online: SOFTMAX_ONLINE), the shared-memory staged kernels
  * (staged), and the register-tile row kernels (softmax, LayerNorm) on the
  * same shapes, under rows.cuh's plan_rows and changes of it:
  *   regs         plan_rows: 16 values a thread
@@ -188,6 +189,14 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
                    ? run_held("softmax variant", s, plan, p,
                               softmax_held_for<T, SOFTMAX_CHECKED>(plan.vpt))
                    : WEFT_EINVAL;
+    if (strcmp(variant, "held_online") == 0)
+        return plan_held(cols, V, 32, &plan)
+                   ? run_held("softmax variant", s, plan, p,
+                              softmax_held_for<T, SOFTMAX_PLAIN, SOFTMAX_ONLINE>(plan.vpt))
+                   : WEFT_EINVAL;
+    if (strcmp(variant, "ring2_online") == 0)
+        return run_ring("softmax variant", s, cols, V, sizeof(T), 32, 2, p,
+                        softmax_ring_for<T, SOFTMAX_PLAIN, SOFTMAX_ONLINE>);
     unsigned slots, values;
     if (ring_variant(variant, 32, &slots, &values))
         return run_ring("softmax variant", s, cols, V, sizeof(T), values, slots, p,

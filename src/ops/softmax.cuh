@@ -230,6 +230,55 @@ __global__ void __launch_bounds__(512)
  * says, DROPOUT that and dropout. */
 enum softmax_form { SOFTMAX_PLAIN, SOFTMAX_SCALED, SOFTMAX_CHECKED, SOFTMAX_DROPOUT };
 
+/* How a held row takes its max and sum: MAX_THEN_SUM, two reductions (the
+ * library's); ONLINE, one reduction of each thread's max and its sum of
+ * exponents relative to that max, rescaled as they merge (bench/ops/ times
+ * it against the library as the `online` variants). */
+enum softmax_stats { SOFTMAX_MAX_THEN_SUM, SOFTMAX_ONLINE };
+
+/* A part of a row: its max, and the sum of 2^((v - max) log2 e) over it. */
+struct max_sum {
+    float max, sum;
+};
+
+__device__ __forceinline__ max_sum shfl_xor(max_sum v, int m)
+{
+    return {__shfl_xor_sync(0xffffffffu, v.max, m), __shfl_xor_sync(0xffffffffu, v.sum, m)};
+}
+
+/* 2^((from - to) log2 e), from <= to: what a sum relative to `from`
+ * becomes relative to `to`; 1 when they are equal (two -Inf among them). */
+__device__ __forceinline__ float rescale(float from, float to)
+{
+    return from == to ? 1.0f : exp2_approx(__fmul_rn(__fsub_rn(from, to), 1.4426950408889634f));
+}
+
+/* The merge, the same bits for merge(a, b) and merge(b, a) (both lanes of
+ * a butterfly step): each sum is rescaled on its own, and the two
+ * products are not contracted into an fma. A NaN never wins the max, as
+ * in op_max; it reaches the result through its part's sum. */
+struct op_online {
+    __device__ __forceinline__ max_sum operator()(max_sum a, max_sum b) const
+    {
+        float max = fmaxf(a.max, b.max);
+        return {max, __fadd_rn(__fmul_rn(a.sum, rescale(a.max, max)),
+                               __fmul_rn(b.sum, rescale(b.max, max)))};
+    }
+};
+
+template <typename Op> __device__ __forceinline__ max_sum combine(Op op, max_sum x, max_sum y)
+{
+    return op(x, y);
+}
+
+/* A held row's scratch: one for each reduction. */
+template <softmax_stats STATS> struct softmax_scratch {
+    reduce_scratch<float> max, sum;
+};
+template <> struct softmax_scratch<SOFTMAX_ONLINE> {
+    reduce_scratch<max_sum> both;
+};
+
 /*
  * One row of the held kernels (rows.cuh): each thread loads its VPT
  * vectors of the visible row at once (from global memory, or from the
@@ -239,13 +288,14 @@ enum softmax_form { SOFTMAX_PLAIN, SOFTMAX_SCALED, SOFTMAX_CHECKED, SOFTMAX_DROP
  * one ex2 (relative error ~1e-6 over the range that matters, where expf
  * takes ~10 instructions; probabilities under 1e-38 of the row's largest
  * flush to 0). Invisible and past-the-end elements are -Inf, so they
- * neither win the max nor add to the sum (2^-Inf = 0). read() runs once
- * every thread of the row has read its vectors.
+ * neither win the max nor add to the sum (2^-Inf = 0). ONLINE: each
+ * thread exponentiates from its own max, and its factor rescales to the
+ * row's. read() runs once every thread of the row has read its vectors.
  */
-template <typename T, int VPT, softmax_form FORM, typename Row, typename Read>
-__device__ __forceinline__ void
-softmax_held_row(const softmax_params<T> &p, const row_place &at, const Row &in, Read read,
-                 reduce_scratch<float> (&scratch)[2], unsigned cluster)
+template <typename T, int VPT, softmax_form FORM, softmax_stats STATS, typename Row, typename Read>
+__device__ __forceinline__ void softmax_held_row(const softmax_params<T> &p, const row_place &at,
+                                                 const Row &in, Read read,
+                                                 softmax_scratch<STATS> &scratch, unsigned cluster)
 {
     constexpr int V = vec16<T>();
     constexpr float LOG2E = 1.4426950408889634f;
@@ -280,11 +330,14 @@ softmax_held_row(const softmax_params<T> &p, const row_place &at, const Row &in,
         for (int e = 0; e < V; e++)
             max = fmaxf(max, x[k][e]);
     }
-    max = row_reduce(max, op_max(), scratch[0], cluster, true); /* the sum's follows */
-    read();
+    if constexpr (STATS == SOFTMAX_MAX_THEN_SUM) {
+        max = row_reduce(max, op_max(), scratch.max, cluster, true); /* the sum's follows */
+        read();
+    }
 
     /* a row of -Inf has max -Inf: a finite offset keeps its exponents 0
-     * (and its output NaN, 0 / 0, as on the host) */
+     * (and its output NaN, 0 / 0, as on the host); ONLINE: the thread's
+     * own max, its part of the row likewise */
     const float shift = max == -INFINITY ? 0.0f : max * LOG2E;
     float sum = 0.0f;
 #pragma unroll
@@ -295,8 +348,14 @@ softmax_held_row(const softmax_params<T> &p, const row_place &at, const Row &in,
             sum += x[k][e];
         }
     }
-    sum = row_reduce(sum, op_sum(), scratch[1], cluster);
-    const float inv = 1.0f / sum;
+    float inv;
+    if constexpr (STATS == SOFTMAX_MAX_THEN_SUM) {
+        inv = 1.0f / row_reduce(sum, op_sum(), scratch.sum, cluster);
+    } else {
+        max_sum row = row_reduce(max_sum{max, sum}, op_online(), scratch.both, cluster);
+        read();
+        inv = rescale(max, row.max) / row.sum;
+    }
 
     T *out = p.out + at.row * p.stride;
 #pragma unroll
@@ -327,28 +386,28 @@ softmax_held_row(const softmax_params<T> &p, const row_place &at, const Row &in,
 
 /* The held kernel: a row a block (or a cluster, or a warp), straight from
  * global memory. */
-template <typename T, int VPT, softmax_form FORM>
+template <typename T, int VPT, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM>
 __global__ void __launch_bounds__(512)
     softmax_held_kernel(softmax_params<T> p, size_t row0, unsigned cluster, size_t)
 {
     constexpr int V = vec16<T>();
-    __shared__ reduce_scratch<float> scratch[2]; /* the max's, the sum's */
+    __shared__ softmax_scratch<STATS> scratch;
     const row_place at = place_row<V>(row0, cluster, 1, VPT);
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
         return;
     const global_row<T, V> in = {p.in + at.row * p.stride};
-    softmax_held_row<T, VPT, FORM>(
+    softmax_held_row<T, VPT, FORM, STATS>(
         p, at, in, [] {}, scratch, cluster);
 }
 
 /* The ring kernel (rows.cuh): resident blocks (or clusters) loop over
  * rows, each row's visible part arriving in a slot of the block's ring
  * ahead of its turn. */
-template <typename T, int VPT, softmax_form FORM>
+template <typename T, int VPT, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM>
 __global__ void __launch_bounds__(512) softmax_ring_kernel(softmax_params<T> p, ring_plan plan)
 {
     constexpr int V = vec16<T>();
-    __shared__ reduce_scratch<float> scratch[2]; /* the max's, the sum's */
+    __shared__ softmax_scratch<STATS> scratch;
     const unsigned cluster = plan.held.cluster, seg = blockDim.x * VPT * V;
     row_place at = {0, 0, 0, threadIdx.x, blockIdx.x % cluster};
     const unsigned first = at.rank * seg;
@@ -363,24 +422,24 @@ __global__ void __launch_bounds__(512) softmax_ring_kernel(softmax_params<T> p, 
     ring_rows(ring, p.rows, cluster, fill, [&](size_t row, unsigned s, auto read) {
         at.row = row;
         const slot_row<T, V> in = {ring.segment(s), first};
-        softmax_held_row<T, VPT, FORM>(p, at, in, read, scratch, cluster);
+        softmax_held_row<T, VPT, FORM, STATS>(p, at, in, read, scratch, cluster);
     });
 }
 
 /* The held kernel for plan.vpt, or NULL when there is none. */
-template <typename T, softmax_form FORM>
+template <typename T, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM>
 static void (*softmax_held_for(unsigned vpt))(softmax_params<T>, size_t, unsigned, size_t)
 {
     return held_vpt<vec16<T>()>(
-        vpt, [](auto k) { return softmax_held_kernel<T, decltype(k)::value, FORM>; });
+        vpt, [](auto k) { return softmax_held_kernel<T, decltype(k)::value, FORM, STATS>; });
 }
 
 /* The ring kernel for plan.vpt, or NULL when there is none. */
-template <typename T, softmax_form FORM>
+template <typename T, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM>
 static void (*softmax_ring_for(unsigned vpt))(softmax_params<T>, ring_plan)
 {
     return held_vpt<vec16<T>()>(
-        vpt, [](auto k) { return softmax_ring_kernel<T, decltype(k)::value, FORM>; });
+        vpt, [](auto k) { return softmax_ring_kernel<T, decltype(k)::value, FORM, STATS>; });
 }
 
 template <typename T, int V>
