@@ -187,6 +187,18 @@ static void trace_from_environment(weft_runtime *rt)
         fprintf(stderr, "weft: %s; not tracing\n", weft_last_error());
 }
 
+/* As a trace session stops: the devices report the operations whose
+ * times they have yet to receive. */
+static void report_device_timings(void *arg)
+{
+    weft_runtime *rt = arg;
+    if (!atomic_load_explicit(&rt->devices_ready, memory_order_acquire))
+        return;
+    for (unsigned i = 0; i < rt->ndevices; i++)
+        if (rt->devices[i]->ops->trace_flush)
+            rt->devices[i]->ops->trace_flush(rt->devices[i]);
+}
+
 int weft_trace_start(weft_runtime *rt, const char *path)
 {
     int rc = weft__runtime_check(rt, "weft_trace_start");
@@ -222,6 +234,7 @@ int weft_runtime_create(weft_runtime **out, const weft_config *given)
         rc = weft__fail(WEFT_ENOMEM, "weft_runtime_create: out of memory");
         goto fail_locks;
     }
+    weft__trace_before_stop(rt->trace, report_device_timings, rt);
     if (weft__overflow_install() != 0) {
         rc = weft__fail(WEFT_ESYS, "weft_runtime_create: cannot install the overflow handler");
         goto fail_locks;

@@ -96,7 +96,8 @@ static const weft__device_ops *ops_of(const weft__task *t)
 
 /* ---- an operation's brackets while a trace is on ------------------------- */
 
-weft__op_bracket weft__op_bracket_open(weft__task *t, weft__stream *s, const char *call)
+weft__op_bracket weft__op_bracket_open(weft__task *t, weft__stream *s, const char *call,
+                                       weft__op_kind kind)
 {
     const weft__device_ops *ops = t->stream_device->ops;
     weft__trace *tr = t->rt->trace;
@@ -106,7 +107,7 @@ weft__op_bracket weft__op_bracket_open(weft__task *t, weft__stream *s, const cha
     if (b.nvtx)
         weft__nvtx_push(call);
     if (b.timed)
-        b.mark = ops->trace_begin(s);
+        b.mark = ops->trace_begin(s, kind);
     return b;
 }
 
@@ -131,7 +132,7 @@ int weft_memcpy_async(void *dst, const void *src, size_t n)
         return rc;
     if (!weft__trace_on())
         return noted(t, ops_of(t)->copy(s, dst, src, n));
-    weft__op_bracket b = weft__op_bracket_open(t, s, "weft_memcpy_async");
+    weft__op_bracket b = weft__op_bracket_open(t, s, "weft_memcpy_async", WEFT__OP_COPY);
     rc = ops_of(t)->copy(s, dst, src, n);
     weft__op_bracket_close(t, s, b, (weft__op_info){.kind = WEFT__OP_COPY, .bytes = n});
     return noted(t, rc);
@@ -148,7 +149,7 @@ int weft_memset_async(void *dst, int value, size_t n)
         return rc;
     if (!weft__trace_on())
         return noted(t, ops_of(t)->fill(s, dst, value, n));
-    weft__op_bracket b = weft__op_bracket_open(t, s, "weft_memset_async");
+    weft__op_bracket b = weft__op_bracket_open(t, s, "weft_memset_async", WEFT__OP_FILL);
     rc = ops_of(t)->fill(s, dst, value, n);
     weft__op_bracket_close(t, s, b, (weft__op_info){.kind = WEFT__OP_FILL, .bytes = n});
     return noted(t, rc);
@@ -165,7 +166,7 @@ int weft_host_async(void (*fn)(void *arg), void *arg)
         return rc;
     if (!weft__trace_on())
         return noted(t, ops_of(t)->host_fn(s, fn, arg));
-    weft__op_bracket b = weft__op_bracket_open(t, s, "weft_host_async");
+    weft__op_bracket b = weft__op_bracket_open(t, s, "weft_host_async", WEFT__OP_HOST_FN);
     rc = ops_of(t)->host_fn(s, fn, arg);
     weft__op_bracket_close(t, s, b, (weft__op_info){.kind = WEFT__OP_HOST_FN});
     return noted(t, rc);
@@ -186,7 +187,7 @@ int weft_launch(const void *kernel, weft_dim3 grid, weft_dim3 block, size_t shar
         return rc;
     if (!weft__trace_on())
         return noted(t, ops_of(t)->launch(s, kernel, grid, block, shared_bytes, args));
-    weft__op_bracket b = weft__op_bracket_open(t, s, "weft_launch");
+    weft__op_bracket b = weft__op_bracket_open(t, s, "weft_launch", WEFT__OP_KERNEL);
     rc = ops_of(t)->launch(s, kernel, grid, block, shared_bytes, args);
     weft__op_bracket_close(t, s, b, (weft__op_info){.kind = WEFT__OP_KERNEL, .kernel = kernel});
     return noted(t, rc);

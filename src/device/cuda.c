@@ -466,6 +466,7 @@ static const weft__device_ops cuda_ops = {
     .trace_begin = weft__cuda_trace_begin,
     .trace_end = weft__cuda_trace_end,
     .trace_collect = weft__cuda_trace_collect,
+    .trace_flush = weft__cuda_trace_flush,
 };
 
 /* WEFT_CUDA_COMPLETION=flag|event|callback picks how completions are

@@ -203,11 +203,42 @@ cudaError_t weft__cuda_record_apply(cudaGraphExec_t exec, const cudaGraphNode_t 
 
 /* ---- cuda_trace.c ------------------------------------------------------- */
 
-void *weft__cuda_trace_begin(weft__stream *s);
+void *weft__cuda_trace_begin(weft__stream *s, weft__op_kind kind);
 void weft__cuda_trace_end(weft__stream *s, void *begin, const weft__op_info *op);
 void weft__cuda_trace_collect(weft__stream *s);
+void weft__cuda_trace_flush(weft__device *dev);
 void weft__cuda_trace_stream_fini(weft__stream *s);
 void weft__cuda_trace_fini(weft__cuda_device *dev);
+
+/* A kernel's name for the timeline, looked up once per kernel; a mangled
+ * name's last component (buf holds what is not kept). */
+const char *weft__cuda_kernel_name(const void *kernel, char *buf, size_t size);
+const char *weft__cuda_demangle(const char *name, char *buf, size_t size);
+
+/* The stream's place in the device's pool: its track in the timeline. */
+static inline unsigned weft__cuda_stream_index(const weft__stream *s)
+{
+    return (unsigned)((s->flag - s->dev->flags) / WEFT__CUDA_FLAG_STRIDE);
+}
+
+/* ---- cuda_cupti.c ------------------------------------------------------ */
+
+/* Does the environment ask CUPTI to time operations (WEFT_TRACE_GPU=cupti)? */
+bool weft__cupti_wanted(void);
+
+/* Before an operation is enqueued: start CUPTI if need be and tag what the
+ * calling thread enqueues next. false: CUPTI cannot time it (the operation
+ * goes to the events). */
+bool weft__cupti_tag(uint64_t *tag);
+
+/* After it: stop tagging, and keep what the operation was for the record
+ * that will come with its times. */
+void weft__cupti_untag(weft__stream *s, uint64_t tag, const weft__op_info *op);
+
+/* Report to tr every operation of its whose record CUPTI still holds, and
+ * forget the rest of tr's; CUPTI stops once no trace has operations in
+ * flight. */
+void weft__cupti_flush(weft__trace *tr);
 
 /* ---- cuda_engine.c ----------------------------------------------------- */
 

@@ -26,6 +26,10 @@
  * that from the anchor becomes the new anchor, its host time carried over,
  * so precision holds over traces of any length; after a long idle spell
  * (REANCHOR_MS) the anchor is measured anew instead.
+ *
+ * With WEFT_TRACE_GPU=cupti in the environment, CUPTI's records time the
+ * copies, memsets, kernels and graphs instead (cuda_cupti.c), and events
+ * only host functions, which leave no record.
  */
 #ifdef WEFT_HAVE_CUDA
 
@@ -111,13 +115,20 @@ static cudaEvent_t newest_end(const weft__stream *s)
 
 /* What trace_begin hands trace_end: the event the operation starts from,
  * its low bit set when that is the newest timed operation's end (chained:
- * that operation owns the event). Events are driver objects, aligned. */
+ * that operation owns the event); or, for an operation CUPTI times, its
+ * tag shifted past the two low bits, TAGGED set. Events are driver
+ * objects, aligned. */
 #define CHAINED ((uintptr_t)1)
+#define TAGGED ((uintptr_t)2)
 
-void *weft__cuda_trace_begin(weft__stream *s)
+void *weft__cuda_trace_begin(weft__stream *s, weft__op_kind kind)
 {
+    uint64_t tag;
     if (weft__cuda_use_device(s->dev) != WEFT_OK)
         return NULL;
+    /* host functions leave no record of their own: events time them */
+    if (kind != WEFT__OP_HOST_FN && weft__cupti_wanted() && weft__cupti_tag(&tag))
+        return (void *)((uintptr_t)tag << 2 | TAGGED);
     weft__lock_acquire(&s->lock);
     cudaEvent_t chained = s->timing_chain ? newest_end(s) : NULL;
     cudaEvent_t spare = chained ? NULL : spare_take(s);
@@ -149,6 +160,10 @@ static bool timed_reserve(weft__stream *s)
 
 void weft__cuda_trace_end(weft__stream *s, void *begin, const weft__op_info *op)
 {
+    if ((uintptr_t)begin & TAGGED) {
+        weft__cupti_untag(s, (uintptr_t)begin >> 2, op);
+        return;
+    }
     bool chained = (uintptr_t)begin & CHAINED;
     cudaEvent_t start = (cudaEvent_t)((uintptr_t)begin & ~CHAINED), end;
     if (!start)
@@ -265,14 +280,9 @@ static bool host_times(weft__stream *s, const timed *op, uint64_t *start, uint64
 /* A kernel's name without its C++ mangling, for the common shapes: a
  * plain name (_Z5k_mixPjjjj: k_mix), one of internal linkage (_ZL4stepv:
  * step), a nested one (_ZN2ns4blurEPf: blur, the last component). Else the
- * name as CUDA gives it. */
-static const char *demangled(const void *kernel, char *buf, size_t size)
+ * name as given. */
+const char *weft__cuda_demangle(const char *name, char *buf, size_t size)
 {
-    const char *name = NULL;
-    if (!kernel || cudaFuncGetName(&name, kernel) != cudaSuccess || !name) {
-        cudaGetLastError();
-        return "kernel";
-    }
     if (strncmp(name, "_Z", 2) != 0)
         return name;
     const char *p = name + 2, *last = NULL;
@@ -299,6 +309,16 @@ static const char *demangled(const void *kernel, char *buf, size_t size)
     return buf;
 }
 
+static const char *demangled(const void *kernel, char *buf, size_t size)
+{
+    const char *name = NULL;
+    if (!kernel || cudaFuncGetName(&name, kernel) != cudaSuccess || !name) {
+        cudaGetLastError();
+        return "kernel";
+    }
+    return weft__cuda_demangle(name, buf, size);
+}
+
 /* Kernel names, looked up and demangled once per kernel (kernels live as
  * long as the process). An open-addressed table read without locks: the
  * thread that claims a free slot writes the name, then publishes the
@@ -310,7 +330,7 @@ static struct kernel_slot {
     char name[WEFT__TRACE_NAME];
 } kernel_names[KERNEL_NAMES];
 
-static const char *kernel_name(const void *kernel, char *buf, size_t size)
+const char *weft__cuda_kernel_name(const void *kernel, char *buf, size_t size)
 {
     size_t h = (size_t)(((uintptr_t)kernel >> 4) * 0x9e3779b97f4a7c15u >> 32);
     for (size_t i = 0; i < KERNEL_NAMES; i++) {
@@ -329,12 +349,6 @@ static const char *kernel_name(const void *kernel, char *buf, size_t size)
     return demangled(kernel, buf, size); /* full, or busy: not kept */
 }
 
-/* The stream's place in the device's pool: its track in the timeline. */
-static unsigned stream_index(const weft__stream *s)
-{
-    return (unsigned)((s->flag - s->dev->flags) / WEFT__CUDA_FLAG_STRIDE);
-}
-
 typedef struct read_back {
     timed op;
     uint64_t start, end;
@@ -343,10 +357,11 @@ typedef struct read_back {
 static void report(weft__trace *tr, weft__stream *s, const read_back *r)
 {
     char buf[64];
-    const char *name =
-        r->op.op.kind == WEFT__OP_KERNEL ? kernel_name(r->op.op.kernel, buf, sizeof buf) : NULL;
-    weft__trace_op(tr, s->dev->base.index, stream_index(s), r->op.op.kind, name, r->op.op.bytes,
-                   r->op.op.task, r->start, r->end);
+    const char *name = r->op.op.kind == WEFT__OP_KERNEL
+                           ? weft__cuda_kernel_name(r->op.op.kernel, buf, sizeof buf)
+                           : NULL;
+    weft__trace_op(tr, s->dev->base.index, weft__cuda_stream_index(s), r->op.op.kind, name,
+                   r->op.op.bytes, r->op.op.task, r->start, r->end);
 }
 
 /* Read back the complete operations at the head of the ring, up to a batch,
@@ -412,8 +427,15 @@ void weft__cuda_trace_stream_fini(weft__stream *s)
     s->timed_count = s->ntiming_spare = 0;
 }
 
+void weft__cuda_trace_flush(weft__device *dev)
+{
+    if (weft__cupti_wanted())
+        weft__cupti_flush(dev->trace);
+}
+
 void weft__cuda_trace_fini(weft__cuda_device *dev)
 {
+    weft__cuda_trace_flush(&dev->base);
     if (dev->anchor)
         cudaEventDestroy(dev->anchor);
     if (dev->anchor_stream)

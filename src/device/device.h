@@ -105,13 +105,17 @@ typedef struct weft__device_ops {
 
     /* Timing operations for the timeline, while a trace is on (NULL: the
      * backend reports its operations itself as its threads run them).
-     * trace_begin is called just before an operation is enqueued on s and
-     * returns what trace_end, called just after with what it was, needs;
-     * the operation is reported once trace_collect finds it complete.
-     * Called with a trace on only, never for recorded (region) work. */
-    void *(*trace_begin)(weft__stream *s);
+     * trace_begin is called just before an operation of the given kind is
+     * enqueued on s and returns what trace_end, called just after with
+     * what it was, needs; the operation is reported once trace_collect
+     * finds it complete, or, where it is timed by records the backend
+     * receives later, as they come: trace_flush reports all of those
+     * (before a recording session of the device's trace ends). Called
+     * with a trace on only, never for recorded (region) work. */
+    void *(*trace_begin)(weft__stream *s, weft__op_kind kind);
     void (*trace_end)(weft__stream *s, void *begin, const weft__op_info *op);
     void (*trace_collect)(weft__stream *s);
+    void (*trace_flush)(weft__device *dev);
 } weft__device_ops;
 
 /* How long a device has had work outstanding: the union of the intervals
@@ -174,7 +178,8 @@ typedef struct weft__op_bracket {
 } weft__op_bracket;
 
 struct weft__task;
-weft__op_bracket weft__op_bracket_open(struct weft__task *t, weft__stream *s, const char *call);
+weft__op_bracket weft__op_bracket_open(struct weft__task *t, weft__stream *s, const char *call,
+                                       weft__op_kind kind);
 void weft__op_bracket_close(struct weft__task *t, weft__stream *s, weft__op_bracket b,
                             weft__op_info op);
 

@@ -370,7 +370,7 @@ int weft_graph_launch(weft_graph *g)
     }
     /* timed on the device for the timeline, as other work is */
     if (weft__trace_on()) {
-        weft__op_bracket b = weft__op_bracket_open(t, s, fn);
+        weft__op_bracket b = weft__op_bracket_open(t, s, fn, WEFT__OP_GRAPH);
         e = cudaGraphLaunch(g->exec, s->handle);
         weft__op_bracket_close(t, s, b, (weft__op_info){.kind = WEFT__OP_GRAPH});
     } else {

@@ -67,7 +67,7 @@ int weft_region_end(void)
     }
     if (!weft__trace_on())
         return ops->region_end(t->stream, capture, t->region_key);
-    weft__op_bracket b = weft__op_bracket_open(t, t->stream, "weft_region_end");
+    weft__op_bracket b = weft__op_bracket_open(t, t->stream, "weft_region_end", WEFT__OP_GRAPH);
     int rc = ops->region_end(t->stream, capture, t->region_key);
     weft__op_bracket_close(t, t->stream, b, (weft__op_info){.kind = WEFT__OP_GRAPH});
     return rc;

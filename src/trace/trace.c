@@ -94,6 +94,8 @@ struct weft__trace {
     pthread_cond_t writer_cv;
     bool writer_stop;
     struct weft__trace *next_open;
+    void (*before_stop)(void *);
+    void *before_stop_arg;
 
     char device_names[MAX_DEVICES][32];
 };
@@ -654,6 +656,14 @@ void weft__trace_destroy(weft__trace *tr)
     free(tr);
 }
 
+void weft__trace_before_stop(weft__trace *tr, void (*fn)(void *), void *arg)
+{
+    pthread_mutex_lock(&tr->lock);
+    tr->before_stop = fn;
+    tr->before_stop_arg = arg;
+    pthread_mutex_unlock(&tr->lock);
+}
+
 void weft__trace_name_device(weft__trace *tr, unsigned device, const char *name)
 {
     if (device >= MAX_DEVICES)
@@ -718,6 +728,9 @@ out:
 
 int weft__trace_stop(weft__trace *tr, const char *fn)
 {
+    /* outside the lock: what it reports registers buffers under it */
+    if (tr->before_stop && weft__trace_recording(tr))
+        tr->before_stop(tr->before_stop_arg);
     pthread_mutex_lock(&tr->lock);
     if (!tr->out) {
         pthread_mutex_unlock(&tr->lock);

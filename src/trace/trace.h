@@ -91,6 +91,11 @@ int weft__trace_start(weft__trace *tr, const char *path, const char *fn);
  * WEFT_ESTATE if none was open; WEFT_ESYS if writing failed. */
 int weft__trace_stop(weft__trace *tr, const char *fn);
 
+/* fn(arg) runs as each session of tr begins to stop, before anything is
+ * closed: for devices whose operations' times arrive later (in records a
+ * profiling library delivers), to report the rest. */
+void weft__trace_before_stop(weft__trace *tr, void (*fn)(void *), void *arg);
+
 /* Device i is called name ("GPU 0", "host") in the trace. */
 void weft__trace_name_device(weft__trace *tr, unsigned device, const char *name);
 

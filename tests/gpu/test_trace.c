@@ -1,7 +1,8 @@
 /*
  * test_trace.c - the timeline on a GPU: copies, kernels, memsets, host
  * functions and graph launches appear on their streams' tracks, timed by
- * CUDA events.
+ * CUDA events - or, with WEFT_TRACE_GPU=cupti (gpu.trace_cupti), by
+ * CUPTI's records, a graph launch then appearing as its nodes.
  *
  * Each task copies in, runs a kernel that spins SPIN_NS of GPU time, clears
  * a buffer, copies out and runs a host function, then awaits. In the trace
@@ -39,9 +40,8 @@ static void *job_main(void *arg)
         !GT_OK(weft_memcpy_async(dev, j->in, WORDS * 4)) ||
         !GT_OK(weft_launch(gk_spin_affine(), grid, block, 0, args)) ||
         !GT_OK(weft_memset_async(scratch, 0, WORDS * 4)) ||
-        !GT_OK(weft_memcpy_async(j->out, dev, WORDS * 4)) ||
-        !GT_OK(weft_host_async(host_fn, j)) || !GT_OK(weft_free_async(dev)) ||
-        !GT_OK(weft_free_async(scratch)) || !GT_OK(weft_await()))
+        !GT_OK(weft_memcpy_async(j->out, dev, WORDS * 4)) || !GT_OK(weft_host_async(host_fn, j)) ||
+        !GT_OK(weft_free_async(dev)) || !GT_OK(weft_free_async(scratch)) || !GT_OK(weft_await()))
         return NULL;
     for (unsigned i = 0; i < WORDS; i++)
         if (!GT_CHECK(j->out[i] == gk_affine_ref(j->in[i], a, b), "word %u", i))
@@ -120,9 +120,16 @@ static int by_ts(const void *a, const void *b)
     return x->ts < y->ts ? -1 : x->ts > y->ts;
 }
 
+static bool cupti_times(void)
+{
+    const char *v = getenv("WEFT_TRACE_GPU");
+    return v && !strcmp(v, "cupti");
+}
+
 static void test_trace_times_gpu_operations_on_their_streams(void **state)
 {
     static const char *order[] = {"copy", "kernel", "memset", "copy", "host function"};
+    const bool cupti = cupti_times();
     char path[256];
     job jobs[TASKS + 1];
     weft_task *ts[TASKS + 1];
@@ -161,7 +168,7 @@ static void test_trace_times_gpu_operations_on_their_streams(void **state)
     size_t graphs = 0, tasks_checked = 0;
     for (size_t i = 0; i < n; i++)
         graphs += !strcmp(ops[i].kind, "graph");
-    assert_int_equal(graphs, 3);
+    assert_int_equal(graphs, cupti ? 3 * 3 : 3); /* CUPTI: copy, kernel, copy a launch */
 
     /* each job's operations: in stream order, back to back, GPU-timed */
     for (size_t i = 0; i < n; i++) {
@@ -180,7 +187,10 @@ static void test_trace_times_gpu_operations_on_their_streams(void **state)
                          order[m]);
             /* (host times of GPU work are good to a few microseconds) */
             assert_true(mine[m].ts >= -50.0 && mine[m].ts + mine[m].dur <= session_us + 50.0);
-            if (m > 0 && mine[m].ts < mine[m - 1].ts + mine[m - 1].dur - 1.0)
+            /* with CUPTI, events still time the host function: two
+             * conversions of the GPU's clock meet there */
+            double slack = cupti && m == 4 ? 20.0 : 1.0;
+            if (m > 0 && mine[m].ts < mine[m - 1].ts + mine[m - 1].dur - slack)
                 fail_msg("task %s: %s starts %.3f us before %s ends", task, mine[m].kind,
                          mine[m - 1].ts + mine[m - 1].dur - mine[m].ts, mine[m - 1].kind);
         }
