@@ -15,12 +15,15 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "core/clock.h"
+#include "trace/trace.h"
 #include "trace_check.h"
 #include "weft.h"
 #include "weft_test.h"
@@ -438,9 +441,62 @@ static void test_trace_checker_refuses_broken_files(void **state)
     json_free(doc);
 }
 
+/* ---- what devices report as a session stops ------------------------------ */
+
+/* A backend whose operations' times arrive later reports the rest from
+ * the stop's hook, on a thread of its own (CUPTI delivers on its thread):
+ * those operations are in the file, and the hook runs once a stop, and
+ * not for a stop with no session. */
+typedef struct late {
+    weft__trace *tr;
+    int stops;
+    uint64_t t0;
+} late;
+
+static void *report_late(void *arg)
+{
+    late *l = arg;
+    weft__trace_op(l->tr, 0, 3, WEFT__OP_KERNEL, "late_kernel", 0, 0, l->t0, l->t0 + 1000);
+    return NULL;
+}
+
+static void before_stop(void *arg)
+{
+    late *l = arg;
+    pthread_t reporter;
+    l->stops++;
+    assert_int_equal(pthread_create(&reporter, NULL, report_late, l), 0);
+    pthread_join(reporter, NULL);
+}
+
+static void test_trace_stop_lets_devices_report_what_they_hold(void **state)
+{
+    char path[256];
+    weft__trace *tr;
+    (void)state;
+    trace_temp_path(path, sizeof path, "late");
+    assert_int_equal(weft__trace_create(&tr), WEFT_OK);
+    late l = {tr, 0, 0};
+    weft__trace_before_stop(tr, before_stop, &l);
+    assert_int_equal(weft__trace_stop(tr, "test"), WEFT_ESTATE);
+    assert_int_equal(l.stops, 0);
+
+    assert_int_equal(weft__trace_start(tr, path, "test"), WEFT_OK);
+    l.t0 = weft__now_ns();
+    assert_int_equal(weft__trace_stop(tr, "test"), WEFT_OK);
+    assert_int_equal(l.stops, 1);
+    json *doc = trace_load_checked(path);
+    assert_int_equal(trace_count(doc, "X", "late_kernel", "device"), 1);
+    json_free(doc);
+    weft__trace_destroy(tr); /* no session: no hook */
+    assert_int_equal(l.stops, 1);
+    remove(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_trace_stop_lets_devices_report_what_they_hold),
         cmocka_unit_test(test_trace_checker_refuses_broken_files),
         cmocka_unit_test(test_weft_trace_env_records_runs_waits_and_device_ops),
         cmocka_unit_test(test_trace_start_and_stop_bound_the_recording),
