@@ -517,8 +517,9 @@ def run(torch, lib, args):
                                 P(w.data_ptr()), P(b.data_ptr()), r, c))
                         time_variant(kern, v, fn,
                                      (2 * r * c + (0 if kern == "softmax" else 2 * c)) * es)
-                # the fused op: its held kernel with the inputs fixed or checked
-                for v in ("lib", "held", "held_checked"):
+                # the fused op: its held kernel with the inputs fixed or checked,
+                # and at 8 and 32 values a thread
+                for v in ("lib", "held", "held_checked", "held_narrow", "held_wide"):
                     if v == "lib":
                         fn = (lambda: lib.weft_bias_gelu_residual_layernorm(
                             s(), wd, 1, P(y.data_ptr()), None, P(x.data_ptr()), P(w.data_ptr()),

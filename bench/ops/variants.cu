@@ -249,7 +249,9 @@ int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void
 
 /* The fused op (erf GELU with its bias, the residual, weight and bias, no
  * sum written) in its held kernel, with those inputs fixed at compile time
- * (held, the library's) or tested at run time (held_checked). */
+ * (held, the library's for half types) or tested at run time (held_checked,
+ * the library's for fp32), and with the library's choice of the two at 8
+ * and at 32 values a thread (held_narrow, held_wide). */
 template <typename T>
 int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const void *in,
                            const void *gelu_bias, const void *residual, const void *weight,
@@ -278,7 +280,12 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
     if (strcmp(variant, "held_checked") == 0)
         return run_held("gelu_layernorm variant", s, plan, p,
                         norm_held_for<T, NORM_GELU_ERF_LAYER, NORM_IO_CHECKED>(plan.vpt));
-    return WEFT_EINVAL;
+    if (!held_variant_plan(variant, cols, V, 16, &plan))
+        return WEFT_EINVAL;
+    return run_held("gelu_layernorm variant", s, plan, p,
+                    sizeof(T) == 4
+                        ? norm_held_for<T, NORM_GELU_ERF_LAYER, NORM_IO_CHECKED>(plan.vpt)
+                        : norm_held_for<T, NORM_GELU_ERF_LAYER, IO>(plan.vpt));
 }
 
 /* bias + GELU (libm's erfcf) + residual, otherwise as gelu.cu. */
