@@ -4,8 +4,8 @@
  * measured against. Built into libweft_ops_bench.so with all of weft.
  *
  * The library holds aligned rows in registers, loaded straight from
- * global memory (the held kernels) or, for the plain norms and softmax on
- * long rows, streamed through a ring in shared memory (the ring kernels,
+ * global memory (the held kernels) or, for RMSNorm and softmax on long
+ * rows, streamed through a ring in shared memory (the ring kernels,
  * 2 slots a block; rows.cuh says which). These run the ring kernels with
  * 2 and 4 slots (ring2, ring4) and with 2 at twice the values a thread
  * (ring2_wide), the held kernels under the library's plan (held) and others

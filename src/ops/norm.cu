@@ -6,13 +6,14 @@
  * formed (in + residual, or GELU(in + gelu_bias) + residual) and whether
  * it is centred. The row is read once and kept on chip (rows.cuh says
  * how: for 16-byte aligned tensors in registers, loaded straight from
- * global memory or, for the plain norms on long rows, streamed through a
- * ring in shared memory, or for aligned rows too long to hold staged in
- * shared memory; otherwise in register tiles), s is
- * formed and rounded to the dtype there, and the statistics follow the
- * host's corrected two-pass algorithm on the kept row: the mean, then the
- * sums of the deviations and of their squares (one combined reduction),
- * which correct the mean and the variance. Then s and the normalized row
+ * global memory or, for RMSNorm on long rows, streamed through a ring in
+ * shared memory, or for aligned rows too long to hold staged in shared
+ * memory; otherwise in register tiles), s is formed and rounded to the
+ * dtype there, and the statistics are taken on the kept row: in registers,
+ * one reduction of each thread's count, mean and squared deviations
+ * (norm.cuh); staged and in tiles, the host's corrected two-pass
+ * algorithm, the mean, then the sums of the deviations and of their
+ * squares, which correct the mean and the variance. Then s and the normalized row
  * are written: two or three reads an element (in, residual; the biases
  * once per column) and one or two writes, nothing else. For the fused op
  * that is 2 reads + 1 write where a framework's GELU kernel, residual add

@@ -411,7 +411,9 @@ __device__ __forceinline__ sum2 shfl_xor(sum2 v, int m)
 {
     return {__shfl_xor_sync(0xffffffffu, v.a, m), __shfl_xor_sync(0xffffffffu, v.b, m)};
 }
-template <typename Op> __device__ __forceinline__ float combine(Op op, float x, float y)
+/* One step of a reduction: op on two partial results; two sums,
+ * each reduced by op. */
+template <typename Op, typename R> __device__ __forceinline__ R combine(Op op, R x, R y)
 {
     return op(x, y);
 }
@@ -458,11 +460,6 @@ struct op_merge {
         return {n, __fadd_rn(mid, skew), __fadd_rn(m2, spread)};
     }
 };
-
-template <typename Op> __device__ __forceinline__ moments combine(Op op, moments x, moments y)
-{
-    return op(x, y);
-}
 
 /* Scratch for one reduction: a slot per warp, one for the block's result
  * (read by the other blocks of a cluster). */
@@ -600,9 +597,11 @@ template <typename Key, typename Value, unsigned N> struct kept_answers {
     }
 };
 
-/* Blocks of `threads` threads (no dynamic shared memory) that one SM keeps
- * resident for kernel; 1 if CUDA cannot say. */
-static inline unsigned resident_blocks(const void *kernel, unsigned threads)
+/* Blocks of `threads` threads (no dynamic shared memory) that the current
+ * device keeps resident for kernel at once, one wave: its SMs times what
+ * an SM holds (1 an SM if CUDA cannot say). Kept per kernel, device and
+ * block size: one lookup a launch. */
+static inline unsigned wave_blocks(const void *kernel, unsigned threads)
 {
     struct key {
         const void *kernel;
@@ -626,10 +625,11 @@ static inline unsigned resident_blocks(const void *kernel, unsigned threads)
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, (int)threads, 0) != cudaSuccess ||
         n < 1) {
         cudaGetLastError();
-        return 1;
+        return (unsigned)sm_count();
     }
-    kept.keep(k, (unsigned)n);
-    return (unsigned)n;
+    blocks = (unsigned)n * (unsigned)sm_count();
+    kept.keep(k, blocks);
+    return blocks;
 }
 
 /* Blocks for `work` items of `threads` threads each of a grid-stride
@@ -640,7 +640,7 @@ static inline unsigned resident_blocks(const void *kernel, unsigned threads)
 template <typename K> static unsigned grid_for(K kernel, size_t work, unsigned threads)
 {
     size_t want = (work + threads - 1) / threads;
-    size_t cap = (size_t)sm_count() * resident_blocks((const void *)kernel, threads);
+    size_t cap = wave_blocks((const void *)kernel, threads);
     if (want > cap)
         want = cap;
     return want ? (unsigned)want : 1u;

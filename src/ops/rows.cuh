@@ -16,8 +16,8 @@
  *  - held (below): each thread loads all of its VPT vectors at once, VPT a
  *    template parameter, and keeps them as fp32 (up to 32 values). The
  *    main path, for 16-byte aligned tensors and rows up to 131072 elements;
- *    the plain norms of half types have it fed through a ring of rows in
- *    shared memory (the ring kernels, below).
+ *    RMSNorm and softmax on long rows have it fed through a ring of rows
+ *    in shared memory (the ring kernels, below).
  *  - staged: the row goes to shared memory with cp.async. Loads in flight
  *    cost no registers, but every pass re-reads and converts shared memory
  *    in run-time loops, and it lost to held by 1.5-2x (bench/ops/ keeps it
@@ -369,7 +369,10 @@ template <int V, int VPT> __device__ __forceinline__ unsigned held_at(const row_
  * (+20%) and unmasked softmax in half types (+7%). More slots cost
  * resident blocks and lose. Everything else - residuals, the fused GELU,
  * fp32 rows and softmax rows that a block holds - is bound by the
- * instructions it issues more than by latency and runs faster held.
+ * instructions it issues more than by latency and runs faster held; so
+ * is LayerNorm since its statistics take one reduction (then held beat
+ * the ring by 20-25% on those rows), which leaves the ring to RMSNorm
+ * and softmax.
  *
  * Bulk copies move whole 16-byte runs between 16-byte aligned addresses,
  * so the ring takes aligned tensors whose rows are whole vectors; a block

@@ -266,11 +266,6 @@ struct op_online {
     }
 };
 
-template <typename Op> __device__ __forceinline__ max_sum combine(Op op, max_sum x, max_sum y)
-{
-    return op(x, y);
-}
-
 /* A held row's scratch: one for each reduction. */
 template <softmax_stats STATS> struct softmax_scratch {
     reduce_scratch<float> max, sum;
