@@ -667,7 +667,8 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
     if variants_out:
         out.append("Tuning variants, TB/s: `lib` is the library's kernel (for these aligned "
                    "rows: LayerNorm `held_wide` on bf16 rows of 1024 and 4096; softmax "
-                   "`ring2` on bf16 rows of 65536; `held` otherwise), `ring2`/`ring4` rows "
+                   "`ring2_online` on bf16 rows of 65536, `held_online` on other bf16 "
+                   "rows; `held` otherwise), `ring2`/`ring4` rows "
                    "copied ahead into a ring of 2 or 4 slots in shared memory, then held in "
                    "registers, `ring2_wide` that at twice the values a thread, `held` rows "
                    "loaded straight into registers, `held_narrow`/`held_wide` that "

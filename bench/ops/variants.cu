@@ -13,7 +13,8 @@
  * at run time for what the library fixes at compile time on these rows -
  * LayerNorm's inputs, softmax's mask and scale, partial vectors -
  * (ring2_checked, held_checked), softmax's max and sum in one reduction
- * (held_online, ring2_online: SOFTMAX_ONLINE), the shared-memory staged kernels
+ * (held_online, ring2_online: SOFTMAX_ONLINE, the library's for half types;
+ * held and ring2 take two), the shared-memory staged kernels
  * (staged), and the register-tile row kernels (softmax, LayerNorm) on the
  * same shapes, under rows.cuh's plan_rows and changes of it:
  *   regs         plan_rows: 16 values a thread
@@ -249,9 +250,8 @@ int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void
 
 /* The fused op (erf GELU with its bias, the residual, weight and bias, no
  * sum written) in its held kernel, with those inputs fixed at compile time
- * (held, the library's for half types) or tested at run time (held_checked,
- * the library's for fp32), and with the library's choice of the two at 8
- * and at 32 values a thread (held_narrow, held_wide). */
+ * (held, the library's) or tested at run time (held_checked), and fixed at
+ * 8 and at 32 values a thread (held_narrow, held_wide). */
 template <typename T>
 int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const void *in,
                            const void *gelu_bias, const void *residual, const void *weight,
@@ -283,9 +283,7 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
     if (!held_variant_plan(variant, cols, V, 16, &plan))
         return WEFT_EINVAL;
     return run_held("gelu_layernorm variant", s, plan, p,
-                    sizeof(T) == 4
-                        ? norm_held_for<T, NORM_GELU_ERF_LAYER, NORM_IO_CHECKED>(plan.vpt)
-                        : norm_held_for<T, NORM_GELU_ERF_LAYER, IO>(plan.vpt));
+                    norm_held_for<T, NORM_GELU_ERF_LAYER, IO>(plan.vpt));
 }
 
 /* bias + GELU (libm's erfcf) + residual, otherwise as gelu.cu. */

@@ -8,11 +8,13 @@
  * shared memory for aligned rows too long to hold), else in register
  * tiles - and scaled as it is used (scale * x rounded before the maximum
  * is taken, as on the host). A max reduction, a sum of exp(v - max) and
- * its reduction, then every column is written: e / sum where visible, 0
- * where masked, each kept or dropped by the same Philox words as the
- * host's. Masked columns are never read, and whole
- * masked vectors cost no load at all. Rows longer than 8 blocks hold read
- * their tiles again in each of the three passes.
+ * its reduction - or, on held unmasked rows of half types, one reduction
+ * of each thread's max and its sum, rescaled as they merge (measured
+ * faster there, slower in fp32) - then every column is written: e / sum
+ * where visible, 0 where masked, each kept or dropped by the same Philox
+ * words as the host's. Masked columns are never read, and whole masked
+ * vectors cost no load at all. Rows longer than 8 blocks hold read their
+ * tiles again in each of the three passes.
  */
 #include "ops/softmax.cuh"
 
@@ -34,13 +36,16 @@ template <typename T> int launch(cudaStream_t stream, const weft__softmax_args *
 
     if (vec && plan_held(a->cols, V, 32, &held)) { /* measured best: 32 values a thread */
         const bool whole = !p.causal_q && a->cols % V == 0;
+        /* the unmasked rows' statistics (bench/RESULTS.md, the softmax variants) */
+        constexpr softmax_stats STATS = sizeof(T) == 2 ? SOFTMAX_ONLINE : SOFTMAX_MAX_THEN_SUM;
         if constexpr (sizeof(T) == 2) {
             /* rows that held take a cluster, no mask, no dropout: faster
              * through the ring in half types (bench/RESULTS.md) */
             ring_plan ring;
             if (held.cluster > 1 && whole && p.p == 0.0f) {
-                auto ring_kernel = p.scale == 1.0f ? softmax_ring_for<T, SOFTMAX_PLAIN>(held.vpt)
-                                                   : softmax_ring_for<T, SOFTMAX_SCALED>(held.vpt);
+                auto ring_kernel = p.scale == 1.0f
+                                       ? softmax_ring_for<T, SOFTMAX_PLAIN, STATS>(held.vpt)
+                                       : softmax_ring_for<T, SOFTMAX_SCALED, STATS>(held.vpt);
                 if (ring_kernel &&
                     plan_ring(ring_kernel, held, a->cols, a->rows, V, sizeof(T), 2, &ring))
                     return launch_ring("weft_softmax", stream, ring, ring_kernel, p);
@@ -48,8 +53,8 @@ template <typename T> int launch(cudaStream_t stream, const weft__softmax_args *
         }
         auto kernel = p.p > 0.0f        ? softmax_held_for<T, SOFTMAX_DROPOUT>(held.vpt)
                       : !whole          ? softmax_held_for<T, SOFTMAX_CHECKED>(held.vpt)
-                      : p.scale == 1.0f ? softmax_held_for<T, SOFTMAX_PLAIN>(held.vpt)
-                                        : softmax_held_for<T, SOFTMAX_SCALED>(held.vpt);
+                      : p.scale == 1.0f ? softmax_held_for<T, SOFTMAX_PLAIN, STATS>(held.vpt)
+                                        : softmax_held_for<T, SOFTMAX_SCALED, STATS>(held.vpt);
         if (kernel)
             return launch_rows("weft_softmax", stream, held, p.rows, kernel, p, 0);
     }

@@ -231,9 +231,10 @@ __global__ void __launch_bounds__(512)
 enum softmax_form { SOFTMAX_PLAIN, SOFTMAX_SCALED, SOFTMAX_CHECKED, SOFTMAX_DROPOUT };
 
 /* How a held row takes its max and sum: MAX_THEN_SUM, two reductions (the
- * library's); ONLINE, one reduction of each thread's max and its sum of
- * exponents relative to that max, rescaled as they merge (bench/ops/ times
- * it against the library as the `online` variants). */
+ * library's in fp32 and on masked rows); ONLINE, one reduction of each
+ * thread's max and its sum of exponents relative to that max, rescaled as
+ * they merge (the library's on unmasked rows of half types; bench/ops/
+ * times each against the other as the `online` variants). */
 enum softmax_stats { SOFTMAX_MAX_THEN_SUM, SOFTMAX_ONLINE };
 
 /* A part of a row: its max, and the sum of 2^((v - max) log2 e) over it. */
