@@ -187,6 +187,17 @@ static void trace_from_environment(weft_runtime *rt)
         fprintf(stderr, "weft: %s; not tracing\n", weft_last_error());
 }
 
+/* As a trace session starts: the devices get ready to time operations. */
+static void prepare_device_timings(void *arg)
+{
+    weft_runtime *rt = arg;
+    if (!atomic_load_explicit(&rt->devices_ready, memory_order_acquire))
+        return; /* they will be ready with their first operation */
+    for (unsigned i = 0; i < rt->ndevices; i++)
+        if (rt->devices[i]->ops->trace_prepare)
+            rt->devices[i]->ops->trace_prepare(rt->devices[i]);
+}
+
 /* As a trace session stops: the devices report the operations whose
  * times they have yet to receive. */
 static void report_device_timings(void *arg)
@@ -234,6 +245,7 @@ int weft_runtime_create(weft_runtime **out, const weft_config *given)
         rc = weft__fail(WEFT_ENOMEM, "weft_runtime_create: out of memory");
         goto fail_locks;
     }
+    weft__trace_after_start(rt->trace, prepare_device_timings, rt);
     weft__trace_before_stop(rt->trace, report_device_timings, rt);
     if (weft__overflow_install() != 0) {
         rc = weft__fail(WEFT_ESYS, "weft_runtime_create: cannot install the overflow handler");

@@ -26,10 +26,17 @@
  *          [--trace FILE]
  *   --kiters, --host-rate  the calibration from `pipeline_peers
  *                          --calibrate` (measured here when not given)
- *   --trace FILE           record weft's timeline (weft_trace_start) during
- *                          the runs of each worker count, to FILE with the
- *                          count before its extension (pipeline.w2.json):
- *                          the figures then say what tracing costs
+ *   --trace FILE           what recording weft's timeline costs: each rep
+ *                          runs the pipeline twice, once recording a trace
+ *                          (weft_trace_start .. weft_trace_stop around the
+ *                          run, to FILE with the worker count before its
+ *                          extension: pipeline.w2.json) and once not, which
+ *                          goes first alternating; reported: the traced
+ *                          runs' figures, and the median over reps of the
+ *                          jobs/s lost against the untraced run beside it
+ *                          (cost_pct). Pairs in one process see the same
+ *                          machine state; separate processes differ by more
+ *                          than the cost.
  */
 #include "weft.h"
 
@@ -58,6 +65,7 @@ struct wrun {
     struct slot slots[MAX_INFLIGHT];
     uint64_t words; /* host work per step, this run */
     struct wjob *jobs;
+    char trace_path[4096]; /* --trace: this worker count's file */
 };
 
 static double *phase_log; /* per job: host, enqueue, await, host (ns) */
@@ -197,14 +205,13 @@ static struct wrun *wrun_create(unsigned workers)
     run_task(r->rt, setup_main, r);
     if (!(opt.host_rate > 0))
         opt.host_rate = calibrate_host(r->slots[0].in);
-    if (opt.trace) { /* from here on: the warm-up and the measured runs */
-        char path[4096];
+    if (opt.trace) {
         const char *dot = strrchr(opt.trace, '.'), *slash = strrchr(opt.trace, '/');
         int stem = dot && dot > (slash ? slash : opt.trace) ? (int)(dot - opt.trace)
                                                             : (int)strlen(opt.trace);
-        snprintf(path, sizeof path, "%.*s.w%u%s", stem, opt.trace, workers, opt.trace + stem);
-        WCK(weft_trace_start(r->rt, path));
-        fprintf(stderr, "%s: recording a trace to %s\n", bench_prog, path);
+        snprintf(r->trace_path, sizeof r->trace_path, "%.*s.w%u%s", stem, opt.trace, workers,
+                 opt.trace + stem);
+        fprintf(stderr, "%s: recording traces to %s\n", bench_prog, r->trace_path);
     }
     return r;
 }
@@ -224,15 +231,21 @@ static void wrun_destroy(struct wrun *r)
 
 /* ---- measuring --------------------------------------------------------- */
 
-static void run_once(struct wrun *r, struct span *sp)
+/* One run of the pipeline, recording a trace around it when traced (the
+ * stop, which writes the rest of the file, outside the span). */
+static void run_once(struct wrun *r, struct span *sp, bool traced)
 {
     for (unsigned i = 0; i < opt.inflight; i++) {
         memset(r->slots[i].out, 0, BENCH_BYTES);
         r->slots[i].last_job = -1;
     }
+    if (traced)
+        WCK(weft_trace_start(r->rt, r->trace_path));
     span_begin(sp);
     run_task(r->rt, root_main, r);
     span_end(sp);
+    if (traced)
+        WCK(weft_trace_stop(r->rt));
     unsigned used = opt.inflight < opt.jobs ? opt.inflight : opt.jobs;
     for (unsigned i = 0; i < opt.inflight; i++) {
         if (r->slots[i].last_job < 0 && used < opt.inflight)
@@ -252,14 +265,25 @@ static void measure(struct wrun *r, unsigned workers, unsigned host_us)
     if (opt.only && !strstr(name, opt.only))
         return;
     r->words = (uint64_t)(host_us * opt.host_rate + 0.5);
-    double rate[64], cores[64];
+    double rate[64], cores[64], lost[64];
     struct span sp;
     watchdog(name, 300);
-    run_once(r, &sp); /* warm-up: streams leased, pools filled */
+    run_once(r, &sp, false); /* warm-up: streams leased, pools filled */
+    if (opt.trace)
+        run_once(r, &sp, true); /* ... and the trace's buffers, GPU timing started */
     for (unsigned k = 0; k < opt.reps; k++) {
-        run_once(r, &sp);
+        /* --trace: the untraced run of the pair goes first on even reps */
+        const bool pair = opt.trace != NULL, untraced_first = k % 2 == 0;
+        struct span untraced;
+        if (pair && untraced_first)
+            run_once(r, &untraced, false);
+        run_once(r, &sp, pair);
+        if (pair && !untraced_first)
+            run_once(r, &untraced, false);
         rate[k] = opt.jobs / sp.wall;
         cores[k] = sp.cpu / sp.wall;
+        if (pair)
+            lost[k] = 100.0 * (1.0 - rate[k] / (opt.jobs / untraced.wall));
     }
     alarm(0);
     if (phase_log) {
@@ -275,6 +299,14 @@ static void measure(struct wrun *r, unsigned workers, unsigned host_us)
         free(col);
     }
     report_jobs(name, rate, cores, (int)opt.reps);
+    if (opt.trace) {
+        struct stats sl = stats_of(lost, (int)opt.reps);
+        char buf[128];
+        fprintf(stderr, "%-34s %9.1f %% jobs/s lost to the trace (%.1f..%.1f)\n", name, sl.med,
+                sl.min, sl.max);
+        snprintf(buf, sizeof buf, "%s.cost_pct", name);
+        bench_line(buf, sl.med, "%");
+    }
 }
 
 /* ---- main -------------------------------------------------------------- */

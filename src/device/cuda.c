@@ -463,6 +463,7 @@ static const weft__device_ops cuda_ops = {
     .graph_stats = weft__cuda_graph_stats,
     .poll = weft__cuda_poll,
     .pending = weft__cuda_pending,
+    .trace_prepare = weft__cuda_trace_prepare,
     .trace_begin = weft__cuda_trace_begin,
     .trace_end = weft__cuda_trace_end,
     .trace_collect = weft__cuda_trace_collect,

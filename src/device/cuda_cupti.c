@@ -1,10 +1,12 @@
 /*
  * cuda_cupti.c - timing GPU operations for the timeline with CUPTI's
- * activity records, in place of CUDA events (WEFT_TRACE_GPU=cupti).
+ * activity records, in place of CUDA events (the default; WEFT_TRACE_GPU=
+ * events or off turns it off).
  *
  * Each timing event is a driver call, and where threads contend for the
  * driver those calls cost a pipeline a quarter of its jobs; CUPTI's
- * records cost about half as much (bench/peers/op_timing.cu). Here an
+ * records cost about half as much (bench/peers/op_timing.cu, and the
+ * pipeline's tracing cost in bench/RESULTS.md). Here an
  * operation a task enqueues is tagged: an external correlation id pushed
  * before the call and popped after it (thread-local, no driver call), and
  * what the operation was (trace, device, stream, task) kept under the tag
@@ -15,8 +17,10 @@
  * the two names the operation; it is reported from the delivering thread.
  * A record whose other half has not come yet waits a few buffers.
  *
- * CUPTI is process-wide: it starts with the first operation it times and
- * stops when the last recording trace stops (a stop first flushes what
+ * CUPTI is process-wide: it starts as a trace starts, so that enabling it
+ * is not part of the work it times (or with the first operation it times,
+ * on devices not yet in use then), and stops when the last
+ * recording trace stops (a stop first flushes what
  * CUPTI holds, through the device's trace_flush). libcupti is opened at
  * run time, so that weft does not depend on it; without it, or when a
  * profiler holds CUPTI, operations are timed with events as before.
@@ -236,8 +240,9 @@ static void unavailable(const char *why, CUptiResult r)
     const char *what = "";
     if (r != CUPTI_SUCCESS && cupti.cuptiGetResultString)
         cupti.cuptiGetResultString(r, &what);
-    fprintf(stderr, "weft: WEFT_TRACE_GPU=cupti: %s%s%s; timing with CUDA events\n", why,
-            *what ? ": " : "", what);
+    fprintf(stderr, "weft: the trace cannot time GPU operations with CUPTI: %s%s%s; timing with "
+                    "CUDA events\n",
+            why, *what ? ": " : "", what);
 }
 
 /* Open libcupti, look up the calls, register the callbacks. Once. Call
@@ -299,7 +304,7 @@ static bool enable(void)
     return true;
 }
 
-static bool start(void)
+bool weft__cupti_start(void)
 {
     pthread_mutex_lock(&state_lock);
     int now = atomic_load(&state);
@@ -326,22 +331,10 @@ static void stop(void)
 
 /* ---- the backend's side ------------------------------------------------- */
 
-bool weft__cupti_wanted(void)
-{
-    static atomic_int wanted = -1;
-    int w = atomic_load_explicit(&wanted, memory_order_relaxed);
-    if (w < 0) {
-        const char *v = getenv("WEFT_TRACE_GPU");
-        w = v && strcmp(v, "cupti") == 0;
-        atomic_store_explicit(&wanted, w, memory_order_relaxed);
-    }
-    return w;
-}
-
 bool weft__cupti_tag(uint64_t *tag)
 {
     int now = atomic_load_explicit(&state, memory_order_acquire);
-    if (now == CUPTI_UNAVAILABLE || (now == CUPTI_OFF && !start()))
+    if (now == CUPTI_UNAVAILABLE || (now == CUPTI_OFF && !weft__cupti_start()))
         return false;
     *tag = atomic_fetch_add_explicit(&next_tag, 1, memory_order_relaxed);
     return cupti.cuptiActivityPushExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0,

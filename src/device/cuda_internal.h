@@ -207,6 +207,7 @@ void *weft__cuda_trace_begin(weft__stream *s, weft__op_kind kind);
 void weft__cuda_trace_end(weft__stream *s, void *begin, const weft__op_info *op);
 void weft__cuda_trace_collect(weft__stream *s);
 void weft__cuda_trace_flush(weft__device *dev);
+void weft__cuda_trace_prepare(weft__device *dev);
 void weft__cuda_trace_stream_fini(weft__stream *s);
 void weft__cuda_trace_fini(weft__cuda_device *dev);
 
@@ -221,10 +222,22 @@ static inline unsigned weft__cuda_stream_index(const weft__stream *s)
     return (unsigned)((s->flag - s->dev->flags) / WEFT__CUDA_FLAG_STRIDE);
 }
 
+/* How a trace times GPU operations, as WEFT_TRACE_GPU says: CUPTI's records
+ * (cupti, the default), CUDA events (events), or not at all (off: the
+ * tasks and their waits only). */
+typedef enum weft__gpu_timing {
+    WEFT__TIMING_EVENTS,
+    WEFT__TIMING_CUPTI,
+    WEFT__TIMING_OFF,
+} weft__gpu_timing;
+
+weft__gpu_timing weft__cuda_gpu_timing(void);
+
 /* ---- cuda_cupti.c ------------------------------------------------------ */
 
-/* Does the environment ask CUPTI to time operations (WEFT_TRACE_GPU=cupti)? */
-bool weft__cupti_wanted(void);
+/* Start CUPTI's records if they are not on. false: CUPTI cannot time
+ * operations (they go to the events; said once on stderr). */
+bool weft__cupti_start(void);
 
 /* Before an operation is enqueued: start CUPTI if need be and tag what the
  * calling thread enqueues next. false: CUPTI cannot time it (the operation

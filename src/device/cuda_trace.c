@@ -27,14 +27,18 @@
  * so precision holds over traces of any length; after a long idle spell
  * (REANCHOR_MS) the anchor is measured anew instead.
  *
- * With WEFT_TRACE_GPU=cupti in the environment, CUPTI's records time the
- * copies, memsets, kernels and graphs instead (cuda_cupti.c), and events
- * only host functions, which leave no record.
+ * That is the way with WEFT_TRACE_GPU=events. By default CUPTI's records
+ * time the copies, memsets, kernels and graphs (cuda_cupti.c), costing a
+ * pipeline about half as much, and events only host functions, which leave
+ * no record; with WEFT_TRACE_GPU=off no operation is timed, and the trace
+ * holds the tasks and their waits.
  */
 #ifdef WEFT_HAVE_CUDA
 
 #include <assert.h>
 #include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,6 +59,25 @@ typedef struct weft__cuda_timed {
     uint64_t seq; /* complete once the stream reaches this marker */
     weft__op_info op;
 } timed;
+
+weft__gpu_timing weft__cuda_gpu_timing(void)
+{
+    static atomic_int timing = -1;
+    int t = atomic_load_explicit(&timing, memory_order_relaxed);
+    if (t < 0) {
+        const char *v = getenv("WEFT_TRACE_GPU");
+        t = WEFT__TIMING_CUPTI;
+        if (v && strcmp(v, "events") == 0)
+            t = WEFT__TIMING_EVENTS;
+        else if (v && strcmp(v, "off") == 0)
+            t = WEFT__TIMING_OFF;
+        else if (v && *v && strcmp(v, "cupti") != 0)
+            fprintf(stderr, "weft: WEFT_TRACE_GPU=%s: not cupti, events or off; timing with "
+                            "CUPTI\n", v);
+        atomic_store_explicit(&timing, t, memory_order_relaxed);
+    }
+    return (weft__gpu_timing)t;
+}
 
 /* ---- timing events --------------------------------------------------------- */
 
@@ -126,8 +149,11 @@ void *weft__cuda_trace_begin(weft__stream *s, weft__op_kind kind)
     uint64_t tag;
     if (weft__cuda_use_device(s->dev) != WEFT_OK)
         return NULL;
+    weft__gpu_timing timing = weft__cuda_gpu_timing();
+    if (timing == WEFT__TIMING_OFF)
+        return NULL;
     /* host functions leave no record of their own: events time them */
-    if (kind != WEFT__OP_HOST_FN && weft__cupti_wanted() && weft__cupti_tag(&tag))
+    if (kind != WEFT__OP_HOST_FN && timing == WEFT__TIMING_CUPTI && weft__cupti_tag(&tag))
         return (void *)((uintptr_t)tag << 2 | TAGGED);
     weft__lock_acquire(&s->lock);
     cudaEvent_t chained = s->timing_chain ? newest_end(s) : NULL;
@@ -427,9 +453,16 @@ void weft__cuda_trace_stream_fini(weft__stream *s)
     s->timed_count = s->ntiming_spare = 0;
 }
 
+void weft__cuda_trace_prepare(weft__device *dev)
+{
+    (void)dev;
+    if (weft__cuda_gpu_timing() == WEFT__TIMING_CUPTI)
+        weft__cupti_start();
+}
+
 void weft__cuda_trace_flush(weft__device *dev)
 {
-    if (weft__cupti_wanted())
+    if (weft__cuda_gpu_timing() == WEFT__TIMING_CUPTI)
         weft__cupti_flush(dev->trace);
 }
 

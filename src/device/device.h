@@ -110,8 +110,11 @@ typedef struct weft__device_ops {
      * what it was, needs; the operation is reported once trace_collect
      * finds it complete, or, where it is timed by records the backend
      * receives later, as they come: trace_flush reports all of those
-     * (before a recording session of the device's trace ends). Called
-     * with a trace on only, never for recorded (region) work. */
+     * (before a recording session of the device's trace ends), and
+     * trace_prepare, as a session starts, gets that timing ready (or the
+     * first operation does). Called with a trace on only, never for
+     * recorded (region) work. */
+    void (*trace_prepare)(weft__device *dev);
     void *(*trace_begin)(weft__stream *s, weft__op_kind kind);
     void (*trace_end)(weft__stream *s, void *begin, const weft__op_info *op);
     void (*trace_collect)(weft__stream *s);

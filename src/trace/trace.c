@@ -94,6 +94,8 @@ struct weft__trace {
     pthread_cond_t writer_cv;
     bool writer_stop;
     struct weft__trace *next_open;
+    void (*after_start)(void *);
+    void *after_start_arg;
     void (*before_stop)(void *);
     void *before_stop_arg;
 
@@ -656,6 +658,14 @@ void weft__trace_destroy(weft__trace *tr)
     free(tr);
 }
 
+void weft__trace_after_start(weft__trace *tr, void (*fn)(void *), void *arg)
+{
+    pthread_mutex_lock(&tr->lock);
+    tr->after_start = fn;
+    tr->after_start_arg = arg;
+    pthread_mutex_unlock(&tr->lock);
+}
+
 void weft__trace_before_stop(weft__trace *tr, void (*fn)(void *), void *arg)
 {
     pthread_mutex_lock(&tr->lock);
@@ -723,6 +733,9 @@ int weft__trace_start(weft__trace *tr, const char *path, const char *fn)
     atomic_fetch_add(&weft__trace_live, 1);
 out:
     pthread_mutex_unlock(&tr->lock);
+    /* outside the lock, as before_stop */
+    if (rc == WEFT_OK && tr->after_start)
+        tr->after_start(tr->after_start_arg);
     return rc;
 }
 

@@ -91,6 +91,11 @@ int weft__trace_start(weft__trace *tr, const char *path, const char *fn);
  * WEFT_ESTATE if none was open; WEFT_ESYS if writing failed. */
 int weft__trace_stop(weft__trace *tr, const char *fn);
 
+/* fn(arg) runs once each session of tr has started, before its start
+ * returns: for devices that get ready to time operations (a profiling
+ * library enabled then, not in the middle of the work it is to time). */
+void weft__trace_after_start(weft__trace *tr, void (*fn)(void *), void *arg);
+
 /* fn(arg) runs as each session of tr begins to stop, before anything is
  * closed: for devices whose operations' times arrive later (in records a
  * profiling library delivers), to report the rest. */

@@ -449,9 +449,17 @@ static void test_trace_checker_refuses_broken_files(void **state)
  * not for a stop with no session. */
 typedef struct late {
     weft__trace *tr;
-    int stops;
+    int starts, stops;
     uint64_t t0;
 } late;
+
+/* As a device gets ready: the session it readies for is recording. */
+static void after_start(void *arg)
+{
+    late *l = arg;
+    assert_true(weft__trace_recording(l->tr));
+    l->starts++;
+}
 
 static void *report_late(void *arg)
 {
@@ -469,19 +477,25 @@ static void before_stop(void *arg)
     pthread_join(reporter, NULL);
 }
 
-static void test_trace_stop_lets_devices_report_what_they_hold(void **state)
+static void test_trace_start_and_stop_let_devices_prepare_and_report(void **state)
 {
     char path[256];
     weft__trace *tr;
     (void)state;
     trace_temp_path(path, sizeof path, "late");
     assert_int_equal(weft__trace_create(&tr), WEFT_OK);
-    late l = {tr, 0, 0};
+    late l = {tr, 0, 0, 0};
+    weft__trace_after_start(tr, after_start, &l);
     weft__trace_before_stop(tr, before_stop, &l);
     assert_int_equal(weft__trace_stop(tr, "test"), WEFT_ESTATE);
     assert_int_equal(l.stops, 0);
+    assert_int_equal(weft__trace_start(tr, "", "test"), WEFT_EINVAL);
+    assert_int_equal(l.starts, 0);
 
     assert_int_equal(weft__trace_start(tr, path, "test"), WEFT_OK);
+    assert_int_equal(l.starts, 1);
+    assert_int_equal(weft__trace_start(tr, path, "test"), WEFT_ESTATE); /* one at a time */
+    assert_int_equal(l.starts, 1);
     l.t0 = weft__now_ns();
     assert_int_equal(weft__trace_stop(tr, "test"), WEFT_OK);
     assert_int_equal(l.stops, 1);
@@ -496,7 +510,7 @@ static void test_trace_stop_lets_devices_report_what_they_hold(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_trace_stop_lets_devices_report_what_they_hold),
+        cmocka_unit_test(test_trace_start_and_stop_let_devices_prepare_and_report),
         cmocka_unit_test(test_trace_checker_refuses_broken_files),
         cmocka_unit_test(test_weft_trace_env_records_runs_waits_and_device_ops),
         cmocka_unit_test(test_trace_start_and_stop_bound_the_recording),
