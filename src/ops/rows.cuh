@@ -248,6 +248,21 @@ static inline bool plan_held(size_t cols, int V, unsigned values, row_plan *p,
     return false;
 }
 
+/* A plan of a warp a row holding more than `values` a thread, made to hold
+ * `values` with a block of as many warps a row: for kernels whose
+ * registers at the larger count would cost occupancy. */
+static inline void plan_held_split_warp_rows(row_plan *p, int V, unsigned values)
+{
+    if (p->tpr != 32)
+        return; /* not a warp a row */
+    while (p->vpt > 1 && p->vpt * (unsigned)V > values) {
+        p->tpr *= 2;
+        p->vpt /= 2;
+    }
+    if (p->tpr > 32)
+        p->rpb = 1;
+}
+
 /* pick(std::integral_constant<int, VPT>()) - a held or ring kernel of VPT
  * vectors a thread - for vpt, or NULL where VPT * V would exceed
  * HELD_MAX_VALUES. */
