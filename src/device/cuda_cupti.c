@@ -19,11 +19,11 @@
  *
  * CUPTI is process-wide: it starts as a trace starts, so that enabling it
  * is not part of the work it times (or with the first operation it times,
- * on devices not yet in use then), and stops when the last
- * recording trace stops (a stop first flushes what
- * CUPTI holds, through the device's trace_flush). libcupti is opened at
- * run time, so that weft does not depend on it; without it, or when a
- * profiler holds CUPTI, operations are timed with events as before.
+ * on devices not yet in use then), and stops when the last recording
+ * trace stops (a stop first flushes what CUPTI holds, through the device's
+ * trace_flush). libcupti is opened at run time, so that weft does not
+ * depend on it; without it, or when a profiler holds CUPTI, operations are
+ * timed with events.
  */
 #ifdef WEFT_HAVE_CUDA
 
@@ -240,8 +240,9 @@ static void unavailable(const char *why, CUptiResult r)
     const char *what = "";
     if (r != CUPTI_SUCCESS && cupti.cuptiGetResultString)
         cupti.cuptiGetResultString(r, &what);
-    fprintf(stderr, "weft: the trace cannot time GPU operations with CUPTI: %s%s%s; timing with "
-                    "CUDA events\n",
+    fprintf(stderr,
+            "weft: the trace cannot time GPU operations with CUPTI: %s%s%s; timing with "
+            "CUDA events\n",
             why, *what ? ": " : "", what);
 }
 

@@ -72,8 +72,7 @@ weft__gpu_timing weft__cuda_gpu_timing(void)
         else if (v && strcmp(v, "off") == 0)
             t = WEFT__TIMING_OFF;
         else if (v && *v && strcmp(v, "cupti") != 0)
-            fprintf(stderr, "weft: WEFT_TRACE_GPU=%s: not cupti, events or off; timing with "
-                            "CUPTI\n", v);
+            fprintf(stderr, "weft: WEFT_TRACE_GPU=%s: not cupti, events or off; using cupti\n", v);
         atomic_store_explicit(&timing, t, memory_order_relaxed);
     }
     return (weft__gpu_timing)t;
