@@ -245,8 +245,7 @@ int weft_runtime_create(weft_runtime **out, const weft_config *given)
         rc = weft__fail(WEFT_ENOMEM, "weft_runtime_create: out of memory");
         goto fail_locks;
     }
-    weft__trace_after_start(rt->trace, prepare_device_timings, rt);
-    weft__trace_before_stop(rt->trace, report_device_timings, rt);
+    weft__trace_hooks(rt->trace, prepare_device_timings, report_device_timings, rt);
     if (weft__overflow_install() != 0) {
         rc = weft__fail(WEFT_ESYS, "weft_runtime_create: cannot install the overflow handler");
         goto fail_locks;

@@ -146,10 +146,8 @@ static cudaEvent_t newest_end(const weft__stream *s)
 void *weft__cuda_trace_begin(weft__stream *s, weft__op_kind kind)
 {
     uint64_t tag;
-    if (weft__cuda_use_device(s->dev) != WEFT_OK)
-        return NULL;
     weft__gpu_timing timing = weft__cuda_gpu_timing();
-    if (timing == WEFT__TIMING_OFF)
+    if (timing == WEFT__TIMING_OFF || weft__cuda_use_device(s->dev) != WEFT_OK)
         return NULL;
     /* host functions leave no record of their own: events time them */
     if (kind != WEFT__OP_HOST_FN && timing == WEFT__TIMING_CUPTI && weft__cupti_tag(&tag))

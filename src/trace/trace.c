@@ -94,10 +94,8 @@ struct weft__trace {
     pthread_cond_t writer_cv;
     bool writer_stop;
     struct weft__trace *next_open;
-    void (*after_start)(void *);
-    void *after_start_arg;
-    void (*before_stop)(void *);
-    void *before_stop_arg;
+    void (*after_start)(void *), (*before_stop)(void *); /* weft__trace_hooks */
+    void *hooks_arg;
 
     char device_names[MAX_DEVICES][32];
 };
@@ -658,19 +656,13 @@ void weft__trace_destroy(weft__trace *tr)
     free(tr);
 }
 
-void weft__trace_after_start(weft__trace *tr, void (*fn)(void *), void *arg)
+void weft__trace_hooks(weft__trace *tr, void (*after_start)(void *), void (*before_stop)(void *),
+                       void *arg)
 {
     pthread_mutex_lock(&tr->lock);
-    tr->after_start = fn;
-    tr->after_start_arg = arg;
-    pthread_mutex_unlock(&tr->lock);
-}
-
-void weft__trace_before_stop(weft__trace *tr, void (*fn)(void *), void *arg)
-{
-    pthread_mutex_lock(&tr->lock);
-    tr->before_stop = fn;
-    tr->before_stop_arg = arg;
+    tr->after_start = after_start;
+    tr->before_stop = before_stop;
+    tr->hooks_arg = arg;
     pthread_mutex_unlock(&tr->lock);
 }
 
@@ -735,7 +727,7 @@ out:
     pthread_mutex_unlock(&tr->lock);
     /* outside the lock, as before_stop */
     if (rc == WEFT_OK && tr->after_start)
-        tr->after_start(tr->after_start_arg);
+        tr->after_start(tr->hooks_arg);
     return rc;
 }
 
@@ -743,7 +735,7 @@ int weft__trace_stop(weft__trace *tr, const char *fn)
 {
     /* outside the lock: what it reports registers buffers under it */
     if (tr->before_stop && weft__trace_recording(tr))
-        tr->before_stop(tr->before_stop_arg);
+        tr->before_stop(tr->hooks_arg);
     pthread_mutex_lock(&tr->lock);
     if (!tr->out) {
         pthread_mutex_unlock(&tr->lock);

@@ -91,15 +91,14 @@ int weft__trace_start(weft__trace *tr, const char *path, const char *fn);
  * WEFT_ESTATE if none was open; WEFT_ESYS if writing failed. */
 int weft__trace_stop(weft__trace *tr, const char *fn);
 
-/* fn(arg) runs once each session of tr has started, before its start
- * returns: for devices that get ready to time operations (a profiling
- * library enabled then, not in the middle of the work it is to time). */
-void weft__trace_after_start(weft__trace *tr, void (*fn)(void *), void *arg);
-
-/* fn(arg) runs as each session of tr begins to stop, before anything is
- * closed: for devices whose operations' times arrive later (in records a
- * profiling library delivers), to report the rest. */
-void weft__trace_before_stop(weft__trace *tr, void (*fn)(void *), void *arg);
+/* For devices that time operations with a profiling library. Of each
+ * session of tr, after_start(arg) runs once it has started, before its
+ * start returns (the library enabled then, not in the middle of the work
+ * it is to time); before_stop(arg) runs as it begins to stop, before
+ * anything is closed (the times the library has yet to deliver reported).
+ * Either may be NULL. */
+void weft__trace_hooks(weft__trace *tr, void (*after_start)(void *), void (*before_stop)(void *),
+                       void *arg);
 
 /* Device i is called name ("GPU 0", "host") in the trace. */
 void weft__trace_name_device(weft__trace *tr, unsigned device, const char *name);

@@ -485,8 +485,7 @@ static void test_trace_start_and_stop_let_devices_prepare_and_report(void **stat
     trace_temp_path(path, sizeof path, "late");
     assert_int_equal(weft__trace_create(&tr), WEFT_OK);
     late l = {tr, 0, 0, 0};
-    weft__trace_after_start(tr, after_start, &l);
-    weft__trace_before_stop(tr, before_stop, &l);
+    weft__trace_hooks(tr, after_start, before_stop, &l);
     assert_int_equal(weft__trace_stop(tr, "test"), WEFT_ESTATE);
     assert_int_equal(l.stops, 0);
     assert_int_equal(weft__trace_start(tr, "", "test"), WEFT_EINVAL);
