@@ -518,8 +518,8 @@ def run(torch, lib, args):
                         time_variant(kern, v, fn,
                                      (2 * r * c + (0 if kern == "softmax" else 2 * c)) * es)
                 # the fused op: its held kernel with the inputs fixed or checked,
-                # at 8 and 32 values a thread, and rows of a warp split
-                for v in ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_split"):
+                # at 8 and 32 values a thread, and rows a warp holds unsplit
+                for v in ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_warp"):
                     if v == "lib":
                         fn = (lambda: lib.weft_bias_gelu_residual_layernorm(
                             s(), wd, 1, P(y.data_ptr()), None, P(x.data_ptr()), P(w.data_ptr()),
@@ -672,8 +672,8 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "copied ahead into a ring of 2 or 4 slots in shared memory, then held in "
                    "registers, `ring2_wide` that at twice the values a thread, `held` rows "
                    "loaded straight into registers, `held_narrow`/`held_wide` that "
-                   "under other plans, `held_split` rows a warp would hold at 32 values a "
-                   "thread spread over warps at 16, `*_checked` kernels that test at run time for "
+                   "under other plans, `held_warp` the fused op's rows of up to 32 values a "
+                   "thread in a warp (the library spreads them over warps at 16), `*_checked` kernels that test at run time for "
                    "what the library fixes at compile time on these rows (as rows of any "
                    "length take them), `*_online` softmax taking its max and sum in one "
                    "reduction, "

@@ -249,11 +249,12 @@ int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void
 }
 
 /* The fused op (erf GELU with its bias, the residual, weight and bias, no
- * sum written) in its held kernel, with those inputs fixed at compile time
- * (held, the library's) or tested at run time (held_checked), fixed at 8
- * and at 32 values a thread (held_narrow, held_wide), and with rows a warp
- * would hold at 32 values a thread (those of 1024 in half types) split
- * over warps at 16 (held_split: its registers at 32 cost occupancy). */
+ * sum written) in its held kernel under the library's plan, with those
+ * inputs fixed at compile time (held, the library's) or tested at run time
+ * (held_checked); fixed at 8 and at 32 values a thread (held_narrow,
+ * held_wide); and with rows of up to a warp's 32 values a thread held by
+ * one warp, not split over warps at 16 as the library does (held_warp:
+ * those of 1024). */
 template <typename T>
 int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const void *in,
                            const void *gelu_bias, const void *residual, const void *weight,
@@ -273,22 +274,22 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
     p.eps = 1e-5f;
     p.gelu = true;
     p.form = WEFT_GELU_ERF;
-    row_plan plan;
-    if (cols % V != 0 || !plan_held(cols, V, 16, &plan))
+    row_plan warp, plan;
+    if (cols % V != 0 || !plan_held(cols, V, 16, &warp))
         return WEFT_EINVAL;
+    plan = warp;
+    plan_held_split_warp_rows(&plan, V, 16);
     if (strcmp(variant, "held") == 0)
         return run_held("gelu_layernorm variant", s, plan, p,
                         norm_held_for<T, NORM_GELU_ERF_LAYER, IO>(plan.vpt));
     if (strcmp(variant, "held_checked") == 0)
         return run_held("gelu_layernorm variant", s, plan, p,
                         norm_held_for<T, NORM_GELU_ERF_LAYER, NORM_IO_CHECKED>(plan.vpt));
-    if (strcmp(variant, "held_split") == 0) {
-        row_plan split = plan;
-        plan_held_split_warp_rows(&split, V, 16);
-        if (split.tpr == plan.tpr)
+    if (strcmp(variant, "held_warp") == 0) {
+        if (warp.tpr == plan.tpr)
             return WEFT_EINVAL; /* nothing split: the same as held */
-        return run_held("gelu_layernorm variant", s, split, p,
-                        norm_held_for<T, NORM_GELU_ERF_LAYER, IO>(split.vpt));
+        return run_held("gelu_layernorm variant", s, warp, p,
+                        norm_held_for<T, NORM_GELU_ERF_LAYER, IO>(warp.vpt));
     }
     if (!held_variant_plan(variant, cols, V, 16, &plan))
         return WEFT_EINVAL;

@@ -250,8 +250,8 @@ static inline bool plan_held(size_t cols, int V, unsigned values, row_plan *p,
 
 /* A plan of a warp a row holding more than `values` a thread, made to hold
  * `values` with a block of as many warps a row: for kernels whose
- * registers at the larger count would cost occupancy (bench/ops/ times the
- * fused GELU+LayerNorm so, as held_split). */
+ * registers at the larger count would cost occupancy (the fused
+ * GELU+LayerNorm; bench/ops/ times it unsplit as held_warp). */
 static inline void plan_held_split_warp_rows(row_plan *p, int V, unsigned values)
 {
     if (p->tpr != 32)
