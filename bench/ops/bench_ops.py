@@ -109,6 +109,8 @@ def load_weft(path):
         "weft_bench_gelu_libm": [P, I, P, P, P, P, Z, Z],
         "weft_bench_gelu_pairs": [P, I, P, P, P, P, Z, Z],
         "weft_bench_gelu_grid8": [P, I, P, P, P, P, Z, Z],
+        "weft_bench_rope_variant": [P, I, ctypes.c_char_p, P, Z, P, Z, Z, Z, P,
+                                    ctypes.c_double],
     }
     for name, args in sig.items():
         fn = getattr(lib, name)
@@ -544,7 +546,37 @@ def run(torch, lib, args):
                             P(z.data_ptr()), r, c))):
                     time_variant("bias_gelu_residual (erf)", v, fn, (3 * r * c + c) * es,
                                  tag="gelu_erf", must_apply=True)
-                del x, y, z, w, b
+                # RoPE in place on x and z as Q and K (heads of 128, halves
+                # layout): the library's against its variants, bit for bit
+                hd, rope_lib = 128, None
+                pos = torch.randint(0, 32768, (r,), device="cuda", dtype=torch.int32)
+                q0 = x.clone()
+                for v in ("lib", "angles_each"):
+                    if v == "lib":
+                        fn = (lambda: lib.weft_rope(
+                            s(), wd, 1, P(x.data_ptr()), c // hd, c, P(z.data_ptr()), c // hd,
+                            c, r, hd, P(pos.data_ptr()), 10000.0))
+                    else:
+                        fn = (lambda v=v: lib.weft_bench_rope_variant(
+                            s(), wd, v.encode(), P(x.data_ptr()), c // hd, P(z.data_ptr()),
+                            c // hd, r, hd, P(pos.data_ptr()), 10000.0))
+                    x.copy_(q0)
+                    if fn() != 0:
+                        failures.append("variant rope %s: %s" %
+                                        (v, lib.weft_last_error().decode()))
+                        continue
+                    if v == "lib":
+                        rope_lib = x.clone()
+                    elif rope_lib is None or not torch.equal(x, rope_lib):
+                        failures.append("variant rope %s %s %dx%d: differs from the library"
+                                        % (v, dtype_name, r, c))
+                        continue
+                    t = time_per_call(torch, fn, reps)
+                    tbps = (4 * r * c * es + 4 * r) / t / 1e12
+                    emit("ops.variant.rope.%s.%s.%dx%d.tbps" % (v, dtype_name, r, c), tbps,
+                         "TB/s")
+                    variants_out.append(("rope", v, dtype_name, (r, c), tbps))
+                del x, y, z, w, b, q0, rope_lib
                 torch.cuda.empty_cache()
 
     # Small inputs: one kernel per call, against an empty kernel, both
@@ -673,14 +705,16 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "registers, `ring2_wide` that at twice the values a thread, `held` rows "
                    "loaded straight into registers, `held_narrow`/`held_wide` that "
                    "under other plans, `held_warp` the fused op's rows of up to 32 values a "
-                   "thread in a warp (the library spreads them over warps at 16), `*_checked` kernels that test at run time for "
+                   "thread in a warp (the library spreads them over warps at 16), "
+                   "`*_checked` kernels that test at run time for "
                    "what the library fixes at compile time on these rows (as rows of any "
                    "length take them), `*_online` softmax taking its max and sum in one "
                    "reduction, "
                    "`staged` rows in shared memory, `regs*` the register-tile row "
                    "kernels under other plans, `libm_erfc` GELU with libm's erfcf, `pairs` "
                    "GELU two chunks a step, `grid8` the library's GELU on its former grid of "
-                   "8 blocks an SM "
+                   "8 blocks an SM, `angles_each` RoPE with each work item computing its "
+                   "pairs' inverse frequencies (the library keeps them in a table a block) "
                    "(bench/ops/variants.cu says more):")
         out.append("")
         shapes = sorted({(dt, s) for _, _, dt, s, _ in variants_out},

@@ -27,7 +27,8 @@
  * library's activation, which is what the activation's own fit buys,
  * with two chunks a step (pairs), twice the loads in flight a thread, and
  * the library's kernel on its former grid of 8 blocks an SM (grid8: a
- * second, partial wave where fewer stay resident).
+ * second, partial wave where fewer stay resident), and RoPE computing each
+ * pair's inverse frequency in every work item (angles_each).
  *
  * Each entry point returns a weft status; WEFT_EINVAL means the variant
  * does not apply to that shape (the script leaves it out).
@@ -36,6 +37,7 @@
 
 #include "ops/gelu.cuh"
 #include "ops/norm.cuh"
+#include "ops/rope.cuh"
 #include "ops/softmax.cuh"
 
 namespace weft_ops
@@ -397,6 +399,33 @@ int gelu_grid8(cudaStream_t s, void *out, const void *in, const void *bias, cons
     return launched("gelu grid8 variant");
 }
 
+/* RoPE on aligned heads of the split-halves layout (the script's case)
+ * with each work item computing its pairs' inverse frequencies, as the
+ * library did before its table in shared memory (angles_each). */
+template <typename T>
+int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, void *k,
+                 size_t k_heads, size_t tokens, size_t head_dim, const int32_t *positions,
+                 double base)
+{
+    constexpr int V = vec16<T>();
+    rope_params<T> p = {};
+    p.q = (T *)q;
+    p.k = (T *)k;
+    p.q_heads = q_heads;
+    p.q_stride = q_heads * head_dim;
+    p.k_heads = k_heads;
+    p.k_stride = k_heads * head_dim;
+    p.tokens = tokens;
+    p.head_dim = head_dim;
+    p.positions = positions;
+    p.base = base;
+    p.halves = true;
+    if (strcmp(variant, "angles_each") != 0 || head_dim % (2 * V) != 0 || !aligned16(q) ||
+        !aligned16(k))
+        return WEFT_EINVAL;
+    return launch_rope_chunks<T, V, V, true, false>(s, p, head_dim / 2);
+}
+
 } // namespace
 } // namespace weft_ops
 
@@ -460,6 +489,16 @@ int weft_bench_gelu_libm(void *stream, int dtype, void *out, const void *in, con
 {
     return by_dtype((weft_dtype)dtype, [&](auto t) {
         return gelu_libm<decltype(t)>((cudaStream_t)stream, out, in, bias, res, rows, cols);
+    });
+}
+
+int weft_bench_rope_variant(void *stream, int dtype, const char *variant, void *q, size_t q_heads,
+                            void *k, size_t k_heads, size_t tokens, size_t head_dim,
+                            const int32_t *positions, double base)
+{
+    return by_dtype((weft_dtype)dtype, [&](auto t) {
+        return rope_variant<decltype(t)>((cudaStream_t)stream, variant, q, q_heads, k, k_heads,
+                                         tokens, head_dim, positions, base);
     });
 }
 }

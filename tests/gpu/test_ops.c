@@ -681,6 +681,8 @@ static void test_rope_matches_host(void **state)
         {1, 1, 0, 2, 0, 0, 0},     {5, 3, 1, 64, 0, 0, 0},  {17, 4, 2, 128, 8, 24, 0},
         {3, 2, 2, 6, 2, 0, 0},     {7, 2, 1, 128, 0, 0, 1}, {300, 8, 8, 128, 0, 0, 0},
         {2048, 4, 1, 64, 0, 0, 0}, {9, 5, 3, 80, 16, 0, 0},
+        /* the last head whose inverse frequencies fit the table, and one past it */
+        {3, 2, 1, 1024, 0, 0, 0},  {3, 2, 1, 1040, 8, 0, 0},
     };
     for (int d = 0; d < 3; d++)
         for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
