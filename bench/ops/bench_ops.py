@@ -106,7 +106,7 @@ def load_weft(path):
         "weft_bench_softmax_variant": [P, I, ctypes.c_char_p, P, P, Z, Z],
         "weft_bench_layernorm_variant": [P, I, ctypes.c_char_p, P, P, P, P, Z, Z],
         "weft_bench_gelu_layernorm_variant": [P, I, ctypes.c_char_p, P, P, P, P, P, P, Z, Z],
-        "weft_bench_gelu_libm": [P, I, P, P, P, P, Z, Z],
+        "weft_bench_gelu_walk": [P, I, ctypes.c_char_p, P, P, P, P, Z, Z],
         "weft_bench_gelu_pairs": [P, I, P, P, P, P, Z, Z],
         "weft_bench_gelu_grid8": [P, I, P, P, P, P, Z, Z],
         "weft_bench_rope_variant": [P, I, ctypes.c_char_p, P, Z, P, Z, Z, Z, P,
@@ -535,9 +535,15 @@ def run(torch, lib, args):
                 for v, fn in (("lib", lambda: lib.weft_bias_gelu_residual(
                         s(), wd, 1, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
                         P(z.data_ptr()), r, c, c)),
-                        ("libm_erfc", lambda: lib.weft_bench_gelu_libm(
-                            s(), wd, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
-                            P(z.data_ptr()), r, c)),
+                        ("libm_erfc", lambda: lib.weft_bench_gelu_walk(
+                            s(), wd, b"libm_erfc", P(y.data_ptr()), P(x.data_ptr()),
+                            P(w.data_ptr()), P(z.data_ptr()), r, c)),
+                        ("fit7", lambda: lib.weft_bench_gelu_walk(
+                            s(), wd, b"fit7", P(y.data_ptr()), P(x.data_ptr()),
+                            P(w.data_ptr()), P(z.data_ptr()), r, c)),
+                        ("fit5", lambda: lib.weft_bench_gelu_walk(
+                            s(), wd, b"fit5", P(y.data_ptr()), P(x.data_ptr()),
+                            P(w.data_ptr()), P(z.data_ptr()), r, c)),
                         ("pairs", lambda: lib.weft_bench_gelu_pairs(
                             s(), wd, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
                             P(z.data_ptr()), r, c)),
@@ -551,7 +557,7 @@ def run(torch, lib, args):
                 hd, rope_lib = 128, None
                 pos = torch.randint(0, 32768, (r,), device="cuda", dtype=torch.int32)
                 q0 = x.clone()
-                for v in ("lib", "angles_each"):
+                for v in ("lib", "angles_each", "bounds4", "slices2"):
                     if v == "lib":
                         fn = (lambda: lib.weft_rope(
                             s(), wd, 1, P(x.data_ptr()), c // hd, c, P(z.data_ptr()), c // hd,
@@ -711,10 +717,13 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "length take them), `*_online` softmax taking its max and sum in one "
                    "reduction, "
                    "`staged` rows in shared memory, `regs*` the register-tile row "
-                   "kernels under other plans, `libm_erfc` GELU with libm's erfcf, `pairs` "
+                   "kernels under other plans, `libm_erfc` GELU with libm's erfcf, `fit7`/`fit5` "
+                   "the erf form's fits of degree 7 and 5 (the library's in fp32 and in half "
+                   "types) in the same plain walk, `pairs` "
                    "GELU two chunks a step, `grid8` the library's GELU on its former grid of "
                    "8 blocks an SM, `angles_each` RoPE with each work item computing its "
-                   "pairs' inverse frequencies (the library keeps them in a table a block) "
+                   "pairs' inverse frequencies (the library keeps them in a table a block), "
+                   "`bounds4` that at 4 blocks an SM, `slices2` at twice the slices of heads "
                    "(bench/ops/variants.cu says more):")
         out.append("")
         shapes = sorted({(dt, s) for _, _, dt, s, _ in variants_out},

@@ -23,9 +23,10 @@
  *   regs_flat    a row spread over one block that loops over its tiles
  *                instead of a cluster (the later passes re-read from L2)
  * the fused bias+GELU+residual+LayerNorm held with its inputs fixed or
- * checked, and bias+GELU+residual runs with libm's erfcf in place of the
- * library's activation, which is what the activation's own fit buys,
- * with two chunks a step (pairs), twice the loads in flight a thread, and
+ * checked, and bias+GELU+residual in a plain walk with libm's erfcf in
+ * place of the library's activation, which is what the activation's own
+ * fit buys, and with the erf fits of degree 7 and 5 (fit7, fit5), which is
+ * what the half types' shorter one buys; with two chunks a step (pairs), twice the loads in flight a thread, and
  * the library's kernel on its former grid of 8 blocks an SM (grid8: a
  * second, partial wave where fewer stay resident), and RoPE computing each
  * pair's inverse frequency in every work item (angles_each).
@@ -299,9 +300,13 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
                     norm_held_for<T, NORM_GELU_ERF_LAYER, IO>(plan.vpt));
 }
 
-/* bias + GELU (libm's erfcf) + residual, otherwise as gelu.cu. */
-template <typename T, int V>
-__global__ void gelu_libm_kernel(T *out, const T *in, const T *bias, const T *res, size_t rows,
+/* bias + GELU + residual in a plain grid-stride walk, the GELU libm's
+ * erfcf (libm_erfc) or the erf form's fits of degree 7 and 5 (fit7, fit5:
+ * the library's for fp32 and for half types). */
+enum gelu_variant { GELU_LIBM, GELU_FIT7, GELU_FIT5 };
+
+template <typename T, int V, gelu_variant G>
+__global__ void gelu_walk_kernel(T *out, const T *in, const T *bias, const T *res, size_t rows,
                                  size_t cols)
 {
     for (chunk_walk w(rows, cols / V); w.more(); w.next()) {
@@ -313,23 +318,28 @@ __global__ void gelu_libm_kernel(T *out, const T *in, const T *bias, const T *re
 #pragma unroll
         for (int k = 0; k < V; k++) {
             float x = h[k] + b[k];
-            h[k] = 0.5f * x * erfcf(-x * 0.70710678118654752f) + r[k];
+            if (G == GELU_LIBM)
+                h[k] = 0.5f * x * erfcf(-x * 0.70710678118654752f) + r[k];
+            else
+                h[k] = gelu_erf_fit<G == GELU_FIT5>(x) + r[k];
         }
         store_vec<T, V>(out + i, h);
     }
 }
 
 template <typename T>
-int gelu_libm(cudaStream_t s, void *out, const void *in, const void *bias, const void *res,
-              size_t rows, size_t cols)
+int gelu_walk(cudaStream_t s, const char *variant, void *out, const void *in, const void *bias,
+              const void *res, size_t rows, size_t cols)
 {
     constexpr int V = vec16<T>();
     if (cols % V != 0)
         return WEFT_EINVAL;
-    auto kernel = gelu_libm_kernel<T, V>;
+    auto kernel = strcmp(variant, "fit7") == 0   ? gelu_walk_kernel<T, V, GELU_FIT7>
+                  : strcmp(variant, "fit5") == 0 ? gelu_walk_kernel<T, V, GELU_FIT5>
+                                                 : gelu_walk_kernel<T, V, GELU_LIBM>;
     kernel<<<grid_for(kernel, rows * cols / V, 256), 256, 0, s>>>(
         (T *)out, (const T *)in, (const T *)bias, (const T *)res, rows, cols);
-    return launched("gelu libm variant");
+    return launched("gelu walk variant");
 }
 
 /* bias + GELU (erf, the library's) + residual taking two chunks a step:
@@ -359,7 +369,7 @@ __global__ void __launch_bounds__(256)
                 break;
 #pragma unroll
             for (int k = 0; k < V; k++)
-                h[c][k] = gelu(WEFT_GELU_ERF, h[c][k] + b[c][k]) + r[c][k];
+                h[c][k] = gelu<T>(WEFT_GELU_ERF, h[c][k] + b[c][k]) + r[c][k];
             store_vec<T, V>(out + (c == 0 ? w.at : w2.at), h[c]);
         }
         w = w2;
@@ -401,7 +411,9 @@ int gelu_grid8(cudaStream_t s, void *out, const void *in, const void *bias, cons
 
 /* RoPE on aligned heads of the split-halves layout (the script's case)
  * with each work item computing its pairs' inverse frequencies, as the
- * library did before its table in shared memory (angles_each). */
+ * library did before its table in shared memory (angles_each), at 4
+ * blocks an SM, not 3 (bounds4: the compiler spills), and with twice the
+ * slices of heads (slices2: smaller work items, more of them). */
 template <typename T>
 int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, void *k,
                  size_t k_heads, size_t tokens, size_t head_dim, const int32_t *positions,
@@ -420,10 +432,16 @@ int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, v
     p.positions = positions;
     p.base = base;
     p.halves = true;
-    if (strcmp(variant, "angles_each") != 0 || head_dim % (2 * V) != 0 || !aligned16(q) ||
-        !aligned16(k))
+    if (head_dim % (2 * V) != 0 || !aligned16(q) || !aligned16(k))
         return WEFT_EINVAL;
-    return launch_rope_chunks<T, V, V, true, false>(s, p, head_dim / 2);
+    size_t pairs = head_dim / 2;
+    if (strcmp(variant, "angles_each") == 0)
+        return launch_rope_chunks<T, V, V, true, false>(s, p, pairs);
+    if (strcmp(variant, "bounds4") == 0)
+        return launch_rope_chunks<T, V, V, true, true, 4>(s, p, pairs);
+    if (strcmp(variant, "slices2") == 0)
+        return launch_rope_chunks<T, V, V, true, true>(s, p, pairs, 2);
+    return WEFT_EINVAL;
 }
 
 } // namespace
@@ -484,11 +502,12 @@ int weft_bench_gelu_grid8(void *stream, int dtype, void *out, const void *in, co
     });
 }
 
-int weft_bench_gelu_libm(void *stream, int dtype, void *out, const void *in, const void *bias,
-                         const void *res, size_t rows, size_t cols)
+int weft_bench_gelu_walk(void *stream, int dtype, const char *variant, void *out, const void *in,
+                         const void *bias, const void *res, size_t rows, size_t cols)
 {
     return by_dtype((weft_dtype)dtype, [&](auto t) {
-        return gelu_libm<decltype(t)>((cudaStream_t)stream, out, in, bias, res, rows, cols);
+        return gelu_walk<decltype(t)>((cudaStream_t)stream, variant, out, in, bias, res, rows,
+                                      cols);
     });
 }
 

@@ -30,7 +30,7 @@ __device__ __forceinline__ void gelu_chunks(const gelu_params<T> &p)
             load_vec<T, V>(r, p.residual + w.at);
 #pragma unroll
         for (int k = 0; k < V; k++) {
-            float y = gelu(FORM, BIAS ? h[k] + b[k] : h[k]);
+            float y = gelu<T>(FORM, BIAS ? h[k] + b[k] : h[k]);
             h[k] = RESIDUAL ? y + r[k] : y;
         }
         store_vec<T, V>(p.out + w.at, h);
@@ -49,7 +49,7 @@ __device__ void gelu_row_ends(const gelu_params<T> &p, int v)
             float h = to_f32(p.in[e]);
             if (p.bias)
                 h += to_f32(p.bias[j]);
-            float y = gelu(FORM, h);
+            float y = gelu<T>(FORM, h);
             if (p.residual)
                 y += to_f32(p.residual[e]);
             p.out[e] = from_f32<T>(y);

@@ -25,11 +25,12 @@ template <typename T> struct glu_params {
     size_t rows, cols, in_stride, out_stride;
 };
 
-template <weft_glu_kind KIND> __device__ __forceinline__ float activate(float a)
+/* The activation of a, for results of type T. */
+template <typename T, weft_glu_kind KIND> __device__ __forceinline__ float activate(float a)
 {
     switch (KIND) {
     case WEFT_GLU_GEGLU:
-        return gelu_erf(a);
+        return gelu_erf<T>(a);
     case WEFT_GLU_GEGLU_TANH:
         return gelu_tanh(a);
     default:
@@ -48,7 +49,7 @@ __global__ void __launch_bounds__(256) glu_kernel(glu_params<T> p)
         load_vec<T, V>(y, up + w.at2);
 #pragma unroll
         for (int k = 0; k < V; k++)
-            x[k] = activate<KIND>(x[k]) * y[k];
+            x[k] = activate<T, KIND>(x[k]) * y[k];
         store_vec<T, V>(p.out + w.at, x);
     }
 }

@@ -45,7 +45,7 @@ template <typename T>
 __device__ __forceinline__ float form_sum(const norm_params<T> &p, float h, float r, float g)
 {
     if (p.gelu) {
-        float y = gelu(p.form, p.gelu_bias ? h + g : h);
+        float y = gelu<T>(p.form, p.gelu_bias ? h + g : h);
         return round_to<T>(p.residual ? y + r : y);
     }
     return p.residual ? round_to<T>(h + r) : h;
@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(512)
 #pragma unroll
         for (int e = 0; e < V; e++) {
             if (GELU)
-                h[e] = gelu(p.form, p.gelu_bias ? h[e] + g[e] : h[e]);
+                h[e] = gelu<T>(p.form, p.gelu_bias ? h[e] + g[e] : h[e]);
             if (GELU || res_g)
                 h[e] = round_to<T>(res_g ? h[e] + r[e] : h[e]);
             if (e < m)
@@ -427,7 +427,7 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
             for (int e = 0; e < V; e++) {
                 float h = x[k][e];
                 if (GELU)
-                    h = gelu(FORM, has_gb ? h + g[e] : h);
+                    h = gelu<T>(FORM, has_gb ? h + g[e] : h);
                 /* the host's rounding of the add: never fused into GELU's
                  * last multiply */
                 x[k][e] = round_to<T>(has_res ? __fadd_rn(h, r[e]) : h);

@@ -131,9 +131,10 @@ enum : unsigned { ROPE_TABLE_PAIRS = 512 };
  * ROPE_TABLE_PAIRS), each pow computed once a block instead of once a work
  * item, the same bits. Two heads a step, both loaded before either is
  * stored, so that each thread has two heads' loads in flight (the compiler
- * cannot move a load above a store that might alias it). */
-template <typename T, int V, int CP, bool HALVES, bool TABLE>
-__global__ void __launch_bounds__(256, 3) rope_kernel(rope_params<T> p)
+ * cannot move a load above a store that might alias it). MIN_BLOCKS a
+ * multiprocessor, as __launch_bounds__ takes it. */
+template <typename T, int V, int CP, bool HALVES, bool TABLE, int MIN_BLOCKS = 3>
+__global__ void __launch_bounds__(256, MIN_BLOCKS) rope_kernel(rope_params<T> p)
 {
     const size_t half = p.head_dim / 2, all = p.q_heads + p.k_heads;
     __shared__ double table[TABLE ? ROPE_TABLE_PAIRS : 1];
@@ -172,10 +173,10 @@ __global__ void __launch_bounds__(256, 3) rope_kernel(rope_params<T> p)
     }
 }
 
-/* The launch of rope_kernel<T, V, CP, HALVES, TABLE> over p's tokens, in
- * chunks of CP of a head's `pairs`. */
-template <typename T, int V, int CP, bool HALVES, bool TABLE>
-int launch_rope_chunks(cudaStream_t stream, rope_params<T> p, size_t pairs)
+/* The launch of rope_kernel<T, V, CP, HALVES, TABLE, ...> over p's tokens,
+ * in chunks of CP of a head's `pairs`, with `spread` times the slices. */
+template <typename T, int V, int CP, bool HALVES, bool TABLE, int MIN_BLOCKS = 3>
+int launch_rope_chunks(cudaStream_t stream, rope_params<T> p, size_t pairs, size_t spread = 1)
 {
     const unsigned threads = 256;
     size_t all = p.q_heads + p.k_heads;
@@ -183,12 +184,12 @@ int launch_rope_chunks(cudaStream_t stream, rope_params<T> p, size_t pairs)
     /* Enough items for every SM's threads, each slice as many heads as
      * that allows: the angles are computed once per slice. */
     size_t items = p.tokens * p.chunks, want = (size_t)sm_count() * 2048;
-    p.slices = items >= want ? 1 : (want + items - 1) / items;
+    p.slices = spread * (items >= want ? 1 : (want + items - 1) / items);
     if (p.slices > all)
         p.slices = all;
     p.heads_per_slice = (all + p.slices - 1) / p.slices;
     p.slices = (all + p.heads_per_slice - 1) / p.heads_per_slice;
-    auto kernel = rope_kernel<T, V, CP, HALVES, TABLE>;
+    auto kernel = rope_kernel<T, V, CP, HALVES, TABLE, MIN_BLOCKS>;
     kernel<<<grid_for(kernel, p.tokens * p.slices * p.chunks, threads), threads, 0, stream>>>(p);
     return launched("weft_rope");
 }
