@@ -158,8 +158,9 @@ static inline bool aligned16(const void *p)
  * result by ~x^2 of an ulp in the tails. The forms below stay well inside
  * that: 1.5e-6 relative for |x| <= 3, 2e-7 x^2 beyond (at most 1/20 of
  * the bound), and for results in half types within 3e-5 relative (their
- * bound is a unit in the last place, 1e-3 for fp16); results whose exponent falls below fp32's normal range are
- * flushed to zero, i.e. off by less than 1e-37.
+ * bound is a unit in the last place, 1e-3 for fp16); results whose
+ * exponent falls below fp32's normal range are flushed to zero, i.e. off
+ * by less than 1e-37.
  */
 
 /* 2^x and 1/x, subnormal results flushed to zero. */
