@@ -62,6 +62,9 @@ def parse_args():
                     help="fewer repetitions; the section is marked as not figures to quote")
     ap.add_argument("--no-append", action="store_true", help="leave RESULTS.md alone")
     ap.add_argument("--results", default=os.path.join(ROOT, "bench", "RESULTS.md"))
+    ap.add_argument("--check-symbols", action="store_true",
+                    help="only check that the library defines every entry point called "
+                    "here (needs no GPU or PyTorch)")
     return ap.parse_args()
 
 
@@ -91,10 +94,10 @@ class SoftmaxOpts(ctypes.Structure):
                 ("offset", ctypes.c_uint64)]
 
 
-def load_weft(path):
-    lib = ctypes.CDLL(path)
+def signatures():
+    """weft's entry points that the script calls, with their argument types."""
     P, Z, I, F = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_float
-    sig = {
+    return {
         "weft_bias_gelu_residual": [P, I, I, P, P, P, P, Z, Z, Z],
         "weft_layernorm": [P, I, P, P, P, P, P, P, F, Z, Z, Z],
         "weft_rmsnorm": [P, I, P, P, P, P, P, F, Z, Z, Z],
@@ -112,7 +115,26 @@ def load_weft(path):
         "weft_bench_rope_variant": [P, I, ctypes.c_char_p, P, Z, P, Z, Z, Z, P,
                                     ctypes.c_double],
     }
-    for name, args in sig.items():
+
+
+def check_symbols(path):
+    """Whether the library defines every entry point the script calls: read
+    from its dynamic symbols (nm), so that it runs without a GPU or PyTorch."""
+    try:
+        out = subprocess.run(["nm", "-D", "--defined-only", path], check=True,
+                             capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        die("cannot list the symbols of %s: %s" % (path, e))
+    defined = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    missing = sorted((set(signatures()) | {"weft_last_error"}) - defined)
+    if missing:
+        die("%s lacks %s" % (path, ", ".join(missing)))
+    print("bench_ops: %s defines all %d entry points" % (path, len(signatures()) + 1))
+
+
+def load_weft(path):
+    lib = ctypes.CDLL(path)
+    for name, args in signatures().items():
         fn = getattr(lib, name)
         fn.argtypes = args
         fn.restype = ctypes.c_int
@@ -358,6 +380,8 @@ def compare(got, want, dtype_name):
 
 def main():
     args = parse_args()
+    if args.check_symbols:
+        return check_symbols(args.lib)
     lib_path = preload_self(args.lib)
     try:
         import torch
