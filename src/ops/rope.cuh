@@ -1,7 +1,7 @@
 /*
  * rope.cuh - the RoPE kernel and its launch, apart from the launcher
  * (rope.cu), which says what it computes and why, so that bench/ops/ can
- * time it with its inverse frequencies computed for each work item.
+ * time other forms and launches of it side by side.
  */
 #ifndef WEFT_OPS_ROPE_CUH
 #define WEFT_OPS_ROPE_CUH
