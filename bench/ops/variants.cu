@@ -23,13 +23,16 @@
  *   regs_flat    a row spread over one block that loops over its tiles
  *                instead of a cluster (the later passes re-read from L2)
  * the fused bias+GELU+residual+LayerNorm held with its inputs fixed or
- * checked, and bias+GELU+residual in a plain walk with libm's erfcf in
- * place of the library's activation, which is what the activation's own
- * fit buys, and with the erf fits of degree 7 and 5 (fit7, fit5), which is
- * what the half types' shorter one buys; with two chunks a step (pairs), twice the loads in flight a thread, and
- * the library's kernel on its former grid of 8 blocks an SM (grid8: a
- * second, partial wave where fewer stay resident), and RoPE computing each
- * pair's inverse frequency in every work item (angles_each).
+ * checked, and with rows of 1024 in one warp (held_warp);
+ * bias+GELU+residual in a plain walk with libm's erfcf in place of the
+ * library's activation, which is what the activation's own fit buys, and
+ * with the erf fits of degree 7 and 5 (fit7, fit5), which is what the
+ * half types' shorter one buys; with two chunks a step (pairs), twice the
+ * loads in flight a thread, and the library's kernel on its former grid of
+ * 8 blocks an SM (grid8: a second, partial wave where fewer stay
+ * resident); and RoPE computing each pair's inverse frequency in every
+ * work item (angles_each), at 4 blocks an SM (bounds4) and with twice the
+ * slices of heads (slices2).
  *
  * Each entry point returns a weft status; WEFT_EINVAL means the variant
  * does not apply to that shape (the script leaves it out).
