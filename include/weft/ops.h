@@ -17,7 +17,8 @@
  *    stream returns WEFT_EINVAL ("<op>: built without CUDA") after the
  *    other arguments are checked. With a stream every pointer (RoPE's
  *    positions too) is memory the GPU can read or write; with NULL,
- *    memory the host can.
+ *    memory the host can. WEFT_TASK_STREAM (below) is the calling task's
+ *    own stream, on either backend.
  *  - The kernels compute what the host reference computes, in the same
  *    order where the order matters (the scale before the exponent); they
  *    differ only in the order of long sums (tree reductions) and in fp32
@@ -26,10 +27,10 @@
  *    2e-7 x^2 beyond (their exp's argument is rounded to fp32 on both
  *    sides, which moves them by that much in the tails); for bf16 and fp16
  *    results the erf GELU is a shorter fit, within 3e-5, a thirtieth of
- *    fp16's unit in the last place. So fp32 results
- *    agree to ~1e-6 relative, and bf16/fp16 results to their rounding (one
- *    unit in the last place where the fp32 values straddle a rounding
- *    boundary). Dropout masks agree bit for bit.
+ *    fp16's unit in the last place. So fp32 results agree to ~1e-6
+ *    relative, and bf16/fp16 results to their rounding (one unit in the
+ *    last place where the fp32 values straddle a rounding boundary).
+ *    Dropout masks agree bit for bit.
  *  - Tensors are batches of rows. Row r of a tensor starts stride elements
  *    (not bytes) after row r-1; stride >= the row length. Any row length
  *    >= 1 and any number of rows >= 1 is accepted.
@@ -58,6 +59,15 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The stream argument that means the calling task's own stream: the op
+ * joins the task's other work in order (weft_memcpy_async, weft_launch, ...)
+ * and weft_await covers it. On a GPU its kernel goes on the stream the task
+ * leases (as weft_stream gives it); on the host backend the host reference
+ * runs as a host function in stream order (as weft_host_async), on the
+ * arguments as they were at the call. So one task's code runs on either
+ * backend. Task only: WEFT_ENOTASK elsewhere. */
+#define WEFT_TASK_STREAM ((void *)(intptr_t)-1)
 
 typedef enum weft_dtype {
     WEFT_DTYPE_F32 = 0,  /* IEEE binary32 */

@@ -1,6 +1,7 @@
 /*
- * common.c - what every operator family uses: argument checks and the
- * Philox4x32-10 generator behind dropout.
+ * common.c - what every operator family uses: argument checks, the
+ * calling task's stream (WEFT_TASK_STREAM), and the Philox4x32-10 generator
+ * behind dropout.
  *
  * The checks run before an op reads or writes anything, so a call either
  * fails with WEFT_EINVAL and a message naming the op and the argument, or
@@ -8,6 +9,10 @@
  * pure function of (seed, offset, e), so the forward pass, a backward pass
  * and a kernel with any thread layout all agree without storing a mask.
  */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "core/error.h"
 #include "ops/ops_internal.h"
 
@@ -93,9 +98,46 @@ int weft__check_stream(const char *op, void *stream)
 #ifdef WEFT_HAVE_CUDA
     (void)op, (void)stream;
 #else
-    if (stream != NULL)
+    if (stream != NULL && stream != WEFT_TASK_STREAM)
         return weft__fail(WEFT_EINVAL, "%s: built without CUDA: a stream needs the GPU kernels",
                           op);
 #endif
     return WEFT_OK;
+}
+
+/* A host reference call waiting in a stream, with its own copy of the
+ * arguments. */
+typedef struct host_call {
+    void (*host)(const void *args);
+    max_align_t args[];
+} host_call;
+
+static void run_host_call(void *arg)
+{
+    host_call *c = arg;
+    c->host(c->args);
+    free(c);
+}
+
+int weft__task_stream_op(const char *op, void **stream, void (*host)(const void *args),
+                         const void *args, size_t size)
+{
+    int rc = weft_stream(stream);
+    if (rc == WEFT_ENOTASK)
+        return weft__fail(rc, "%s: WEFT_TASK_STREAM outside a task", op);
+    if (rc != WEFT_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", weft_last_error());
+        return weft__fail(rc, "%s: the task's stream: %s", op, why);
+    }
+    if (*stream)
+        return WEFT__ON_STREAM;
+    host_call *c = malloc(sizeof *c + size);
+    if (!c)
+        return weft__fail(WEFT_ENOMEM, "%s: out of memory", op);
+    c->host = host;
+    memcpy(c->args, args, size);
+    if ((rc = weft_host_async(run_host_call, c)) != WEFT_OK)
+        free(c);
+    return rc;
 }

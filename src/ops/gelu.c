@@ -32,6 +32,12 @@ static void host_bias_gelu_residual(const weft__gelu_args *a)
     }
 }
 
+/* The host reference, as a host function in a task's stream order. */
+static void run_host(const void *args)
+{
+    host_bias_gelu_residual(args);
+}
+
 int weft_bias_gelu_residual(void *stream, weft_dtype dtype, weft_gelu_form form, void *out,
                             const void *in, const void *bias, const void *residual, size_t rows,
                             size_t cols, size_t stride)
@@ -49,6 +55,9 @@ int weft_bias_gelu_residual(void *stream, weft_dtype dtype, weft_gelu_form form,
         (rc = weft__check_ptr(OP, "bias", bias, 1, dtype)) != WEFT_OK ||
         (rc = weft__check_ptr(OP, "residual", residual, 1, dtype)) != WEFT_OK ||
         (rc = weft__check_stream(OP, stream)) != WEFT_OK)
+        return rc;
+    if (stream == WEFT_TASK_STREAM &&
+        (rc = weft__task_stream_op(OP, &stream, run_host, &a, sizeof a)) != WEFT__ON_STREAM)
         return rc;
 #ifdef WEFT_HAVE_CUDA
     if (stream)

@@ -37,6 +37,12 @@ static void host_glu(const weft__glu_args *g)
     }
 }
 
+/* The host reference, as a host function in a task's stream order. */
+static void run_host(const void *args)
+{
+    host_glu(args);
+}
+
 int weft_glu(void *stream, weft_dtype dtype, weft_glu_kind kind, void *out, const void *in,
              size_t rows, size_t cols, size_t in_stride, size_t out_stride)
 {
@@ -54,6 +60,9 @@ int weft_glu(void *stream, weft_dtype dtype, weft_glu_kind kind, void *out, cons
         (rc = weft__check_ptr(OP, "out", out, 0, dtype)) != WEFT_OK ||
         (rc = weft__check_ptr(OP, "in", in, 0, dtype)) != WEFT_OK ||
         (rc = weft__check_stream(OP, stream)) != WEFT_OK)
+        return rc;
+    if (stream == WEFT_TASK_STREAM &&
+        (rc = weft__task_stream_op(OP, &stream, run_host, &g, sizeof g)) != WEFT__ON_STREAM)
         return rc;
 #ifdef WEFT_HAVE_CUDA
     if (stream)

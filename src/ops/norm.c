@@ -133,21 +133,32 @@ static int check(const char *op, void *stream, const norm_args *a)
     return WEFT_OK;
 }
 
-/* Checks, then runs on the stream or, without one, on the host. */
+/* The host reference of the call args describes. */
+static void run_host(const void *args)
+{
+    const norm_args *a = args;
+    if (a->rms)
+        host_rmsnorm(a);
+    else
+        host_layernorm(a);
+}
+
+/* Checks, then runs on the stream (the task's, for WEFT_TASK_STREAM) or,
+ * without one, on the host. */
 static int run(const char *op, void *stream, const norm_args *a)
 {
     int rc = check(op, stream, a);
 
     if (rc != WEFT_OK)
         return rc;
+    if (stream == WEFT_TASK_STREAM &&
+        (rc = weft__task_stream_op(op, &stream, run_host, a, sizeof *a)) != WEFT__ON_STREAM)
+        return rc;
 #ifdef WEFT_HAVE_CUDA
     if (stream)
         return weft__norm_cuda(stream, op, a);
 #endif
-    if (a->rms)
-        host_rmsnorm(a);
-    else
-        host_layernorm(a);
+    run_host(a);
     return WEFT_OK;
 }
 

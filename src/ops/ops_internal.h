@@ -189,9 +189,18 @@ int weft__check_rows(const char *op, const char *what, size_t rows, size_t cols,
 /* p non-NULL (unless optional) and aligned to the element size. */
 int weft__check_ptr(const char *op, const char *name, const void *p, int optional,
                     weft_dtype dtype);
-/* WEFT_OK when stream is NULL or the library has its kernels; without CUDA
- * a stream is refused ("built without CUDA"). */
+/* WEFT_OK when stream is NULL or WEFT_TASK_STREAM, or the library has its
+ * kernels; without CUDA a stream is refused ("built without CUDA"). */
 int weft__check_stream(const char *op, void *stream);
+
+/* WEFT_TASK_STREAM for op, once its arguments are checked: with a CUDA
+ * stream leased by the calling task, that stream in *stream and
+ * WEFT__ON_STREAM (the caller launches on it); on the host backend,
+ * host(args) enqueued in the task's stream order (args, size bytes, are
+ * copied) and WEFT_OK; outside a task WEFT_ENOTASK. */
+enum { WEFT__ON_STREAM = 1 };
+int weft__task_stream_op(const char *op, void **stream, void (*host)(const void *args),
+                         const void *args, size_t size);
 
 /* Sums of many fp32 terms: terms go into blocks of WEFT__SUM_BLOCK, block
  * sums into a total, which keeps the rounding error near that of a tree

@@ -51,6 +51,12 @@ static void host_rope(const weft__rope_args *a)
     }
 }
 
+/* The host reference, as a host function in a task's stream order. */
+static void run_host(const void *args)
+{
+    host_rope(args);
+}
+
 int weft_rope(void *stream, weft_dtype dtype, weft_rope_layout layout, void *q, size_t q_heads,
               size_t q_stride, void *k, size_t k_heads, size_t k_stride, size_t tokens,
               size_t head_dim, const int32_t *positions, float base)
@@ -102,6 +108,9 @@ int weft_rope(void *stream, weft_dtype dtype, weft_rope_layout layout, void *q, 
                          .head_dim = head_dim,
                          .positions = positions,
                          .base = base};
+    if (stream == WEFT_TASK_STREAM &&
+        (rc = weft__task_stream_op(OP, &stream, run_host, &a, sizeof a)) != WEFT__ON_STREAM)
+        return rc;
 #ifdef WEFT_HAVE_CUDA
     if (stream)
         return weft__rope_cuda(stream, &a);

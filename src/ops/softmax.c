@@ -59,6 +59,12 @@ static void host_softmax(const weft__softmax_args *a)
     }
 }
 
+/* The host reference, as a host function in a task's stream order. */
+static void run_host(const void *args)
+{
+    host_softmax(args);
+}
+
 int weft_softmax(void *stream, weft_dtype dtype, void *out, const void *in, size_t rows,
                  size_t cols, size_t stride, const weft_softmax_opts *opts)
 {
@@ -85,6 +91,9 @@ int weft_softmax(void *stream, weft_dtype dtype, void *out, const void *in, size
     if ((rc = weft__check_ptr(OP, "out", out, 0, dtype)) != WEFT_OK ||
         (rc = weft__check_ptr(OP, "in", in, 0, dtype)) != WEFT_OK ||
         (rc = weft__check_stream(OP, stream)) != WEFT_OK)
+        return rc;
+    if (stream == WEFT_TASK_STREAM &&
+        (rc = weft__task_stream_op(OP, &stream, run_host, &a, sizeof a)) != WEFT__ON_STREAM)
         return rc;
 #ifdef WEFT_HAVE_CUDA
     if (stream)

@@ -678,11 +678,17 @@ static void test_rope_matches_host(void **state)
 {
     (void)state;
     static const rope_case cases[] = {
-        {1, 1, 0, 2, 0, 0, 0},     {5, 3, 1, 64, 0, 0, 0},  {17, 4, 2, 128, 8, 24, 0},
-        {3, 2, 2, 6, 2, 0, 0},     {7, 2, 1, 128, 0, 0, 1}, {300, 8, 8, 128, 0, 0, 0},
-        {2048, 4, 1, 64, 0, 0, 0}, {9, 5, 3, 80, 16, 0, 0},
+        {1, 1, 0, 2, 0, 0, 0},
+        {5, 3, 1, 64, 0, 0, 0},
+        {17, 4, 2, 128, 8, 24, 0},
+        {3, 2, 2, 6, 2, 0, 0},
+        {7, 2, 1, 128, 0, 0, 1},
+        {300, 8, 8, 128, 0, 0, 0},
+        {2048, 4, 1, 64, 0, 0, 0},
+        {9, 5, 3, 80, 16, 0, 0},
         /* the last head whose inverse frequencies fit the table, and one past it */
-        {3, 2, 1, 1024, 0, 0, 0},  {3, 2, 1, 1040, 8, 0, 0},
+        {3, 2, 1, 1024, 0, 0, 0},
+        {3, 2, 1, 1040, 8, 0, 0},
     };
     for (int d = 0; d < 3; d++)
         for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
@@ -910,7 +916,9 @@ static void test_bad_arguments_are_refused_before_launch(void **state)
 }
 
 /* The ops from a weft task, on the task's own stream, awaited like any
- * other stream work. */
+ * other stream work: the first given the stream weft_stream leases, the
+ * second WEFT_TASK_STREAM, which must be the same stream (the second reads
+ * what the first wrote). */
 typedef struct task_job {
     weft_dtype dt;
     size_t rows, cols;
@@ -923,8 +931,8 @@ static void *task_main(void *arg)
     void *st = NULL;
     if (GT_OK(weft_stream(&st)) &&
         GT_OK(weft_softmax(st, j->dt, j->out, j->in, j->rows, j->cols, j->cols, NULL)) &&
-        GT_OK(weft_rmsnorm(st, j->dt, j->out, NULL, j->out, NULL, NULL, 1e-6f, j->rows, j->cols,
-                           j->cols)))
+        GT_OK(weft_rmsnorm(WEFT_TASK_STREAM, j->dt, j->out, NULL, j->out, NULL, NULL, 1e-6f,
+                           j->rows, j->cols, j->cols)))
         GT_OK(weft_await());
     return NULL;
 }
