@@ -64,9 +64,10 @@ extern "C" {
  * joins the task's other work in order (weft_memcpy_async, weft_launch, ...)
  * and weft_await covers it. On a GPU its kernel goes on the stream the task
  * leases (as weft_stream gives it); on the host backend the host reference
- * runs as a host function in stream order (as weft_host_async), on the
- * arguments as they were at the call. So one task's code runs on either
- * backend. Task only: WEFT_ENOTASK elsewhere. */
+ * runs as a host function in stream order (as weft_host_async). Either way
+ * the arguments (softmax's options too) are taken at the call and the
+ * tensors read when the op runs, as with any stream work. So one task's
+ * code runs on either backend. Task only: WEFT_ENOTASK elsewhere. */
 #define WEFT_TASK_STREAM ((void *)(intptr_t)-1)
 
 typedef enum weft_dtype {
