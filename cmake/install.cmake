@@ -6,7 +6,8 @@
 #                           weft::weft_static  the static one; it brings its
 #                                              dependencies (threads, libm,
 #                                              and with CUDA the static CUDA
-#                                              runtime) along
+#                                              runtime and the C++ runtime)
+#                                              along
 #   pkg-config weft     ->  -lweft; --static adds the same dependencies
 include(CMakePackageConfigHelpers)
 
@@ -32,7 +33,7 @@ install(FILES ${PROJECT_BINARY_DIR}/weftConfig.cmake ${PROJECT_BINARY_DIR}/weftC
 # pkg-config: the static library's own dependencies go to Libs.private.
 set(WEFT_PC_PRIVATE "-lpthread -lm")
 if(WEFT_HAVE_CUDA)
-  string(APPEND WEFT_PC_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -ldl -lrt")
+  string(APPEND WEFT_PC_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -ldl -lrt -lstdc++")
 endif()
 configure_file(cmake/weft.pc.in ${PROJECT_BINARY_DIR}/weft.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/weft.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -2,12 +2,14 @@
  * main.c - a program built against an installed weft (see README.md here):
  * a hundred tasks each square their number in stream order on the device
  * (the GPU's host-function path, or the host backend), await it, and send
- * the result down a channel to a task that adds them up.
+ * the result down a channel to a task that adds them up; then a softmax
+ * from the operators' header, on the host.
  */
 #include <stdint.h>
 #include <stdio.h>
 
 #include <weft.h>
+#include <weft/ops.h>
 
 enum { JOBS = 100 };
 
@@ -65,5 +67,15 @@ int main(void)
            weft_backend_name(rt), (long long)sum);
     weft_chan_destroy(results);
     weft_runtime_destroy(rt);
-    return !failed && sum == (int64_t)JOBS * (JOBS + 1) * (2 * JOBS + 1) / 6 ? 0 : 1;
+
+    float logits[4] = {1, 2, 3, 4}, probs[4];
+    float prob_sum = 0;
+    if (weft_softmax(NULL, WEFT_DTYPE_F32, probs, logits, 1, 4, 4, NULL) != WEFT_OK) {
+        fprintf(stderr, "consumer: %s\n", weft_last_error());
+        return 1;
+    }
+    for (int i = 0; i < 4; i++)
+        prob_sum += probs[i];
+    int softmax_ok = prob_sum > 0.999999f && prob_sum < 1.000001f && probs[3] > probs[0];
+    return !failed && softmax_ok && sum == (int64_t)JOBS * (JOBS + 1) * (2 * JOBS + 1) / 6 ? 0 : 1;
 }
