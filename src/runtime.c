@@ -187,27 +187,30 @@ static void trace_from_environment(weft_runtime *rt)
         fprintf(stderr, "weft: %s; not tracing\n", weft_last_error());
 }
 
-/* As a trace session starts: the devices get ready to time operations. */
-static void prepare_device_timings(void *arg)
+/* As a trace session starts, the devices get ready to time operations
+ * (trace_prepare); as it stops, they report the operations whose times
+ * they have yet to receive (trace_flush). Devices not set up yet have
+ * neither to do: they get ready with their first operation. */
+static void device_timings(weft_runtime *rt, bool starting)
 {
-    weft_runtime *rt = arg;
-    if (!atomic_load_explicit(&rt->devices_ready, memory_order_acquire))
-        return; /* they will be ready with their first operation */
-    for (unsigned i = 0; i < rt->ndevices; i++)
-        if (rt->devices[i]->ops->trace_prepare)
-            rt->devices[i]->ops->trace_prepare(rt->devices[i]);
-}
-
-/* As a trace session stops: the devices report the operations whose
- * times they have yet to receive. */
-static void report_device_timings(void *arg)
-{
-    weft_runtime *rt = arg;
     if (!atomic_load_explicit(&rt->devices_ready, memory_order_acquire))
         return;
-    for (unsigned i = 0; i < rt->ndevices; i++)
-        if (rt->devices[i]->ops->trace_flush)
-            rt->devices[i]->ops->trace_flush(rt->devices[i]);
+    for (unsigned i = 0; i < rt->ndevices; i++) {
+        weft__device *dev = rt->devices[i];
+        void (*op)(weft__device *) = starting ? dev->ops->trace_prepare : dev->ops->trace_flush;
+        if (op)
+            op(dev);
+    }
+}
+
+static void prepare_device_timings(void *rt)
+{
+    device_timings(rt, true);
+}
+
+static void report_device_timings(void *rt)
+{
+    device_timings(rt, false);
 }
 
 int weft_trace_start(weft_runtime *rt, const char *path)

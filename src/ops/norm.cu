@@ -13,11 +13,11 @@
  * one reduction of each thread's count, mean and squared deviations
  * (norm.cuh); staged and in tiles, the host's corrected two-pass
  * algorithm, the mean, then the sums of the deviations and of their
- * squares, which correct the mean and the variance. Then s and the normalized row
- * are written: two or three reads an element (in, residual; the biases
- * once per column) and one or two writes, nothing else. For the fused op
- * that is 2 reads + 1 write where a framework's GELU kernel, residual add
- * and LayerNorm move 7 row-sized tensors.
+ * squares, which correct the mean and the variance. Then s and the
+ * normalized row are written: two or three reads an element (in,
+ * residual; the biases once per column) and one or two writes, nothing
+ * else. For the fused op that is 2 reads + 1 write where a framework's
+ * GELU kernel, residual add and LayerNorm move 7 row-sized tensors.
  */
 #include "ops/norm.cuh"
 
@@ -51,7 +51,7 @@ template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_arg
 {
     using std::integral_constant;
     constexpr int V = vec16<T>();
-    constexpr bool GELU = MODE == NORM_GELU_ERF_LAYER || MODE == NORM_GELU_TANH_LAYER;
+    constexpr bool GELU = norm_gelu(MODE);
     constexpr unsigned AFFINE =
         MODE == NORM_RMS ? NORM_IO_WEIGHT : (unsigned)NORM_IO_WEIGHT | NORM_IO_BIAS;
     constexpr unsigned PLAIN = GELU ? AFFINE | NORM_IO_GELU_BIAS | NORM_IO_RESIDUAL : AFFINE;
@@ -105,12 +105,11 @@ template <typename T> int launch(cudaStream_t stream, const char *op, const weft
                  * statistics one reduction of moments, runs faster held. */
                 constexpr bool PLAIN = (MODE == NORM_LAYER || MODE == NORM_RMS) &&
                                        (IO == NORM_IO_CHECKED || !(IO & NORM_IO_RESIDUAL));
-                constexpr bool GELU = MODE == NORM_GELU_ERF_LAYER || MODE == NORM_GELU_TANH_LAYER;
                 row_plan plan = held;
                 /* The fused op's GELU takes registers: rows a warp would
                  * hold at 32 values a thread run faster over more warps at
                  * 16, at twice the occupancy (bench/RESULTS.md). */
-                if constexpr (GELU)
+                if constexpr (norm_gelu(MODE))
                     plan_held_split_warp_rows(&plan, V, 16);
                 if constexpr (PLAIN) {
                     row_plan wide;

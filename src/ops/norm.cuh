@@ -319,6 +319,12 @@ __global__ void __launch_bounds__(512)
  * so that no element pays for a choice made once per launch. */
 enum norm_mode { NORM_LAYER, NORM_RMS, NORM_GELU_ERF_LAYER, NORM_GELU_TANH_LAYER };
 
+/* Whether mode forms the row with a GELU: the fused op. */
+__host__ __device__ static constexpr bool norm_gelu(norm_mode mode)
+{
+    return mode == NORM_GELU_ERF_LAYER || mode == NORM_GELU_TANH_LAYER;
+}
+
 /* What a held row reduces: the sum of squares (RMSNorm), or moments. */
 template <norm_mode MODE>
 using norm_stat = typename std::conditional<MODE == NORM_RMS, float, moments>::type;
@@ -387,7 +393,7 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
               Read read, reduce_scratch<norm_stat<MODE>> &scratch, unsigned cluster)
 {
     constexpr int V = vec16<T>();
-    constexpr bool GELU = MODE == NORM_GELU_ERF_LAYER || MODE == NORM_GELU_TANH_LAYER;
+    constexpr bool GELU = norm_gelu(MODE);
     constexpr weft_gelu_form FORM = MODE == NORM_GELU_TANH_LAYER ? WEFT_GELU_TANH : WEFT_GELU_ERF;
     const bool has_res = io_has<IO>(p.residual, NORM_IO_RESIDUAL);
     const bool has_gb = GELU && io_has<IO>(p.gelu_bias, NORM_IO_GELU_BIAS);
