@@ -31,10 +31,14 @@
  *    pooled, across all pools; it never exceeds the budget except when a
  *    test lowers the budget under live stacks.
  *  - A weft__stack_cache holds default-size stacks only, at most
- *    WEFT__STACK_CACHE_MAX; the pool's own lists are bounded too (FREE_MAX,
- *    ODD_MAX). Dedicated stacks beyond the bound are unmapped; slab stacks
- *    beyond it stay listed but give their pages back (MADV_DONTNEED),
- *    except the page with the canary.
+ *    WEFT__STACK_CACHE_MAX. The pool keeps stacks of the default size and of
+ *    up to SIZE_CLASSES other sizes, at most FREE_MAX of each kind: tasks
+ *    spawned with their own stack size come and go by the thousand as
+ *    default ones do. Dedicated stacks beyond the bound, or of a size no
+ *    class is free for, are unmapped; slab stacks beyond it stay listed but
+ *    give their pages back (MADV_DONTNEED), except the page with the canary.
+ *  - A size class with no stack listed holds no size: the next size put
+ *    back may take it.
  *  - pool->out counts stacks handed out and not yet back in the pool's
  *    lists; stacks sitting in caches count as out.
  */
@@ -64,7 +68,7 @@
  * a kept stack costs only its touched pages, where a new one costs mmap,
  * mprotect, page faults and later munmap. */
 #define FREE_MAX 4096u
-#define ODD_MAX 16u            /* stacks of other sizes the pool keeps */
+#define SIZE_CLASSES 8u        /* other sizes the pool keeps stacks of */
 #define SLAB_BYTES (16u << 20) /* a slab's size aims at this... */
 #define SLAB_STACKS_MIN 4u     /* ...within these stack counts */
 #define SLAB_STACKS_MAX 64u
@@ -80,6 +84,13 @@ typedef struct slab {
     weft__stack slots[];
 } slab;
 
+/* Pooled stacks of one non-default size. */
+typedef struct size_class {
+    size_t size; /* meaningful while count > 0 */
+    weft__stack *free;
+    unsigned count;
+} size_class;
+
 struct weft__stack_pool {
     pthread_mutex_t lock;
     size_t page;
@@ -89,8 +100,7 @@ struct weft__stack_pool {
     unsigned free_count;
     weft__stack *slab_free; /* default size, slab slots */
     unsigned slab_free_count;
-    weft__stack *odd; /* other sizes, dedicated */
-    unsigned odd_count;
+    size_class odd[SIZE_CLASSES]; /* other sizes, dedicated */
     slab *slabs;
     size_t out;
 };
@@ -280,6 +290,22 @@ static weft__stack *pop(weft__stack **list, unsigned *count)
     return s;
 }
 
+/* The class listing stacks of size; with vacant, an empty class when none
+ * does. NULL when there is neither. */
+static size_class *odd_class(weft__stack_pool *pool, size_t size, bool vacant)
+{
+    size_class *empty = NULL;
+
+    for (unsigned i = 0; i < SIZE_CLASSES; i++) {
+        size_class *c = &pool->odd[i];
+        if (c->count == 0)
+            empty = empty ? empty : c;
+        else if (c->size == size)
+            return c;
+    }
+    return vacant ? empty : NULL;
+}
+
 /* Return s to the pool's lists. Returns s when it must be unmapped by the
  * caller (outside the lock), NULL when it was kept. A slab slot beyond the
  * bound has had its pages released by the caller beforehand. */
@@ -297,9 +323,11 @@ static weft__stack *put_locked(weft__stack_pool *pool, weft__stack *s)
         push(&pool->free, &pool->free_count, s);
         return NULL;
     }
-    if (pool->odd_count >= ODD_MAX)
+    size_class *c = odd_class(pool, s->size, true);
+    if (c == NULL || c->count >= FREE_MAX)
         return s;
-    push(&pool->odd, &pool->odd_count, s);
+    c->size = s->size;
+    push(&c->free, &c->count, s);
     return NULL;
 }
 
@@ -356,8 +384,9 @@ void weft__stack_pool_destroy(weft__stack_pool *pool)
     assert(pool->out == 0 && "stacks still out (or in an undrained cache)");
     while ((s = pop(&pool->free, &pool->free_count)) != NULL)
         unmap_dedicated(s);
-    while ((s = pop(&pool->odd, &pool->odd_count)) != NULL)
-        unmap_dedicated(s);
+    for (unsigned i = 0; i < SIZE_CLASSES; i++)
+        while ((s = pop(&pool->odd[i].free, &pool->odd[i].count)) != NULL)
+            unmap_dedicated(s);
     while ((sl = pool->slabs) != NULL) {
         pool->slabs = sl->next;
         for (unsigned i = 0; i < sl->carved; i++)
@@ -409,20 +438,15 @@ got:
 
 static int get_odd(weft__stack_pool *pool, size_t size, weft__stack **out)
 {
-    weft__stack **link, *s;
+    size_class *c;
     int rc;
 
     pthread_mutex_lock(&pool->lock);
-    for (link = &pool->odd; (s = *link) != NULL; link = &s->next) {
-        if (s->size == size) {
-            *link = s->next;
-            s->next = NULL;
-            pool->odd_count--;
-            pool->out++;
-            pthread_mutex_unlock(&pool->lock);
-            *out = s;
-            return 0;
-        }
+    if ((c = odd_class(pool, size, false)) != NULL) {
+        *out = pop(&c->free, &c->count);
+        pool->out++;
+        pthread_mutex_unlock(&pool->lock);
+        return 0;
     }
     pthread_mutex_unlock(&pool->lock);
 

@@ -248,6 +248,39 @@ static void test_large_nondefault_stack_runs_a_900k_frame(void **state)
     weft__stack_put(pool, NULL, s);
 }
 
+/* A word at the top of a stack: a stack that comes back from the pool still
+ * holds what was written there, a new mapping reads zero. */
+static uint64_t *top_word(const weft__stack *s)
+{
+    return (uint64_t *)((char *)s->lo + s->size - sizeof(uint64_t));
+}
+
+/* Tasks spawned with their own stack size come and go by the thousand like
+ * default ones: their stacks must come back from the pool, not from new
+ * mappings, and two sizes must not evict each other. */
+static void test_stacks_of_other_sizes_are_pooled_by_the_hundred(void **state)
+{
+    enum { N = 200 };
+    static weft__stack *s[2 * N];
+    const size_t sizes[2] = {64 * 1024, 128 * 1024};
+
+    (void)state;
+    for (size_t i = 0; i < 2 * N; i++) {
+        s[i] = take(NULL, sizes[i % 2]);
+        *top_word(s[i]) = 1000 + i;
+    }
+    for (size_t i = 0; i < 2 * N; i++)
+        weft__stack_put(pool, NULL, s[i]);
+    for (size_t i = 0; i < 2 * N; i++) {
+        s[i] = take(NULL, sizes[i % 2]);
+        assert_int_equal(s[i]->size, sizes[i % 2]);
+        uint64_t mark = *top_word(s[i]);
+        assert_true(mark >= 1000 && mark < 1000 + 2 * N && mark % 2 == i % 2);
+    }
+    for (size_t i = 0; i < 2 * N; i++)
+        weft__stack_put(pool, NULL, s[i]);
+}
+
 static void test_spent_guard_budget_gives_unguarded_stacks_that_run(void **state)
 {
     size_t budget = weft__stack_guard_budget_set(0);
@@ -329,6 +362,7 @@ int main(void)
         T(test_cache_is_bounded_and_drains_to_pool),
         T(test_tiny_size_rounds_up_to_usable_stack),
         T(test_large_nondefault_stack_runs_a_900k_frame),
+        T(test_stacks_of_other_sizes_are_pooled_by_the_hundred),
         T(test_spent_guard_budget_gives_unguarded_stacks_that_run),
         T(test_broken_canary_aborts_with_report),
     };
