@@ -15,7 +15,11 @@
  *  - CALLBACK: a host function per marker runs on CUDA's callback thread
  *    when the work before it is done, and fires the waiters itself.
  * The engine runs in whoever polls: idle workers, and a watcher while every
- * worker would otherwise sleep (sched.c).
+ * worker would otherwise sleep (sched.c). A flag costs a load to check, an
+ * event a driver call that contends with launches: so with events a poll
+ * goes round the active streams from where the last one stopped and stops
+ * after EVENT_MISSES streams not yet done, and only every SWEEP_NS does it
+ * query them all.
  *
  * Faults silence all three: after a sticky error nothing more completes. So
  * while waits are pending, every BACKSTOP_NS the engine queries a few active
@@ -25,6 +29,7 @@
  */
 #ifdef WEFT_HAVE_CUDA
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -37,6 +42,8 @@
 enum {
     BACKSTOP_NS = 10000000, /* fault check period while waits are pending */
     BACKSTOP_QUERIES = 16,  /* streams queried per period */
+    EVENT_MISSES = 2,       /* EVENT: not-done streams a poll queries */
+    SWEEP_NS = 100000,      /* EVENT: every active stream queried this often */
 };
 
 typedef CUresult (*stream_mem_op_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
@@ -337,23 +344,33 @@ unsigned weft__cuda_poll(weft__device *d)
             backstop(dev);
     }
     int status = atomic_load(&dev->failed) ? WEFT_EDEVICE : WEFT_OK;
-    unsigned fired = 0;
-    for (unsigned i = 0; i < dev->nactive;) {
-        weft__stream *s = dev->active[i];
-        if (!weft__lock_try(&s->lock)) { /* a waiter is linking in: next round */
-            i++;
+    unsigned misses = UINT_MAX, n = dev->nactive, start = 0;
+    if (dev->completion == WEFT__CUDA_EVENT && status == WEFT_OK && n > 0) {
+        start = dev->next_poll % n;
+        if (now - dev->last_sweep < SWEEP_NS)
+            misses = EVENT_MISSES;
+        else
+            dev->last_sweep = now;
+    }
+    unsigned fired = 0, k = 0;
+    for (; k < n && misses > 0; k++) {
+        weft__stream *s = dev->active[(start + k) % n];
+        if (!weft__lock_try(&s->lock)) /* a waiter is linking in: next round */
             continue;
-        }
         if (dev->completion != WEFT__CUDA_CALLBACK || status != WEFT_OK)
             fired += fire_reached(s, status);
-        bool idle = s->pending.head == NULL;
-        if (idle) {
-            s->active = false;
-            dev->active[i] = dev->active[--dev->nactive];
-        } else {
-            i++;
-        }
+        if (s->pending.head == NULL)
+            s->active = false; /* dropped from the list below */
+        else
+            misses--;
         weft__lock_release(&s->lock);
+    }
+    dev->next_poll = start + k;
+    for (unsigned i = 0; i < dev->nactive;) {
+        if (dev->active[i]->active)
+            i++;
+        else
+            dev->active[i] = dev->active[--dev->nactive];
     }
     weft__lock_release(&dev->active_lock);
     return fired;

@@ -95,6 +95,8 @@ struct weft__cuda_device {
     atomic_int failed;    /* the sticky cudaError_t, 0 while healthy */
     uint64_t last_backstop;
     unsigned next_query; /* the backstop's turn among active streams */
+    unsigned next_poll;  /* EVENT: where the next sweep starts */
+    uint64_t last_sweep; /* EVENT: when every active stream was last queried */
 
     weft__cuda_host_pool host_pool;
 
