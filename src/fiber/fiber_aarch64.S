@@ -28,6 +28,30 @@
 
 	.text
 
+/* Where a saved frame keeps each register, from the CFA (sp + 176). */
+	.macro	saved_frame_cfi
+	.cfi_offset x19, -176
+	.cfi_offset x20, -168
+	.cfi_offset x21, -160
+	.cfi_offset x22, -152
+	.cfi_offset x23, -144
+	.cfi_offset x24, -136
+	.cfi_offset x25, -128
+	.cfi_offset x26, -120
+	.cfi_offset x27, -112
+	.cfi_offset x28, -104
+	.cfi_offset x29, -96
+	.cfi_offset x30, -88
+	.cfi_offset d8, -80
+	.cfi_offset d9, -72
+	.cfi_offset d10, -64
+	.cfi_offset d11, -56
+	.cfi_offset d12, -48
+	.cfi_offset d13, -40
+	.cfi_offset d14, -32
+	.cfi_offset d15, -24
+	.endm
+
 /* void *weft__fiber_make(void *top, void (*entry)(void *), void *arg)
  * Returns the sp of a new context whose first resumption calls
  * entry(arg, transfer) on the stack below top. */
@@ -75,30 +99,11 @@ weft__fiber_swap:
 	stp	x25, x26, [sp, #48]
 	stp	x27, x28, [sp, #64]
 	stp	x29, x30, [sp, #80]
-	.cfi_offset x19, -176
-	.cfi_offset x20, -168
-	.cfi_offset x21, -160
-	.cfi_offset x22, -152
-	.cfi_offset x23, -144
-	.cfi_offset x24, -136
-	.cfi_offset x25, -128
-	.cfi_offset x26, -120
-	.cfi_offset x27, -112
-	.cfi_offset x28, -104
-	.cfi_offset x29, -96
-	.cfi_offset x30, -88
 	stp	d8, d9, [sp, #96]
 	stp	d10, d11, [sp, #112]
 	stp	d12, d13, [sp, #128]
 	stp	d14, d15, [sp, #144]
-	.cfi_offset d8, -80
-	.cfi_offset d9, -72
-	.cfi_offset d10, -64
-	.cfi_offset d11, -56
-	.cfi_offset d12, -48
-	.cfi_offset d13, -40
-	.cfi_offset d14, -32
-	.cfi_offset d15, -24
+	saved_frame_cfi
 	mrs	x9, fpcr
 	str	x9, [sp, #160]
 	mov	x9, sp
@@ -159,6 +164,10 @@ weft__fiber_jump:
 	.cfi_startproc
 	bti	c
 	mov	sp, x0
+	/* Now on the saved frame: describe it as swap does, or an unwinder
+	 * stopping here (a profiler's signal) walks from the wrong frame. */
+	.cfi_def_cfa_offset 176
+	saved_frame_cfi
 	mov	x2, x1
 	b	.Lrestore
 	.cfi_endproc

@@ -153,6 +153,16 @@ weft__fiber_jump:
 	.cfi_startproc
 	endbr64
 	movq	%rdi, %rsp
+	/* Now on the saved frame: describe it as swap does, or an unwinder
+	 * stopping here (a profiler's signal) reads the MXCSR word as the
+	 * return address. */
+	.cfi_def_cfa_offset 64
+	.cfi_offset %rbp, -16
+	.cfi_offset %rbx, -24
+	.cfi_offset %r12, -32
+	.cfi_offset %r13, -40
+	.cfi_offset %r14, -48
+	.cfi_offset %r15, -56
 	movq	%rsi, %rdx
 	ldmxcsr	(%rsp)
 	fldcw	4(%rsp)
