@@ -6,9 +6,11 @@
 Names every sampled address with `nm` (static symbols where the object has
 them, else its dynamic ones) and prints: the share of samples in each object,
 the functions that were running (self), the functions on the stack
-(inclusive, once a sample), and for samples outside the program's own code (in
-the CUDA driver, the C library), which function of the program called out. --skip drops the first SECONDS of samples (the
-program's start-up); --threads prints the samples per thread.
+(inclusive, once a sample), and for samples outside the program's own code
+(in the CUDA driver, the C library), which function of the program called
+out. The first line also says how many unwinds a fault cut short. --skip
+drops the first SECONDS of samples (the program's start-up); --threads
+prints the samples per thread.
 """
 import argparse
 import bisect
@@ -19,7 +21,8 @@ import sys
 
 
 def read_samples(path):
-    samples, maps, in_maps = [], [], False
+    """The samples (ns, tid, stack), the maps, and how many unwinds faulted."""
+    samples, maps, in_maps, faults = [], [], False, 0
     with open(path) as f:
         for line in f:
             if in_maps:
@@ -27,9 +30,11 @@ def read_samples(path):
             elif line.startswith("s "):
                 fields = line.split()
                 samples.append((int(fields[1]), int(fields[2]), [int(a, 16) for a in fields[3:]]))
+            elif line.startswith("faults "):
+                faults = int(line.split()[1])
             elif line.startswith("maps"):
                 in_maps = True
-    return samples, maps
+    return samples, maps, faults
 
 
 class Objects:
@@ -103,7 +108,7 @@ def main():
     ap.add_argument("--threads", action="store_true")
     args = ap.parse_args()
 
-    samples, maps = read_samples(args.file)
+    samples, maps, faults = read_samples(args.file)
     if not samples:
         sys.exit("%s: no samples" % args.file)
     first = min(ns for ns, _, _ in samples)
@@ -130,7 +135,8 @@ def main():
 
     total = len(samples)
     span = (max(ns for ns, _, _ in samples) - min(ns for ns, _, _ in samples)) / 1e9
-    print("%d samples over %.2f s" % (total, span))
+    print("%d samples over %.2f s; %d unwinds cut short by a fault (the whole run)"
+          % (total, span, faults))
     table("by object (self)", by_object, total, args.top)
     table("functions running (self)", self_time, total, args.top)
     table("functions on the stack (inclusive)", inclusive, total, args.top)

@@ -17,9 +17,15 @@
  * It exists because the GPU machine has no perf: where a job's CPU time goes
  * (the runtime, the CUDA driver, the kernel's syscalls, the host work) has to
  * be measured from inside the process.
+ *
+ * Code whose unwind tables are wrong (weft's context switch had such a
+ * spot) can send the unwinder to read memory that is not there. A SIGSEGV or SIGBUS while this
+ * thread unwinds returns to the sample, which keeps the interrupted address
+ * alone; any other goes to the handler that was there before.
  */
 #include <errno.h>
 #include <execinfo.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -46,6 +52,12 @@ static struct sample *samples;
 static atomic_size_t sample_count;
 static const char *sample_path;
 static int sample_depth = SAMPLE_DEPTH; /* WEFT_SAMPLE_DEPTH: 1 for no unwinding */
+
+/* Where a fault in this thread's unwinding returns to; set while it unwinds.
+ * Initial-exec: a signal handler must not allocate thread-local storage. */
+static __thread __attribute__((tls_model("initial-exec"))) sigjmp_buf *unwind_escape;
+static struct sigaction fault_before[2]; /* SIGSEGV, SIGBUS */
+static atomic_size_t unwinds_abandoned;
 
 static uintptr_t interrupted_pc(const ucontext_t *uc)
 {
@@ -75,7 +87,14 @@ static void on_sigprof(int sig, siginfo_t *info, void *context)
         /* The unwinder starts in this handler and passes the signal frame;
          * keep what follows the interrupted address. */
         void *frames[SAMPLE_DEPTH + 4];
-        int n = sample_depth > 1 ? backtrace(frames, SAMPLE_DEPTH + 4) : 0, k = 0;
+        volatile int n = 0;
+        sigjmp_buf escape;
+        if (sample_depth > 1 && sigsetjmp(escape, 1) == 0) {
+            unwind_escape = &escape;
+            n = backtrace(frames, SAMPLE_DEPTH + 4);
+        }
+        unwind_escape = NULL;
+        int k = 0;
         while (k < n && (uintptr_t)frames[k] != s->pc[0])
             k++;
         uint32_t depth = 1;
@@ -85,6 +104,26 @@ static void on_sigprof(int sig, siginfo_t *info, void *context)
         s->depth = depth;
     }
     errno = saved_errno;
+}
+
+static void on_fault(int sig, siginfo_t *info, void *context)
+{
+    if (unwind_escape) {
+        atomic_fetch_add_explicit(&unwinds_abandoned, 1, memory_order_relaxed);
+        siglongjmp(*unwind_escape, 1);
+    }
+    /* Not ours: as if this handler had never been there. A fault returned
+     * from repeats, now with the handler before. */
+    struct sigaction *before = &fault_before[sig == SIGBUS];
+    if (before->sa_flags & SA_SIGINFO)
+        before->sa_sigaction(sig, info, context);
+    else if (before->sa_handler != SIG_IGN && before->sa_handler != SIG_DFL)
+        before->sa_handler(sig);
+    else {
+        sigaction(sig, before, NULL);
+        if (info->si_code <= 0) /* sent, not a fault: it will not repeat */
+            raise(sig);
+    }
 }
 
 static void copy_file(const char *from, FILE *to)
@@ -99,7 +138,8 @@ static void copy_file(const char *from, FILE *to)
     fclose(in);
 }
 
-/* Text, one sample a line: "s <ns> <tid> <pc> <pc> ...", then the maps. */
+/* Text, one sample a line: "s <ns> <tid> <pc> <pc> ...", then how many
+ * unwinds a fault cut short ("faults <n>"), then the maps. */
 static void write_samples(void)
 {
     struct itimerval off;
@@ -124,6 +164,7 @@ static void write_samples(void)
             fprintf(f, " %lx", (unsigned long)s->pc[d]);
         fputc('\n', f);
     }
+    fprintf(f, "faults %zu\n", atomic_load(&unwinds_abandoned));
     fputs("maps\n", f);
     copy_file("/proc/self/maps", f);
     fclose(f);
@@ -161,6 +202,10 @@ __attribute__((constructor)) static void sampler_start(void)
     sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGPROF, &sa, NULL);
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigaction(SIGSEGV, &sa, &fault_before[0]);
+    sigaction(SIGBUS, &sa, &fault_before[1]);
     struct itimerval every = {{period_us / 1000000, period_us % 1000000},
                               {period_us / 1000000, period_us % 1000000}};
     setitimer(ITIMER_PROF, &every, NULL);
