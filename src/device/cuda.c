@@ -470,8 +470,8 @@ static const weft__device_ops cuda_ops = {
     .trace_flush = weft__cuda_trace_flush,
 };
 
-/* WEFT_CUDA_COMPLETION=flag|event|callback picks how completions are
- * noticed, for measuring the three side by side; flag is the default. */
+/* WEFT_CUDA_COMPLETION=flag|event|callback|auto picks how completions are
+ * noticed, for measuring them side by side; flag is the default. */
 static weft__cuda_completion completion_mode(void)
 {
     const char *mode = getenv("WEFT_CUDA_COMPLETION");
@@ -479,6 +479,8 @@ static weft__cuda_completion completion_mode(void)
         return WEFT__CUDA_EVENT;
     if (mode && !strcmp(mode, "callback"))
         return WEFT__CUDA_CALLBACK;
+    if (mode && !strcmp(mode, "auto"))
+        return WEFT__CUDA_AUTO;
     return WEFT__CUDA_FLAG;
 }
 

@@ -14,12 +14,20 @@
  *    oldest one of each stream.
  *  - CALLBACK: a host function per marker runs on CUDA's callback thread
  *    when the work before it is done, and fires the waiters itself.
+ *  - AUTO: each marker is a flag or an event. Flags resume a lone waiter
+ *    soonest and cost nothing to check, but each comes behind a fence, and
+ *    with many streams completing often the fences hold the GPU back
+ *    (bench/RESULTS.md); events cost the GPU nothing and the CPU a query.
+ *    So markers are events while the last window of the pollers' count saw
+ *    CROWD_STREAMS streams active and CROWD_RATE completions a second, flags
+ *    otherwise. A stream has reached seq when its word has (and a flag was
+ *    marked at or after seq) or its events have.
  * The engine runs in whoever polls: idle workers, and a watcher while every
  * worker would otherwise sleep (sched.c). A flag costs a load to check, an
  * event a driver call that contends with launches: so with events a poll
  * goes round the active streams from where the last one stopped and stops
- * after EVENT_MISSES streams not yet done, and only every SWEEP_NS does it
- * query them all.
+ * after EVENT_MISSES streams whose events are not yet done, and only every
+ * SWEEP_NS does it query them all.
  *
  * Faults silence all three: after a sticky error nothing more completes. So
  * while waits are pending, every BACKSTOP_NS the engine queries a few active
@@ -40,10 +48,13 @@
 #include "task/task.h"
 
 enum {
-    BACKSTOP_NS = 10000000, /* fault check period while waits are pending */
-    BACKSTOP_QUERIES = 16,  /* streams queried per period */
-    EVENT_MISSES = 2,       /* EVENT: not-done streams a poll queries */
-    SWEEP_NS = 100000,      /* EVENT: every active stream queried this often */
+    BACKSTOP_NS = 10000000,   /* fault check period while waits are pending */
+    BACKSTOP_QUERIES = 16,    /* streams queried per period */
+    EVENT_MISSES = 2,         /* EVENT, AUTO: not-done events a poll queries */
+    SWEEP_NS = 100000,        /* EVENT, AUTO: every active stream queried this often */
+    RATE_WINDOW_NS = 1000000, /* AUTO: completions counted over windows this long */
+    CROWD_STREAMS = 4,        /* AUTO: markers are events with this many streams active */
+    CROWD_RATE = 10000,       /* ... firing this many waiters a second */
 };
 
 typedef CUresult (*stream_mem_op_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
@@ -79,6 +90,7 @@ void weft__cuda_engine_stream_init(weft__stream *s, unsigned slot)
     s->flag = dev->flags + slot * WEFT__CUDA_FLAG_STRIDE;
     s->flag_device = dev->flags_device + slot * WEFT__CUDA_FLAG_STRIDE * sizeof(uint32_t);
     atomic_init(&s->done, 0);
+    atomic_init(&s->flag_marked, 0);
 }
 
 void weft__cuda_engine_stream_fini(weft__stream *s)
@@ -93,24 +105,46 @@ void weft__cuda_engine_stream_fini(weft__stream *s)
 
 /* ---- how far a stream has got ------------------------------------------ */
 
-/* Has s reached seq? FLAG compares cyclically on 32 bits, as the GPU's own
- * waits do. */
+/* Has s's word reached seq? Compared cyclically on 32 bits, as the GPU's
+ * own waits do. */
+static bool flag_reached(const weft__stream *s, uint64_t seq)
+{
+    uint32_t done = __atomic_load_n(s->flag, __ATOMIC_ACQUIRE);
+    return (int32_t)(done - (uint32_t)seq) >= 0;
+}
+
+/* AUTO: has a flag marker at or after seq completed? */
+static bool flag_covers(const weft__stream *s, uint64_t seq)
+{
+    return seq <= atomic_load_explicit(&s->flag_marked, memory_order_acquire) &&
+           flag_reached(s, seq);
+}
+
 bool weft__cuda_reached(weft__stream *s, uint64_t seq)
 {
-    if (s->dev->completion == WEFT__CUDA_FLAG) {
-        uint32_t done = __atomic_load_n(s->flag, __ATOMIC_ACQUIRE);
-        return (int32_t)(done - (uint32_t)seq) >= 0;
+    switch (s->dev->completion) {
+    case WEFT__CUDA_FLAG:
+        return flag_reached(s, seq);
+    case WEFT__CUDA_AUTO:
+        if (flag_covers(s, seq))
+            return true;
+        break;
+    case WEFT__CUDA_EVENT:
+    case WEFT__CUDA_CALLBACK:
+        break;
     }
     return atomic_load_explicit(&s->done, memory_order_acquire) >= seq;
 }
 
-/* EVENT: query the oldest recorded markers and move "done" past those that
- * completed. Call with s->lock held. */
+/* EVENT, AUTO: query the oldest recorded markers and move "done" past those
+ * that completed (in AUTO, a later flag may already say so). Call with
+ * s->lock held. */
 static void query_events(weft__stream *s)
 {
+    bool flags = s->dev->completion == WEFT__CUDA_AUTO;
     while (s->ev_count > 0) {
         weft__cuda_mark_event *m = &s->events[s->ev_head];
-        if (cudaEventQuery(m->event) != cudaSuccess)
+        if (!(flags && flag_covers(s, m->seq)) && cudaEventQuery(m->event) != cudaSuccess)
             break; /* not ready, or a fault: the backstop reports it */
         atomic_store_explicit(&s->done, m->seq, memory_order_release);
         s->spare[s->nspare++] = m->event; /* room: spare_cap >= ev_cap */
@@ -136,7 +170,7 @@ static void idle_if_done(weft__stream *s, int status)
  * failure). Call with s->lock held. */
 static unsigned fire_reached(weft__stream *s, int status)
 {
-    if (status == WEFT_OK && s->dev->completion == WEFT__CUDA_EVENT)
+    if (status == WEFT_OK && s->ev_count > 0)
         query_events(s);
     idle_if_done(s, status); /* before anyone woken below can look */
     unsigned fired = 0;
@@ -155,7 +189,7 @@ static unsigned fire_reached(weft__stream *s, int status)
 
 /* ---- markers ----------------------------------------------------------- */
 
-/* EVENT: make room for one more recorded marker. Call with s->lock held. */
+/* EVENT, AUTO: make room for one more recorded marker. Call with s->lock held. */
 static int reserve_event(weft__stream *s, cudaEvent_t *ev)
 {
     if (s->ev_count == s->ev_cap) {
@@ -201,42 +235,67 @@ static void CUDART_CB marker_reached(void *arg)
     free(cm);
 }
 
+static int mark_flag(weft__stream *s, uint64_t seq)
+{
+    CUresult r = write_value((CUstream)s->handle, s->flag_device, (cuuint32_t)seq, 0);
+    if (r != CUDA_SUCCESS)
+        return weft__fail(WEFT_EDEVICE, "cuStreamWriteValue32: driver error %d on GPU %d", (int)r,
+                          s->dev->ordinal);
+    atomic_store_explicit(&s->flag_marked, seq, memory_order_release);
+    return WEFT_OK;
+}
+
+static int mark_event(weft__stream *s, uint64_t seq)
+{
+    cudaEvent_t ev;
+    int rc = reserve_event(s, &ev);
+    if (rc)
+        return rc;
+    cudaError_t e = cudaEventRecord(ev, s->handle);
+    if (e != cudaSuccess) {
+        s->spare[s->nspare++] = ev;
+        return weft__cuda_fail(s->dev, "cudaEventRecord", e);
+    }
+    s->events[(s->ev_head + s->ev_count++) % s->ev_cap] = (weft__cuda_mark_event){seq, ev};
+    return WEFT_OK;
+}
+
+static int mark_callback(weft__stream *s, uint64_t seq)
+{
+    callback_mark *cm = malloc(sizeof *cm);
+    if (!cm)
+        return weft__fail(WEFT_ENOMEM, "weft_await: out of memory");
+    *cm = (callback_mark){s, seq};
+    cudaError_t e = cudaLaunchHostFunc(s->handle, marker_reached, cm);
+    if (e != cudaSuccess) {
+        free(cm);
+        return weft__cuda_fail(s->dev, "cudaLaunchHostFunc", e);
+    }
+    return WEFT_OK;
+}
+
+/* AUTO: are markers to be events? The pollers' verdict on the last full
+ * window, if that window is recent: with nothing pending nobody polls, and a
+ * verdict from a crowded past would make the next burst events. */
+static bool crowded(weft__cuda_device *dev)
+{
+    return atomic_load_explicit(&dev->crowded, memory_order_relaxed) &&
+           weft__now_ns() - atomic_load_explicit(&dev->rate_start, memory_order_relaxed) <
+               2 * RATE_WINDOW_NS;
+}
+
 /* Enqueue marker seq on s. Call with s->lock held. */
 static int enqueue_marker(weft__stream *s, uint64_t seq)
 {
     switch (s->dev->completion) {
-    case WEFT__CUDA_FLAG: {
-        CUresult r = write_value((CUstream)s->handle, s->flag_device, (cuuint32_t)seq, 0);
-        if (r != CUDA_SUCCESS)
-            return weft__fail(WEFT_EDEVICE, "cuStreamWriteValue32: driver error %d on GPU %d",
-                              (int)r, s->dev->ordinal);
-        return WEFT_OK;
-    }
-    case WEFT__CUDA_EVENT: {
-        cudaEvent_t ev;
-        int rc = reserve_event(s, &ev);
-        if (rc)
-            return rc;
-        cudaError_t e = cudaEventRecord(ev, s->handle);
-        if (e != cudaSuccess) {
-            s->spare[s->nspare++] = ev;
-            return weft__cuda_fail(s->dev, "cudaEventRecord", e);
-        }
-        s->events[(s->ev_head + s->ev_count++) % s->ev_cap] = (weft__cuda_mark_event){seq, ev};
-        return WEFT_OK;
-    }
-    case WEFT__CUDA_CALLBACK: {
-        callback_mark *cm = malloc(sizeof *cm);
-        if (!cm)
-            return weft__fail(WEFT_ENOMEM, "weft_await: out of memory");
-        *cm = (callback_mark){s, seq};
-        cudaError_t e = cudaLaunchHostFunc(s->handle, marker_reached, cm);
-        if (e != cudaSuccess) {
-            free(cm);
-            return weft__cuda_fail(s->dev, "cudaLaunchHostFunc", e);
-        }
-        return WEFT_OK;
-    }
+    case WEFT__CUDA_FLAG:
+        return mark_flag(s, seq);
+    case WEFT__CUDA_EVENT:
+        return mark_event(s, seq);
+    case WEFT__CUDA_CALLBACK:
+        return mark_callback(s, seq);
+    case WEFT__CUDA_AUTO:
+        return crowded(s->dev) ? mark_event(s, seq) : mark_flag(s, seq);
     }
     return WEFT_EINVAL;
 }
@@ -298,22 +357,62 @@ int weft__cuda_wait(weft__stream *s, uint64_t seq)
     return rc;
 }
 
-/* FLAG makes the GPU wait for the other stream's word. The other modes
- * have no word to wait on: the task waits for the other stream itself, so
- * that its later work still starts after. */
+/* EVENT, AUTO: the event recorded as s's marker seq, if it is still
+ * waiting. Call with s->lock held. */
+static cudaEvent_t marker_event(const weft__stream *s, uint64_t seq)
+{
+    for (unsigned i = 0; i < s->ev_count; i++) {
+        const weft__cuda_mark_event *m = &s->events[(s->ev_head + i) % s->ev_cap];
+        if (m->seq == seq)
+            return m->event;
+    }
+    return NULL;
+}
+
+/* s waits on the GPU for other's marker seq, and for nothing after it:
+ * for other's word when seq is a flag (FLAG; AUTO, when seq has no event),
+ * for seq's event (EVENT, AUTO), for nothing once other has reached seq.
+ * Waiting for a later marker could wait for work that itself waits for s.
+ * A stream capturing a graph region cannot wait for an event from outside
+ * it, and CALLBACK has neither: there the task waits itself, so that its
+ * later work still starts after. */
 int weft__cuda_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq)
 {
     int rc = weft__cuda_enter(s, "weft_stream_wait");
     if (rc || (s->recording && (rc = weft__cuda_region_capture(s))))
         return rc;
-    if (s->dev->completion != WEFT__CUDA_FLAG)
-        return (rc = weft__task_may_suspend("weft_stream_wait")) ? rc : weft__cuda_wait(other, seq);
-    CUresult r = wait_value((CUstream)s->handle, other->flag_device, (cuuint32_t)seq,
-                            CU_STREAM_WAIT_VALUE_GEQ);
-    if (r != CUDA_SUCCESS)
-        return weft__fail(WEFT_EDEVICE, "cuStreamWaitValue32: driver error %d on GPU %d", (int)r,
-                          s->dev->ordinal);
-    return WEFT_OK;
+    weft__cuda_completion mode = s->dev->completion;
+    enum { BY_WORD, BY_EVENT, REACHED, BY_TASK } how = mode == WEFT__CUDA_FLAG ? BY_WORD : BY_TASK;
+    cudaError_t e = cudaSuccess;
+    if (mode == WEFT__CUDA_EVENT || mode == WEFT__CUDA_AUTO) {
+        weft__lock_acquire(&other->lock); /* seq's event is not recorded again meanwhile */
+        cudaEvent_t ev = marker_event(other, seq);
+        if (weft__cuda_reached(other, seq))
+            how = REACHED;
+        else if (ev && !s->capture) {
+            e = cudaStreamWaitEvent(s->handle, ev, 0);
+            how = BY_EVENT;
+        } else if (!ev && mode == WEFT__CUDA_AUTO)
+            how = BY_WORD;
+        weft__lock_release(&other->lock);
+    }
+    switch (how) {
+    case BY_WORD: {
+        CUresult r = wait_value((CUstream)s->handle, other->flag_device, (cuuint32_t)seq,
+                                CU_STREAM_WAIT_VALUE_GEQ);
+        if (r != CUDA_SUCCESS)
+            return weft__fail(WEFT_EDEVICE, "cuStreamWaitValue32: driver error %d on GPU %d",
+                              (int)r, s->dev->ordinal);
+        return WEFT_OK;
+    }
+    case BY_EVENT:
+        return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaStreamWaitEvent", e);
+    case REACHED:
+        return WEFT_OK;
+    case BY_TASK:
+        break;
+    }
+    return (rc = weft__task_may_suspend("weft_stream_wait")) ? rc : weft__cuda_wait(other, seq);
 }
 
 /* ---- polling ----------------------------------------------------------- */
@@ -331,6 +430,21 @@ static void backstop(weft__cuda_device *dev)
     }
 }
 
+/* AUTO: count what the pollers fired; at the end of each window, decide
+ * whether the next markers are events. Call with active_lock held. */
+static void count_completions(weft__cuda_device *dev, unsigned fired, uint64_t now)
+{
+    uint64_t start = atomic_load_explicit(&dev->rate_start, memory_order_relaxed);
+    dev->rate_fired += fired;
+    if (now - start < RATE_WINDOW_NS)
+        return;
+    bool many = dev->nactive >= CROWD_STREAMS &&
+                (uint64_t)dev->rate_fired * 1000000000u >= (uint64_t)CROWD_RATE * (now - start);
+    atomic_store_explicit(&dev->crowded, many, memory_order_relaxed);
+    atomic_store_explicit(&dev->rate_start, now, memory_order_relaxed);
+    dev->rate_fired = 0;
+}
+
 unsigned weft__cuda_poll(weft__device *d)
 {
     weft__cuda_device *dev = (weft__cuda_device *)d;
@@ -344,8 +458,9 @@ unsigned weft__cuda_poll(weft__device *d)
             backstop(dev);
     }
     int status = atomic_load(&dev->failed) ? WEFT_EDEVICE : WEFT_OK;
+    bool events = dev->completion == WEFT__CUDA_EVENT || dev->completion == WEFT__CUDA_AUTO;
     unsigned misses = UINT_MAX, n = dev->nactive, start = 0;
-    if (dev->completion == WEFT__CUDA_EVENT && status == WEFT_OK && n > 0) {
+    if (events && status == WEFT_OK && n > 0) {
         start = dev->next_poll % n;
         if (now - dev->last_sweep < SWEEP_NS)
             misses = EVENT_MISSES;
@@ -360,12 +475,14 @@ unsigned weft__cuda_poll(weft__device *d)
         if (dev->completion != WEFT__CUDA_CALLBACK || status != WEFT_OK)
             fired += fire_reached(s, status);
         if (s->pending.head == NULL)
-            s->active = false; /* dropped from the list below */
-        else
+            s->active = false;    /* dropped from the list below */
+        else if (s->ev_count > 0) /* it took a query that said "not yet" */
             misses--;
         weft__lock_release(&s->lock);
     }
     dev->next_poll = start + k;
+    if (dev->completion == WEFT__CUDA_AUTO)
+        count_completions(dev, fired, now);
     for (unsigned i = 0; i < dev->nactive;) {
         if (dev->active[i]->active)
             i++;

@@ -20,13 +20,13 @@ enum {
     WEFT__CUDA_FLAG_STRIDE = 16,  /* words between completion flags: a cache line each */
 };
 
-/* How a marker's completion is noticed; the default is the fastest measured
- * (bench/RESULTS.md), the others stay for measuring them side by side
- * (WEFT_CUDA_COMPLETION=flag|event|callback in the environment). */
+/* How a marker's completion is noticed (cuda_engine.c says what each costs;
+ * WEFT_CUDA_COMPLETION=flag|event|callback|auto in the environment). */
 typedef enum weft__cuda_completion {
-    WEFT__CUDA_FLAG,    /* the GPU writes the sequence number into mapped memory */
-    WEFT__CUDA_EVENT,   /* a CUDA event per marker, queried by the engine */
-    WEFT__CUDA_CALLBACK /* a host function per marker fires the waiters itself */
+    WEFT__CUDA_FLAG,     /* the GPU writes the sequence number into mapped memory */
+    WEFT__CUDA_EVENT,    /* a CUDA event per marker, queried by the engine */
+    WEFT__CUDA_CALLBACK, /* a host function per marker fires the waiters itself */
+    WEFT__CUDA_AUTO      /* flags, or events while many streams complete often */
 } weft__cuda_completion;
 
 typedef struct weft__cuda_device weft__cuda_device;
@@ -53,12 +53,13 @@ struct weft__stream {
     bool busy;                        /* has work outstanding (the device's busy time) */
     _Atomic bool unmarked;            /* work enqueued since the last marker; implies busy */
 
-    volatile uint32_t *flag; /* FLAG: written by the GPU */
+    volatile uint32_t *flag; /* FLAG, AUTO: written by the GPU */
     CUdeviceptr flag_device;
-    _Atomic uint64_t done;         /* EVENT, CALLBACK: highest sequence known done */
-    weft__cuda_mark_event *events; /* EVENT: recorded, oldest first (a ring) */
+    _Atomic uint64_t flag_marked;  /* AUTO: the last marker that is a flag */
+    _Atomic uint64_t done;         /* EVENT, CALLBACK, AUTO: highest sequence known done */
+    weft__cuda_mark_event *events; /* EVENT, AUTO: recorded, oldest first (a ring) */
     unsigned ev_head, ev_count, ev_cap;
-    cudaEvent_t *spare; /* EVENT: events to record again */
+    cudaEvent_t *spare; /* EVENT, AUTO: events to record again */
     unsigned nspare, spare_cap;
 
     /* tracing (cuda_trace.c), guarded by lock but for timing_chain, which
@@ -95,8 +96,13 @@ struct weft__cuda_device {
     atomic_int failed;    /* the sticky cudaError_t, 0 while healthy */
     uint64_t last_backstop;
     unsigned next_query; /* the backstop's turn among active streams */
-    unsigned next_poll;  /* EVENT: where the next sweep starts */
-    uint64_t last_sweep; /* EVENT: when every active stream was last queried */
+    unsigned next_poll;  /* EVENT, AUTO: where the next sweep starts */
+    uint64_t last_sweep; /* EVENT, AUTO: when every active stream was last queried */
+    /* AUTO: the waiters the pollers fired since rate_start, and whether the
+     * last full window was crowded enough for markers to be events */
+    unsigned rate_fired;
+    _Atomic uint64_t rate_start;
+    atomic_bool crowded;
 
     weft__cuda_host_pool host_pool;
 
