@@ -56,6 +56,9 @@ void weft__overflow_report(const weft__fiber *f, const void *fault);
  * pool. */
 #define WEFT__STACK_CACHE_MAX 16u
 
+/* Sizes other than its default that a pool keeps stacks of at once. */
+#define WEFT__STACK_SIZE_CLASSES 8u
+
 /* Test hook: set the process-wide number of guarded stacks that may exist at
  * once and return the previous value. */
 size_t weft__stack_guard_budget_set(size_t stacks);

@@ -32,9 +32,9 @@
  *    test lowers the budget under live stacks.
  *  - A weft__stack_cache holds default-size stacks only, at most
  *    WEFT__STACK_CACHE_MAX. The pool keeps stacks of the default size and of
- *    up to SIZE_CLASSES other sizes, at most FREE_MAX of each kind: tasks
- *    spawned with their own stack size come and go by the thousand as
- *    default ones do. Dedicated stacks beyond the bound, or of a size no
+ *    up to WEFT__STACK_SIZE_CLASSES other sizes, at most FREE_MAX of each:
+ *    tasks spawned with their own stack size come and go by the thousand
+ *    as default ones do. Dedicated stacks beyond the bound, or of a size no
  *    class is free for, are unmapped; slab stacks beyond it stay listed but
  *    give their pages back (MADV_DONTNEED), except the page with the canary.
  *  - A size class with no stack listed holds no size: the next size put
@@ -68,7 +68,6 @@
  * a kept stack costs only its touched pages, where a new one costs mmap,
  * mprotect, page faults and later munmap. */
 #define FREE_MAX 4096u
-#define SIZE_CLASSES 8u        /* other sizes the pool keeps stacks of */
 #define SLAB_BYTES (16u << 20) /* a slab's size aims at this... */
 #define SLAB_STACKS_MIN 4u     /* ...within these stack counts */
 #define SLAB_STACKS_MAX 64u
@@ -100,7 +99,7 @@ struct weft__stack_pool {
     unsigned free_count;
     weft__stack *slab_free; /* default size, slab slots */
     unsigned slab_free_count;
-    size_class odd[SIZE_CLASSES]; /* other sizes, dedicated */
+    size_class odd[WEFT__STACK_SIZE_CLASSES]; /* other sizes, dedicated */
     slab *slabs;
     size_t out;
 };
@@ -296,7 +295,7 @@ static size_class *odd_class(weft__stack_pool *pool, size_t size, bool vacant)
 {
     size_class *empty = NULL;
 
-    for (unsigned i = 0; i < SIZE_CLASSES; i++) {
+    for (unsigned i = 0; i < WEFT__STACK_SIZE_CLASSES; i++) {
         size_class *c = &pool->odd[i];
         if (c->count == 0)
             empty = empty ? empty : c;
@@ -384,7 +383,7 @@ void weft__stack_pool_destroy(weft__stack_pool *pool)
     assert(pool->out == 0 && "stacks still out (or in an undrained cache)");
     while ((s = pop(&pool->free, &pool->free_count)) != NULL)
         unmap_dedicated(s);
-    for (unsigned i = 0; i < SIZE_CLASSES; i++)
+    for (unsigned i = 0; i < WEFT__STACK_SIZE_CLASSES; i++)
         while ((s = pop(&pool->odd[i].free, &pool->odd[i].count)) != NULL)
             unmap_dedicated(s);
     while ((sl = pool->slabs) != NULL) {

@@ -281,6 +281,37 @@ static void test_stacks_of_other_sizes_are_pooled_by_the_hundred(void **state)
         weft__stack_put(pool, NULL, s[i]);
 }
 
+/* With every class holding a size, a new size is not kept; once a class
+ * has given out its last stack, the new size takes it. */
+static void test_a_new_size_waits_for_a_class_to_empty(void **state)
+{
+    enum { K = WEFT__STACK_SIZE_CLASSES };
+    const size_t other = 40 * 1024;
+    weft__stack *s[K], *a, *b;
+
+    (void)state;
+    for (size_t i = 0; i < K; i++) {
+        s[i] = take(NULL, (64 + 16 * i) * 1024);
+        *top_word(s[i]) = 1;
+    }
+    for (size_t i = 0; i < K; i++)
+        weft__stack_put(pool, NULL, s[i]); /* one class each */
+    a = take(NULL, other);
+    *top_word(a) = 2;
+    weft__stack_put(pool, NULL, a); /* no class free: unmapped */
+    a = take(NULL, other);
+    assert_int_equal(*top_word(a), 0);
+
+    s[0] = take(NULL, 64 * 1024); /* its class empties */
+    assert_int_equal(*top_word(s[0]), 1);
+    *top_word(a) = 3;
+    weft__stack_put(pool, NULL, a); /* kept now */
+    b = take(NULL, other);
+    assert_int_equal(*top_word(b), 3);
+    weft__stack_put(pool, NULL, b);
+    weft__stack_put(pool, NULL, s[0]);
+}
+
 static void test_spent_guard_budget_gives_unguarded_stacks_that_run(void **state)
 {
     size_t budget = weft__stack_guard_budget_set(0);
@@ -363,6 +394,7 @@ int main(void)
         T(test_tiny_size_rounds_up_to_usable_stack),
         T(test_large_nondefault_stack_runs_a_900k_frame),
         T(test_stacks_of_other_sizes_are_pooled_by_the_hundred),
+        T(test_a_new_size_waits_for_a_class_to_empty),
         T(test_spent_guard_budget_gives_unguarded_stacks_that_run),
         T(test_broken_canary_aborts_with_report),
     };
