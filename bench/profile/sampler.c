@@ -14,9 +14,9 @@
  * sampler writes FILE, so give it to the program, not to a wrapper:
  * `timeout 60 env LD_PRELOAD=... PROGRAM`.
  *
- * It exists because the GPU machine has no perf: where a job's CPU time goes
- * (the runtime, the CUDA driver, the kernel's syscalls, the host work) has to
- * be measured from inside the process.
+ * It is for machines without perf (the H200 host among them): where a job's
+ * CPU time goes (the runtime, the CUDA driver, the kernel's syscalls, the
+ * host work) is then measured from inside the process.
  *
  * Code whose unwind tables are wrong (weft's context switch had such a
  * spot) can send the unwinder to read memory that is not there. A SIGSEGV or SIGBUS while this
