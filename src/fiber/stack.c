@@ -32,11 +32,12 @@
  *    test lowers the budget under live stacks.
  *  - A weft__stack_cache holds default-size stacks only, at most
  *    WEFT__STACK_CACHE_MAX. The pool keeps stacks of the default size and of
- *    up to WEFT__STACK_SIZE_CLASSES other sizes, at most FREE_MAX of each:
- *    tasks spawned with their own stack size come and go by the thousand
- *    as default ones do. Dedicated stacks beyond the bound, or of a size no
- *    class is free for, are unmapped; slab stacks beyond it stay listed but
- *    give their pages back (MADV_DONTNEED), except the page with the canary.
+ *    up to WEFT__STACK_SIZE_CLASSES other sizes, at most FREE_MAX of each
+ *    (and of another size no more than SIZED_BYTES_MAX): tasks spawned with
+ *    their own stack size come and go by the thousand as default ones do.
+ *    Dedicated stacks beyond the bound, or of a size no class is free for,
+ *    are unmapped; slab stacks beyond it stay listed but give their pages
+ *    back (MADV_DONTNEED), except the page with the canary.
  *  - A size class with no stack listed holds no size: the next size put
  *    back may take it.
  *  - pool->out counts stacks handed out and not yet back in the pool's
@@ -68,6 +69,10 @@
  * a kept stack costs only its touched pages, where a new one costs mmap,
  * mprotect, page faults and later munmap. */
 #define FREE_MAX 4096u
+/* Bytes of stacks of one other size the pool keeps: what FREE_MAX stacks
+ * of the usual default (256 KiB) come to, so that it keeps fewer of big
+ * ones. */
+#define SIZED_BYTES_MAX ((size_t)1 << 30)
 #define SLAB_BYTES (16u << 20) /* a slab's size aims at this... */
 #define SLAB_STACKS_MIN 4u     /* ...within these stack counts */
 #define SLAB_STACKS_MAX 64u
@@ -323,7 +328,7 @@ static weft__stack *put_locked(weft__stack_pool *pool, weft__stack *s)
         return NULL;
     }
     size_class *c = odd_class(pool, s->size, true);
-    if (c == NULL || c->count >= FREE_MAX)
+    if (c == NULL || c->count >= FREE_MAX || (c->count + 1) * s->size > SIZED_BYTES_MAX)
         return s;
     c->size = s->size;
     push(&c->free, &c->count, s);

@@ -281,6 +281,31 @@ static void test_stacks_of_other_sizes_are_pooled_by_the_hundred(void **state)
         weft__stack_put(pool, NULL, s[i]);
 }
 
+/* Big stacks of another size are kept up to 1 GiB of them, not by count:
+ * of 2 MiB ones, 512. */
+static void test_big_stacks_of_another_size_are_kept_up_to_a_gib(void **state)
+{
+    enum { N = 520, KEPT = 512 };
+    static weft__stack *s[N];
+    const size_t size = 2u << 20;
+    unsigned marked = 0;
+
+    (void)state;
+    for (size_t i = 0; i < N; i++) {
+        s[i] = take(NULL, size);
+        *top_word(s[i]) = 1;
+    }
+    for (size_t i = 0; i < N; i++)
+        weft__stack_put(pool, NULL, s[i]);
+    for (size_t i = 0; i < N; i++) {
+        s[i] = take(NULL, size);
+        marked += *top_word(s[i]) == 1;
+    }
+    assert_int_equal(marked, KEPT);
+    for (size_t i = 0; i < N; i++)
+        weft__stack_put(pool, NULL, s[i]);
+}
+
 /* With every class holding a size, a new size is not kept; once a class
  * has given out its last stack, the new size takes it. */
 static void test_a_new_size_waits_for_a_class_to_empty(void **state)
@@ -395,6 +420,7 @@ int main(void)
         T(test_large_nondefault_stack_runs_a_900k_frame),
         T(test_stacks_of_other_sizes_are_pooled_by_the_hundred),
         T(test_a_new_size_waits_for_a_class_to_empty),
+        T(test_big_stacks_of_another_size_are_kept_up_to_a_gib),
         T(test_spent_guard_budget_gives_unguarded_stacks_that_run),
         T(test_broken_canary_aborts_with_report),
     };
