@@ -67,6 +67,18 @@ static inline int setup_rt(void **state)
     return 0;
 }
 
+/* Group fixtures: a 2-worker runtime of the host backend in *state. */
+static inline int setup_host_rt(void **state)
+{
+    weft_config cfg = {.workers = 2, .backend = WEFT_BACKEND_HOST};
+    weft_runtime *rt;
+
+    if (weft_runtime_create(&rt, &cfg) != WEFT_OK)
+        return -1;
+    *state = rt;
+    return 0;
+}
+
 static inline int teardown_rt(void **state)
 {
     return weft_runtime_destroy(*state) == WEFT_OK ? 0 : -1;

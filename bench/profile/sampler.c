@@ -98,7 +98,7 @@ static void on_sigprof(int sig, siginfo_t *info, void *context)
         while (k < n && (uintptr_t)frames[k] != s->pc[0])
             k++;
         uint32_t depth = 1;
-        if (k < n && sample_depth > 1)
+        if (k < n)
             for (k++; k < n && depth < (uint32_t)sample_depth; k++)
                 s->pc[depth++] = (uintptr_t)frames[k];
         s->depth = depth;

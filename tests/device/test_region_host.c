@@ -116,16 +116,6 @@ static void test_explicit_graphs_are_refused_with_a_reason(void **state)
     assert_int_equal(weft_graph_destroy(NULL), WEFT_EINVAL);
 }
 
-static int setup_host(void **state)
-{
-    weft_config cfg = {.workers = 2, .backend = WEFT_BACKEND_HOST};
-    weft_runtime *rt;
-    if (weft_runtime_create(&rt, &cfg) != WEFT_OK)
-        return -1;
-    *state = rt;
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -134,5 +124,5 @@ int main(void)
         cmocka_unit_test(test_returning_inside_a_region_is_safe),
         cmocka_unit_test(test_explicit_graphs_are_refused_with_a_reason),
     };
-    return cmocka_run_group_tests(tests, setup_host, teardown_rt);
+    return cmocka_run_group_tests(tests, setup_host_rt, teardown_rt);
 }

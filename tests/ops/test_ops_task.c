@@ -182,16 +182,6 @@ static void test_the_task_stream_outside_a_task_is_refused(void **state)
     assert_non_null(strstr(weft_last_error(), "weft_rmsnorm: WEFT_TASK_STREAM outside a task"));
 }
 
-static int setup_host(void **state)
-{
-    weft_config cfg = {.workers = 2, .backend = WEFT_BACKEND_HOST};
-    weft_runtime *rt;
-    if (weft_runtime_create(&rt, &cfg) != WEFT_OK)
-        return -1;
-    *state = rt;
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -199,5 +189,5 @@ int main(void)
         cmocka_unit_test(test_bad_arguments_are_refused_before_anything_is_enqueued),
         cmocka_unit_test(test_the_task_stream_outside_a_task_is_refused),
     };
-    return cmocka_run_group_tests(tests, setup_host, teardown_rt);
+    return cmocka_run_group_tests(tests, setup_host_rt, teardown_rt);
 }
