@@ -26,6 +26,8 @@ int weft__cuda_devices_create(weft__device ***devs, unsigned *count, unsigned gr
 
 #else
 
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -470,18 +472,29 @@ static const weft__device_ops cuda_ops = {
     .trace_flush = weft__cuda_trace_flush,
 };
 
-/* WEFT_CUDA_COMPLETION=flag|event|callback|auto picks how completions are
- * noticed, for measuring them side by side; flag is the default. */
+/* WEFT_CUDA_COMPLETION=auto|flag|event|callback picks how completions are
+ * noticed, for measuring them side by side; auto is the default. */
 static weft__cuda_completion completion_mode(void)
 {
-    const char *mode = getenv("WEFT_CUDA_COMPLETION");
-    if (mode && !strcmp(mode, "event"))
-        return WEFT__CUDA_EVENT;
-    if (mode && !strcmp(mode, "callback"))
-        return WEFT__CUDA_CALLBACK;
-    if (mode && !strcmp(mode, "auto"))
+    static const struct {
+        const char *name;
+        weft__cuda_completion mode;
+    } modes[] = {{"auto", WEFT__CUDA_AUTO},
+                 {"flag", WEFT__CUDA_FLAG},
+                 {"event", WEFT__CUDA_EVENT},
+                 {"callback", WEFT__CUDA_CALLBACK}};
+    const char *v = getenv("WEFT_CUDA_COMPLETION");
+    if (!v || !*v)
         return WEFT__CUDA_AUTO;
-    return WEFT__CUDA_FLAG;
+    for (size_t i = 0; i < sizeof modes / sizeof *modes; i++)
+        if (!strcmp(v, modes[i].name))
+            return modes[i].mode;
+    static atomic_bool warned; /* once, not once per device */
+    if (!atomic_exchange(&warned, true))
+        fprintf(stderr,
+                "weft: WEFT_CUDA_COMPLETION=%s: not auto, flag, event or callback; using auto\n",
+                v);
+    return WEFT__CUDA_AUTO;
 }
 
 static int device_create(int ordinal, unsigned graph_cache, weft__device **out)

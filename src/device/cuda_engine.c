@@ -7,14 +7,14 @@
  * looks at the first waiter of each active stream only.
  *
  * How "done" is known depends on the device's completion mode:
- *  - FLAG (default): cuStreamWriteValue32 writes the number into the
+ *  - FLAG: cuStreamWriteValue32 writes the number into the
  *    stream's word of mapped host memory, after a memory fence, once all
  *    work before it is done. Reading it is a plain load.
  *  - EVENT: a CUDA event is recorded per marker; the engine queries the
  *    oldest one of each stream.
  *  - CALLBACK: a host function per marker runs on CUDA's callback thread
  *    when the work before it is done, and fires the waiters itself.
- *  - AUTO: each marker is a flag or an event. Flags resume a lone waiter
+ *  - AUTO (default): each marker is a flag or an event. Flags resume a lone waiter
  *    soonest and cost nothing to check, but each comes behind a fence, and
  *    with many streams completing often the fences hold the GPU back
  *    (bench/RESULTS.md); events cost the GPU nothing and the CPU a query.

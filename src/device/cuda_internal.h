@@ -21,7 +21,7 @@ enum {
 };
 
 /* How a marker's completion is noticed (cuda_engine.c says what each costs;
- * WEFT_CUDA_COMPLETION=flag|event|callback|auto in the environment). */
+ * WEFT_CUDA_COMPLETION=auto|flag|event|callback in the environment). */
 typedef enum weft__cuda_completion {
     WEFT__CUDA_FLAG,     /* the GPU writes the sequence number into mapped memory */
     WEFT__CUDA_EVENT,    /* a CUDA event per marker, queried by the engine */
