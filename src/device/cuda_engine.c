@@ -137,21 +137,33 @@ bool weft__cuda_reached(weft__stream *s, uint64_t seq)
 }
 
 /* EVENT, AUTO: query the oldest recorded markers and move "done" past those
- * that completed (in AUTO, a later flag may already say so). Call with
- * s->lock held. */
-static void query_events(weft__stream *s)
+ * that completed (in AUTO, a later flag may already say so). A query is a
+ * driver call of microseconds, more while threads launch, so the lock is
+ * let go around it: the stream's own task would spin on it to mark or
+ * await meanwhile. Only the poller retires events, holding active_lock,
+ * so the oldest one stays recorded while unlocked (marks append behind
+ * it). Call with s->lock held; false when it could not be taken back. */
+static bool query_events(weft__stream *s)
 {
     bool flags = s->dev->completion == WEFT__CUDA_AUTO;
     while (s->ev_count > 0) {
-        weft__cuda_mark_event *m = &s->events[s->ev_head];
-        if (!(flags && flag_covers(s, m->seq)) && cudaEventQuery(m->event) != cudaSuccess)
-            break; /* not ready, or a fault: the backstop reports it */
-        atomic_store_explicit(&s->done, m->seq, memory_order_release);
-        s->spare[s->nspare++] = m->event; /* room: spare_cap >= ev_cap */
+        weft__cuda_mark_event m = s->events[s->ev_head];
+        if (!(flags && flag_covers(s, m.seq))) {
+            weft__lock_release(&s->lock);
+            cudaError_t e = cudaEventQuery(m.event);
+            if (e != cudaSuccess)
+                cudaGetLastError(); /* not ready, or a fault: the backstop reports it */
+            if (!weft__lock_try(&s->lock))
+                return false; /* a waiter is linking in: next round */
+            if (e != cudaSuccess)
+                break;
+        }
+        atomic_store_explicit(&s->done, m.seq, memory_order_release);
+        s->spare[s->nspare++] = m.event; /* room: spare_cap >= ev_cap */
         s->ev_head = (s->ev_head + 1) % s->ev_cap;
         s->ev_count--;
     }
-    cudaGetLastError();
+    return true;
 }
 
 /* The stream is idle once its last marker is done and nothing was enqueued
@@ -170,8 +182,6 @@ static void idle_if_done(weft__stream *s, int status)
  * failure). Call with s->lock held. */
 static unsigned fire_reached(weft__stream *s, int status)
 {
-    if (status == WEFT_OK && s->ev_count > 0)
-        query_events(s);
     idle_if_done(s, status); /* before anyone woken below can look */
     unsigned fired = 0;
     weft__waiter *w;
@@ -472,6 +482,10 @@ unsigned weft__cuda_poll(weft__device *d)
         weft__stream *s = dev->active[(start + k) % n];
         if (!weft__lock_try(&s->lock)) /* a waiter is linking in: next round */
             continue;
+        if (status == WEFT_OK && s->ev_count > 0 && !query_events(s)) {
+            misses--; /* its query spent, the lock lost to a waiter */
+            continue;
+        }
         if (dev->completion != WEFT__CUDA_CALLBACK || status != WEFT_OK)
             fired += fire_reached(s, status);
         if (s->pending.head == NULL)
