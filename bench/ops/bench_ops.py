@@ -40,6 +40,16 @@ SMALL_ROWS = [1, 2, 4, 8, 16, 32, 64]
 OPS = ["gelu_layernorm", "softmax", "rmsnorm", "layernorm", "add_layernorm",
        "bias_gelu_residual", "swiglu", "rope"]
 WEFT_DTYPE = {"f32": 0, "bf16": 1, "f16": 2}
+# the tuning variants (variants.cu): of softmax and LayerNorm, of the fused
+# GELU+LayerNorm, of bias+GELU+residual, of RoPE
+ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", "held_checked",
+                "held_narrow", "held_wide", "held_spread", "held_spread8", "held_online",
+                "ring2_online", "staged", "regs", "regs_half", "regs_double", "regs_flat")
+FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
+                  "held_spread8", "held_warp")
+GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "pairs", "grid8")
+ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "slices2")
+VARIANTS = sorted(set(ROW_VARIANTS + FUSED_VARIANTS + GELU_VARIANTS + ROPE_VARIANTS))
 
 
 def torch_dtype(torch, dtype_name):
@@ -55,6 +65,8 @@ def parse_args():
     ap.add_argument("--shapes", default=",".join("%dx%d" % s for s in SHAPES))
     ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     ap.add_argument("--no-variants", action="store_true", help="leave the tuning variants out")
+    ap.add_argument("--variants", help="comma-separated subset of the tuning variants to time "
+                    "(the library's kernel, lib, is always timed)")
     ap.add_argument("--budget", type=float, default=480,
                     help="seconds: past 70%% of it torch.compile is skipped, past it the "
                     "variants and small inputs, so that a report is always written")
@@ -484,6 +496,10 @@ def run(torch, lib, args):
     if not args.no_variants and elapsed() > args.budget:
         notes.append("variants skipped: past the time budget")
     elif not args.no_variants:
+        chosen = VARIANTS if args.variants is None else ["lib"] + args.variants.split(",")
+        unknown = set(chosen) - set(VARIANTS)
+        if unknown:
+            die("bench_ops: no variants %s" % ", ".join(sorted(unknown)), 2)
         for dtype_name in dtypes:
             wd = WEFT_DTYPE[dtype_name]
             for (r, c) in shapes:
@@ -501,6 +517,8 @@ def run(torch, lib, args):
                 def time_variant(kern, v, fn, nbytes, tag=None, must_apply=False):
                     """Times variant v of kern (fn launches it into y), if it applies
                     and computes what the library's kernel ("lib", run first) does."""
+                    if v not in chosen:
+                        return
                     if fn() != 0:
                         if must_apply:
                             failures.append("variant %s %s: %s" %
@@ -522,10 +540,7 @@ def run(torch, lib, args):
                          tbps, "TB/s")
                     variants_out.append((kern, v, dtype_name, (r, c), tbps))
 
-                for v in ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held",
-                          "held_checked", "held_narrow", "held_wide", "held_online",
-                          "ring2_online", "staged",
-                          "regs", "regs_half", "regs_double", "regs_flat"):
+                for v in ROW_VARIANTS:
                     for kern in ("softmax", "layernorm"):
                         if kern == "softmax" and v == "lib":
                             fn = (lambda: lib.weft_softmax(
@@ -545,7 +560,7 @@ def run(torch, lib, args):
                                      (2 * r * c + (0 if kern == "softmax" else 2 * c)) * es)
                 # the fused op: its held kernel with the inputs fixed or checked,
                 # at 8 and 32 values a thread, and rows a warp holds unsplit
-                for v in ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_warp"):
+                for v in FUSED_VARIANTS:
                     if v == "lib":
                         fn = (lambda: lib.weft_bias_gelu_residual_layernorm(
                             s(), wd, 1, P(y.data_ptr()), None, P(x.data_ptr()), P(w.data_ptr()),
@@ -581,7 +596,9 @@ def run(torch, lib, args):
                 hd, rope_lib = 128, None
                 pos = torch.randint(0, 32768, (r,), device="cuda", dtype=torch.int32)
                 q0 = x.clone()
-                for v in ("lib", "angles_each", "bounds4", "slices2"):
+                for v in ROPE_VARIANTS:
+                    if v not in chosen:
+                        continue
                     if v == "lib":
                         fn = (lambda: lib.weft_rope(
                             s(), wd, 1, P(x.data_ptr()), c // hd, c, P(z.data_ptr()), c // hd,

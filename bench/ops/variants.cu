@@ -95,15 +95,41 @@ bool variant_plan(const char *variant, size_t cols, int V, row_plan *p)
     return false;
 }
 
+/* Rows too long for a block of 512 threads at `values` a thread, which the
+ * library holds in the fewest blocks at up to 32 values (one resident block
+ * an SM), spread over a cluster of up to 8 blocks at `values` or fewer (two
+ * resident at 16): false for other rows, or if 8 blocks cannot. */
+bool spread_plan(size_t cols, int V, unsigned values, row_plan *p)
+{
+    const size_t nvec = (cols + V - 1) / V;
+    if (!plan_held(cols, V, values, p) || p->tpr < 512 || p->vpt * (unsigned)V <= values)
+        return false;
+    for (size_t c = 1; c <= 8; c *= 2) {
+        size_t vpt = pow2_at_least((nvec + 512 * c - 1) / (512 * c));
+        if (vpt * (size_t)V <= values) {
+            p->cluster = (unsigned)c;
+            p->vpt = (unsigned)vpt;
+            return true;
+        }
+    }
+    return false;
+}
+
 /* The held kernels under the library's plan, from its `values` a thread
  * (held), and under others:
  *   held_narrow  half the values a thread, twice the threads
  *   held_wide    twice the values a thread (up to 32), half the threads
+ *   held_spread  long rows at 16 values a thread over more blocks
+ *                (spread_plan), held_spread8 at 8
  * false when the variant does not apply. */
 bool held_variant_plan(const char *variant, size_t cols, int V, unsigned values, row_plan *p)
 {
     if (strcmp(variant, "held") == 0)
         return plan_held(cols, V, values, p);
+    if (strcmp(variant, "held_spread") == 0)
+        return spread_plan(cols, V, 16, p);
+    if (strcmp(variant, "held_spread8") == 0)
+        return spread_plan(cols, V, 8, p);
     if (strcmp(variant, "held_narrow") == 0)
         return values / 2 >= (unsigned)V && plan_held(cols, V, values / 2, p);
     if (strcmp(variant, "held_wide") == 0)
