@@ -9,7 +9,8 @@
  * 2 slots a block; rows.cuh says which). These run the ring kernels with
  * 2 and 4 slots (ring2, ring4) and with 2 at twice the values a thread
  * (ring2_wide), the held kernels under the library's plan (held) and others
- * (held_narrow, held_wide: see held_variant_plan), the kernels that test
+ * (held_narrow, held_wide, and long rows over more blocks, held_spread and
+ * held_spread8: see held_variant_plan), the kernels that test
  * at run time for what the library fixes at compile time on these rows -
  * LayerNorm's inputs, softmax's mask and scale, partial vectors -
  * (ring2_checked, held_checked), softmax's max and sum in one reduction
