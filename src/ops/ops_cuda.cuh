@@ -78,18 +78,20 @@ template <typename T, int V> struct alignas(sizeof(T) * V) vec {
     T e[V];
 };
 
-/* V elements as fp32 from one aligned access. Half types convert in pairs:
- * cvt.rn.bf16x2.f32 rounds two values in one instruction where the single
- * form takes one each plus the packing. */
+/* V elements as fp32 from one aligned access. Half types convert in pairs.
+ * A bf16 is the top half of its fp32, so a pair's word gives the low one
+ * shifted up and the high one masked, an instruction each (converting the
+ * high one as a bf16 took two: a byte permute, then the shift). */
 template <typename T, int V> __device__ __forceinline__ void load_vec(float (&dst)[V], const T *p)
 {
     vec<T, V> v = *reinterpret_cast<const vec<T, V> *>(p);
     if constexpr (V % 2 == 0 && std::is_same_v<T, __nv_bfloat16>) {
+        uint32_t pairs[V / 2];
+        memcpy(pairs, &v, sizeof pairs);
 #pragma unroll
         for (int k = 0; k < V; k += 2) {
-            float2 f = __bfloat1622float2(__nv_bfloat162(v.e[k], v.e[k + 1]));
-            dst[k] = f.x;
-            dst[k + 1] = f.y;
+            dst[k] = __uint_as_float(pairs[k / 2] << 16);
+            dst[k + 1] = __uint_as_float(pairs[k / 2] & 0xffff0000u);
         }
     } else if constexpr (V % 2 == 0 && std::is_same_v<T, __half>) {
 #pragma unroll
@@ -105,7 +107,9 @@ template <typename T, int V> __device__ __forceinline__ void load_vec(float (&ds
     }
 }
 
-/* V fp32 values rounded to T, stored as one aligned access. */
+/* V fp32 values rounded to T, stored as one aligned access. Half types
+ * round in pairs: cvt.rn.bf16x2.f32 rounds two values in one instruction
+ * where the single form takes one each plus the packing. */
 template <typename T, int V> __device__ __forceinline__ void store_vec(T *p, const float (&src)[V])
 {
     vec<T, V> v;
