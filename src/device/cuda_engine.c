@@ -14,14 +14,14 @@
  *    oldest one of each stream.
  *  - CALLBACK: a host function per marker runs on CUDA's callback thread
  *    when the work before it is done, and fires the waiters itself.
- *  - AUTO (default): each marker is a flag or an event. Flags resume a lone waiter
- *    soonest and cost nothing to check, but each comes behind a fence, and
- *    with many streams completing often the fences hold the GPU back
- *    (bench/RESULTS.md); events cost the GPU nothing and the CPU a query.
- *    So markers are events while the last window of the pollers' count saw
- *    CROWD_STREAMS streams active and CROWD_RATE completions a second, flags
- *    otherwise. A stream has reached seq when its word has (and a flag was
- *    marked at or after seq) or its events have.
+ *  - AUTO, the default: each marker is a flag or an event. Flags resume a
+ *    lone waiter soonest and cost nothing to check, but each comes behind a
+ *    fence, and with many streams completing often the fences hold the GPU
+ *    back (bench/RESULTS.md); events cost the GPU nothing and the CPU a
+ *    query. So markers are events while the last window of the pollers'
+ *    count saw CROWD_STREAMS streams active and CROWD_RATE completions a
+ *    second, flags otherwise. A stream has reached seq when its word has
+ *    (and a flag was marked at or after seq) or its events have.
  * The engine runs in whoever polls: idle workers, and a watcher while every
  * worker would otherwise sleep (sched.c). A flag costs a load to check, an
  * event a driver call that contends with launches: so with events a poll
