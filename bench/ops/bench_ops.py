@@ -43,10 +43,11 @@ WEFT_DTYPE = {"f32": 0, "bf16": 1, "f16": 2}
 # the tuning variants (variants.cu): of softmax and LayerNorm, of the fused
 # GELU+LayerNorm, of bias+GELU+residual, of RoPE
 ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", "held_checked",
-                "held_narrow", "held_wide", "held_spread", "held_spread8", "held_online",
-                "ring2_online", "staged", "regs", "regs_half", "regs_double", "regs_flat")
+                "held_narrow", "held_wide", "held_spread", "held_spread8", "held_push",
+                "held_online", "ring2_online", "staged", "regs", "regs_half", "regs_double",
+                "regs_flat")
 FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
-                  "held_spread8", "held_warp")
+                  "held_spread8", "held_push", "held_warp")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "pairs", "grid8")
 ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "slices2")
 VARIANTS = sorted(set(ROW_VARIANTS + FUSED_VARIANTS + GELU_VARIANTS + ROPE_VARIANTS))
@@ -752,7 +753,8 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "registers, `ring2_wide` that at twice the values a thread, `held` rows "
                    "loaded straight into registers, `held_narrow`/`held_wide` that "
                    "under other plans, `held_spread`/`held_spread8` long rows over clusters "
-                   "of up to 8 blocks at 16 or 8 values a thread, "
+                   "of up to 8 blocks at 16 or 8 values a thread, `held_push` a cluster's "
+                   "blocks pushing their statistics to each other (no cluster barriers), "
                    "`held_warp` the fused op's rows of up to 32 values a "
                    "thread in a warp (the library spreads them over warps at 16), "
                    "`*_checked` kernels that test at run time for "

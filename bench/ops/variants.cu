@@ -10,7 +10,9 @@
  * 2 and 4 slots (ring2, ring4) and with 2 at twice the values a thread
  * (ring2_wide), the held kernels under the library's plan (held) and others
  * (held_narrow, held_wide, and long rows over more blocks, held_spread and
- * held_spread8: see held_variant_plan), the kernels that test
+ * held_spread8: see held_variant_plan), LayerNorm's and the fused op's held
+ * kernels with a cluster's blocks pushing their statistics to each other
+ * (held_push: ops_cuda.cuh's cluster_exchange), the kernels that test
  * at run time for what the library fixes at compile time on these rows -
  * LayerNorm's inputs, softmax's mask and scale, partial vectors -
  * (ring2_checked, held_checked), softmax's max and sum in one reduction
@@ -273,6 +275,13 @@ int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void
     if (ring_variant(variant, 16, &slots, &values))
         return run_ring("layernorm variant", s, cols, V, sizeof(T), values, slots, p,
                         norm_ring_for<T, NORM_LAYER, NORM_IO_WEIGHT | NORM_IO_BIAS>);
+    if (strcmp(variant, "held_push") == 0)
+        return plan_held(cols, V, 16, &plan) && plan.cluster > 1
+                   ? run_held(
+                         "layernorm variant", s, plan, p,
+                         norm_held_for<T, NORM_LAYER, NORM_IO_WEIGHT | NORM_IO_BIAS, EXCHANGE_PUSH>(
+                             plan.vpt))
+                   : WEFT_EINVAL;
     if (held_variant_plan(variant, cols, V, 16, &plan))
         return run_held("layernorm variant", s, plan, p,
                         norm_held_for<T, NORM_LAYER, NORM_IO_WEIGHT | NORM_IO_BIAS>(plan.vpt));
@@ -318,6 +327,11 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
     if (strcmp(variant, "held_checked") == 0)
         return run_held("gelu_layernorm variant", s, plan, p,
                         norm_held_for<T, NORM_GELU_ERF_LAYER, NORM_IO_CHECKED>(plan.vpt));
+    if (strcmp(variant, "held_push") == 0)
+        return plan.cluster > 1
+                   ? run_held("gelu_layernorm variant", s, plan, p,
+                              norm_held_for<T, NORM_GELU_ERF_LAYER, IO, EXCHANGE_PUSH>(plan.vpt))
+                   : WEFT_EINVAL;
     if (strcmp(variant, "held_warp") == 0) {
         if (warp.tpr == plan.tpr)
             return WEFT_EINVAL; /* nothing split: the same as held */

@@ -387,10 +387,11 @@ __device__ __forceinline__ moments part_moments(const float (&x)[VPT][V], const 
  * are one reduction of each thread's moments. read() runs once every
  * thread of the row has read its vectors.
  */
-template <typename T, int VPT, norm_mode MODE, unsigned IO, typename Row, typename Read>
+template <typename T, int VPT, norm_mode MODE, unsigned IO, typename Row, typename Read,
+          cluster_exchange X>
 __device__ __forceinline__ void
 norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const Row &res,
-              Read read, reduce_scratch<norm_stat<MODE>> &scratch, unsigned cluster)
+              Read read, reduce_scratch<norm_stat<MODE>, X> &scratch, unsigned cluster)
 {
     constexpr int V = vec16<T>();
     constexpr bool GELU = norm_gelu(MODE);
@@ -498,12 +499,14 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
  * global memory. At 16 values a thread or fewer, at most 64 registers:
  * four blocks of 256 threads stay resident (left to itself, ptxas gave the
  * fp32 GELU form 102 registers, two blocks, and the fused op lost 25%). */
-template <typename T, int VPT, norm_mode MODE, unsigned IO>
+template <typename T, int VPT, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS>
 __global__ void __launch_bounds__(512, VPT *vec16<T>() <= 16 ? 2 : 1)
     norm_held_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t)
 {
     constexpr int V = vec16<T>();
-    __shared__ reduce_scratch<norm_stat<MODE>> scratch;
+    __shared__ reduce_scratch<norm_stat<MODE>, X> scratch;
+    if constexpr (X == EXCHANGE_PUSH)
+        push_setup(cluster, scratch);
     const row_place at = place_row<V>(row0, cluster, 1, VPT);
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
         return;
@@ -538,11 +541,11 @@ __global__ void __launch_bounds__(512) norm_ring_kernel(norm_params<T> p, ring_p
 }
 
 /* The held kernel for plan.vpt, or NULL when there is none. */
-template <typename T, norm_mode MODE, unsigned IO>
+template <typename T, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS>
 static void (*norm_held_for(unsigned vpt))(norm_params<T>, size_t, unsigned, size_t)
 {
     return held_vpt<vec16<T>()>(
-        vpt, [](auto k) { return norm_held_kernel<T, decltype(k)::value, MODE, IO>; });
+        vpt, [](auto k) { return norm_held_kernel<T, decltype(k)::value, MODE, IO, X>; });
 }
 
 /* The ring kernel for plan.vpt, or NULL when there is none. */

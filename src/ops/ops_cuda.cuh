@@ -487,12 +487,126 @@ struct op_merge {
     }
 };
 
+/*
+ * How the blocks of a cluster share their results in row_reduce:
+ *  - BARRIERS (the library's): each block writes its result to its slot; a
+ *    cluster barrier; every block reads every slot; a second barrier keeps
+ *    the slots until all have read. A cluster barrier's arrive orders
+ *    memory at the GPU's scope (MEMBAR.ALL.GPU in the SASS: a round trip
+ *    through L2), twice a reduction.
+ *  - PUSH: each block stores its result into its slot in every block of
+ *    the cluster with asynchronous stores that the receiver's mbarrier
+ *    counts in (st.async ... complete_tx), and waits on its own mbarrier
+ *    alone: no fence, no second barrier. The mbarrier must be set up before
+ *    any block stores to it: push_setup, at the kernel's start, with one
+ *    relaxed cluster barrier. A PUSH scratch serves one reduction a launch
+ *    (its mbarrier's first phase), so only kernels that reduce a row once
+ *    per scratch take it: bench/ops/ times it (held_push).
+ */
+enum cluster_exchange { EXCHANGE_BARRIERS, EXCHANGE_PUSH };
+
 /* Scratch for one reduction: a slot per warp, one for the block's result
  * (read by the other blocks of a cluster). */
-template <typename R> struct reduce_scratch {
+template <typename R, cluster_exchange X = EXCHANGE_BARRIERS> struct reduce_scratch {
     R warp[32];
     R block;
 };
+
+/* PUSH: a slot per block of the cluster, filled by that block, as 16 raw
+ * bytes (one vector store), and the mbarrier that counts them in. */
+template <typename R> struct reduce_scratch<R, EXCHANGE_PUSH> {
+    static_assert(sizeof(R) <= 16, "a pushed result is one 16-byte store");
+    R warp[32];
+    alignas(16) uint32_t blocks[8][4];
+    uint64_t arrived;
+};
+
+/* p's address in the shared window, as PTX's shared-memory operands take it. */
+__device__ __forceinline__ unsigned shared_address(const void *p)
+{
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+/* An mbarrier expecting one arrival a phase. */
+__device__ __forceinline__ void mbarrier_init_one(uint64_t *bar)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(bar)) : "memory");
+}
+
+/* PUSH: the scratches' mbarriers set up and published to the cluster (a
+ * fence for mbarrier set-up only, and a relaxed cluster barrier: no GPU-wide
+ * fence). Every thread of every block calls it once, before any reduction. */
+template <typename... Scratch>
+__device__ __forceinline__ void push_setup(unsigned cluster, Scratch &...s)
+{
+    if (cluster == 1)
+        return;
+    if (threadIdx.x == 0) {
+        (mbarrier_init_one(&s.arrived), ...);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\t"
+                 "barrier.cluster.wait.aligned;" ::
+                     : "memory");
+}
+
+/* PUSH: this block's result v into slot `rank` of every block of the
+ * cluster, its own by a plain store, which the arrive on its own mbarrier
+ * releases to the block's threads; that arrive also expects the other
+ * blocks' results. One thread calls it. */
+template <typename R>
+__device__ __forceinline__ void push_result(R v, reduce_scratch<R, EXCHANGE_PUSH> &s, unsigned rank,
+                                            unsigned cluster)
+{
+    uint32_t raw[4] = {0, 0, 0, 0};
+    memcpy(raw, &v, sizeof v);
+    memcpy(s.blocks[rank], raw, sizeof raw);
+    asm volatile(
+        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(&s.arrived)),
+        "r"(16u * (cluster - 1))
+        : "memory");
+    for (unsigned b = 0; b < cluster; b++) {
+        if (b == rank)
+            continue;
+        unsigned slot, bar;
+        asm("mapa.shared::cluster.u32 %0, %1, %2;"
+            : "=r"(slot)
+            : "r"(shared_address(s.blocks[rank])), "r"(b));
+        asm("mapa.shared::cluster.u32 %0, %1, %2;"
+            : "=r"(bar)
+            : "r"(shared_address(&s.arrived)), "r"(b));
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, "
+                     "%3, %4}, [%5];" ::"r"(slot),
+                     "r"(raw[0]), "r"(raw[1]), "r"(raw[2]), "r"(raw[3]), "r"(bar)
+                     : "memory");
+    }
+}
+
+/* PUSH: wait until every block's result is in. While this is a variant
+ * being tuned, the wait gives up after about a second (2^31 clocks), so that
+ * an exchange that never completes shows as a wrong result, not a hang. */
+template <typename R>
+__device__ __forceinline__ void wait_pushed(reduce_scratch<R, EXCHANGE_PUSH> &s)
+{
+    unsigned done = 0;
+    const long long start = clock64();
+    while (!done && clock64() - start < (1ll << 31))
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(shared_address(&s.arrived))
+                     : "memory");
+}
+
+/* PUSH: block b's result, once in. */
+template <typename R>
+__device__ __forceinline__ R pushed(const reduce_scratch<R, EXCHANGE_PUSH> &s, unsigned b)
+{
+    R v;
+    memcpy(&v, s.blocks[b], sizeof v);
+    return v;
+}
 
 /*
  * The reduction of v over one row, returned to every thread of the row.
@@ -510,8 +624,8 @@ template <typename R> struct reduce_scratch {
  * s from being written too early (a barrier a row saved, a cluster's
  * among them).
  */
-template <typename R, typename Op>
-__device__ __forceinline__ R row_reduce(R v, Op op, reduce_scratch<R> &s, unsigned cluster,
+template <typename R, typename Op, cluster_exchange X>
+__device__ __forceinline__ R row_reduce(R v, Op op, reduce_scratch<R, X> &s, unsigned cluster,
                                         bool then_other = false)
 {
 #pragma unroll
@@ -538,14 +652,23 @@ __device__ __forceinline__ R row_reduce(R v, Op op, reduce_scratch<R> &s, unsign
 
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
-    if (threadIdx.x == 0)
-        s.block = v;
-    cl.sync();
-    v = *cl.map_shared_rank(&s.block, 0);
-    for (unsigned b = 1; b < cluster; b++)
-        v = combine(op, v, *cl.map_shared_rank(&s.block, b));
-    if (!then_other)
-        cl.sync(); /* no block rewrites or leaves its slot while others read it */
+    if constexpr (X == EXCHANGE_PUSH) {
+        if (threadIdx.x == 0)
+            push_result(v, s, cl.block_rank(), cluster);
+        wait_pushed(s);
+        v = pushed(s, 0);
+        for (unsigned b = 1; b < cluster; b++)
+            v = combine(op, v, pushed(s, b));
+    } else {
+        if (threadIdx.x == 0)
+            s.block = v;
+        cl.sync();
+        v = *cl.map_shared_rank(&s.block, 0);
+        for (unsigned b = 1; b < cluster; b++)
+            v = combine(op, v, *cl.map_shared_rank(&s.block, b));
+        if (!then_other)
+            cl.sync(); /* no block rewrites or leaves its slot while others read it */
+    }
     return v;
 }
 

@@ -417,11 +417,6 @@ static inline size_t ring_bytes(unsigned slots, unsigned seg_bytes)
     return RING_BARRIER_BYTES + (size_t)slots * seg_bytes;
 }
 
-__device__ __forceinline__ unsigned shared_address(const void *p)
-{
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-
 __device__ __forceinline__ void barrier_init(unsigned bar)
 {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
