@@ -44,12 +44,14 @@ WEFT_DTYPE = {"f32": 0, "bf16": 1, "f16": 2}
 # GELU+LayerNorm, of bias+GELU+residual, of RoPE
 ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", "held_checked",
                 "held_narrow", "held_wide", "held_spread", "held_spread8", "held_push",
+                "held_packed", "held_packed16", "held_packed64", "held_packed_pairs",
                 "held_online", "ring2_online", "staged", "regs", "regs_half", "regs_double",
                 "regs_flat")
 FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
-                  "held_spread8", "held_push", "held_warp")
+                  "held_spread8", "held_push", "held_warp", "held_packed", "held_packed16",
+                  "held_packed64", "held_packed_pairs")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "pairs", "grid8")
-ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "slices2")
+ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "slices2", "floats", "heads4", "heads4_b2")
 VARIANTS = sorted(set(ROW_VARIANTS + FUSED_VARIANTS + GELU_VARIANTS + ROPE_VARIANTS))
 
 
@@ -746,7 +748,9 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
 
     if variants_out:
         out.append("Tuning variants, TB/s: `lib` is the library's kernel (for these aligned "
-                   "rows: LayerNorm `held_wide` on bf16 rows of 1024 and 4096; softmax "
+                   "rows: LayerNorm `held_wide` on bf16 rows of 1024 and 4096, the norms "
+                   "packed at 64 values a thread on bf16 rows of 65536 and `held_push` on "
+                   "fp32 ones; softmax "
                    "`ring2_online` on bf16 rows of 65536, `held_online` on other bf16 "
                    "rows; `held` otherwise), `ring2`/`ring4` rows "
                    "copied ahead into a ring of 2 or 4 slots in shared memory, then held in "
@@ -754,7 +758,11 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "loaded straight into registers, `held_narrow`/`held_wide` that "
                    "under other plans, `held_spread`/`held_spread8` long rows over clusters "
                    "of up to 8 blocks at 16 or 8 values a thread, `held_push` a cluster's "
-                   "blocks pushing their statistics to each other (no cluster barriers), "
+                   "blocks pushing their statistics to each other (`held` meets at cluster "
+                   "barriers), `held_packed`/`held_packed16` bf16 rows kept packed between "
+                   "passes at 32 or 16 values a thread (up to 64 on long rows), blocks of up "
+                   "to 1024 threads, `held_packed64` that at 64 values, `held_packed_pairs` "
+                   "that in blocks of up to 512 threads (rows of 65536 over two blocks), "
                    "`held_warp` the fused op's rows of up to 32 values a "
                    "thread in a warp (the library spreads them over warps at 16), "
                    "`*_checked` kernels that test at run time for "
@@ -768,7 +776,10 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "GELU two chunks a step, `grid8` the library's GELU on its former grid of "
                    "8 blocks an SM, `angles_each` RoPE with each work item computing its "
                    "pairs' inverse frequencies (the library keeps them in a table a block), "
-                   "`bounds4` that at 4 blocks an SM, `slices2` at twice the slices of heads "
+                   "`bounds4` that at 4 blocks an SM, `slices2` at twice the slices of heads, "
+                   "`floats` RoPE's chunks held as fp32 from the load (the library holds them "
+                   "as loaded), `heads4`/`heads4_b2` four heads a step (the library two), at 3 "
+                   "or 2 blocks an SM "
                    "(bench/ops/variants.cu says more):")
         out.append("")
         shapes = sorted({(dt, s) for _, _, dt, s, _ in variants_out},

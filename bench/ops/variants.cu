@@ -12,7 +12,11 @@
  * (held_narrow, held_wide, and long rows over more blocks, held_spread and
  * held_spread8: see held_variant_plan), LayerNorm's and the fused op's held
  * kernels with a cluster's blocks pushing their statistics to each other
- * (held_push: ops_cuda.cuh's cluster_exchange), the kernels that test
+ * (held_push: ops_cuda.cuh's cluster_exchange; held meets at cluster
+ * barriers), the held kernels with rows of half types kept packed between
+ * their passes (held_packed, held_packed16, held_packed64, and
+ * held_packed_pairs: see packed_plan), the
+ * kernels that test
  * at run time for what the library fixes at compile time on these rows -
  * LayerNorm's inputs, softmax's mask and scale, partial vectors -
  * (ring2_checked, held_checked), softmax's max and sum in one reduction
@@ -34,8 +38,9 @@
  * loads in flight a thread, and the library's kernel on its former grid of
  * 8 blocks an SM (grid8: a second, partial wave where fewer stay
  * resident); and RoPE computing each pair's inverse frequency in every
- * work item (angles_each), at 4 blocks an SM (bounds4) and with twice the
- * slices of heads (slices2).
+ * work item (angles_each), at 4 blocks an SM (bounds4), with twice the
+ * slices of heads (slices2), holding its chunks as fp32 (floats), and
+ * four heads a step (heads4, heads4_b2).
  *
  * Each entry point returns a weft status; WEFT_EINVAL means the variant
  * does not apply to that shape (the script leaves it out).
@@ -175,6 +180,40 @@ int run_held(const char *op, cudaStream_t s, const row_plan &plan, const Params 
     return kernel ? launch_rows(op, s, plan, p.rows, kernel, p, 0) : WEFT_EINVAL;
 }
 
+/* The plans of the held kernels with the row packed (half types), in
+ * blocks of up to 1024 threads: 32 values a thread (held_packed), 16
+ * (held_packed16) or 64 (held_packed64), up to 64 on rows longer than
+ * that holds; and 64 in blocks of up to 512 threads (held_packed_pairs:
+ * a row of 65536 over a cluster of two blocks, two resident an SM). false
+ * for other variants. */
+bool packed_plan(const char *variant, size_t cols, int V, row_plan *p)
+{
+    if (strcmp(variant, "held_packed_pairs") == 0)
+        return plan_held(cols, V, PACKED_MAX_VALUES, p, false, PACKED_MAX_VALUES, 512);
+    unsigned values = strcmp(variant, "held_packed") == 0     ? 32
+                      : strcmp(variant, "held_packed16") == 0 ? 16
+                      : strcmp(variant, "held_packed64") == 0 ? 64
+                                                              : 0;
+    return values && plan_packed(cols, V, values, p);
+}
+
+/* A packed held kernel (kernel_for(vpt)) under the variant's packed_plan. */
+template <typename T, typename Params, typename KernelFor>
+int run_packed(const char *op, cudaStream_t s, const char *variant, const Params &p,
+               KernelFor kernel_for)
+{
+    row_plan plan;
+    if (!packed_plan(variant, p.cols, vec16<T>(), &plan))
+        return WEFT_EINVAL;
+    return run_held(op, s, plan, p, kernel_for(plan.vpt));
+}
+
+/* Whether the variant is one of packed_plan's. */
+bool packed_variant(const char *variant)
+{
+    return strncmp(variant, "held_packed", 11) == 0;
+}
+
 /* The kernels by vectors a thread, for run_plan. */
 template <typename T, int V, int VPT> struct softmax_k {
     static auto fn()
@@ -233,6 +272,12 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
     if (strcmp(variant, "ring2_online") == 0)
         return run_ring("softmax variant", s, cols, V, sizeof(T), 32, 2, p,
                         softmax_ring_for<T, SOFTMAX_PLAIN, SOFTMAX_ONLINE>);
+    if (packed_variant(variant)) {
+        if constexpr (sizeof(T) == 2)
+            return run_packed<T>("softmax variant", s, variant, p,
+                                 softmax_packed_for<T, SOFTMAX_PLAIN, SOFTMAX_ONLINE>);
+        return WEFT_EINVAL;
+    }
     unsigned slots, values;
     if (ring_variant(variant, 32, &slots, &values))
         return run_ring("softmax variant", s, cols, V, sizeof(T), values, slots, p,
@@ -282,6 +327,13 @@ int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void
                          norm_held_for<T, NORM_LAYER, NORM_IO_WEIGHT | NORM_IO_BIAS, EXCHANGE_PUSH>(
                              plan.vpt))
                    : WEFT_EINVAL;
+    if (packed_variant(variant)) {
+        if constexpr (sizeof(T) == 2)
+            return run_packed<T>(
+                "layernorm variant", s, variant, p,
+                norm_packed_for<T, NORM_LAYER, NORM_IO_WEIGHT | NORM_IO_BIAS, EXCHANGE_PUSH>);
+        return WEFT_EINVAL;
+    }
     if (held_variant_plan(variant, cols, V, 16, &plan))
         return run_held("layernorm variant", s, plan, p,
                         norm_held_for<T, NORM_LAYER, NORM_IO_WEIGHT | NORM_IO_BIAS>(plan.vpt));
@@ -332,6 +384,12 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
                    ? run_held("gelu_layernorm variant", s, plan, p,
                               norm_held_for<T, NORM_GELU_ERF_LAYER, IO, EXCHANGE_PUSH>(plan.vpt))
                    : WEFT_EINVAL;
+    if (packed_variant(variant)) {
+        if constexpr (sizeof(T) == 2)
+            return run_packed<T>("gelu_layernorm variant", s, variant, p,
+                                 norm_packed_for<T, NORM_GELU_ERF_LAYER, IO, EXCHANGE_PUSH>);
+        return WEFT_EINVAL;
+    }
     if (strcmp(variant, "held_warp") == 0) {
         if (warp.tpr == plan.tpr)
             return WEFT_EINVAL; /* nothing split: the same as held */
@@ -457,7 +515,10 @@ int gelu_grid8(cudaStream_t s, void *out, const void *in, const void *bias, cons
  * with each work item computing its pairs' inverse frequencies, as the
  * library did before its table in shared memory (angles_each), at 4
  * blocks an SM, not 3 (bounds4: the compiler spills), and with twice the
- * slices of heads (slices2: smaller work items, more of them). */
+ * slices of heads (slices2: smaller work items, more of them); with its
+ * chunks held as fp32 from the load (floats: the library's form before it
+ * held them as loaded); and with four heads' loads in flight a thread, not
+ * two, at 3 and at 2 blocks an SM (heads4, heads4_b2). */
 template <typename T>
 int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, void *k,
                  size_t k_heads, size_t tokens, size_t head_dim, const int32_t *positions,
@@ -485,6 +546,12 @@ int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, v
         return launch_rope_chunks<T, V, V, true, true, 4>(s, p, pairs);
     if (strcmp(variant, "slices2") == 0)
         return launch_rope_chunks<T, V, V, true, true>(s, p, pairs, 2);
+    if (strcmp(variant, "floats") == 0)
+        return launch_rope_chunks<T, V, V, true, true, 3, 2, false>(s, p, pairs);
+    if (strcmp(variant, "heads4") == 0)
+        return launch_rope_chunks<T, V, V, true, true, 3, 4>(s, p, pairs);
+    if (strcmp(variant, "heads4_b2") == 0)
+        return launch_rope_chunks<T, V, V, true, true, 2, 4>(s, p, pairs);
     return WEFT_EINVAL;
 }
 

@@ -387,8 +387,8 @@ __device__ __forceinline__ moments part_moments(const float (&x)[VPT][V], const 
  * are one reduction of each thread's moments. read() runs once every
  * thread of the row has read its vectors.
  */
-template <typename T, int VPT, norm_mode MODE, unsigned IO, typename Row, typename Read,
-          cluster_exchange X>
+template <typename T, int VPT, norm_mode MODE, unsigned IO, bool PACKED, typename Row,
+          typename Read, cluster_exchange X>
 __device__ __forceinline__ void
 norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const Row &res,
               Read read, reduce_scratch<norm_stat<MODE>, X> &scratch, unsigned cluster)
@@ -421,11 +421,15 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
                                      : load_partial<T, V>(p.gelu_bias + j[k], part[k]);
     }
 
-    /* s, as the host forms and rounds it; the sum (of squares, RMS) */
+    /* s, as the host forms and rounds it; the sum (of squares, RMS).
+     * PACKED keeps s as T between the passes (it is rounded to T, or is
+     * in), and unpacks it again for each. */
     float x[VPT][V], acc = 0.0f;
+    uint4 kept[VPT];
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
         unpack<T, V>(x[k], raw_in[k]);
+        kept[k] = raw_in[k];
         if (GELU || has_res) {
             float r[V], g[V];
             unpack<T, V>(r, raw_res[k]);
@@ -439,6 +443,8 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
                  * last multiply */
                 x[k][e] = round_to<T>(has_res ? __fadd_rn(h, r[e]) : h);
             }
+            if (PACKED)
+                kept[k] = pack<T, V>(x[k]);
         }
 #pragma unroll
         for (int e = 0; e < V; e++)
@@ -451,6 +457,8 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
         mean = 0.0f;
         read();
     } else {
+        if constexpr (PACKED)
+            unpack_kept<T, V, VPT>(x, kept);
         moments m = row_reduce(part_moments<V, VPT>(x, part, acc), op_merge(), scratch, cluster);
         read();
         mean = m.mean;
@@ -459,6 +467,8 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
 
     T *out = p.out + at.row * p.stride;
     T *sum_out = has_sum ? p.sum_out + at.row * p.stride : nullptr;
+    if constexpr (PACKED)
+        unpack_kept<T, V, VPT>(x, kept);
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
         if (part[k] == 0)
@@ -485,7 +495,7 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
         }
         if (part[k] == V) {
             if (has_sum)
-                store_streamed(sum_out + j[k], pack<T, V>(x[k]));
+                store_streamed(sum_out + j[k], PACKED ? kept[k] : pack<T, V>(x[k]));
             store_streamed(out + j[k], pack<T, V>(y));
         } else {
             if (has_sum)
@@ -498,9 +508,13 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
 /* The held kernel: a row a block (or a cluster, or a warp), straight from
  * global memory. At 16 values a thread or fewer, at most 64 registers:
  * four blocks of 256 threads stay resident (left to itself, ptxas gave the
- * fp32 GELU form 102 registers, two blocks, and the fused op lost 25%). */
-template <typename T, int VPT, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS>
-__global__ void __launch_bounds__(512, VPT *vec16<T>() <= 16 ? 2 : 1)
+ * fp32 GELU form 102 registers, two blocks, and the fused op lost 25%).
+ * PACKED (half types) keeps the row as T, up to 64 values a thread in 64
+ * registers, in blocks of up to 1024 threads: a row of 65536 in one block,
+ * or twice the resident blocks of the fp32 form. */
+template <typename T, int VPT, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
+          bool PACKED = false>
+__global__ void __launch_bounds__(PACKED ? 1024 : 512, !PACKED && VPT * vec16<T>() <= 16 ? 2 : 1)
     norm_held_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t)
 {
     constexpr int V = vec16<T>();
@@ -512,7 +526,7 @@ __global__ void __launch_bounds__(512, VPT *vec16<T>() <= 16 ? 2 : 1)
         return;
     const global_row<T, V> in = {p.in + at.row * p.stride};
     const global_row<T, V> res = {p.residual ? p.residual + at.row * p.stride : nullptr};
-    norm_held_row<T, VPT, MODE, IO>(
+    norm_held_row<T, VPT, MODE, IO, PACKED>(
         p, at, in, res, [] {}, scratch, cluster);
 }
 
@@ -536,7 +550,7 @@ __global__ void __launch_bounds__(512) norm_ring_kernel(norm_params<T> p, ring_p
     ring_rows(ring, p.rows, cluster, fill, [&](size_t row, unsigned s, auto read) {
         at.row = row;
         const slot_row<T, V> in = {ring.segment(s), first};
-        norm_held_row<T, VPT, MODE, IO>(p, at, in, in, read, scratch, cluster);
+        norm_held_row<T, VPT, MODE, IO, false>(p, at, in, in, read, scratch, cluster);
     });
 }
 
@@ -546,6 +560,25 @@ static void (*norm_held_for(unsigned vpt))(norm_params<T>, size_t, unsigned, siz
 {
     return held_vpt<vec16<T>()>(
         vpt, [](auto k) { return norm_held_kernel<T, decltype(k)::value, MODE, IO, X>; });
+}
+
+/* The packed held kernel (half types) for plan.vpt, or NULL when there is
+ * none; instantiated from FEWEST values a thread up. */
+template <typename T, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
+          unsigned FEWEST = 1>
+static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, size_t)
+{
+    static_assert(sizeof(T) == 2, "a packed row is of a half type");
+    using kernel = void (*)(norm_params<T>, size_t, unsigned, size_t);
+    return by_vpt<PACKED_MAX_VALUES / vec16<T>()>(
+        vpt,
+        [](auto k) -> kernel {
+            if constexpr (decltype(k)::value * vec16<T>() < FEWEST)
+                return nullptr;
+            else
+                return norm_held_kernel<T, decltype(k)::value, MODE, IO, X, true>;
+        },
+        [] { return (kernel) nullptr; });
 }
 
 /* The ring kernel for plan.vpt, or NULL when there is none. */

@@ -135,6 +135,18 @@ template <typename T, int V> __device__ __forceinline__ void store_vec(T *p, con
     *reinterpret_cast<vec<T, V> *>(p) = v;
 }
 
+/* Raw 16-byte vectors to and from fp32 values. */
+template <typename T, int V> __device__ __forceinline__ void unpack(float (&x)[V], uint4 raw)
+{
+    load_vec<T, V>(x, reinterpret_cast<const T *>(&raw));
+}
+template <typename T, int V> __device__ __forceinline__ uint4 pack(const float (&x)[V])
+{
+    uint4 raw;
+    store_vec<T, V>(reinterpret_cast<T *>(&raw), x);
+    return raw;
+}
+
 /* Elements of a 16-byte access. */
 template <typename T> __host__ __device__ constexpr int vec16()
 {
@@ -489,9 +501,9 @@ struct op_merge {
 
 /*
  * How the blocks of a cluster share their results in row_reduce:
- *  - BARRIERS (the library's): each block writes its result to its slot; a
- *    cluster barrier; every block reads every slot; a second barrier keeps
- *    the slots until all have read. A cluster barrier's arrive orders
+ *  - BARRIERS (the ring kernels', softmax's): each block writes its
+ *    result to its slot; a cluster barrier; every block reads every slot;
+ *    a second barrier keeps the slots until all have read. A cluster barrier's arrive orders
  *    memory at the GPU's scope (MEMBAR.ALL.GPU in the SASS: a round trip
  *    through L2), twice a reduction.
  *  - PUSH: each block stores its result into its slot in every block of
@@ -501,7 +513,8 @@ struct op_merge {
  *    any block stores to it: push_setup, at the kernel's start, with one
  *    relaxed cluster barrier. A PUSH scratch serves one reduction a launch
  *    (its mbarrier's first phase), so only kernels that reduce a row once
- *    per scratch take it: bench/ops/ times it (held_push).
+ *    per scratch take it: the held norms (LayerNorm bf16 1024x65536 +16%
+ *    over BARRIERS, bench/RESULTS.md; bench/ops/ times BARRIERS as `held`).
  */
 enum cluster_exchange { EXCHANGE_BARRIERS, EXCHANGE_PUSH };
 
@@ -577,9 +590,10 @@ __device__ __forceinline__ void push_result(R v, reduce_scratch<R, EXCHANGE_PUSH
     }
 }
 
-/* PUSH: wait until every block's result is in. While this is a variant
- * being tuned, the wait gives up after about a second (2^31 clocks), so that
- * an exchange that never completes shows as a wrong result, not a hang. */
+/* PUSH: wait until every block's result is in. The wait gives up after
+ * about a second (2^31 clocks), so that an exchange that never completes
+ * (a broken launch, never a correct one) shows as a wrong result, not as
+ * a GPU hung for good. */
 template <typename R>
 __device__ __forceinline__ void wait_pushed(reduce_scratch<R, EXCHANGE_PUSH> &s)
 {

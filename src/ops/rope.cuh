@@ -46,17 +46,26 @@ __device__ __forceinline__ void pair_angle(int32_t pos, double inv_freq, float &
     cs = (float)c;
 }
 
-/* One chunk of one head: CP pairs, held as fp32. Split halves: V
- * elements from each half, pair m = (x[m], x[V + m]); interleaved: 2 CP
- * consecutive elements, pair m = (x[2m], x[2m + 1]). V = 1 is the
- * element-by-element path (CP = 1). */
-template <typename T, int V, int CP, bool HALVES> struct rope_chunk {
+/* One chunk of one head: CP pairs. Split halves: V elements from each
+ * half, pair m = (x[m], x[V + m]); interleaved: 2 CP consecutive
+ * elements, pair m = (x[2m], x[2m + 1]). V = 1 is the element-by-element
+ * path (CP = 1), held as fp32; 16-byte chunks are held as loaded (RAW) and
+ * converted only to turn, so that a head in flight costs 8 registers, not
+ * 16 (bf16: the fp32 form spilled at two heads a step), or as fp32. */
+template <typename T, int V, int CP, bool HALVES, bool RAW = true> struct rope_chunk {
     static constexpr int N = HALVES ? 2 * V : 2 * CP;
+    static constexpr bool AS_RAW = RAW && V > 1;
     float x[N];
+    uint4 raw[HALVES ? 2 : 1];
 
     __device__ __forceinline__ void load(const T *head, size_t first_pair, size_t half)
     {
-        if (HALVES) {
+        if (AS_RAW) {
+            raw[0] =
+                *reinterpret_cast<const uint4 *>(head + (HALVES ? first_pair : 2 * first_pair));
+            if (HALVES)
+                raw[1] = *reinterpret_cast<const uint4 *>(head + first_pair + half);
+        } else if (HALVES) {
             const T *lo = head + first_pair;
             float a[V], b[V];
             load_vec<T, V>(a, lo);
@@ -80,18 +89,39 @@ template <typename T, int V, int CP, bool HALVES> struct rope_chunk {
 
     __device__ __forceinline__ void turn(const float (&sn)[CP], const float (&cs)[CP])
     {
-#pragma unroll
-        for (int m = 0; m < CP; m++) {
+        if constexpr (AS_RAW) {
+            float a[V], b[V];
+            unpack<T, V>(a, raw[0]);
             if (HALVES)
-                rotate(x[m], x[V + m], sn[m], cs[m]);
-            else
-                rotate(x[2 * m], x[2 * m + 1], sn[m], cs[m]);
+                unpack<T, V>(b, raw[1]);
+#pragma unroll
+            for (int m = 0; m < CP; m++) {
+                if (HALVES)
+                    rotate(a[m], b[m], sn[m], cs[m]);
+                else
+                    rotate(a[2 * m], a[2 * m + 1], sn[m], cs[m]);
+            }
+            raw[0] = pack<T, V>(a);
+            if (HALVES)
+                raw[1] = pack<T, V>(b);
+        } else {
+#pragma unroll
+            for (int m = 0; m < CP; m++) {
+                if (HALVES)
+                    rotate(x[m], x[V + m], sn[m], cs[m]);
+                else
+                    rotate(x[2 * m], x[2 * m + 1], sn[m], cs[m]);
+            }
         }
     }
 
     __device__ __forceinline__ void store(T *head, size_t first_pair, size_t half) const
     {
-        if (HALVES) {
+        if (AS_RAW) {
+            *reinterpret_cast<uint4 *>(head + (HALVES ? first_pair : 2 * first_pair)) = raw[0];
+            if (HALVES)
+                *reinterpret_cast<uint4 *>(head + first_pair + half) = raw[1];
+        } else if (HALVES) {
             T *lo = head + first_pair;
             float a[V], b[V];
 #pragma unroll
@@ -129,11 +159,12 @@ enum : unsigned { ROPE_TABLE_PAIRS = 512 };
 /* CP pairs per chunk; V elements per access. TABLE: the inverse
  * frequencies come from the block's table (head_dim / 2 <=
  * ROPE_TABLE_PAIRS), each pow computed once a block instead of once a work
- * item, the same bits. Two heads a step, both loaded before either is
- * stored, so that each thread has two heads' loads in flight (the compiler
- * cannot move a load above a store that might alias it). MIN_BLOCKS a
- * multiprocessor, as __launch_bounds__ takes it. */
-template <typename T, int V, int CP, bool HALVES, bool TABLE, int MIN_BLOCKS = 3>
+ * item, the same bits. HEADS heads a step, all loaded before any is
+ * stored, so that each thread has their loads in flight together (the
+ * compiler cannot move a load above a store that might alias it).
+ * MIN_BLOCKS a multiprocessor, as __launch_bounds__ takes it. */
+template <typename T, int V, int CP, bool HALVES, bool TABLE, int MIN_BLOCKS = 3, int HEADS = 2,
+          bool RAW = true>
 __global__ void __launch_bounds__(256, MIN_BLOCKS) rope_kernel(rope_params<T> p)
 {
     const size_t half = p.head_dim / 2, all = p.q_heads + p.k_heads;
@@ -156,18 +187,21 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) rope_kernel(rope_params<T> p)
         size_t h = slice * p.heads_per_slice, end = h + p.heads_per_slice;
         if (end > all)
             end = all;
-        for (; h < end; h += 2) {
-            const bool two = h + 1 < end;
-            rope_chunk<T, V, CP, HALVES> c0, c1;
-            T *head0 = head_at(p, t, h), *head1 = two ? head_at(p, t, h + 1) : nullptr;
-            c0.load(head0, first_pair, half);
-            if (two)
-                c1.load(head1, first_pair, half);
-            c0.turn(sn, cs);
-            c0.store(head0, first_pair, half);
-            if (two) {
-                c1.turn(sn, cs);
-                c1.store(head1, first_pair, half);
+        for (; h < end; h += HEADS) {
+            rope_chunk<T, V, CP, HALVES, RAW> c[HEADS];
+            T *head[HEADS];
+#pragma unroll
+            for (int i = 0; i < HEADS; i++) {
+                head[i] = h + i < end ? head_at(p, t, h + i) : nullptr;
+                if (head[i])
+                    c[i].load(head[i], first_pair, half);
+            }
+#pragma unroll
+            for (int i = 0; i < HEADS; i++) {
+                if (head[i]) {
+                    c[i].turn(sn, cs);
+                    c[i].store(head[i], first_pair, half);
+                }
             }
         }
     }
@@ -175,7 +209,8 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) rope_kernel(rope_params<T> p)
 
 /* The launch of rope_kernel<T, V, CP, HALVES, TABLE, ...> over p's tokens,
  * in chunks of CP of a head's `pairs`, with `spread` times the slices. */
-template <typename T, int V, int CP, bool HALVES, bool TABLE, int MIN_BLOCKS = 3>
+template <typename T, int V, int CP, bool HALVES, bool TABLE, int MIN_BLOCKS = 3, int HEADS = 2,
+          bool RAW = true>
 int launch_rope_chunks(cudaStream_t stream, rope_params<T> p, size_t pairs, size_t spread = 1)
 {
     const unsigned threads = 256;
@@ -189,7 +224,7 @@ int launch_rope_chunks(cudaStream_t stream, rope_params<T> p, size_t pairs, size
         p.slices = all;
     p.heads_per_slice = (all + p.slices - 1) / p.slices;
     p.slices = (all + p.heads_per_slice - 1) / p.heads_per_slice;
-    auto kernel = rope_kernel<T, V, CP, HALVES, TABLE, MIN_BLOCKS>;
+    auto kernel = rope_kernel<T, V, CP, HALVES, TABLE, MIN_BLOCKS, HEADS, RAW>;
     kernel<<<grid_for(kernel, p.tokens * p.slices * p.chunks, threads), threads, 0, stream>>>(p);
     return launched("weft_rope");
 }

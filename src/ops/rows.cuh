@@ -14,10 +14,12 @@
  * 512-byte run):
  *
  *  - held (below): each thread loads all of its VPT vectors at once, VPT a
- *    template parameter, and keeps them as fp32 (up to 32 values). The
- *    main path, for 16-byte aligned tensors and rows up to 131072 elements;
- *    RMSNorm and softmax on long rows have it fed through a ring of rows
- *    in shared memory (the ring kernels, below).
+ *    template parameter, and keeps them as fp32 (up to 32 values) or, in
+ *    half types, packed as T (up to 64 values, blocks of up to 1024
+ *    threads; unpacked again for each pass). The main path, for 16-byte
+ *    aligned tensors and rows up to 131072 elements; RMSNorm and softmax
+ *    on long rows have it fed through a ring of rows in shared memory (the
+ *    ring kernels, below).
  *  - staged: the row goes to shared memory with cp.async. Loads in flight
  *    cost no registers, but every pass re-reads and converts shared memory
  *    in run-time loops, and it lost to held by 1.5-2x (bench/ops/ keeps it
@@ -208,17 +210,20 @@ static inline void set_cluster(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *att
  * spill. Longer rows (beyond 131072 elements, 8 blocks of 512 threads) go
  * to the register kernels' tile loop.
  */
-enum : unsigned { HELD_MAX_VALUES = 32 };
+enum : unsigned { HELD_MAX_VALUES = 32, PACKED_MAX_VALUES = 64 };
 
 /* The held plan for `values` a thread (16 or 32); false when the row is too
  * long to hold. Rows that a warp holds take a warp each unless
- * `block_rows` (the ring kernels' plan: a block per row). */
+ * `block_rows` (the ring kernels' plan: a block per row). `most` values a
+ * thread and `max_tpr` threads a block bound it: HELD_MAX_VALUES and 512
+ * for rows held as fp32, PACKED_MAX_VALUES and 1024 packed. */
 static inline bool plan_held(size_t cols, int V, unsigned values, row_plan *p,
-                             bool block_rows = false)
+                             bool block_rows = false, unsigned most_values = HELD_MAX_VALUES,
+                             unsigned max_tpr = 512)
 {
     const size_t nvec = (cols + V - 1) / V;
     const size_t want = values / V; /* vectors a thread, as asked */
-    const size_t most = HELD_MAX_VALUES / V;
+    const size_t most = most_values / V;
 
     *p = {32, 8, 1, 1, 1, 0};
     if (nvec <= 32 * (block_rows ? want : most)) { /* a warp per row */
@@ -228,17 +233,17 @@ static inline bool plan_held(size_t cols, int V, unsigned values, row_plan *p,
     }
     p->rpb = 1;
     size_t threads = pow2_at_least((nvec + want - 1) / want);
-    if (threads <= 512) {
+    if (threads <= max_tpr) {
         p->tpr = (unsigned)threads;
         p->vpt = (unsigned)pow2_at_least((nvec + threads - 1) / threads);
         return true;
     }
-    /* long rows: the fewest blocks that hold the row with up to 32 values
-     * a thread (measured: a cluster's synchronisation costs more than the
-     * longer passes) */
-    p->tpr = 512;
+    /* long rows: the fewest blocks that hold the row with up to `most`
+     * values a thread (measured: a cluster's synchronisation costs more
+     * than the longer passes) */
+    p->tpr = max_tpr;
     for (size_t c = 1; c <= 8; c *= 2) {
-        size_t vpt = pow2_at_least((nvec + 512 * c - 1) / (512 * c));
+        size_t vpt = pow2_at_least((nvec + max_tpr * c - 1) / (max_tpr * c));
         if (vpt <= most) {
             p->cluster = (unsigned)c;
             p->vpt = (unsigned)vpt;
@@ -246,6 +251,13 @@ static inline bool plan_held(size_t cols, int V, unsigned values, row_plan *p,
         }
     }
     return false;
+}
+
+/* The held plan of a packed row (norm_held_row's PACKED, half types):
+ * up to 64 values a thread, blocks of up to 1024 threads. */
+static inline bool plan_packed(size_t cols, int V, unsigned values, row_plan *p)
+{
+    return plan_held(cols, V, values, p, false, PACKED_MAX_VALUES, 1024);
 }
 
 /* A plan of a warp a row holding more than `values` a thread, made to hold
@@ -308,16 +320,23 @@ __device__ __forceinline__ void store_partial(T *p, const float (&x)[V], int n)
             p[e] = from_f32<T>(x[e]);
 }
 
-/* Raw 16-byte vectors to and from fp32 values. */
-template <typename T, int V> __device__ __forceinline__ void unpack(float (&x)[V], uint4 raw)
+/* raw, as a value the compiler cannot trace: for the packed held rows
+ * (PACKED), whose every pass unpacks the row again, so that the compiler
+ * cannot keep an earlier pass's fp32 values alive instead, which would
+ * undo the saving in registers. */
+__device__ __forceinline__ uint4 opaque(uint4 raw)
 {
-    load_vec<T, V>(x, reinterpret_cast<const T *>(&raw));
-}
-template <typename T, int V> __device__ __forceinline__ uint4 pack(const float (&x)[V])
-{
-    uint4 raw;
-    store_vec<T, V>(reinterpret_cast<T *>(&raw), x);
+    asm volatile("" : "+r"(raw.x), "+r"(raw.y), "+r"(raw.z), "+r"(raw.w));
     return raw;
+}
+
+/* A packed held row's values again from the T they were kept as. */
+template <typename T, int V, int VPT>
+__device__ __forceinline__ void unpack_kept(float (&x)[VPT][V], const uint4 (&kept)[VPT])
+{
+#pragma unroll
+    for (int k = 0; k < VPT; k++)
+        unpack<T, V>(x[k], opaque(kept[k]));
 }
 
 /* The first n of V elements at p into x, the rest 0; one 16-byte access

@@ -287,8 +287,11 @@ template <> struct softmax_scratch<SOFTMAX_ONLINE> {
  * neither win the max nor add to the sum (2^-Inf = 0). ONLINE: each
  * thread exponentiates from its own max, and its factor rescales to the
  * row's. read() runs once every thread of the row has read its vectors.
+ * PACKED (half types) keeps the row as loaded and forms x again for each
+ * pass, exponentiating from the row's max for the output.
  */
-template <typename T, int VPT, softmax_form FORM, softmax_stats STATS, typename Row, typename Read>
+template <typename T, int VPT, softmax_form FORM, softmax_stats STATS, bool PACKED, typename Row,
+          typename Read>
 __device__ __forceinline__ void softmax_held_row(const softmax_params<T> &p, const row_place &at,
                                                  const Row &in, Read read,
                                                  softmax_scratch<STATS> &scratch, unsigned cluster)
@@ -308,10 +311,10 @@ __device__ __forceinline__ void softmax_held_row(const softmax_params<T> &p, con
         raw[k] = in.at(j[k], vis[k]);
     }
 
+    /* x: the scaled row, masked */
     float x[VPT][V], max = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < VPT; k++) {
-        unpack<T, V>(x[k], raw[k]);
+    auto form = [&](int k, uint4 r) {
+        unpack<T, V>(x[k], r);
         if (vis[k] == V) {
             if (FORM != SOFTMAX_PLAIN) /* scale 1 leaves x as it is */
 #pragma unroll
@@ -322,6 +325,10 @@ __device__ __forceinline__ void softmax_held_row(const softmax_params<T> &p, con
             for (int e = 0; e < V; e++)
                 x[k][e] = e < vis[k] ? __fmul_rn(p.scale, x[k][e]) : -INFINITY;
         }
+    };
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+        form(k, raw[k]);
 #pragma unroll
         for (int e = 0; e < V; e++)
             max = fmaxf(max, x[k][e]);
@@ -338,6 +345,8 @@ __device__ __forceinline__ void softmax_held_row(const softmax_params<T> &p, con
     float sum = 0.0f;
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
+        if (PACKED)
+            form(k, opaque(raw[k]));
 #pragma unroll
         for (int e = 0; e < V; e++) {
             x[k][e] = exp2_approx(fmaf(x[k][e], LOG2E, -shift));
@@ -350,7 +359,18 @@ __device__ __forceinline__ void softmax_held_row(const softmax_params<T> &p, con
     } else {
         max_sum row = row_reduce(max_sum{max, sum}, op_online(), scratch.both, cluster);
         read();
-        inv = rescale(max, row.max) / row.sum;
+        inv = (PACKED ? 1.0f : rescale(max, row.max)) / row.sum;
+        max = row.max;
+    }
+    if constexpr (PACKED) { /* the exponents again, from the row's max */
+        const float row_shift = max == -INFINITY ? 0.0f : max * LOG2E;
+#pragma unroll
+        for (int k = 0; k < VPT; k++) {
+            form(k, opaque(raw[k]));
+#pragma unroll
+            for (int e = 0; e < V; e++)
+                x[k][e] = exp2_approx(fmaf(x[k][e], LOG2E, -row_shift));
+        }
     }
 
     T *out = p.out + at.row * p.stride;
@@ -381,9 +401,11 @@ __device__ __forceinline__ void softmax_held_row(const softmax_params<T> &p, con
 }
 
 /* The held kernel: a row a block (or a cluster, or a warp), straight from
- * global memory. */
-template <typename T, int VPT, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM>
-__global__ void __launch_bounds__(512)
+ * global memory. PACKED (half types): up to 64 values a thread in blocks
+ * of up to 1024 threads, as norm_held_kernel. */
+template <typename T, int VPT, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM,
+          bool PACKED = false>
+__global__ void __launch_bounds__(PACKED ? 1024 : 512)
     softmax_held_kernel(softmax_params<T> p, size_t row0, unsigned cluster, size_t)
 {
     constexpr int V = vec16<T>();
@@ -392,7 +414,7 @@ __global__ void __launch_bounds__(512)
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
         return;
     const global_row<T, V> in = {p.in + at.row * p.stride};
-    softmax_held_row<T, VPT, FORM, STATS>(
+    softmax_held_row<T, VPT, FORM, STATS, PACKED>(
         p, at, in, [] {}, scratch, cluster);
 }
 
@@ -418,7 +440,7 @@ __global__ void __launch_bounds__(512) softmax_ring_kernel(softmax_params<T> p, 
     ring_rows(ring, p.rows, cluster, fill, [&](size_t row, unsigned s, auto read) {
         at.row = row;
         const slot_row<T, V> in = {ring.segment(s), first};
-        softmax_held_row<T, VPT, FORM, STATS>(p, at, in, read, scratch, cluster);
+        softmax_held_row<T, VPT, FORM, STATS, false>(p, at, in, read, scratch, cluster);
     });
 }
 
@@ -428,6 +450,17 @@ static void (*softmax_held_for(unsigned vpt))(softmax_params<T>, size_t, unsigne
 {
     return held_vpt<vec16<T>()>(
         vpt, [](auto k) { return softmax_held_kernel<T, decltype(k)::value, FORM, STATS>; });
+}
+
+/* The packed held kernel (half types) for plan.vpt, or NULL when there is
+ * none. */
+template <typename T, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM>
+static void (*softmax_packed_for(unsigned vpt))(softmax_params<T>, size_t, unsigned, size_t)
+{
+    static_assert(sizeof(T) == 2, "a packed row is of a half type");
+    return by_vpt<PACKED_MAX_VALUES / vec16<T>()>(
+        vpt, [](auto k) { return softmax_held_kernel<T, decltype(k)::value, FORM, STATS, true>; },
+        [] { return nullptr; });
 }
 
 /* The ring kernel for plan.vpt, or NULL when there is none. */

@@ -52,10 +52,12 @@ static size_t reach(const row_plan &p, int V)
     return (size_t)p.cluster * p.tiles * p.tpr * p.vpt * (size_t)V;
 }
 
-/* What every plan must hold, whichever kernel it is for. */
-static void check_common(const row_plan &p, size_t cols, int V, const char *what)
+/* What every plan must hold, whichever kernel it is for: blocks of up to
+ * max_tpr threads (512, or 1024 for packed rows). */
+static void check_common(const row_plan &p, size_t cols, int V, const char *what,
+                         unsigned max_tpr = 512)
 {
-    bool ok = pow2(p.tpr) && p.tpr >= 32 && p.tpr <= 512 && pow2(p.cluster) && p.cluster <= 8 &&
+    bool ok = pow2(p.tpr) && p.tpr >= 32 && p.tpr <= max_tpr && pow2(p.cluster) && p.cluster <= 8 &&
               p.tiles >= 1 && reach(p, V) >= cols && (p.rpb == 1 || (p.rpb == 8 && p.tpr == 32));
     if (!ok)
         fail_msg("%s, %zu columns of V = %d: tpr %u, rpb %u, cluster %u, vpt %u, tiles %zu "
@@ -112,6 +114,32 @@ static void test_plan_held_covers_every_length_it_takes(void **state)
                 });
 }
 
+/* The packed held kernels (half types): at most PACKED_MAX_VALUES a
+ * thread in blocks of up to 1024 threads; rows too long for 8 such blocks
+ * are refused, and only those. Asked for 64 values a thread, as the
+ * library asks on rows that a cluster would hold as fp32, every row longer
+ * than 512 threads at 32 values gets the one kernel it instantiates: 64. */
+static void test_plan_packed_covers_every_length_it_takes(void **state)
+{
+    (void)state;
+    const int V = 8;
+    for (unsigned values : {16u, 32u, 64u})
+        for_each_cols([&](size_t cols) {
+            row_plan p;
+            bool taken = plan_packed(cols, V, values, &p);
+            if (taken != (cols <= (size_t)8 * 1024 * PACKED_MAX_VALUES))
+                fail_msg("plan_packed, %zu columns: %s", cols, taken ? "taken" : "refused");
+            if (!taken)
+                return;
+            check_common(p, cols, V, "plan_packed", 1024);
+            if (!pow2(p.vpt) || p.vpt * (unsigned)V > PACKED_MAX_VALUES || p.tiles != 1)
+                fail_msg("plan_packed, %zu columns at %u values: vpt %u, tiles %zu", cols, values,
+                         p.vpt, p.tiles);
+            if (values == 64 && cols > 512 * 32 && p.vpt * (unsigned)V != 64)
+                fail_msg("plan_packed, %zu columns at 64 values: vpt %u", cols, p.vpt);
+        });
+}
+
 /* Split over warps, a row a warp would hold keeps its reach and comes to
  * at most `values` a thread, in a block of its own. */
 static void test_split_warp_rows_keeps_the_reach(void **state)
@@ -165,6 +193,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plan_rows_covers_every_length),
         cmocka_unit_test(test_plan_held_covers_every_length_it_takes),
+        cmocka_unit_test(test_plan_packed_covers_every_length_it_takes),
         cmocka_unit_test(test_split_warp_rows_keeps_the_reach),
         cmocka_unit_test(test_plan_staged_covers_every_length_it_takes),
     };
