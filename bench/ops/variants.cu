@@ -15,9 +15,8 @@
  * (held_push: ops_cuda.cuh's cluster_exchange; held meets at cluster
  * barriers), the held kernels with rows of half types kept packed between
  * their passes (held_packed, held_packed16, held_packed64, and
- * held_packed_pairs: see packed_plan), the
- * kernels that test
- * at run time for what the library fixes at compile time on these rows -
+ * held_packed_pairs: see packed_plan), the kernels that test at run time
+ * for what the library fixes at compile time on these rows -
  * LayerNorm's inputs, softmax's mask and scale, partial vectors -
  * (ring2_checked, held_checked), softmax's max and sum in one reduction
  * (held_online, ring2_online: SOFTMAX_ONLINE, the library's for half types;

@@ -99,12 +99,13 @@ template <typename T> int launch(cudaStream_t stream, const char *op, const weft
                 /* Half types kept packed (norm_held_row's PACKED; the
                  * held_packed variants in bench/RESULTS.md): the norms on
                  * rows that as fp32 take a cluster, at 64 values a thread
-                 * (a row of 65536 in one block: +40% at 1024x65536); the
-                 * fused op, whose GELU's registers cost occupancy as fp32,
-                 * at 32 values, 64 on rows longer than 8192 (+30% at
-                 * 4096x16384) - unless there are no more rows than SMs,
-                 * where the latency of a row is the whole time and more
-                 * threads a row win (small inputs, 0.8 us of 3.8). */
+                 * (a row of 65536 in one block: LayerNorm +41% at
+                 * 1024x65536); the fused op, whose GELU's registers cost
+                 * occupancy as fp32, at 32 values, 64 on rows longer than
+                 * 8192 (+43% at 4096x16384) - unless there are no more
+                 * rows than SMs, where the latency of a row is the whole
+                 * time and more threads a row win (small inputs: 3.0 us a
+                 * call as fp32, 3.8 packed). */
                 if constexpr (sizeof(T) == 2) {
                     constexpr bool FUSED = norm_gelu(MODE);
                     constexpr unsigned MOST = PACKED_MAX_VALUES;

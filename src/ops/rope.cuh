@@ -49,9 +49,10 @@ __device__ __forceinline__ void pair_angle(int32_t pos, double inv_freq, float &
 /* One chunk of one head: CP pairs. Split halves: V elements from each
  * half, pair m = (x[m], x[V + m]); interleaved: 2 CP consecutive
  * elements, pair m = (x[2m], x[2m + 1]). V = 1 is the element-by-element
- * path (CP = 1), held as fp32; 16-byte chunks are held as loaded (RAW) and
- * converted only to turn, so that a head in flight costs 8 registers, not
- * 16 (bf16: the fp32 form spilled at two heads a step), or as fp32. */
+ * path (CP = 1), held as fp32. 16-byte chunks are held as loaded and
+ * converted only to turn (RAW): a bf16 head in flight then takes 8
+ * registers, not 16; held as fp32 the kernel spilled at two heads a step
+ * and ran 4-8% slower (bench/RESULTS.md, the rope variant `floats`). */
 template <typename T, int V, int CP, bool HALVES, bool RAW = true> struct rope_chunk {
     static constexpr int N = HALVES ? 2 * V : 2 * CP;
     static constexpr bool AS_RAW = RAW && V > 1;

@@ -288,7 +288,8 @@ template <> struct softmax_scratch<SOFTMAX_ONLINE> {
  * thread exponentiates from its own max, and its factor rescales to the
  * row's. read() runs once every thread of the row has read its vectors.
  * PACKED (half types) keeps the row as loaded and forms x again for each
- * pass, exponentiating from the row's max for the output.
+ * pass, exponentiating from the row's max for the output: bench/ops/
+ * times it (held_packed); it was no faster than the library's kernels.
  */
 template <typename T, int VPT, softmax_form FORM, softmax_stats STATS, bool PACKED, typename Row,
           typename Read>
