@@ -50,9 +50,11 @@ ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", 
 FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
                   "held_spread8", "held_push", "held_warp", "held_packed", "held_packed16",
                   "held_packed64", "held_packed_pairs")
+RMS_VARIANTS = ("lib", "ring2", "held", "held_push")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "pairs", "grid8")
 ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "slices2", "floats", "heads4", "heads4_b2")
-VARIANTS = sorted(set(ROW_VARIANTS + FUSED_VARIANTS + GELU_VARIANTS + ROPE_VARIANTS))
+VARIANTS = sorted(set(ROW_VARIANTS + FUSED_VARIANTS + RMS_VARIANTS + GELU_VARIANTS +
+                      ROPE_VARIANTS))
 
 
 def torch_dtype(torch, dtype_name):
@@ -123,6 +125,7 @@ def signatures():
         "weft_bench_empty": [P],
         "weft_bench_softmax_variant": [P, I, ctypes.c_char_p, P, P, Z, Z],
         "weft_bench_layernorm_variant": [P, I, ctypes.c_char_p, P, P, P, P, Z, Z],
+        "weft_bench_rmsnorm_variant": [P, I, ctypes.c_char_p, P, P, P, Z, Z],
         "weft_bench_gelu_layernorm_variant": [P, I, ctypes.c_char_p, P, P, P, P, P, P, Z, Z],
         "weft_bench_gelu_walk": [P, I, ctypes.c_char_p, P, P, P, P, Z, Z],
         "weft_bench_gelu_pairs": [P, I, P, P, P, P, Z, Z],
@@ -561,6 +564,18 @@ def run(torch, lib, args):
                                 P(w.data_ptr()), P(b.data_ptr()), r, c))
                         time_variant(kern, v, fn,
                                      (2 * r * c + (0 if kern == "softmax" else 2 * c)) * es)
+                # RMSNorm: the ring against held, its cluster's statistics met at
+                # barriers or pushed
+                for v in RMS_VARIANTS:
+                    if v == "lib":
+                        fn = (lambda: lib.weft_rmsnorm(
+                            s(), wd, P(y.data_ptr()), None, P(x.data_ptr()), None,
+                            P(w.data_ptr()), EPS, r, c, c))
+                    else:
+                        fn = (lambda v=v: lib.weft_bench_rmsnorm_variant(
+                            s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()),
+                            P(w.data_ptr()), r, c))
+                    time_variant("rmsnorm", v, fn, (2 * r * c + c) * es)
                 # the fused op: its held kernel with the inputs fixed or checked,
                 # at 8 and 32 values a thread, and rows a warp holds unsplit
                 for v in FUSED_VARIANTS:
@@ -764,6 +779,8 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "passes at 32 or 16 values a thread (up to 64 on long rows), blocks of up "
                    "to 1024 threads, `held_packed64` that at 64 values, `held_packed_pairs` "
                    "that in blocks of up to 512 threads (rows of 65536 over two blocks), "
+                   "RMSNorm's `ring2` (the library's on long rows) and `held`/`held_push` "
+                   "(a cluster's statistics met at barriers or pushed), "
                    "`held_warp` the fused op's rows of up to 32 values a "
                    "thread in a warp (the library spreads them over warps at 16), "
                    "`*_checked` kernels that test at run time for "

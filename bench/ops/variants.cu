@@ -13,7 +13,8 @@
  * held_spread8: see held_variant_plan), LayerNorm's and the fused op's held
  * kernels with a cluster's blocks pushing their statistics to each other
  * (held_push: ops_cuda.cuh's cluster_exchange; held meets at cluster
- * barriers), the held kernels with rows of half types kept packed between
+ * barriers), RMSNorm held and through the ring (rmsnorm_variant), the
+ * held kernels with rows of half types kept packed between
  * their passes (held_packed, held_packed16, held_packed64, and
  * held_packed_pairs: see packed_plan), the kernels that test at run time
  * for what the library fixes at compile time on these rows -
@@ -341,6 +342,41 @@ int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void
     return run_plan<T, V, norm_params<T>, norm_k>("layernorm variant", s, plan, p);
 }
 
+/* RMSNorm with its weight: through the ring of 2 slots (ring2, the
+ * library's on rows of half types a block of 512 holds at 32 values, and
+ * on fp32 rows that take a cluster), and held at 16 values a thread with
+ * a cluster's statistics met at barriers (held) or pushed (held_push). */
+template <typename T>
+int rmsnorm_variant(cudaStream_t s, const char *variant, void *out, const void *in,
+                    const void *weight, size_t rows, size_t cols)
+{
+    constexpr int V = vec16<T>();
+    constexpr unsigned IO = NORM_IO_WEIGHT;
+    norm_params<T> p = {};
+    p.out = (T *)out;
+    p.in = (const T *)in;
+    p.weight = (const T *)weight;
+    p.rows = rows;
+    p.cols = p.stride = cols;
+    p.eps = 1e-5f;
+    p.rms = true;
+    p.form = WEFT_GELU_ERF;
+    row_plan plan;
+    if (cols % V != 0)
+        return WEFT_EINVAL;
+    if (strcmp(variant, "ring2") == 0)
+        return run_ring("rmsnorm variant", s, cols, V, sizeof(T), 16, 2, p,
+                        norm_ring_for<T, NORM_RMS, IO>);
+    if (!plan_held(cols, V, 16, &plan))
+        return WEFT_EINVAL;
+    if (strcmp(variant, "held") == 0)
+        return run_held("rmsnorm variant", s, plan, p, norm_held_for<T, NORM_RMS, IO>(plan.vpt));
+    if (strcmp(variant, "held_push") == 0)
+        return run_held("rmsnorm variant", s, plan, p,
+                        norm_held_for<T, NORM_RMS, IO, EXCHANGE_PUSH>(plan.vpt));
+    return WEFT_EINVAL;
+}
+
 /* The fused op (erf GELU with its bias, the residual, weight and bias, no
  * sum written) in its held kernel under the library's plan, with those
  * inputs fixed at compile time (held, the library's) or tested at run time
@@ -582,6 +618,15 @@ int weft_bench_layernorm_variant(void *stream, int dtype, const char *variant, v
     return by_dtype((weft_dtype)dtype, [&](auto t) {
         return layernorm_variant<decltype(t)>((cudaStream_t)stream, variant, out, in, weight, bias,
                                               rows, cols);
+    });
+}
+
+int weft_bench_rmsnorm_variant(void *stream, int dtype, const char *variant, void *out,
+                               const void *in, const void *weight, size_t rows, size_t cols)
+{
+    return by_dtype((weft_dtype)dtype, [&](auto t) {
+        return rmsnorm_variant<decltype(t)>((cudaStream_t)stream, variant, out, in, weight, rows,
+                                            cols);
     });
 }
 
