@@ -290,14 +290,30 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
     return run_plan<T, V, softmax_params<T>, softmax_k>("softmax variant", s, plan, p);
 }
 
+/* A norm's parameters on the bench's rows: contiguous, eps 1e-5, no
+ * residual or sum, the erf form should the caller add a GELU. */
+template <typename T>
+norm_params<T> bench_norm(void *out, const void *in, const void *weight, const void *bias,
+                          size_t rows, size_t cols)
+{
+    norm_params<T> p = {};
+    p.out = (T *)out;
+    p.in = (const T *)in;
+    p.weight = (const T *)weight;
+    p.bias = (const T *)bias;
+    p.rows = rows;
+    p.cols = p.stride = cols;
+    p.eps = 1e-5f;
+    p.form = WEFT_GELU_ERF;
+    return p;
+}
+
 template <typename T>
 int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void *in,
                       const void *weight, const void *bias, size_t rows, size_t cols)
 {
     constexpr int V = vec16<T>();
-    norm_params<T> p = {
-        (T *)out, NULL, (const T *)in, NULL,  NULL,  (const T *)weight, (const T *)bias, rows,
-        cols,     cols, 1e-5f,         false, false, WEFT_GELU_ERF};
+    const norm_params<T> p = bench_norm<T>(out, in, weight, bias, rows, cols);
     row_plan plan;
     if (cols % V != 0)
         return WEFT_EINVAL;
@@ -352,15 +368,8 @@ int rmsnorm_variant(cudaStream_t s, const char *variant, void *out, const void *
 {
     constexpr int V = vec16<T>();
     constexpr unsigned IO = NORM_IO_WEIGHT;
-    norm_params<T> p = {};
-    p.out = (T *)out;
-    p.in = (const T *)in;
-    p.weight = (const T *)weight;
-    p.rows = rows;
-    p.cols = p.stride = cols;
-    p.eps = 1e-5f;
+    norm_params<T> p = bench_norm<T>(out, in, weight, NULL, rows, cols);
     p.rms = true;
-    p.form = WEFT_GELU_ERF;
     row_plan plan;
     if (cols % V != 0)
         return WEFT_EINVAL;
@@ -391,18 +400,10 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
 {
     constexpr int V = vec16<T>();
     constexpr unsigned IO = NORM_IO_GELU_BIAS | NORM_IO_RESIDUAL | NORM_IO_WEIGHT | NORM_IO_BIAS;
-    norm_params<T> p = {};
-    p.out = (T *)out;
-    p.in = (const T *)in;
+    norm_params<T> p = bench_norm<T>(out, in, weight, bias, rows, cols);
     p.gelu_bias = (const T *)gelu_bias;
     p.residual = (const T *)residual;
-    p.weight = (const T *)weight;
-    p.bias = (const T *)bias;
-    p.rows = rows;
-    p.cols = p.stride = cols;
-    p.eps = 1e-5f;
     p.gelu = true;
-    p.form = WEFT_GELU_ERF;
     row_plan warp, plan;
     if (cols % V != 0 || !plan_held(cols, V, 16, &warp))
         return WEFT_EINVAL;
