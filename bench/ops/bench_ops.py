@@ -49,10 +49,11 @@ ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", 
                 "regs_flat")
 FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
                   "held_spread8", "held_push", "held_warp", "held_packed", "held_packed16",
-                  "held_packed64", "held_packed_pairs")
+                  "held_packed64", "held_packed_pairs", "packed_b6", "packed_b5")
 RMS_VARIANTS = ("lib", "ring2", "held", "held_push")
-GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "pairs", "grid8")
-ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "slices2", "floats", "heads4", "heads4_b2")
+GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "select", "pairs", "grid8")
+ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "slices2", "floats", "heads4", "heads4_b2",
+                 "touch")
 VARIANTS = sorted(set(ROW_VARIANTS + FUSED_VARIANTS + RMS_VARIANTS + GELU_VARIANTS +
                       ROPE_VARIANTS))
 
@@ -601,6 +602,9 @@ def run(torch, lib, args):
                         ("fit5", lambda: lib.weft_bench_gelu_walk(
                             s(), wd, b"fit5", P(y.data_ptr()), P(x.data_ptr()),
                             P(w.data_ptr()), P(z.data_ptr()), r, c)),
+                        ("select", lambda: lib.weft_bench_gelu_walk(
+                            s(), wd, b"select", P(y.data_ptr()), P(x.data_ptr()),
+                            P(w.data_ptr()), P(z.data_ptr()), r, c)),
                         ("pairs", lambda: lib.weft_bench_gelu_pairs(
                             s(), wd, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
                             P(z.data_ptr()), r, c)),
@@ -632,6 +636,10 @@ def run(torch, lib, args):
                         continue
                     if v == "lib":
                         rope_lib = x.clone()
+                    elif v == "touch":  # no RoPE: Q and K as they were
+                        if not torch.equal(x, q0):
+                            failures.append("variant rope touch: changed Q")
+                            continue
                     elif rope_lib is None or not torch.equal(x, rope_lib):
                         failures.append("variant rope %s %s %dx%d: differs from the library"
                                         % (v, dtype_name, r, c))
@@ -779,10 +787,12 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "passes at 32 or 16 values a thread (up to 64 on long rows), blocks of up "
                    "to 1024 threads, `held_packed64` that at 64 values, `held_packed_pairs` "
                    "that in blocks of up to 512 threads (rows of 65536 over two blocks), "
-                   "RMSNorm's `ring2` (the library's on long rows) and `held`/`held_push` "
-                   "(a cluster's statistics met at barriers or pushed), "
+                   "RMSNorm's `ring2` (formerly the library's on long rows) and "
+                   "`held`/`held_push` (a cluster's statistics met at barriers or pushed), "
                    "`held_warp` the fused op's rows of up to 32 values a "
                    "thread in a warp (the library spreads them over warps at 16), "
+                   "`packed_b6`/`packed_b5` the fused op packed at 32 values in blocks of up "
+                   "to 256 threads, 6 or 5 resident an SM (40 or 48 registers, not 64), "
                    "`*_checked` kernels that test at run time for "
                    "what the library fixes at compile time on these rows (as rows of any "
                    "length take them), `*_online` softmax taking its max and sum in one "
@@ -790,14 +800,16 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "`staged` rows in shared memory, `regs*` the register-tile row "
                    "kernels under other plans, `libm_erfc` GELU with libm's erfcf, `fit7`/`fit5` "
                    "the erf form's fits of degree 7 and 5 (the library's in fp32 and in half "
-                   "types) in the same plain walk, `pairs` "
+                   "types) in the same plain walk, `select` that walk with the library's fit "
+                   "ending as it did before (Phi(x) by the sign, times x), `pairs` "
                    "GELU two chunks a step, `grid8` the library's GELU on its former grid of "
                    "8 blocks an SM, `angles_each` RoPE with each work item computing its "
                    "pairs' inverse frequencies (the library keeps them in a table a block), "
                    "`bounds4` that at 4 blocks an SM, `slices2` at twice the slices of heads, "
                    "`floats` RoPE's chunks held as fp32 from the load (the library holds them "
                    "as loaded), `heads4`/`heads4_b2` four heads a step (the library two), at 3 "
-                   "or 2 blocks an SM "
+                   "or 2 blocks an SM, `touch` no RoPE but its bytes: Q and K read and "
+                   "written back in place, the ceiling of an in-place op "
                    "(bench/ops/variants.cu says more):")
         out.append("")
         shapes = sorted({(dt, s) for _, _, dt, s, _ in variants_out},

@@ -4,8 +4,8 @@
  * measured against. Built into libweft_ops_bench.so with all of weft.
  *
  * The library holds aligned rows in registers, loaded straight from
- * global memory (the held kernels) or, for RMSNorm and softmax on long
- * rows, streamed through a ring in shared memory (the ring kernels,
+ * global memory (the held kernels) or, for softmax on long rows of half
+ * types, streamed through a ring in shared memory (the ring kernel,
  * 2 slots a block; rows.cuh says which). These run the ring kernels with
  * 2 and 4 slots (ring2, ring4) and with 2 at twice the values a thread
  * (ring2_wide), the held kernels under the library's plan (held) and others
@@ -34,13 +34,15 @@
  * bias+GELU+residual in a plain walk with libm's erfcf in place of the
  * library's activation, which is what the activation's own fit buys, and
  * with the erf fits of degree 7 and 5 (fit7, fit5), which is what the
- * half types' shorter one buys; with two chunks a step (pairs), twice the
- * loads in flight a thread, and the library's kernel on its former grid of
- * 8 blocks an SM (grid8: a second, partial wave where fewer stay
- * resident); and RoPE computing each pair's inverse frequency in every
- * work item (angles_each), at 4 blocks an SM (bounds4), with twice the
- * slices of heads (slices2), holding its chunks as fp32 (floats), and
- * four heads a step (heads4, heads4_b2).
+ * half types' shorter one buys, and with the fit's former ending
+ * (select); with two chunks a step (pairs), twice the loads in flight a
+ * thread, and the library's kernel on its former grid of 8 blocks an SM
+ * (grid8: a second, partial wave where fewer stay resident); and RoPE
+ * computing each pair's inverse frequency in every work item
+ * (angles_each), at 4 blocks an SM (bounds4), with twice the slices of
+ * heads (slices2), holding its chunks as fp32 (floats), and four heads a
+ * step (heads4, heads4_b2); and RoPE's bytes moved in place with no
+ * arithmetic (touch), its ceiling.
  *
  * Each entry point returns a weft status; WEFT_EINVAL means the variant
  * does not apply to that shape (the script leaves it out).
@@ -143,6 +145,39 @@ bool held_variant_plan(const char *variant, size_t cols, int V, unsigned values,
     if (strcmp(variant, "held_wide") == 0)
         return values * 2 <= HELD_MAX_VALUES && plan_held(cols, V, values * 2, p);
     return false;
+}
+
+/* The norms' ring kernel (rows.cuh): resident blocks (or clusters) loop
+ * over rows, each row's segment of in arriving in a slot of the block's
+ * ring ahead of its turn, and the row from there norm.cuh's held row. No
+ * residual: that would double the bytes a row, where the held kernel
+ * measured faster. The library ran RMSNorm through it until the held
+ * kernels, packed and pushing a cluster's statistics, beat it. */
+template <typename T, int VPT, norm_mode MODE, unsigned IO>
+__global__ void __launch_bounds__(512) norm_ring_kernel(norm_params<T> p, ring_plan plan)
+{
+    constexpr int V = vec16<T>();
+    __shared__ reduce_scratch<norm_stat<MODE>> scratch;
+    const unsigned cluster = plan.held.cluster, seg = blockDim.x * VPT * V;
+    row_place at = {0, 0, 0, threadIdx.x, blockIdx.x % cluster};
+    const unsigned first = at.rank * seg, cols = (unsigned)p.cols;
+    const unsigned mine = first >= cols ? 0 : cols - first < seg ? cols - first : seg;
+    const row_ring<T> ring = {ring_smem(), plan.slots, plan.seg_bytes, first};
+
+    auto fill = [&](unsigned s, size_t row) { ring.fill(s, p.in + row * p.stride, mine); };
+    ring_rows(ring, p.rows, cluster, fill, [&](size_t row, unsigned s, auto read) {
+        at.row = row;
+        const slot_row<T, V> in = {ring.segment(s), first};
+        norm_held_row<T, VPT, MODE, IO, false>(p, at, in, in, read, scratch, cluster);
+    });
+}
+
+/* The ring kernel for plan.vpt, or NULL when there is none. */
+template <typename T, norm_mode MODE, unsigned IO>
+static void (*norm_ring_for(unsigned vpt))(norm_params<T>, ring_plan)
+{
+    return held_vpt<vec16<T>()>(
+        vpt, [](auto k) { return norm_ring_kernel<T, decltype(k)::value, MODE, IO>; });
 }
 
 /* The ring kernels: ring2 and ring4 with at most 2 or 4 slots a block at
@@ -359,9 +394,10 @@ int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void
 }
 
 /* RMSNorm with its weight: through the ring of 2 slots (ring2, the
- * library's on rows of half types a block of 512 holds at 32 values, and
- * on fp32 rows that take a cluster), and held at 16 values a thread with
- * a cluster's statistics met at barriers (held) or pushed (held_push). */
+ * library's until it measured 7-22% slower than held_push on rows of half
+ * types a block of 512 holds at 32 values, and on fp32 rows that take a
+ * cluster), and held at 16 values a thread with a cluster's statistics met
+ * at barriers (held) or pushed (held_push, the library's). */
 template <typename T>
 int rmsnorm_variant(cudaStream_t s, const char *variant, void *out, const void *in,
                     const void *weight, size_t rows, size_t cols)
@@ -392,7 +428,9 @@ int rmsnorm_variant(cudaStream_t s, const char *variant, void *out, const void *
  * (held_checked); fixed at 8 and at 32 values a thread (held_narrow,
  * held_wide); and with rows of up to a warp's 32 values a thread held by
  * one warp, not split over warps at 16 as the library does (held_warp:
- * those of 1024). */
+ * those of 1024); and packed at 32 values a thread (the library's on rows
+ * of up to 8192) in blocks of up to 256 threads with 6 or 5 of them
+ * resident an SM (packed_b6, packed_b5: 40 or 48 registers, not 64). */
 template <typename T>
 int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const void *in,
                            const void *gelu_bias, const void *residual, const void *weight,
@@ -426,6 +464,19 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
                                  norm_packed_for<T, NORM_GELU_ERF_LAYER, IO, EXCHANGE_PUSH>);
         return WEFT_EINVAL;
     }
+    if (strcmp(variant, "packed_b6") == 0 || strcmp(variant, "packed_b5") == 0) {
+        if constexpr (sizeof(T) == 2) {
+            row_plan packed;
+            if (!plan_packed(cols, V, 32, &packed) || packed.tpr * packed.rpb > 256)
+                return WEFT_EINVAL;
+            constexpr norm_mode M = NORM_GELU_ERF_LAYER;
+            auto kernel = variant[8] == '6'
+                              ? norm_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 6>(packed.vpt)
+                              : norm_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 5>(packed.vpt);
+            return run_held("gelu_layernorm variant", s, packed, p, kernel);
+        }
+        return WEFT_EINVAL;
+    }
     if (strcmp(variant, "held_warp") == 0) {
         if (warp.tpr == plan.tpr)
             return WEFT_EINVAL; /* nothing split: the same as held */
@@ -440,8 +491,16 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
 
 /* bias + GELU + residual in a plain grid-stride walk, the GELU libm's
  * erfcf (libm_erfc) or the erf form's fits of degree 7 and 5 (fit7, fit5:
- * the library's for fp32 and for half types). */
-enum gelu_variant { GELU_LIBM, GELU_FIT7, GELU_FIT5 };
+ * the library's for fp32 and for half types), or the library's fit with
+ * the former ending: Phi(x) taken as the tail or 1 - tail by the sign,
+ * times x (select). */
+enum gelu_variant { GELU_LIBM, GELU_FIT7, GELU_FIT5, GELU_SELECT };
+
+template <bool HALF> __device__ __forceinline__ float gelu_erf_select(float x)
+{
+    const float tail = normal_tail<HALF>(fminf(fabsf(x), 16.0f));
+    return times_gate(x, x < 0.0f ? tail : 1.0f - tail);
+}
 
 template <typename T, int V, gelu_variant G>
 __global__ void gelu_walk_kernel(T *out, const T *in, const T *bias, const T *res, size_t rows,
@@ -458,6 +517,8 @@ __global__ void gelu_walk_kernel(T *out, const T *in, const T *bias, const T *re
             float x = h[k] + b[k];
             if (G == GELU_LIBM)
                 h[k] = 0.5f * x * erfcf(-x * 0.70710678118654752f) + r[k];
+            else if (G == GELU_SELECT)
+                h[k] = gelu_erf_select<sizeof(T) == 2>(x) + r[k];
             else
                 h[k] = gelu_erf_fit<G == GELU_FIT5>(x) + r[k];
         }
@@ -472,9 +533,10 @@ int gelu_walk(cudaStream_t s, const char *variant, void *out, const void *in, co
     constexpr int V = vec16<T>();
     if (cols % V != 0)
         return WEFT_EINVAL;
-    auto kernel = strcmp(variant, "fit7") == 0   ? gelu_walk_kernel<T, V, GELU_FIT7>
-                  : strcmp(variant, "fit5") == 0 ? gelu_walk_kernel<T, V, GELU_FIT5>
-                                                 : gelu_walk_kernel<T, V, GELU_LIBM>;
+    auto kernel = strcmp(variant, "fit7") == 0     ? gelu_walk_kernel<T, V, GELU_FIT7>
+                  : strcmp(variant, "fit5") == 0   ? gelu_walk_kernel<T, V, GELU_FIT5>
+                  : strcmp(variant, "select") == 0 ? gelu_walk_kernel<T, V, GELU_SELECT>
+                                                   : gelu_walk_kernel<T, V, GELU_LIBM>;
     kernel<<<grid_for(kernel, rows * cols / V, 256), 256, 0, s>>>(
         (T *)out, (const T *)in, (const T *)bias, (const T *)res, rows, cols);
     return launched("gelu walk variant");
@@ -547,6 +609,29 @@ int gelu_grid8(cudaStream_t s, void *out, const void *in, const void *bias, cons
     return launched("gelu grid8 variant");
 }
 
+/* Every 16 bytes of p[0, n) read and written back in place, two a thread
+ * in flight: the ceiling of an op that, as RoPE does, updates its tensors
+ * in place (a copy reads one buffer and writes another). */
+__global__ void __launch_bounds__(256) touch_kernel(uint4 *p, size_t n)
+{
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += 2 * step) {
+        uint4 a = load_streamed(p + i), b;
+        if (i + step < n)
+            b = load_streamed(p + i + step);
+        store_streamed(p + i, a);
+        if (i + step < n)
+            store_streamed(p + i + step, b);
+    }
+}
+
+int touch_in_place(cudaStream_t s, void *p, size_t bytes)
+{
+    size_t n = bytes / 16;
+    touch_kernel<<<grid_for(touch_kernel, (n + 1) / 2, 256), 256, 0, s>>>((uint4 *)p, n);
+    return launched("touch variant");
+}
+
 /* RoPE on aligned heads of the split-halves layout (the script's case)
  * with each work item computing its pairs' inverse frequencies, as the
  * library did before its table in shared memory (angles_each), at 4
@@ -554,7 +639,9 @@ int gelu_grid8(cudaStream_t s, void *out, const void *in, const void *bias, cons
  * slices of heads (slices2: smaller work items, more of them); with its
  * chunks held as fp32 from the load (floats: the library's form before it
  * held them as loaded); and with four heads' loads in flight a thread, not
- * two, at 3 and at 2 blocks an SM (heads4, heads4_b2). */
+ * two, at 3 and at 2 blocks an SM (heads4, heads4_b2). touch is no RoPE:
+ * Q and K read and written back unchanged, RoPE's bytes at a copy's
+ * pace. */
 template <typename T>
 int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, void *k,
                  size_t k_heads, size_t tokens, size_t head_dim, const int32_t *positions,
@@ -576,6 +663,10 @@ int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, v
     if (head_dim % (2 * V) != 0 || !aligned16(q) || !aligned16(k))
         return WEFT_EINVAL;
     size_t pairs = head_dim / 2;
+    if (strcmp(variant, "touch") == 0) {
+        int rc = touch_in_place(s, q, tokens * q_heads * head_dim * sizeof(T));
+        return rc ? rc : touch_in_place(s, k, tokens * k_heads * head_dim * sizeof(T));
+    }
     if (strcmp(variant, "angles_each") == 0)
         return launch_rope_chunks<T, V, V, true, false>(s, p, pairs);
     if (strcmp(variant, "bounds4") == 0)

@@ -118,13 +118,13 @@ template <typename T> int launch(cudaStream_t stream, const char *op, const weft
                                 norm_packed_for<T, MODE, IO, EXCHANGE_PUSH, FEWEST>(packed.vpt))
                             return launch_rows(op, stream, packed, p.rows, kernel, p, 0);
                 }
-                /* The plain norms with one input (the ring takes one),
-                 * as measured fastest (bench/RESULTS.md): of half types,
-                 * the fewest bytes an element, at 32 values a thread where
-                 * that takes fewer than 512 threads a row; RMSNorm through
-                 * the ring where that would take more, and in fp32 where
-                 * held it would take a cluster a row. LayerNorm, its
-                 * statistics one reduction of moments, runs faster held. */
+                /* The plain norms with one input of half types, the
+                 * fewest bytes an element: at 32 values a thread where
+                 * that takes fewer than 512 threads a row, as measured
+                 * fastest (bench/RESULTS.md). (RMSNorm went through a ring
+                 * of rows in shared memory where a block would take 512
+                 * threads a row or a cluster; held, with a cluster's
+                 * statistics pushed, it runs 7-22% faster there.) */
                 constexpr bool PLAIN = (MODE == NORM_LAYER || MODE == NORM_RMS) &&
                                        (IO == NORM_IO_CHECKED || !(IO & NORM_IO_RESIDUAL));
                 row_plan plan = held;
@@ -133,23 +133,10 @@ template <typename T> int launch(cudaStream_t stream, const char *op, const weft
                  * 16, at twice the occupancy (bench/RESULTS.md). */
                 if constexpr (norm_gelu(MODE))
                     plan_held_split_warp_rows(&plan, V, 16);
-                if constexpr (PLAIN) {
-                    row_plan wide;
-                    const bool half = sizeof(T) == 2, one_input = !a->residual;
-                    if (one_input && half && plan_held(a->cols, V, 32, &wide) && wide.tpr < 512) {
-                        plan = wide;
-                    } else if constexpr (MODE == NORM_RMS) {
-                        row_plan blocks;
-                        ring_plan ring;
-                        if (one_input && (half || held.cluster > 1) &&
-                            plan_held(a->cols, V, 16, &blocks, true)) {
-                            auto ring_kernel = norm_ring_for<T, MODE, IO>(blocks.vpt);
-                            if (ring_kernel && plan_ring(ring_kernel, blocks, a->cols, a->rows, V,
-                                                         sizeof(T), 2, &ring))
-                                return launch_ring(op, stream, ring, ring_kernel, p);
-                        }
-                    }
-                }
+                row_plan wide;
+                if (PLAIN && sizeof(T) == 2 && !a->residual && plan_held(a->cols, V, 32, &wide) &&
+                    wide.tpr < 512)
+                    plan = wide;
                 auto kernel = norm_held_for<T, MODE, IO, EXCHANGE_PUSH>(plan.vpt);
                 if (!kernel)
                     return weft__fail(WEFT_EINVAL, "%s: no kernel for %u vectors a thread", op,

@@ -1,7 +1,8 @@
 /*
  * norm.cuh - the LayerNorm/RMSNorm kernels: held in registers (the main
- * path), fed through a ring in shared memory, staged in shared memory,
- * and in register tiles (unaligned tensors, rows too long to hold), with
+ * path, rows loaded straight from global memory or, in bench/ops/, fed
+ * through a ring in shared memory), staged in shared memory, and in
+ * register tiles (unaligned tensors, rows too long to hold), with
  * the register kernel's launch by plan. Apart from the
  * launcher (norm.cu), which says what they compute and why, so that
  * bench/ops/ can time other plans of the same kernels side by side.
@@ -441,10 +442,12 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
                     h = gelu<T>(FORM, has_gb ? h + g[e] : h);
                 /* the host's rounding of the add: never fused into GELU's
                  * last multiply */
-                x[k][e] = round_to<T>(has_res ? __fadd_rn(h, r[e]) : h);
+                x[k][e] = has_res ? __fadd_rn(h, r[e]) : h;
             }
-            if (PACKED)
-                kept[k] = pack<T, V>(x[k]);
+            /* rounded to T as the host rounds s: packed, a conversion for
+             * two elements of a half type, and unpacked (nothing in fp32) */
+            kept[k] = pack<T, V>(x[k]);
+            unpack<T, V>(x[k], kept[k]);
         }
 #pragma unroll
         for (int e = 0; e < V; e++)
@@ -505,16 +508,29 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
     }
 }
 
+/* norm_held_kernel's launch bounds: threads a block, blocks resident an SM. */
+__host__ __device__ constexpr unsigned held_threads(bool packed, unsigned resident)
+{
+    return resident ? 256 : packed ? 1024 : 512;
+}
+__host__ __device__ constexpr unsigned held_resident(bool packed, int vpt, int v, unsigned resident)
+{
+    return resident ? resident : !packed && vpt * v <= 16 ? 2 : 1;
+}
+
 /* The held kernel: a row a block (or a cluster, or a warp), straight from
  * global memory. At 16 values a thread or fewer, at most 64 registers:
  * four blocks of 256 threads stay resident (left to itself, ptxas gave the
  * fp32 GELU form 102 registers, two blocks, and the fused op lost 25%).
  * PACKED (half types) keeps the row as T, up to 64 values a thread in 64
  * registers, in blocks of up to 1024 threads: a row of 65536 in one block,
- * or twice the resident blocks of the fp32 form. */
+ * or twice the resident blocks of the fp32 form. RESIDENT, where set,
+ * bounds blocks to 256 threads and asks for that many resident an SM, in
+ * fewer registers (bench/ops/ times it). */
 template <typename T, int VPT, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
-          bool PACKED = false>
-__global__ void __launch_bounds__(PACKED ? 1024 : 512, !PACKED && VPT * vec16<T>() <= 16 ? 2 : 1)
+          bool PACKED = false, unsigned RESIDENT = 0>
+__global__ void __launch_bounds__(held_threads(PACKED, RESIDENT),
+                                  held_resident(PACKED, VPT, vec16<T>(), RESIDENT))
     norm_held_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t)
 {
     constexpr int V = vec16<T>();
@@ -530,30 +546,6 @@ __global__ void __launch_bounds__(PACKED ? 1024 : 512, !PACKED && VPT * vec16<T>
         p, at, in, res, [] {}, scratch, cluster);
 }
 
-/* The ring kernel (rows.cuh): resident blocks (or clusters) loop over
- * rows, each row's segment of in arriving in a slot of the block's ring
- * ahead of its turn. No residual: that would double the bytes a row,
- * where the held kernel measured faster. The library runs RMSNorm through
- * it; LayerNorm measured faster held (bench/ops/ times it here too). */
-template <typename T, int VPT, norm_mode MODE, unsigned IO>
-__global__ void __launch_bounds__(512) norm_ring_kernel(norm_params<T> p, ring_plan plan)
-{
-    constexpr int V = vec16<T>();
-    __shared__ reduce_scratch<norm_stat<MODE>> scratch;
-    const unsigned cluster = plan.held.cluster, seg = blockDim.x * VPT * V;
-    row_place at = {0, 0, 0, threadIdx.x, blockIdx.x % cluster};
-    const unsigned first = at.rank * seg, cols = (unsigned)p.cols;
-    const unsigned mine = first >= cols ? 0 : cols - first < seg ? cols - first : seg;
-    const row_ring<T> ring = {ring_smem(), plan.slots, plan.seg_bytes, first};
-
-    auto fill = [&](unsigned s, size_t row) { ring.fill(s, p.in + row * p.stride, mine); };
-    ring_rows(ring, p.rows, cluster, fill, [&](size_t row, unsigned s, auto read) {
-        at.row = row;
-        const slot_row<T, V> in = {ring.segment(s), first};
-        norm_held_row<T, VPT, MODE, IO, false>(p, at, in, in, read, scratch, cluster);
-    });
-}
-
 /* The held kernel for plan.vpt, or NULL when there is none. */
 template <typename T, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS>
 static void (*norm_held_for(unsigned vpt))(norm_params<T>, size_t, unsigned, size_t)
@@ -565,7 +557,7 @@ static void (*norm_held_for(unsigned vpt))(norm_params<T>, size_t, unsigned, siz
 /* The packed held kernel (half types) for plan.vpt, or NULL when there is
  * none; instantiated from FEWEST values a thread up. */
 template <typename T, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
-          unsigned FEWEST = 1>
+          unsigned FEWEST = 1, unsigned RESIDENT = 0>
 static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, size_t)
 {
     static_assert(sizeof(T) == 2, "a packed row is of a half type");
@@ -576,17 +568,9 @@ static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, s
             if constexpr (decltype(k)::value * vec16<T>() < FEWEST)
                 return nullptr;
             else
-                return norm_held_kernel<T, decltype(k)::value, MODE, IO, X, true>;
+                return norm_held_kernel<T, decltype(k)::value, MODE, IO, X, true, RESIDENT>;
         },
         [] { return (kernel) nullptr; });
-}
-
-/* The ring kernel for plan.vpt, or NULL when there is none. */
-template <typename T, norm_mode MODE, unsigned IO>
-static void (*norm_ring_for(unsigned vpt))(norm_params<T>, ring_plan)
-{
-    return held_vpt<vec16<T>()>(
-        vpt, [](auto k) { return norm_ring_kernel<T, decltype(k)::value, MODE, IO>; });
 }
 
 template <typename T, int V>

@@ -208,7 +208,7 @@ __device__ __forceinline__ float times_gate(float x, float gate)
  * cheaper still but cancels in the negative tail (no correct digit left
  * below x = -5), where the host's erfc keeps relative accuracy; so:
  *
- *   Phi(-a) = exp(-a^2/2) q(a), a = |x|;  Phi(x) = 1 - Phi(-x) for x >= 0
+ *   x Phi(x) = max(x, 0) - a Phi(-a),  Phi(-a) = exp(-a^2/2) q(a),  a = |x|
  *
  * q(a) = 0.5 erfcx(a / sqrt 2) is smooth and tends to 0 slowly; it is a
  * polynomial in t = (a - k)/(a + k), which maps [0, Inf) onto [-1, 1): for
@@ -217,11 +217,11 @@ __device__ __forceinline__ float times_gate(float x, float gate)
  * k = 4 (2.7e-5, under a thirtieth of fp16's unit in the last place),
  * which saves two multiply-adds an element where they are scarcest. |a|
  * is capped at 16, past which Phi(-a) is below fp32's range anyway.
+ * normal_tail(a) is Phi(-a).
  */
-template <bool HALF> __device__ __forceinline__ float gelu_erf_fit(float x)
+template <bool HALF> __device__ __forceinline__ float normal_tail(float a)
 {
     const float k = HALF ? 4.0f : 3.75f;
-    const float a = fminf(fabsf(x), 16.0f);
     const float t = fmaf(-2.0f * k, rcp_approx(a + k), 1.0f);
     float q;
     if constexpr (HALF) {
@@ -241,8 +241,20 @@ template <bool HALF> __device__ __forceinline__ float gelu_erf_fit(float x)
         q = fmaf(q, t, -1.784635335e-01f);
         q = fmaf(q, t, 1.000391841e-01f);
     }
-    const float tail = exp2_approx(a * a * -0.72134752044448170f) * q; /* Phi(-a) */
-    return times_gate(x, x < 0.0f ? tail : 1.0f - tail);
+    return exp2_approx(a * a * -0.72134752044448170f) * q;
+}
+
+/* The GELU from the tail, for either sign: two instructions where taking
+ * Phi(x) as the tail or 1 - tail by the sign and multiplying took five
+ * (bench/ops/ times that as `select`). max.NaN keeps a NaN, and the max
+ * with -0 gives -0 for negative x, as the host's x Phi(x) does at -Inf;
+ * past the cap on a the tail is 0. */
+template <bool HALF> __device__ __forceinline__ float gelu_erf_fit(float x)
+{
+    const float a = fminf(fabsf(x), 16.0f);
+    float relu;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(relu) : "f"(x), "f"(-0.0f));
+    return fmaf(-a, normal_tail<HALF>(a), relu);
 }
 
 /* The exact GELU for results of type T. */

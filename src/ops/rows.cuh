@@ -382,10 +382,11 @@ template <int V, int VPT> __device__ __forceinline__ unsigned held_at(const row_
 /* ---- streaming rows through a ring in shared memory ---------------------- */
 
 /*
- * The ring kernels (norm_ring_kernel, softmax_ring_kernel) are the held
- * kernels fed by the copy engine. A held kernel's loads in flight are its
- * registers: at 16 bf16 values a thread an SM keeps ~32 KB of rows in
- * flight, and only while its blocks are in their load phase. A ring
+ * The ring kernels (softmax_ring_kernel; bench/ops/ has the norms'
+ * norm_ring_kernel) are the held kernels fed by the copy engine. A held
+ * kernel's loads in flight are its registers: at 16 bf16 values a thread
+ * an SM keeps ~32 KB of rows in flight, and only while its blocks are in
+ * their load phase. A ring
  * kernel's blocks stay resident and loop over rows; each keeps a ring of
  * `slots` rows in shared memory, filled by bulk asynchronous copies (TMA)
  * that one thread issues and an mbarrier per slot counts in, so that
@@ -396,18 +397,15 @@ template <int V, int VPT> __device__ __forceinline__ unsigned held_at(const row_
  * as the row's first reduction shows that every thread of the row has
  * read it.
  *
- * Measured (bench/RESULTS.md): the plain norms of half types, the fewest
- * bytes an element, gain with 2 slots on rows that held would take 512
- * threads or more (a block holding few rows at a time, or a cluster):
- * +45% at 4096x16384 bf16; on shorter rows holding 32 values a thread
- * wins. On rows that held take a cluster, so do the fp32 plain norms
- * (+20%) and unmasked softmax in half types (+7%). More slots cost
- * resident blocks and lose. Everything else - residuals, the fused GELU,
- * fp32 rows and softmax rows that a block holds - is bound by the
- * instructions it issues more than by latency and runs faster held; so
- * is LayerNorm since its statistics take one reduction (then held beat
- * the ring by 20-25% on those rows), which leaves the ring to RMSNorm
- * and softmax.
+ * Measured (bench/RESULTS.md): unmasked softmax in half types gains 7%
+ * with 2 slots on rows that held take a cluster; more slots cost
+ * resident blocks and lose. The plain norms of half types, the fewest
+ * bytes an element, once gained too, +45% at 4096x16384 bf16, but held at
+ * 32 values a thread, packed, or with a cluster's statistics pushed they
+ * now run faster everywhere: RMSNorm, the ring's last norm, by 7-22%.
+ * Everything else - residuals, the fused GELU, fp32 rows and softmax rows
+ * that a block holds - is bound by the instructions it issues more than
+ * by latency and runs faster held.
  *
  * Bulk copies move whole 16-byte runs between 16-byte aligned addresses,
  * so the ring takes aligned tensors whose rows are whole vectors; a block
