@@ -57,13 +57,11 @@ __device__ void gelu_row_ends(const gelu_params<T> &p, int v)
     }
 }
 
-/* The form is a template parameter: one GELU's registers per kernel. At
- * most 32 registers, so that 8 blocks stay resident an SM and keep their
- * loads in flight: left to itself ptxas took 40 for bf16, 6 blocks fitted
- * and the op ran 7% under the same walk at 32 (bench/RESULTS.md, the
- * bias_gelu_residual variants). */
+/* The form is a template parameter: one GELU's registers per kernel.
+ * (Bounded to 32 registers, 8 blocks resident an SM where ptxas gives
+ * bf16 40 and 6, it measured no faster: bench/RESULTS.md, 22:47.) */
 template <typename T, int V, weft_gelu_form FORM, typename I>
-__global__ void __launch_bounds__(256, 8) bias_gelu_residual_kernel(gelu_params<T> p)
+__global__ void __launch_bounds__(256) bias_gelu_residual_kernel(gelu_params<T> p)
 {
     if (p.bias && p.residual)
         gelu_chunks<T, V, FORM, I, true, true>(p);
