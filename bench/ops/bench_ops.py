@@ -51,9 +51,9 @@ FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "he
                   "held_spread8", "held_push", "held_warp", "held_packed", "held_packed16",
                   "held_packed64", "held_packed_pairs", "packed_b6", "packed_b5")
 RMS_VARIANTS = ("lib", "ring2", "held", "held_push")
-GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "select", "pairs", "grid8")
+GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "select", "pairs", "grid8", "rows")
 ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "slices2", "floats", "heads4", "heads4_b2",
-                 "touch")
+                 "touch", "walk_only")
 VARIANTS = sorted(set(ROW_VARIANTS + FUSED_VARIANTS + RMS_VARIANTS + GELU_VARIANTS +
                       ROPE_VARIANTS))
 
@@ -131,6 +131,7 @@ def signatures():
         "weft_bench_gelu_walk": [P, I, ctypes.c_char_p, P, P, P, P, Z, Z],
         "weft_bench_gelu_pairs": [P, I, P, P, P, P, Z, Z],
         "weft_bench_gelu_grid8": [P, I, P, P, P, P, Z, Z],
+        "weft_bench_gelu_rows": [P, I, P, P, P, P, Z, Z],
         "weft_bench_rope_variant": [P, I, ctypes.c_char_p, P, Z, P, Z, Z, Z, P,
                                     ctypes.c_double],
     }
@@ -610,6 +611,9 @@ def run(torch, lib, args):
                             P(z.data_ptr()), r, c)),
                         ("grid8", lambda: lib.weft_bench_gelu_grid8(
                             s(), wd, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
+                            P(z.data_ptr()), r, c)),
+                        ("rows", lambda: lib.weft_bench_gelu_rows(
+                            s(), wd, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
                             P(z.data_ptr()), r, c))):
                     time_variant("bias_gelu_residual (erf)", v, fn, (3 * r * c + c) * es,
                                  tag="gelu_erf", must_apply=True)
@@ -636,9 +640,9 @@ def run(torch, lib, args):
                         continue
                     if v == "lib":
                         rope_lib = x.clone()
-                    elif v == "touch":  # no RoPE: Q and K as they were
+                    elif v in ("touch", "walk_only"):  # no RoPE: Q and K as they were
                         if not torch.equal(x, q0):
-                            failures.append("variant rope touch: changed Q")
+                            failures.append("variant rope %s: changed Q" % v)
                             continue
                     elif rope_lib is None or not torch.equal(x, rope_lib):
                         failures.append("variant rope %s %s %dx%d: differs from the library"
@@ -803,13 +807,15 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "types) in the same plain walk, `select` that walk with the library's fit "
                    "ending as it did before (Phi(x) by the sign, times x), `pairs` "
                    "GELU two chunks a step, `grid8` the library's GELU on its former grid of "
-                   "8 blocks an SM, `angles_each` RoPE with each work item computing its "
+                   "8 blocks an SM, `rows` the library's GELU kernel in the walk variants' "
+                   "order and addressing (row and chunk, a multiply a step), `angles_each` RoPE with each work item computing its "
                    "pairs' inverse frequencies (the library keeps them in a table a block), "
                    "`bounds4` that at 4 blocks an SM, `slices2` at twice the slices of heads, "
                    "`floats` RoPE's chunks held as fp32 from the load (the library holds them "
                    "as loaded), `heads4`/`heads4_b2` four heads a step (the library two), at 3 "
                    "or 2 blocks an SM, `touch` no RoPE but its bytes: Q and K read and "
-                   "written back in place, the ceiling of an in-place op "
+                   "written back in place, the ceiling of an in-place op, `walk_only` that "
+                   "in RoPE's walk (its loads and stores, no angles) "
                    "(bench/ops/variants.cu says more):")
         out.append("")
         shapes = sorted({(dt, s) for _, _, dt, s, _ in variants_out},

@@ -37,12 +37,13 @@
  * half types' shorter one buys, and with the fit's former ending
  * (select); with two chunks a step (pairs), twice the loads in flight a
  * thread, and the library's kernel on its former grid of 8 blocks an SM
- * (grid8: a second, partial wave where fewer stay resident); and RoPE
- * computing each pair's inverse frequency in every work item
- * (angles_each), at 4 blocks an SM (bounds4), with twice the slices of
- * heads (slices2), holding its chunks as fp32 (floats), and four heads a
- * step (heads4, heads4_b2); and RoPE's bytes moved in place with no
- * arithmetic (touch), its ceiling.
+ * (grid8: a second, partial wave where fewer stay resident), and in the
+ * plain walk's order and addressing (rows); and RoPE computing each pair's
+ * inverse frequency in every work item (angles_each), at 4 blocks an SM
+ * (bounds4), with twice the slices of heads (slices2), holding its chunks
+ * as fp32 (floats), and four heads a step (heads4, heads4_b2); and RoPE's
+ * bytes moved in place with no arithmetic (touch, its ceiling, and
+ * walk_only, in RoPE's order).
  *
  * Each entry point returns a weft status; WEFT_EINVAL means the variant
  * does not apply to that shape (the script leaves it out).
@@ -605,8 +606,53 @@ int gelu_grid8(cudaStream_t s, void *out, const void *in, const void *bias, cons
                               cols,     cols};
     if (cols % V != 0 || !tensor_walk<uint32_t>::fits32(rows, cols, cols, V, (size_t)blocks * 256))
         return WEFT_EINVAL;
-    bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, uint32_t><<<blocks, 256, 0, s>>>(p);
+    bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, tensor_walk<uint32_t>><<<blocks, 256, 0, s>>>(p);
     return launched("gelu grid8 variant");
+}
+
+/* chunk_walk's order as tensor_walk presents it: the element offset and
+ * column formed from the row and chunk at each step, a multiply a step
+ * where tensor_walk adds. */
+struct row_chunk_walk {
+    chunk_walk w;
+    size_t stride, at, col;
+    unsigned v;
+
+    __device__ row_chunk_walk(size_t rows, size_t cols, size_t stride_, size_t, unsigned v_)
+        : w(rows, cols / v_), stride(stride_), v(v_)
+    {
+        place();
+    }
+    __device__ __forceinline__ void place()
+    {
+        col = w.chunk * v;
+        at = w.row * stride + col;
+    }
+    __device__ __forceinline__ bool more() const
+    {
+        return w.more();
+    }
+    __device__ __forceinline__ void next()
+    {
+        w.next();
+        place();
+    }
+};
+
+/* The library's kernel and grid with row_chunk_walk: the walk variants'
+ * order and addressing in the library's loop (rows). */
+template <typename T>
+int gelu_rows(cudaStream_t s, void *out, const void *in, const void *bias, const void *res,
+              size_t rows, size_t cols)
+{
+    constexpr int V = vec16<T>();
+    const gelu_params<T> p = {(T *)out, (const T *)in, (const T *)bias, (const T *)res, rows,
+                              cols,     cols};
+    auto kernel = bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, row_chunk_walk>;
+    if (cols % V != 0)
+        return WEFT_EINVAL;
+    kernel<<<grid_for(kernel, rows * cols / V, 256), 256, 0, s>>>(p);
+    return launched("gelu rows variant");
 }
 
 /* Every 16 bytes of p[0, n) read and written back in place, two a thread
@@ -639,9 +685,10 @@ int touch_in_place(cudaStream_t s, void *p, size_t bytes)
  * slices of heads (slices2: smaller work items, more of them); with its
  * chunks held as fp32 from the load (floats: the library's form before it
  * held them as loaded); and with four heads' loads in flight a thread, not
- * two, at 3 and at 2 blocks an SM (heads4, heads4_b2). touch is no RoPE:
- * Q and K read and written back unchanged, RoPE's bytes at a copy's
- * pace. */
+ * two, at 3 and at 2 blocks an SM (heads4, heads4_b2). touch and
+ * walk_only are no RoPE: Q and K read and written back unchanged, RoPE's
+ * bytes at a copy's pace (touch) or in the library's walk, its loads and
+ * stores without the angles (walk_only). */
 template <typename T>
 int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, void *k,
                  size_t k_heads, size_t tokens, size_t head_dim, const int32_t *positions,
@@ -663,6 +710,8 @@ int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, v
     if (head_dim % (2 * V) != 0 || !aligned16(q) || !aligned16(k))
         return WEFT_EINVAL;
     size_t pairs = head_dim / 2;
+    if (strcmp(variant, "walk_only") == 0)
+        return launch_rope_chunks<T, V, V, true, true, 3, 2, true, false>(s, p, pairs);
     if (strcmp(variant, "touch") == 0) {
         int rc = touch_in_place(s, q, tokens * q_heads * head_dim * sizeof(T));
         return rc ? rc : touch_in_place(s, k, tokens * k_heads * head_dim * sizeof(T));
@@ -746,6 +795,14 @@ int weft_bench_gelu_grid8(void *stream, int dtype, void *out, const void *in, co
 {
     return by_dtype((weft_dtype)dtype, [&](auto t) {
         return gelu_grid8<decltype(t)>((cudaStream_t)stream, out, in, bias, res, rows, cols);
+    });
+}
+
+int weft_bench_gelu_rows(void *stream, int dtype, void *out, const void *in, const void *bias,
+                         const void *res, size_t rows, size_t cols)
+{
+    return by_dtype((weft_dtype)dtype, [&](auto t) {
+        return gelu_rows<decltype(t)>((cudaStream_t)stream, out, in, bias, res, rows, cols);
     });
 }
 

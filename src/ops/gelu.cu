@@ -25,8 +25,8 @@ namespace
 
 template <typename T, int V, typename I> auto pick_kernel(weft_gelu_form form)
 {
-    return form == WEFT_GELU_ERF ? bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, I>
-                                 : bias_gelu_residual_kernel<T, V, WEFT_GELU_TANH, I>;
+    return form == WEFT_GELU_ERF ? bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, tensor_walk<I>>
+                                 : bias_gelu_residual_kernel<T, V, WEFT_GELU_TANH, tensor_walk<I>>;
 }
 
 template <typename T, int V>

@@ -17,11 +17,12 @@ template <typename T> struct gelu_params {
     size_t rows, cols, stride;
 };
 
-/* The whole chunks, with a bias and a residual or without. */
-template <typename T, int V, weft_gelu_form FORM, typename I, bool BIAS, bool RESIDUAL>
+/* The whole chunks, with a bias and a residual or without, in the order
+ * of Walk (tensor_walk<offset type>, or bench/ops/'s others). */
+template <typename T, int V, weft_gelu_form FORM, typename Walk, bool BIAS, bool RESIDUAL>
 __device__ __forceinline__ void gelu_chunks(const gelu_params<T> &p)
 {
-    for (tensor_walk<I> w(p.rows, p.cols / V * V, p.stride, p.stride, V); w.more(); w.next()) {
+    for (Walk w(p.rows, p.cols / V * V, p.stride, p.stride, V); w.more(); w.next()) {
         float h[V], b[V], r[V];
         load_vec<T, V>(h, p.in + w.at);
         if (BIAS)
@@ -60,17 +61,17 @@ __device__ void gelu_row_ends(const gelu_params<T> &p, int v)
 /* The form is a template parameter: one GELU's registers per kernel.
  * (Bounded to 32 registers, 8 blocks resident an SM where ptxas gives
  * bf16 40 and 6, it measured no faster: bench/RESULTS.md, 22:47.) */
-template <typename T, int V, weft_gelu_form FORM, typename I>
+template <typename T, int V, weft_gelu_form FORM, typename Walk>
 __global__ void __launch_bounds__(256) bias_gelu_residual_kernel(gelu_params<T> p)
 {
     if (p.bias && p.residual)
-        gelu_chunks<T, V, FORM, I, true, true>(p);
+        gelu_chunks<T, V, FORM, Walk, true, true>(p);
     else if (p.bias)
-        gelu_chunks<T, V, FORM, I, true, false>(p);
+        gelu_chunks<T, V, FORM, Walk, true, false>(p);
     else if (p.residual)
-        gelu_chunks<T, V, FORM, I, false, true>(p);
+        gelu_chunks<T, V, FORM, Walk, false, true>(p);
     else
-        gelu_chunks<T, V, FORM, I, false, false>(p);
+        gelu_chunks<T, V, FORM, Walk, false, false>(p);
     if (V > 1 && p.cols % V != 0)
         gelu_row_ends<T, FORM>(p, V);
 }

@@ -163,9 +163,11 @@ enum : unsigned { ROPE_TABLE_PAIRS = 512 };
  * item, the same bits. HEADS heads a step, all loaded before any is
  * stored, so that each thread has their loads in flight together (the
  * compiler cannot move a load above a store that might alias it).
- * MIN_BLOCKS a multiprocessor, as __launch_bounds__ takes it. */
+ * MIN_BLOCKS a multiprocessor, as __launch_bounds__ takes it. TURN false
+ * leaves the angles and turns out: the walk's loads and stores alone
+ * (bench/ops/ times them). */
 template <typename T, int V, int CP, bool HALVES, bool TABLE, int MIN_BLOCKS = 3, int HEADS = 2,
-          bool RAW = true>
+          bool RAW = true, bool TURN = true>
 __global__ void __launch_bounds__(256, MIN_BLOCKS) rope_kernel(rope_params<T> p)
 {
     const size_t half = p.head_dim / 2, all = p.q_heads + p.k_heads;
@@ -181,7 +183,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) rope_kernel(rope_params<T> p)
         int32_t pos = p.positions[t];
         float sn[CP], cs[CP];
 #pragma unroll
-        for (int m = 0; m < CP; m++)
+        for (int m = 0; m < CP && TURN; m++)
             pair_angle(pos, TABLE ? table[first_pair + m] : inverse_frequency(p, first_pair + m),
                        sn[m], cs[m]);
 
@@ -200,7 +202,8 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) rope_kernel(rope_params<T> p)
 #pragma unroll
             for (int i = 0; i < HEADS; i++) {
                 if (head[i]) {
-                    c[i].turn(sn, cs);
+                    if (TURN)
+                        c[i].turn(sn, cs);
                     c[i].store(head[i], first_pair, half);
                 }
             }
@@ -211,7 +214,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) rope_kernel(rope_params<T> p)
 /* The launch of rope_kernel<T, V, CP, HALVES, TABLE, ...> over p's tokens,
  * in chunks of CP of a head's `pairs`, with `spread` times the slices. */
 template <typename T, int V, int CP, bool HALVES, bool TABLE, int MIN_BLOCKS = 3, int HEADS = 2,
-          bool RAW = true>
+          bool RAW = true, bool TURN = true>
 int launch_rope_chunks(cudaStream_t stream, rope_params<T> p, size_t pairs, size_t spread = 1)
 {
     const unsigned threads = 256;
@@ -225,7 +228,7 @@ int launch_rope_chunks(cudaStream_t stream, rope_params<T> p, size_t pairs, size
         p.slices = all;
     p.heads_per_slice = (all + p.slices - 1) / p.slices;
     p.slices = (all + p.heads_per_slice - 1) / p.heads_per_slice;
-    auto kernel = rope_kernel<T, V, CP, HALVES, TABLE, MIN_BLOCKS, HEADS, RAW>;
+    auto kernel = rope_kernel<T, V, CP, HALVES, TABLE, MIN_BLOCKS, HEADS, RAW, TURN>;
     kernel<<<grid_for(kernel, p.tokens * p.slices * p.chunks, threads), threads, 0, stream>>>(p);
     return launched("weft_rope");
 }
