@@ -51,7 +51,7 @@ FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "he
                   "held_spread8", "held_push", "held_warp", "held_packed", "held_packed16",
                   "held_packed64", "held_packed_pairs", "packed_b6", "packed_b5")
 RMS_VARIANTS = ("lib", "ring2", "held", "held_push")
-GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "select", "pairs", "grid8", "rows")
+GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "select", "pairs", "grid8", "offsets")
 ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "slices2", "floats", "heads4", "heads4_b2",
                  "touch", "walk_only")
 VARIANTS = sorted(set(ROW_VARIANTS + FUSED_VARIANTS + RMS_VARIANTS + GELU_VARIANTS +
@@ -131,7 +131,7 @@ def signatures():
         "weft_bench_gelu_walk": [P, I, ctypes.c_char_p, P, P, P, P, Z, Z],
         "weft_bench_gelu_pairs": [P, I, P, P, P, P, Z, Z],
         "weft_bench_gelu_grid8": [P, I, P, P, P, P, Z, Z],
-        "weft_bench_gelu_rows": [P, I, P, P, P, P, Z, Z],
+        "weft_bench_gelu_offsets": [P, I, P, P, P, P, Z, Z],
         "weft_bench_rope_variant": [P, I, ctypes.c_char_p, P, Z, P, Z, Z, Z, P,
                                     ctypes.c_double],
     }
@@ -612,7 +612,7 @@ def run(torch, lib, args):
                         ("grid8", lambda: lib.weft_bench_gelu_grid8(
                             s(), wd, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
                             P(z.data_ptr()), r, c)),
-                        ("rows", lambda: lib.weft_bench_gelu_rows(
+                        ("offsets", lambda: lib.weft_bench_gelu_offsets(
                             s(), wd, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
                             P(z.data_ptr()), r, c))):
                     time_variant("bias_gelu_residual (erf)", v, fn, (3 * r * c + c) * es,
@@ -807,8 +807,9 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "types) in the same plain walk, `select` that walk with the library's fit "
                    "ending as it did before (Phi(x) by the sign, times x), `pairs` "
                    "GELU two chunks a step, `grid8` the library's GELU on its former grid of "
-                   "8 blocks an SM, `rows` the library's GELU kernel in the walk variants' "
-                   "order and addressing (row and chunk, a multiply a step), `angles_each` RoPE with each work item computing its "
+                   "8 blocks an SM, `offsets` the library's GELU kernel on its former walk "
+                   "(tensor_walk: adds only, 32-bit offsets; `rows` at 22:55 was the "
+                   "library's since), `angles_each` RoPE with each work item computing its "
                    "pairs' inverse frequencies (the library keeps them in a table a block), "
                    "`bounds4` that at 4 blocks an SM, `slices2` at twice the slices of heads, "
                    "`floats` RoPE's chunks held as fp32 from the load (the library holds them "

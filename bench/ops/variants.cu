@@ -37,8 +37,8 @@
  * half types' shorter one buys, and with the fit's former ending
  * (select); with two chunks a step (pairs), twice the loads in flight a
  * thread, and the library's kernel on its former grid of 8 blocks an SM
- * (grid8: a second, partial wave where fewer stay resident), and in the
- * plain walk's order and addressing (rows); and RoPE computing each pair's
+ * (grid8: a second, partial wave where fewer stay resident), and on
+ * tensor_walk, as the library ran it before row_walk (offsets); and RoPE computing each pair's
  * inverse frequency in every work item (angles_each), at 4 blocks an SM
  * (bounds4), with twice the slices of heads (slices2), holding its chunks
  * as fp32 (floats), and four heads a step (heads4, heads4_b2); and RoPE's
@@ -604,55 +604,27 @@ int gelu_grid8(cudaStream_t s, void *out, const void *in, const void *bias, cons
     const unsigned blocks = (unsigned)(want < cap ? want : cap);
     const gelu_params<T> p = {(T *)out, (const T *)in, (const T *)bias, (const T *)res, rows,
                               cols,     cols};
-    if (cols % V != 0 || !tensor_walk<uint32_t>::fits32(rows, cols, cols, V, (size_t)blocks * 256))
+    if (cols % V != 0)
         return WEFT_EINVAL;
-    bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, tensor_walk<uint32_t>><<<blocks, 256, 0, s>>>(p);
+    bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, row_walk><<<blocks, 256, 0, s>>>(p);
     return launched("gelu grid8 variant");
 }
 
-/* chunk_walk's order as tensor_walk presents it: the element offset and
- * column formed from the row and chunk at each step, a multiply a step
- * where tensor_walk adds. */
-struct row_chunk_walk {
-    chunk_walk w;
-    size_t stride, at, col;
-    unsigned v;
-
-    __device__ row_chunk_walk(size_t rows, size_t cols, size_t stride_, size_t, unsigned v_)
-        : w(rows, cols / v_), stride(stride_), v(v_)
-    {
-        place();
-    }
-    __device__ __forceinline__ void place()
-    {
-        col = w.chunk * v;
-        at = w.row * stride + col;
-    }
-    __device__ __forceinline__ bool more() const
-    {
-        return w.more();
-    }
-    __device__ __forceinline__ void next()
-    {
-        w.next();
-        place();
-    }
-};
-
-/* The library's kernel and grid with row_chunk_walk: the walk variants'
- * order and addressing in the library's loop (rows). */
+/* The library's kernel and grid on tensor_walk, adds only and 32-bit
+ * offsets, as the library ran it before row_walk (offsets). */
 template <typename T>
-int gelu_rows(cudaStream_t s, void *out, const void *in, const void *bias, const void *res,
-              size_t rows, size_t cols)
+int gelu_offsets(cudaStream_t s, void *out, const void *in, const void *bias, const void *res,
+                 size_t rows, size_t cols)
 {
     constexpr int V = vec16<T>();
     const gelu_params<T> p = {(T *)out, (const T *)in, (const T *)bias, (const T *)res, rows,
                               cols,     cols};
-    auto kernel = bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, row_chunk_walk>;
-    if (cols % V != 0)
+    auto kernel = bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, tensor_walk<uint32_t>>;
+    const unsigned blocks = grid_for(kernel, rows * cols / V, 256);
+    if (cols % V != 0 || !tensor_walk<uint32_t>::fits32(rows, cols, cols, V, (size_t)blocks * 256))
         return WEFT_EINVAL;
-    kernel<<<grid_for(kernel, rows * cols / V, 256), 256, 0, s>>>(p);
-    return launched("gelu rows variant");
+    kernel<<<blocks, 256, 0, s>>>(p);
+    return launched("gelu offsets variant");
 }
 
 /* Every 16 bytes of p[0, n) read and written back in place, two a thread
@@ -798,11 +770,11 @@ int weft_bench_gelu_grid8(void *stream, int dtype, void *out, const void *in, co
     });
 }
 
-int weft_bench_gelu_rows(void *stream, int dtype, void *out, const void *in, const void *bias,
-                         const void *res, size_t rows, size_t cols)
+int weft_bench_gelu_offsets(void *stream, int dtype, void *out, const void *in, const void *bias,
+                            const void *res, size_t rows, size_t cols)
 {
     return by_dtype((weft_dtype)dtype, [&](auto t) {
-        return gelu_rows<decltype(t)>((cudaStream_t)stream, out, in, bias, res, rows, cols);
+        return gelu_offsets<decltype(t)>((cudaStream_t)stream, out, in, bias, res, rows, cols);
     });
 }
 

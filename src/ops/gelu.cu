@@ -6,7 +6,7 @@
  * copy rate, and a bf16 op at that rate leaves a budget of about 50
  * instructions an element: the loop is kept lean to stay memory-bound.
  * Each thread takes 16-byte chunks (8 bf16/fp16 or 4 fp32 elements) in a
- * grid-stride walk (tensor_walk: adds only, 32-bit offsets where they fit);
+ * grid-stride walk (row_walk; the adds-only tensor_walk measured slower);
  * the loads of in, residual and the bias are independent and issued
  * together, and a grid of one wave of resident blocks keeps enough of them
  * in flight per SM to cover memory latency. Whether there is a bias and a
@@ -23,24 +23,14 @@ namespace weft_ops
 namespace
 {
 
-template <typename T, int V, typename I> auto pick_kernel(weft_gelu_form form)
-{
-    return form == WEFT_GELU_ERF ? bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, tensor_walk<I>>
-                                 : bias_gelu_residual_kernel<T, V, WEFT_GELU_TANH, tensor_walk<I>>;
-}
-
 template <typename T, int V>
 int launch_v(cudaStream_t stream, const gelu_params<T> &p, weft_gelu_form form)
 {
     const unsigned threads = 256;
     const size_t work = p.rows * ((p.cols + V - 1) / V); /* chunks, and rows' partial ends */
-    auto kernel = pick_kernel<T, V, uint32_t>(form);
-    unsigned blocks = grid_for(kernel, work, threads);
-    if (!tensor_walk<uint32_t>::fits32(p.rows, p.cols, p.stride, V, (size_t)blocks * threads)) {
-        kernel = pick_kernel<T, V, size_t>(form);
-        blocks = grid_for(kernel, work, threads);
-    }
-    kernel<<<blocks, threads, 0, stream>>>(p);
+    auto kernel = form == WEFT_GELU_ERF ? bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, row_walk>
+                                        : bias_gelu_residual_kernel<T, V, WEFT_GELU_TANH, row_walk>;
+    kernel<<<grid_for(kernel, work, threads), threads, 0, stream>>>(p);
     return launched("weft_bias_gelu_residual");
 }
 

@@ -18,7 +18,7 @@ template <typename T> struct gelu_params {
 };
 
 /* The whole chunks, with a bias and a residual or without, in the order
- * of Walk (tensor_walk<offset type>, or bench/ops/'s others). */
+ * of Walk (row_walk; bench/ops/ times tensor_walk too). */
 template <typename T, int V, weft_gelu_form FORM, typename Walk, bool BIAS, bool RESIDUAL>
 __device__ __forceinline__ void gelu_chunks(const gelu_params<T> &p)
 {
