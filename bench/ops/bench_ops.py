@@ -52,10 +52,11 @@ FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "he
                   "held_packed64", "held_packed_pairs", "packed_b6", "packed_b5")
 RMS_VARIANTS = ("lib", "ring2", "held", "held_push")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "select", "pairs", "grid8", "offsets")
+GLU_VARIANTS = ("lib", "rows")
 ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "slices2", "floats", "heads4", "heads4_b2",
                  "touch", "walk_only")
 VARIANTS = sorted(set(ROW_VARIANTS + FUSED_VARIANTS + RMS_VARIANTS + GELU_VARIANTS +
-                      ROPE_VARIANTS))
+                      GLU_VARIANTS + ROPE_VARIANTS))
 
 
 def torch_dtype(torch, dtype_name):
@@ -129,6 +130,7 @@ def signatures():
         "weft_bench_rmsnorm_variant": [P, I, ctypes.c_char_p, P, P, P, Z, Z],
         "weft_bench_gelu_layernorm_variant": [P, I, ctypes.c_char_p, P, P, P, P, P, P, Z, Z],
         "weft_bench_gelu_walk": [P, I, ctypes.c_char_p, P, P, P, P, Z, Z],
+        "weft_bench_glu_variant": [P, I, ctypes.c_char_p, P, P, Z, Z, Z, Z],
         "weft_bench_gelu_pairs": [P, I, P, P, P, P, Z, Z],
         "weft_bench_gelu_grid8": [P, I, P, P, P, P, Z, Z],
         "weft_bench_gelu_offsets": [P, I, P, P, P, P, Z, Z],
@@ -617,6 +619,14 @@ def run(torch, lib, args):
                             P(z.data_ptr()), r, c))):
                     time_variant("bias_gelu_residual (erf)", v, fn, (3 * r * c + c) * es,
                                  tag="gelu_erf", must_apply=True)
+                # SwiGLU of x's rows (gate, then up: out rows x c/2) into y
+                h = c // 2
+                for v, fn in (("lib", lambda: lib.weft_glu(
+                        s(), wd, 0, P(y.data_ptr()), P(x.data_ptr()), r, h, c, h)),
+                        ("rows", lambda: lib.weft_bench_glu_variant(
+                            s(), wd, b"rows", P(y.data_ptr()), P(x.data_ptr()), r, h, c, h))):
+                    time_variant("swiglu (out cols / 2)", v, fn, (r * c + r * h) * es,
+                                 must_apply=True)
                 # RoPE in place on x and z as Q and K (heads of 128, halves
                 # layout): the library's against its variants, bit for bit
                 hd, rope_lib = 128, None
@@ -809,7 +819,9 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "GELU two chunks a step, `grid8` the library's GELU on its former grid of "
                    "8 blocks an SM, `offsets` the library's GELU kernel on its former walk "
                    "(tensor_walk: adds only, 32-bit offsets; `rows` at 22:55 was the "
-                   "library's since), `angles_each` RoPE with each work item computing its "
+                   "library's since), SwiGLU's `rows` its kernel on GELU's row_walk (the "
+                   "library's walks by adds alone; these rows of SwiGLU have half the "
+                   "columns of the headline's), `angles_each` RoPE with each work item computing its "
                    "pairs' inverse frequencies (the library keeps them in a table a block), "
                    "`bounds4` that at 4 blocks an SM, `slices2` at twice the slices of heads, "
                    "`floats` RoPE's chunks held as fp32 from the load (the library holds them "

@@ -38,7 +38,8 @@
  * (select); with two chunks a step (pairs), twice the loads in flight a
  * thread, and the library's kernel on its former grid of 8 blocks an SM
  * (grid8: a second, partial wave where fewer stay resident), and on
- * tensor_walk, as the library ran it before row_walk (offsets); and RoPE computing each pair's
+ * tensor_walk, as the library ran it before row_walk (offsets); SwiGLU
+ * on row_walk (rows); and RoPE computing each pair's
  * inverse frequency in every work item (angles_each), at 4 blocks an SM
  * (bounds4), with twice the slices of heads (slices2), holding its chunks
  * as fp32 (floats), and four heads a step (heads4, heads4_b2); and RoPE's
@@ -51,6 +52,7 @@
 #include <string.h>
 
 #include "ops/gelu.cuh"
+#include "ops/glu.cuh"
 #include "ops/norm.cuh"
 #include "ops/rope.cuh"
 #include "ops/softmax.cuh"
@@ -627,6 +629,22 @@ int gelu_offsets(cudaStream_t s, void *out, const void *in, const void *bias, co
     return launched("gelu offsets variant");
 }
 
+/* SwiGLU on row_walk, bias+GELU+residual's walk, where the library's
+ * takes tensor_walk (rows). */
+template <typename T>
+int glu_variant(cudaStream_t s, const char *variant, void *out, const void *in, size_t rows,
+                size_t cols, size_t in_stride, size_t out_stride)
+{
+    constexpr int V = vec16<T>();
+    const glu_params<T> p = {(T *)out, (const T *)in, rows, cols, in_stride, out_stride};
+    if (strcmp(variant, "rows") != 0 || cols % V != 0 || in_stride % V != 0 ||
+        out_stride % V != 0 || !aligned16(out) || !aligned16(in))
+        return WEFT_EINVAL;
+    auto kernel = glu_kernel<T, V, WEFT_GLU_SWIGLU, row_walk>;
+    kernel<<<grid_for(kernel, rows * (cols / V), 256), 256, 0, s>>>(p);
+    return launched("glu variant");
+}
+
 /* Every 16 bytes of p[0, n) read and written back in place, two a thread
  * in flight: the ceiling of an op that, as RoPE does, updates its tensors
  * in place (a copy reads one buffer and writes another). */
@@ -775,6 +793,15 @@ int weft_bench_gelu_offsets(void *stream, int dtype, void *out, const void *in, 
 {
     return by_dtype((weft_dtype)dtype, [&](auto t) {
         return gelu_offsets<decltype(t)>((cudaStream_t)stream, out, in, bias, res, rows, cols);
+    });
+}
+
+int weft_bench_glu_variant(void *stream, int dtype, const char *variant, void *out, const void *in,
+                           size_t rows, size_t cols, size_t in_stride, size_t out_stride)
+{
+    return by_dtype((weft_dtype)dtype, [&](auto t) {
+        return glu_variant<decltype(t)>((cudaStream_t)stream, variant, out, in, rows, cols,
+                                        in_stride, out_stride);
     });
 }
 

@@ -6,63 +6,28 @@
  * 16-byte chunk j of the output row and reads the matching chunks of both
  * halves of the input row (a at j, b at cols + j), so each input byte is
  * read once and the activated half never leaves registers. The walk keeps
- * the output's and the input's offsets (tensor_walk), and the activation
- * is a template parameter, so the loop holds nothing but loads, the
- * arithmetic and a store. Vector access needs cols, both strides and both
- * pointers to keep every chunk 16-byte aligned; otherwise one element per
- * access.
+ * the output's and the input's offsets (tensor_walk; bench/ops/ times
+ * GELU's row_walk beside it), and the activation is a template parameter,
+ * so the loop holds nothing but loads, the arithmetic and a store. Vector
+ * access needs cols, both strides and both pointers to keep every chunk
+ * 16-byte aligned; otherwise one element per access.
  */
-#include "ops/ops_cuda.cuh"
+#include "ops/glu.cuh"
 
 namespace weft_ops
 {
 namespace
 {
 
-template <typename T> struct glu_params {
-    T *out;
-    const T *in;
-    size_t rows, cols, in_stride, out_stride;
-};
-
-/* The activation of a, for results of type T. */
-template <typename T, weft_glu_kind KIND> __device__ __forceinline__ float activate(float a)
-{
-    switch (KIND) {
-    case WEFT_GLU_GEGLU:
-        return gelu_erf<T>(a);
-    case WEFT_GLU_GEGLU_TANH:
-        return gelu_tanh(a);
-    default:
-        return silu(a);
-    }
-}
-
-/* cols is a multiple of V. */
-template <typename T, int V, weft_glu_kind KIND, typename I>
-__global__ void __launch_bounds__(256) glu_kernel(glu_params<T> p)
-{
-    const T *gate = p.in, *up = p.in + p.cols;
-    for (tensor_walk<I> w(p.rows, p.cols, p.out_stride, p.in_stride, V); w.more(); w.next()) {
-        float x[V], y[V];
-        load_vec<T, V>(x, gate + w.at2);
-        load_vec<T, V>(y, up + w.at2);
-#pragma unroll
-        for (int k = 0; k < V; k++)
-            x[k] = activate<T, KIND>(x[k]) * y[k];
-        store_vec<T, V>(p.out + w.at, x);
-    }
-}
-
 template <typename T, int V, typename I> auto pick_kernel(weft_glu_kind kind)
 {
     switch (kind) {
     case WEFT_GLU_GEGLU:
-        return glu_kernel<T, V, WEFT_GLU_GEGLU, I>;
+        return glu_kernel<T, V, WEFT_GLU_GEGLU, tensor_walk<I>>;
     case WEFT_GLU_GEGLU_TANH:
-        return glu_kernel<T, V, WEFT_GLU_GEGLU_TANH, I>;
+        return glu_kernel<T, V, WEFT_GLU_GEGLU_TANH, tensor_walk<I>>;
     default:
-        return glu_kernel<T, V, WEFT_GLU_SWIGLU, I>;
+        return glu_kernel<T, V, WEFT_GLU_SWIGLU, tensor_walk<I>>;
     }
 }
 
