@@ -38,13 +38,12 @@
  * (select); with two chunks a step (pairs), twice the loads in flight a
  * thread, and the library's kernel on its former grid of 8 blocks an SM
  * (grid8: a second, partial wave where fewer stay resident), and on
- * tensor_walk, as the library ran it before row_walk (offsets); SwiGLU
- * on row_walk (rows); and RoPE computing each pair's
- * inverse frequency in every work item (angles_each), at 4 blocks an SM
- * (bounds4), with twice the slices of heads (slices2), holding its chunks
- * as fp32 (floats), and four heads a step (heads4, heads4_b2); and RoPE's
- * bytes moved in place with no arithmetic (touch, its ceiling, and
- * walk_only, in RoPE's order).
+ * tensor_walk, as the library ran it before row_walk (offsets); SwiGLU on
+ * row_walk (rows); and RoPE computing each pair's inverse frequency in
+ * every work item (angles_each), at 4 blocks an SM (bounds4), with twice
+ * the slices of heads (slices2), holding its chunks as fp32 (floats), and
+ * four heads a step (heads4, heads4_b2); and RoPE's bytes moved in place
+ * with no arithmetic (touch, its ceiling, and walk_only, in RoPE's order).
  *
  * Each entry point returns a weft status; WEFT_EINVAL means the variant
  * does not apply to that shape (the script leaves it out).

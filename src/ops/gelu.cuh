@@ -59,8 +59,9 @@ __device__ void gelu_row_ends(const gelu_params<T> &p, int v)
 }
 
 /* The form is a template parameter: one GELU's registers per kernel.
- * (Bounded to 32 registers, 8 blocks resident an SM where ptxas gives
- * bf16 40 and 6, it measured no faster: bench/RESULTS.md, 22:47.) */
+ * (Bounded to 32 registers, so that 8 blocks stay resident an SM where
+ * ptxas's 40 in bf16 leave room for 6, it ran no faster: bench/RESULTS.md,
+ * 2026-11-30 22:47.) */
 template <typename T, int V, weft_gelu_form FORM, typename Walk>
 __global__ void __launch_bounds__(256) bias_gelu_residual_kernel(gelu_params<T> p)
 {

@@ -372,9 +372,10 @@ struct chunk_walk {
  * multiple of V) with tensor_walk's face: the chunk's column, and its
  * element offset in two tensors whose rows lie `stride` and `stride2`
  * elements apart, formed from the row and the chunk at each step - a
- * multiply where tensor_walk adds. Yet bias + GELU + residual runs 7%
- * faster in bf16 on it (bench/RESULTS.md, 22:55: the variant `offsets` is
- * the kernel on tensor_walk); what the SASS makes of each is not studied.
+ * multiply where tensor_walk adds. Yet bias + GELU + residual runs 4-7%
+ * faster in bf16 on it (bench/RESULTS.md, 2026-11-30 22:55 to 23:04: the
+ * variant `offsets` is the kernel on tensor_walk); what the SASS makes of
+ * each is not studied. Rows shorter than V have no chunks to walk.
  */
 struct row_walk {
     chunk_walk w;
@@ -382,8 +383,8 @@ struct row_walk {
     unsigned v;
 
     __device__ row_walk(size_t rows, size_t cols, size_t stride_, size_t stride2_, unsigned v_)
-        : w(cols / v_ ? rows : 0, cols / v_ ? cols / v_ : 1), /* no chunks: nothing to walk */
-          stride(stride_), stride2(stride2_), v(v_)
+        : w(cols / v_ ? rows : 0, cols / v_ ? cols / v_ : 1), stride(stride_), stride2(stride2_),
+          v(v_)
     {
         place();
     }
