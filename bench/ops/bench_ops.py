@@ -54,7 +54,7 @@ RMS_VARIANTS = ("lib", "ring2", "held", "held_push")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "select", "pairs", "grid8", "offsets")
 GLU_VARIANTS = ("lib", "rows")
 ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "slices2", "floats", "heads4", "heads4_b2",
-                 "touch", "walk_only")
+                 "dealt", "touch", "walk_only")
 VARIANTS = sorted(set(ROW_VARIANTS + FUSED_VARIANTS + RMS_VARIANTS + GELU_VARIANTS +
                       GLU_VARIANTS + ROPE_VARIANTS))
 
@@ -826,7 +826,9 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "`bounds4` that at 4 blocks an SM, `slices2` at twice the slices of heads, "
                    "`floats` RoPE's chunks held as fp32 from the load (the library holds them "
                    "as loaded), `heads4`/`heads4_b2` four heads a step (the library two), at 3 "
-                   "or 2 blocks an SM, `touch` no RoPE but its bytes: Q and K read and "
+                   "or 2 blocks an SM, `dealt` RoPE's heads dealt to the slices in turn (a warp "
+                   "steps through neighbouring heads of a token; the library gives each slice "
+                   "a run of heads), `touch` no RoPE but its bytes: Q and K read and "
                    "written back in place, the ceiling of an in-place op, `walk_only` that "
                    "in RoPE's walk (its loads and stores, no angles) "
                    "(bench/ops/variants.cu says more):")

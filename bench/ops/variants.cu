@@ -42,8 +42,9 @@
  * row_walk (rows); and RoPE computing each pair's inverse frequency in
  * every work item (angles_each), at 4 blocks an SM (bounds4), with twice
  * the slices of heads (slices2), holding its chunks as fp32 (floats), and
- * four heads a step (heads4, heads4_b2); and RoPE's bytes moved in place
- * with no arithmetic (touch, its ceiling, and walk_only, in RoPE's order).
+ * four heads a step (heads4, heads4_b2), with its heads dealt to the
+ * slices in turn (dealt); and RoPE's bytes moved in place with no
+ * arithmetic (touch, its ceiling, and walk_only, in RoPE's order).
  *
  * Each entry point returns a weft status; WEFT_EINVAL means the variant
  * does not apply to that shape (the script leaves it out).
@@ -674,7 +675,9 @@ int touch_in_place(cudaStream_t s, void *p, size_t bytes)
  * slices of heads (slices2: smaller work items, more of them); with its
  * chunks held as fp32 from the load (floats: the library's form before it
  * held them as loaded); and with four heads' loads in flight a thread, not
- * two, at 3 and at 2 blocks an SM (heads4, heads4_b2). touch and
+ * two, at 3 and at 2 blocks an SM (heads4, heads4_b2); with the heads
+ * dealt to the slices in turn, so that a warp steps through neighbouring
+ * heads of a token (dealt). touch and
  * walk_only are no RoPE: Q and K read and written back unchanged, RoPE's
  * bytes at a copy's pace (touch) or in the library's walk, its loads and
  * stores without the angles (walk_only). */
@@ -701,6 +704,8 @@ int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, v
     size_t pairs = head_dim / 2;
     if (strcmp(variant, "walk_only") == 0)
         return launch_rope_chunks<T, V, V, true, true, 3, 2, true, false>(s, p, pairs);
+    if (strcmp(variant, "dealt") == 0)
+        return launch_rope_chunks<T, V, V, true, true, 3, 2, true, true, true>(s, p, pairs);
     if (strcmp(variant, "touch") == 0) {
         int rc = touch_in_place(s, q, tokens * q_heads * head_dim * sizeof(T));
         return rc ? rc : touch_in_place(s, k, tokens * k_heads * head_dim * sizeof(T));

@@ -164,10 +164,13 @@ enum : unsigned { ROPE_TABLE_PAIRS = 512 };
  * stored, so that each thread has their loads in flight together (the
  * compiler cannot move a load above a store that might alias it).
  * MIN_BLOCKS a multiprocessor, as __launch_bounds__ takes it. TURN false
- * leaves the angles and turns out: the walk's loads and stores alone
- * (bench/ops/ times them). */
+ * leaves the angles and turns out: the walk's loads and stores alone.
+ * DEALT deals the heads to the slices in turn - slice s takes heads s,
+ * s + slices, ... - so that a warp's slices of a token step through
+ * neighbouring heads together, where a run of heads a slice puts them
+ * heads_per_slice apart. (bench/ops/ times both.) */
 template <typename T, int V, int CP, bool HALVES, bool TABLE, int MIN_BLOCKS = 3, int HEADS = 2,
-          bool RAW = true, bool TURN = true>
+          bool RAW = true, bool TURN = true, bool DEALT = false>
 __global__ void __launch_bounds__(256, MIN_BLOCKS) rope_kernel(rope_params<T> p)
 {
     const size_t half = p.head_dim / 2, all = p.q_heads + p.k_heads;
@@ -187,15 +190,18 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) rope_kernel(rope_params<T> p)
             pair_angle(pos, TABLE ? table[first_pair + m] : inverse_frequency(p, first_pair + m),
                        sn[m], cs[m]);
 
-        size_t h = slice * p.heads_per_slice, end = h + p.heads_per_slice;
+        /* the slice's heads: a run of heads_per_slice, or every slices-th */
+        const size_t gap = DEALT ? p.slices : 1;
+        size_t h = DEALT ? slice : slice * p.heads_per_slice;
+        size_t end = DEALT ? all : h + p.heads_per_slice;
         if (end > all)
             end = all;
-        for (; h < end; h += HEADS) {
+        for (; h < end; h += HEADS * gap) {
             rope_chunk<T, V, CP, HALVES, RAW> c[HEADS];
             T *head[HEADS];
 #pragma unroll
             for (int i = 0; i < HEADS; i++) {
-                head[i] = h + i < end ? head_at(p, t, h + i) : nullptr;
+                head[i] = h + i * gap < end ? head_at(p, t, h + i * gap) : nullptr;
                 if (head[i])
                     c[i].load(head[i], first_pair, half);
             }
@@ -214,7 +220,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) rope_kernel(rope_params<T> p)
 /* The launch of rope_kernel<T, V, CP, HALVES, TABLE, ...> over p's tokens,
  * in chunks of CP of a head's `pairs`, with `spread` times the slices. */
 template <typename T, int V, int CP, bool HALVES, bool TABLE, int MIN_BLOCKS = 3, int HEADS = 2,
-          bool RAW = true, bool TURN = true>
+          bool RAW = true, bool TURN = true, bool DEALT = false>
 int launch_rope_chunks(cudaStream_t stream, rope_params<T> p, size_t pairs, size_t spread = 1)
 {
     const unsigned threads = 256;
@@ -228,7 +234,7 @@ int launch_rope_chunks(cudaStream_t stream, rope_params<T> p, size_t pairs, size
         p.slices = all;
     p.heads_per_slice = (all + p.slices - 1) / p.slices;
     p.slices = (all + p.heads_per_slice - 1) / p.heads_per_slice;
-    auto kernel = rope_kernel<T, V, CP, HALVES, TABLE, MIN_BLOCKS, HEADS, RAW, TURN>;
+    auto kernel = rope_kernel<T, V, CP, HALVES, TABLE, MIN_BLOCKS, HEADS, RAW, TURN, DEALT>;
     kernel<<<grid_for(kernel, p.tokens * p.slices * p.chunks, threads), threads, 0, stream>>>(p);
     return launched("weft_rope");
 }
