@@ -816,6 +816,36 @@ static void test_nan_and_inf_match_host(void **state)
     }
 }
 
+/* GELU's values that are exact on either side - zeros of both signs,
+ * infinities, NaN, and negative inputs whose result underflows to -0 - bit
+ * for bit as the host gives them (ops.h: GELU(-Inf) = -0), in both forms,
+ * on the vector path and element by element. */
+static void test_gelu_signed_zeros_match_host(void **state)
+{
+    (void)state;
+    static const float X[] = {0.0f,    -0.0f,  -INFINITY, INFINITY, NAN,   -20.0f,
+                              -200.0f, -1e30f, 1e30f,     -0.0f,    0.0f,  -INFINITY,
+                              -16.5f,  -50.0f, NAN,       INFINITY, -0.0f, 0.0f};
+    for (int d = 0; d < 3; d++)
+        for (int form = 0; form < 2; form++)
+            for (size_t cols = 16; cols <= 18; cols += 2) { /* 18: a partial chunk too */
+                weft_dtype dt = DTYPES[d];
+                tens in = tens_new(dt, 1, cols, cols, 0), out = tens_new(dt, 1, cols, cols, 0);
+                for (size_t j = 0; j < cols; j++)
+                    weft__store(dt, in.h, j, X[j]);
+                tens_upload(&in), tens_poison(&out);
+                assert_ok(weft_bias_gelu_residual(stream, dt, (weft_gelu_form)form, out.d, in.d,
+                                                  NULL, NULL, 1, cols, cols));
+                sync_ok();
+                void *got = tens_download(&out, "gelu signed zeros", 1);
+                assert_ok(weft_bias_gelu_residual(NULL, dt, (weft_gelu_form)form, out.h, in.h, NULL,
+                                                  NULL, 1, cols, cols));
+                assert_same_bits(&out, got, out.h, "gelu signed zeros");
+                free(got);
+                tens_free(&in), tens_free(&out);
+            }
+}
+
 /* ---- in place ------------------------------------------------------------------ */
 
 /* out = in (and sum_out = residual) give what separate buffers give. */
@@ -1054,6 +1084,7 @@ int main(void)
         cmocka_unit_test(test_rope_matches_host),
         cmocka_unit_test(test_glu_matches_host),
         cmocka_unit_test(test_nan_and_inf_match_host),
+        cmocka_unit_test(test_gelu_signed_zeros_match_host),
         cmocka_unit_test(test_in_place_calls_match_separate_buffers),
         cmocka_unit_test(test_bad_arguments_are_refused_before_launch),
         cmocka_unit_test(test_ops_run_on_a_task_stream),
