@@ -45,11 +45,13 @@ WEFT_DTYPE = {"f32": 0, "bf16": 1, "f16": 2}
 ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", "held_checked",
                 "held_narrow", "held_wide", "held_spread", "held_spread8", "held_push",
                 "held_packed", "held_packed16", "held_packed64", "held_packed_pairs",
+                "held_packed_quads",
                 "held_online", "ring2_online", "staged", "regs", "regs_half", "regs_double",
                 "regs_flat")
 FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
                   "held_spread8", "held_push", "held_warp", "held_packed", "held_packed16",
-                  "held_packed64", "held_packed_pairs", "packed_b6", "packed_b5")
+                  "held_packed64", "held_packed_pairs", "held_packed_quads", "packed_b6",
+                  "packed_b5")
 RMS_VARIANTS = ("lib", "ring2", "held", "held_push")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "select", "pairs", "grid8", "offsets")
 GLU_VARIANTS = ("lib", "rows")
@@ -801,6 +803,7 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "passes at 32 or 16 values a thread (up to 64 on long rows), blocks of up "
                    "to 1024 threads, `held_packed64` that at 64 values, `held_packed_pairs` "
                    "that in blocks of up to 512 threads (rows of 65536 over two blocks), "
+                   "`held_packed_quads` in blocks of up to 256 (rows of 65536 over four), "
                    "RMSNorm's `ring2` (formerly the library's on long rows) and "
                    "`held`/`held_push` (a cluster's statistics met at barriers or pushed), "
                    "`held_warp` the fused op's rows of up to 32 values a "

@@ -14,9 +14,9 @@
  * kernels with a cluster's blocks pushing their statistics to each other
  * (held_push: ops_cuda.cuh's cluster_exchange; held meets at cluster
  * barriers), RMSNorm held and through the ring (rmsnorm_variant), the
- * held kernels with rows of half types kept packed between
- * their passes (held_packed, held_packed16, held_packed64, and
- * held_packed_pairs: see packed_plan), the kernels that test at run time
+ * held kernels with rows of half types kept packed between their passes
+ * (held_packed, held_packed16, held_packed64, held_packed_pairs and
+ * held_packed_quads: see packed_plan), the kernels that test at run time
  * for what the library fixes at compile time on these rows -
  * LayerNorm's inputs, softmax's mask and scale, partial vectors -
  * (ring2_checked, held_checked), softmax's max and sum in one reduction
@@ -221,13 +221,17 @@ int run_held(const char *op, cudaStream_t s, const row_plan &plan, const Params 
 /* The plans of the held kernels with the row packed (half types), in
  * blocks of up to 1024 threads: 32 values a thread (held_packed), 16
  * (held_packed16) or 64 (held_packed64), up to 64 on rows longer than
- * that holds; and 64 in blocks of up to 512 threads (held_packed_pairs:
- * a row of 65536 over a cluster of two blocks, two resident an SM). false
- * for other variants. */
+ * that holds; and 64 in blocks of up to 512 or 256 threads
+ * (held_packed_pairs, held_packed_quads: a row of 65536 over a cluster of
+ * two or four blocks, two or four resident an SM, each of another row, so
+ * that one's loads may overlap another's arithmetic). false for other
+ * variants. */
 bool packed_plan(const char *variant, size_t cols, int V, row_plan *p)
 {
     if (strcmp(variant, "held_packed_pairs") == 0)
         return plan_held(cols, V, PACKED_MAX_VALUES, p, false, PACKED_MAX_VALUES, 512);
+    if (strcmp(variant, "held_packed_quads") == 0)
+        return plan_held(cols, V, PACKED_MAX_VALUES, p, false, PACKED_MAX_VALUES, 256);
     unsigned values = strcmp(variant, "held_packed") == 0     ? 32
                       : strcmp(variant, "held_packed16") == 0 ? 16
                       : strcmp(variant, "held_packed64") == 0 ? 64
