@@ -6,7 +6,7 @@ For each operator, dtype (bf16, fp32) and large shape (16384x4096,
 and torch.compile on the same tensors and stream, and a device-to-device
 copy for the ceiling. Effective bandwidth counts the bytes an operator must
 move: each input read once, each output written once. It also times the
-tuning variants kept in variants.cu, and small inputs (1 to 64 rows of
+tuning variants kept in variants_*.cu, and small inputs (1 to 64 rows of
 4096) against an empty kernel.
 
 weft is called through ctypes on the tensors' data_ptr() and
@@ -40,8 +40,9 @@ SMALL_ROWS = [1, 2, 4, 8, 16, 32, 64]
 OPS = ["gelu_layernorm", "softmax", "rmsnorm", "layernorm", "add_layernorm",
        "bias_gelu_residual", "swiglu", "rope"]
 WEFT_DTYPE = {"f32": 0, "bf16": 1, "f16": 2}
-# the tuning variants (variants.cu): of softmax and LayerNorm, of the fused
-# GELU+LayerNorm, of bias+GELU+residual, of RoPE
+# the tuning variants (variants_rows.cu, variants_elementwise.cu): of softmax
+# and LayerNorm, of the fused GELU+LayerNorm, of bias+GELU+residual, of
+# SwiGLU, of RoPE
 ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", "held_checked",
                 "held_narrow", "held_wide", "held_spread", "held_spread8", "held_push",
                 "held_packed", "held_packed16", "held_packed64", "held_packed_pairs",
@@ -834,7 +835,7 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "a run of heads), `touch` no RoPE but its bytes: Q and K read and "
                    "written back in place, the ceiling of an in-place op, `walk_only` that "
                    "in RoPE's walk (its loads and stores, no angles) "
-                   "(bench/ops/variants.cu says more):")
+                   "(bench/ops/variants_*.cu say more):")
         out.append("")
         shapes = sorted({(dt, s) for _, _, dt, s, _ in variants_out},
                         key=lambda k: (k[0], -k[1][1]))

@@ -1,0 +1,338 @@
+/*
+ * variants_elementwise.cu - the elementwise operators' tuning variants
+ * (bias+GELU+residual, SwiGLU, RoPE) that bench_ops.py times beside the
+ * library's own kernels, and the empty kernel that small inputs are
+ * measured against. Built into libweft_ops_bench.so with
+ * variants_rows.cu and all of weft.
+ *
+ * bias+GELU+residual in a plain walk with libm's erfcf in place of the
+ * library's activation, which is what the activation's own fit buys, and
+ * with the erf fits of degree 7 and 5 (fit7, fit5), which is what the
+ * half types' shorter one buys, and with the fit's former ending
+ * (select); with two chunks a step (pairs), twice the loads in flight a
+ * thread, and the library's kernel on its former grid of 8 blocks an SM
+ * (grid8: a second, partial wave where fewer stay resident), and on
+ * tensor_walk, as the library ran it before row_walk (offsets); SwiGLU on
+ * row_walk (rows); and RoPE computing each pair's inverse frequency in
+ * every work item (angles_each), at 4 blocks an SM (bounds4), with twice
+ * the slices of heads (slices2), holding its chunks as fp32 (floats), and
+ * four heads a step (heads4, heads4_b2), with its heads dealt to the
+ * slices in turn (dealt); and RoPE's bytes moved in place with no
+ * arithmetic (touch, its ceiling, and walk_only, in RoPE's order).
+ *
+ * Each entry point returns a weft status; WEFT_EINVAL means the variant
+ * does not apply to that shape (the script leaves it out).
+ */
+#include <string.h>
+
+#include "ops/gelu.cuh"
+#include "ops/glu.cuh"
+#include "ops/rope.cuh"
+
+namespace weft_ops
+{
+namespace
+{
+
+__global__ void empty_kernel()
+{
+}
+
+/* bias + GELU + residual in a plain grid-stride walk, the GELU libm's
+ * erfcf (libm_erfc) or the erf form's fits of degree 7 and 5 (fit7, fit5:
+ * the library's for fp32 and for half types), or the library's fit with
+ * the former ending: Phi(x) taken as the tail or 1 - tail by the sign,
+ * times x (select). */
+enum gelu_variant { GELU_LIBM, GELU_FIT7, GELU_FIT5, GELU_SELECT };
+
+template <bool HALF> __device__ __forceinline__ float gelu_erf_select(float x)
+{
+    const float tail = normal_tail<HALF>(fminf(fabsf(x), 16.0f));
+    return times_gate(x, x < 0.0f ? tail : 1.0f - tail);
+}
+
+template <typename T, int V, gelu_variant G>
+__global__ void gelu_walk_kernel(T *out, const T *in, const T *bias, const T *res, size_t rows,
+                                 size_t cols)
+{
+    for (chunk_walk w(rows, cols / V); w.more(); w.next()) {
+        size_t j = w.chunk * V, i = w.row * cols + j;
+        float h[V], r[V], b[V];
+        load_vec<T, V>(h, in + i);
+        load_vec<T, V>(b, bias + j);
+        load_vec<T, V>(r, res + i);
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            float x = h[k] + b[k];
+            if (G == GELU_LIBM)
+                h[k] = 0.5f * x * erfcf(-x * 0.70710678118654752f) + r[k];
+            else if (G == GELU_SELECT)
+                h[k] = gelu_erf_select<sizeof(T) == 2>(x) + r[k];
+            else
+                h[k] = gelu_erf_fit<G == GELU_FIT5>(x) + r[k];
+        }
+        store_vec<T, V>(out + i, h);
+    }
+}
+
+template <typename T>
+int gelu_walk(cudaStream_t s, const char *variant, void *out, const void *in, const void *bias,
+              const void *res, size_t rows, size_t cols)
+{
+    constexpr int V = vec16<T>();
+    if (cols % V != 0)
+        return WEFT_EINVAL;
+    auto kernel = strcmp(variant, "fit7") == 0     ? gelu_walk_kernel<T, V, GELU_FIT7>
+                  : strcmp(variant, "fit5") == 0   ? gelu_walk_kernel<T, V, GELU_FIT5>
+                  : strcmp(variant, "select") == 0 ? gelu_walk_kernel<T, V, GELU_SELECT>
+                                                   : gelu_walk_kernel<T, V, GELU_LIBM>;
+    kernel<<<grid_for(kernel, rows * cols / V, 256), 256, 0, s>>>(
+        (T *)out, (const T *)in, (const T *)bias, (const T *)res, rows, cols);
+    return launched("gelu walk variant");
+}
+
+/* bias + GELU (erf, the library's) + residual taking two chunks a step:
+ * both chunks' loads are issued before either is computed, twice the
+ * bytes in flight a thread of the library's one chunk a step. */
+template <typename T, int V>
+__global__ void __launch_bounds__(256)
+    gelu_pairs_kernel(T *out, const T *in, const T *bias, const T *res, size_t rows, size_t cols)
+{
+    tensor_walk<uint32_t> w(rows, cols, cols, cols, V);
+    while (w.more()) {
+        tensor_walk<uint32_t> w2 = w;
+        w2.next();
+        const bool two = w2.more();
+        float h[2][V], b[2][V], r[2][V];
+        load_vec<T, V>(h[0], in + w.at);
+        load_vec<T, V>(b[0], bias + w.col);
+        load_vec<T, V>(r[0], res + w.at);
+        if (two) {
+            load_vec<T, V>(h[1], in + w2.at);
+            load_vec<T, V>(b[1], bias + w2.col);
+            load_vec<T, V>(r[1], res + w2.at);
+        }
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            if (c == 1 && !two)
+                break;
+#pragma unroll
+            for (int k = 0; k < V; k++)
+                h[c][k] = gelu<T>(WEFT_GELU_ERF, h[c][k] + b[c][k]) + r[c][k];
+            store_vec<T, V>(out + (c == 0 ? w.at : w2.at), h[c]);
+        }
+        w = w2;
+        if (two)
+            w.next();
+    }
+}
+
+template <typename T>
+int gelu_pairs(cudaStream_t s, void *out, const void *in, const void *bias, const void *res,
+               size_t rows, size_t cols)
+{
+    constexpr int V = vec16<T>();
+    auto kernel = gelu_pairs_kernel<T, V>;
+    const unsigned blocks = grid_for(kernel, rows * cols / V, 256);
+    if (cols % V != 0 || !tensor_walk<uint32_t>::fits32(rows, cols, cols, V, (size_t)blocks * 256))
+        return WEFT_EINVAL;
+    kernel<<<blocks, 256, 0, s>>>((T *)out, (const T *)in, (const T *)bias, (const T *)res, rows,
+                                  cols);
+    return launched("gelu pairs variant");
+}
+
+/* The library's bias + GELU (erf) + residual kernel on its former grid:
+ * 8 blocks an SM, however many stay resident (grid8). */
+template <typename T>
+int gelu_grid8(cudaStream_t s, void *out, const void *in, const void *bias, const void *res,
+               size_t rows, size_t cols)
+{
+    constexpr int V = vec16<T>();
+    const size_t want = (rows * cols / V + 255) / 256, cap = (size_t)sm_count() * 8;
+    const unsigned blocks = (unsigned)(want < cap ? want : cap);
+    const gelu_params<T> p = {(T *)out, (const T *)in, (const T *)bias, (const T *)res, rows,
+                              cols,     cols};
+    if (cols % V != 0)
+        return WEFT_EINVAL;
+    bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, row_walk><<<blocks, 256, 0, s>>>(p);
+    return launched("gelu grid8 variant");
+}
+
+/* The library's kernel and grid on tensor_walk, adds only and 32-bit
+ * offsets, as the library ran it before row_walk (offsets). */
+template <typename T>
+int gelu_offsets(cudaStream_t s, void *out, const void *in, const void *bias, const void *res,
+                 size_t rows, size_t cols)
+{
+    constexpr int V = vec16<T>();
+    const gelu_params<T> p = {(T *)out, (const T *)in, (const T *)bias, (const T *)res, rows,
+                              cols,     cols};
+    auto kernel = bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, tensor_walk<uint32_t>>;
+    const unsigned blocks = grid_for(kernel, rows * cols / V, 256);
+    if (cols % V != 0 || !tensor_walk<uint32_t>::fits32(rows, cols, cols, V, (size_t)blocks * 256))
+        return WEFT_EINVAL;
+    kernel<<<blocks, 256, 0, s>>>(p);
+    return launched("gelu offsets variant");
+}
+
+/* SwiGLU on row_walk, bias+GELU+residual's walk, where the library's
+ * takes tensor_walk (rows). */
+template <typename T>
+int glu_variant(cudaStream_t s, const char *variant, void *out, const void *in, size_t rows,
+                size_t cols, size_t in_stride, size_t out_stride)
+{
+    constexpr int V = vec16<T>();
+    const glu_params<T> p = {(T *)out, (const T *)in, rows, cols, in_stride, out_stride};
+    if (strcmp(variant, "rows") != 0 || cols % V != 0 || in_stride % V != 0 ||
+        out_stride % V != 0 || !aligned16(out) || !aligned16(in))
+        return WEFT_EINVAL;
+    auto kernel = glu_kernel<T, V, WEFT_GLU_SWIGLU, row_walk>;
+    kernel<<<grid_for(kernel, rows * (cols / V), 256), 256, 0, s>>>(p);
+    return launched("glu variant");
+}
+
+/* Every 16 bytes of p[0, n) read and written back in place, two a thread
+ * in flight: the ceiling of an op that, as RoPE does, updates its tensors
+ * in place (a copy reads one buffer and writes another). */
+__global__ void __launch_bounds__(256) touch_kernel(uint4 *p, size_t n)
+{
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += 2 * step) {
+        uint4 a = __ldcs(p + i), b;
+        if (i + step < n)
+            b = __ldcs(p + i + step);
+        __stcs(p + i, a);
+        if (i + step < n)
+            __stcs(p + i + step, b);
+    }
+}
+
+int touch_in_place(cudaStream_t s, void *p, size_t bytes)
+{
+    size_t n = bytes / 16;
+    touch_kernel<<<grid_for(touch_kernel, (n + 1) / 2, 256), 256, 0, s>>>((uint4 *)p, n);
+    return launched("touch variant");
+}
+
+/* RoPE on aligned heads of the split-halves layout (the script's case)
+ * with each work item computing its pairs' inverse frequencies, as the
+ * library did before its table in shared memory (angles_each), at 4
+ * blocks an SM, not 3 (bounds4: the compiler spills), and with twice the
+ * slices of heads (slices2: smaller work items, more of them); with its
+ * chunks held as fp32 from the load (floats: the library's form before it
+ * held them as loaded); and with four heads' loads in flight a thread, not
+ * two, at 3 and at 2 blocks an SM (heads4, heads4_b2); with the heads
+ * dealt to the slices in turn, so that a warp steps through neighbouring
+ * heads of a token (dealt). touch and
+ * walk_only are no RoPE: Q and K read and written back unchanged, RoPE's
+ * bytes at a copy's pace (touch) or in the library's walk, its loads and
+ * stores without the angles (walk_only). */
+template <typename T>
+int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, void *k,
+                 size_t k_heads, size_t tokens, size_t head_dim, const int32_t *positions,
+                 double base)
+{
+    constexpr int V = vec16<T>();
+    rope_params<T> p = {};
+    p.q = (T *)q;
+    p.k = (T *)k;
+    p.q_heads = q_heads;
+    p.q_stride = q_heads * head_dim;
+    p.k_heads = k_heads;
+    p.k_stride = k_heads * head_dim;
+    p.tokens = tokens;
+    p.head_dim = head_dim;
+    p.positions = positions;
+    p.base = base;
+    p.halves = true;
+    if (head_dim % (2 * V) != 0 || !aligned16(q) || !aligned16(k))
+        return WEFT_EINVAL;
+    size_t pairs = head_dim / 2;
+    if (strcmp(variant, "walk_only") == 0)
+        return launch_rope_chunks<T, V, V, true, true, 3, 2, true, false>(s, p, pairs);
+    if (strcmp(variant, "dealt") == 0)
+        return launch_rope_chunks<T, V, V, true, true, 3, 2, true, true, true>(s, p, pairs);
+    if (strcmp(variant, "touch") == 0) {
+        int rc = touch_in_place(s, q, tokens * q_heads * head_dim * sizeof(T));
+        return rc ? rc : touch_in_place(s, k, tokens * k_heads * head_dim * sizeof(T));
+    }
+    if (strcmp(variant, "angles_each") == 0)
+        return launch_rope_chunks<T, V, V, true, false>(s, p, pairs);
+    if (strcmp(variant, "bounds4") == 0)
+        return launch_rope_chunks<T, V, V, true, true, 4>(s, p, pairs);
+    if (strcmp(variant, "slices2") == 0)
+        return launch_rope_chunks<T, V, V, true, true>(s, p, pairs, 2);
+    if (strcmp(variant, "floats") == 0)
+        return launch_rope_chunks<T, V, V, true, true, 3, 2, false>(s, p, pairs);
+    if (strcmp(variant, "heads4") == 0)
+        return launch_rope_chunks<T, V, V, true, true, 3, 4>(s, p, pairs);
+    if (strcmp(variant, "heads4_b2") == 0)
+        return launch_rope_chunks<T, V, V, true, true, 2, 4>(s, p, pairs);
+    return WEFT_EINVAL;
+}
+
+} // namespace
+} // namespace weft_ops
+
+using namespace weft_ops;
+
+extern "C" {
+
+int weft_bench_empty(void *stream)
+{
+    empty_kernel<<<1, 1, 0, (cudaStream_t)stream>>>();
+    return launched("empty kernel");
+}
+
+int weft_bench_gelu_pairs(void *stream, int dtype, void *out, const void *in, const void *bias,
+                          const void *res, size_t rows, size_t cols)
+{
+    return by_dtype((weft_dtype)dtype, [&](auto t) {
+        return gelu_pairs<decltype(t)>((cudaStream_t)stream, out, in, bias, res, rows, cols);
+    });
+}
+
+int weft_bench_gelu_grid8(void *stream, int dtype, void *out, const void *in, const void *bias,
+                          const void *res, size_t rows, size_t cols)
+{
+    return by_dtype((weft_dtype)dtype, [&](auto t) {
+        return gelu_grid8<decltype(t)>((cudaStream_t)stream, out, in, bias, res, rows, cols);
+    });
+}
+
+int weft_bench_gelu_offsets(void *stream, int dtype, void *out, const void *in, const void *bias,
+                            const void *res, size_t rows, size_t cols)
+{
+    return by_dtype((weft_dtype)dtype, [&](auto t) {
+        return gelu_offsets<decltype(t)>((cudaStream_t)stream, out, in, bias, res, rows, cols);
+    });
+}
+
+int weft_bench_glu_variant(void *stream, int dtype, const char *variant, void *out, const void *in,
+                           size_t rows, size_t cols, size_t in_stride, size_t out_stride)
+{
+    return by_dtype((weft_dtype)dtype, [&](auto t) {
+        return glu_variant<decltype(t)>((cudaStream_t)stream, variant, out, in, rows, cols,
+                                        in_stride, out_stride);
+    });
+}
+
+int weft_bench_gelu_walk(void *stream, int dtype, const char *variant, void *out, const void *in,
+                         const void *bias, const void *res, size_t rows, size_t cols)
+{
+    return by_dtype((weft_dtype)dtype, [&](auto t) {
+        return gelu_walk<decltype(t)>((cudaStream_t)stream, variant, out, in, bias, res, rows,
+                                      cols);
+    });
+}
+
+int weft_bench_rope_variant(void *stream, int dtype, const char *variant, void *q, size_t q_heads,
+                            void *k, size_t k_heads, size_t tokens, size_t head_dim,
+                            const int32_t *positions, double base)
+{
+    return by_dtype((weft_dtype)dtype, [&](auto t) {
+        return rope_variant<decltype(t)>((cudaStream_t)stream, variant, q, q_heads, k, k_heads,
+                                         tokens, head_dim, positions, base);
+    });
+}
+}
