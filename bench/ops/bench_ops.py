@@ -52,7 +52,7 @@ ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", 
 FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
                   "held_spread8", "held_push", "held_warp", "held_packed", "held_packed16",
                   "held_packed64", "held_packed_pairs", "held_packed_quads", "packed_b6",
-                  "packed_b5")
+                  "packed_b5", "round_each")
 RMS_VARIANTS = ("lib", "ring2", "held", "held_push")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "select", "pairs", "grid8", "offsets")
 GLU_VARIANTS = ("lib", "rows")
@@ -811,6 +811,8 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "thread in a warp (the library spreads them over warps at 16), "
                    "`packed_b6`/`packed_b5` the fused op packed at 32 values in blocks of up "
                    "to 256 threads, 6 or 5 resident an SM (40 or 48 registers, not 64), "
+                   "`round_each` the fused op's packed kernel rounding s element by element, "
+                   "as it did before it packed s to round it, "
                    "`*_checked` kernels that test at run time for "
                    "what the library fixes at compile time on these rows (as rows of any "
                    "length take them), `*_online` softmax taking its max and sum in one "
