@@ -551,7 +551,7 @@ struct op_merge {
 
 /*
  * How the blocks of a cluster share their results in row_reduce:
- *  - BARRIERS (the ring kernels', softmax's): each block writes its
+ *  - BARRIERS (softmax's held and ring kernels): each block writes its
  *    result to its slot; a cluster barrier; every block reads every slot;
  *    a second barrier keeps the slots until all have read. A cluster
  *    barrier's arrive orders memory at the GPU's scope (MEMBAR.ALL.GPU in

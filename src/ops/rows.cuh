@@ -17,8 +17,8 @@
  *    template parameter, and keeps them as fp32 (up to 32 values) or, in
  *    half types, packed as T (up to 64 values, blocks of up to 1024
  *    threads; unpacked again for each pass). The main path, for 16-byte
- *    aligned tensors and rows up to 131072 elements; RMSNorm and softmax
- *    on long rows have it fed through a ring of rows in shared memory (the
+ *    aligned tensors and rows up to 131072 elements; softmax on long rows
+ *    of half types has it fed through a ring of rows in shared memory (the
  *    ring kernels, below).
  *  - staged: the row goes to shared memory with cp.async. Loads in flight
  *    cost no registers, but every pass re-reads and converts shared memory
@@ -386,16 +386,15 @@ template <int V, int VPT> __device__ __forceinline__ unsigned held_at(const row_
  * norm_ring_kernel) are the held kernels fed by the copy engine. A held
  * kernel's loads in flight are its registers: at 16 bf16 values a thread
  * an SM keeps ~32 KB of rows in flight, and only while its blocks are in
- * their load phase. A ring
- * kernel's blocks stay resident and loop over rows; each keeps a ring of
- * `slots` rows in shared memory, filled by bulk asynchronous copies (TMA)
- * that one thread issues and an mbarrier per slot counts in, so that
- * while a block works on one row its next slots - 1 rows are on their
- * way. Each thread reads its vectors of the slot into registers, in the
- * held layout, and from there the row is the held kernels' (the same
- * code: norm_held_row, softmax_held_row); the slot is refilled as soon
- * as the row's first reduction shows that every thread of the row has
- * read it.
+ * their load phase. A ring kernel's blocks stay resident and loop over
+ * rows; each keeps a ring of `slots` rows in shared memory, filled by bulk
+ * asynchronous copies (TMA) that one thread issues and an mbarrier per
+ * slot counts in, so that while a block works on one row its next
+ * slots - 1 rows are on their way. Each thread reads its vectors of the
+ * slot into registers, in the held layout, and from there the row is the
+ * held kernels' (the same code: norm_held_row, softmax_held_row); the
+ * slot is refilled as soon as the row's first reduction shows that every
+ * thread of the row has read it.
  *
  * Measured (bench/RESULTS.md): unmasked softmax in half types gains 7%
  * with 2 slots on rows that held take a cluster; more slots cost
