@@ -52,12 +52,12 @@ ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", 
 FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
                   "held_spread8", "held_push", "held_warp", "held_packed", "held_packed16",
                   "held_packed64", "held_packed_pairs", "held_packed_quads", "packed_b6",
-                  "packed_b5", "round_each")
+                  "packed_b5")
 RMS_VARIANTS = ("lib", "ring2", "held", "held_push")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "select", "pairs", "grid8", "offsets")
 GLU_VARIANTS = ("lib", "rows")
-ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "slices2", "floats", "heads4", "heads4_b2",
-                 "dealt", "touch", "walk_only")
+ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "slices2", "slices4", "floats", "heads4",
+                 "heads4_b2", "runs", "early", "streamed", "reduced", "early_reduced", "touch", "walk_only")
 VARIANTS = sorted(set(ROW_VARIANTS + FUSED_VARIANTS + RMS_VARIANTS + GELU_VARIANTS +
                       GLU_VARIANTS + ROPE_VARIANTS))
 
@@ -657,6 +657,14 @@ def run(torch, lib, args):
                         if not torch.equal(x, q0):
                             failures.append("variant rope %s: changed Q" % v)
                             continue
+                    elif v in ("reduced", "early_reduced"):  # within an ulp or two
+                        eps = torch.finfo(x.dtype).eps
+                        if rope_lib is None or not torch.allclose(
+                                x, rope_lib, rtol=2 * eps,
+                                atol=2 * eps * rope_lib.abs().max().item()):
+                            failures.append("variant rope %s %s %dx%d: not within 2 ulp of the "
+                                            "library" % (v, dtype_name, r, c))
+                            continue
                     elif rope_lib is None or not torch.equal(x, rope_lib):
                         failures.append("variant rope %s %s %dx%d: differs from the library"
                                         % (v, dtype_name, r, c))
@@ -811,8 +819,6 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "thread in a warp (the library spreads them over warps at 16), "
                    "`packed_b6`/`packed_b5` the fused op packed at 32 values in blocks of up "
                    "to 256 threads, 6 or 5 resident an SM (40 or 48 registers, not 64), "
-                   "`round_each` the fused op's packed kernel rounding s element by element, "
-                   "as it did before it packed s to round it, "
                    "`*_checked` kernels that test at run time for "
                    "what the library fixes at compile time on these rows (as rows of any "
                    "length take them), `*_online` softmax taking its max and sum in one "
@@ -829,12 +835,16 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "have half the columns of the headline's), `angles_each` RoPE with each "
                    "work item computing its pairs' inverse frequencies (the library keeps "
                    "them in a table a block), "
-                   "`bounds4` that at 4 blocks an SM, `slices2` at twice the slices of heads, "
+                   "`bounds4` that at 4 blocks an SM, `slices2`/`slices4` at two and four times "
+                   "the slices of heads, "
                    "`floats` RoPE's chunks held as fp32 from the load (the library holds them "
                    "as loaded), `heads4`/`heads4_b2` four heads a step (the library two), at 3 "
-                   "or 2 blocks an SM, `dealt` RoPE's heads dealt to the slices in turn (a warp "
-                   "steps through neighbouring heads of a token; the library gives each slice "
-                   "a run of heads), `touch` no RoPE but its bytes: Q and K read and "
+                   "or 2 blocks an SM, `runs` RoPE giving each slice a run of heads (the library "
+                   "deals them to the slices in turn, so that a warp steps through "
+                   "neighbouring heads of a token), `early` the first heads' loads in flight "
+                   "while the angles are computed, `streamed` RoPE's loads and stores "
+                   "evict-first, `reduced` the angles reduced by pi/2 in double and taken by "
+                   "Taylor series (the library calls sincos), `early_reduced` both, `touch` no RoPE but its bytes: Q and K read and "
                    "written back in place, the ceiling of an in-place op, `walk_only` that "
                    "in RoPE's walk (its loads and stores, no angles) "
                    "(bench/ops/variants_*.cu say more):")

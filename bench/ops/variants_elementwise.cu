@@ -7,17 +7,18 @@
  *
  * bias+GELU+residual in a plain walk with libm's erfcf in place of the
  * library's activation, which is what the activation's own fit buys, and
- * with the erf fits of degree 7 and 5 (fit7, fit5), which is what the
- * half types' shorter one buys, and with the fit's former ending
- * (select); with two chunks a step (pairs), twice the loads in flight a
- * thread, and the library's kernel on its former grid of 8 blocks an SM
- * (grid8: a second, partial wave where fewer stay resident), and on
- * tensor_walk, as the library ran it before row_walk (offsets); SwiGLU on
- * row_walk (rows); and RoPE computing each pair's inverse frequency in
- * every work item (angles_each), at 4 blocks an SM (bounds4), with twice
- * the slices of heads (slices2), holding its chunks as fp32 (floats), and
- * four heads a step (heads4, heads4_b2), with its heads dealt to the
- * slices in turn (dealt); and RoPE's bytes moved in place with no
+ * with the erf fits of degree 7 and 5 (fit7, fit5), which is what the half
+ * types' shorter one buys, and with the fit's former ending (select); with
+ * two chunks a step (pairs), twice the loads in flight a thread, and the
+ * library's kernel on its former grid of 8 blocks an SM (grid8: a second,
+ * partial wave where fewer stay resident), and on tensor_walk, as the
+ * library ran it before row_walk (offsets); SwiGLU on row_walk (rows); and
+ * RoPE computing each pair's inverse frequency in every work item
+ * (angles_each), at 4 blocks an SM (bounds4), with two and four times the
+ * slices of heads (slices2, slices4), holding its chunks as fp32 (floats),
+ * and four heads a step (heads4, heads4_b2), each slice a run of heads
+ * (runs), loads first (early), evict-first (streamed), angles by a shorter
+ * road (reduced, early_reduced); and RoPE's bytes moved in place with no
  * arithmetic (touch, its ceiling, and walk_only, in RoPE's order).
  *
  * Each entry point returns a weft status; WEFT_EINVAL means the variant
@@ -214,19 +215,92 @@ int touch_in_place(cudaStream_t s, void *p, size_t bytes)
     return launched("touch variant");
 }
 
-/* RoPE on aligned heads of the split-halves layout (the script's case)
- * with each work item computing its pairs' inverse frequencies, as the
- * library did before its table in shared memory (angles_each), at 4
- * blocks an SM, not 3 (bounds4: the compiler spills), and with twice the
- * slices of heads (slices2: smaller work items, more of them); with its
- * chunks held as fp32 from the load (floats: the library's form before it
- * held them as loaded); and with four heads' loads in flight a thread, not
- * two, at 3 and at 2 blocks an SM (heads4, heads4_b2); with the heads
- * dealt to the slices in turn, so that a warp steps through neighbouring
- * heads of a token (dealt). touch and
- * walk_only are no RoPE: Q and K read and written back unchanged, RoPE's
- * bytes at a copy's pace (touch) or in the library's walk, its loads and
- * stores without the angles (walk_only). */
+/* rope_tuning's angle by a shorter road: the angle, the same
+ * double as the host's, reduced by pi/2 (exactly: k pi/2 in two parts,
+ * the first taken off by one fused multiply-add) to r in about
+ * [-pi/4, pi/4], and sin r, cos r by their Taylor series to r^11 and
+ * r^12 (off by under 1e-11 of the value), each rounded to float once.
+ * Angles past 2^40 take pair_angle. */
+__device__ __forceinline__ void pair_angle_reduced(int32_t pos, double inv_freq, float &sn,
+                                                   float &cs)
+{
+    const double x = (double)pos * inv_freq;
+    if (fabs(x) > 0x1p40) {
+        pair_angle(pos, inv_freq, sn, cs);
+        return;
+    }
+    const double pio2_hi = 1.5707963267948966, pio2_lo = 6.123233995736766e-17;
+    const double k = rint(x * 0.6366197723675814);
+    const double r = fma(-k, pio2_lo, fma(-k, pio2_hi, x)), r2 = r * r;
+    double ps = -1.0 / 39916800;
+    ps = fma(ps, r2, 1.0 / 362880);
+    ps = fma(ps, r2, -1.0 / 5040);
+    ps = fma(ps, r2, 1.0 / 120);
+    ps = fma(ps, r2, -1.0 / 6);
+    const double s = fma(r * r2, ps, r);
+    double pc = 1.0 / 479001600;
+    pc = fma(pc, r2, -1.0 / 3628800);
+    pc = fma(pc, r2, 1.0 / 40320);
+    pc = fma(pc, r2, -1.0 / 720);
+    pc = fma(pc, r2, 1.0 / 24);
+    pc = fma(pc, r2, -0.5);
+    const double c = fma(r2, pc, 1.0);
+    /* quadrant q: (sin, cos) of r + q pi/2 */
+    const unsigned q = (unsigned)(long long)k & 3u;
+    const double qs = q & 1 ? c : s, qc = q & 1 ? s : c;
+    sn = (float)(q & 2 ? -qs : qs);
+    cs = (float)((q + 1) & 2 ? -qc : qc);
+}
+
+/* RoPE's forms beside the library's (rope_tuning), each a change to it. */
+struct rope_walk_only : rope_tuning {
+    static constexpr bool turn = false;
+};
+struct rope_runs : rope_tuning {
+    static constexpr bool dealt = false;
+};
+struct rope_early : rope_tuning {
+    static constexpr bool early = true;
+};
+struct rope_streamed : rope_tuning {
+    static constexpr bool streamed = true;
+};
+struct rope_reduced : rope_tuning {
+    static __device__ __forceinline__ void angle(int32_t pos, double inv_freq, float &sn, float &cs)
+    {
+        pair_angle_reduced(pos, inv_freq, sn, cs);
+    }
+};
+struct rope_early_reduced : rope_reduced {
+    static constexpr bool early = true;
+};
+struct rope_bounds4 : rope_tuning {
+    static constexpr int min_blocks = 4;
+};
+struct rope_floats : rope_tuning {
+    static constexpr bool raw = false;
+};
+struct rope_heads4 : rope_tuning {
+    static constexpr int heads = 4;
+};
+struct rope_heads4_b2 : rope_tuning {
+    static constexpr int heads = 4, min_blocks = 2;
+};
+
+/* RoPE on aligned heads of the split-halves layout (the script's case) with
+ * each work item computing its pairs' inverse frequencies, as the library
+ * did before its table in shared memory (angles_each), at 4 blocks an SM,
+ * not 3 (bounds4: the compiler spills), and with twice and four times the
+ * slices of heads (slices2, slices4: smaller work items, more of them); with
+ * its chunks held as fp32 from the load (floats: the library's form before
+ * it held them as loaded); and with four heads' loads in flight a thread,
+ * not two, at 3 and at 2 blocks an SM (heads4, heads4_b2); with each slice a
+ * run of heads, as before the library dealt them (runs); with a step's loads
+ * in flight while the angles are computed (early); with evict-first loads
+ * and stores (streamed); with its angles by pair_angle_reduced (reduced, and
+ * early_reduced both). touch and walk_only are no RoPE: Q and K read and
+ * written back unchanged, RoPE's bytes at a copy's pace (touch) or in the
+ * library's walk, its loads and stores without the angles (walk_only). */
 template <typename T>
 int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, void *k,
                  size_t k_heads, size_t tokens, size_t head_dim, const int32_t *positions,
@@ -248,26 +322,30 @@ int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, v
     if (head_dim % (2 * V) != 0 || !aligned16(q) || !aligned16(k))
         return WEFT_EINVAL;
     size_t pairs = head_dim / 2;
-    if (strcmp(variant, "walk_only") == 0)
-        return launch_rope_chunks<T, V, V, true, true, 3, 2, true, false>(s, p, pairs);
-    if (strcmp(variant, "dealt") == 0)
-        return launch_rope_chunks<T, V, V, true, true, 3, 2, true, true, true>(s, p, pairs);
     if (strcmp(variant, "touch") == 0) {
         int rc = touch_in_place(s, q, tokens * q_heads * head_dim * sizeof(T));
         return rc ? rc : touch_in_place(s, k, tokens * k_heads * head_dim * sizeof(T));
     }
     if (strcmp(variant, "angles_each") == 0)
         return launch_rope_chunks<T, V, V, true, false>(s, p, pairs);
-    if (strcmp(variant, "bounds4") == 0)
-        return launch_rope_chunks<T, V, V, true, true, 4>(s, p, pairs);
     if (strcmp(variant, "slices2") == 0)
         return launch_rope_chunks<T, V, V, true, true>(s, p, pairs, 2);
-    if (strcmp(variant, "floats") == 0)
-        return launch_rope_chunks<T, V, V, true, true, 3, 2, false>(s, p, pairs);
-    if (strcmp(variant, "heads4") == 0)
-        return launch_rope_chunks<T, V, V, true, true, 3, 4>(s, p, pairs);
-    if (strcmp(variant, "heads4_b2") == 0)
-        return launch_rope_chunks<T, V, V, true, true, 2, 4>(s, p, pairs);
+    if (strcmp(variant, "slices4") == 0)
+        return launch_rope_chunks<T, V, V, true, true>(s, p, pairs, 4);
+#define TUNED(name)                                                                                \
+    if (strcmp(variant, #name) == 0)                                                               \
+        return launch_rope_chunks<T, V, V, true, true, rope_##name>(s, p, pairs);
+    TUNED(walk_only)
+    TUNED(runs)
+    TUNED(early)
+    TUNED(streamed)
+    TUNED(reduced)
+    TUNED(early_reduced)
+    TUNED(bounds4)
+    TUNED(floats)
+    TUNED(heads4)
+    TUNED(heads4_b2)
+#undef TUNED
     return WEFT_EINVAL;
 }
 

@@ -31,9 +31,8 @@
  *   regs_flat    a row spread over one block that loops over its tiles
  *                instead of a cluster (the later passes re-read from L2)
  * and the fused bias+GELU+residual+LayerNorm held with its inputs fixed or
- * checked, with rows of 1024 in one warp (held_warp), packed in smaller
- * blocks (packed_b6, packed_b5), and packed as the library packs it with
- * s rounded element by element as it once was (round_each).
+ * checked, with rows of 1024 in one warp (held_warp), and packed in
+ * smaller blocks (packed_b6, packed_b5).
  *
  * Each entry point returns a weft status; WEFT_EINVAL means the variant
  * does not apply to that shape (the script leaves it out).
@@ -153,7 +152,7 @@ __global__ void __launch_bounds__(512) norm_ring_kernel(norm_params<T> p, ring_p
     ring_rows(ring, p.rows, cluster, fill, [&](size_t row, unsigned s, auto read) {
         at.row = row;
         const slot_row<T, V> in = {ring.segment(s), first};
-        norm_held_row<T, VPT, MODE, IO, false, false>(p, at, in, in, read, scratch, cluster);
+        norm_held_row<T, VPT, MODE, IO, false>(p, at, in, in, read, scratch, cluster);
     });
 }
 
@@ -419,9 +418,7 @@ int rmsnorm_variant(cudaStream_t s, const char *variant, void *out, const void *
  * one warp, not split over warps at 16 as the library does (held_warp:
  * those of 1024); and packed at 32 values a thread (the library's on rows
  * of up to 8192) in blocks of up to 256 threads with 6 or 5 of them
- * resident an SM (packed_b6, packed_b5: 40 or 48 registers, not 64); and
- * under the library's packed plan with s rounded element by element, as
- * before it was packed to be rounded (round_each). */
+ * resident an SM (packed_b6, packed_b5: 40 or 48 registers, not 64). */
 template <typename T>
 int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const void *in,
                            const void *gelu_bias, const void *residual, const void *weight,
@@ -465,18 +462,6 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
                               ? norm_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 6>(packed.vpt)
                               : norm_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 5>(packed.vpt);
             return run_held("gelu_layernorm variant", s, packed, p, kernel);
-        }
-        return WEFT_EINVAL;
-    }
-    if (strcmp(variant, "round_each") == 0) {
-        if constexpr (sizeof(T) == 2) {
-            row_plan packed;
-            if (rows <= (size_t)sm_count() ||
-                !plan_packed(cols, V, cols <= 8192 ? 32 : 64, &packed))
-                return WEFT_EINVAL;
-            constexpr norm_mode M = NORM_GELU_ERF_LAYER;
-            return run_held("gelu_layernorm variant", s, packed, p,
-                            norm_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 0, true>(packed.vpt));
         }
         return WEFT_EINVAL;
     }

@@ -386,12 +386,10 @@ __device__ __forceinline__ moments part_moments(const float (&x)[VPT][V], const 
  * output from there. Elements past the row's end load as 0 and form
  * s = 0 (GELU(0) = 0), so the sums need no mask. LayerNorm's statistics
  * are one reduction of each thread's moments. read() runs once every
- * thread of the row has read its vectors. ROUND_EACH rounds s to T
- * element by element, as the kernels did before they packed it to round
- * it (bench/ops/ times both).
+ * thread of the row has read its vectors.
  */
-template <typename T, int VPT, norm_mode MODE, unsigned IO, bool PACKED, bool ROUND_EACH,
-          typename Row, typename Read, cluster_exchange X>
+template <typename T, int VPT, norm_mode MODE, unsigned IO, bool PACKED, typename Row,
+          typename Read, cluster_exchange X>
 __device__ __forceinline__ void
 norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const Row &res,
               Read read, reduce_scratch<norm_stat<MODE>, X> &scratch, unsigned cluster)
@@ -443,19 +441,14 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
                 if (GELU)
                     h = gelu<T>(FORM, has_gb ? h + g[e] : h);
                 /* the host's rounding of the add: never fused into GELU's
-                 * last multiply */
-                x[k][e] = has_res ? __fadd_rn(h, r[e]) : h;
-                if (ROUND_EACH)
-                    x[k][e] = round_to<T>(x[k][e]);
+                 * last multiply; then to T, as the host rounds s */
+                x[k][e] = round_to<T>(has_res ? __fadd_rn(h, r[e]) : h);
             }
-            /* rounded to T as the host rounds s: packed, a conversion for
-             * two elements of a half type, and unpacked (nothing in fp32) */
-            if (!ROUND_EACH) {
+            /* Rounding element by element ran 1-4% faster in bf16 than
+             * packing and unpacking s to round it (bench/RESULTS.md,
+             * 2026-12-01 00:02, the fused op's former variant round_each). */
+            if (PACKED)
                 kept[k] = pack<T, V>(x[k]);
-                unpack<T, V>(x[k], kept[k]);
-            } else if (PACKED) {
-                kept[k] = pack<T, V>(x[k]);
-            }
         }
 #pragma unroll
         for (int e = 0; e < V; e++)
@@ -534,9 +527,9 @@ __host__ __device__ constexpr unsigned held_resident(bool packed, int vpt, int v
  * registers, in blocks of up to 1024 threads: a row of 65536 in one block,
  * or twice the resident blocks of the fp32 form. RESIDENT, where set,
  * bounds blocks to 256 threads and asks for that many resident an SM, in
- * fewer registers; ROUND_EACH is norm_held_row's (bench/ops/ times both). */
+ * fewer registers (bench/ops/ times it). */
 template <typename T, int VPT, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
-          bool PACKED = false, unsigned RESIDENT = 0, bool ROUND_EACH = false>
+          bool PACKED = false, unsigned RESIDENT = 0>
 __global__ void __launch_bounds__(held_threads(PACKED, RESIDENT),
                                   held_resident(PACKED, VPT, vec16<T>(), RESIDENT))
     norm_held_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t)
@@ -550,7 +543,7 @@ __global__ void __launch_bounds__(held_threads(PACKED, RESIDENT),
         return;
     const global_row<T, V> in = {p.in + at.row * p.stride};
     const global_row<T, V> res = {p.residual ? p.residual + at.row * p.stride : nullptr};
-    norm_held_row<T, VPT, MODE, IO, PACKED, ROUND_EACH>(
+    norm_held_row<T, VPT, MODE, IO, PACKED>(
         p, at, in, res, [] {}, scratch, cluster);
 }
 
@@ -565,7 +558,7 @@ static void (*norm_held_for(unsigned vpt))(norm_params<T>, size_t, unsigned, siz
 /* The packed held kernel (half types) for plan.vpt, or NULL when there is
  * none; instantiated from FEWEST values a thread up. */
 template <typename T, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
-          unsigned FEWEST = 1, unsigned RESIDENT = 0, bool ROUND_EACH = false>
+          unsigned FEWEST = 1, unsigned RESIDENT = 0>
 static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, size_t)
 {
     static_assert(sizeof(T) == 2, "a packed row is of a half type");
@@ -576,8 +569,7 @@ static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, s
             if constexpr (decltype(k)::value * vec16<T>() < FEWEST)
                 return nullptr;
             else
-                return norm_held_kernel<T, decltype(k)::value, MODE, IO, X, true, RESIDENT,
-                                        ROUND_EACH>;
+                return norm_held_kernel<T, decltype(k)::value, MODE, IO, X, true, RESIDENT>;
         },
         [] { return (kernel) nullptr; });
 }

@@ -53,19 +53,34 @@ __device__ __forceinline__ void pair_angle(int32_t pos, double inv_freq, float &
  * converted only to turn (RAW): a bf16 head in flight then takes 8
  * registers, not 16; held as fp32 the kernel spilled at two heads a step
  * and ran 4-8% slower (bench/RESULTS.md, the rope variant `floats`). */
-template <typename T, int V, int CP, bool HALVES, bool RAW = true> struct rope_chunk {
+template <typename T, int V, int CP, bool HALVES, bool RAW = true, bool STREAMED = false>
+struct rope_chunk {
     static constexpr int N = HALVES ? 2 * V : 2 * CP;
     static constexpr bool AS_RAW = RAW && V > 1;
     float x[N];
     uint4 raw[HALVES ? 2 : 1];
 
+    static __device__ __forceinline__ uint4 load16(const T *p)
+    {
+        const uint4 *v = reinterpret_cast<const uint4 *>(p);
+        return STREAMED ? __ldcs(v) : *v;
+    }
+
+    static __device__ __forceinline__ void store16(T *p, uint4 x)
+    {
+        uint4 *v = reinterpret_cast<uint4 *>(p);
+        if (STREAMED)
+            __stcs(v, x);
+        else
+            *v = x;
+    }
+
     __device__ __forceinline__ void load(const T *head, size_t first_pair, size_t half)
     {
         if (AS_RAW) {
-            raw[0] =
-                *reinterpret_cast<const uint4 *>(head + (HALVES ? first_pair : 2 * first_pair));
+            raw[0] = load16(head + (HALVES ? first_pair : 2 * first_pair));
             if (HALVES)
-                raw[1] = *reinterpret_cast<const uint4 *>(head + first_pair + half);
+                raw[1] = load16(head + first_pair + half);
         } else if (HALVES) {
             const T *lo = head + first_pair;
             float a[V], b[V];
@@ -119,9 +134,9 @@ template <typename T, int V, int CP, bool HALVES, bool RAW = true> struct rope_c
     __device__ __forceinline__ void store(T *head, size_t first_pair, size_t half) const
     {
         if (AS_RAW) {
-            *reinterpret_cast<uint4 *>(head + (HALVES ? first_pair : 2 * first_pair)) = raw[0];
+            store16(head + (HALVES ? first_pair : 2 * first_pair), raw[0]);
             if (HALVES)
-                *reinterpret_cast<uint4 *>(head + first_pair + half) = raw[1];
+                store16(head + first_pair + half, raw[1]);
         } else if (HALVES) {
             T *lo = head + first_pair;
             float a[V], b[V];
@@ -157,22 +172,47 @@ __device__ __forceinline__ T *head_at(const rope_params<T> &p, size_t t, size_t 
  * in shared memory, filled once a block. */
 enum : unsigned { ROPE_TABLE_PAIRS = 512 };
 
+/*
+ * How rope_kernel walks and computes: the library's choice, from which
+ * bench/ops/ derives the forms it times beside it.
+ *   min_blocks  blocks an SM, as __launch_bounds__ takes it
+ *   heads       heads a step, all loaded before any is stored, so that
+ *               each thread has their loads in flight together (the
+ *               compiler cannot move a load above a store that might
+ *               alias it)
+ *   raw         16-byte chunks held as loaded (rope_chunk)
+ *   turn        false leaves the angles and turns out: the walk's loads
+ *               and stores alone
+ *   dealt       the heads dealt to the slices in turn - slice s takes
+ *               heads s, s + slices, ... - so that a warp's slices of a
+ *               token step through neighbouring heads together; false
+ *               gives each slice a run of heads_per_slice heads. Dealt ran
+ *               up to 5% faster in bf16 with many heads a token
+ *               (bench/RESULTS.md, 2026-12-01 00:02).
+ *   early       the first step's loads issued before the angles are
+ *               computed, so that they are in flight meanwhile
+ *   streamed    loads and stores marked evict-first
+ *   angle       the sine and cosine of a pair's angle
+ */
+struct rope_tuning {
+    static constexpr int min_blocks = 3, heads = 2;
+    static constexpr bool raw = true, turn = true, dealt = true, early = false, streamed = false;
+
+    static __device__ __forceinline__ void angle(int32_t pos, double inv_freq, float &sn, float &cs)
+    {
+        pair_angle(pos, inv_freq, sn, cs);
+    }
+};
+
 /* CP pairs per chunk; V elements per access. TABLE: the inverse
  * frequencies come from the block's table (head_dim / 2 <=
  * ROPE_TABLE_PAIRS), each pow computed once a block instead of once a work
- * item, the same bits. HEADS heads a step, all loaded before any is
- * stored, so that each thread has their loads in flight together (the
- * compiler cannot move a load above a store that might alias it).
- * MIN_BLOCKS a multiprocessor, as __launch_bounds__ takes it. TURN false
- * leaves the angles and turns out: the walk's loads and stores alone.
- * DEALT deals the heads to the slices in turn - slice s takes heads s,
- * s + slices, ... - so that a warp's slices of a token step through
- * neighbouring heads together, where a run of heads a slice puts them
- * heads_per_slice apart. (bench/ops/ times both.) */
-template <typename T, int V, int CP, bool HALVES, bool TABLE, int MIN_BLOCKS = 3, int HEADS = 2,
-          bool RAW = true, bool TURN = true, bool DEALT = false>
-__global__ void __launch_bounds__(256, MIN_BLOCKS) rope_kernel(rope_params<T> p)
+ * item, the same bits. */
+template <typename T, int V, int CP, bool HALVES, bool TABLE, typename TUNE = rope_tuning>
+__global__ void __launch_bounds__(256, TUNE::min_blocks) rope_kernel(rope_params<T> p)
 {
+    constexpr int HEADS = TUNE::heads;
+    using chunk = rope_chunk<T, V, CP, HALVES, TUNE::raw, TUNE::streamed>;
     const size_t half = p.head_dim / 2, all = p.q_heads + p.k_heads;
     __shared__ double table[TABLE ? ROPE_TABLE_PAIRS : 1];
     if (TABLE) {
@@ -185,19 +225,24 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) rope_kernel(rope_params<T> p)
         size_t first_pair = w.chunk * CP;
         int32_t pos = p.positions[t];
         float sn[CP], cs[CP];
+        auto angles = [&] {
 #pragma unroll
-        for (int m = 0; m < CP && TURN; m++)
-            pair_angle(pos, TABLE ? table[first_pair + m] : inverse_frequency(p, first_pair + m),
-                       sn[m], cs[m]);
+            for (int m = 0; m < CP; m++)
+                TUNE::angle(pos,
+                            TABLE ? table[first_pair + m] : inverse_frequency(p, first_pair + m),
+                            sn[m], cs[m]);
+        };
+        if (TUNE::turn && !TUNE::early)
+            angles();
 
-        /* the slice's heads: a run of heads_per_slice, or every slices-th */
-        const size_t gap = DEALT ? p.slices : 1;
-        size_t h = DEALT ? slice : slice * p.heads_per_slice;
-        size_t end = DEALT ? all : h + p.heads_per_slice;
+        /* the slice's heads: every slices-th, or a run of heads_per_slice */
+        const size_t gap = TUNE::dealt ? p.slices : 1;
+        size_t h = TUNE::dealt ? slice : slice * p.heads_per_slice;
+        size_t end = TUNE::dealt ? all : h + p.heads_per_slice;
         if (end > all)
             end = all;
-        for (; h < end; h += HEADS * gap) {
-            rope_chunk<T, V, CP, HALVES, RAW> c[HEADS];
+        for (bool first = true; h < end; h += HEADS * gap, first = false) {
+            chunk c[HEADS];
             T *head[HEADS];
 #pragma unroll
             for (int i = 0; i < HEADS; i++) {
@@ -205,10 +250,12 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) rope_kernel(rope_params<T> p)
                 if (head[i])
                     c[i].load(head[i], first_pair, half);
             }
+            if (TUNE::turn && TUNE::early && first)
+                angles();
 #pragma unroll
             for (int i = 0; i < HEADS; i++) {
                 if (head[i]) {
-                    if (TURN)
+                    if (TUNE::turn)
                         c[i].turn(sn, cs);
                     c[i].store(head[i], first_pair, half);
                 }
@@ -217,10 +264,10 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) rope_kernel(rope_params<T> p)
     }
 }
 
-/* The launch of rope_kernel<T, V, CP, HALVES, TABLE, ...> over p's tokens,
- * in chunks of CP of a head's `pairs`, with `spread` times the slices. */
-template <typename T, int V, int CP, bool HALVES, bool TABLE, int MIN_BLOCKS = 3, int HEADS = 2,
-          bool RAW = true, bool TURN = true, bool DEALT = false>
+/* The launch of rope_kernel<T, V, CP, HALVES, TABLE, TUNE> over p's
+ * tokens, in chunks of CP of a head's `pairs`, with `spread` times the
+ * slices. */
+template <typename T, int V, int CP, bool HALVES, bool TABLE, typename TUNE = rope_tuning>
 int launch_rope_chunks(cudaStream_t stream, rope_params<T> p, size_t pairs, size_t spread = 1)
 {
     const unsigned threads = 256;
@@ -234,7 +281,7 @@ int launch_rope_chunks(cudaStream_t stream, rope_params<T> p, size_t pairs, size
         p.slices = all;
     p.heads_per_slice = (all + p.slices - 1) / p.slices;
     p.slices = (all + p.heads_per_slice - 1) / p.heads_per_slice;
-    auto kernel = rope_kernel<T, V, CP, HALVES, TABLE, MIN_BLOCKS, HEADS, RAW, TURN, DEALT>;
+    auto kernel = rope_kernel<T, V, CP, HALVES, TABLE, TUNE>;
     kernel<<<grid_for(kernel, p.tokens * p.slices * p.chunks, threads), threads, 0, stream>>>(p);
     return launched("weft_rope");
 }
