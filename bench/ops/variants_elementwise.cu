@@ -14,12 +14,12 @@
  * partial wave where fewer stay resident), and on tensor_walk, as the
  * library ran it before row_walk (offsets); SwiGLU on row_walk (rows); and
  * RoPE computing each pair's inverse frequency in every work item
- * (angles_each), at 4 blocks an SM (bounds4), with two and four times the
- * slices of heads (slices2, slices4), holding its chunks as fp32 (floats),
- * and four heads a step (heads4, heads4_b2), each slice a run of heads
- * (runs), loads first (early), evict-first (streamed), angles by a shorter
- * road (reduced, early_reduced); and RoPE's bytes moved in place with no
- * arithmetic (touch, its ceiling, and walk_only, in RoPE's order).
+ * (angles_each), at 4 blocks an SM (bounds4), with a quarter, half and twice
+ * its slices of heads (slices1, slices2, slices8), holding its chunks as
+ * fp32 (floats), and four heads a step (heads4, heads4_b2), each slice a run
+ * of heads (runs), loads first (early), evict-first (streamed), angles by a
+ * shorter road (reduced, early_reduced); and RoPE's bytes moved in place
+ * with no arithmetic (touch, its ceiling, and walk_only, in RoPE's order).
  *
  * Each entry point returns a weft status; WEFT_EINVAL means the variant
  * does not apply to that shape (the script leaves it out).
@@ -274,6 +274,15 @@ struct rope_reduced : rope_tuning {
 struct rope_early_reduced : rope_reduced {
     static constexpr bool early = true;
 };
+struct rope_slices1 : rope_tuning {
+    static constexpr int spread = 1;
+};
+struct rope_slices2 : rope_tuning {
+    static constexpr int spread = 2;
+};
+struct rope_slices8 : rope_tuning {
+    static constexpr int spread = 8;
+};
 struct rope_bounds4 : rope_tuning {
     static constexpr int min_blocks = 4;
 };
@@ -290,17 +299,18 @@ struct rope_heads4_b2 : rope_tuning {
 /* RoPE on aligned heads of the split-halves layout (the script's case) with
  * each work item computing its pairs' inverse frequencies, as the library
  * did before its table in shared memory (angles_each), at 4 blocks an SM,
- * not 3 (bounds4: the compiler spills), and with twice and four times the
- * slices of heads (slices2, slices4: smaller work items, more of them); with
- * its chunks held as fp32 from the load (floats: the library's form before
- * it held them as loaded); and with four heads' loads in flight a thread,
- * not two, at 3 and at 2 blocks an SM (heads4, heads4_b2); with each slice a
- * run of heads, as before the library dealt them (runs); with a step's loads
- * in flight while the angles are computed (early); with evict-first loads
- * and stores (streamed); with its angles by pair_angle_reduced (reduced, and
- * early_reduced both). touch and walk_only are no RoPE: Q and K read and
- * written back unchanged, RoPE's bytes at a copy's pace (touch) or in the
- * library's walk, its loads and stores without the angles (walk_only). */
+ * not 3 (bounds4: the compiler spills), and with a quarter, half and twice
+ * its slices of heads (slices1, as before it took four times the fewest,
+ * slices2, slices8); with its chunks held as fp32 from the load (floats: the
+ * library's form before it held them as loaded); and with four heads' loads
+ * in flight a thread, not two, at 3 and at 2 blocks an SM (heads4,
+ * heads4_b2); with each slice a run of heads, as before the library dealt
+ * them (runs); with a step's loads in flight while the angles are computed
+ * (early); with evict-first loads and stores (streamed); with its angles by
+ * pair_angle_reduced (reduced, and early_reduced both). touch and walk_only
+ * are no RoPE: Q and K read and written back unchanged, RoPE's bytes at a
+ * copy's pace (touch) or in the library's walk, its loads and stores without
+ * the angles (walk_only). */
 template <typename T>
 int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, void *k,
                  size_t k_heads, size_t tokens, size_t head_dim, const int32_t *positions,
@@ -328,10 +338,6 @@ int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, v
     }
     if (strcmp(variant, "angles_each") == 0)
         return launch_rope_chunks<T, V, V, true, false>(s, p, pairs);
-    if (strcmp(variant, "slices2") == 0)
-        return launch_rope_chunks<T, V, V, true, true>(s, p, pairs, 2);
-    if (strcmp(variant, "slices4") == 0)
-        return launch_rope_chunks<T, V, V, true, true>(s, p, pairs, 4);
 #define TUNED(name)                                                                                \
     if (strcmp(variant, #name) == 0)                                                               \
         return launch_rope_chunks<T, V, V, true, true, rope_##name>(s, p, pairs);
@@ -345,6 +351,9 @@ int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, v
     TUNED(floats)
     TUNED(heads4)
     TUNED(heads4_b2)
+    TUNED(slices1)
+    TUNED(slices2)
+    TUNED(slices8)
 #undef TUNED
     return WEFT_EINVAL;
 }

@@ -193,9 +193,15 @@ enum : unsigned { ROPE_TABLE_PAIRS = 512 };
  *               computed, so that they are in flight meanwhile
  *   streamed    loads and stores marked evict-first
  *   angle       the sine and cosine of a pair's angle
+ *   spread      the slices of heads, as a multiple of those that give
+ *               every SM's threads enough work items. Each slice's angles
+ *               cost sincos, but four times the fewest ran 2-9% faster
+ *               than the fewest (bench/RESULTS.md, 2026-12-01 00:19):
+ *               smaller items even out the threads' shares, and a warp's
+ *               slices of a token walk neighbouring heads.
  */
 struct rope_tuning {
-    static constexpr int min_blocks = 3, heads = 2;
+    static constexpr int min_blocks = 3, heads = 2, spread = 4;
     static constexpr bool raw = true, turn = true, dealt = true, early = false, streamed = false;
 
     static __device__ __forceinline__ void angle(int32_t pos, double inv_freq, float &sn, float &cs)
@@ -265,18 +271,16 @@ __global__ void __launch_bounds__(256, TUNE::min_blocks) rope_kernel(rope_params
 }
 
 /* The launch of rope_kernel<T, V, CP, HALVES, TABLE, TUNE> over p's
- * tokens, in chunks of CP of a head's `pairs`, with `spread` times the
- * slices. */
+ * tokens, in chunks of CP of a head's `pairs`. */
 template <typename T, int V, int CP, bool HALVES, bool TABLE, typename TUNE = rope_tuning>
-int launch_rope_chunks(cudaStream_t stream, rope_params<T> p, size_t pairs, size_t spread = 1)
+int launch_rope_chunks(cudaStream_t stream, rope_params<T> p, size_t pairs)
 {
     const unsigned threads = 256;
     size_t all = p.q_heads + p.k_heads;
     p.chunks = pairs / CP;
-    /* Enough items for every SM's threads, each slice as many heads as
-     * that allows: the angles are computed once per slice. */
+    /* spread times the slices that give every SM's threads enough items */
     size_t items = p.tokens * p.chunks, want = (size_t)sm_count() * 2048;
-    p.slices = spread * (items >= want ? 1 : (want + items - 1) / items);
+    p.slices = TUNE::spread * (items >= want ? 1 : (want + items - 1) / items);
     if (p.slices > all)
         p.slices = all;
     p.heads_per_slice = (all + p.slices - 1) / p.slices;
