@@ -14,8 +14,8 @@
  * partial wave where fewer stay resident), and on tensor_walk, as the
  * library ran it before row_walk (offsets); SwiGLU on row_walk (rows); and
  * RoPE computing each pair's inverse frequency in every work item
- * (angles_each), at 4 blocks an SM (bounds4), with a quarter, half and twice
- * its slices of heads (slices1, slices2, slices8), holding its chunks as
+ * (angles_each), at 4 blocks an SM (bounds4), with the fewest slices of
+ * heads that fill the GPU and four times as many (fewest, fill4), holding its chunks as
  * fp32 (floats), and four heads a step (heads4, heads4_b2), each slice a run
  * of heads (runs), loads first (early), evict-first (streamed), angles by a
  * shorter road (reduced, early_reduced); and RoPE's bytes moved in place
@@ -274,14 +274,17 @@ struct rope_reduced : rope_tuning {
 struct rope_early_reduced : rope_reduced {
     static constexpr bool early = true;
 };
-struct rope_slices1 : rope_tuning {
-    static constexpr int spread = 1;
+struct rope_fewest : rope_tuning {
+    static size_t slices(size_t, size_t items, size_t fill, size_t)
+    {
+        return (fill + items - 1) / items;
+    }
 };
-struct rope_slices2 : rope_tuning {
-    static constexpr int spread = 2;
-};
-struct rope_slices8 : rope_tuning {
-    static constexpr int spread = 8;
+struct rope_fill4 : rope_tuning {
+    static size_t slices(size_t, size_t items, size_t fill, size_t)
+    {
+        return 4 * ((fill + items - 1) / items);
+    }
 };
 struct rope_bounds4 : rope_tuning {
     static constexpr int min_blocks = 4;
@@ -299,9 +302,9 @@ struct rope_heads4_b2 : rope_tuning {
 /* RoPE on aligned heads of the split-halves layout (the script's case) with
  * each work item computing its pairs' inverse frequencies, as the library
  * did before its table in shared memory (angles_each), at 4 blocks an SM,
- * not 3 (bounds4: the compiler spills), and with a quarter, half and twice
- * its slices of heads (slices1, as before it took four times the fewest,
- * slices2, slices8); with its chunks held as fp32 from the load (floats: the
+ * not 3 (bounds4: the compiler spills), and with the fewest slices of heads
+ * that fill the GPU, as before it sliced them by the bytes an angle turns,
+ * and four times as many (fewest, fill4); with its chunks held as fp32 from the load (floats: the
  * library's form before it held them as loaded); and with four heads' loads
  * in flight a thread, not two, at 3 and at 2 blocks an SM (heads4,
  * heads4_b2); with each slice a run of heads, as before the library dealt
@@ -351,9 +354,8 @@ int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, v
     TUNED(floats)
     TUNED(heads4)
     TUNED(heads4_b2)
-    TUNED(slices1)
-    TUNED(slices2)
-    TUNED(slices8)
+    TUNED(fewest)
+    TUNED(fill4)
 #undef TUNED
     return WEFT_EINVAL;
 }

@@ -193,20 +193,31 @@ enum : unsigned { ROPE_TABLE_PAIRS = 512 };
  *               computed, so that they are in flight meanwhile
  *   streamed    loads and stores marked evict-first
  *   angle       the sine and cosine of a pair's angle
- *   spread      the slices of heads, as a multiple of those that give
- *               every SM's threads enough work items. Each slice's angles
- *               cost sincos, but four times the fewest ran 2-9% faster
- *               than the fewest (bench/RESULTS.md, 2026-12-01 00:19):
- *               smaller items even out the threads' shares, and a warp's
- *               slices of a token walk neighbouring heads.
+ *   slices      how many slices the heads take (see below)
  */
 struct rope_tuning {
-    static constexpr int min_blocks = 3, heads = 2, spread = 4;
+    static constexpr int min_blocks = 3, heads = 2;
     static constexpr bool raw = true, turn = true, dealt = true, early = false, streamed = false;
 
     static __device__ __forceinline__ void angle(int32_t pos, double inv_freq, float &sn, float &cs)
     {
         pair_angle(pos, inv_freq, sn, cs);
+    }
+
+    /* The slices of `all` heads of esize-byte elements, where one slice
+     * has `items` work items and `fill` items give every SM's threads
+     * enough: as many as leave each slice's angles turning 16 bytes (the
+     * pair in 8 / esize heads), more where those are too few to fill the
+     * GPU. Each slice pays the sines and cosines again, but small work
+     * items even out the threads' shares, and a warp's slices of a token
+     * walk neighbouring heads. 16 bytes an angle ran 2-8% faster than the
+     * fewest slices, and within 5% of four times the fewest either way
+     * (3% slower in bf16 at 16384x4096); 8 or 12 bytes in bf16 ran 8-17%
+     * slower (bench/RESULTS.md, 2026-12-01 00:19 to 00:33). */
+    static size_t slices(size_t all, size_t items, size_t fill, size_t esize)
+    {
+        size_t by_angles = all / (8 / esize), by_items = (fill + items - 1) / items;
+        return by_angles > by_items ? by_angles : by_items;
     }
 };
 
@@ -278,11 +289,11 @@ int launch_rope_chunks(cudaStream_t stream, rope_params<T> p, size_t pairs)
     const unsigned threads = 256;
     size_t all = p.q_heads + p.k_heads;
     p.chunks = pairs / CP;
-    /* spread times the slices that give every SM's threads enough items */
-    size_t items = p.tokens * p.chunks, want = (size_t)sm_count() * 2048;
-    p.slices = TUNE::spread * (items >= want ? 1 : (want + items - 1) / items);
+    p.slices = TUNE::slices(all, p.tokens * p.chunks, (size_t)sm_count() * 2048, sizeof(T));
     if (p.slices > all)
         p.slices = all;
+    if (p.slices == 0)
+        p.slices = 1;
     p.heads_per_slice = (all + p.slices - 1) / p.slices;
     p.slices = (all + p.heads_per_slice - 1) / p.heads_per_slice;
     auto kernel = rope_kernel<T, V, CP, HALVES, TABLE, TUNE>;
