@@ -57,7 +57,8 @@ RMS_VARIANTS = ("lib", "ring2", "held", "held_push")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "select", "pairs", "grid8", "offsets")
 GLU_VARIANTS = ("lib", "rows")
 ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "fewest", "fill4", "floats", "heads4",
-                 "heads4_b2", "runs", "early", "streamed", "reduced", "early_reduced", "touch", "walk_only")
+                 "heads4_b2", "runs", "early", "streamed", "reduced", "early_reduced", "touch",
+                 "walk_only")
 VARIANTS = sorted(set(ROW_VARIANTS + FUSED_VARIANTS + RMS_VARIANTS + GELU_VARIANTS +
                       GLU_VARIANTS + ROPE_VARIANTS))
 
@@ -835,9 +836,9 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "have half the columns of the headline's), `angles_each` RoPE with each "
                    "work item computing its pairs' inverse frequencies (the library keeps "
                    "them in a table a block), "
-                   "`bounds4` that at 4 blocks an SM, `fewest` the fewest slices of heads that fill "
-                   "the GPU (the library takes as many as leave an angle turning 16 bytes, "
-                   "if more), `fill4` four times the fewest, "
+                   "`bounds4` that at 4 blocks an SM, `fewest` the fewest slices of heads that "
+                   "fill the GPU (the library takes as many as leave an angle turning 16 "
+                   "bytes, if more), `fill4` four times the fewest, "
                    "`floats` RoPE's chunks held as fp32 from the load (the library holds them "
                    "as loaded), `heads4`/`heads4_b2` four heads a step (the library two), at 3 "
                    "or 2 blocks an SM, `runs` RoPE giving each slice a run of heads (the library "
@@ -845,8 +846,8 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "neighbouring heads of a token), `early` the first heads' loads in flight "
                    "while the angles are computed, `streamed` RoPE's loads and stores "
                    "evict-first, `reduced` the angles reduced by pi/2 in double and taken by "
-                   "Taylor series (the library calls sincos), `early_reduced` both, `touch` no RoPE but its bytes: Q and K read and "
-                   "written back in place, the ceiling of an in-place op, `walk_only` that "
+                   "Taylor series (the library calls sincos), `early_reduced` both, `touch` "
+                   "no RoPE but its bytes: Q and K read and written back in place, the ceiling of an in-place op, `walk_only` that "
                    "in RoPE's walk (its loads and stores, no angles) "
                    "(bench/ops/variants_*.cu say more):")
         out.append("")

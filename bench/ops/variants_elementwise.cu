@@ -15,11 +15,12 @@
  * library ran it before row_walk (offsets); SwiGLU on row_walk (rows); and
  * RoPE computing each pair's inverse frequency in every work item
  * (angles_each), at 4 blocks an SM (bounds4), with the fewest slices of
- * heads that fill the GPU and four times as many (fewest, fill4), holding its chunks as
- * fp32 (floats), and four heads a step (heads4, heads4_b2), each slice a run
- * of heads (runs), loads first (early), evict-first (streamed), angles by a
- * shorter road (reduced, early_reduced); and RoPE's bytes moved in place
- * with no arithmetic (touch, its ceiling, and walk_only, in RoPE's order).
+ * heads that fill the GPU and four times as many (fewest, fill4), holding
+ * its chunks as fp32 (floats), and four heads a step (heads4, heads4_b2),
+ * each slice a run of heads (runs), loads first (early), evict-first
+ * (streamed), angles by a shorter road (reduced, early_reduced); and RoPE's
+ * bytes moved in place with no arithmetic (touch, its ceiling, and
+ * walk_only, in RoPE's order).
  *
  * Each entry point returns a weft status; WEFT_EINVAL means the variant
  * does not apply to that shape (the script leaves it out).
@@ -215,12 +216,11 @@ int touch_in_place(cudaStream_t s, void *p, size_t bytes)
     return launched("touch variant");
 }
 
-/* rope_tuning's angle by a shorter road: the angle, the same
- * double as the host's, reduced by pi/2 (exactly: k pi/2 in two parts,
- * the first taken off by one fused multiply-add) to r in about
- * [-pi/4, pi/4], and sin r, cos r by their Taylor series to r^11 and
- * r^12 (off by under 1e-11 of the value), each rounded to float once.
- * Angles past 2^40 take pair_angle. */
+/* rope_tuning's angle by a shorter road: the angle, the same double as the
+ * host's, reduced by pi/2 (exactly: k pi/2 in two parts, the first taken off
+ * by one fused multiply-add) to r in about [-pi/4, pi/4], and sin r, cos r
+ * by their Taylor series to r^11 and r^12 (off by under 1e-11 of the value),
+ * each rounded to float once. Angles past 2^40 take pair_angle. */
 __device__ __forceinline__ void pair_angle_reduced(int32_t pos, double inv_freq, float &sn,
                                                    float &cs)
 {
@@ -304,16 +304,16 @@ struct rope_heads4_b2 : rope_tuning {
  * did before its table in shared memory (angles_each), at 4 blocks an SM,
  * not 3 (bounds4: the compiler spills), and with the fewest slices of heads
  * that fill the GPU, as before it sliced them by the bytes an angle turns,
- * and four times as many (fewest, fill4); with its chunks held as fp32 from the load (floats: the
- * library's form before it held them as loaded); and with four heads' loads
- * in flight a thread, not two, at 3 and at 2 blocks an SM (heads4,
- * heads4_b2); with each slice a run of heads, as before the library dealt
- * them (runs); with a step's loads in flight while the angles are computed
- * (early); with evict-first loads and stores (streamed); with its angles by
- * pair_angle_reduced (reduced, and early_reduced both). touch and walk_only
- * are no RoPE: Q and K read and written back unchanged, RoPE's bytes at a
- * copy's pace (touch) or in the library's walk, its loads and stores without
- * the angles (walk_only). */
+ * and four times as many (fewest, fill4); with its chunks held as fp32 from
+ * the load (floats: the library's form before it held them as loaded); and
+ * with four heads' loads in flight a thread, not two, at 3 and at 2 blocks
+ * an SM (heads4, heads4_b2); with each slice a run of heads, as before the
+ * library dealt them (runs); with a step's loads in flight while the angles
+ * are computed (early); with evict-first loads and stores (streamed); with
+ * its angles by pair_angle_reduced (reduced, and early_reduced both). touch
+ * and walk_only are no RoPE: Q and K read and written back unchanged, RoPE's
+ * bytes at a copy's pace (touch) or in the library's walk, its loads and
+ * stores without the angles (walk_only). */
 template <typename T>
 int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, void *k,
                  size_t k_heads, size_t tokens, size_t head_dim, const int32_t *positions,

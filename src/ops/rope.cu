@@ -3,21 +3,21 @@
  * the checks and the host reference).
  *
  * Design: a work item is (token, chunk of pairs, slice of heads). Its
- * thread computes the chunk's angles once - in double, as the host does,
- * so positions in the hundreds of thousands keep fp32 accuracy - and
- * applies them to every head of the slice, reading and writing each
- * element once, in place. The sine and cosine are paid once per (token,
- * pair, slice) and shared by the slice's heads; slices are as many as
- * leave each angle turning 16 bytes, or more where tokens are few
- * (rope_tuning::slices says why).
- * Q's heads and then K's are dealt to the slices in turn, so that a warp's
- * slices of a token work on neighbouring heads at once. The inverse frequencies (a pow each) depend on the pair alone: each
- * block computes them once into shared memory, for heads of up to 1024
- * (+15-19% on bf16 against computing them with each angle). Consecutive
- * threads take consecutive chunks of a head, so each access of a warp is
- * contiguous. The rotation is rounded as on the host (no fused
- * multiply-adds), so results match the host's bit for bit whenever the
- * double sine and cosine round alike.
+ * thread computes the chunk's angles once - in double, as the host does, so
+ * positions in the hundreds of thousands keep fp32 accuracy - and applies
+ * them to every head of the slice, reading and writing each element once,
+ * in place. The sine and cosine are paid once per (token, pair, slice) and
+ * shared by the slice's heads; slices are as many as leave each angle
+ * turning 16 bytes, or more where tokens are few (rope_tuning::slices says
+ * why). Q's heads and then K's are dealt to the slices in turn, so that a
+ * warp's slices of a token work on neighbouring heads at once. The inverse
+ * frequencies (a pow each) depend on the pair alone: each block computes
+ * them once into shared memory, for heads of up to 1024 (+15-19% on bf16
+ * against computing them with each angle). Consecutive threads take
+ * consecutive chunks of a head, so each access of a warp is contiguous. The
+ * rotation is rounded as on the host (no fused multiply-adds), so results
+ * match the host's bit for bit whenever the double sine and cosine round
+ * alike.
  *
  * Chunks: with 16-byte access, V elements of a head (V/2 interleaved
  * pairs), or V pairs of the split-halves layout (a vector from each half);
