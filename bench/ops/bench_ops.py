@@ -847,8 +847,9 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "while the angles are computed, `streamed` RoPE's loads and stores "
                    "evict-first, `reduced` the angles reduced by pi/2 in double and taken by "
                    "Taylor series (the library calls sincos), `early_reduced` both, `touch` "
-                   "no RoPE but its bytes: Q and K read and written back in place, the ceiling of an in-place op, `walk_only` that "
-                   "in RoPE's walk (its loads and stores, no angles) "
+                   "no RoPE but its bytes: Q and K read and written back in place, the "
+                   "ceiling of an in-place op, `walk_only` that in RoPE's walk (its loads and "
+                   "stores, no angles) "
                    "(bench/ops/variants_*.cu say more):")
         out.append("")
         shapes = sorted({(dt, s) for _, _, dt, s, _ in variants_out},
