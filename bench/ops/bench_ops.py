@@ -56,9 +56,9 @@ FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "he
 RMS_VARIANTS = ("lib", "ring2", "held", "held_push")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "select", "pairs", "grid8", "offsets")
 GLU_VARIANTS = ("lib", "rows")
-ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "fewest", "fill4", "floats", "heads4",
-                 "heads4_b2", "runs", "early", "streamed", "reduced", "early_reduced", "touch",
-                 "walk_only")
+ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "fewest", "fill4", "angle24", "angle32",
+                 "floats", "heads4", "heads4_b2", "runs", "early", "streamed", "reduced",
+                 "early_reduced", "touch", "walk_only")
 VARIANTS = sorted(set(ROW_VARIANTS + FUSED_VARIANTS + RMS_VARIANTS + GELU_VARIANTS +
                       GLU_VARIANTS + ROPE_VARIANTS))
 
@@ -838,7 +838,8 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "them in a table a block), "
                    "`bounds4` that at 4 blocks an SM, `fewest` the fewest slices of heads that "
                    "fill the GPU (the library takes as many as leave an angle turning 16 "
-                   "bytes, if more), `fill4` four times the fewest, "
+                   "bytes, if more), `fill4` four times the fewest, `angle24`/`angle32` the "
+                   "library's slicing with an angle turning 24 or 32 bytes, "
                    "`floats` RoPE's chunks held as fp32 from the load (the library holds them "
                    "as loaded), `heads4`/`heads4_b2` four heads a step (the library two), at 3 "
                    "or 2 blocks an SM, `runs` RoPE giving each slice a run of heads (the library "

@@ -15,12 +15,12 @@
  * library ran it before row_walk (offsets); SwiGLU on row_walk (rows); and
  * RoPE computing each pair's inverse frequency in every work item
  * (angles_each), at 4 blocks an SM (bounds4), with the fewest slices of
- * heads that fill the GPU and four times as many (fewest, fill4), holding
- * its chunks as fp32 (floats), and four heads a step (heads4, heads4_b2),
- * each slice a run of heads (runs), loads first (early), evict-first
- * (streamed), angles by a shorter road (reduced, early_reduced); and RoPE's
- * bytes moved in place with no arithmetic (touch, its ceiling, and
- * walk_only, in RoPE's order).
+ * heads that fill the GPU and four times as many (fewest, fill4), with each
+ * angle turning 24 or 32 bytes (angle24, angle32), holding its chunks as
+ * fp32 (floats), and four heads a step (heads4, heads4_b2), each slice a run
+ * of heads (runs), loads first (early), evict-first (streamed), angles by a
+ * shorter road (reduced, early_reduced); and RoPE's bytes moved in place
+ * with no arithmetic (touch, its ceiling, and walk_only, in RoPE's order).
  *
  * Each entry point returns a weft status; WEFT_EINVAL means the variant
  * does not apply to that shape (the script leaves it out).
@@ -286,6 +286,16 @@ struct rope_fill4 : rope_tuning {
         return 4 * ((fill + items - 1) / items);
     }
 };
+/* The library's slicing with each angle turning BYTES, not 16. */
+template <size_t BYTES> struct rope_angle_bytes : rope_tuning {
+    static size_t slices(size_t all, size_t items, size_t fill, size_t esize)
+    {
+        size_t by_angles = all / (BYTES / (2 * esize)), by_items = (fill + items - 1) / items;
+        return by_angles > by_items ? by_angles : by_items;
+    }
+};
+using rope_angle24 = rope_angle_bytes<24>;
+using rope_angle32 = rope_angle_bytes<32>;
 struct rope_bounds4 : rope_tuning {
     static constexpr int min_blocks = 4;
 };
@@ -304,14 +314,15 @@ struct rope_heads4_b2 : rope_tuning {
  * did before its table in shared memory (angles_each), at 4 blocks an SM,
  * not 3 (bounds4: the compiler spills), and with the fewest slices of heads
  * that fill the GPU, as before it sliced them by the bytes an angle turns,
- * and four times as many (fewest, fill4); with its chunks held as fp32 from
- * the load (floats: the library's form before it held them as loaded); and
- * with four heads' loads in flight a thread, not two, at 3 and at 2 blocks
- * an SM (heads4, heads4_b2); with each slice a run of heads, as before the
- * library dealt them (runs); with a step's loads in flight while the angles
- * are computed (early); with evict-first loads and stores (streamed); with
- * its angles by pair_angle_reduced (reduced, and early_reduced both). touch
- * and walk_only are no RoPE: Q and K read and written back unchanged, RoPE's
+ * and four times as many (fewest, fill4), and with each angle turning 24 or
+ * 32 bytes, not 16 (angle24, angle32); with its chunks held as fp32 from the
+ * load (floats: the library's form before it held them as loaded); and with
+ * four heads' loads in flight a thread, not two, at 3 and at 2 blocks an SM
+ * (heads4, heads4_b2); with each slice a run of heads, as before the library
+ * dealt them (runs); with a step's loads in flight while the angles are
+ * computed (early); with evict-first loads and stores (streamed); with its
+ * angles by pair_angle_reduced (reduced, and early_reduced both). touch and
+ * walk_only are no RoPE: Q and K read and written back unchanged, RoPE's
  * bytes at a copy's pace (touch) or in the library's walk, its loads and
  * stores without the angles (walk_only). */
 template <typename T>
@@ -356,6 +367,8 @@ int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, v
     TUNED(heads4_b2)
     TUNED(fewest)
     TUNED(fill4)
+    TUNED(angle24)
+    TUNED(angle32)
 #undef TUNED
     return WEFT_EINVAL;
 }
