@@ -372,10 +372,15 @@ struct chunk_walk {
  * multiple of V) with tensor_walk's face: the chunk's column, and its
  * element offset in two tensors whose rows lie `stride` and `stride2`
  * elements apart, formed from the row and the chunk at each step - a
- * multiply where tensor_walk adds. Yet bias + GELU + residual runs 4-7%
- * faster in bf16 on it (bench/RESULTS.md, 2026-11-30 22:55 to 23:04: the
- * variant `offsets` is the kernel on tensor_walk); what the SASS makes of
- * each is not studied. Rows shorter than V have no chunks to walk.
+ * multiply where tensor_walk adds. Yet bias + GELU + residual runs 3-7%
+ * faster in bf16 on it (bench/RESULTS.md, 2026-11-30 22:55 to 2026-12-01
+ * 00:02: the variant `offsets` is the kernel on tensor_walk). In the SASS
+ * its bf16 loop is the longer, 204 instructions a step against 186, and
+ * only tensor_walk's reloads pointers from constant memory at the top of
+ * each step. SwiGLU's two loops differ in length alike (113 against 96),
+ * both reload a pointer, and run at the same speed (the variant `rows`):
+ * the reloads may be what costs, the length is not. Rows shorter than V
+ * have no chunks to walk.
  */
 struct row_walk {
     chunk_walk w;
