@@ -52,9 +52,10 @@ ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", 
 FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
                   "held_spread8", "held_push", "held_warp", "held_packed", "held_packed16",
                   "held_packed64", "held_packed_pairs", "held_packed_quads", "packed_b6",
-                  "packed_b5")
+                  "packed_b5", "short_fit")
 RMS_VARIANTS = ("lib", "ring2", "held", "held_push")
-GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "select", "pairs", "grid8", "offsets")
+GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "fit3", "select", "pairs", "grid8",
+                 "offsets")
 GLU_VARIANTS = ("lib", "rows")
 ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "fewest", "fill4", "angle24", "angle32",
                  "floats", "heads4", "heads4_b2", "runs", "early", "streamed", "reduced",
@@ -609,6 +610,9 @@ def run(torch, lib, args):
                         ("fit5", lambda: lib.weft_bench_gelu_walk(
                             s(), wd, b"fit5", P(y.data_ptr()), P(x.data_ptr()),
                             P(w.data_ptr()), P(z.data_ptr()), r, c)),
+                        ("fit3", lambda: lib.weft_bench_gelu_walk(
+                            s(), wd, b"fit3", P(y.data_ptr()), P(x.data_ptr()),
+                            P(w.data_ptr()), P(z.data_ptr()), r, c)),
                         ("select", lambda: lib.weft_bench_gelu_walk(
                             s(), wd, b"select", P(y.data_ptr()), P(x.data_ptr()),
                             P(w.data_ptr()), P(z.data_ptr()), r, c)),
@@ -622,7 +626,7 @@ def run(torch, lib, args):
                             s(), wd, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
                             P(z.data_ptr()), r, c))):
                     time_variant("bias_gelu_residual (erf)", v, fn, (3 * r * c + c) * es,
-                                 tag="gelu_erf", must_apply=True)
+                                 tag="gelu_erf", must_apply=v != "fit3")  # fit3: bf16 only
                 # SwiGLU of x's rows (gate, then up: out rows x c/2) into y
                 h = c // 2
                 for v, fn in (("lib", lambda: lib.weft_glu(
@@ -820,6 +824,8 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "thread in a warp (the library spreads them over warps at 16), "
                    "`packed_b6`/`packed_b5` the fused op packed at 32 values in blocks of up "
                    "to 256 threads, 6 or 5 resident an SM (40 or 48 registers, not 64), "
+                   "`short_fit` the fused op's packed kernel with bf16's shorter GELU fit "
+                   "(degree 3 in 1/(a + k), 7e-4, where the library's is of degree 5), "
                    "`*_checked` kernels that test at run time for "
                    "what the library fixes at compile time on these rows (as rows of any "
                    "length take them), `*_online` softmax taking its max and sum in one "
@@ -827,7 +833,7 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "`staged` rows in shared memory, `regs*` the register-tile row "
                    "kernels under other plans, `libm_erfc` GELU with libm's erfcf, `fit7`/`fit5` "
                    "the erf form's fits of degree 7 and 5 (the library's in fp32 and in half "
-                   "types) in the same plain walk, `select` that walk with the library's fit "
+                   "types) in the same plain walk, `fit3` bf16's shorter fit there, `select` that walk with the library's fit "
                    "ending as it did before (Phi(x) by the sign, times x), `pairs` "
                    "GELU two chunks a step, `grid8` the library's GELU on its former grid of "
                    "8 blocks an SM, `offsets` the library's GELU kernel on its former walk "

@@ -8,24 +8,27 @@
  * bias+GELU+residual in a plain walk with libm's erfcf in place of the
  * library's activation, which is what the activation's own fit buys, and
  * with the erf fits of degree 7 and 5 (fit7, fit5), which is what the half
- * types' shorter one buys, and with the fit's former ending (select); with
- * two chunks a step (pairs), twice the loads in flight a thread, and the
- * library's kernel on its former grid of 8 blocks an SM (grid8: a second,
- * partial wave where fewer stay resident), and on tensor_walk, as the
- * library ran it before row_walk (offsets); SwiGLU on row_walk (rows); and
- * RoPE computing each pair's inverse frequency in every work item
- * (angles_each), at 4 blocks an SM (bounds4), with the fewest slices of
- * heads that fill the GPU and four times as many (fewest, fill4), with each
- * angle turning 24 or 32 bytes (angle24, angle32), holding its chunks as
- * fp32 (floats), and four heads a step (heads4, heads4_b2), each slice a run
- * of heads (runs), loads first (early), evict-first (streamed), angles by a
- * shorter road (reduced, early_reduced); and RoPE's bytes moved in place
- * with no arithmetic (touch, its ceiling, and walk_only, in RoPE's order).
+ * types' shorter one buys, and bf16's shorter still (fit3), and with the
+ * fit's former ending (select); with two chunks a step (pairs), twice the
+ * loads in flight a thread, and the library's kernel on its former grid of 8
+ * blocks an SM (grid8: a second, partial wave where fewer stay resident),
+ * and on tensor_walk, as the library ran it before row_walk (offsets);
+ * SwiGLU on row_walk (rows); and RoPE computing each pair's inverse
+ * frequency in every work item (angles_each), at 4 blocks an SM (bounds4),
+ * with the fewest slices of heads that fill the GPU and four times as many
+ * (fewest, fill4), with each angle turning 24 or 32 bytes (angle24,
+ * angle32), holding its chunks as fp32 (floats), and four heads a step
+ * (heads4, heads4_b2), each slice a run of heads (runs), loads first
+ * (early), evict-first (streamed), angles by a shorter road (reduced,
+ * early_reduced); and RoPE's bytes moved in place with no arithmetic (touch,
+ * its ceiling, and walk_only, in RoPE's order).
  *
  * Each entry point returns a weft status; WEFT_EINVAL means the variant
  * does not apply to that shape (the script leaves it out).
  */
 #include <string.h>
+
+#include <type_traits>
 
 #include "ops/gelu.cuh"
 #include "ops/glu.cuh"
@@ -42,14 +45,14 @@ __global__ void empty_kernel()
 
 /* bias + GELU + residual in a plain grid-stride walk, the GELU libm's
  * erfcf (libm_erfc) or the erf form's fits of degree 7 and 5 (fit7, fit5:
- * the library's for fp32 and for half types), or the library's fit with
- * the former ending: Phi(x) taken as the tail or 1 - tail by the sign,
- * times x (select). */
-enum gelu_variant { GELU_LIBM, GELU_FIT7, GELU_FIT5, GELU_SELECT };
+ * the library's for fp32 and for half types) and its shorter fit for bf16
+ * (fit3: bf16 only), or the library's fit with the former ending: Phi(x)
+ * taken as the tail or 1 - tail by the sign, times x (select). */
+enum gelu_variant { GELU_LIBM, GELU_FIT7, GELU_FIT5, GELU_FIT3, GELU_SELECT };
 
-template <bool HALF> __device__ __forceinline__ float gelu_erf_select(float x)
+template <gelu_fit FIT> __device__ __forceinline__ float gelu_erf_select(float x)
 {
-    const float tail = normal_tail<HALF>(fminf(fabsf(x), 16.0f));
+    const float tail = normal_tail<FIT>(fminf(fabsf(x), 16.0f));
     return times_gate(x, x < 0.0f ? tail : 1.0f - tail);
 }
 
@@ -57,6 +60,9 @@ template <typename T, int V, gelu_variant G>
 __global__ void gelu_walk_kernel(T *out, const T *in, const T *bias, const T *res, size_t rows,
                                  size_t cols)
 {
+    constexpr gelu_fit FIT = G == GELU_FIT7   ? GELU_FIT_F32
+                             : G == GELU_FIT5 ? GELU_FIT_HALF
+                                              : GELU_FIT_BF16;
     for (chunk_walk w(rows, cols / V); w.more(); w.next()) {
         size_t j = w.chunk * V, i = w.row * cols + j;
         float h[V], r[V], b[V];
@@ -69,9 +75,9 @@ __global__ void gelu_walk_kernel(T *out, const T *in, const T *bias, const T *re
             if (G == GELU_LIBM)
                 h[k] = 0.5f * x * erfcf(-x * 0.70710678118654752f) + r[k];
             else if (G == GELU_SELECT)
-                h[k] = gelu_erf_select<sizeof(T) == 2>(x) + r[k];
+                h[k] = gelu_erf_select<gelu_fit_for<T>()>(x) + r[k];
             else
-                h[k] = gelu_erf_fit<G == GELU_FIT5>(x) + r[k];
+                h[k] = gelu_erf_fit<FIT>(x) + r[k];
         }
         store_vec<T, V>(out + i, h);
     }
@@ -82,9 +88,10 @@ int gelu_walk(cudaStream_t s, const char *variant, void *out, const void *in, co
               const void *res, size_t rows, size_t cols)
 {
     constexpr int V = vec16<T>();
-    if (cols % V != 0)
+    if (cols % V != 0 || (strcmp(variant, "fit3") == 0 && !std::is_same<T, __nv_bfloat16>::value))
         return WEFT_EINVAL;
     auto kernel = strcmp(variant, "fit7") == 0     ? gelu_walk_kernel<T, V, GELU_FIT7>
+                  : strcmp(variant, "fit3") == 0   ? gelu_walk_kernel<T, V, GELU_FIT3>
                   : strcmp(variant, "fit5") == 0   ? gelu_walk_kernel<T, V, GELU_FIT5>
                   : strcmp(variant, "select") == 0 ? gelu_walk_kernel<T, V, GELU_SELECT>
                                                    : gelu_walk_kernel<T, V, GELU_LIBM>;

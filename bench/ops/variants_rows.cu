@@ -31,13 +31,16 @@
  *   regs_flat    a row spread over one block that loops over its tiles
  *                instead of a cluster (the later passes re-read from L2)
  * and the fused bias+GELU+residual+LayerNorm held with its inputs fixed or
- * checked, with rows of 1024 in one warp (held_warp), and packed in
- * smaller blocks (packed_b6, packed_b5).
+ * checked, with rows of 1024 in one warp (held_warp), packed in smaller
+ * blocks (packed_b6, packed_b5), and packed as the library packs it with
+ * bf16's shorter GELU fit (short_fit).
  *
  * Each entry point returns a weft status; WEFT_EINVAL means the variant
  * does not apply to that shape (the script leaves it out).
  */
 #include <string.h>
+
+#include <type_traits>
 
 #include "ops/norm.cuh"
 #include "ops/softmax.cuh"
@@ -418,7 +421,10 @@ int rmsnorm_variant(cudaStream_t s, const char *variant, void *out, const void *
  * one warp, not split over warps at 16 as the library does (held_warp:
  * those of 1024); and packed at 32 values a thread (the library's on rows
  * of up to 8192) in blocks of up to 256 threads with 6 or 5 of them
- * resident an SM (packed_b6, packed_b5: 40 or 48 registers, not 64). */
+ * resident an SM (packed_b6, packed_b5: 40 or 48 registers, not 64); and
+ * in bf16 under the library's packed plan with the erf form's shorter fit
+ * for bf16 (short_fit: GELU_FIT_BF16, three instructions an element
+ * fewer). */
 template <typename T>
 int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const void *in,
                            const void *gelu_bias, const void *residual, const void *weight,
@@ -462,6 +468,19 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
                               ? norm_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 6>(packed.vpt)
                               : norm_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 5>(packed.vpt);
             return run_held("gelu_layernorm variant", s, packed, p, kernel);
+        }
+        return WEFT_EINVAL;
+    }
+    if (strcmp(variant, "short_fit") == 0) {
+        if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+            row_plan packed;
+            if (rows <= (size_t)sm_count() ||
+                !plan_packed(cols, V, cols <= 8192 ? 32 : 64, &packed))
+                return WEFT_EINVAL;
+            constexpr norm_mode M = NORM_GELU_ERF_LAYER;
+            return run_held(
+                "gelu_layernorm variant", s, packed, p,
+                norm_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 0, GELU_FIT_BF16>(packed.vpt));
         }
         return WEFT_EINVAL;
     }

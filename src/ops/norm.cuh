@@ -386,10 +386,11 @@ __device__ __forceinline__ moments part_moments(const float (&x)[VPT][V], const 
  * output from there. Elements past the row's end load as 0 and form
  * s = 0 (GELU(0) = 0), so the sums need no mask. LayerNorm's statistics
  * are one reduction of each thread's moments. read() runs once every
- * thread of the row has read its vectors.
+ * thread of the row has read its vectors. FIT is the erf form's fit
+ * (bench/ops/ times a shorter one).
  */
-template <typename T, int VPT, norm_mode MODE, unsigned IO, bool PACKED, typename Row,
-          typename Read, cluster_exchange X>
+template <typename T, int VPT, norm_mode MODE, unsigned IO, bool PACKED,
+          gelu_fit FIT = gelu_fit_for<T>(), typename Row, typename Read, cluster_exchange X>
 __device__ __forceinline__ void
 norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const Row &res,
               Read read, reduce_scratch<norm_stat<MODE>, X> &scratch, unsigned cluster)
@@ -439,7 +440,7 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
             for (int e = 0; e < V; e++) {
                 float h = x[k][e];
                 if (GELU)
-                    h = gelu<T>(FORM, has_gb ? h + g[e] : h);
+                    h = gelu<T, FIT>(FORM, has_gb ? h + g[e] : h);
                 /* the host's rounding of the add: never fused into GELU's
                  * last multiply; then to T, as the host rounds s */
                 x[k][e] = round_to<T>(has_res ? __fadd_rn(h, r[e]) : h);
@@ -527,9 +528,9 @@ __host__ __device__ constexpr unsigned held_resident(bool packed, int vpt, int v
  * registers, in blocks of up to 1024 threads: a row of 65536 in one block,
  * or twice the resident blocks of the fp32 form. RESIDENT, where set,
  * bounds blocks to 256 threads and asks for that many resident an SM, in
- * fewer registers (bench/ops/ times it). */
+ * fewer registers (bench/ops/ times it); FIT is norm_held_row's. */
 template <typename T, int VPT, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
-          bool PACKED = false, unsigned RESIDENT = 0>
+          bool PACKED = false, unsigned RESIDENT = 0, gelu_fit FIT = gelu_fit_for<T>()>
 __global__ void __launch_bounds__(held_threads(PACKED, RESIDENT),
                                   held_resident(PACKED, VPT, vec16<T>(), RESIDENT))
     norm_held_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t)
@@ -543,7 +544,7 @@ __global__ void __launch_bounds__(held_threads(PACKED, RESIDENT),
         return;
     const global_row<T, V> in = {p.in + at.row * p.stride};
     const global_row<T, V> res = {p.residual ? p.residual + at.row * p.stride : nullptr};
-    norm_held_row<T, VPT, MODE, IO, PACKED>(
+    norm_held_row<T, VPT, MODE, IO, PACKED, FIT>(
         p, at, in, res, [] {}, scratch, cluster);
 }
 
@@ -558,7 +559,7 @@ static void (*norm_held_for(unsigned vpt))(norm_params<T>, size_t, unsigned, siz
 /* The packed held kernel (half types) for plan.vpt, or NULL when there is
  * none; instantiated from FEWEST values a thread up. */
 template <typename T, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
-          unsigned FEWEST = 1, unsigned RESIDENT = 0>
+          unsigned FEWEST = 1, unsigned RESIDENT = 0, gelu_fit FIT = gelu_fit_for<T>()>
 static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, size_t)
 {
     static_assert(sizeof(T) == 2, "a packed row is of a half type");
@@ -569,7 +570,7 @@ static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, s
             if constexpr (decltype(k)::value * vec16<T>() < FEWEST)
                 return nullptr;
             else
-                return norm_held_kernel<T, decltype(k)::value, MODE, IO, X, true, RESIDENT>;
+                return norm_held_kernel<T, decltype(k)::value, MODE, IO, X, true, RESIDENT, FIT>;
         },
         [] { return (kernel) nullptr; });
 }

@@ -213,14 +213,36 @@ __device__ __forceinline__ float times_gate(float x, float gate)
  * q(a) = 0.5 erfcx(a / sqrt 2) is smooth and tends to 0 slowly; it is a
  * polynomial in t = (a - k)/(a + k), which maps [0, Inf) onto [-1, 1): for
  * fp32 results of degree 7 at k = 3.75 (a minimax fit in relative error,
- * 8e-7, on [0, 16]); for bf16 and fp16 results (HALF) of degree 5 at
- * k = 4 (2.7e-5, under a thirtieth of fp16's unit in the last place),
- * which saves two multiply-adds an element where they are scarcest. |a|
- * is capped at 16, past which Phi(-a) is below fp32's range anyway.
- * normal_tail(a) is Phi(-a).
+ * 8e-7, on [0, 16]); for bf16 and fp16 results (GELU_FIT_HALF) of degree 5
+ * at k = 4 (2.7e-5, under a thirtieth of fp16's unit in the last place),
+ * which saves two multiply-adds an element where they are scarcest.
+ * GELU_FIT_BF16 is shorter still, for bf16 results alone and timed in
+ * bench/ops/, not taken: of degree 3 in r = 1/(a + k) itself at k = 2.75
+ * (7.3e-4, under half of bf16's unit in the last place), three instructions
+ * fewer; it leaves 4% of bf16 results one unit off the correctly rounded
+ * GELU, where the degree 5 fit leaves 0.15% (x in [-10, 10] by 5e-5, fp32
+ * arithmetic simulated). |a| is capped at 16, past which Phi(-a) is below
+ * fp32's range anyway. normal_tail(a) is Phi(-a).
  */
-template <bool HALF> __device__ __forceinline__ float normal_tail(float a)
+enum gelu_fit { GELU_FIT_F32, GELU_FIT_HALF, GELU_FIT_BF16 };
+
+/* The library's fit for results of type T. */
+template <typename T> __host__ __device__ constexpr gelu_fit gelu_fit_for()
 {
+    return sizeof(T) == 2 ? GELU_FIT_HALF : GELU_FIT_F32;
+}
+
+template <gelu_fit FIT> __device__ __forceinline__ float normal_tail(float a)
+{
+    constexpr bool HALF = FIT == GELU_FIT_HALF;
+    if constexpr (FIT == GELU_FIT_BF16) {
+        const float r = rcp_approx(a + 2.75f);
+        float q = 5.507182598f;
+        q = fmaf(q, r, 5.957481861e-01f);
+        q = fmaf(q, r, 4.333246946e-01f);
+        q = fmaf(q, r, -7.924587117e-04f);
+        return exp2_approx(a * a * -0.72134752044448170f) * q;
+    }
     const float k = HALF ? 4.0f : 3.75f;
     const float t = fmaf(-2.0f * k, rcp_approx(a + k), 1.0f);
     float q;
@@ -249,18 +271,19 @@ template <bool HALF> __device__ __forceinline__ float normal_tail(float a)
  * (bench/ops/ times that as `select`). max.NaN keeps a NaN, and the max
  * with -0 gives -0 for negative x, as the host's x Phi(x) does at -Inf;
  * past the cap on a the tail is 0. */
-template <bool HALF> __device__ __forceinline__ float gelu_erf_fit(float x)
+template <gelu_fit FIT> __device__ __forceinline__ float gelu_erf_fit(float x)
 {
     const float a = fminf(fabsf(x), 16.0f);
     float relu;
     asm("max.NaN.f32 %0, %1, %2;" : "=f"(relu) : "f"(x), "f"(-0.0f));
-    return fmaf(-a, normal_tail<HALF>(a), relu);
+    return fmaf(-a, normal_tail<FIT>(a), relu);
 }
 
 /* The exact GELU for results of type T. */
-template <typename T> __device__ __forceinline__ float gelu_erf(float x)
+template <typename T, gelu_fit FIT = gelu_fit_for<T>()>
+__device__ __forceinline__ float gelu_erf(float x)
 {
-    return gelu_erf_fit<sizeof(T) == 2>(x);
+    return gelu_erf_fit<FIT>(x);
 }
 
 /* The tanh form, x / (1 + exp(-2u)) with u = k0 (x + k1 x^3), as
@@ -274,9 +297,10 @@ __device__ __forceinline__ float gelu_tanh(float x)
 }
 
 /* GELU in the given form, for results of type T. */
-template <typename T> __device__ __forceinline__ float gelu(weft_gelu_form form, float x)
+template <typename T, gelu_fit FIT = gelu_fit_for<T>()>
+__device__ __forceinline__ float gelu(weft_gelu_form form, float x)
 {
-    return form == WEFT_GELU_ERF ? gelu_erf<T>(x) : gelu_tanh(x);
+    return form == WEFT_GELU_ERF ? gelu_erf<T, FIT>(x) : gelu_tanh(x);
 }
 
 __device__ __forceinline__ float silu(float x)
