@@ -234,34 +234,33 @@ template <typename T> __host__ __device__ constexpr gelu_fit gelu_fit_for()
 
 template <gelu_fit FIT> __device__ __forceinline__ float normal_tail(float a)
 {
-    constexpr bool HALF = FIT == GELU_FIT_HALF;
+    float q;
     if constexpr (FIT == GELU_FIT_BF16) {
         const float r = rcp_approx(a + 2.75f);
-        float q = 5.507182598f;
+        q = 5.507182598f;
         q = fmaf(q, r, 5.957481861e-01f);
         q = fmaf(q, r, 4.333246946e-01f);
         q = fmaf(q, r, -7.924587117e-04f);
-        return exp2_approx(a * a * -0.72134752044448170f) * q;
-    }
-    const float k = HALF ? 4.0f : 3.75f;
-    const float t = fmaf(-2.0f * k, rcp_approx(a + k), 1.0f);
-    float q;
-    if constexpr (HALF) {
-        q = -7.784745656e-03f;
-        q = fmaf(q, t, 3.113643639e-02f);
-        q = fmaf(q, t, -7.195649296e-02f);
-        q = fmaf(q, t, 1.243495792e-01f);
-        q = fmaf(q, t, -1.703756750e-01f);
-        q = fmaf(q, t, 9.441050142e-02f);
     } else {
-        q = 5.080080591e-04f;
-        q = fmaf(q, t, -7.307599299e-04f);
-        q = fmaf(q, t, -4.770565312e-03f);
-        q = fmaf(q, t, 2.520528808e-02f);
-        q = fmaf(q, t, -6.727581471e-02f);
-        q = fmaf(q, t, 1.254839897e-01f);
-        q = fmaf(q, t, -1.784635335e-01f);
-        q = fmaf(q, t, 1.000391841e-01f);
+        const float k = FIT == GELU_FIT_HALF ? 4.0f : 3.75f;
+        const float t = fmaf(-2.0f * k, rcp_approx(a + k), 1.0f);
+        if constexpr (FIT == GELU_FIT_HALF) {
+            q = -7.784745656e-03f;
+            q = fmaf(q, t, 3.113643639e-02f);
+            q = fmaf(q, t, -7.195649296e-02f);
+            q = fmaf(q, t, 1.243495792e-01f);
+            q = fmaf(q, t, -1.703756750e-01f);
+            q = fmaf(q, t, 9.441050142e-02f);
+        } else {
+            q = 5.080080591e-04f;
+            q = fmaf(q, t, -7.307599299e-04f);
+            q = fmaf(q, t, -4.770565312e-03f);
+            q = fmaf(q, t, 2.520528808e-02f);
+            q = fmaf(q, t, -6.727581471e-02f);
+            q = fmaf(q, t, 1.254839897e-01f);
+            q = fmaf(q, t, -1.784635335e-01f);
+            q = fmaf(q, t, 1.000391841e-01f);
+        }
     }
     return exp2_approx(a * a * -0.72134752044448170f) * q;
 }
