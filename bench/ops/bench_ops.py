@@ -598,24 +598,14 @@ def run(torch, lib, args):
                             P(w.data_ptr()), P(z.data_ptr()), P(w.data_ptr()), P(b.data_ptr()),
                             r, c))
                     time_variant("gelu_layernorm", v, fn, (3 * r * c + 3 * c) * es)
+                # the plain walk's forms, by name
+                walks = tuple((v, lambda v=v: lib.weft_bench_gelu_walk(
+                    s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
+                    P(z.data_ptr()), r, c))
+                    for v in ("libm_erfc", "fit7", "fit5", "fit3", "select"))
                 for v, fn in (("lib", lambda: lib.weft_bias_gelu_residual(
                         s(), wd, 1, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
-                        P(z.data_ptr()), r, c, c)),
-                        ("libm_erfc", lambda: lib.weft_bench_gelu_walk(
-                            s(), wd, b"libm_erfc", P(y.data_ptr()), P(x.data_ptr()),
-                            P(w.data_ptr()), P(z.data_ptr()), r, c)),
-                        ("fit7", lambda: lib.weft_bench_gelu_walk(
-                            s(), wd, b"fit7", P(y.data_ptr()), P(x.data_ptr()),
-                            P(w.data_ptr()), P(z.data_ptr()), r, c)),
-                        ("fit5", lambda: lib.weft_bench_gelu_walk(
-                            s(), wd, b"fit5", P(y.data_ptr()), P(x.data_ptr()),
-                            P(w.data_ptr()), P(z.data_ptr()), r, c)),
-                        ("fit3", lambda: lib.weft_bench_gelu_walk(
-                            s(), wd, b"fit3", P(y.data_ptr()), P(x.data_ptr()),
-                            P(w.data_ptr()), P(z.data_ptr()), r, c)),
-                        ("select", lambda: lib.weft_bench_gelu_walk(
-                            s(), wd, b"select", P(y.data_ptr()), P(x.data_ptr()),
-                            P(w.data_ptr()), P(z.data_ptr()), r, c)),
+                        P(z.data_ptr()), r, c, c)),) + walks + (
                         ("pairs", lambda: lib.weft_bench_gelu_pairs(
                             s(), wd, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
                             P(z.data_ptr()), r, c)),
@@ -833,8 +823,8 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "`staged` rows in shared memory, `regs*` the register-tile row "
                    "kernels under other plans, `libm_erfc` GELU with libm's erfcf, `fit7`/`fit5` "
                    "the erf form's fits of degree 7 and 5 (the library's in fp32 and in half "
-                   "types) in the same plain walk, `fit3` bf16's shorter fit there, `select` that walk with the library's fit "
-                   "ending as it did before (Phi(x) by the sign, times x), `pairs` "
+                   "types) in the same plain walk, `fit3` bf16's shorter fit there, `select` "
+                   "that walk with the library's fit ending as it did before (Phi(x) by the sign, times x), `pairs` "
                    "GELU two chunks a step, `grid8` the library's GELU on its former grid of "
                    "8 blocks an SM, `offsets` the library's GELU kernel on its former walk "
                    "(tensor_walk: adds only, 32-bit offsets), SwiGLU's `rows` its kernel on "

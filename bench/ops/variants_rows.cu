@@ -473,11 +473,10 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
     }
     if (strcmp(variant, "short_fit") == 0) {
         if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-            row_plan packed;
-            if (rows <= (size_t)sm_count() ||
-                !plan_packed(cols, V, cols <= 8192 ? 32 : 64, &packed))
-                return WEFT_EINVAL;
             constexpr norm_mode M = NORM_GELU_ERF_LAYER;
+            row_plan packed;
+            if (!norm_packed_plan<M>(rows, cols, V, warp, &packed))
+                return WEFT_EINVAL;
             return run_held(
                 "gelu_layernorm variant", s, packed, p,
                 norm_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 0, GELU_FIT_BF16>(packed.vpt));

@@ -96,24 +96,11 @@ template <typename T> int launch(cudaStream_t stream, const char *op, const weft
             constexpr norm_mode MODE = decltype(mode)::value;
             return by_io<T, MODE>(a, [&](auto io) {
                 constexpr unsigned IO = decltype(io)::value;
-                /* Half types kept packed (norm_held_row's PACKED; the
-                 * held_packed variants in bench/RESULTS.md): the norms on
-                 * rows that as fp32 take a cluster, at 64 values a thread
-                 * (a row of 65536 in one block: LayerNorm +41% at
-                 * 1024x65536); the fused op, whose GELU's registers cost
-                 * occupancy as fp32, at 32 values, 64 on rows longer than
-                 * 8192 (+43% at 4096x16384) - unless there are no more
-                 * rows than SMs, where the latency of a row is the whole
-                 * time and more threads a row win (small inputs: 3.0 us a
-                 * call as fp32, 3.8 packed). */
+                /* Half types kept packed where norm_packed_plan says */
                 if constexpr (sizeof(T) == 2) {
-                    constexpr bool FUSED = norm_gelu(MODE);
-                    constexpr unsigned MOST = PACKED_MAX_VALUES;
-                    constexpr unsigned FEWEST = FUSED ? 1 : MOST; /* the plans' least */
-                    const unsigned values = FUSED && a->cols <= 8192 ? 32 : MOST;
-                    const bool packs = FUSED ? a->rows > (size_t)sm_count() : held.cluster > 1;
+                    constexpr unsigned FEWEST = norm_gelu(MODE) ? 1u : (unsigned)PACKED_MAX_VALUES;
                     row_plan packed;
-                    if (packs && plan_packed(a->cols, V, values, &packed))
+                    if (norm_packed_plan<MODE>(a->rows, a->cols, V, held, &packed))
                         if (auto kernel =
                                 norm_packed_for<T, MODE, IO, EXCHANGE_PUSH, FEWEST>(packed.vpt))
                             return launch_rows(op, stream, packed, p.rows, kernel, p, 0);

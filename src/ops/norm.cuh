@@ -575,6 +575,25 @@ static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, s
         [] { return (kernel) nullptr; });
 }
 
+/* Whether the library keeps a row of a half type packed
+ * (norm_held_row's PACKED; the held_packed variants in bench/RESULTS.md),
+ * and its plan: the norms on rows that as fp32 (`held`, the plan at 16
+ * values a thread) take a cluster, at 64 values a thread (a row of 65536
+ * in one block: LayerNorm +41% at 1024x65536); the fused op, whose GELU's
+ * registers cost occupancy as fp32, at 32 values, 64 on rows longer than
+ * 8192 (+43% at 4096x16384) - unless there are no more rows than SMs,
+ * where the latency of a row is the whole time and more threads a row win
+ * (small inputs: 3.0 us a call as fp32, 3.8 packed). */
+template <norm_mode MODE>
+static bool norm_packed_plan(size_t rows, size_t cols, int V, const row_plan &held,
+                             row_plan *packed)
+{
+    constexpr bool FUSED = norm_gelu(MODE);
+    const unsigned values = FUSED && cols <= 8192 ? 32u : (unsigned)PACKED_MAX_VALUES;
+    const bool packs = FUSED ? rows > (size_t)sm_count() : held.cluster > 1;
+    return packs && plan_packed(cols, V, values, packed);
+}
+
 template <typename T, int V>
 int launch_plan(const char *op, cudaStream_t stream, const row_plan &plan, const norm_params<T> &p)
 {
