@@ -52,12 +52,12 @@ ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", 
 FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
                   "held_spread8", "held_push", "held_warp", "held_packed", "held_packed16",
                   "held_packed64", "held_packed_pairs", "held_packed_quads", "packed_b6",
-                  "packed_b5", "short_fit")
+                  "packed_b5", "half_fit")
 RMS_VARIANTS = ("lib", "ring2", "held", "held_push")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "fit3", "select", "pairs", "grid8",
                  "offsets")
 GLU_VARIANTS = ("lib", "rows")
-ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "fewest", "fill4", "angle24", "angle32",
+ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "fewest", "fill4", "angle16", "angle32",
                  "floats", "heads4", "heads4_b2", "runs", "early", "streamed", "reduced",
                  "early_reduced", "touch", "walk_only")
 VARIANTS = sorted(set(ROW_VARIANTS + FUSED_VARIANTS + RMS_VARIANTS + GELU_VARIANTS +
@@ -814,16 +814,16 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "thread in a warp (the library spreads them over warps at 16), "
                    "`packed_b6`/`packed_b5` the fused op packed at 32 values in blocks of up "
                    "to 256 threads, 6 or 5 resident an SM (40 or 48 registers, not 64), "
-                   "`short_fit` the fused op's packed kernel with bf16's shorter GELU fit "
-                   "(degree 3 in 1/(a + k), 7e-4, where the library's is of degree 5), "
+                   "`half_fit` the fused op's packed kernel in bf16 with fp16's GELU fit "
+                   "(degree 5, 2.7e-5, where bf16's is of degree 3 in 1/(a + k), 7.3e-4), "
                    "`*_checked` kernels that test at run time for "
                    "what the library fixes at compile time on these rows (as rows of any "
                    "length take them), `*_online` softmax taking its max and sum in one "
                    "reduction, "
                    "`staged` rows in shared memory, `regs*` the register-tile row "
-                   "kernels under other plans, `libm_erfc` GELU with libm's erfcf, `fit7`/`fit5` "
-                   "the erf form's fits of degree 7 and 5 (the library's in fp32 and in half "
-                   "types) in the same plain walk, `fit3` bf16's shorter fit there, `select` "
+                   "kernels under other plans, `libm_erfc` GELU with libm's erfcf, "
+                   "`fit7`/`fit5`/`fit3` the erf form's fits of degree 7, 5 and 3 (the "
+                   "library's for fp32, fp16 and bf16) in the same plain walk, `select` "
                    "that walk with the library's fit ending as it did before (Phi(x) by the sign, times x), `pairs` "
                    "GELU two chunks a step, `grid8` the library's GELU on its former grid of "
                    "8 blocks an SM, `offsets` the library's GELU kernel on its former walk "
@@ -833,9 +833,9 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "work item computing its pairs' inverse frequencies (the library keeps "
                    "them in a table a block), "
                    "`bounds4` that at 4 blocks an SM, `fewest` the fewest slices of heads that "
-                   "fill the GPU (the library takes as many as leave an angle turning 16 "
-                   "bytes, if more), `fill4` four times the fewest, `angle24`/`angle32` the "
-                   "library's slicing with an angle turning 24 or 32 bytes, "
+                   "fill the GPU (the library takes as many as leave an angle turning 24 "
+                   "bytes, if more), `fill4` four times the fewest, `angle16`/`angle32` the "
+                   "library's slicing with an angle turning 16 or 32 bytes, "
                    "`floats` RoPE's chunks held as fp32 from the load (the library holds them "
                    "as loaded), `heads4`/`heads4_b2` four heads a step (the library two), at 3 "
                    "or 2 blocks an SM, `runs` RoPE giving each slice a run of heads (the library "

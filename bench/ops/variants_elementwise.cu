@@ -16,7 +16,7 @@
  * SwiGLU on row_walk (rows); and RoPE computing each pair's inverse
  * frequency in every work item (angles_each), at 4 blocks an SM (bounds4),
  * with the fewest slices of heads that fill the GPU and four times as many
- * (fewest, fill4), with each angle turning 24 or 32 bytes (angle24,
+ * (fewest, fill4), with each angle turning 16 or 32 bytes (angle16,
  * angle32), holding its chunks as fp32 (floats), and four heads a step
  * (heads4, heads4_b2), each slice a run of heads (runs), loads first
  * (early), evict-first (streamed), angles by a shorter road (reduced,
@@ -44,9 +44,9 @@ __global__ void empty_kernel()
 }
 
 /* bias + GELU + residual in a plain grid-stride walk, the GELU libm's
- * erfcf (libm_erfc) or the erf form's fits of degree 7 and 5 (fit7, fit5:
- * the library's for fp32 and for half types) and its shorter fit for bf16
- * (fit3: bf16 only), or the library's fit with the former ending: Phi(x)
+ * erfcf (libm_erfc) or the erf form's fits of degree 7, 5 and 3 (fit7,
+ * fit5, fit3: the library's for fp32, fp16 and bf16; fit3 run on bf16
+ * alone), or the library's fit with the former ending: Phi(x)
  * taken as the tail or 1 - tail by the sign, times x (select). */
 enum gelu_variant { GELU_LIBM, GELU_FIT7, GELU_FIT5, GELU_FIT3, GELU_SELECT };
 
@@ -293,15 +293,14 @@ struct rope_fill4 : rope_tuning {
         return 4 * ((fill + items - 1) / items);
     }
 };
-/* The library's slicing with each angle turning BYTES, not 16. */
+/* The library's slicing with each angle turning BYTES, not 24. */
 template <size_t BYTES> struct rope_angle_bytes : rope_tuning {
     static size_t slices(size_t all, size_t items, size_t fill, size_t esize)
     {
-        size_t by_angles = all / (BYTES / (2 * esize)), by_items = (fill + items - 1) / items;
-        return by_angles > by_items ? by_angles : by_items;
+        return slices_turning(BYTES, all, items, fill, esize);
     }
 };
-using rope_angle24 = rope_angle_bytes<24>;
+using rope_angle16 = rope_angle_bytes<16>;
 using rope_angle32 = rope_angle_bytes<32>;
 struct rope_bounds4 : rope_tuning {
     static constexpr int min_blocks = 4;
@@ -321,8 +320,8 @@ struct rope_heads4_b2 : rope_tuning {
  * did before its table in shared memory (angles_each), at 4 blocks an SM,
  * not 3 (bounds4: the compiler spills), and with the fewest slices of heads
  * that fill the GPU, as before it sliced them by the bytes an angle turns,
- * and four times as many (fewest, fill4), and with each angle turning 24 or
- * 32 bytes, not 16 (angle24, angle32); with its chunks held as fp32 from the
+ * and four times as many (fewest, fill4), and with each angle turning 16 or
+ * 32 bytes, not 24 (angle16, angle32); with its chunks held as fp32 from the
  * load (floats: the library's form before it held them as loaded); and with
  * four heads' loads in flight a thread, not two, at 3 and at 2 blocks an SM
  * (heads4, heads4_b2); with each slice a run of heads, as before the library
@@ -374,7 +373,7 @@ int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, v
     TUNED(heads4_b2)
     TUNED(fewest)
     TUNED(fill4)
-    TUNED(angle24)
+    TUNED(angle16)
     TUNED(angle32)
 #undef TUNED
     return WEFT_EINVAL;

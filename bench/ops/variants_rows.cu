@@ -33,7 +33,7 @@
  * and the fused bias+GELU+residual+LayerNorm held with its inputs fixed or
  * checked, with rows of 1024 in one warp (held_warp), packed in smaller
  * blocks (packed_b6, packed_b5), and packed as the library packs it with
- * bf16's shorter GELU fit (short_fit).
+ * fp16's longer GELU fit (half_fit).
  *
  * Each entry point returns a weft status; WEFT_EINVAL means the variant
  * does not apply to that shape (the script leaves it out).
@@ -422,9 +422,9 @@ int rmsnorm_variant(cudaStream_t s, const char *variant, void *out, const void *
  * those of 1024); and packed at 32 values a thread (the library's on rows
  * of up to 8192) in blocks of up to 256 threads with 6 or 5 of them
  * resident an SM (packed_b6, packed_b5: 40 or 48 registers, not 64); and
- * in bf16 under the library's packed plan with the erf form's shorter fit
- * for bf16 (short_fit: GELU_FIT_BF16, three instructions an element
- * fewer). */
+ * in bf16 under the library's packed plan with fp16's GELU fit, which bf16
+ * took before its shorter one (half_fit: GELU_FIT_HALF, three instructions
+ * an element more). */
 template <typename T>
 int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const void *in,
                            const void *gelu_bias, const void *residual, const void *weight,
@@ -471,7 +471,7 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
         }
         return WEFT_EINVAL;
     }
-    if (strcmp(variant, "short_fit") == 0) {
+    if (strcmp(variant, "half_fit") == 0) {
         if constexpr (std::is_same<T, __nv_bfloat16>::value) {
             constexpr norm_mode M = NORM_GELU_ERF_LAYER;
             row_plan packed;
@@ -479,7 +479,7 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
                 return WEFT_EINVAL;
             return run_held(
                 "gelu_layernorm variant", s, packed, p,
-                norm_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 0, GELU_FIT_BF16>(packed.vpt));
+                norm_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 0, GELU_FIT_HALF>(packed.vpt));
         }
         return WEFT_EINVAL;
     }

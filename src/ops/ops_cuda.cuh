@@ -213,23 +213,28 @@ __device__ __forceinline__ float times_gate(float x, float gate)
  * q(a) = 0.5 erfcx(a / sqrt 2) is smooth and tends to 0 slowly; it is a
  * polynomial in t = (a - k)/(a + k), which maps [0, Inf) onto [-1, 1): for
  * fp32 results of degree 7 at k = 3.75 (a minimax fit in relative error,
- * 8e-7, on [0, 16]); for bf16 and fp16 results (GELU_FIT_HALF) of degree 5
- * at k = 4 (2.7e-5, under a thirtieth of fp16's unit in the last place),
- * which saves two multiply-adds an element where they are scarcest.
- * GELU_FIT_BF16 is shorter still, for bf16 results alone and timed in
- * bench/ops/, not taken: of degree 3 in r = 1/(a + k) itself at k = 2.75
- * (7.3e-4, under half of bf16's unit in the last place), three instructions
- * fewer; it leaves 4% of bf16 results one unit off the correctly rounded
- * GELU, where the degree 5 fit leaves 0.15% (x in [-10, 10] by 5e-5, fp32
- * arithmetic simulated). |a| is capped at 16, past which Phi(-a) is below
- * fp32's range anyway. normal_tail(a) is Phi(-a).
+ * 8e-7, on [0, 16]); for fp16 results (GELU_FIT_HALF) of degree 5 at k = 4
+ * (2.7e-5, under a thirtieth of fp16's unit in the last place), which
+ * saves two multiply-adds an element where they are scarcest. bf16 results
+ * (GELU_FIT_BF16) take a polynomial of degree 3 in r = 1/(a + k) itself at
+ * k = 2.75 (7.3e-4, under half of bf16's unit in the last place), three
+ * instructions fewer again: the fused GELU+LayerNorm ran up to 7% faster
+ * (bench/RESULTS.md, 2026-12-01 01:24). It leaves 4% of bf16 GELU results
+ * one unit off the correctly rounded value, where the degree 5 fit leaves
+ * 0.15% (x in [-10, 10] by 5e-5, fp32 arithmetic simulated), and never
+ * two; a sum with the GELU, as the residual add, is off by at most 7.3e-4
+ * of the GELU, less than rounding the GELU to bf16 first would cost. |a|
+ * is capped at 16, past which Phi(-a) is below fp32's range anyway.
+ * normal_tail(a) is Phi(-a).
  */
 enum gelu_fit { GELU_FIT_F32, GELU_FIT_HALF, GELU_FIT_BF16 };
 
 /* The library's fit for results of type T. */
 template <typename T> __host__ __device__ constexpr gelu_fit gelu_fit_for()
 {
-    return sizeof(T) == 2 ? GELU_FIT_HALF : GELU_FIT_F32;
+    return std::is_same_v<T, __nv_bfloat16> ? GELU_FIT_BF16
+           : std::is_same_v<T, __half>      ? GELU_FIT_HALF
+                                            : GELU_FIT_F32;
 }
 
 template <gelu_fit FIT> __device__ __forceinline__ float normal_tail(float a)

@@ -8,7 +8,7 @@
  * them to every head of the slice, reading and writing each element once,
  * in place. The sine and cosine are paid once per (token, pair, slice) and
  * shared by the slice's heads; slices are as many as leave each angle
- * turning 16 bytes, or more where tokens are few (rope_tuning::slices says
+ * turning 24 bytes, or more where tokens are few (rope_tuning::slices says
  * why). Q's heads and then K's are dealt to the slices in turn, so that a
  * warp's slices of a token work on neighbouring heads at once. The inverse
  * frequencies (a pow each) depend on the pair alone: each block computes

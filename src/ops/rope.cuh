@@ -206,17 +206,25 @@ struct rope_tuning {
 
     /* The slices of `all` heads of esize-byte elements, where one slice
      * has `items` work items and `fill` items give every SM's threads
-     * enough: as many as leave each slice's angles turning 16 bytes (the
-     * pair in 8 / esize heads), more where those are too few to fill the
-     * GPU. Each slice pays the sines and cosines again, but small work
-     * items even out the threads' shares, and a warp's slices of a token
-     * walk neighbouring heads. 16 bytes an angle ran 2-8% faster than the
-     * fewest slices, and within 5% of four times the fewest either way
-     * (3% slower in bf16 at 16384x4096); 8 or 12 bytes in bf16 ran 8-17%
-     * slower (bench/RESULTS.md, 2026-12-01 00:19 to 00:33). */
+     * enough: as many as leave each slice's angles turning 24 bytes (the
+     * sine and cosine applied to 12 / esize heads), more where those are
+     * too few to fill the GPU. Each slice pays the sines and cosines again,
+     * but small work items even out the threads' shares, and a warp's
+     * slices of a token walk neighbouring heads. 24 bytes an angle ran
+     * 2-8% faster than the fewest slices; against 16 bytes it ran 3%
+     * faster in bf16 at 16384x4096 and within 1% elsewhere; 8 or 12 bytes
+     * in bf16 ran 8-17% slower (bench/RESULTS.md, 2026-12-01 00:19 to
+     * 01:24). */
+    static constexpr size_t angle_bytes = 24;
+
     static size_t slices(size_t all, size_t items, size_t fill, size_t esize)
     {
-        size_t by_angles = all / (8 / esize), by_items = (fill + items - 1) / items;
+        return slices_turning(angle_bytes, all, items, fill, esize);
+    }
+
+    static size_t slices_turning(size_t bytes, size_t all, size_t items, size_t fill, size_t esize)
+    {
+        size_t by_angles = all / (bytes / (2 * esize)), by_items = (fill + items - 1) / items;
         return by_angles > by_items ? by_angles : by_items;
     }
 };
