@@ -22,7 +22,9 @@
  * LayerNorm's inputs, softmax's mask and scale, partial vectors -
  * (ring2_checked, held_checked), softmax's max and sum in one reduction
  * (held_online, ring2_online: SOFTMAX_ONLINE, the library's for half types;
- * held and ring2 take two), the shared-memory staged kernels
+ * held and ring2 take two), softmax's held kernels with a cluster's
+ * statistics pushed (held_push, held_online_push: held and held_online
+ * meet at cluster barriers), the shared-memory staged kernels
  * (staged), and the register-tile row kernels (softmax, LayerNorm) on the
  * same shapes, under rows.cuh's plan_rows and changes of it:
  *   regs         plan_rows: 16 values a thread
@@ -298,6 +300,15 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
     if (strcmp(variant, "ring2_online") == 0)
         return run_ring("softmax variant", s, cols, V, sizeof(T), 32, 2, p,
                         softmax_ring_for<T, SOFTMAX_PLAIN, SOFTMAX_ONLINE>);
+    if (strcmp(variant, "held_push") == 0 || strcmp(variant, "held_online_push") == 0) {
+        if (!plan_held(cols, V, 32, &plan) || plan.cluster == 1)
+            return WEFT_EINVAL;
+        auto kernel =
+            strcmp(variant, "held_push") == 0
+                ? softmax_held_for<T, SOFTMAX_PLAIN, SOFTMAX_MAX_THEN_SUM, EXCHANGE_PUSH>(plan.vpt)
+                : softmax_held_for<T, SOFTMAX_PLAIN, SOFTMAX_ONLINE, EXCHANGE_PUSH>(plan.vpt);
+        return run_held("softmax variant", s, plan, p, kernel);
+    }
     if (packed_variant(variant)) {
         if constexpr (sizeof(T) == 2)
             return run_packed<T>("softmax variant", s, variant, p,

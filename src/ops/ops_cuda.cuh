@@ -624,19 +624,22 @@ __device__ __forceinline__ unsigned shared_address(const void *p)
     return (unsigned)__cvta_generic_to_shared(p);
 }
 
-/* PUSH: s's mbarrier set up, expecting one arrival, and published to the
- * cluster (a fence for mbarrier set-up only, and a relaxed cluster barrier:
- * no GPU-wide fence). Every thread of every block calls it once, before the
- * reduction. */
-template <typename R>
-__device__ __forceinline__ void push_setup(unsigned cluster, reduce_scratch<R, EXCHANGE_PUSH> &s)
+/* PUSH: the mbarriers of scratch s... set up, each expecting one arrival,
+ * and published to the cluster (a fence for mbarrier set-up only, and one
+ * relaxed cluster barrier: no GPU-wide fence). Every thread of every block
+ * calls it once, before the reductions. */
+template <typename... S> __device__ __forceinline__ void push_setup(unsigned cluster, S &...s)
 {
     if (cluster == 1)
         return;
-    if (threadIdx.x == 0)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\t"
-                     "fence.mbarrier_init.release.cluster;" ::"r"(shared_address(&s.arrived))
-                     : "memory");
+    if (threadIdx.x == 0) {
+        auto init = [](const uint64_t *bar) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(bar))
+                         : "memory");
+        };
+        (init(&s.arrived), ...);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\t"
                  "barrier.cluster.wait.aligned;" ::
                      : "memory");

@@ -267,12 +267,23 @@ struct op_online {
     }
 };
 
-/* A held row's scratch: one for each reduction. */
-template <softmax_stats STATS> struct softmax_scratch {
-    reduce_scratch<float> max, sum;
+/* A held row's scratch: one for each reduction, each used once a row (so
+ * once a launch where a block holds one row: PUSH's condition). */
+template <softmax_stats STATS, cluster_exchange X = EXCHANGE_BARRIERS> struct softmax_scratch {
+    reduce_scratch<float, X> max, sum;
+
+    __device__ __forceinline__ void push_setup(unsigned cluster)
+    {
+        weft_ops::push_setup(cluster, max, sum);
+    }
 };
-template <> struct softmax_scratch<SOFTMAX_ONLINE> {
-    reduce_scratch<max_sum> both;
+template <cluster_exchange X> struct softmax_scratch<SOFTMAX_ONLINE, X> {
+    reduce_scratch<max_sum, X> both;
+
+    __device__ __forceinline__ void push_setup(unsigned cluster)
+    {
+        weft_ops::push_setup(cluster, both);
+    }
 };
 
 /*
@@ -292,10 +303,10 @@ template <> struct softmax_scratch<SOFTMAX_ONLINE> {
  * times it (held_packed); it was no faster than the library's kernels.
  */
 template <typename T, int VPT, softmax_form FORM, softmax_stats STATS, bool PACKED, typename Row,
-          typename Read>
-__device__ __forceinline__ void softmax_held_row(const softmax_params<T> &p, const row_place &at,
-                                                 const Row &in, Read read,
-                                                 softmax_scratch<STATS> &scratch, unsigned cluster)
+          typename Read, cluster_exchange X>
+__device__ __forceinline__ void
+softmax_held_row(const softmax_params<T> &p, const row_place &at, const Row &in, Read read,
+                 softmax_scratch<STATS, X> &scratch, unsigned cluster)
 {
     constexpr int V = vec16<T>();
     constexpr float LOG2E = 1.4426950408889634f;
@@ -403,14 +414,17 @@ __device__ __forceinline__ void softmax_held_row(const softmax_params<T> &p, con
 
 /* The held kernel: a row a block (or a cluster, or a warp), straight from
  * global memory. PACKED (half types): up to 64 values a thread in blocks
- * of up to 1024 threads, as norm_held_kernel. */
+ * of up to 1024 threads, as norm_held_kernel. X: how a cluster's blocks
+ * share their statistics (ops_cuda.cuh). */
 template <typename T, int VPT, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM,
-          bool PACKED = false>
+          bool PACKED = false, cluster_exchange X = EXCHANGE_BARRIERS>
 __global__ void __launch_bounds__(PACKED ? 1024 : 512)
     softmax_held_kernel(softmax_params<T> p, size_t row0, unsigned cluster, size_t)
 {
     constexpr int V = vec16<T>();
-    __shared__ softmax_scratch<STATS> scratch;
+    __shared__ softmax_scratch<STATS, X> scratch;
+    if constexpr (X == EXCHANGE_PUSH)
+        scratch.push_setup(cluster);
     const row_place at = place_row<V>(row0, cluster, 1, VPT);
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
         return;
@@ -446,11 +460,13 @@ __global__ void __launch_bounds__(512) softmax_ring_kernel(softmax_params<T> p, 
 }
 
 /* The held kernel for plan.vpt, or NULL when there is none. */
-template <typename T, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM>
+template <typename T, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM,
+          cluster_exchange X = EXCHANGE_BARRIERS>
 static void (*softmax_held_for(unsigned vpt))(softmax_params<T>, size_t, unsigned, size_t)
 {
-    return held_vpt<vec16<T>()>(
-        vpt, [](auto k) { return softmax_held_kernel<T, decltype(k)::value, FORM, STATS>; });
+    return held_vpt<vec16<T>()>(vpt, [](auto k) {
+        return softmax_held_kernel<T, decltype(k)::value, FORM, STATS, false, X>;
+    });
 }
 
 /* The packed held kernel (half types) for plan.vpt, or NULL when there is
