@@ -5,11 +5,10 @@
  * variants_elementwise.cu and all of weft.
  *
  * The library holds aligned rows in registers, loaded straight from
- * global memory (the held kernels) or, for softmax on long rows of half
- * types, streamed through a ring in shared memory (the ring kernel,
- * 2 slots a block; rows.cuh says which). These run the ring kernels with
- * 2 and 4 slots (ring2, ring4) and with 2 at twice the values a thread
- * (ring2_wide), the held kernels under the library's plan (held) and others
+ * global memory (the held kernels). These run them streamed through a
+ * ring in shared memory instead (ring.cuh), with 2 and 4 slots (ring2,
+ * ring4) and with 2 at twice the values a thread (ring2_wide), the held
+ * kernels under the library's plan (held) and others
  * (held_narrow, held_wide, and long rows over more blocks, held_spread and
  * held_spread8: see held_variant_plan), LayerNorm's and the fused op's held
  * kernels with a cluster's blocks pushing their statistics to each other
@@ -46,6 +45,7 @@
 
 #include "ops/norm.cuh"
 #include "ops/softmax.cuh"
+#include "ring.cuh"
 
 namespace weft_ops
 {
@@ -167,6 +167,42 @@ static void (*norm_ring_for(unsigned vpt))(norm_params<T>, ring_plan)
 {
     return held_vpt<vec16<T>()>(
         vpt, [](auto k) { return norm_ring_kernel<T, decltype(k)::value, MODE, IO>; });
+}
+
+/* Softmax's ring kernel (ring.cuh): resident blocks (or clusters) loop
+ * over rows, each row's visible part arriving in a slot of the block's
+ * ring ahead of its turn, and the row from there softmax.cuh's held row.
+ * The library ran unmasked rows of half types that take a cluster through
+ * it until its held kernel, pushing the cluster's statistics, beat it. */
+template <typename T, int VPT, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM>
+__global__ void __launch_bounds__(512) softmax_ring_kernel(softmax_params<T> p, ring_plan plan)
+{
+    constexpr int V = vec16<T>();
+    __shared__ softmax_scratch<STATS> scratch;
+    const unsigned cluster = plan.held.cluster, seg = blockDim.x * VPT * V;
+    row_place at = {0, 0, 0, threadIdx.x, blockIdx.x % cluster};
+    const unsigned first = at.rank * seg;
+    const row_ring<T> ring = {ring_smem(), plan.slots, plan.seg_bytes, first};
+
+    /* the row's visible vectors in this block's segment */
+    auto fill = [&](unsigned s, size_t row) {
+        unsigned end = ((unsigned)visible(p, row) + V - 1) / V * V;
+        unsigned mine = first >= end ? 0 : end - first < seg ? end - first : seg;
+        ring.fill(s, p.in + row * p.stride, mine);
+    };
+    ring_rows(ring, p.rows, cluster, fill, [&](size_t row, unsigned s, auto read) {
+        at.row = row;
+        const slot_row<T, V> in = {ring.segment(s), first};
+        softmax_held_row<T, VPT, FORM, STATS, false>(p, at, in, read, scratch, cluster);
+    });
+}
+
+/* The ring kernel for plan.vpt, or NULL when there is none. */
+template <typename T, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM>
+static void (*softmax_ring_for(unsigned vpt))(softmax_params<T>, ring_plan)
+{
+    return held_vpt<vec16<T>()>(
+        vpt, [](auto k) { return softmax_ring_kernel<T, decltype(k)::value, FORM, STATS>; });
 }
 
 /* The ring kernels: ring2 and ring4 with at most 2 or 4 slots a block at

@@ -6,8 +6,7 @@
  * formed (in + residual, or GELU(in + gelu_bias) + residual) and whether
  * it is centred. The row is read once and kept on chip (rows.cuh says
  * how: for 16-byte aligned tensors in registers, loaded straight from
- * global memory or, for RMSNorm on long rows, streamed through a ring in
- * shared memory, or for aligned rows too long to hold staged in shared
+ * global memory, or for aligned rows too long to hold staged in shared
  * memory; otherwise in register tiles), s is formed and rounded to the
  * dtype there, and the statistics are taken on the kept row: in registers,
  * one reduction of each thread's count, mean and squared deviations

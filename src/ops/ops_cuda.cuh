@@ -584,11 +584,13 @@ struct op_merge {
 
 /*
  * How the blocks of a cluster share their results in row_reduce:
- *  - BARRIERS (softmax's held and ring kernels): each block writes its
- *    result to its slot; a cluster barrier; every block reads every slot;
- *    a second barrier keeps the slots until all have read. A cluster
- *    barrier's arrive orders memory at the GPU's scope (MEMBAR.ALL.GPU in
- *    the SASS: a round trip through L2), twice a reduction.
+ *  - BARRIERS (the staged and register-tile kernels; bench/ops/'s ring
+ *    kernels and the held kernels' variants `held`, `held_online`): each
+ *    block writes its result to its slot; a cluster barrier; every block
+ *    reads every slot; a second barrier keeps the slots until all have
+ *    read. A cluster barrier's arrive orders memory at the GPU's scope
+ *    (MEMBAR.ALL.GPU in the SASS: a round trip through L2), twice a
+ *    reduction.
  *  - PUSH: each block stores its result into its slot in every block of
  *    the cluster with asynchronous stores that the receiver's mbarrier
  *    counts in (st.async ... complete_tx), and waits on its own mbarrier
@@ -596,9 +598,9 @@ struct op_merge {
  *    any block stores to it: push_setup, at the kernel's start, with one
  *    relaxed cluster barrier. A PUSH scratch serves one reduction a launch
  *    (its mbarrier's first phase), so only kernels that reduce a row once
- *    per scratch take it: the held norms (LayerNorm 1024x65536 +15% in
- *    bf16, +16% in fp32 over BARRIERS, bench/RESULTS.md; bench/ops/ times
- *    BARRIERS as `held`).
+ *    per scratch take it: the held kernels, a row a block (over BARRIERS
+ *    at 1024x65536: LayerNorm +15% in bf16 and +16% in fp32, softmax +27%
+ *    and +19%; bench/RESULTS.md).
  */
 enum cluster_exchange { EXCHANGE_BARRIERS, EXCHANGE_PUSH };
 

@@ -3,8 +3,7 @@
  * (softmax.c holds the checks and the host reference).
  *
  * The row machinery of rows.cuh: the visible part of the row is read once
- * and kept on chip - in registers for 16-byte aligned tensors (fed through
- * a ring in shared memory on long unmasked rows of half types; staged in
+ * and kept on chip - in registers for 16-byte aligned tensors (staged in
  * shared memory for aligned rows too long to hold), else in register
  * tiles - and scaled as it is used (scale * x rounded before the maximum
  * is taken, as on the host). A max reduction, a sum of exp(v - max) and
@@ -13,8 +12,13 @@
  * faster there, slower in fp32) - then every column is written: e / sum
  * where visible, 0 where masked, each kept or dropped by the same Philox
  * words as the host's. Masked columns are never read, and whole masked
- * vectors cost no load at all. Rows longer than 8 blocks hold read their
- * tiles again in each of the three passes.
+ * vectors cost no load at all. A row held by a cluster has its blocks push
+ * their statistics into each other's shared memory (ops_cuda.cuh's
+ * EXCHANGE_PUSH): +13% in bf16 and +19% in fp32 at 1024x65536 over
+ * meeting at cluster barriers, and in bf16 faster than streaming the rows
+ * through a ring in shared memory, as the library did before
+ * (bench/RESULTS.md, 2026-12-01 01:49). Rows longer than 8 blocks hold
+ * read their tiles again in each of the three passes.
  */
 #include "ops/softmax.cuh"
 
@@ -38,23 +42,12 @@ template <typename T> int launch(cudaStream_t stream, const weft__softmax_args *
         const bool whole = !p.causal_q && a->cols % V == 0;
         /* the unmasked rows' statistics (bench/RESULTS.md, the softmax variants) */
         constexpr softmax_stats STATS = sizeof(T) == 2 ? SOFTMAX_ONLINE : SOFTMAX_MAX_THEN_SUM;
-        if constexpr (sizeof(T) == 2) {
-            /* rows that held take a cluster, no mask, no dropout: faster
-             * through the ring in half types (bench/RESULTS.md) */
-            ring_plan ring;
-            if (held.cluster > 1 && whole && p.p == 0.0f) {
-                auto ring_kernel = p.scale == 1.0f
-                                       ? softmax_ring_for<T, SOFTMAX_PLAIN, STATS>(held.vpt)
-                                       : softmax_ring_for<T, SOFTMAX_SCALED, STATS>(held.vpt);
-                if (ring_kernel &&
-                    plan_ring(ring_kernel, held, a->cols, a->rows, V, sizeof(T), 2, &ring))
-                    return launch_ring("weft_softmax", stream, ring, ring_kernel, p);
-            }
-        }
-        auto kernel = p.p > 0.0f        ? softmax_held_for<T, SOFTMAX_DROPOUT>(held.vpt)
-                      : !whole          ? softmax_held_for<T, SOFTMAX_CHECKED>(held.vpt)
-                      : p.scale == 1.0f ? softmax_held_for<T, SOFTMAX_PLAIN, STATS>(held.vpt)
-                                        : softmax_held_for<T, SOFTMAX_SCALED, STATS>(held.vpt);
+        constexpr softmax_stats TWO = SOFTMAX_MAX_THEN_SUM;
+        constexpr cluster_exchange X = EXCHANGE_PUSH;
+        auto kernel = p.p > 0.0f        ? softmax_held_for<T, SOFTMAX_DROPOUT, TWO, X>(held.vpt)
+                      : !whole          ? softmax_held_for<T, SOFTMAX_CHECKED, TWO, X>(held.vpt)
+                      : p.scale == 1.0f ? softmax_held_for<T, SOFTMAX_PLAIN, STATS, X>(held.vpt)
+                                        : softmax_held_for<T, SOFTMAX_SCALED, STATS, X>(held.vpt);
         if (kernel)
             return launch_rows("weft_softmax", stream, held, p.rows, kernel, p, 0);
     }

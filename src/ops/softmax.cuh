@@ -1,8 +1,9 @@
 /*
- * softmax.cuh - the softmax kernels: held in registers (the main path),
- * fed through a ring in shared memory (long unmasked rows of half types),
- * staged in shared memory, and in register tiles (unaligned tensors, rows
- * too long to hold), with the register kernel's launch by plan. Apart from
+ * softmax.cuh - the softmax kernels: held in registers (the main path,
+ * rows loaded straight from global memory or, in bench/ops/, fed through a
+ * ring in shared memory), staged in shared memory, and in register tiles
+ * (unaligned tensors, rows too long to hold), with the register kernel's
+ * launch by plan. Apart from
  * the launcher (softmax.cu), which says what they compute and why, so that
  * bench/ops/ can time other plans of the same kernels side by side.
  */
@@ -288,8 +289,8 @@ template <cluster_exchange X> struct softmax_scratch<SOFTMAX_ONLINE, X> {
 
 /*
  * One row of the held kernels (rows.cuh): each thread loads its VPT
- * vectors of the visible row at once (from global memory, or from the
- * ring's slot: Row) and keeps them in registers: scaled (rounded as the
+ * vectors of the visible row at once (from global memory, or from shared
+ * memory in bench/ops/: Row) and keeps them in registers: scaled (rounded as the
  * host rounds scale * x), then exponentiated in place, then written as
  * e * (1 / sum). exp(v - max) is 2^(v log2 e - max log2 e), one fma and
  * one ex2 (relative error ~1e-6 over the range that matters, where expf
@@ -433,32 +434,6 @@ __global__ void __launch_bounds__(PACKED ? 1024 : 512)
         p, at, in, [] {}, scratch, cluster);
 }
 
-/* The ring kernel (rows.cuh): resident blocks (or clusters) loop over
- * rows, each row's visible part arriving in a slot of the block's ring
- * ahead of its turn. */
-template <typename T, int VPT, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM>
-__global__ void __launch_bounds__(512) softmax_ring_kernel(softmax_params<T> p, ring_plan plan)
-{
-    constexpr int V = vec16<T>();
-    __shared__ softmax_scratch<STATS> scratch;
-    const unsigned cluster = plan.held.cluster, seg = blockDim.x * VPT * V;
-    row_place at = {0, 0, 0, threadIdx.x, blockIdx.x % cluster};
-    const unsigned first = at.rank * seg;
-    const row_ring<T> ring = {ring_smem(), plan.slots, plan.seg_bytes, first};
-
-    /* the row's visible vectors in this block's segment */
-    auto fill = [&](unsigned s, size_t row) {
-        unsigned end = ((unsigned)visible(p, row) + V - 1) / V * V;
-        unsigned mine = first >= end ? 0 : end - first < seg ? end - first : seg;
-        ring.fill(s, p.in + row * p.stride, mine);
-    };
-    ring_rows(ring, p.rows, cluster, fill, [&](size_t row, unsigned s, auto read) {
-        at.row = row;
-        const slot_row<T, V> in = {ring.segment(s), first};
-        softmax_held_row<T, VPT, FORM, STATS, false>(p, at, in, read, scratch, cluster);
-    });
-}
-
 /* The held kernel for plan.vpt, or NULL when there is none. */
 template <typename T, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM,
           cluster_exchange X = EXCHANGE_BARRIERS>
@@ -478,14 +453,6 @@ static void (*softmax_packed_for(unsigned vpt))(softmax_params<T>, size_t, unsig
     return by_vpt<PACKED_MAX_VALUES / vec16<T>()>(
         vpt, [](auto k) { return softmax_held_kernel<T, decltype(k)::value, FORM, STATS, true>; },
         [] { return nullptr; });
-}
-
-/* The ring kernel for plan.vpt, or NULL when there is none. */
-template <typename T, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM>
-static void (*softmax_ring_for(unsigned vpt))(softmax_params<T>, ring_plan)
-{
-    return held_vpt<vec16<T>()>(
-        vpt, [](auto k) { return softmax_ring_kernel<T, decltype(k)::value, FORM, STATS>; });
 }
 
 template <typename T, int V>
