@@ -17,7 +17,7 @@
  * EXCHANGE_PUSH): +13% in bf16 and +19% in fp32 at 1024x65536 over
  * meeting at cluster barriers, and in bf16 faster than streaming the rows
  * through a ring in shared memory, as the library did before
- * (bench/RESULTS.md, 2026-12-01 01:49). Rows longer than 8 blocks hold
+ * (bench/RESULTS.md, 2026-12-01 01:44). Rows longer than 8 blocks hold
  * read their tiles again in each of the three passes.
  */
 #include "ops/softmax.cuh"
