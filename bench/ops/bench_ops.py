@@ -46,7 +46,7 @@ WEFT_DTYPE = {"f32": 0, "bf16": 1, "f16": 2}
 ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", "held_checked",
                 "held_narrow", "held_wide", "held_spread", "held_spread8", "held_push",
                 "held_packed", "held_packed16", "held_packed64", "held_packed_pairs",
-                "held_packed_quads",
+                "held_packed_quads", "held_packed_eights", "held_online_push16",
                 "held_online", "ring2_online", "held_online_push", "staged", "regs", "regs_half", "regs_double",
                 "regs_flat")
 FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
@@ -803,11 +803,14 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "under other plans, `held_spread`/`held_spread8` long rows over clusters "
                    "of up to 8 blocks at 16 or 8 values a thread, `held_push` a cluster's "
                    "blocks pushing their statistics to each other (`held` meets at cluster "
-                   "barriers; `held_online_push` softmax's `held_online` so), `held_packed`/`held_packed16` bf16 rows kept packed between "
+                   "barriers; `held_online_push` softmax's `held_online` so, `held_online_push16` "
+                   "that at 16 values a thread), `held_packed`/`held_packed16` bf16 rows kept packed between "
                    "passes at 32 or 16 values a thread (up to 64 on long rows), blocks of up "
                    "to 1024 threads, `held_packed64` that at 64 values, `held_packed_pairs` "
                    "that in blocks of up to 512 threads (rows of 65536 over two blocks), "
-                   "`held_packed_quads` in blocks of up to 256 (rows of 65536 over four), "
+                   "`held_packed_quads`/`held_packed_eights` in blocks of up to 256 or 128 "
+                   "(rows of 65536 over four or eight; softmax's packed forms push a "
+                   "cluster's statistics), "
                    "RMSNorm's `ring2` (formerly the library's on long rows) and "
                    "`held`/`held_push` (a cluster's statistics met at barriers or pushed), "
                    "`held_warp` the fused op's rows of up to 32 values a "

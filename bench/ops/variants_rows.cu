@@ -15,15 +15,16 @@
  * (held_push: ops_cuda.cuh's cluster_exchange; held meets at cluster
  * barriers), RMSNorm held and through the ring (rmsnorm_variant), the
  * held kernels with rows of half types kept packed between their passes
- * (held_packed, held_packed16, held_packed64, held_packed_pairs and
- * held_packed_quads: see packed_plan), the kernels that test at run time
+ * (held_packed, held_packed16, held_packed64, held_packed_pairs,
+ * held_packed_quads and held_packed_eights: see packed_plan), the kernels that test at run time
  * for what the library fixes at compile time on these rows -
  * LayerNorm's inputs, softmax's mask and scale, partial vectors -
  * (ring2_checked, held_checked), softmax's max and sum in one reduction
  * (held_online, ring2_online: SOFTMAX_ONLINE, the library's for half types;
  * held and ring2 take two), softmax's held kernels with a cluster's
- * statistics pushed (held_push, held_online_push: held and held_online
- * meet at cluster barriers), the shared-memory staged kernels
+ * statistics pushed (held_push, held_online_push, that at 16 values a
+ * thread held_online_push16: held and held_online meet at cluster
+ * barriers), the shared-memory staged kernels
  * (staged), and the register-tile row kernels (softmax, LayerNorm) on the
  * same shapes, under rows.cuh's plan_rows and changes of it:
  *   regs         plan_rows: 16 values a thread
@@ -243,17 +244,19 @@ int run_held(const char *op, cudaStream_t s, const row_plan &plan, const Params 
 /* The plans of the held kernels with the row packed (half types), in
  * blocks of up to 1024 threads: 32 values a thread (held_packed), 16
  * (held_packed16) or 64 (held_packed64), up to 64 on rows longer than
- * that holds; and 64 in blocks of up to 512 or 256 threads
- * (held_packed_pairs, held_packed_quads: a row of 65536 over a cluster of
- * two or four blocks, two or four resident an SM, each of another row, so
- * that one's loads may overlap another's arithmetic). false for other
- * variants. */
+ * that holds; and 64 in blocks of up to 512, 256 or 128 threads
+ * (held_packed_pairs, held_packed_quads, held_packed_eights: a row of
+ * 65536 over a cluster of two, four or eight blocks, as many resident an
+ * SM, each of another row, so that one's loads may overlap another's
+ * arithmetic). false for other variants. */
 bool packed_plan(const char *variant, size_t cols, int V, row_plan *p)
 {
     if (strcmp(variant, "held_packed_pairs") == 0)
         return plan_held(cols, V, PACKED_MAX_VALUES, p, false, PACKED_MAX_VALUES, 512);
     if (strcmp(variant, "held_packed_quads") == 0)
         return plan_held(cols, V, PACKED_MAX_VALUES, p, false, PACKED_MAX_VALUES, 256);
+    if (strcmp(variant, "held_packed_eights") == 0)
+        return plan_held(cols, V, PACKED_MAX_VALUES, p, false, PACKED_MAX_VALUES, 128);
     unsigned values = strcmp(variant, "held_packed") == 0     ? 32
                       : strcmp(variant, "held_packed16") == 0 ? 16
                       : strcmp(variant, "held_packed64") == 0 ? 64
@@ -336,8 +339,9 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
     if (strcmp(variant, "ring2_online") == 0)
         return run_ring("softmax variant", s, cols, V, sizeof(T), 32, 2, p,
                         softmax_ring_for<T, SOFTMAX_PLAIN, SOFTMAX_ONLINE>);
-    if (strcmp(variant, "held_push") == 0 || strcmp(variant, "held_online_push") == 0) {
-        if (!plan_held(cols, V, 32, &plan) || plan.cluster == 1)
+    if (strcmp(variant, "held_push") == 0 || strncmp(variant, "held_online_push", 16) == 0) {
+        const unsigned values = strcmp(variant, "held_online_push16") == 0 ? 16 : 32;
+        if (!plan_held(cols, V, values, &plan) || plan.cluster == 1)
             return WEFT_EINVAL;
         auto kernel =
             strcmp(variant, "held_push") == 0
@@ -347,8 +351,9 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
     }
     if (packed_variant(variant)) {
         if constexpr (sizeof(T) == 2)
-            return run_packed<T>("softmax variant", s, variant, p,
-                                 softmax_packed_for<T, SOFTMAX_PLAIN, SOFTMAX_ONLINE>);
+            return run_packed<T>(
+                "softmax variant", s, variant, p,
+                softmax_packed_for<T, SOFTMAX_PLAIN, SOFTMAX_ONLINE, EXCHANGE_PUSH>);
         return WEFT_EINVAL;
     }
     unsigned slots, values;

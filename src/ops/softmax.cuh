@@ -446,12 +446,14 @@ static void (*softmax_held_for(unsigned vpt))(softmax_params<T>, size_t, unsigne
 
 /* The packed held kernel (half types) for plan.vpt, or NULL when there is
  * none. */
-template <typename T, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM>
+template <typename T, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM,
+          cluster_exchange X = EXCHANGE_BARRIERS>
 static void (*softmax_packed_for(unsigned vpt))(softmax_params<T>, size_t, unsigned, size_t)
 {
     static_assert(sizeof(T) == 2, "a packed row is of a half type");
     return by_vpt<PACKED_MAX_VALUES / vec16<T>()>(
-        vpt, [](auto k) { return softmax_held_kernel<T, decltype(k)::value, FORM, STATS, true>; },
+        vpt,
+        [](auto k) { return softmax_held_kernel<T, decltype(k)::value, FORM, STATS, true, X>; },
         [] { return nullptr; });
 }
 
