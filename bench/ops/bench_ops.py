@@ -46,9 +46,9 @@ WEFT_DTYPE = {"f32": 0, "bf16": 1, "f16": 2}
 ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", "held_checked",
                 "held_narrow", "held_wide", "held_spread", "held_spread8", "held_push",
                 "held_packed", "held_packed16", "held_packed64", "held_packed_pairs",
-                "held_packed_quads", "held_packed_eights", "held_online_push16",
-                "held_online", "ring2_online", "held_online_push", "staged", "regs", "regs_half", "regs_double",
-                "regs_flat")
+                "held_packed_quads", "held_packed_eights", "held_online", "ring2_online",
+                "held_online_push", "held_online_push16", "staged", "regs", "regs_half",
+                "regs_double", "regs_flat")
 FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
                   "held_spread8", "held_push", "held_warp", "held_packed", "held_packed16",
                   "held_packed64", "held_packed_pairs", "held_packed_quads", "packed_b6",
@@ -803,8 +803,9 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "under other plans, `held_spread`/`held_spread8` long rows over clusters "
                    "of up to 8 blocks at 16 or 8 values a thread, `held_push` a cluster's "
                    "blocks pushing their statistics to each other (`held` meets at cluster "
-                   "barriers; `held_online_push` softmax's `held_online` so, `held_online_push16` "
-                   "that at 16 values a thread), `held_packed`/`held_packed16` bf16 rows kept packed between "
+                   "barriers; `held_online_push` softmax's `held_online` so, "
+                   "`held_online_push16` that at 16 values a thread), "
+                   "`held_packed`/`held_packed16` bf16 rows kept packed between "
                    "passes at 32 or 16 values a thread (up to 64 on long rows), blocks of up "
                    "to 1024 threads, `held_packed64` that at 64 values, `held_packed_pairs` "
                    "that in blocks of up to 512 threads (rows of 65536 over two blocks), "

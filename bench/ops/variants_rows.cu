@@ -16,10 +16,10 @@
  * barriers), RMSNorm held and through the ring (rmsnorm_variant), the
  * held kernels with rows of half types kept packed between their passes
  * (held_packed, held_packed16, held_packed64, held_packed_pairs,
- * held_packed_quads and held_packed_eights: see packed_plan), the kernels that test at run time
- * for what the library fixes at compile time on these rows -
- * LayerNorm's inputs, softmax's mask and scale, partial vectors -
- * (ring2_checked, held_checked), softmax's max and sum in one reduction
+ * held_packed_quads and held_packed_eights: see packed_plan), the kernels
+ * that test at run time for what the library fixes at compile time on
+ * these rows - LayerNorm's inputs, softmax's mask and scale, partial
+ * vectors - (ring2_checked, held_checked), softmax's max and sum in one reduction
  * (held_online, ring2_online: SOFTMAX_ONLINE, the library's for half types;
  * held and ring2 take two), softmax's held kernels with a cluster's
  * statistics pushed (held_push, held_online_push, that at 16 values a

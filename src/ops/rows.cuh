@@ -214,9 +214,9 @@ enum : unsigned { HELD_MAX_VALUES = 32, PACKED_MAX_VALUES = 64 };
 
 /* The held plan for `values` a thread (16 or 32); false when the row is too
  * long to hold. Rows that a warp holds take a warp each unless
- * `block_rows` (bench/ops/'s ring kernels' plan: a block per row). `most` values a
- * thread and `max_tpr` threads a block bound it: HELD_MAX_VALUES and 512
- * for rows held as fp32, PACKED_MAX_VALUES and 1024 packed. */
+ * `block_rows` (bench/ops/'s ring kernels' plan: a block per row). `most`
+ * values a thread and `max_tpr` threads a block bound it: HELD_MAX_VALUES
+ * and 512 for rows held as fp32, PACKED_MAX_VALUES and 1024 packed. */
 static inline bool plan_held(size_t cols, int V, unsigned values, row_plan *p,
                              bool block_rows = false, unsigned most_values = HELD_MAX_VALUES,
                              unsigned max_tpr = 512)

@@ -290,9 +290,9 @@ template <cluster_exchange X> struct softmax_scratch<SOFTMAX_ONLINE, X> {
 /*
  * One row of the held kernels (rows.cuh): each thread loads its VPT
  * vectors of the visible row at once (from global memory, or from shared
- * memory in bench/ops/: Row) and keeps them in registers: scaled (rounded as the
- * host rounds scale * x), then exponentiated in place, then written as
- * e * (1 / sum). exp(v - max) is 2^(v log2 e - max log2 e), one fma and
+ * memory in bench/ops/: Row) and keeps them in registers: scaled (rounded
+ * as the host rounds scale * x), then exponentiated in place, then written
+ * as e * (1 / sum). exp(v - max) is 2^(v log2 e - max log2 e), one fma and
  * one ex2 (relative error ~1e-6 over the range that matters, where expf
  * takes ~10 instructions; probabilities under 1e-38 of the row's largest
  * flush to 0). Invisible and past-the-end elements are -Inf, so they
