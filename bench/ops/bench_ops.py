@@ -53,7 +53,8 @@ FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "he
                   "held_spread8", "held_push", "held_warp", "held_packed", "held_packed16",
                   "held_packed64", "held_packed_pairs", "held_packed_quads", "packed_b6",
                   "packed_b5", "half_fit")
-RMS_VARIANTS = ("lib", "ring2", "held", "held_push")
+RMS_VARIANTS = ("lib", "ring2", "held", "held_push", "held_packed64", "held_packed_pairs",
+                "held_packed_quads")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "fit3", "select", "pairs", "grid8",
                  "offsets")
 GLU_VARIANTS = ("lib", "rows")
@@ -813,7 +814,9 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "(rows of 65536 over four or eight; softmax's packed forms push a "
                    "cluster's statistics), "
                    "RMSNorm's `ring2` (formerly the library's on long rows) and "
-                   "`held`/`held_push` (a cluster's statistics met at barriers or pushed), "
+                   "`held`/`held_push` (a cluster's statistics met at barriers or pushed) "
+                   "and `held_packed64`/`held_packed_pairs`/`held_packed_quads` (as the "
+                   "other norms'), "
                    "`held_warp` the fused op's rows of up to 32 values a "
                    "thread in a warp (the library spreads them over warps at 16), "
                    "`packed_b6`/`packed_b5` the fused op packed at 32 values in blocks of up "

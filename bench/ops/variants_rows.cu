@@ -13,8 +13,8 @@
  * held_spread8: see held_variant_plan), LayerNorm's and the fused op's held
  * kernels with a cluster's blocks pushing their statistics to each other
  * (held_push: ops_cuda.cuh's cluster_exchange; held meets at cluster
- * barriers), RMSNorm held and through the ring (rmsnorm_variant), the
- * held kernels with rows of half types kept packed between their passes
+ * barriers), RMSNorm held, packed and through the ring (rmsnorm_variant),
+ * the held kernels with rows of half types kept packed between their passes
  * (held_packed, held_packed16, held_packed64, held_packed_pairs,
  * held_packed_quads and held_packed_eights: see packed_plan), the kernels
  * that test at run time for what the library fixes at compile time on
@@ -439,8 +439,11 @@ int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void
 /* RMSNorm with its weight: through the ring of 2 slots (ring2, the
  * library's until it measured 7-22% slower than held_push on rows of half
  * types a block of 512 holds at 32 values, and on fp32 rows that take a
- * cluster), and held at 16 values a thread with a cluster's statistics met
- * at barriers (held) or pushed (held_push, the library's). */
+ * cluster), held at 16 values a thread with a cluster's statistics met
+ * at barriers (held) or pushed (held_push, the library's on fp32 rows),
+ * and in half types packed at 64 values a thread in blocks of up to 1024,
+ * 512 or 256 threads (held_packed64, held_packed_pairs, held_packed_quads:
+ * packed_plan). */
 template <typename T>
 int rmsnorm_variant(cudaStream_t s, const char *variant, void *out, const void *in,
                     const void *weight, size_t rows, size_t cols)
@@ -455,6 +458,12 @@ int rmsnorm_variant(cudaStream_t s, const char *variant, void *out, const void *
     if (strcmp(variant, "ring2") == 0)
         return run_ring("rmsnorm variant", s, cols, V, sizeof(T), 16, 2, p,
                         norm_ring_for<T, NORM_RMS, IO>);
+    if (packed_variant(variant)) {
+        if constexpr (sizeof(T) == 2)
+            return run_packed<T>("rmsnorm variant", s, variant, p,
+                                 norm_packed_for<T, NORM_RMS, IO, EXCHANGE_PUSH>);
+        return WEFT_EINVAL;
+    }
     if (!plan_held(cols, V, 16, &plan))
         return WEFT_EINVAL;
     if (strcmp(variant, "held") == 0)
