@@ -55,14 +55,15 @@ FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "he
                   "packed_b5", "half_fit")
 RMS_VARIANTS = ("lib", "ring2", "held", "held_push", "held_packed64", "held_packed_pairs",
                 "held_packed_quads")
+ADD_LN_VARIANTS = ("lib", "held_push", "held_packed64", "held_packed_pairs", "held_packed_quads")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "fit3", "select", "pairs", "grid8",
                  "offsets")
 GLU_VARIANTS = ("lib", "rows")
 ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "fewest", "fill4", "angle16", "angle32",
                  "floats", "heads4", "heads4_b2", "runs", "early", "streamed", "reduced",
                  "early_reduced", "touch", "walk_only")
-VARIANTS = sorted(set(ROW_VARIANTS + FUSED_VARIANTS + RMS_VARIANTS + GELU_VARIANTS +
-                      GLU_VARIANTS + ROPE_VARIANTS))
+VARIANTS = sorted(set(ROW_VARIANTS + FUSED_VARIANTS + RMS_VARIANTS + ADD_LN_VARIANTS +
+                      GELU_VARIANTS + GLU_VARIANTS + ROPE_VARIANTS))
 
 
 def torch_dtype(torch, dtype_name):
@@ -134,6 +135,7 @@ def signatures():
         "weft_bench_softmax_variant": [P, I, ctypes.c_char_p, P, P, Z, Z],
         "weft_bench_layernorm_variant": [P, I, ctypes.c_char_p, P, P, P, P, Z, Z],
         "weft_bench_rmsnorm_variant": [P, I, ctypes.c_char_p, P, P, P, Z, Z],
+        "weft_bench_add_layernorm_variant": [P, I, ctypes.c_char_p, P, P, P, P, P, P, Z, Z],
         "weft_bench_gelu_layernorm_variant": [P, I, ctypes.c_char_p, P, P, P, P, P, P, Z, Z],
         "weft_bench_gelu_walk": [P, I, ctypes.c_char_p, P, P, P, P, Z, Z],
         "weft_bench_glu_variant": [P, I, ctypes.c_char_p, P, P, Z, Z, Z, Z],
@@ -586,6 +588,21 @@ def run(torch, lib, args):
                             s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()),
                             P(w.data_ptr()), r, c))
                     time_variant("rmsnorm", v, fn, (2 * r * c + c) * es)
+                # add+LayerNorm (z the residual, the sum into u): packed where the
+                # library holds the row as fp32, and the other way about
+                u = torch.empty_like(x)
+                for v in ADD_LN_VARIANTS:
+                    if v == "lib":
+                        fn = (lambda: lib.weft_layernorm(
+                            s(), wd, P(y.data_ptr()), P(u.data_ptr()), P(x.data_ptr()),
+                            P(z.data_ptr()), P(w.data_ptr()), P(b.data_ptr()), EPS, r, c, c))
+                    else:
+                        fn = (lambda v=v: lib.weft_bench_add_layernorm_variant(
+                            s(), wd, v.encode(), P(y.data_ptr()), P(u.data_ptr()),
+                            P(x.data_ptr()), P(z.data_ptr()), P(w.data_ptr()),
+                            P(b.data_ptr()), r, c))
+                    time_variant("add_layernorm", v, fn, (4 * r * c + 2 * c) * es)
+                del u
                 # the fused op: its held kernel with the inputs fixed or checked,
                 # at 8 and 32 values a thread, and rows a warp holds unsplit
                 for v in FUSED_VARIANTS:
@@ -816,7 +833,7 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "RMSNorm's `ring2` (formerly the library's on long rows) and "
                    "`held`/`held_push` (a cluster's statistics met at barriers or pushed) "
                    "and `held_packed64`/`held_packed_pairs`/`held_packed_quads` (as the "
-                   "other norms'), "
+                   "other norms'), add+LayerNorm's `held_push` and packed forms likewise, "
                    "`held_warp` the fused op's rows of up to 32 values a "
                    "thread in a warp (the library spreads them over warps at 16), "
                    "`packed_b6`/`packed_b5` the fused op packed at 32 values in blocks of up "

@@ -14,7 +14,8 @@
  * kernels with a cluster's blocks pushing their statistics to each other
  * (held_push: ops_cuda.cuh's cluster_exchange; held meets at cluster
  * barriers), RMSNorm held, packed and through the ring (rmsnorm_variant),
- * the held kernels with rows of half types kept packed between their passes
+ * add+LayerNorm held and packed (add_layernorm_variant), the held kernels
+ * with rows of half types kept packed between their passes
  * (held_packed, held_packed16, held_packed64, held_packed_pairs,
  * held_packed_quads and held_packed_eights: see packed_plan), the kernels
  * that test at run time for what the library fixes at compile time on
@@ -474,6 +475,38 @@ int rmsnorm_variant(cudaStream_t s, const char *variant, void *out, const void *
     return WEFT_EINVAL;
 }
 
+/* LayerNorm with the residual added in front and the sum written (the
+ * bench's add_layernorm), weight and bias: held at 16 values a thread with
+ * a cluster's statistics pushed (held_push: the library's where it does
+ * not pack), and in half types packed at 64 values a thread in blocks of
+ * up to 1024, 512 or 256 threads (held_packed64, held_packed_pairs,
+ * held_packed_quads: packed_plan; the library packs where held takes a
+ * cluster). */
+template <typename T>
+int add_layernorm_variant(cudaStream_t s, const char *variant, void *out, void *sum_out,
+                          const void *in, const void *residual, const void *weight,
+                          const void *bias, size_t rows, size_t cols)
+{
+    constexpr int V = vec16<T>();
+    constexpr unsigned IO = NORM_IO_RESIDUAL | NORM_IO_WEIGHT | NORM_IO_BIAS | NORM_IO_SUM_OUT;
+    norm_params<T> p = bench_norm<T>(out, in, weight, bias, rows, cols);
+    p.residual = (const T *)residual;
+    p.sum_out = (T *)sum_out;
+    row_plan plan;
+    if (cols % V != 0)
+        return WEFT_EINVAL;
+    if (packed_variant(variant)) {
+        if constexpr (sizeof(T) == 2)
+            return run_packed<T>("add_layernorm variant", s, variant, p,
+                                 norm_packed_for<T, NORM_LAYER, IO, EXCHANGE_PUSH>);
+        return WEFT_EINVAL;
+    }
+    if (strcmp(variant, "held_push") == 0 && plan_held(cols, V, 16, &plan))
+        return run_held("add_layernorm variant", s, plan, p,
+                        norm_held_for<T, NORM_LAYER, IO, EXCHANGE_PUSH>(plan.vpt));
+    return WEFT_EINVAL;
+}
+
 /* The fused op (erf GELU with its bias, the residual, weight and bias, no
  * sum written) in its held kernel under the library's plan, with those
  * inputs fixed at compile time (held, the library's) or tested at run time
@@ -578,6 +611,16 @@ int weft_bench_layernorm_variant(void *stream, int dtype, const char *variant, v
     return by_dtype((weft_dtype)dtype, [&](auto t) {
         return layernorm_variant<decltype(t)>((cudaStream_t)stream, variant, out, in, weight, bias,
                                               rows, cols);
+    });
+}
+
+int weft_bench_add_layernorm_variant(void *stream, int dtype, const char *variant, void *out,
+                                     void *sum_out, const void *in, const void *residual,
+                                     const void *weight, const void *bias, size_t rows, size_t cols)
+{
+    return by_dtype((weft_dtype)dtype, [&](auto t) {
+        return add_layernorm_variant<decltype(t)>((cudaStream_t)stream, variant, out, sum_out, in,
+                                                  residual, weight, bias, rows, cols);
     });
 }
 
