@@ -20,14 +20,14 @@
  * held_packed_quads and held_packed_eights: see packed_plan), the kernels
  * that test at run time for what the library fixes at compile time on
  * these rows - LayerNorm's inputs, softmax's mask and scale, partial
- * vectors - (ring2_checked, held_checked), softmax's max and sum in one reduction
- * (held_online, ring2_online: SOFTMAX_ONLINE, the library's for half types;
- * held and ring2 take two), softmax's held kernels with a cluster's
- * statistics pushed (held_push, held_online_push, that at 16 values a
- * thread held_online_push16: held and held_online meet at cluster
- * barriers), the shared-memory staged kernels
- * (staged), and the register-tile row kernels (softmax, LayerNorm) on the
- * same shapes, under rows.cuh's plan_rows and changes of it:
+ * vectors - (ring2_checked, held_checked), softmax's max and sum in one
+ * reduction (held_online, ring2_online: SOFTMAX_ONLINE, the library's for
+ * half types; held and ring2 take two), softmax's held kernels with a
+ * cluster's statistics pushed (held_push, held_online_push, that at 16
+ * values a thread held_online_push16: held and held_online meet at
+ * cluster barriers), the shared-memory staged kernels (staged), and the
+ * register-tile row kernels (softmax, LayerNorm) on the same shapes,
+ * under rows.cuh's plan_rows and changes of it:
  *   regs         plan_rows: 16 values a thread
  *   regs_half    8 values a thread: twice the threads per row
  *   regs_double  32 values a thread: half the threads (the compiler spills)
