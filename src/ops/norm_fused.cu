@@ -1,0 +1,13 @@
+/*
+ * norm_fused.cu - the held path of bias+GELU+residual+LayerNorm in either
+ * GELU form (norm_held.cuh's launch_held, which norm.cu calls).
+ */
+#include "ops/norm_held.cuh"
+
+namespace weft_ops
+{
+
+WEFT_NORM_HELD(, NORM_GELU_ERF_LAYER)
+WEFT_NORM_HELD(, NORM_GELU_TANH_LAYER)
+
+} // namespace weft_ops

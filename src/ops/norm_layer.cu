@@ -1,0 +1,13 @@
+/*
+ * norm_layer.cu - the held path of LayerNorm, with or without the
+ * residual add in front (norm_held.cuh's launch_held, which norm.cu
+ * calls).
+ */
+#include "ops/norm_held.cuh"
+
+namespace weft_ops
+{
+
+WEFT_NORM_HELD(, NORM_LAYER)
+
+} // namespace weft_ops
