@@ -40,9 +40,9 @@ SMALL_ROWS = [1, 2, 4, 8, 16, 32, 64]
 OPS = ["gelu_layernorm", "softmax", "rmsnorm", "layernorm", "add_layernorm",
        "bias_gelu_residual", "swiglu", "rope"]
 WEFT_DTYPE = {"f32": 0, "bf16": 1, "f16": 2}
-# the tuning variants (variants_rows.cu, variants_elementwise.cu): of softmax
-# and LayerNorm, of the fused GELU+LayerNorm, of bias+GELU+residual, of
-# SwiGLU, of RoPE
+# the tuning variants (variants_*.cu): of softmax and LayerNorm, of
+# RMSNorm, of add+LayerNorm, of the fused GELU+LayerNorm, of
+# bias+GELU+residual, of SwiGLU, of RoPE
 ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", "held_checked",
                 "held_narrow", "held_wide", "held_spread", "held_spread8", "held_push",
                 "held_packed", "held_packed16", "held_packed64", "held_packed_pairs",

@@ -1,7 +1,7 @@
 /*
  * ring.cuh - rows streamed through a ring in shared memory, the former
  * path of the library's long rows, kept for the variants that time it
- * (variants_rows.cu).
+ * (variants_rows.cuh).
  */
 #ifndef WEFT_BENCH_OPS_RING_CUH
 #define WEFT_BENCH_OPS_RING_CUH
@@ -12,7 +12,7 @@ namespace weft_ops
 {
 
 /*
- * The ring kernels (variants_rows.cu: norm_ring_kernel,
+ * The ring kernels (variants_rows.cuh: norm_ring_kernel,
  * softmax_ring_kernel) are the held kernels fed by the copy engine. A held
  * kernel's loads in flight are its registers: at 16 bf16 values a thread
  * an SM keeps ~32 KB of rows in flight, and only while its blocks are in

@@ -2,8 +2,8 @@
  * variants_elementwise.cu - the elementwise operators' tuning variants
  * (bias+GELU+residual, SwiGLU, RoPE) that bench_ops.py times beside the
  * library's own kernels, and the empty kernel that small inputs are
- * measured against. Built into libweft_ops_bench.so with
- * variants_rows.cu and all of weft.
+ * measured against. Built into libweft_ops_bench.so with the row
+ * operators' (variants_rows.cuh) and all of weft.
  *
  * bias+GELU+residual in a plain walk with libm's erfcf in place of the
  * library's activation, which is what the activation's own fit buys, and

@@ -1,0 +1,336 @@
+/*
+ * variants_rows.cuh - what the row operators' tuning variants share
+ * (variants_softmax.cu, variants_norms.cu, variants_fused.cu: softmax,
+ * LayerNorm, RMSNorm, add+LayerNorm, the fused GELU+LayerNorm), which
+ * bench_ops.py times beside the library's own kernels. Built into
+ * libweft_ops_bench.so with variants_elementwise.cu and all of weft, in
+ * files of their own so that a parallel build compiles them at once.
+ *
+ * The library holds aligned rows in registers, loaded straight from
+ * global memory (the held kernels). These run them streamed through a
+ * ring in shared memory instead (ring.cuh), with 2 and 4 slots (ring2,
+ * ring4) and with 2 at twice the values a thread (ring2_wide), the held
+ * kernels under the library's plan (held) and others
+ * (held_narrow, held_wide, and long rows over more blocks, held_spread and
+ * held_spread8: see held_variant_plan), LayerNorm's and the fused op's held
+ * kernels with a cluster's blocks pushing their statistics to each other
+ * (held_push: ops_cuda.cuh's cluster_exchange; held meets at cluster
+ * barriers), RMSNorm held, packed and through the ring (rmsnorm_variant),
+ * add+LayerNorm held and packed (add_layernorm_variant), the held kernels
+ * with rows of half types kept packed between their passes
+ * (held_packed, held_packed16, held_packed64, held_packed_pairs,
+ * held_packed_quads and held_packed_eights: see packed_plan), the kernels
+ * that test at run time for what the library fixes at compile time on
+ * these rows - LayerNorm's inputs, softmax's mask and scale, partial
+ * vectors - (ring2_checked, held_checked), softmax's max and sum in one
+ * reduction (held_online, ring2_online: SOFTMAX_ONLINE, the library's for
+ * half types; held and ring2 take two), softmax's held kernels with a
+ * cluster's statistics pushed (held_push, held_online_push, that at 16
+ * values a thread held_online_push16: held and held_online meet at
+ * cluster barriers), the shared-memory staged kernels (staged), and the
+ * register-tile row kernels (softmax, LayerNorm) on the same shapes,
+ * under rows.cuh's plan_rows and changes of it:
+ *   regs         plan_rows: 16 values a thread
+ *   regs_half    8 values a thread: twice the threads per row
+ *   regs_double  32 values a thread: half the threads (the compiler spills)
+ *   regs_flat    a row spread over one block that loops over its tiles
+ *                instead of a cluster (the later passes re-read from L2)
+ * and the fused bias+GELU+residual+LayerNorm held with its inputs fixed or
+ * checked, with rows of 1024 in one warp (held_warp), packed in smaller
+ * blocks (packed_b6, packed_b5), and packed as the library packs it with
+ * fp16's longer GELU fit (half_fit).
+ *
+ * Each entry point returns a weft status; WEFT_EINVAL means the variant
+ * does not apply to that shape (the script leaves it out).
+ */
+#ifndef WEFT_BENCH_OPS_VARIANTS_ROWS_CUH
+#define WEFT_BENCH_OPS_VARIANTS_ROWS_CUH
+
+#include <string.h>
+
+#include <type_traits>
+
+#include "ops/norm.cuh"
+#include "ops/softmax.cuh"
+#include "ring.cuh"
+
+namespace weft_ops::variants
+{
+
+/* The library's plan for the vector path, changed as `variant` says; false
+ * when the variant does not apply. */
+inline bool variant_plan(const char *variant, size_t cols, int V, row_plan *p)
+{
+    *p = plan_rows(cols, V);
+    if (strcmp(variant, "regs") == 0)
+        return true;
+    if (strcmp(variant, "regs_half") == 0) {
+        if (p->vpt < 2)
+            return false;
+        p->vpt /= 2;
+        if (p->tpr < 512) {
+            p->tpr *= 2;
+        } else if (p->cluster < 8 && p->tiles == 1) {
+            p->cluster *= 2;
+        } else {
+            return false;
+        }
+        p->rpb = p->tpr == 32 ? 8 : 1;
+        return true;
+    }
+    if (strcmp(variant, "regs_double") == 0) {
+        if (p->tiles != 1 || (p->cluster == 1 && p->tpr == 32))
+            return false;
+        p->vpt *= 2;
+        if (p->cluster > 1)
+            p->cluster /= 2;
+        else
+            p->tpr /= 2;
+        p->rpb = p->tpr == 32 ? 8 : 1;
+        return true;
+    }
+    if (strcmp(variant, "regs_flat") == 0) {
+        if (p->cluster == 1)
+            return false;
+        p->tiles *= p->cluster;
+        p->cluster = 1;
+        return true;
+    }
+    return false;
+}
+
+/* Rows too long for a block of 512 threads at `values` a thread, which the
+ * library holds in the fewest blocks at up to 32 values (one resident block
+ * an SM), spread over a cluster of up to 8 blocks at `values` or fewer (two
+ * resident at 16): false for other rows, or if 8 blocks cannot. */
+inline bool spread_plan(size_t cols, int V, unsigned values, row_plan *p)
+{
+    const size_t nvec = (cols + V - 1) / V;
+    if (!plan_held(cols, V, values, p) || p->tpr < 512 || p->vpt * (unsigned)V <= values)
+        return false;
+    for (size_t c = 1; c <= 8; c *= 2) {
+        size_t vpt = pow2_at_least((nvec + 512 * c - 1) / (512 * c));
+        if (vpt * (size_t)V <= values) {
+            p->cluster = (unsigned)c;
+            p->vpt = (unsigned)vpt;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The held kernels under the library's plan, from its `values` a thread
+ * (held), and under others:
+ *   held_narrow  half the values a thread, twice the threads
+ *   held_wide    twice the values a thread (up to 32), half the threads
+ *   held_spread  long rows at 16 values a thread over more blocks
+ *                (spread_plan), held_spread8 at 8
+ * false when the variant does not apply. */
+inline bool held_variant_plan(const char *variant, size_t cols, int V, unsigned values, row_plan *p)
+{
+    if (strcmp(variant, "held") == 0)
+        return plan_held(cols, V, values, p);
+    if (strcmp(variant, "held_spread") == 0)
+        return spread_plan(cols, V, 16, p);
+    if (strcmp(variant, "held_spread8") == 0)
+        return spread_plan(cols, V, 8, p);
+    if (strcmp(variant, "held_narrow") == 0)
+        return values / 2 >= (unsigned)V && plan_held(cols, V, values / 2, p);
+    if (strcmp(variant, "held_wide") == 0)
+        return values * 2 <= HELD_MAX_VALUES && plan_held(cols, V, values * 2, p);
+    return false;
+}
+
+/* The norms' ring kernel (rows.cuh): resident blocks (or clusters) loop
+ * over rows, each row's segment of in arriving in a slot of the block's
+ * ring ahead of its turn, and the row from there norm.cuh's held row. No
+ * residual: that would double the bytes a row, where the held kernel
+ * measured faster. The library ran RMSNorm through it until the held
+ * kernels, packed and pushing a cluster's statistics, beat it. */
+template <typename T, int VPT, norm_mode MODE, unsigned IO>
+__global__ void __launch_bounds__(512) norm_ring_kernel(norm_params<T> p, ring_plan plan)
+{
+    constexpr int V = vec16<T>();
+    __shared__ reduce_scratch<norm_stat<MODE>> scratch;
+    const unsigned cluster = plan.held.cluster, seg = blockDim.x * VPT * V;
+    row_place at = {0, 0, 0, threadIdx.x, blockIdx.x % cluster};
+    const unsigned first = at.rank * seg, cols = (unsigned)p.cols;
+    const unsigned mine = first >= cols ? 0 : cols - first < seg ? cols - first : seg;
+    const row_ring<T> ring = {ring_smem(), plan.slots, plan.seg_bytes, first};
+
+    auto fill = [&](unsigned s, size_t row) { ring.fill(s, p.in + row * p.stride, mine); };
+    ring_rows(ring, p.rows, cluster, fill, [&](size_t row, unsigned s, auto read) {
+        at.row = row;
+        const slot_row<T, V> in = {ring.segment(s), first};
+        norm_held_row<T, VPT, MODE, IO, false>(p, at, in, in, read, scratch, cluster);
+    });
+}
+
+/* The ring kernel for plan.vpt, or NULL when there is none. */
+template <typename T, norm_mode MODE, unsigned IO>
+static void (*norm_ring_for(unsigned vpt))(norm_params<T>, ring_plan)
+{
+    return held_vpt<vec16<T>()>(
+        vpt, [](auto k) { return norm_ring_kernel<T, decltype(k)::value, MODE, IO>; });
+}
+
+/* Softmax's ring kernel (ring.cuh): resident blocks (or clusters) loop
+ * over rows, each row's visible part arriving in a slot of the block's
+ * ring ahead of its turn, and the row from there softmax.cuh's held row.
+ * The library ran unmasked rows of half types that take a cluster through
+ * it until its held kernel, pushing the cluster's statistics, beat it. */
+template <typename T, int VPT, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM>
+__global__ void __launch_bounds__(512) softmax_ring_kernel(softmax_params<T> p, ring_plan plan)
+{
+    constexpr int V = vec16<T>();
+    __shared__ softmax_scratch<STATS> scratch;
+    const unsigned cluster = plan.held.cluster, seg = blockDim.x * VPT * V;
+    row_place at = {0, 0, 0, threadIdx.x, blockIdx.x % cluster};
+    const unsigned first = at.rank * seg;
+    const row_ring<T> ring = {ring_smem(), plan.slots, plan.seg_bytes, first};
+
+    /* the row's visible vectors in this block's segment */
+    auto fill = [&](unsigned s, size_t row) {
+        unsigned end = ((unsigned)visible(p, row) + V - 1) / V * V;
+        unsigned mine = first >= end ? 0 : end - first < seg ? end - first : seg;
+        ring.fill(s, p.in + row * p.stride, mine);
+    };
+    ring_rows(ring, p.rows, cluster, fill, [&](size_t row, unsigned s, auto read) {
+        at.row = row;
+        const slot_row<T, V> in = {ring.segment(s), first};
+        softmax_held_row<T, VPT, FORM, STATS, false>(p, at, in, read, scratch, cluster);
+    });
+}
+
+/* The ring kernel for plan.vpt, or NULL when there is none. */
+template <typename T, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM>
+static void (*softmax_ring_for(unsigned vpt))(softmax_params<T>, ring_plan)
+{
+    return held_vpt<vec16<T>()>(
+        vpt, [](auto k) { return softmax_ring_kernel<T, decltype(k)::value, FORM, STATS>; });
+}
+
+/* The ring kernels: ring2 and ring4 with at most 2 or 4 slots a block at
+ * the library's values a thread, ring2_wide with 2 slots at twice the
+ * values (up to 32). false when the variant is no ring or does not apply. */
+inline bool ring_variant(const char *variant, unsigned values, unsigned *slots, unsigned *vals)
+{
+    *vals = values;
+    if (strcmp(variant, "ring2") == 0 || strcmp(variant, "ring4") == 0) {
+        *slots = variant[4] - '0';
+        return true;
+    }
+    *slots = 2;
+    *vals = values * 2;
+    return strcmp(variant, "ring2_wide") == 0 && *vals <= HELD_MAX_VALUES;
+}
+
+template <typename Params, typename K>
+int run_ring(const char *op, cudaStream_t s, size_t cols, int V, size_t elem_size, unsigned values,
+             unsigned slots, const Params &p, K kernel_for)
+{
+    row_plan blocks;
+    ring_plan ring;
+    if (!plan_held(cols, V, values, &blocks, true))
+        return WEFT_EINVAL;
+    auto kernel = kernel_for(blocks.vpt);
+    if (!kernel || !plan_ring(kernel, blocks, cols, p.rows, V, elem_size, slots, &ring))
+        return WEFT_EINVAL;
+    return launch_ring(op, s, ring, kernel, p);
+}
+
+template <typename Params, typename K>
+int run_held(const char *op, cudaStream_t s, const row_plan &plan, const Params &p, K kernel)
+{
+    return kernel ? launch_rows(op, s, plan, p.rows, kernel, p, 0) : WEFT_EINVAL;
+}
+
+/* The plans of the held kernels with the row packed (half types), in
+ * blocks of up to 1024 threads: 32 values a thread (held_packed), 16
+ * (held_packed16) or 64 (held_packed64), up to 64 on rows longer than
+ * that holds; and 64 in blocks of up to 512, 256 or 128 threads
+ * (held_packed_pairs, held_packed_quads, held_packed_eights: a row of
+ * 65536 over a cluster of two, four or eight blocks, as many resident an
+ * SM, each of another row, so that one's loads may overlap another's
+ * arithmetic). false for other variants. */
+inline bool packed_plan(const char *variant, size_t cols, int V, row_plan *p)
+{
+    if (strcmp(variant, "held_packed_pairs") == 0)
+        return plan_held(cols, V, PACKED_MAX_VALUES, p, false, PACKED_MAX_VALUES, 512);
+    if (strcmp(variant, "held_packed_quads") == 0)
+        return plan_held(cols, V, PACKED_MAX_VALUES, p, false, PACKED_MAX_VALUES, 256);
+    if (strcmp(variant, "held_packed_eights") == 0)
+        return plan_held(cols, V, PACKED_MAX_VALUES, p, false, PACKED_MAX_VALUES, 128);
+    unsigned values = strcmp(variant, "held_packed") == 0     ? 32
+                      : strcmp(variant, "held_packed16") == 0 ? 16
+                      : strcmp(variant, "held_packed64") == 0 ? 64
+                                                              : 0;
+    return values && plan_packed(cols, V, values, p);
+}
+
+/* A packed held kernel (kernel_for(vpt)) under the variant's packed_plan. */
+template <typename T, typename Params, typename KernelFor>
+int run_packed(const char *op, cudaStream_t s, const char *variant, const Params &p,
+               KernelFor kernel_for)
+{
+    row_plan plan;
+    if (!packed_plan(variant, p.cols, vec16<T>(), &plan))
+        return WEFT_EINVAL;
+    return run_held(op, s, plan, p, kernel_for(plan.vpt));
+}
+
+/* Whether the variant is one of packed_plan's. */
+inline bool packed_variant(const char *variant)
+{
+    return strncmp(variant, "held_packed", 11) == 0;
+}
+
+/* The kernels by vectors a thread, for run_plan. */
+template <typename T, int V, int VPT> struct softmax_k {
+    static auto fn()
+    {
+        return softmax_kernel<T, V, VPT>;
+    }
+};
+template <typename T, int V, int VPT> struct norm_k {
+    static auto fn()
+    {
+        return norm_kernel<T, V, VPT>;
+    }
+};
+
+/* Up to 32 values a thread (regs_double), beyond what the library
+ * instantiates. */
+template <typename T, int V, typename Params, template <typename, int, int> class K>
+int run_plan(const char *op, cudaStream_t s, const row_plan &plan, const Params &p)
+{
+    return by_vpt<32 / V>(
+        plan.vpt,
+        [&](auto k) {
+            return launch_rows(op, s, plan, p.rows, K<T, V, decltype(k)::value>::fn(), p,
+                               plan.tiles);
+        },
+        [] { return (int)WEFT_EINVAL; });
+}
+
+/* A norm's parameters on the bench's rows: contiguous, eps 1e-5, no
+ * residual or sum, the erf form should the caller add a GELU. */
+template <typename T>
+norm_params<T> bench_norm(void *out, const void *in, const void *weight, const void *bias,
+                          size_t rows, size_t cols)
+{
+    norm_params<T> p = {};
+    p.out = (T *)out;
+    p.in = (const T *)in;
+    p.weight = (const T *)weight;
+    p.bias = (const T *)bias;
+    p.rows = rows;
+    p.cols = p.stride = cols;
+    p.eps = 1e-5f;
+    p.form = WEFT_GELU_ERF;
+    return p;
+}
+
+} // namespace weft_ops::variants
+
+#endif

@@ -1,0 +1,86 @@
+/*
+ * variants_softmax.cu - softmax's tuning variants (variants_rows.cuh says
+ * what they are).
+ */
+#include "variants_rows.cuh"
+
+namespace weft_ops::variants
+{
+namespace
+{
+
+template <typename T>
+int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *in, size_t rows,
+                    size_t cols)
+{
+    constexpr int V = vec16<T>();
+    softmax_params<T> p = {(T *)out, (const T *)in, rows, cols, cols, 0, 1.0f, 0.0f, 1.0f, 0, 0};
+    row_plan plan;
+    if (cols % V != 0)
+        return WEFT_EINVAL;
+    if (strcmp(variant, "staged") == 0)
+        return plan_staged(cols, V, 1, &plan)
+                   ? launch_rows("softmax variant", s, plan, rows, softmax_staged_kernel<T, false>,
+                                 p, (size_t)plan.vpt)
+                   : WEFT_EINVAL;
+    if (strcmp(variant, "ring2_checked") == 0)
+        return run_ring("softmax variant", s, cols, V, sizeof(T), 32, 2, p,
+                        softmax_ring_for<T, SOFTMAX_CHECKED>);
+    if (strcmp(variant, "held_checked") == 0)
+        return plan_held(cols, V, 32, &plan)
+                   ? run_held("softmax variant", s, plan, p,
+                              softmax_held_for<T, SOFTMAX_CHECKED>(plan.vpt))
+                   : WEFT_EINVAL;
+    if (strcmp(variant, "held_online") == 0)
+        return plan_held(cols, V, 32, &plan)
+                   ? run_held("softmax variant", s, plan, p,
+                              softmax_held_for<T, SOFTMAX_PLAIN, SOFTMAX_ONLINE>(plan.vpt))
+                   : WEFT_EINVAL;
+    if (strcmp(variant, "ring2_online") == 0)
+        return run_ring("softmax variant", s, cols, V, sizeof(T), 32, 2, p,
+                        softmax_ring_for<T, SOFTMAX_PLAIN, SOFTMAX_ONLINE>);
+    if (strcmp(variant, "held_push") == 0 || strncmp(variant, "held_online_push", 16) == 0) {
+        const unsigned values = strcmp(variant, "held_online_push16") == 0 ? 16 : 32;
+        if (!plan_held(cols, V, values, &plan) || plan.cluster == 1)
+            return WEFT_EINVAL;
+        auto kernel =
+            strcmp(variant, "held_push") == 0
+                ? softmax_held_for<T, SOFTMAX_PLAIN, SOFTMAX_MAX_THEN_SUM, EXCHANGE_PUSH>(plan.vpt)
+                : softmax_held_for<T, SOFTMAX_PLAIN, SOFTMAX_ONLINE, EXCHANGE_PUSH>(plan.vpt);
+        return run_held("softmax variant", s, plan, p, kernel);
+    }
+    if (packed_variant(variant)) {
+        if constexpr (sizeof(T) == 2)
+            return run_packed<T>(
+                "softmax variant", s, variant, p,
+                softmax_packed_for<T, SOFTMAX_PLAIN, SOFTMAX_ONLINE, EXCHANGE_PUSH>);
+        return WEFT_EINVAL;
+    }
+    unsigned slots, values;
+    if (ring_variant(variant, 32, &slots, &values))
+        return run_ring("softmax variant", s, cols, V, sizeof(T), values, slots, p,
+                        softmax_ring_for<T, SOFTMAX_PLAIN>);
+    if (held_variant_plan(variant, cols, V, 32, &plan))
+        return run_held("softmax variant", s, plan, p,
+                        softmax_held_for<T, SOFTMAX_PLAIN>(plan.vpt));
+    if (!variant_plan(variant, cols, V, &plan))
+        return WEFT_EINVAL;
+    return run_plan<T, V, softmax_params<T>, softmax_k>("softmax variant", s, plan, p);
+}
+
+} // namespace
+} // namespace weft_ops::variants
+
+using namespace weft_ops;
+using namespace weft_ops::variants;
+
+extern "C" {
+
+int weft_bench_softmax_variant(void *stream, int dtype, const char *variant, void *out,
+                               const void *in, size_t rows, size_t cols)
+{
+    return by_dtype((weft_dtype)dtype, [&](auto t) {
+        return softmax_variant<decltype(t)>((cudaStream_t)stream, variant, out, in, rows, cols);
+    });
+}
+}
