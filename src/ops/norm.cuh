@@ -382,12 +382,12 @@ __device__ __forceinline__ moments part_moments(const float (&x)[VPT][V], const 
  * One row of the held kernels (rows.cuh): each thread loads its VPT
  * vectors of in and the residual when there is one (from global memory,
  * or from shared memory in bench/ops/: Row) and of the per-column biases
- * and weights at once, forms s in registers, and takes the statistics and writes the
- * output from there. Elements past the row's end load as 0 and form
+ * and weights at once, forms s in registers, and takes the statistics and
+ * writes the output from there. Elements past the row's end load as 0 and form
  * s = 0 (GELU(0) = 0), so the sums need no mask. LayerNorm's statistics
  * are one reduction of each thread's moments. read() runs once every
  * thread of the row has read its vectors. FIT is the erf form's fit
- * (bench/ops/ times a shorter one).
+ * (bench/ops/ times another).
  */
 template <typename T, int VPT, norm_mode MODE, unsigned IO, bool PACKED,
           gelu_fit FIT = gelu_fit_for<T>(), typename Row, typename Read, cluster_exchange X>

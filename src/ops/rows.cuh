@@ -276,7 +276,7 @@ static inline void plan_held_split_warp_rows(row_plan *p, int V, unsigned values
         p->rpb = 1;
 }
 
-/* pick(std::integral_constant<int, VPT>()) - a held kernel (or ring kernel) of VPT
+/* pick(std::integral_constant<int, VPT>()) - a held (or ring) kernel of VPT
  * vectors a thread - for vpt, or NULL where VPT * V would exceed
  * HELD_MAX_VALUES. */
 template <int V, typename Pick>

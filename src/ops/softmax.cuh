@@ -3,9 +3,9 @@
  * rows loaded straight from global memory or, in bench/ops/, fed through a
  * ring in shared memory), staged in shared memory, and in register tiles
  * (unaligned tensors, rows too long to hold), with the register kernel's
- * launch by plan. Apart from
- * the launcher (softmax.cu), which says what they compute and why, so that
- * bench/ops/ can time other plans of the same kernels side by side.
+ * launch by plan. Apart from the launcher (softmax.cu), which says what
+ * they compute and why, so that bench/ops/ can time other plans of the
+ * same kernels side by side.
  */
 #ifndef WEFT_OPS_SOFTMAX_CUH
 #define WEFT_OPS_SOFTMAX_CUH
