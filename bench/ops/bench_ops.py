@@ -53,8 +53,8 @@ FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "he
                   "held_spread8", "held_push", "held_warp", "held_packed", "held_packed16",
                   "held_packed64", "held_packed_pairs", "held_packed_quads", "packed_b6",
                   "packed_b5", "half_fit")
-RMS_VARIANTS = ("lib", "ring2", "held", "held_push", "held_packed64", "held_packed_pairs",
-                "held_packed_quads")
+RMS_VARIANTS = ("lib", "ring2", "held", "held_narrow", "held_wide", "held_push", "held_packed64",
+                "held_packed_pairs", "held_packed_quads")
 ADD_LN_VARIANTS = ("lib", "held_push", "held_packed64", "held_packed_pairs", "held_packed_quads")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "fit3", "select", "pairs", "grid8",
                  "offsets")
@@ -809,12 +809,14 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
 
     if variants_out:
         out.append("Tuning variants, TB/s: `lib` is the library's kernel (for these aligned "
-                   "rows: LayerNorm `held_wide` on bf16 rows of 1024 and 4096, the norms "
-                   "packed at 64 values a thread on bf16 rows of 65536 and `held_push` on "
-                   "fp32 ones, the fused op packed on every bf16 shape (32 values a thread, 64 "
-                   "on rows over 8192); softmax "
-                   "`ring2_online` on bf16 rows of 65536, `held_online` on other bf16 "
-                   "rows; `held` otherwise), `ring2`/`ring4` rows "
+                   "rows: LayerNorm `held_wide` on bf16 rows of up to 8192; LayerNorm and "
+                   "RMSNorm packed on bf16 rows over 8192, add+LayerNorm over 32768, in one "
+                   "block of up to 512 threads (rows up to 32768), else `held_packed_quads`; "
+                   "the norms `held_push` on other rows; the fused op packed on every bf16 "
+                   "shape (32 values a thread, 64 on rows over 8192); softmax "
+                   "`held_online_push` on bf16 rows of 65536, `held_online` on other bf16 "
+                   "rows, `held_push` on fp32 rows of 65536; `held` otherwise), "
+                   "`ring2`/`ring4` rows "
                    "copied ahead into a ring of 2 or 4 slots in shared memory, then held in "
                    "registers, `ring2_wide` that at twice the values a thread, `held` rows "
                    "loaded straight into registers, `held_narrow`/`held_wide` that "

@@ -63,10 +63,12 @@ int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void
  * library's until it measured 7-22% slower than held_push on rows of half
  * types a block of 512 holds at 32 values, and on fp32 rows that take a
  * cluster), held at 16 values a thread with a cluster's statistics met
- * at barriers (held) or pushed (held_push, the library's on fp32 rows),
- * and in half types packed at 64 values a thread in blocks of up to 1024,
- * 512 or 256 threads (held_packed64, held_packed_pairs, held_packed_quads:
- * packed_plan). */
+ * at barriers (held) or pushed (held_push: the library's where it does
+ * not pack), at 8 or 32 (held_narrow, held_wide: the library's on rows of
+ * half types under 8192 until 16 measured faster), and in half types
+ * packed at 64 values a thread in blocks of up to 1024, 512 or 256
+ * threads (held_packed64, held_packed_pairs, held_packed_quads:
+ * packed_plan; the library's are quads where held takes a cluster). */
 template <typename T>
 int rmsnorm_variant(cudaStream_t s, const char *variant, void *out, const void *in,
                     const void *weight, size_t rows, size_t cols)
@@ -87,10 +89,10 @@ int rmsnorm_variant(cudaStream_t s, const char *variant, void *out, const void *
                                  norm_packed_for<T, NORM_RMS, IO, EXCHANGE_PUSH>);
         return WEFT_EINVAL;
     }
+    if (held_variant_plan(variant, cols, V, 16, &plan))
+        return run_held("rmsnorm variant", s, plan, p, norm_held_for<T, NORM_RMS, IO>(plan.vpt));
     if (!plan_held(cols, V, 16, &plan))
         return WEFT_EINVAL;
-    if (strcmp(variant, "held") == 0)
-        return run_held("rmsnorm variant", s, plan, p, norm_held_for<T, NORM_RMS, IO>(plan.vpt));
     if (strcmp(variant, "held_push") == 0)
         return run_held("rmsnorm variant", s, plan, p,
                         norm_held_for<T, NORM_RMS, IO, EXCHANGE_PUSH>(plan.vpt));
@@ -102,8 +104,8 @@ int rmsnorm_variant(cudaStream_t s, const char *variant, void *out, const void *
  * a cluster's statistics pushed (held_push: the library's where it does
  * not pack), and in half types packed at 64 values a thread in blocks of
  * up to 1024, 512 or 256 threads (held_packed64, held_packed_pairs,
- * held_packed_quads: packed_plan; the library packs where held takes a
- * cluster). */
+ * held_packed_quads: packed_plan; quads is the library's where held
+ * takes a cluster). */
 template <typename T>
 int add_layernorm_variant(cudaStream_t s, const char *variant, void *out, void *sum_out,
                           const void *in, const void *residual, const void *weight,

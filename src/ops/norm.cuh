@@ -577,21 +577,35 @@ static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, s
 
 /* Whether the library keeps a row of a half type packed
  * (norm_held_row's PACKED; the held_packed variants in bench/RESULTS.md),
- * and its plan: the norms on rows that as fp32 (`held`, the plan at 16
- * values a thread) take a cluster, at 64 values a thread (a row of 65536
- * in one block: LayerNorm +41% at 1024x65536); the fused op, whose GELU's
- * registers cost occupancy as fp32, at 32 values, 64 on rows longer than
- * 8192 (+43% at 4096x16384) - unless there are no more rows than SMs,
- * where the latency of a row is the whole time and more threads a row win
- * (small inputs: 3.0 us a call as fp32, 3.8 packed). */
+ * and its plan:
+ * - the fused op, whose GELU's registers cost occupancy as fp32: at 32
+ *   values a thread, 64 on rows longer than 8192 (+43% at 4096x16384),
+ *   unless there are no more rows than SMs, where the latency of a row is
+ *   the whole time and more threads a row win (small inputs: 3.0 us a call
+ *   as fp32, 3.8 packed);
+ * - LayerNorm and RMSNorm on rows over 8192, or over 32768 with a
+ *   residual: at 64 values a thread, in one block of up to 512 threads
+ *   where that holds the row, else over a cluster of blocks of 256.
+ *   Against the fp32 plans (bf16, 12288 to 131072), LayerNorm gains 3-34%
+ *   and RMSNorm 5-26% (but is 1.5% behind at 16384), the longer the row
+ *   the more; add+LayerNorm gains 3-6% beyond 32768 and is 2-3% behind at
+ *   32768. Clusters of blocks of 256 beat one block of 1024 by 2-6% on
+ *   rows of 65536 and 131072; on rows of 32768 one block of 512 beats a
+ *   cluster of two of 256 by up to 6%.
+ */
 template <norm_mode MODE>
-static bool norm_packed_plan(size_t rows, size_t cols, int V, const row_plan &held,
-                             row_plan *packed)
+static bool norm_packed_plan(size_t rows, size_t cols, int V, bool residual, row_plan *packed)
 {
-    constexpr bool FUSED = norm_gelu(MODE);
-    const unsigned values = FUSED && cols <= 8192 ? 32u : (unsigned)PACKED_MAX_VALUES;
-    const bool packs = FUSED ? rows > (size_t)sm_count() : held.cluster > 1;
-    return packs && plan_packed(cols, V, values, packed);
+    if constexpr (norm_gelu(MODE)) {
+        const unsigned values = cols <= 8192 ? 32u : (unsigned)PACKED_MAX_VALUES;
+        return rows > (size_t)sm_count() && plan_packed(cols, V, values, packed);
+    }
+    constexpr unsigned VALUES = PACKED_MAX_VALUES;
+    if (cols <= (residual ? 32768u : 8192u))
+        return false;
+    if (plan_held(cols, V, VALUES, packed, false, VALUES, 512) && packed->cluster == 1)
+        return true;
+    return plan_held(cols, V, VALUES, packed, false, VALUES, 256);
 }
 
 template <typename T, int V>

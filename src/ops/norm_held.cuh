@@ -54,19 +54,17 @@ int launch_held(cudaStream_t stream, const char *op, const weft__norm_args *a,
         if constexpr (sizeof(T) == 2) {
             constexpr unsigned FEWEST = norm_gelu(MODE) ? 1u : (unsigned)PACKED_MAX_VALUES;
             row_plan packed;
-            if (norm_packed_plan<MODE>(a->rows, a->cols, V, held, &packed))
+            if (norm_packed_plan<MODE>(a->rows, a->cols, V, a->residual != nullptr, &packed))
                 if (auto kernel = norm_packed_for<T, MODE, IO, EXCHANGE_PUSH, FEWEST>(packed.vpt))
                     return launch_rows(op, stream, packed, p.rows, kernel, p, 0);
         }
-        /* The plain norms with one input of half types, the
-         * fewest bytes an element: at 32 values a thread where
-         * that takes fewer than 512 threads a row, as measured
-         * fastest (bench/RESULTS.md). (RMSNorm went through a ring
-         * of rows in shared memory where a block would take 512
-         * threads a row or a cluster; held, with a cluster's
-         * statistics pushed, it runs 7-22% faster there.) */
-        constexpr bool PLAIN = (MODE == NORM_LAYER || MODE == NORM_RMS) &&
-                               (IO == NORM_IO_CHECKED || !(IO & NORM_IO_RESIDUAL));
+        /* LayerNorm with one input of half types, the fewest bytes
+         * an element: at 32 values a thread where that takes fewer
+         * than 512 threads a row, as measured fastest
+         * (bench/RESULTS.md). RMSNorm runs 3% faster at 16 values
+         * (16384x4096). */
+        constexpr bool ONE_INPUT =
+            MODE == NORM_LAYER && (IO == NORM_IO_CHECKED || !(IO & NORM_IO_RESIDUAL));
         row_plan plan = held;
         /* The fused op's GELU takes registers: rows a warp would
          * hold at 32 values a thread run faster over more warps at
@@ -74,7 +72,7 @@ int launch_held(cudaStream_t stream, const char *op, const weft__norm_args *a,
         if constexpr (norm_gelu(MODE))
             plan_held_split_warp_rows(&plan, V, 16);
         row_plan wide;
-        if (PLAIN && sizeof(T) == 2 && !a->residual && plan_held(a->cols, V, 32, &wide) &&
+        if (ONE_INPUT && sizeof(T) == 2 && !a->residual && plan_held(a->cols, V, 32, &wide) &&
             wide.tpr < 512)
             plan = wide;
         auto kernel = norm_held_for<T, MODE, IO, EXCHANGE_PUSH>(plan.vpt);
