@@ -284,11 +284,13 @@ enum { NROW_SHAPES = sizeof ROW_SHAPES / sizeof *ROW_SHAPES };
 
 /* A few rows of whole vectors: the held kernels with the call's inputs
  * fixed at compile time. A warp per row, a block per row whose threads'
- * vectors fill the row or run past its end (5120), and a cluster of 2. */
+ * vectors fill the row or run past its end (5120; 12288, packed in half
+ * types, and in fp32 at 32 values a thread), and a cluster of 2. */
 static const shape HELD_SHAPES[] = {
     {9, 1024, 1032, 0},
     {5, 4096, 4096, 0},
     {3, 5120, 5128, 0},
+    {3, 12288, 12296, 0},
     {2, 32768, 32768, 0},
 };
 enum { NHELD_SHAPES = sizeof HELD_SHAPES / sizeof *HELD_SHAPES };
