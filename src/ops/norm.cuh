@@ -587,7 +587,7 @@ static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, s
  *   residual: at 64 values a thread, in one block of up to 512 threads
  *   where that holds the row, else over a cluster of blocks of 256.
  *   Against the fp32 plans (bf16, 12288 to 131072), LayerNorm gains 3-34%
- *   and RMSNorm 5-26% (but is 1.5% behind at 16384), the longer the row
+ *   and RMSNorm 5-26% (but is 1-2% behind at 16384), the longer the row
  *   the more; add+LayerNorm gains 3-6% beyond 32768 and is 2-3% behind at
  *   32768. Clusters of blocks of 256 beat one block of 1024 by 2-6% on
  *   rows of 65536 and 131072; on rows of 32768 one block of 512 beats a
