@@ -591,14 +591,15 @@ static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, s
  *   the more; add+LayerNorm gains 3-6% beyond 32768 and is 2-3% behind at
  *   32768. Clusters of blocks of 256 beat one block of 1024 by 2-6% on
  *   rows of 65536 and 131072; on rows of 32768 one block of 512 beats a
- *   cluster of two of 256 by up to 6%. The kernels that test the call's
- *   inputs at run time (`checked`: NORM_IO_CHECKED) spill when packed
- *   (ptxas: 0.8-2.1 KB a thread, where the others spill 0-0.4), so those
- *   calls pack only rows over 16384, where the fp32 plan takes a cluster,
- *   as before these figures; neither form of them has been timed.
+ *   cluster of two of 256 by up to 6%. The packed kernels of fp16, and
+ *   those that test the call's inputs at run time (NORM_IO_CHECKED),
+ *   spill (ptxas: 40-380 and 760-2100 bytes a thread, where bf16's with
+ *   their inputs fixed spill 0-16), so calls that take them (`spills`)
+ *   pack only rows over 16384, where the fp32 plan takes a cluster, as
+ *   before these figures; neither form of them has been timed there.
  */
 template <norm_mode MODE>
-static bool norm_packed_plan(size_t rows, size_t cols, int V, bool residual, bool checked,
+static bool norm_packed_plan(size_t rows, size_t cols, int V, bool residual, bool spills,
                              row_plan *packed)
 {
     if constexpr (norm_gelu(MODE)) {
@@ -606,7 +607,7 @@ static bool norm_packed_plan(size_t rows, size_t cols, int V, bool residual, boo
         return rows > (size_t)sm_count() && plan_packed(cols, V, values, packed);
     }
     constexpr unsigned VALUES = PACKED_MAX_VALUES;
-    if (cols <= (checked ? 16384u : residual ? 32768u : 8192u))
+    if (cols <= (spills ? 16384u : residual ? 32768u : 8192u))
         return false;
     if (plan_held(cols, V, VALUES, packed, false, VALUES, 512) && packed->cluster == 1)
         return true;
