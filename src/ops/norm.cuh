@@ -593,7 +593,7 @@ static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, s
  *   rows of 65536 and 131072; on rows of 32768 one block of 512 beats a
  *   cluster of two of 256 by up to 6%. The packed kernels of fp16, and
  *   those that test the call's inputs at run time (NORM_IO_CHECKED),
- *   spill (ptxas: 40-380 and 760-2100 bytes a thread, where bf16's with
+ *   spill (ptxas: 40-390 and 760-2140 bytes a thread, where bf16's with
  *   their inputs fixed spill 0-16), so calls that take them (`spills`)
  *   pack only rows over 16384, where the fp32 plan takes a cluster, as
  *   before these figures; neither form of them has been timed there.
