@@ -19,7 +19,8 @@
  * add+LayerNorm held and packed (add_layernorm_variant), the held kernels
  * with rows of half types kept packed between their passes
  * (held_packed, held_packed16, held_packed64, held_packed_pairs,
- * held_packed_quads and held_packed_eights: see packed_plan), the kernels
+ * held_packed_quads, held_packed_eights and held_packed32: see
+ * packed_plan), the kernels
  * that test at run time for what the library fixes at compile time on
  * these rows - LayerNorm's inputs, softmax's mask and scale, partial
  * vectors - (ring2_checked, held_checked), softmax's max and sum in one
@@ -252,9 +253,13 @@ int run_held(const char *op, cudaStream_t s, const row_plan &plan, const Params 
  * (held_packed_pairs, held_packed_quads, held_packed_eights: a row of
  * 65536 over a cluster of two, four or eight blocks, as many resident an
  * SM, each of another row, so that one's loads may overlap another's
- * arithmetic). false for other variants. */
+ * arithmetic); and never more than 32, longer rows over a cluster of
+ * blocks of up to 512 (held_packed32: the fused op's GELU spills at 64,
+ * bench/RESULTS.md). false for other variants. */
 inline bool packed_plan(const char *variant, size_t cols, int V, row_plan *p)
 {
+    if (strcmp(variant, "held_packed32") == 0)
+        return plan_held(cols, V, 32, p, false, 32, 512);
     if (strcmp(variant, "held_packed_pairs") == 0)
         return plan_held(cols, V, PACKED_MAX_VALUES, p, false, PACKED_MAX_VALUES, 512);
     if (strcmp(variant, "held_packed_quads") == 0)
