@@ -84,6 +84,10 @@ def parse_args():
     ap.add_argument("--budget", type=float, default=480,
                     help="seconds: past 70%% of it torch.compile is skipped, past it the "
                     "variants and small inputs, so that a report is always written")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time the variants this many times over, each round on fresh "
+                    "tensors after the other shapes; the report gives each one's median and "
+                    "range (a kernel's speed has moved by up to 7%% between processes)")
     ap.add_argument("--quick", action="store_true",
                     help="fewer repetitions; the section is marked as not figures to quote")
     ap.add_argument("--no-append", action="store_true", help="leave RESULTS.md alone")
@@ -518,10 +522,12 @@ def run(torch, lib, args):
         unknown = set(chosen) - set(VARIANTS)
         if unknown:
             die("bench_ops: no variants %s" % ", ".join(sorted(unknown)), 2)
+        rounds = [(k, shape) for k in range(max(args.rounds, 1)) for shape in shapes]
         for dtype_name in dtypes:
             wd = WEFT_DTYPE[dtype_name]
-            for (r, c) in shapes:
-                progress("variants %s %dx%d" % (dtype_name, r, c))
+            for rnd, (r, c) in rounds:
+                progress("variants %s %dx%d%s" % (dtype_name, r, c, ", round %d" % (rnd + 1)
+                                                  if args.rounds > 1 else ""))
                 dt = torch_dtype(torch, dtype_name)
                 es = torch.tensor([], dtype=dt).element_size()
                 x = torch.randn(r, c, device="cuda", dtype=dt)
@@ -808,10 +814,13 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
     out.append("")
 
     if variants_out:
-        out.append("Tuning variants, TB/s: `lib` is the library's kernel (for these aligned "
-                   "rows: LayerNorm `held_wide` on bf16 rows of up to 8192; LayerNorm and "
-                   "RMSNorm packed on bf16 rows over 8192, add+LayerNorm over 32768, in one "
-                   "block of up to 512 threads (rows up to 32768), else `held_packed_quads`; "
+        rounds = (", the median of %d rounds, each on fresh tensors, and their range" %
+                  args.rounds if args.rounds > 1 else "")
+        out.append("Tuning variants, TB/s" + rounds + ": `lib` is the library's kernel (for "
+                   "these aligned rows: LayerNorm `held_wide` on bf16 rows of up to 8192; "
+                   "LayerNorm and RMSNorm packed on bf16 rows over 8192, add+LayerNorm over "
+                   "32768, in one block of up to 512 threads (rows up to 32768), else "
+                   "`held_packed_quads`; "
                    "the norms `held_push` on other rows; the fused op packed on every bf16 "
                    "shape (32 values a thread, 64 on rows over 8192); softmax "
                    "`held_online_push` on bf16 rows of 65536, `held_online` on other bf16 "
@@ -891,7 +900,9 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
             for dt, s in shapes:
                 vals = [t for kk, vv, d, ss, t in variants_out
                         if kk == k and vv == v and d == dt and ss == s]
-                cells.append("%.2f" % vals[0] if vals else "—")
+                cells.append("—" if not vals else "%.2f" % vals[0] if len(vals) == 1 else
+                             "%.2f (%.2f-%.2f)" % (statistics.median(vals), min(vals),
+                                                   max(vals)))
             out.append("| %s | %s | %s |" % (k, v, " | ".join(cells)))
         out.append("")
 
