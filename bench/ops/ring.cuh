@@ -60,19 +60,6 @@ static inline size_t ring_bytes(unsigned slots, unsigned seg_bytes)
     return RING_BARRIER_BYTES + (size_t)slots * seg_bytes;
 }
 
-__device__ __forceinline__ void barrier_init(unsigned bar)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
-}
-
-/* The one arrival of the barrier's phase, which then completes when
- * `bytes` more have landed. */
-__device__ __forceinline__ void barrier_expect(unsigned bar, unsigned bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-                 : "memory");
-}
-
 /* Waits until the barrier's phase of this parity has completed. */
 __device__ __forceinline__ void barrier_wait(unsigned bar, unsigned parity)
 {

@@ -60,22 +60,20 @@ int launch_held(cudaStream_t stream, const char *op, const weft__norm_args *a,
                 if (auto kernel = norm_packed_for<T, MODE, IO, EXCHANGE_PUSH, FEWEST>(packed.vpt))
                     return launch_rows(op, stream, packed, p.rows, kernel, p, 0);
         }
-        /* LayerNorm with one input of half types, the fewest bytes
-         * an element: at 32 values a thread where that takes fewer
-         * than 512 threads a row, as measured fastest
-         * (bench/RESULTS.md). RMSNorm runs 3% faster at 16 values
-         * (16384x4096). */
-        constexpr bool ONE_INPUT =
-            MODE == NORM_LAYER && (IO == NORM_IO_CHECKED || !(IO & NORM_IO_RESIDUAL));
         row_plan plan = held;
         /* The fused op's GELU takes registers: rows a warp would
          * hold at 32 values a thread run faster over more warps at
          * 16, at twice the occupancy (bench/RESULTS.md). */
         if constexpr (norm_gelu(MODE))
             plan_held_split_warp_rows(&plan, V, 16);
+        /* LayerNorm with one input of half types, the fewest bytes
+         * an element: at 32 values a thread where that takes fewer
+         * than 512 threads a row, as measured fastest
+         * (bench/RESULTS.md). RMSNorm runs 3% faster at 16 values
+         * (16384x4096). */
         row_plan wide;
-        if (ONE_INPUT && sizeof(T) == 2 && !a->residual && plan_held(a->cols, V, 32, &wide) &&
-            wide.tpr < 512)
+        if (MODE == NORM_LAYER && sizeof(T) == 2 && !a->residual &&
+            plan_held(a->cols, V, 32, &wide) && wide.tpr < 512)
             plan = wide;
         auto kernel = norm_held_for<T, MODE, IO, EXCHANGE_PUSH>(plan.vpt);
         if (!kernel)

@@ -626,6 +626,21 @@ __device__ __forceinline__ unsigned shared_address(const void *p)
     return (unsigned)__cvta_generic_to_shared(p);
 }
 
+/* The mbarrier at shared address bar set up to expect one arrival a phase. */
+__device__ __forceinline__ void barrier_init(unsigned bar)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+
+/* The one arrival of the barrier's phase, which then completes when
+ * `bytes` more have landed (asynchronous stores or copies that count
+ * themselves in). */
+__device__ __forceinline__ void barrier_expect(unsigned bar, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+
 /* PUSH: the mbarriers of scratch s... set up, each expecting one arrival,
  * and published to the cluster (a fence for mbarrier set-up only, and one
  * relaxed cluster barrier: no GPU-wide fence). Every thread of every block
@@ -635,11 +650,7 @@ template <typename... S> __device__ __forceinline__ void push_setup(unsigned clu
     if (cluster == 1)
         return;
     if (threadIdx.x == 0) {
-        auto init = [](const uint64_t *bar) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(bar))
-                         : "memory");
-        };
-        (init(&s.arrived), ...);
+        (barrier_init(shared_address(&s.arrived)), ...);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\t"
@@ -658,10 +669,7 @@ __device__ __forceinline__ void push_result(R v, reduce_scratch<R, EXCHANGE_PUSH
     uint32_t raw[4] = {0, 0, 0, 0};
     memcpy(raw, &v, sizeof v);
     memcpy(s.blocks[rank], raw, sizeof raw);
-    asm volatile(
-        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(&s.arrived)),
-        "r"(16u * (cluster - 1))
-        : "memory");
+    barrier_expect(shared_address(&s.arrived), 16u * (cluster - 1));
     for (unsigned b = 0; b < cluster; b++) {
         if (b == rank)
             continue;

@@ -300,8 +300,6 @@ int launch_rope_chunks(cudaStream_t stream, rope_params<T> p, size_t pairs)
     p.slices = TUNE::slices(all, p.tokens * p.chunks, (size_t)sm_count() * 2048, sizeof(T));
     if (p.slices > all)
         p.slices = all;
-    if (p.slices == 0)
-        p.slices = 1;
     p.heads_per_slice = (all + p.slices - 1) / p.slices;
     p.slices = (all + p.heads_per_slice - 1) / p.heads_per_slice;
     auto kernel = rope_kernel<T, V, CP, HALVES, TABLE, TUNE>;
