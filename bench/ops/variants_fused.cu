@@ -71,7 +71,7 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
         if constexpr (std::is_same<T, __nv_bfloat16>::value) {
             constexpr norm_mode M = NORM_GELU_ERF_LAYER;
             row_plan packed;
-            if (!norm_packed_plan<M>(rows, cols, V, true, false, &packed))
+            if (!norm_packed_plan<T, M>(rows, cols, true, false, &packed))
                 return WEFT_EINVAL;
             return run_held(
                 "gelu_layernorm variant", s, packed, p,

@@ -591,23 +591,30 @@ static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, s
  *   the more; add+LayerNorm gains 3-6% beyond 32768 and is 2-3% behind at
  *   32768. Clusters of blocks of 256 beat one block of 1024 by 2-6% on
  *   rows of 65536 and 131072; on rows of 32768 one block of 512 beats a
- *   cluster of two of 256 by up to 6%. The packed kernels of fp16, and
- *   those that test the call's inputs at run time (NORM_IO_CHECKED),
- *   spill (ptxas: 40-390 and 760-2140 bytes a thread, where bf16's with
- *   their inputs fixed spill 0-16), so calls that take them (`spills`)
- *   pack only rows over 16384, where the fp32 plan takes a cluster, as
- *   before these figures; neither form of them has been timed there.
+ *   cluster of two of 256 by up to 6%.
+ * The packed kernels of fp16, and those that test the call's inputs at run
+ * time (`checked`: NORM_IO_CHECKED), spill (ptxas: 40-390 and 760-2140
+ * bytes a thread, where bf16's with their inputs fixed spill 0-16). fp16's
+ * LayerNorm never packs: its fp32 plan runs 17% faster at 1024x65536, 40%
+ * with a residual, and 50-66% on rows of 12288 and 16384. fp16's RMSNorm
+ * (13% faster packed at 1024x65536, 2-7% slower at 12288 and 16384) and
+ * the checked kernels (not timed) pack only rows over 16384, where the
+ * fp32 plan takes a cluster.
  */
-template <norm_mode MODE>
-static bool norm_packed_plan(size_t rows, size_t cols, int V, bool residual, bool spills,
+template <typename T, norm_mode MODE>
+static bool norm_packed_plan(size_t rows, size_t cols, bool residual, bool checked,
                              row_plan *packed)
 {
+    constexpr int V = vec16<T>();
+    constexpr bool FP16 = std::is_same<T, __half>::value;
     if constexpr (norm_gelu(MODE)) {
         const unsigned values = cols <= 8192 ? 32u : (unsigned)PACKED_MAX_VALUES;
         return rows > (size_t)sm_count() && plan_packed(cols, V, values, packed);
     }
     constexpr unsigned VALUES = PACKED_MAX_VALUES;
-    if (cols <= (spills ? 16384u : residual ? 32768u : 8192u))
+    if (FP16 && MODE == NORM_LAYER)
+        return false;
+    if (cols <= (checked || FP16 ? 16384u : residual ? 32768u : 8192u))
         return false;
     if (plan_held(cols, V, VALUES, packed, false, VALUES, 512) && packed->cluster == 1)
         return true;

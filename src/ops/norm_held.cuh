@@ -53,10 +53,9 @@ int launch_held(cudaStream_t stream, const char *op, const weft__norm_args *a,
         /* Half types kept packed where norm_packed_plan says */
         if constexpr (sizeof(T) == 2) {
             constexpr unsigned FEWEST = norm_gelu(MODE) ? 1u : (unsigned)PACKED_MAX_VALUES;
-            constexpr bool SPILLS = IO == NORM_IO_CHECKED || std::is_same<T, __half>::value;
             row_plan packed;
-            if (norm_packed_plan<MODE>(a->rows, a->cols, V, a->residual != nullptr, SPILLS,
-                                       &packed))
+            if (norm_packed_plan<T, MODE>(a->rows, a->cols, a->residual != nullptr,
+                                          IO == NORM_IO_CHECKED, &packed))
                 if (auto kernel = norm_packed_for<T, MODE, IO, EXCHANGE_PUSH, FEWEST>(packed.vpt))
                     return launch_rows(op, stream, packed, p.rows, kernel, p, 0);
         }
