@@ -33,6 +33,8 @@ int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void
                    ? run_held("layernorm variant", s, plan, p,
                               norm_held_for<T, NORM_LAYER, NORM_IO_CHECKED>(plan.vpt))
                    : WEFT_EINVAL;
+    if (checked_variant(variant))
+        return run_checked<T, NORM_LAYER>("layernorm variant", s, variant, p);
     unsigned slots, values;
     if (ring_variant(variant, 16, &slots, &values))
         return run_ring("layernorm variant", s, cols, V, sizeof(T), values, slots, p,
@@ -83,6 +85,8 @@ int rmsnorm_variant(cudaStream_t s, const char *variant, void *out, const void *
     if (strcmp(variant, "ring2") == 0)
         return run_ring("rmsnorm variant", s, cols, V, sizeof(T), 16, 2, p,
                         norm_ring_for<T, NORM_RMS, IO>);
+    if (checked_variant(variant))
+        return run_checked<T, NORM_RMS>("rmsnorm variant", s, variant, p);
     if (packed_variant(variant)) {
         if constexpr (sizeof(T) == 2)
             return run_packed<T>("rmsnorm variant", s, variant, p,

@@ -290,6 +290,39 @@ inline bool packed_variant(const char *variant)
     return strncmp(variant, "held_packed", 11) == 0;
 }
 
+/* The norms' kernels that test for each input at run time, as calls the
+ * library does not fix at compile time take them (LayerNorm without its
+ * weight, rows not a multiple of 8): held at 16 values a thread with a
+ * cluster's statistics pushed (held_push_checked: the library's on rows
+ * up to 16384), and packed under held_packed_pairs' or held_packed_quads'
+ * plan (held_packed_pairs_checked, held_packed_quads_checked: the
+ * library's beyond; ptxas has them spill 0.8-2.1 KB a thread). */
+inline bool checked_variant(const char *variant)
+{
+    return strcmp(variant, "held_push_checked") == 0 ||
+           strcmp(variant, "held_packed_pairs_checked") == 0 ||
+           strcmp(variant, "held_packed_quads_checked") == 0;
+}
+
+template <typename T, norm_mode MODE>
+int run_checked(const char *op, cudaStream_t s, const char *variant, const norm_params<T> &p)
+{
+    constexpr int V = vec16<T>();
+    row_plan plan;
+    if (strcmp(variant, "held_push_checked") == 0)
+        return plan_held(p.cols, V, 16, &plan)
+                   ? run_held(op, s, plan, p,
+                              norm_held_for<T, MODE, NORM_IO_CHECKED, EXCHANGE_PUSH>(plan.vpt))
+                   : WEFT_EINVAL;
+    if constexpr (sizeof(T) == 2) {
+        const bool pairs = strcmp(variant, "held_packed_pairs_checked") == 0;
+        return run_packed<T>(
+            op, s, pairs ? "held_packed_pairs" : "held_packed_quads", p,
+            norm_packed_for<T, MODE, NORM_IO_CHECKED, EXCHANGE_PUSH, PACKED_MAX_VALUES>);
+    }
+    return WEFT_EINVAL;
+}
+
 /* The kernels by vectors a thread, for run_plan. */
 template <typename T, int V, int VPT> struct softmax_k {
     static auto fn()
