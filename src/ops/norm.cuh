@@ -331,7 +331,7 @@ template <norm_mode MODE>
 using norm_stat = typename std::conditional<MODE == NORM_RMS, float, moments>::type;
 
 /* What a held row reads and writes besides in and out. The common calls
- * (norm.cu's by_io) have it fixed at compile time, on rows of whole
+ * (norm_held.cuh's by_io) have it fixed at compile time, on rows of whole
  * vectors (cols a multiple of V), so that no vector pays for a test of a
  * pointer or keeps a partial-vector path; NORM_IO_CHECKED takes every
  * other call: what p holds, tested at run time, rows of any length. */

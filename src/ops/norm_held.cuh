@@ -15,11 +15,14 @@ namespace weft_ops
 /* f(std::integral_constant<unsigned, IO>) for what the args' call reads
  * and writes (norm.cuh's norm_io): fixed at compile time for the common
  * calls of MODE on rows of whole vectors - the plain op with its weight
- * (and bias), and the same with the residual added and the sum written;
- * the fused op with its GELU bias and residual, with or without the sum -
- * and checked at run time otherwise. (The fused op in fp32 once ran faster
- * checked; since LayerNorm's statistics became one reduction, fixed wins
- * there too: bench/RESULTS.md, the gelu_layernorm variants.) */
+ * (and bias) or without, and the same with the residual added and the
+ * sum written; the fused op with its GELU bias and residual, with or
+ * without the sum - and checked at run time otherwise. (The fused op in
+ * fp32 once ran faster checked; since LayerNorm's statistics became one
+ * reduction, fixed wins there too. The checked kernels take more
+ * registers, the packed ones spill, and they ran LayerNorm and RMSNorm
+ * without weight or bias 1.2-2.6x slower than the fixed ones on rows of
+ * 4096 to 65536 in half types, up to 1.5x in fp32: bench/RESULTS.md.) */
 template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_args *a, F f)
 {
     using std::integral_constant;
@@ -34,10 +37,18 @@ template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_arg
                         (a->weight ? NORM_IO_WEIGHT : 0u) | (a->bias ? NORM_IO_BIAS : 0u) |
                         (a->sum_out ? NORM_IO_SUM_OUT : 0u);
 
-    if (a->cols % V == 0 && io == PLAIN)
+    if (a->cols % V != 0)
+        return f(integral_constant<unsigned, NORM_IO_CHECKED>());
+    if (io == PLAIN)
         return f(integral_constant<unsigned, PLAIN>());
-    if (a->cols % V == 0 && io == ADDED)
+    if (io == ADDED)
         return f(integral_constant<unsigned, ADDED>());
+    if constexpr (!GELU) {
+        if (io == (PLAIN & ~AFFINE))
+            return f(integral_constant<unsigned, PLAIN & ~AFFINE>());
+        if (io == (ADDED & ~AFFINE))
+            return f(integral_constant<unsigned, ADDED & ~AFFINE>());
+    }
     return f(integral_constant<unsigned, NORM_IO_CHECKED>());
 }
 

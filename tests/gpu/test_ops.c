@@ -377,9 +377,18 @@ static int call_norm(enum norm_kind kind, weft_gelu_form form, void *st, weft_dt
 }
 
 /* What a norm is given besides in: nothing; the residual, sum_out, weight
- * and bias (and the GELU bias); the weight and bias alone; or all but
- * sum_out. */
-enum norm_inputs { NORM_BARE, NORM_FULL, NORM_AFFINE, NORM_NO_SUM };
+ * and bias (and the GELU bias); the weight and bias alone; all but
+ * sum_out; the weight alone; the bias alone; the residual and sum_out
+ * alone. */
+enum norm_inputs {
+    NORM_BARE,
+    NORM_FULL,
+    NORM_AFFINE,
+    NORM_NO_SUM,
+    NORM_WEIGHT,
+    NORM_BIAS,
+    NORM_ADDED_BARE
+};
 
 /* inputs: an enum norm_inputs (0 and 1 as a truth value). offset moves the
  * rows away from zero. The fused op's GELU form changes
@@ -395,7 +404,9 @@ static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int inputs, do
     tens b = tens_new(dt, 1, s.cols, s.cols, s.skew);
     cmp c = {NORM_NAMES[kind], &out, 0, 0}, cs = {"gelu_layernorm x", &sum, 0, 0};
     int fused = kind == GELU_LAYERNORM, no_sum = inputs == NORM_NO_SUM;
-    int with_res = inputs == NORM_FULL || no_sum, affine = inputs != NORM_BARE;
+    int with_res = inputs == NORM_FULL || no_sum || inputs == NORM_ADDED_BARE;
+    int unweighted = inputs == NORM_BARE || inputs == NORM_ADDED_BARE;
+    int has_w = !unweighted && inputs != NORM_BIAS, has_b = !unweighted && inputs != NORM_WEIGHT;
     /* the fused op's reference is the LayerNorm of the x the device
      * formed: without sum_out, a call with it comes first to get x */
     int with_sum = (with_res && !no_sum) || fused;
@@ -410,12 +421,12 @@ static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int inputs, do
     tens_upload(&in), tens_upload(&res), tens_upload(&gb), tens_upload(&w), tens_upload(&b);
     tens_poison(&out), tens_poison(&sum);
     assert_ok(call_norm(kind, form, stream, dt, out.d, with_sum ? sum.d : NULL, in.d,
-                        with_res ? gb.d : NULL, with_res ? res.d : NULL, affine ? w.d : NULL,
-                        affine ? b.d : NULL, s));
+                        with_res ? gb.d : NULL, with_res ? res.d : NULL, has_w ? w.d : NULL,
+                        has_b ? b.d : NULL, s));
     if (fused && no_sum) {
         tens_poison(&out);
         assert_ok(call_norm(kind, form, stream, dt, out.d, NULL, in.d, gb.d, res.d,
-                            affine ? w.d : NULL, affine ? b.d : NULL, s));
+                            has_w ? w.d : NULL, has_b ? b.d : NULL, s));
     }
     sync_ok();
     void *got = tens_download(&out, c.what, 1);
@@ -441,18 +452,18 @@ static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int inputs, do
                         r, j);
             }
         cmp_done(&cs);
-        assert_ok(weft_layernorm(NULL, dt, out.h, NULL, got_sum, NULL, affine ? w.h : NULL,
-                                 affine ? b.h : NULL, 1e-5f, s.rows, s.cols, s.stride));
+        assert_ok(weft_layernorm(NULL, dt, out.h, NULL, got_sum, NULL, has_w ? w.h : NULL,
+                                 has_b ? b.h : NULL, 1e-5f, s.rows, s.cols, s.stride));
     } else {
         assert_ok(call_norm(kind, form, NULL, dt, out.h, with_sum ? sum.h : NULL, in.h, NULL,
-                            with_res ? res.h : NULL, affine ? w.h : NULL, affine ? b.h : NULL, s));
+                            with_res ? res.h : NULL, has_w ? w.h : NULL, has_b ? b.h : NULL, s));
         if (with_sum) /* fp32 add and one rounding: the same bits */
             assert_same_bits(&sum, got_sum, sum.h, "sum_out");
     }
     for (size_t r = 0; r < s.rows; r++)
         for (size_t j = 0; j < s.cols; j++) {
-            double wj = affine ? dabs(get(&w, w.h, 0, j)) : 1;
-            double bj = affine && kind != RMSNORM ? dabs(get(&b, b.h, 0, j)) : 0;
+            double wj = has_w ? dabs(get(&w, w.h, 0, j)) : 1;
+            double bj = has_b && kind != RMSNORM ? dabs(get(&b, b.h, 0, j)) : 0;
             double ref = get(&out, out.h, r, j);
             /* an error in the mean moves the result by |w| absolutely */
             cmp_one(&c, get(&out, got, r, j), ref, dabs(ref) + wj + bj, 1, r, j);
@@ -478,10 +489,17 @@ static void test_layernorm_matches_host(void **state)
         run_norm(LAYERNORM, DTYPES[d], (shape){270, 16384, 16392, 0}, NORM_AFFINE, 0);
     for (int d = 0; d < 3; d++)
         run_norm(LAYERNORM, DTYPES[d], (shape){280, 32768, 32768, 0}, NORM_AFFINE, 0);
+    /* the held kernels with and without the weight and bias fixed at
+     * compile time (neither, with the residual added or not), and checked
+     * at run time (either alone) */
     for (int d = 0; d < 3; d++)
         for (int k = 0; k < NHELD_SHAPES; k++) {
             run_norm(LAYERNORM, DTYPES[d], HELD_SHAPES[k], NORM_AFFINE, 0);
             run_norm(LAYERNORM, DTYPES[d], HELD_SHAPES[k], NORM_NO_SUM, 0);
+            run_norm(LAYERNORM, DTYPES[d], HELD_SHAPES[k], NORM_WEIGHT, 0);
+            run_norm(LAYERNORM, DTYPES[d], HELD_SHAPES[k], NORM_BIAS, 0);
+            run_norm(LAYERNORM, DTYPES[d], HELD_SHAPES[k], NORM_BARE, 0);
+            run_norm(LAYERNORM, DTYPES[d], HELD_SHAPES[k], NORM_ADDED_BARE, 0);
         }
     /* far from zero: the corrected two-pass variance on the device too */
     run_norm(LAYERNORM, WEFT_DTYPE_F32, (shape){3, 4097, 4097, 0}, 0, 100);
@@ -502,6 +520,8 @@ static void test_rmsnorm_matches_host(void **state)
         for (int k = 0; k < NHELD_SHAPES; k++) {
             run_norm(RMSNORM, DTYPES[d], HELD_SHAPES[k], NORM_AFFINE, 0);
             run_norm(RMSNORM, DTYPES[d], HELD_SHAPES[k], NORM_NO_SUM, 0);
+            run_norm(RMSNORM, DTYPES[d], HELD_SHAPES[k], NORM_BARE, 0);
+            run_norm(RMSNORM, DTYPES[d], HELD_SHAPES[k], NORM_ADDED_BARE, 0);
         }
 }
 
