@@ -612,8 +612,8 @@ def run(torch, lib, args):
                             r, c))
                         rms = (lambda v=v: lib.weft_bench_rmsnorm_variant(
                             s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()), None, r, c))
-                    time_variant("layernorm (bare)", v, ln, 2 * r * c * es)
-                    time_variant("rmsnorm (bare)", v, rms, 2 * r * c * es)
+                    time_variant("layernorm (bare)", v, ln, 2 * r * c * es, "layernorm_bare")
+                    time_variant("rmsnorm (bare)", v, rms, 2 * r * c * es, "rmsnorm_bare")
                 # add+LayerNorm (z the residual, the sum into u): packed where the
                 # library holds the row as fp32, and the other way about
                 u = torch.empty_like(x)
