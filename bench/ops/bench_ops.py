@@ -56,8 +56,8 @@ FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "he
 RMS_VARIANTS = ("lib", "ring2", "held", "held_narrow", "held_wide", "held_push", "held_packed64",
                 "held_packed_pairs", "held_packed_quads")
 ADD_LN_VARIANTS = ("lib", "held_push", "held_packed64", "held_packed_pairs", "held_packed_quads")
-BARE_VARIANTS = ("lib", "held_push_checked", "held_packed_pairs_checked",
-                 "held_packed_quads_checked")
+CHECKED_VARIANTS = ("lib", "held_push_checked", "held_packed_pairs_checked",
+                    "held_packed_quads_checked")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "fit3", "select", "pairs", "grid8",
                  "offsets")
 GLU_VARIANTS = ("lib", "rows")
@@ -65,7 +65,7 @@ ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "fewest", "fill4", "angle16", 
                  "floats", "heads4", "heads4_b2", "runs", "early", "streamed", "reduced",
                  "early_reduced", "touch", "walk_only")
 VARIANTS = sorted(set(ROW_VARIANTS + FUSED_VARIANTS + RMS_VARIANTS + ADD_LN_VARIANTS +
-                      BARE_VARIANTS + GELU_VARIANTS + GLU_VARIANTS + ROPE_VARIANTS))
+                      CHECKED_VARIANTS + GELU_VARIANTS + GLU_VARIANTS + ROPE_VARIANTS))
 
 
 def torch_dtype(torch, dtype_name):
@@ -596,24 +596,40 @@ def run(torch, lib, args):
                             s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()),
                             P(w.data_ptr()), r, c))
                     time_variant("rmsnorm", v, fn, (2 * r * c + c) * es)
-                # the norms without weight or bias: the library's kernels for
-                # them against the checked ones, which it took before
-                for v in BARE_VARIANTS:
+                # the norms' calls the library once left to the checked kernels
+                # (without weight or bias, LayerNorm with the weight alone,
+                # add+LayerNorm without the sum): the library's kernels for
+                # them against those
+                for v in CHECKED_VARIANTS:
+                    def ln(v, weight, bias, residual=None):
+                        res = P(residual.data_ptr()) if residual is not None else None
+                        if v == "lib":
+                            return lib.weft_layernorm(
+                                s(), wd, P(y.data_ptr()), None, P(x.data_ptr()), res, weight,
+                                bias, EPS, r, c, c)
+                        if residual is not None:
+                            return lib.weft_bench_add_layernorm_variant(
+                                s(), wd, v.encode(), P(y.data_ptr()), None, P(x.data_ptr()), res,
+                                weight, bias, r, c)
+                        return lib.weft_bench_layernorm_variant(
+                            s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()), weight, bias,
+                            r, c)
                     if v == "lib":
-                        ln = (lambda: lib.weft_layernorm(
-                            s(), wd, P(y.data_ptr()), None, P(x.data_ptr()), None, None, None,
-                            EPS, r, c, c))
                         rms = (lambda: lib.weft_rmsnorm(
                             s(), wd, P(y.data_ptr()), None, P(x.data_ptr()), None, None, EPS,
                             r, c, c))
                     else:
-                        ln = (lambda v=v: lib.weft_bench_layernorm_variant(
-                            s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()), None, None,
-                            r, c))
                         rms = (lambda v=v: lib.weft_bench_rmsnorm_variant(
                             s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()), None, r, c))
-                    time_variant("layernorm (bare)", v, ln, 2 * r * c * es, "layernorm_bare")
+                    time_variant("layernorm (bare)", v, lambda v=v: ln(v, None, None),
+                                 2 * r * c * es, "layernorm_bare")
                     time_variant("rmsnorm (bare)", v, rms, 2 * r * c * es, "rmsnorm_bare")
+                    time_variant("layernorm (weight)", v,
+                                 lambda v=v: ln(v, P(w.data_ptr()), None),
+                                 (2 * r * c + c) * es, "layernorm_weight")
+                    time_variant("add_layernorm (no sum)", v,
+                                 lambda v=v: ln(v, P(w.data_ptr()), P(b.data_ptr()), z),
+                                 (3 * r * c + 2 * c) * es, "add_layernorm_no_sum")
                 # add+LayerNorm (z the residual, the sum into u): packed where the
                 # library holds the row as fp32, and the other way about
                 u = torch.empty_like(x)
@@ -876,7 +892,9 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "`*_checked` kernels that test at run time for "
                    "what the library fixes at compile time on these rows (as rows of any "
                    "length take them; `layernorm (bare)`/`rmsnorm (bare)`, the norms "
-                   "without weight or bias, time the library's kernels for those calls "
+                   "without weight or bias, `layernorm (weight)`, LayerNorm with the "
+                   "weight alone, and `add_layernorm (no sum)`, add+LayerNorm without "
+                   "the sum written, time the library's kernels for those calls "
                    "against the checked ones it took before, `held_push_checked` and "
                    "`held_packed_pairs_checked`/`held_packed_quads_checked`), "
                    "`*_online` softmax taking its max and sum in one "

@@ -104,7 +104,8 @@ int rmsnorm_variant(cudaStream_t s, const char *variant, void *out, const void *
 }
 
 /* LayerNorm with the residual added in front and the sum written (the
- * bench's add_layernorm), weight and bias: held at 16 values a thread with
+ * bench's add_layernorm; sum_out NULL for the checked variants' calls
+ * without it), weight and bias: held at 16 values a thread with
  * a cluster's statistics pushed (held_push: the library's where it does
  * not pack), and in half types packed at 64 values a thread in blocks of
  * up to 1024, 512 or 256 threads (held_packed64, held_packed_pairs,
@@ -123,6 +124,8 @@ int add_layernorm_variant(cudaStream_t s, const char *variant, void *out, void *
     row_plan plan;
     if (cols % V != 0)
         return WEFT_EINVAL;
+    if (checked_variant(variant))
+        return run_checked<T, NORM_LAYER>("add_layernorm variant", s, variant, p);
     if (packed_variant(variant)) {
         if constexpr (sizeof(T) == 2)
             return run_packed<T>("add_layernorm variant", s, variant, p,

@@ -291,14 +291,15 @@ inline bool packed_variant(const char *variant)
 }
 
 /* The norms' kernels that test for each input at run time, as calls the
- * library does not fix at compile time take them (LayerNorm with a weight
- * but no bias, rows not a multiple of 8; and the norms without weight or
- * bias until those were fixed too): held at 16 values a thread with a
- * cluster's statistics pushed (held_push_checked: the library's on rows
- * up to 16384), and packed under held_packed_pairs' or held_packed_quads'
- * plan (held_packed_pairs_checked, held_packed_quads_checked: the
- * library's beyond; ptxas has them spill 0.8-2.1 KB a thread). The bench
- * times them on the norms without weight or bias (BARE_VARIANTS). */
+ * library does not fix at compile time take them (rows not a multiple of
+ * 8; and the norms without weight or bias, LayerNorm with the weight alone
+ * and add+LayerNorm without the sum, until those were fixed too): held at
+ * 16 values a thread with a cluster's statistics pushed
+ * (held_push_checked: the library's on rows up to 16384, and RMSNorm's on
+ * all), and packed under held_packed_pairs' or held_packed_quads' plan
+ * (held_packed_pairs_checked, held_packed_quads_checked: LayerNorm's in
+ * bf16 beyond; ptxas has them spill 0.8-2.1 KB a thread). The bench times
+ * them on those calls (CHECKED_VARIANTS). */
 inline bool checked_variant(const char *variant)
 {
     return strcmp(variant, "held_push_checked") == 0 ||

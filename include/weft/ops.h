@@ -105,10 +105,10 @@ int weft_bias_gelu_residual(void *stream, weft_dtype dtype, weft_gelu_form form,
  * rows far from zero lose nothing to cancellation. weight and bias (cols
  * elements) are optional: NULL means 1 and 0. eps >= 0 and finite. All row
  * tensors share stride. sum_out may be in or residual; out may be in.
- * Fastest (kernels fixed for the call): weight and bias both given or both
- * NULL, sum_out given with residual or neither, 16-byte aligned tensors
- * with cols and stride multiples of 16 bytes; other calls test their
- * inputs at run time, up to 2.6x slower on long rows.
+ * Fastest (kernels fixed for the call, whichever of weight, bias and
+ * residual are given): 16-byte aligned tensors with cols and stride
+ * multiples of 16 bytes, sum_out only with residual; other calls test
+ * their inputs at run time, up to 2.6x slower on long rows.
  * NaN/Inf: a NaN or Inf anywhere in s makes the whole output row NaN (s
  * itself is written as computed); weight and bias are applied IEEE-wise. */
 int weft_layernorm(void *stream, weft_dtype dtype, void *out, void *sum_out, const void *in,
@@ -116,7 +116,7 @@ int weft_layernorm(void *stream, weft_dtype dtype, void *out, void *sum_out, con
                    size_t rows, size_t cols, size_t stride);
 
 /* As weft_layernorm without centring: out = s / sqrt(mean(s^2) + eps) * weight
- * (fastest with the weight given or NULL alike, as weft_layernorm says).
+ * (fastest as weft_layernorm says).
  * NaN/Inf: a NaN in s makes the whole output row NaN; an Inf (with no NaN)
  * makes mean(s^2) Inf, so its own position becomes NaN and every finite
  * position 0 (times weight); so does a finite row whose squares overflow

@@ -598,24 +598,31 @@ static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, s
  * LayerNorm never packs: its fp32 plan runs 17% faster at 1024x65536, 40%
  * with a residual, and 50-66% on rows of 12288 and 16384. fp16's RMSNorm
  * (13% faster packed at 1024x65536, 2-7% slower at 12288 and 16384) and
- * the checked kernels pack only rows over 16384, where the fp32 plan takes
- * a cluster. (Timed since, on rows of 32768 and 65536: packing makes the
- * checked LayerNorm 3-25% faster in bf16, the checked RMSNorm 1.2-1.7x
- * slower; bench/RESULTS.md.)
+ * the checked LayerNorm pack only rows over 16384, where the fp32 plan
+ * takes a cluster (there packing makes the checked LayerNorm 3-25% faster
+ * in bf16). The checked RMSNorm never packs: packed it ran 1.2-1.7x slower
+ * on rows of 32768 and 65536 (bench/RESULTS.md). norm_packs says which
+ * never pack, whose packed kernels are so not compiled.
  */
+template <typename T, norm_mode MODE> constexpr bool norm_packs(bool checked)
+{
+    return sizeof(T) == 2 && !(std::is_same<T, __half>::value && MODE == NORM_LAYER) &&
+           !(checked && MODE == NORM_RMS);
+}
+
 template <typename T, norm_mode MODE>
 static bool norm_packed_plan(size_t rows, size_t cols, bool residual, bool checked,
                              row_plan *packed)
 {
     constexpr int V = vec16<T>();
     constexpr bool FP16 = std::is_same<T, __half>::value;
+    if (!norm_packs<T, MODE>(checked))
+        return false;
     if constexpr (norm_gelu(MODE)) {
         const unsigned values = cols <= 8192 ? 32u : (unsigned)PACKED_MAX_VALUES;
         return rows > (size_t)sm_count() && plan_packed(cols, V, values, packed);
     }
     constexpr unsigned VALUES = PACKED_MAX_VALUES;
-    if (FP16 && MODE == NORM_LAYER)
-        return false;
     if (cols <= (checked || FP16 ? 16384u : residual ? 32768u : 8192u))
         return false;
     if (plan_held(cols, V, VALUES, packed, false, VALUES, 512) && packed->cluster == 1)

@@ -12,44 +12,45 @@
 namespace weft_ops
 {
 
+/* f(std::integral_constant<unsigned, IO>) for the first of FIXED equal to
+ * io, else for NORM_IO_CHECKED. */
+template <unsigned... FIXED, typename F> int pick_io(unsigned io, F f)
+{
+    int rc = 0;
+    const bool fixed =
+        ((io == FIXED && (rc = f(std::integral_constant<unsigned, FIXED>()), true)) || ...);
+    return fixed ? rc : f(std::integral_constant<unsigned, NORM_IO_CHECKED>());
+}
+
 /* f(std::integral_constant<unsigned, IO>) for what the args' call reads
- * and writes (norm.cuh's norm_io): fixed at compile time for the common
- * calls of MODE on rows of whole vectors - the plain op with its weight
- * (and bias) or without, and the same with the residual added and the
- * sum written; the fused op with its GELU bias and residual, with or
- * without the sum - and checked at run time otherwise. (The fused op in
- * fp32 once ran faster checked; since LayerNorm's statistics became one
- * reduction, fixed wins there too. The checked kernels take more
- * registers, the packed ones spill, and they ran LayerNorm and RMSNorm
- * without weight or bias 1.2-2.6x slower than the fixed ones on rows of
- * 4096 to 65536 in half types, up to 1.5x in fp32: bench/RESULTS.md.) */
+ * and writes (norm.cuh's norm_io): fixed at compile time on rows of whole
+ * vectors for every call of LayerNorm and RMSNorm - weight and bias each
+ * given or not, the residual not added, added, or added and the sum
+ * written - and for the fused op's with its GELU bias, residual, weight
+ * and bias, the sum written or not; checked at run time otherwise. (The
+ * fused op in fp32 once ran faster checked; since LayerNorm's statistics
+ * became one reduction, fixed wins there too. The checked kernels take
+ * more registers, the packed ones spill, and they ran the norms' calls
+ * 1.2-2.6x slower than the fixed ones on rows of 4096 to 65536 in half
+ * types, up to 1.5x in fp32: bench/RESULTS.md.) */
 template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_args *a, F f)
 {
-    using std::integral_constant;
-    constexpr int V = vec16<T>();
-    constexpr bool GELU = norm_gelu(MODE);
-    constexpr unsigned AFFINE =
-        MODE == NORM_RMS ? NORM_IO_WEIGHT : (unsigned)NORM_IO_WEIGHT | NORM_IO_BIAS;
-    constexpr unsigned PLAIN = GELU ? AFFINE | NORM_IO_GELU_BIAS | NORM_IO_RESIDUAL : AFFINE;
-    constexpr unsigned ADDED = PLAIN | NORM_IO_RESIDUAL | NORM_IO_SUM_OUT;
+    constexpr unsigned W = NORM_IO_WEIGHT, B = NORM_IO_BIAS, WB = W | B;
+    constexpr unsigned ADD = NORM_IO_RESIDUAL, SUM = ADD | NORM_IO_SUM_OUT;
     const unsigned io = (a->residual ? NORM_IO_RESIDUAL : 0u) |
                         (a->gelu && a->gelu_bias ? NORM_IO_GELU_BIAS : 0u) |
                         (a->weight ? NORM_IO_WEIGHT : 0u) | (a->bias ? NORM_IO_BIAS : 0u) |
                         (a->sum_out ? NORM_IO_SUM_OUT : 0u);
 
-    if (a->cols % V != 0)
-        return f(integral_constant<unsigned, NORM_IO_CHECKED>());
-    if (io == PLAIN)
-        return f(integral_constant<unsigned, PLAIN>());
-    if (io == ADDED)
-        return f(integral_constant<unsigned, ADDED>());
-    if constexpr (!GELU) {
-        if (io == (PLAIN & ~AFFINE))
-            return f(integral_constant<unsigned, PLAIN & ~AFFINE>());
-        if (io == (ADDED & ~AFFINE))
-            return f(integral_constant<unsigned, ADDED & ~AFFINE>());
-    }
-    return f(integral_constant<unsigned, NORM_IO_CHECKED>());
+    if (a->cols % vec16<T>() != 0)
+        return f(std::integral_constant<unsigned, NORM_IO_CHECKED>());
+    if constexpr (MODE == NORM_LAYER)
+        return pick_io<WB, WB | ADD, WB | SUM, 0, ADD, SUM, W, W | ADD, W | SUM, B, B | ADD,
+                       B | SUM>(io, f);
+    else if constexpr (MODE == NORM_RMS)
+        return pick_io<W, W | ADD, W | SUM, 0, ADD, SUM>(io, f);
+    else
+        return pick_io<WB | NORM_IO_GELU_BIAS | ADD, WB | NORM_IO_GELU_BIAS | SUM>(io, f);
 }
 
 /* The call's rows, held in registers under `held` (plan_held at 16 values
@@ -62,7 +63,7 @@ int launch_held(cudaStream_t stream, const char *op, const weft__norm_args *a,
     return by_io<T, MODE>(a, [&](auto io) {
         constexpr unsigned IO = decltype(io)::value;
         /* Half types kept packed where norm_packed_plan says */
-        if constexpr (sizeof(T) == 2) {
+        if constexpr (norm_packs<T, MODE>(IO == NORM_IO_CHECKED)) {
             constexpr unsigned FEWEST = norm_gelu(MODE) ? 1u : (unsigned)PACKED_MAX_VALUES;
             row_plan packed;
             if (norm_packed_plan<T, MODE>(a->rows, a->cols, a->residual != nullptr,

@@ -376,21 +376,22 @@ static int call_norm(enum norm_kind kind, weft_gelu_form form, void *st, weft_dt
     }
 }
 
-/* What a norm is given besides in: nothing; the residual, sum_out, weight
- * and bias (and the GELU bias); the weight and bias alone; all but
- * sum_out; the weight alone; the bias alone; the residual and sum_out
- * alone. */
+/* What a norm is given besides in, as bits: the weight, the bias, the
+ * residual (and the fused op's GELU bias), sum_out (only with the
+ * residual). */
 enum norm_inputs {
-    NORM_BARE,
-    NORM_FULL,
-    NORM_AFFINE,
-    NORM_NO_SUM,
-    NORM_WEIGHT,
-    NORM_BIAS,
-    NORM_ADDED_BARE
+    NORM_WEIGHT = 1,
+    NORM_BIAS = 2,
+    NORM_ADDED = 4,
+    NORM_SUM = 8,
+    NORM_BARE = 0,
+    NORM_AFFINE = NORM_WEIGHT | NORM_BIAS,
+    NORM_NO_SUM = NORM_AFFINE | NORM_ADDED,
+    NORM_FULL = NORM_NO_SUM | NORM_SUM,
+    NORM_INPUTS = 16
 };
 
-/* inputs: an enum norm_inputs (0 and 1 as a truth value). offset moves the
+/* inputs: bits of enum norm_inputs. offset moves the
  * rows away from zero. The fused op's GELU form changes
  * with the shape and the dtype, so each shape sees both. */
 static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int inputs, double offset)
@@ -403,13 +404,14 @@ static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int inputs, do
     tens gb = tens_new(dt, 1, s.cols, s.cols, s.skew), w = tens_new(dt, 1, s.cols, s.cols, s.skew);
     tens b = tens_new(dt, 1, s.cols, s.cols, s.skew);
     cmp c = {NORM_NAMES[kind], &out, 0, 0}, cs = {"gelu_layernorm x", &sum, 0, 0};
-    int fused = kind == GELU_LAYERNORM, no_sum = inputs == NORM_NO_SUM;
-    int with_res = inputs == NORM_FULL || no_sum || inputs == NORM_ADDED_BARE;
-    int unweighted = inputs == NORM_BARE || inputs == NORM_ADDED_BARE;
-    int has_w = !unweighted && inputs != NORM_BIAS, has_b = !unweighted && inputs != NORM_WEIGHT;
+    int fused = kind == GELU_LAYERNORM, with_res = (inputs & NORM_ADDED) != 0;
+    int no_sum = !(inputs & NORM_SUM);
+    int has_w = (inputs & NORM_WEIGHT) != 0, has_b = (inputs & NORM_BIAS) != 0;
     /* the fused op's reference is the LayerNorm of the x the device
      * formed: without sum_out, a call with it comes first to get x */
     int with_sum = (with_res && !no_sum) || fused;
+
+    assert_true(!(inputs & NORM_SUM) || with_res);
 
     tens_random(&in, offset - 2, offset + 2);
     tens_random(&res, -1, 1);
@@ -425,8 +427,8 @@ static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int inputs, do
                         has_b ? b.d : NULL, s));
     if (fused && no_sum) {
         tens_poison(&out);
-        assert_ok(call_norm(kind, form, stream, dt, out.d, NULL, in.d, gb.d, res.d,
-                            has_w ? w.d : NULL, has_b ? b.d : NULL, s));
+        assert_ok(call_norm(kind, form, stream, dt, out.d, NULL, in.d, with_res ? gb.d : NULL,
+                            with_res ? res.d : NULL, has_w ? w.d : NULL, has_b ? b.d : NULL, s));
     }
     sync_ok();
     void *got = tens_download(&out, c.what, 1);
@@ -480,7 +482,8 @@ static void test_layernorm_matches_host(void **state)
     for (int d = 0; d < 3; d++)
         for (int k = 0; k < NROW_SHAPES; k++)
             if (!skipped_here(ROW_SHAPES[k]))
-                run_norm(LAYERNORM, DTYPES[d], ROW_SHAPES[k], k % 2 == 0, 0);
+                run_norm(LAYERNORM, DTYPES[d], ROW_SHAPES[k], k % 2 == 0 ? NORM_FULL : NORM_BARE,
+                         0);
     /* many rows with a weight and bias, under compute-sanitizer too: rows
      * of a block (half types) and of a cluster pushing its statistics
      * (all); the held kernels with them and with a residual but no sum, on
@@ -489,22 +492,17 @@ static void test_layernorm_matches_host(void **state)
         run_norm(LAYERNORM, DTYPES[d], (shape){270, 16384, 16392, 0}, NORM_AFFINE, 0);
     for (int d = 0; d < 3; d++)
         run_norm(LAYERNORM, DTYPES[d], (shape){280, 32768, 32768, 0}, NORM_AFFINE, 0);
-    /* the held kernels with and without the weight and bias fixed at
-     * compile time (neither, with the residual added or not), and checked
-     * at run time (either alone) */
+    /* the held kernels, fixed at compile time for each call: every
+     * combination of weight, bias, residual and sum_out */
     for (int d = 0; d < 3; d++)
-        for (int k = 0; k < NHELD_SHAPES; k++) {
-            run_norm(LAYERNORM, DTYPES[d], HELD_SHAPES[k], NORM_AFFINE, 0);
-            run_norm(LAYERNORM, DTYPES[d], HELD_SHAPES[k], NORM_NO_SUM, 0);
-            run_norm(LAYERNORM, DTYPES[d], HELD_SHAPES[k], NORM_WEIGHT, 0);
-            run_norm(LAYERNORM, DTYPES[d], HELD_SHAPES[k], NORM_BIAS, 0);
-            run_norm(LAYERNORM, DTYPES[d], HELD_SHAPES[k], NORM_BARE, 0);
-            run_norm(LAYERNORM, DTYPES[d], HELD_SHAPES[k], NORM_ADDED_BARE, 0);
-        }
+        for (int k = 0; k < NHELD_SHAPES; k++)
+            for (int in = 0; in < NORM_INPUTS; in++)
+                if (!(in & NORM_SUM) || (in & NORM_ADDED))
+                    run_norm(LAYERNORM, DTYPES[d], HELD_SHAPES[k], in, 0);
     /* far from zero: the corrected two-pass variance on the device too */
-    run_norm(LAYERNORM, WEFT_DTYPE_F32, (shape){3, 4097, 4097, 0}, 0, 100);
+    run_norm(LAYERNORM, WEFT_DTYPE_F32, (shape){3, 4097, 4097, 0}, NORM_BARE, 100);
     run_norm(LAYERNORM, WEFT_DTYPE_BF16, (shape){300, 1024, 1024, 0}, NORM_AFFINE, 100);
-    run_norm(LAYERNORM, WEFT_DTYPE_F32, (shape){2, 65536, 65536, 0}, 1, 30);
+    run_norm(LAYERNORM, WEFT_DTYPE_F32, (shape){2, 65536, 65536, 0}, NORM_FULL, 30);
 }
 
 static void test_rmsnorm_matches_host(void **state)
@@ -513,16 +511,14 @@ static void test_rmsnorm_matches_host(void **state)
     for (int d = 0; d < 3; d++)
         for (int k = 0; k < NROW_SHAPES; k++)
             if (!skipped_here(ROW_SHAPES[k]))
-                run_norm(RMSNORM, DTYPES[d], ROW_SHAPES[k], k % 2 == 1, 0);
+                run_norm(RMSNORM, DTYPES[d], ROW_SHAPES[k], k % 2 == 1 ? NORM_FULL : NORM_BARE, 0);
     for (int d = 0; d < 3; d++)
         run_norm(RMSNORM, DTYPES[d], (shape){280, 32768, 32768, 0}, NORM_AFFINE, 0);
     for (int d = 0; d < 3; d++)
-        for (int k = 0; k < NHELD_SHAPES; k++) {
-            run_norm(RMSNORM, DTYPES[d], HELD_SHAPES[k], NORM_AFFINE, 0);
-            run_norm(RMSNORM, DTYPES[d], HELD_SHAPES[k], NORM_NO_SUM, 0);
-            run_norm(RMSNORM, DTYPES[d], HELD_SHAPES[k], NORM_BARE, 0);
-            run_norm(RMSNORM, DTYPES[d], HELD_SHAPES[k], NORM_ADDED_BARE, 0);
-        }
+        for (int k = 0; k < NHELD_SHAPES; k++)
+            for (int in = 0; in < NORM_INPUTS; in++)
+                if (!(in & NORM_BIAS) && (!(in & NORM_SUM) || (in & NORM_ADDED)))
+                    run_norm(RMSNORM, DTYPES[d], HELD_SHAPES[k], in, 0);
 }
 
 static void test_bias_gelu_residual_layernorm_matches_host(void **state)
@@ -531,7 +527,8 @@ static void test_bias_gelu_residual_layernorm_matches_host(void **state)
     for (int d = 0; d < 3; d++)
         for (int k = 0; k < NROW_SHAPES; k++)
             if (!skipped_here(ROW_SHAPES[k]))
-                run_norm(GELU_LAYERNORM, DTYPES[d], ROW_SHAPES[k], k != 2, 0);
+                run_norm(GELU_LAYERNORM, DTYPES[d], ROW_SHAPES[k], k != 2 ? NORM_FULL : NORM_BARE,
+                         0);
     for (int d = 0; d < 3; d++)
         for (int k = 0; k < NHELD_SHAPES; k++)
             run_norm(GELU_LAYERNORM, DTYPES[d], HELD_SHAPES[k], NORM_NO_SUM, 0);
