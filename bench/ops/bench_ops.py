@@ -46,7 +46,8 @@ WEFT_DTYPE = {"f32": 0, "bf16": 1, "f16": 2}
 ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", "held_checked",
                 "held_narrow", "held_wide", "held_spread", "held_spread8", "held_push",
                 "held_packed", "held_packed16", "held_packed64", "held_packed_pairs",
-                "held_packed_quads", "held_packed_eights", "held_packed32", "held_online",
+                "held_packed_quads", "held_packed_eights", "held_packed32", "ring2_packed_quads",
+                "packed_quads_b3", "packed_quads_b2", "held_online",
                 "ring2_online", "held_online_push", "held_online_push16", "staged", "regs",
                 "regs_half", "regs_double", "regs_flat")
 FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
@@ -54,8 +55,10 @@ FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "he
                   "held_packed64", "held_packed_pairs", "held_packed_quads", "held_packed32",
                   "packed_b6", "packed_b5", "half_fit")
 RMS_VARIANTS = ("lib", "ring2", "held", "held_narrow", "held_wide", "held_push", "held_packed64",
-                "held_packed_pairs", "held_packed_quads")
-ADD_LN_VARIANTS = ("lib", "held_push", "held_packed64", "held_packed_pairs", "held_packed_quads")
+                "held_packed_pairs", "held_packed_quads", "ring2_packed_quads", "packed_quads_b3",
+                "packed_quads_b2")
+ADD_LN_VARIANTS = ("lib", "held_push", "held_packed64", "held_packed_pairs", "held_packed_quads",
+                   "packed_quads_b3", "packed_quads_b2")
 CHECKED_VARIANTS = ("lib", "held_push_checked", "held_packed_pairs_checked",
                     "held_packed_quads_checked")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "fit3", "select", "pairs", "grid8",
@@ -878,7 +881,10 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "(rows of 65536 over four or eight; softmax's packed forms push a "
                    "cluster's statistics), `held_packed32` never more than 32 values a "
                    "thread, longer rows over clusters of blocks of up to 512 (the fused op "
-                   "spills at 64), "
+                   "spills at 64), `ring2_packed_quads` the norms' rows copied ahead into "
+                   "a ring of 2 slots and kept packed under `held_packed_quads`' plan, "
+                   "`packed_quads_b3`/`packed_quads_b2` that plan in kernels bounded to 3 "
+                   "or 2 resident blocks of 256 (up to 80 or 128 registers, not 64), "
                    "RMSNorm's `ring2` (formerly the library's on long rows) and "
                    "`held`/`held_push` (a cluster's statistics met at barriers or pushed) "
                    "and `held_packed64`/`held_packed_pairs`/`held_packed_quads` (as the "

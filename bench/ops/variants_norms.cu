@@ -35,6 +35,16 @@ int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void
                    : WEFT_EINVAL;
     if (checked_variant(variant))
         return run_checked<T, NORM_LAYER>("layernorm variant", s, variant, p);
+    if (strncmp(variant, "packed_quads_b", 14) == 0)
+        return run_packed_resident<T, NORM_LAYER, NORM_IO_WEIGHT | NORM_IO_BIAS>(
+            "layernorm variant", s, variant, p);
+    if (strcmp(variant, "ring2_packed_quads") == 0) {
+        if constexpr (sizeof(T) == 2)
+            return run_ring_packed(
+                "layernorm variant", s, cols, V, sizeof(T), p,
+                norm_ring_packed_for<T, NORM_LAYER, NORM_IO_WEIGHT | NORM_IO_BIAS>);
+        return WEFT_EINVAL;
+    }
     unsigned slots, values;
     if (ring_variant(variant, 16, &slots, &values))
         return run_ring("layernorm variant", s, cols, V, sizeof(T), values, slots, p,
@@ -87,6 +97,14 @@ int rmsnorm_variant(cudaStream_t s, const char *variant, void *out, const void *
                         norm_ring_for<T, NORM_RMS, IO>);
     if (checked_variant(variant))
         return run_checked<T, NORM_RMS>("rmsnorm variant", s, variant, p);
+    if (strncmp(variant, "packed_quads_b", 14) == 0)
+        return run_packed_resident<T, NORM_RMS, IO>("rmsnorm variant", s, variant, p);
+    if (strcmp(variant, "ring2_packed_quads") == 0) {
+        if constexpr (sizeof(T) == 2)
+            return run_ring_packed("rmsnorm variant", s, cols, V, sizeof(T), p,
+                                   norm_ring_packed_for<T, NORM_RMS, IO>);
+        return WEFT_EINVAL;
+    }
     if (packed_variant(variant)) {
         if constexpr (sizeof(T) == 2)
             return run_packed<T>("rmsnorm variant", s, variant, p,
@@ -126,6 +144,8 @@ int add_layernorm_variant(cudaStream_t s, const char *variant, void *out, void *
         return WEFT_EINVAL;
     if (checked_variant(variant))
         return run_checked<T, NORM_LAYER>("add_layernorm variant", s, variant, p);
+    if (strncmp(variant, "packed_quads_b", 14) == 0)
+        return run_packed_resident<T, NORM_LAYER, IO>("add_layernorm variant", s, variant, p);
     if (packed_variant(variant)) {
         if constexpr (sizeof(T) == 2)
             return run_packed<T>("add_layernorm variant", s, variant, p,

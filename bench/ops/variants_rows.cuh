@@ -148,7 +148,7 @@ inline bool held_variant_plan(const char *variant, size_t cols, int V, unsigned 
  * residual: that would double the bytes a row, where the held kernel
  * measured faster. The library ran RMSNorm through it until the held
  * kernels, packed and pushing a cluster's statistics, beat it. */
-template <typename T, int VPT, norm_mode MODE, unsigned IO>
+template <typename T, int VPT, norm_mode MODE, unsigned IO, bool PACKED = false>
 __global__ void __launch_bounds__(512) norm_ring_kernel(norm_params<T> p, ring_plan plan)
 {
     constexpr int V = vec16<T>();
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(512) norm_ring_kernel(norm_params<T> p, ring_p
     ring_rows(ring, p.rows, cluster, fill, [&](size_t row, unsigned s, auto read) {
         at.row = row;
         const slot_row<T, V> in = {ring.segment(s), first};
-        norm_held_row<T, VPT, MODE, IO, false>(p, at, in, in, read, scratch, cluster);
+        norm_held_row<T, VPT, MODE, IO, PACKED>(p, at, in, in, read, scratch, cluster);
     });
 }
 
@@ -173,6 +173,18 @@ static void (*norm_ring_for(unsigned vpt))(norm_params<T>, ring_plan)
 {
     return held_vpt<vec16<T>()>(
         vpt, [](auto k) { return norm_ring_kernel<T, decltype(k)::value, MODE, IO>; });
+}
+
+/* The packed ring kernel (half types) for plan.vpt, or NULL when there is
+ * none. */
+template <typename T, norm_mode MODE, unsigned IO>
+static void (*norm_ring_packed_for(unsigned vpt))(norm_params<T>, ring_plan)
+{
+    using kernel = void (*)(norm_params<T>, ring_plan);
+    return by_vpt<PACKED_MAX_VALUES / vec16<T>()>(
+        vpt,
+        [](auto k) -> kernel { return norm_ring_kernel<T, decltype(k)::value, MODE, IO, true>; },
+        [] { return (kernel) nullptr; });
 }
 
 /* Softmax's ring kernel (ring.cuh): resident blocks (or clusters) loop
@@ -240,6 +252,26 @@ int run_ring(const char *op, cudaStream_t s, size_t cols, int V, size_t elem_siz
     return launch_ring(op, s, ring, kernel, p);
 }
 
+/* The ring under held_packed_quads' plan (ring2_packed_quads: rows kept
+ * packed at 64 values a thread in blocks of up to 256, a row of 65536 over
+ * a cluster of four), with as many slots as leave the most blocks
+ * resident, at least two. Rows copied ahead did not help the packed
+ * kernels: LayerNorm bf16 ran 2.30 TB/s against 3.13 held at 1024x65536,
+ * 3.08 against 3.58 at 4096x16384 (bench/RESULTS.md). */
+template <typename Params, typename K>
+int run_ring_packed(const char *op, cudaStream_t s, size_t cols, int V, size_t elem_size,
+                    const Params &p, K kernel_for)
+{
+    row_plan blocks;
+    ring_plan ring;
+    if (!plan_held(cols, V, PACKED_MAX_VALUES, &blocks, true, PACKED_MAX_VALUES, 256))
+        return WEFT_EINVAL;
+    auto kernel = kernel_for(blocks.vpt);
+    if (!kernel || !plan_ring(kernel, blocks, cols, p.rows, V, elem_size, 2, &ring))
+        return WEFT_EINVAL;
+    return launch_ring(op, s, ring, kernel, p);
+}
+
 template <typename Params, typename K>
 int run_held(const char *op, cudaStream_t s, const row_plan &plan, const Params &p, K kernel)
 {
@@ -282,6 +314,31 @@ int run_packed(const char *op, cudaStream_t s, const char *variant, const Params
     if (!packed_plan(variant, p.cols, vec16<T>(), &plan))
         return WEFT_EINVAL;
     return run_held(op, s, plan, p, kernel_for(plan.vpt));
+}
+
+/* packed_quads_b3, packed_quads_b2: held_packed_quads' plan in kernels
+ * bounded to 3 or 2 resident blocks of 256 (up to 80 or 128 registers a
+ * thread, where the library's packed kernels take 64, and fp16's spill).
+ * Neither beat the library's kernels: bf16 is level, fp16's LayerNorm
+ * (109 registers unbounded) stays behind its fp32 plan (bench/RESULTS.md).
+ * WEFT_EINVAL when the variant is neither or does not apply. */
+template <typename T, norm_mode MODE, unsigned IO>
+int run_packed_resident(const char *op, cudaStream_t s, const char *variant,
+                        const norm_params<T> &p)
+{
+    const bool b3 = strcmp(variant, "packed_quads_b3") == 0;
+    row_plan plan;
+    if (!b3 && strcmp(variant, "packed_quads_b2") != 0)
+        return WEFT_EINVAL;
+    if constexpr (sizeof(T) == 2) {
+        if (!packed_plan("held_packed_quads", p.cols, vec16<T>(), &plan))
+            return WEFT_EINVAL;
+        constexpr unsigned FEWEST = PACKED_MAX_VALUES;
+        auto kernel = b3 ? norm_packed_for<T, MODE, IO, EXCHANGE_PUSH, FEWEST, 3>(plan.vpt)
+                         : norm_packed_for<T, MODE, IO, EXCHANGE_PUSH, FEWEST, 2>(plan.vpt);
+        return run_held(op, s, plan, p, kernel);
+    }
+    return WEFT_EINVAL;
 }
 
 /* Whether the variant is one of packed_plan's. */
