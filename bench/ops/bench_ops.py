@@ -603,30 +603,31 @@ def run(torch, lib, args):
                 # (without weight or bias, LayerNorm with the weight alone,
                 # add+LayerNorm without the sum): the library's kernels for
                 # them against those
-                for v in CHECKED_VARIANTS:
-                    def ln(v, weight, bias, residual=None):
-                        res = P(residual.data_ptr()) if residual is not None else None
-                        if v == "lib":
-                            return lib.weft_layernorm(
-                                s(), wd, P(y.data_ptr()), None, P(x.data_ptr()), res, weight,
-                                bias, EPS, r, c, c)
-                        if residual is not None:
-                            return lib.weft_bench_add_layernorm_variant(
-                                s(), wd, v.encode(), P(y.data_ptr()), None, P(x.data_ptr()), res,
-                                weight, bias, r, c)
-                        return lib.weft_bench_layernorm_variant(
-                            s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()), weight, bias,
-                            r, c)
+                def ln(v, weight, bias, residual=None):
+                    res = P(residual.data_ptr()) if residual is not None else None
                     if v == "lib":
-                        rms = (lambda: lib.weft_rmsnorm(
-                            s(), wd, P(y.data_ptr()), None, P(x.data_ptr()), None, None, EPS,
-                            r, c, c))
-                    else:
-                        rms = (lambda v=v: lib.weft_bench_rmsnorm_variant(
-                            s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()), None, r, c))
+                        return lib.weft_layernorm(
+                            s(), wd, P(y.data_ptr()), None, P(x.data_ptr()), res, weight, bias,
+                            EPS, r, c, c)
+                    if residual is not None:
+                        return lib.weft_bench_add_layernorm_variant(
+                            s(), wd, v.encode(), P(y.data_ptr()), None, P(x.data_ptr()), res,
+                            weight, bias, r, c)
+                    return lib.weft_bench_layernorm_variant(
+                        s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()), weight, bias, r, c)
+
+                def rms_bare(v):
+                    if v == "lib":
+                        return lib.weft_rmsnorm(s(), wd, P(y.data_ptr()), None, P(x.data_ptr()),
+                                                None, None, EPS, r, c, c)
+                    return lib.weft_bench_rmsnorm_variant(
+                        s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()), None, r, c)
+
+                for v in CHECKED_VARIANTS:
                     time_variant("layernorm (bare)", v, lambda v=v: ln(v, None, None),
                                  2 * r * c * es, "layernorm_bare")
-                    time_variant("rmsnorm (bare)", v, rms, 2 * r * c * es, "rmsnorm_bare")
+                    time_variant("rmsnorm (bare)", v, lambda v=v: rms_bare(v), 2 * r * c * es,
+                                 "rmsnorm_bare")
                     time_variant("layernorm (weight)", v,
                                  lambda v=v: ln(v, P(w.data_ptr()), None),
                                  (2 * r * c + c) * es, "layernorm_weight")
