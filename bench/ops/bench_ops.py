@@ -47,7 +47,8 @@ ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", 
                 "held_narrow", "held_wide", "held_spread", "held_spread8", "held_push",
                 "held_packed", "held_packed16", "held_packed64", "held_packed_pairs",
                 "held_packed_quads", "held_packed_eights", "held_packed32", "ring2_packed_quads",
-                "packed_quads_b3", "packed_quads_b2", "held_online",
+                "packed_quads_b3", "packed_quads_b2", "tpr_packed_pairs", "tpr_packed_quads",
+                "shifted_packed_quads", "tpr_shifted_packed_quads", "held_online",
                 "ring2_online", "held_online_push", "held_online_push16", "staged", "regs",
                 "regs_half", "regs_double", "regs_flat")
 FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
@@ -56,9 +57,10 @@ FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "he
                   "packed_b6", "packed_b5", "half_fit")
 RMS_VARIANTS = ("lib", "ring2", "held", "held_narrow", "held_wide", "held_push", "held_packed64",
                 "held_packed_pairs", "held_packed_quads", "ring2_packed_quads", "packed_quads_b3",
-                "packed_quads_b2")
+                "packed_quads_b2", "tpr_packed_pairs", "tpr_packed_quads")
 ADD_LN_VARIANTS = ("lib", "held_push", "held_packed64", "held_packed_pairs", "held_packed_quads",
-                   "packed_quads_b3", "packed_quads_b2")
+                   "packed_quads_b3", "packed_quads_b2", "tpr_packed_pairs", "tpr_packed_quads",
+                   "shifted_packed_quads", "tpr_shifted_packed_quads")
 CHECKED_VARIANTS = ("lib", "held_push_checked", "held_packed_pairs_checked",
                     "held_packed_quads_checked")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "fit3", "select", "pairs", "grid8",
@@ -886,6 +888,11 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "a ring of 2 slots and kept packed under `held_packed_quads`' plan, "
                    "`packed_quads_b3`/`packed_quads_b2` that plan in kernels bounded to 3 "
                    "or 2 resident blocks of 256 (up to 80 or 128 registers, not 64), "
+                   "`tpr_packed_pairs`/`tpr_packed_quads` the pairs' and quads' plans in "
+                   "kernels whose threads a row are fixed at compile time (uniform row "
+                   "pointers, immediate offsets), `shifted_packed_quads` LayerNorm's "
+                   "moments taken in the pass that forms s, about each thread's first "
+                   "value, `tpr_shifted_packed_quads` both, "
                    "RMSNorm's `ring2` (formerly the library's on long rows) and "
                    "`held`/`held_push` (a cluster's statistics met at barriers or pushed) "
                    "and `held_packed64`/`held_packed_pairs`/`held_packed_quads` (as the "

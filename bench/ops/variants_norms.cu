@@ -38,6 +38,9 @@ int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void
     if (strncmp(variant, "packed_quads_b", 14) == 0)
         return run_packed_resident<T, NORM_LAYER, NORM_IO_WEIGHT | NORM_IO_BIAS>(
             "layernorm variant", s, variant, p);
+    if (tuned_packed_variant(variant))
+        return run_packed_tuned<T, NORM_LAYER, NORM_IO_WEIGHT | NORM_IO_BIAS>("layernorm variant",
+                                                                              s, variant, p);
     if (strcmp(variant, "ring2_packed_quads") == 0) {
         if constexpr (sizeof(T) == 2)
             return run_ring_packed(
@@ -99,6 +102,8 @@ int rmsnorm_variant(cudaStream_t s, const char *variant, void *out, const void *
         return run_checked<T, NORM_RMS>("rmsnorm variant", s, variant, p);
     if (strncmp(variant, "packed_quads_b", 14) == 0)
         return run_packed_resident<T, NORM_RMS, IO>("rmsnorm variant", s, variant, p);
+    if (tuned_packed_variant(variant))
+        return run_packed_tuned<T, NORM_RMS, IO>("rmsnorm variant", s, variant, p);
     if (strcmp(variant, "ring2_packed_quads") == 0) {
         if constexpr (sizeof(T) == 2)
             return run_ring_packed("rmsnorm variant", s, cols, V, sizeof(T), p,
@@ -146,6 +151,8 @@ int add_layernorm_variant(cudaStream_t s, const char *variant, void *out, void *
         return run_checked<T, NORM_LAYER>("add_layernorm variant", s, variant, p);
     if (strncmp(variant, "packed_quads_b", 14) == 0)
         return run_packed_resident<T, NORM_LAYER, IO>("add_layernorm variant", s, variant, p);
+    if (tuned_packed_variant(variant))
+        return run_packed_tuned<T, NORM_LAYER, IO>("add_layernorm variant", s, variant, p);
     if (packed_variant(variant)) {
         if constexpr (sizeof(T) == 2)
             return run_packed<T>("add_layernorm variant", s, variant, p,

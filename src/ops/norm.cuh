@@ -387,10 +387,14 @@ __device__ __forceinline__ moments part_moments(const float (&x)[VPT][V], const 
  * s = 0 (GELU(0) = 0), so the sums need no mask. LayerNorm's statistics
  * are one reduction of each thread's moments. read() runs once every
  * thread of the row has read its vectors. FIT is the erf form's fit
- * (bench/ops/ times another).
+ * (bench/ops/ times another). bench/ops/ also times TPR, the threads of a
+ * row fixed at compile time (rows.cuh's held_at), and SHIFTED, LayerNorm's
+ * moments taken in the pass that forms s: neither ran faster (the
+ * variants tpr_* and shifted_*, bench/RESULTS.md).
  */
 template <typename T, int VPT, norm_mode MODE, unsigned IO, bool PACKED,
-          gelu_fit FIT = gelu_fit_for<T>(), typename Row, typename Read, cluster_exchange X>
+          gelu_fit FIT = gelu_fit_for<T>(), unsigned TPR = 0, bool SHIFTED = false, typename Row,
+          typename Read, cluster_exchange X>
 __device__ __forceinline__ void
 norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const Row &res,
               Read read, reduce_scratch<norm_stat<MODE>, X> &scratch, unsigned cluster)
@@ -403,14 +407,15 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
     const bool has_w = io_has<IO>(p.weight, NORM_IO_WEIGHT);
     const bool has_b = io_has<IO>(p.bias, NORM_IO_BIAS);
     const bool has_sum = io_has<IO>(p.sum_out, NORM_IO_SUM_OUT);
-    const unsigned cols = (unsigned)p.cols;
-    unsigned j[VPT];
+    using Index = decltype(held_at<V, VPT, TPR>(at, 0));
+    const Index cols = (Index)p.cols;
+    Index j[VPT];
     int part[VPT];
     uint4 raw_in[VPT], raw_res[VPT], raw_gb[VPT];
 
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
-        j[k] = held_at<V, VPT>(at, k);
+        j[k] = held_at<V, VPT, TPR>(at, k);
         part[k] = IO & NORM_IO_CHECKED ? part_of<V>(j[k], cols) : j[k] < cols ? V : 0;
         raw_in[k] = raw_res[k] = raw_gb[k] = make_uint4(0, 0, 0, 0);
         if (part[k] == 0)
@@ -426,7 +431,8 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
     /* s, as the host forms and rounds it; the sum (of squares, RMS).
      * PACKED keeps s as T between the passes (it is rounded to T, or is
      * in), and unpacks it again for each. */
-    float x[VPT][V], acc = 0.0f;
+    float x[VPT][V], acc = 0.0f, acc2 = 0.0f, shift = 0.0f;
+    int count = 0;
     uint4 kept[VPT];
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
@@ -451,9 +457,26 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
             if (PACKED)
                 kept[k] = pack<T, V>(x[k]);
         }
+        if constexpr (SHIFTED && MODE != NORM_RMS) {
+            /* LayerNorm's moments in the same pass, about the thread's
+             * first value: m2 = sum d^2 - (sum d)^2 / n with d = s - shift
+             * cancels at most by the thread's n, as shift is one of its s */
+            if (k == 0)
+                shift = x[0][0];
+            count += part[k];
 #pragma unroll
-        for (int e = 0; e < V; e++)
-            acc += MODE == NORM_RMS ? x[k][e] * x[k][e] : x[k][e];
+            for (int e = 0; e < V; e++) {
+                if (part[k] == V || e < part[k]) {
+                    float d = x[k][e] - shift;
+                    acc += d;
+                    acc2 = fmaf(d, d, acc2);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < V; e++)
+                acc += MODE == NORM_RMS ? x[k][e] * x[k][e] : x[k][e];
+        }
     }
     const float inv_n = 1.0f / (float)p.cols;
     float mean, rstd;
@@ -462,9 +485,16 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
         mean = 0.0f;
         read();
     } else {
-        if constexpr (PACKED)
-            unpack_kept<T, V, VPT>(x, kept);
-        moments m = row_reduce(part_moments<V, VPT>(x, part, acc), op_merge(), scratch, cluster);
+        moments part_m;
+        if constexpr (SHIFTED) {
+            const float q = count ? __fdividef(acc, (float)count) : 0.0f;
+            part_m = {(float)count, shift + q, fmaxf(fmaf(-acc, q, acc2), 0.0f)};
+        } else {
+            if constexpr (PACKED)
+                unpack_kept<T, V, VPT>(x, kept);
+            part_m = part_moments<V, VPT>(x, part, acc);
+        }
+        moments m = row_reduce(part_m, op_merge(), scratch, cluster);
         read();
         mean = m.mean;
         rstd = rsqrtf(m.m2 * inv_n + p.eps);
@@ -528,9 +558,11 @@ __host__ __device__ constexpr unsigned held_resident(bool packed, int vpt, int v
  * registers, in blocks of up to 1024 threads: a row of 65536 in one block,
  * or twice the resident blocks of the fp32 form. RESIDENT, where set,
  * bounds blocks to 256 threads and asks for that many resident an SM, in
- * fewer registers (bench/ops/ times it); FIT is norm_held_row's. */
+ * fewer registers (bench/ops/ times it); FIT, TPR and SHIFTED are
+ * norm_held_row's. */
 template <typename T, int VPT, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
-          bool PACKED = false, unsigned RESIDENT = 0, gelu_fit FIT = gelu_fit_for<T>()>
+          bool PACKED = false, unsigned RESIDENT = 0, gelu_fit FIT = gelu_fit_for<T>(),
+          unsigned TPR = 0, bool SHIFTED = false>
 __global__ void __launch_bounds__(held_threads(PACKED, RESIDENT),
                                   held_resident(PACKED, VPT, vec16<T>(), RESIDENT))
     norm_held_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t)
@@ -539,12 +571,12 @@ __global__ void __launch_bounds__(held_threads(PACKED, RESIDENT),
     __shared__ reduce_scratch<norm_stat<MODE>, X> scratch;
     if constexpr (X == EXCHANGE_PUSH)
         push_setup(cluster, scratch);
-    const row_place at = place_row<V>(row0, cluster, 1, VPT);
+    const row_place at = place_row<V, TPR>(row0, cluster, 1, VPT);
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
         return;
     const global_row<T, V> in = {p.in + at.row * p.stride};
     const global_row<T, V> res = {p.residual ? p.residual + at.row * p.stride : nullptr};
-    norm_held_row<T, VPT, MODE, IO, PACKED, FIT>(
+    norm_held_row<T, VPT, MODE, IO, PACKED, FIT, TPR, SHIFTED>(
         p, at, in, res, [] {}, scratch, cluster);
 }
 

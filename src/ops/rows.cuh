@@ -71,7 +71,11 @@ struct row_place {
     unsigned rank; /* block within the cluster */
 };
 
-template <int V>
+/* TPR, where set, is the threads of a row fixed at compile time, a row a
+ * block (blockDim (TPR, 1)): the row is then the same for every thread,
+ * and what is computed from it alone (its pointers) lives in uniform
+ * registers, not in each thread's. */
+template <int V, unsigned TPR = 0>
 __device__ __forceinline__ row_place place_row(size_t row0, unsigned cluster, size_t tiles,
                                                unsigned vpt)
 {
@@ -80,7 +84,7 @@ __device__ __forceinline__ row_place place_row(size_t row0, unsigned cluster, si
     const unsigned group = cluster == 1 ? blockIdx.x : blockIdx.x / cluster;
     p.tid = threadIdx.x;
     p.rank = cluster == 1 ? 0 : blockIdx.x % cluster;
-    p.row = row0 + (size_t)group * blockDim.y + threadIdx.y;
+    p.row = TPR ? row0 + group : row0 + (size_t)group * blockDim.y + threadIdx.y;
     p.tile = (size_t)blockDim.x * vpt * V;
     p.first = (size_t)p.rank * tiles;
     return p;
@@ -374,9 +378,16 @@ __device__ __forceinline__ void store_part(T *p, const float (&x)[V], int n)
 
 /* Where this thread's vector k lies in its row (elements), for the held
  * layout: vector k of thread t of block `rank` at ((rank * VPT + k) * TPR + t) * V. */
-template <int V, int VPT> __device__ __forceinline__ unsigned held_at(const row_place &at, int k)
+template <int V, int VPT, unsigned TPR = 0>
+__device__ __forceinline__ auto held_at(const row_place &at, int k)
 {
-    return ((at.rank * VPT + k) * blockDim.x + at.tid) * V;
+    if constexpr (TPR != 0) {
+        /* signed, so that the compiler may take k's part out of the sum
+         * into each access's immediate offset */
+        return (((int)at.rank * VPT + k) * (int)TPR + (int)at.tid) * V;
+    } else {
+        return ((at.rank * VPT + k) * blockDim.x + at.tid) * V;
+    }
 }
 
 /* Where a held row's vectors come from (the held rows' Row parameter):
@@ -385,7 +396,7 @@ template <int V, int VPT> __device__ __forceinline__ unsigned held_at(const row_
  * the first `part` of them (0 to V), the rest 0. */
 template <typename T, int V> struct global_row {
     const T *row;
-    __device__ __forceinline__ uint4 at(unsigned j, int part) const
+    template <typename Index> __device__ __forceinline__ uint4 at(Index j, int part) const
     {
         return part == V  ? load_streamed(row + j)
                : part > 0 ? load_partial<T, V>(row + j, part)
