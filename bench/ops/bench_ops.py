@@ -54,7 +54,7 @@ ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", 
 FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
                   "held_spread8", "held_push", "held_warp", "held_packed", "held_packed16",
                   "held_packed64", "held_packed_pairs", "held_packed_quads", "held_packed32",
-                  "packed_b6", "packed_b5", "half_fit")
+                  "packed_b6", "packed_b5", "half_fit", "lib_checked")
 RMS_VARIANTS = ("lib", "ring2", "held", "held_narrow", "held_wide", "held_push", "held_packed64",
                 "held_packed_pairs", "held_packed_quads", "ring2_packed_quads", "packed_quads_b3",
                 "packed_quads_b2", "tpr_packed_pairs", "tpr_packed_quads")
@@ -664,6 +664,20 @@ def run(torch, lib, args):
                             P(w.data_ptr()), P(z.data_ptr()), P(w.data_ptr()), P(b.data_ptr()),
                             r, c))
                     time_variant("gelu_layernorm", v, fn, (3 * r * c + 3 * c) * es)
+                # the fused op without its GELU bias (a GEMM's epilogue added
+                # it): the library's kernels fixed for the call against the
+                # checked ones it took before
+                for v in ("lib", "lib_checked"):
+                    if v == "lib":
+                        fn = (lambda: lib.weft_bias_gelu_residual_layernorm(
+                            s(), wd, 1, P(y.data_ptr()), None, P(x.data_ptr()), None,
+                            P(z.data_ptr()), P(w.data_ptr()), P(b.data_ptr()), EPS, r, c, c))
+                    else:
+                        fn = (lambda v=v: lib.weft_bench_gelu_layernorm_variant(
+                            s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()), None,
+                            P(z.data_ptr()), P(w.data_ptr()), P(b.data_ptr()), r, c))
+                    time_variant("gelu_layernorm (no GELU bias)", v, fn,
+                                 (3 * r * c + 2 * c) * es, "gelu_layernorm_no_gelu_bias")
                 # the plain walk's forms, by name
                 walks = tuple((v, lambda v=v: lib.weft_bench_gelu_walk(
                     s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
@@ -903,6 +917,9 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "to 256 threads, 6 or 5 resident an SM (40 or 48 registers, not 64), "
                    "`half_fit` the fused op's packed kernel in bf16 with fp16's GELU fit "
                    "(degree 5, 2.7e-5, where bf16's is of degree 3 in 1/(a + k), 7.3e-4), "
+                   "`lib_checked` the fused op's checked kernels under the library's plans "
+                   "(`gelu_layernorm (no GELU bias)`, the call without the GELU bias, times "
+                   "the library's kernels for it against those, which it took before), "
                    "`*_checked` kernels that test at run time for "
                    "what the library fixes at compile time on these rows (as rows of any "
                    "length take them; `layernorm (bare)`/`rmsnorm (bare)`, the norms "

@@ -9,10 +9,13 @@ namespace weft_ops::variants
 namespace
 {
 
-/* The fused op (erf GELU with its bias, the residual, weight and bias, no
- * sum written) in its held kernel under the library's plan, with those
- * inputs fixed at compile time (held, the library's) or tested at run time
- * (held_checked); fixed at 8 and at 32 values a thread (held_narrow,
+/* The fused op (erf GELU with its bias - or without, where gelu_bias is
+ * NULL - the residual, weight and bias, no sum written) in its held kernel
+ * under the library's plan, with those inputs fixed at compile time (held,
+ * the library's) or tested at run time (held_checked; lib_checked: the
+ * library's plans, packed or not, in the checked kernels, as the library
+ * took calls without the GELU bias before they were fixed too); fixed at
+ * 8 and at 32 values a thread (held_narrow,
  * held_wide); and with rows of up to a warp's 32 values a thread held by
  * one warp, not split over warps at 16 as the library does (held_warp:
  * those of 1024); and packed at 32 values a thread (the library's on rows
@@ -27,6 +30,7 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
                            const void *bias, size_t rows, size_t cols)
 {
     constexpr int V = vec16<T>();
+    constexpr norm_mode M = NORM_GELU_ERF_LAYER;
     constexpr unsigned IO = NORM_IO_GELU_BIAS | NORM_IO_RESIDUAL | NORM_IO_WEIGHT | NORM_IO_BIAS;
     norm_params<T> p = bench_norm<T>(out, in, weight, bias, rows, cols);
     p.gelu_bias = (const T *)gelu_bias;
@@ -37,6 +41,19 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
         return WEFT_EINVAL;
     plan = warp;
     plan_held_split_warp_rows(&plan, V, 16);
+    if (strcmp(variant, "lib_checked") == 0) {
+        if constexpr (norm_packs<T, M>(true)) {
+            row_plan packed;
+            if (norm_packed_plan<T, M>(rows, cols, true, true, &packed))
+                return run_held(
+                    "gelu_layernorm variant", s, packed, p,
+                    norm_packed_for<T, M, NORM_IO_CHECKED, EXCHANGE_PUSH>(packed.vpt));
+        }
+        return run_held("gelu_layernorm variant", s, plan, p,
+                        norm_held_for<T, M, NORM_IO_CHECKED, EXCHANGE_PUSH>(plan.vpt));
+    }
+    if (!gelu_bias)
+        return WEFT_EINVAL; /* the other variants are of the call with it */
     if (strcmp(variant, "held") == 0)
         return run_held("gelu_layernorm variant", s, plan, p,
                         norm_held_for<T, NORM_GELU_ERF_LAYER, IO>(plan.vpt));

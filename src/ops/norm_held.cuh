@@ -1,7 +1,8 @@
 /*
  * norm_held.cuh - norm.cu's held path for one mode (launch_held), apart
  * so that each mode's kernels compile in a translation unit of their own
- * (norm_layer.cu, norm_rms.cu, norm_fused.cu), in parallel: together in
+ * (norm_layer.cu, norm_rms.cu, norm_fused_erf.cu, norm_fused_tanh.cu), in
+ * parallel: together in
  * norm.cu they were the longest compile of the library.
  */
 #ifndef WEFT_OPS_NORM_HELD_CUH
@@ -26,17 +27,18 @@ template <unsigned... FIXED, typename F> int pick_io(unsigned io, F f)
  * and writes (norm.cuh's norm_io): fixed at compile time on rows of whole
  * vectors for every call of LayerNorm and RMSNorm - weight and bias each
  * given or not, the residual not added, added, or added and the sum
- * written - and for the fused op's with its GELU bias, residual, weight
- * and bias, the sum written or not; checked at run time otherwise. (The
- * fused op in fp32 once ran faster checked; since LayerNorm's statistics
- * became one reduction, fixed wins there too. The checked kernels take
+ * written - and for the fused op's with its residual, weight and bias,
+ * the GELU bias given or not (a GEMM's epilogue may have added it), the
+ * sum written or not; checked at run time otherwise. (The fused op in
+ * fp32 once ran faster checked; since LayerNorm's statistics became one
+ * reduction, fixed wins there too. The checked kernels take
  * more registers, the packed ones spill, and they ran the norms' calls
  * 1.2-2.6x slower than the fixed ones on rows of 4096 to 65536 in half
  * types, up to 1.5x in fp32: bench/RESULTS.md.) */
 template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_args *a, F f)
 {
     constexpr unsigned W = NORM_IO_WEIGHT, B = NORM_IO_BIAS, WB = W | B;
-    constexpr unsigned ADD = NORM_IO_RESIDUAL, SUM = ADD | NORM_IO_SUM_OUT;
+    constexpr unsigned ADD = NORM_IO_RESIDUAL, SUM = ADD | NORM_IO_SUM_OUT, GB = NORM_IO_GELU_BIAS;
     const unsigned io = (a->residual ? NORM_IO_RESIDUAL : 0u) |
                         (a->gelu && a->gelu_bias ? NORM_IO_GELU_BIAS : 0u) |
                         (a->weight ? NORM_IO_WEIGHT : 0u) | (a->bias ? NORM_IO_BIAS : 0u) |
@@ -50,7 +52,7 @@ template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_arg
     else if constexpr (MODE == NORM_RMS)
         return pick_io<W, W | ADD, W | SUM, 0, ADD, SUM>(io, f);
     else
-        return pick_io<WB | NORM_IO_GELU_BIAS | ADD, WB | NORM_IO_GELU_BIAS | SUM>(io, f);
+        return pick_io<WB | GB | ADD, WB | GB | SUM, WB | ADD, WB | SUM>(io, f);
 }
 
 /* The call's rows, held in registers under `held` (plan_held at 16 values

@@ -377,18 +377,19 @@ static int call_norm(enum norm_kind kind, weft_gelu_form form, void *st, weft_dt
 }
 
 /* What a norm is given besides in, as bits: the weight, the bias, the
- * residual (and the fused op's GELU bias), sum_out (only with the
- * residual). */
+ * residual, sum_out (the plain norms' only with the residual), and the
+ * fused op's GELU bias. */
 enum norm_inputs {
     NORM_WEIGHT = 1,
     NORM_BIAS = 2,
     NORM_ADDED = 4,
     NORM_SUM = 8,
+    NORM_INPUTS = 16, /* the combinations of the bits above */
+    NORM_GELU_BIAS = 16,
     NORM_BARE = 0,
     NORM_AFFINE = NORM_WEIGHT | NORM_BIAS,
     NORM_NO_SUM = NORM_AFFINE | NORM_ADDED,
     NORM_FULL = NORM_NO_SUM | NORM_SUM,
-    NORM_INPUTS = 16
 };
 
 /* inputs: bits of enum norm_inputs. offset moves the
@@ -407,11 +408,13 @@ static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int inputs, do
     int fused = kind == GELU_LAYERNORM, with_res = (inputs & NORM_ADDED) != 0;
     int no_sum = !(inputs & NORM_SUM);
     int has_w = (inputs & NORM_WEIGHT) != 0, has_b = (inputs & NORM_BIAS) != 0;
+    int has_gb = (inputs & NORM_GELU_BIAS) != 0;
     /* the fused op's reference is the LayerNorm of the x the device
      * formed: without sum_out, a call with it comes first to get x */
     int with_sum = (with_res && !no_sum) || fused;
 
-    assert_true(!(inputs & NORM_SUM) || with_res);
+    assert_true(!(inputs & NORM_SUM) || with_res || fused);
+    assert_true(!has_gb || fused);
 
     tens_random(&in, offset - 2, offset + 2);
     tens_random(&res, -1, 1);
@@ -423,11 +426,11 @@ static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int inputs, do
     tens_upload(&in), tens_upload(&res), tens_upload(&gb), tens_upload(&w), tens_upload(&b);
     tens_poison(&out), tens_poison(&sum);
     assert_ok(call_norm(kind, form, stream, dt, out.d, with_sum ? sum.d : NULL, in.d,
-                        with_res ? gb.d : NULL, with_res ? res.d : NULL, has_w ? w.d : NULL,
+                        has_gb ? gb.d : NULL, with_res ? res.d : NULL, has_w ? w.d : NULL,
                         has_b ? b.d : NULL, s));
     if (fused && no_sum) {
         tens_poison(&out);
-        assert_ok(call_norm(kind, form, stream, dt, out.d, NULL, in.d, with_res ? gb.d : NULL,
+        assert_ok(call_norm(kind, form, stream, dt, out.d, NULL, in.d, has_gb ? gb.d : NULL,
                             with_res ? res.d : NULL, has_w ? w.d : NULL, has_b ? b.d : NULL, s));
     }
     sync_ok();
@@ -443,11 +446,11 @@ static void run_norm(enum norm_kind kind, weft_dtype dt, shape s, int inputs, do
         /* x against the host's GELU chain; out against the host's
          * LayerNorm of the x the kernel wrote (x may differ in its last
          * place, and LayerNorm would magnify that). */
-        assert_ok(weft_bias_gelu_residual(NULL, dt, form, sum.h, in.h, with_res ? gb.h : NULL,
+        assert_ok(weft_bias_gelu_residual(NULL, dt, form, sum.h, in.h, has_gb ? gb.h : NULL,
                                           with_res ? res.h : NULL, s.rows, s.cols, s.stride));
         for (size_t r = 0; r < s.rows; r++)
             for (size_t j = 0; j < s.cols; j++) {
-                double h = get(&in, in.h, r, j) + (with_res ? get(&gb, gb.h, 0, j) : 0);
+                double h = get(&in, in.h, r, j) + (has_gb ? get(&gb, gb.h, 0, j) : 0);
                 double ref = get(&sum, sum.h, r, j);
                 double rr = with_res ? dabs(get(&res, res.h, r, j)) : 0;
                 cmp_one(&cs, get(&sum, got_sum, r, j), ref, dabs(ref) + rr, gelu_cond(dt, form, h),
@@ -527,11 +530,16 @@ static void test_bias_gelu_residual_layernorm_matches_host(void **state)
     for (int d = 0; d < 3; d++)
         for (int k = 0; k < NROW_SHAPES; k++)
             if (!skipped_here(ROW_SHAPES[k]))
-                run_norm(GELU_LAYERNORM, DTYPES[d], ROW_SHAPES[k], k != 2 ? NORM_FULL : NORM_BARE,
-                         0);
+                run_norm(GELU_LAYERNORM, DTYPES[d], ROW_SHAPES[k],
+                         k != 2 ? NORM_FULL | NORM_GELU_BIAS : NORM_BARE, 0);
+    /* the held kernels with weight and bias: the GELU bias, the residual
+     * and x_out each given or not (those with the residual fixed at
+     * compile time, the others checked at run time) */
     for (int d = 0; d < 3; d++)
         for (int k = 0; k < NHELD_SHAPES; k++)
-            run_norm(GELU_LAYERNORM, DTYPES[d], HELD_SHAPES[k], NORM_NO_SUM, 0);
+            for (int in = NORM_AFFINE; in < NORM_INPUTS + NORM_GELU_BIAS; in++)
+                if ((in & NORM_AFFINE) == NORM_AFFINE)
+                    run_norm(GELU_LAYERNORM, DTYPES[d], HELD_SHAPES[k], in, 0);
 }
 
 /* ---- softmax ---------------------------------------------------------------- */

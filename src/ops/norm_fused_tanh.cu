@@ -1,0 +1,12 @@
+/*
+ * norm_fused_tanh.cu - the held path of bias+GELU+residual+LayerNorm with
+ * the tanh GELU (norm_held.cuh's launch_held, which norm.cu calls).
+ */
+#include "ops/norm_held.cuh"
+
+namespace weft_ops
+{
+
+WEFT_NORM_HELD(, NORM_GELU_TANH_LAYER)
+
+} // namespace weft_ops
