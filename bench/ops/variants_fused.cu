@@ -45,9 +45,8 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
         if constexpr (norm_packs<T, M>(true)) {
             row_plan packed;
             if (norm_packed_plan<T, M>(rows, cols, true, true, &packed))
-                return run_held(
-                    "gelu_layernorm variant", s, packed, p,
-                    norm_packed_for<T, M, NORM_IO_CHECKED, EXCHANGE_PUSH>(packed.vpt));
+                return run_held("gelu_layernorm variant", s, packed, p,
+                                norm_packed_for<T, M, NORM_IO_CHECKED, EXCHANGE_PUSH>(packed.vpt));
         }
         return run_held("gelu_layernorm variant", s, plan, p,
                         norm_held_for<T, M, NORM_IO_CHECKED, EXCHANGE_PUSH>(plan.vpt));
@@ -65,6 +64,10 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
                    ? run_held("gelu_layernorm variant", s, plan, p,
                               norm_held_for<T, NORM_GELU_ERF_LAYER, IO, EXCHANGE_PUSH>(plan.vpt))
                    : WEFT_EINVAL;
+    if (strcmp(variant, "held_push_polled") == 0)
+        return plan.cluster > 1 ? run_held("gelu_layernorm variant", s, plan, p,
+                                           norm_held_for<T, M, IO, EXCHANGE_PUSH_POLLED>(plan.vpt))
+                                : WEFT_EINVAL;
     if (packed_variant(variant)) {
         if constexpr (sizeof(T) == 2)
             return run_packed<T>("gelu_layernorm variant", s, variant, p,

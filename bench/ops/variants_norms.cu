@@ -38,6 +38,9 @@ int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void
     if (strncmp(variant, "packed_quads_b", 14) == 0)
         return run_packed_resident<T, NORM_LAYER, NORM_IO_WEIGHT | NORM_IO_BIAS>(
             "layernorm variant", s, variant, p);
+    if (polled_variant(variant))
+        return run_polled<T, NORM_LAYER, NORM_IO_WEIGHT | NORM_IO_BIAS>("layernorm variant", s,
+                                                                        variant, p);
     if (tuned_packed_variant(variant))
         return run_packed_tuned<T, NORM_LAYER, NORM_IO_WEIGHT | NORM_IO_BIAS>("layernorm variant",
                                                                               s, variant, p);
@@ -102,6 +105,8 @@ int rmsnorm_variant(cudaStream_t s, const char *variant, void *out, const void *
         return run_checked<T, NORM_RMS>("rmsnorm variant", s, variant, p);
     if (strncmp(variant, "packed_quads_b", 14) == 0)
         return run_packed_resident<T, NORM_RMS, IO>("rmsnorm variant", s, variant, p);
+    if (polled_variant(variant))
+        return run_polled<T, NORM_RMS, IO>("rmsnorm variant", s, variant, p);
     if (tuned_packed_variant(variant))
         return run_packed_tuned<T, NORM_RMS, IO>("rmsnorm variant", s, variant, p);
     if (strcmp(variant, "ring2_packed_quads") == 0) {
@@ -151,6 +156,8 @@ int add_layernorm_variant(cudaStream_t s, const char *variant, void *out, void *
         return run_checked<T, NORM_LAYER>("add_layernorm variant", s, variant, p);
     if (strncmp(variant, "packed_quads_b", 14) == 0)
         return run_packed_resident<T, NORM_LAYER, IO>("add_layernorm variant", s, variant, p);
+    if (polled_variant(variant))
+        return run_polled<T, NORM_LAYER, IO>("add_layernorm variant", s, variant, p);
     if (tuned_packed_variant(variant))
         return run_packed_tuned<T, NORM_LAYER, IO>("add_layernorm variant", s, variant, p);
     if (packed_variant(variant)) {

@@ -393,6 +393,34 @@ int run_packed_tuned(const char *op, cudaStream_t s, const char *variant, const 
     return WEFT_EINVAL;
 }
 
+/* Whether the variant is one of the `*_polled` kernels: every thread
+ * polls the mbarrier of a cluster's exchange (EXCHANGE_PUSH_POLLED), as
+ * the library's kernels did before one warp polled for the block. */
+inline bool polled_variant(const char *variant)
+{
+    const size_t n = strlen(variant);
+    return n > 7 && strcmp(variant + n - 7, "_polled") == 0;
+}
+
+/* The norms' polled kernels: held_push_polled (held_push's plan, where it
+ * takes a cluster) and held_packed_quads_polled. WEFT_EINVAL otherwise. */
+template <typename T, norm_mode MODE, unsigned IO>
+int run_polled(const char *op, cudaStream_t s, const char *variant, const norm_params<T> &p)
+{
+    constexpr int V = vec16<T>();
+    constexpr cluster_exchange X = EXCHANGE_PUSH_POLLED;
+    row_plan plan;
+    if (strcmp(variant, "held_push_polled") == 0)
+        return plan_held(p.cols, V, 16, &plan) && plan.cluster > 1
+                   ? run_held(op, s, plan, p, norm_held_for<T, MODE, IO, X>(plan.vpt))
+                   : WEFT_EINVAL;
+    if constexpr (sizeof(T) == 2)
+        if (strcmp(variant, "held_packed_quads_polled") == 0)
+            return run_packed<T>(op, s, "held_packed_quads", p,
+                                 norm_packed_for<T, MODE, IO, X, PACKED_MAX_VALUES>);
+    return WEFT_EINVAL;
+}
+
 /* Whether the variant is one of run_packed_tuned's. */
 inline bool tuned_packed_variant(const char *variant)
 {

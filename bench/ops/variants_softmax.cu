@@ -39,15 +39,20 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
     if (strcmp(variant, "ring2_online") == 0)
         return run_ring("softmax variant", s, cols, V, sizeof(T), 32, 2, p,
                         softmax_ring_for<T, SOFTMAX_PLAIN, SOFTMAX_ONLINE>);
-    if (strcmp(variant, "held_push") == 0 || strncmp(variant, "held_online_push", 16) == 0) {
+    if (strncmp(variant, "held_push", 9) == 0 || strncmp(variant, "held_online_push", 16) == 0) {
         const unsigned values = strcmp(variant, "held_online_push16") == 0 ? 16 : 32;
+        const bool two = strncmp(variant, "held_push", 9) == 0;
         if (!plan_held(cols, V, values, &plan) || plan.cluster == 1)
             return WEFT_EINVAL;
-        auto kernel =
-            strcmp(variant, "held_push") == 0
-                ? softmax_held_for<T, SOFTMAX_PLAIN, SOFTMAX_MAX_THEN_SUM, EXCHANGE_PUSH>(plan.vpt)
-                : softmax_held_for<T, SOFTMAX_PLAIN, SOFTMAX_ONLINE, EXCHANGE_PUSH>(plan.vpt);
-        return run_held("softmax variant", s, plan, p, kernel);
+        auto kernel = [&](auto x) {
+            constexpr cluster_exchange X = decltype(x)::value;
+            return two ? softmax_held_for<T, SOFTMAX_PLAIN, SOFTMAX_MAX_THEN_SUM, X>(plan.vpt)
+                       : softmax_held_for<T, SOFTMAX_PLAIN, SOFTMAX_ONLINE, X>(plan.vpt);
+        };
+        using polled = std::integral_constant<cluster_exchange, EXCHANGE_PUSH_POLLED>;
+        using push = std::integral_constant<cluster_exchange, EXCHANGE_PUSH>;
+        return run_held("softmax variant", s, plan, p,
+                        polled_variant(variant) ? kernel(polled()) : kernel(push()));
     }
     if (packed_variant(variant)) {
         if constexpr (sizeof(T) == 2)

@@ -569,7 +569,7 @@ __global__ void __launch_bounds__(held_threads(PACKED, RESIDENT),
 {
     constexpr int V = vec16<T>();
     __shared__ reduce_scratch<norm_stat<MODE>, X> scratch;
-    if constexpr (X == EXCHANGE_PUSH)
+    if constexpr (pushes(X))
         push_setup(cluster, scratch);
     const row_place at = place_row<V, TPR>(row0, cluster, 1, VPT);
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */

@@ -600,20 +600,35 @@ struct op_merge {
  *    (its mbarrier's first phase), so only kernels that reduce a row once
  *    per scratch take it: the held kernels, a row a block (over BARRIERS
  *    at 1024x65536: LayerNorm +15% in bf16 and +16% in fp32, softmax +27%
- *    and +19%; bench/RESULTS.md).
+ *    and +19%; bench/RESULTS.md). One warp polls the mbarrier while the
+ *    others wait at the block's barrier, which issues nothing: the SM's
+ *    other blocks keep its issue slots (with every thread polling,
+ *    LayerNorm's bf16 rows of 65536 over a cluster issued 13% more
+ *    instructions an element than rows a block holds; one warp polling
+ *    ran softmax 3% faster on bf16 rows of 32768, LayerNorm 1% on rows
+ *    of 65536, the rest level).
+ *  - PUSH_POLLED: PUSH with every thread polling the mbarrier, as the
+ *    library did before (bench/ops/'s variants `*_polled`).
  */
-enum cluster_exchange { EXCHANGE_BARRIERS, EXCHANGE_PUSH };
+enum cluster_exchange { EXCHANGE_BARRIERS, EXCHANGE_PUSH, EXCHANGE_PUSH_POLLED };
+
+/* Whether x pushes the blocks' results. */
+__host__ __device__ constexpr bool pushes(cluster_exchange x)
+{
+    return x != EXCHANGE_BARRIERS;
+}
 
 /* Scratch for one reduction: a slot per warp, one for the block's result
  * (read by the other blocks of a cluster). */
-template <typename R, cluster_exchange X = EXCHANGE_BARRIERS> struct reduce_scratch {
+template <typename R, cluster_exchange X = EXCHANGE_BARRIERS, bool PUSHED = pushes(X)>
+struct reduce_scratch {
     R warp[32];
     R block;
 };
 
 /* PUSH: a slot per block of the cluster, filled by that block, as 16 raw
  * bytes (one vector store), and the mbarrier that counts them in. */
-template <typename R> struct reduce_scratch<R, EXCHANGE_PUSH> {
+template <typename R, cluster_exchange X> struct reduce_scratch<R, X, true> {
     static_assert(sizeof(R) <= 16, "a pushed result is one 16-byte store");
     R warp[32];
     alignas(16) uint32_t blocks[8][4];
@@ -662,8 +677,8 @@ template <typename... S> __device__ __forceinline__ void push_setup(unsigned clu
  * cluster, its own by a plain store, which the arrive on its own mbarrier
  * releases to the block's threads; that arrive also expects the other
  * blocks' results. One thread calls it. */
-template <typename R>
-__device__ __forceinline__ void push_result(R v, reduce_scratch<R, EXCHANGE_PUSH> &s, unsigned rank,
+template <typename R, cluster_exchange X>
+__device__ __forceinline__ void push_result(R v, reduce_scratch<R, X, true> &s, unsigned rank,
                                             unsigned cluster)
 {
     uint32_t raw[4] = {0, 0, 0, 0};
@@ -691,8 +706,8 @@ __device__ __forceinline__ void push_result(R v, reduce_scratch<R, EXCHANGE_PUSH
  * about a second (2^31 clocks), so that an exchange that never completes
  * (a broken launch, never a correct one) shows as a wrong result, not as
  * a GPU hung for good. */
-template <typename R>
-__device__ __forceinline__ void wait_pushed(reduce_scratch<R, EXCHANGE_PUSH> &s)
+template <typename R, cluster_exchange X>
+__device__ __forceinline__ void wait_pushed(reduce_scratch<R, X, true> &s)
 {
     unsigned done = 0;
     const long long start = clock64();
@@ -706,8 +721,8 @@ __device__ __forceinline__ void wait_pushed(reduce_scratch<R, EXCHANGE_PUSH> &s)
 }
 
 /* PUSH: block b's result, once in. */
-template <typename R>
-__device__ __forceinline__ R pushed(const reduce_scratch<R, EXCHANGE_PUSH> &s, unsigned b)
+template <typename R, cluster_exchange X>
+__device__ __forceinline__ R pushed(const reduce_scratch<R, X, true> &s, unsigned b)
 {
     R v;
     memcpy(&v, s.blocks[b], sizeof v);
@@ -758,10 +773,13 @@ __device__ __forceinline__ R row_reduce(R v, Op op, reduce_scratch<R, X> &s, uns
 
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
-    if constexpr (X == EXCHANGE_PUSH) {
+    if constexpr (pushes(X)) {
         if (threadIdx.x == 0)
             push_result(v, s, cl.block_rank(), cluster);
-        wait_pushed(s);
+        if (X == EXCHANGE_PUSH_POLLED || threadIdx.x < 32)
+            wait_pushed(s);
+        if constexpr (X == EXCHANGE_PUSH)
+            __syncthreads(); /* the results the polling warp saw arrive */
         v = pushed(s, 0);
         for (unsigned b = 1; b < cluster; b++)
             v = combine(op, v, pushed(s, b));

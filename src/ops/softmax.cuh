@@ -424,7 +424,7 @@ __global__ void __launch_bounds__(PACKED ? 1024 : 512)
 {
     constexpr int V = vec16<T>();
     __shared__ softmax_scratch<STATS, X> scratch;
-    if constexpr (X == EXCHANGE_PUSH)
+    if constexpr (pushes(X))
         scratch.push_setup(cluster);
     const row_place at = place_row<V>(row0, cluster, 1, VPT);
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
