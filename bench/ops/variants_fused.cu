@@ -14,8 +14,9 @@ namespace
  * under the library's plan, with those inputs fixed at compile time (held,
  * the library's) or tested at run time (held_checked; lib_checked: the
  * library's plans, packed or not, in the checked kernels, as the library
- * took calls without the GELU bias before they were fixed too); fixed at
- * 8 and at 32 values a thread (held_narrow,
+ * took calls without the GELU bias before they were fixed too; on rows
+ * over a cluster held_push, and held_push_polled with every thread polling
+ * the exchange's mbarrier); fixed at 8 and at 32 values a thread (held_narrow,
  * held_wide); and with rows of up to a warp's 32 values a thread held by
  * one warp, not split over warps at 16 as the library does (held_warp:
  * those of 1024); and packed at 32 values a thread (the library's on rows
@@ -54,16 +55,14 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
     if (!gelu_bias)
         return WEFT_EINVAL; /* the other variants are of the call with it */
     if (strcmp(variant, "held") == 0)
-        return run_held("gelu_layernorm variant", s, plan, p,
-                        norm_held_for<T, NORM_GELU_ERF_LAYER, IO>(plan.vpt));
+        return run_held("gelu_layernorm variant", s, plan, p, norm_held_for<T, M, IO>(plan.vpt));
     if (strcmp(variant, "held_checked") == 0)
         return run_held("gelu_layernorm variant", s, plan, p,
-                        norm_held_for<T, NORM_GELU_ERF_LAYER, NORM_IO_CHECKED>(plan.vpt));
+                        norm_held_for<T, M, NORM_IO_CHECKED>(plan.vpt));
     if (strcmp(variant, "held_push") == 0)
-        return plan.cluster > 1
-                   ? run_held("gelu_layernorm variant", s, plan, p,
-                              norm_held_for<T, NORM_GELU_ERF_LAYER, IO, EXCHANGE_PUSH>(plan.vpt))
-                   : WEFT_EINVAL;
+        return plan.cluster > 1 ? run_held("gelu_layernorm variant", s, plan, p,
+                                           norm_held_for<T, M, IO, EXCHANGE_PUSH>(plan.vpt))
+                                : WEFT_EINVAL;
     if (strcmp(variant, "held_push_polled") == 0)
         return plan.cluster > 1 ? run_held("gelu_layernorm variant", s, plan, p,
                                            norm_held_for<T, M, IO, EXCHANGE_PUSH_POLLED>(plan.vpt))
@@ -71,7 +70,7 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
     if (packed_variant(variant)) {
         if constexpr (sizeof(T) == 2)
             return run_packed<T>("gelu_layernorm variant", s, variant, p,
-                                 norm_packed_for<T, NORM_GELU_ERF_LAYER, IO, EXCHANGE_PUSH>);
+                                 norm_packed_for<T, M, IO, EXCHANGE_PUSH>);
         return WEFT_EINVAL;
     }
     if (strcmp(variant, "packed_b6") == 0 || strcmp(variant, "packed_b5") == 0) {
@@ -79,7 +78,6 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
             row_plan packed;
             if (!plan_packed(cols, V, 32, &packed) || packed.tpr * packed.rpb > 256)
                 return WEFT_EINVAL;
-            constexpr norm_mode M = NORM_GELU_ERF_LAYER;
             auto kernel = variant[8] == '6'
                               ? norm_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 6>(packed.vpt)
                               : norm_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 5>(packed.vpt);
@@ -89,7 +87,6 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
     }
     if (strcmp(variant, "half_fit") == 0) {
         if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-            constexpr norm_mode M = NORM_GELU_ERF_LAYER;
             row_plan packed;
             if (!norm_packed_plan<T, M>(rows, cols, true, false, &packed))
                 return WEFT_EINVAL;
@@ -102,13 +99,11 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
     if (strcmp(variant, "held_warp") == 0) {
         if (warp.tpr == plan.tpr)
             return WEFT_EINVAL; /* nothing split: the same as held */
-        return run_held("gelu_layernorm variant", s, warp, p,
-                        norm_held_for<T, NORM_GELU_ERF_LAYER, IO>(warp.vpt));
+        return run_held("gelu_layernorm variant", s, warp, p, norm_held_for<T, M, IO>(warp.vpt));
     }
     if (!held_variant_plan(variant, cols, V, 16, &plan))
         return WEFT_EINVAL;
-    return run_held("gelu_layernorm variant", s, plan, p,
-                    norm_held_for<T, NORM_GELU_ERF_LAYER, IO>(plan.vpt));
+    return run_held("gelu_layernorm variant", s, plan, p, norm_held_for<T, M, IO>(plan.vpt));
 }
 
 } // namespace

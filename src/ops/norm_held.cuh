@@ -2,8 +2,8 @@
  * norm_held.cuh - norm.cu's held path for one mode (launch_held), apart
  * so that each mode's kernels compile in a translation unit of their own
  * (norm_layer.cu, norm_rms.cu, norm_fused_erf.cu, norm_fused_tanh.cu), in
- * parallel: together in
- * norm.cu they were the longest compile of the library.
+ * parallel: together in norm.cu they were the longest compile of the
+ * library.
  */
 #ifndef WEFT_OPS_NORM_HELD_CUH
 #define WEFT_OPS_NORM_HELD_CUH
@@ -31,10 +31,11 @@ template <unsigned... FIXED, typename F> int pick_io(unsigned io, F f)
  * the GELU bias given or not (a GEMM's epilogue may have added it), the
  * sum written or not; checked at run time otherwise. (The fused op in
  * fp32 once ran faster checked; since LayerNorm's statistics became one
- * reduction, fixed wins there too. The checked kernels take
- * more registers, the packed ones spill, and they ran the norms' calls
- * 1.2-2.6x slower than the fixed ones on rows of 4096 to 65536 in half
- * types, up to 1.5x in fp32: bench/RESULTS.md.) */
+ * reduction, fixed wins there too. The checked kernels take more
+ * registers, the packed ones spill, and they ran the norms' calls 1.2-2.6x
+ * slower than the fixed ones on rows of 4096 to 65536 in half types, up to
+ * 1.5x in fp32, and the fused op's without the GELU bias up to 2.8x:
+ * bench/RESULTS.md.) */
 template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_args *a, F f)
 {
     constexpr unsigned W = NORM_IO_WEIGHT, B = NORM_IO_BIAS, WB = W | B;
