@@ -459,8 +459,9 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
         }
         if constexpr (SHIFTED && MODE != NORM_RMS) {
             /* LayerNorm's moments in the same pass, about the thread's
-             * first value: m2 = sum d^2 - (sum d)^2 / n with d = s - shift
-             * cancels at most by the thread's n, as shift is one of its s */
+             * first value: m2 = sum d^2 - (sum d)^2 / n with d = s - shift.
+             * Less exact than two passes: 2.5e-5 of the variance, not
+             * 4e-7, where that value is far out (norm_stats_accuracy.c) */
             if (k == 0)
                 shift = x[0][0];
             count += part[k];
