@@ -11,6 +11,10 @@
  *  - moments: each thread's count, mean and squared deviations from it
  *    (two passes over its values), merged pairwise (Chan, Golub and
  *    LeVeque): the library's held kernels;
+ *  - moments again, but each warp's from two plain sums over its threads
+ *    (of s, giving the warp's mean; then of each thread's m2 plus its count
+ *    times its mean's squared distance from the warp's), the warps' merged
+ *    pairwise: two sums in place of five merges a warp;
  *  - shifted about one value for the whole row, a warp's 32 threads, or
  *    each thread: sums of d and d^2 with d = s - shift in one pass, the
  *    groups' sums added, then merged as moments (bench/ops/'s
@@ -76,6 +80,36 @@ static float variance_by_moments(const float *x)
         m[t] = (moments){VPT, mean, m2};
     }
     return merged_variance(m, THREADS);
+}
+
+/* each thread's moments; each warp's from two sums over its threads */
+static float variance_by_warp_sums(const float *x)
+{
+    static moments m[THREADS / WARP];
+    static float sum[WARP], mean[WARP], m2[WARP];
+    for (int w = 0; w < THREADS / WARP; w++) {
+        for (int t = 0; t < WARP; t++) {
+            const float *v = x + (w * WARP + t) * VPT;
+            float s = 0.0f, q = 0.0f;
+            for (int k = 0; k < VPT; k++)
+                s += v[k];
+            mean[t] = s / VPT, sum[t] = s;
+            for (int k = 0; k < VPT; k++)
+                q += (v[k] - mean[t]) * (v[k] - mean[t]);
+            m2[t] = q;
+        }
+        for (int width = WARP; width > 1; width /= 2)
+            for (int t = 0; t < width / 2; t++)
+                sum[t] += sum[t + width / 2];
+        const float n = (float)(WARP * VPT), warp_mean = sum[0] / n;
+        for (int t = 0; t < WARP; t++)
+            m2[t] = fmaf(VPT * (mean[t] - warp_mean), mean[t] - warp_mean, m2[t]);
+        for (int width = WARP; width > 1; width /= 2)
+            for (int t = 0; t < width / 2; t++)
+                m2[t] += m2[t + width / 2];
+        m[w] = (moments){n, warp_mean, m2[0]};
+    }
+    return merged_variance(m, THREADS / WARP);
 }
 
 /* shifted by the first value of each group of `group` threads */
@@ -144,20 +178,21 @@ static void fill_row(float *x, int kind)
 int main(void)
 {
     static float x[N];
-    printf("%-24s %12s %12s %12s %12s\n", "row", "moments", "row shift", "warp shift",
-           "thread shift");
+    printf("%-24s %12s %12s %12s %12s %12s\n", "row", "moments", "warp sums", "row shift",
+           "warp shift", "thread shift");
     for (int kind = 0; kind < NKINDS; kind++) {
-        double worst[4] = {0};
+        double worst[5] = {0};
         for (int trial = 0; trial < TRIALS; trial++) {
             fill_row(x, kind);
             const double exact = variance_exact(x);
-            const float got[4] = {variance_by_moments(x), variance_shifted(x, THREADS),
-                                  variance_shifted(x, WARP), variance_shifted(x, 1)};
-            for (int s = 0; s < 4; s++)
+            const float got[5] = {variance_by_moments(x), variance_by_warp_sums(x),
+                                  variance_shifted(x, THREADS), variance_shifted(x, WARP),
+                                  variance_shifted(x, 1)};
+            for (int s = 0; s < 5; s++)
                 worst[s] = fmax(worst[s], fabs(got[s] - exact) / exact);
         }
-        printf("%-24s %12.2e %12.2e %12.2e %12.2e\n", KINDS[kind], worst[0], worst[1], worst[2],
-               worst[3]);
+        printf("%-24s %12.2e %12.2e %12.2e %12.2e %12.2e\n", KINDS[kind], worst[0], worst[1],
+               worst[2], worst[3], worst[4]);
     }
     return 0;
 }
