@@ -48,7 +48,7 @@ ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", 
                 "held_packed", "held_packed16", "held_packed64", "held_packed_pairs",
                 "held_packed_quads", "held_packed_eights", "held_packed32", "ring2_packed_quads",
                 "packed_quads_b3", "packed_quads_b2", "tpr_packed_pairs", "tpr_packed_quads",
-                "shifted_packed_quads", "tpr_shifted_packed_quads", "held_push_polled",
+                "held_push_polled",
                 "held_packed_quads_polled", "held_online", "ring2_online", "held_online_push",
                 "held_online_push_polled", "held_online_push16", "staged", "regs",
                 "regs_half", "regs_double", "regs_flat")
@@ -62,7 +62,7 @@ RMS_VARIANTS = ("lib", "ring2", "held", "held_narrow", "held_wide", "held_push",
                 "held_packed_quads_polled")
 ADD_LN_VARIANTS = ("lib", "held_push", "held_packed64", "held_packed_pairs", "held_packed_quads",
                    "packed_quads_b3", "packed_quads_b2", "tpr_packed_pairs", "tpr_packed_quads",
-                   "shifted_packed_quads", "tpr_shifted_packed_quads", "held_push_polled",
+                   "held_push_polled",
                    "held_packed_quads_polled")
 CHECKED_VARIANTS = ("lib", "held_push_checked", "held_packed_pairs_checked",
                     "held_packed_quads_checked")
@@ -907,9 +907,7 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "or 2 resident blocks of 256 (up to 80 or 128 registers, not 64), "
                    "`tpr_packed_pairs`/`tpr_packed_quads` the pairs' and quads' plans in "
                    "kernels whose threads a row are fixed at compile time (uniform row "
-                   "pointers, immediate offsets), `shifted_packed_quads` LayerNorm's "
-                   "moments taken in the pass that forms s, about each thread's first "
-                   "value, `tpr_shifted_packed_quads` both, `*_polled` (`held_push_polled`, "
+                   "pointers, immediate offsets), `*_polled` (`held_push_polled`, "
                    "`held_packed_quads_polled`, `held_online_push_polled`) those kernels with "
                    "every thread polling the mbarrier of a cluster's exchange, as the library's "
                    "did before one warp polled for its block, "

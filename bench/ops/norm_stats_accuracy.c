@@ -17,8 +17,8 @@
  *    pairwise: two sums in place of five merges a warp;
  *  - shifted about one value for the whole row, a warp's 32 threads, or
  *    each thread: sums of d and d^2 with d = s - shift in one pass, the
- *    groups' sums added, then merged as moments (bench/ops/'s
- *    shifted_* variants shift by the thread).
+ *    groups' sums added, then merged as moments (bench/ops/'s former
+ *    shifted_* variants shifted by the thread).
  * It prints the worst relative error of the variance over 20 rows of each
  * kind, against double precision. fp32 results are held to 1e-5.
  */

@@ -33,17 +33,10 @@ int layernorm_variant(cudaStream_t s, const char *variant, void *out, const void
                    ? run_held("layernorm variant", s, plan, p,
                               norm_held_for<T, NORM_LAYER, NORM_IO_CHECKED>(plan.vpt))
                    : WEFT_EINVAL;
-    if (checked_variant(variant))
-        return run_checked<T, NORM_LAYER>("layernorm variant", s, variant, p);
-    if (strncmp(variant, "packed_quads_b", 14) == 0)
-        return run_packed_resident<T, NORM_LAYER, NORM_IO_WEIGHT | NORM_IO_BIAS>(
-            "layernorm variant", s, variant, p);
-    if (polled_variant(variant))
-        return run_polled<T, NORM_LAYER, NORM_IO_WEIGHT | NORM_IO_BIAS>("layernorm variant", s,
-                                                                        variant, p);
-    if (tuned_packed_variant(variant))
-        return run_packed_tuned<T, NORM_LAYER, NORM_IO_WEIGHT | NORM_IO_BIAS>("layernorm variant",
-                                                                              s, variant, p);
+    int rc;
+    if (run_norm_shared<T, NORM_LAYER, NORM_IO_WEIGHT | NORM_IO_BIAS>("layernorm variant", s,
+                                                                      variant, p, &rc))
+        return rc;
     if (strcmp(variant, "ring2_packed_quads") == 0) {
         if constexpr (sizeof(T) == 2)
             return run_ring_packed(
@@ -101,14 +94,9 @@ int rmsnorm_variant(cudaStream_t s, const char *variant, void *out, const void *
     if (strcmp(variant, "ring2") == 0)
         return run_ring("rmsnorm variant", s, cols, V, sizeof(T), 16, 2, p,
                         norm_ring_for<T, NORM_RMS, IO>);
-    if (checked_variant(variant))
-        return run_checked<T, NORM_RMS>("rmsnorm variant", s, variant, p);
-    if (strncmp(variant, "packed_quads_b", 14) == 0)
-        return run_packed_resident<T, NORM_RMS, IO>("rmsnorm variant", s, variant, p);
-    if (polled_variant(variant))
-        return run_polled<T, NORM_RMS, IO>("rmsnorm variant", s, variant, p);
-    if (tuned_packed_variant(variant))
-        return run_packed_tuned<T, NORM_RMS, IO>("rmsnorm variant", s, variant, p);
+    int rc;
+    if (run_norm_shared<T, NORM_RMS, IO>("rmsnorm variant", s, variant, p, &rc))
+        return rc;
     if (strcmp(variant, "ring2_packed_quads") == 0) {
         if constexpr (sizeof(T) == 2)
             return run_ring_packed("rmsnorm variant", s, cols, V, sizeof(T), p,
@@ -152,14 +140,9 @@ int add_layernorm_variant(cudaStream_t s, const char *variant, void *out, void *
     row_plan plan;
     if (cols % V != 0)
         return WEFT_EINVAL;
-    if (checked_variant(variant))
-        return run_checked<T, NORM_LAYER>("add_layernorm variant", s, variant, p);
-    if (strncmp(variant, "packed_quads_b", 14) == 0)
-        return run_packed_resident<T, NORM_LAYER, IO>("add_layernorm variant", s, variant, p);
-    if (polled_variant(variant))
-        return run_polled<T, NORM_LAYER, IO>("add_layernorm variant", s, variant, p);
-    if (tuned_packed_variant(variant))
-        return run_packed_tuned<T, NORM_LAYER, IO>("add_layernorm variant", s, variant, p);
+    int rc;
+    if (run_norm_shared<T, NORM_LAYER, IO>("add_layernorm variant", s, variant, p, &rc))
+        return rc;
     if (packed_variant(variant)) {
         if constexpr (sizeof(T) == 2)
             return run_packed<T>("add_layernorm variant", s, variant, p,

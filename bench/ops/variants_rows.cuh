@@ -341,24 +341,22 @@ int run_packed_resident(const char *op, cudaStream_t s, const char *variant,
     return WEFT_EINVAL;
 }
 
-/* Packed kernels under held_packed_pairs' or held_packed_quads' plan
- * (the variant's last word): tpr_packed_* with the threads of a row fixed
- * at compile time (norm_held_kernel's TPR: 128, 256 or 512, a row a
- * block), so that the row's pointers are uniform and each vector's offset
- * an immediate; shifted_packed_* taking LayerNorm's moments in the pass
- * that forms s (norm_held_row's SHIFTED); tpr_shifted_packed_* both.
- * WEFT_EINVAL when the variant is none of these or does not apply. */
+/* tpr_packed_pairs, tpr_packed_quads: held_packed_pairs' or
+ * held_packed_quads' plan in kernels whose threads a row are fixed at
+ * compile time (norm_held_kernel's TPR: 128, 256 or 512, a row a block),
+ * so that the row's pointers are uniform and each vector's offset an
+ * immediate. WEFT_EINVAL when the variant is neither or does not apply.
+ * (shifted_packed_quads and tpr_shifted_packed_quads, LayerNorm's moments
+ * taken in the pass that forms s, ran no faster and lose fp32's accuracy
+ * where a thread's first value is far out - norm_stats_accuracy.c -
+ * and are gone.) */
 template <typename T, norm_mode MODE, unsigned IO>
-int run_packed_tuned(const char *op, cudaStream_t s, const char *variant, const norm_params<T> &p)
+int run_packed_tpr(const char *op, cudaStream_t s, const char *variant, const norm_params<T> &p)
 {
-    const bool tpr = strncmp(variant, "tpr_", 4) == 0;
-    const char *rest = tpr ? variant + 4 : variant;
-    const bool shifted = strncmp(rest, "shifted_", 8) == 0;
-    rest = shifted ? rest + 8 : rest;
-    const char *plan_name = strcmp(rest, "packed_pairs") == 0   ? "held_packed_pairs"
-                            : strcmp(rest, "packed_quads") == 0 ? "held_packed_quads"
-                                                                : nullptr;
-    if (!plan_name || (!tpr && !shifted) || (shifted && MODE == NORM_RMS))
+    const char *plan_name = strcmp(variant, "tpr_packed_pairs") == 0   ? "held_packed_pairs"
+                            : strcmp(variant, "tpr_packed_quads") == 0 ? "held_packed_quads"
+                                                                       : nullptr;
+    if (!plan_name)
         return WEFT_EINVAL;
     if constexpr (sizeof(T) == 2) {
         constexpr int V = vec16<T>();
@@ -366,29 +364,19 @@ int run_packed_tuned(const char *op, cudaStream_t s, const char *variant, const 
         row_plan plan;
         if (!packed_plan(plan_name, p.cols, V, &plan) || plan.vpt != VPT || plan.rpb != 1)
             return WEFT_EINVAL;
-        auto run = [&](auto tpr_c, auto shifted_c) {
-            return run_held(
-                op, s, plan, p,
-                norm_held_kernel<T, VPT, MODE, IO, EXCHANGE_PUSH, true, 0, gelu_fit_for<T>(),
-                                 decltype(tpr_c)::value, decltype(shifted_c)::value>);
+        auto run = [&](auto tpr) {
+            return run_held(op, s, plan, p,
+                            norm_held_kernel<T, VPT, MODE, IO, EXCHANGE_PUSH, true, 0,
+                                             gelu_fit_for<T>(), decltype(tpr)::value>);
         };
-        auto with_tpr = [&](auto shifted_c) {
-            if (!tpr)
-                return run(std::integral_constant<unsigned, 0>(), shifted_c);
-            switch (plan.tpr) {
-            case 128:
-                return run(std::integral_constant<unsigned, 128>(), shifted_c);
-            case 256:
-                return run(std::integral_constant<unsigned, 256>(), shifted_c);
-            case 512:
-                return run(std::integral_constant<unsigned, 512>(), shifted_c);
-            }
-            return (int)WEFT_EINVAL;
-        };
-        if constexpr (MODE != NORM_RMS)
-            if (shifted)
-                return with_tpr(std::true_type());
-        return with_tpr(std::false_type());
+        switch (plan.tpr) {
+        case 128:
+            return run(std::integral_constant<unsigned, 128>());
+        case 256:
+            return run(std::integral_constant<unsigned, 256>());
+        case 512:
+            return run(std::integral_constant<unsigned, 512>());
+        }
     }
     return WEFT_EINVAL;
 }
@@ -419,12 +407,6 @@ int run_polled(const char *op, cudaStream_t s, const char *variant, const norm_p
             return run_packed<T>(op, s, "held_packed_quads", p,
                                  norm_packed_for<T, MODE, IO, X, PACKED_MAX_VALUES>);
     return WEFT_EINVAL;
-}
-
-/* Whether the variant is one of run_packed_tuned's. */
-inline bool tuned_packed_variant(const char *variant)
-{
-    return strncmp(variant, "tpr_", 4) == 0 || strncmp(variant, "shifted_", 8) == 0;
 }
 
 /* Whether the variant is one of packed_plan's. */
@@ -467,6 +449,26 @@ int run_checked(const char *op, cudaStream_t s, const char *variant, const norm_
             norm_packed_for<T, MODE, NORM_IO_CHECKED, EXCHANGE_PUSH, PACKED_MAX_VALUES>);
     }
     return WEFT_EINVAL;
+}
+
+/* The variants every norm's dispatcher shares (run_checked's,
+ * run_packed_resident's, run_polled's, run_packed_tpr's): true, with the
+ * launch's result in *rc, when the variant is one of them. */
+template <typename T, norm_mode MODE, unsigned IO>
+bool run_norm_shared(const char *op, cudaStream_t s, const char *variant, const norm_params<T> &p,
+                     int *rc)
+{
+    if (checked_variant(variant))
+        *rc = run_checked<T, MODE>(op, s, variant, p);
+    else if (strncmp(variant, "packed_quads_b", 14) == 0)
+        *rc = run_packed_resident<T, MODE, IO>(op, s, variant, p);
+    else if (polled_variant(variant))
+        *rc = run_polled<T, MODE, IO>(op, s, variant, p);
+    else if (strncmp(variant, "tpr_", 4) == 0)
+        *rc = run_packed_tpr<T, MODE, IO>(op, s, variant, p);
+    else
+        return false;
+    return true;
 }
 
 /* The kernels by vectors a thread, for run_plan. */

@@ -388,13 +388,12 @@ __device__ __forceinline__ moments part_moments(const float (&x)[VPT][V], const 
  * are one reduction of each thread's moments. read() runs once every
  * thread of the row has read its vectors. FIT is the erf form's fit
  * (bench/ops/ times another). bench/ops/ also times TPR, the threads of a
- * row fixed at compile time (rows.cuh's held_at), and SHIFTED, LayerNorm's
- * moments taken in the pass that forms s: neither ran faster (the
- * variants tpr_* and shifted_*, bench/RESULTS.md).
+ * row fixed at compile time (rows.cuh's held_at): no faster (the variants
+ * tpr_*, bench/RESULTS.md).
  */
 template <typename T, int VPT, norm_mode MODE, unsigned IO, bool PACKED,
-          gelu_fit FIT = gelu_fit_for<T>(), unsigned TPR = 0, bool SHIFTED = false, typename Row,
-          typename Read, cluster_exchange X>
+          gelu_fit FIT = gelu_fit_for<T>(), unsigned TPR = 0, typename Row, typename Read,
+          cluster_exchange X>
 __device__ __forceinline__ void
 norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const Row &res,
               Read read, reduce_scratch<norm_stat<MODE>, X> &scratch, unsigned cluster)
@@ -431,8 +430,7 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
     /* s, as the host forms and rounds it; the sum (of squares, RMS).
      * PACKED keeps s as T between the passes (it is rounded to T, or is
      * in), and unpacks it again for each. */
-    float x[VPT][V], acc = 0.0f, acc2 = 0.0f, shift = 0.0f;
-    int count = 0;
+    float x[VPT][V], acc = 0.0f;
     uint4 kept[VPT];
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
@@ -457,27 +455,9 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
             if (PACKED)
                 kept[k] = pack<T, V>(x[k]);
         }
-        if constexpr (SHIFTED && MODE != NORM_RMS) {
-            /* LayerNorm's moments in the same pass, about the thread's
-             * first value: m2 = sum d^2 - (sum d)^2 / n with d = s - shift.
-             * Less exact than two passes: 2.5e-5 of the variance, not
-             * 4e-7, where that value is far out (norm_stats_accuracy.c) */
-            if (k == 0)
-                shift = x[0][0];
-            count += part[k];
 #pragma unroll
-            for (int e = 0; e < V; e++) {
-                if (part[k] == V || e < part[k]) {
-                    float d = x[k][e] - shift;
-                    acc += d;
-                    acc2 = fmaf(d, d, acc2);
-                }
-            }
-        } else {
-#pragma unroll
-            for (int e = 0; e < V; e++)
-                acc += MODE == NORM_RMS ? x[k][e] * x[k][e] : x[k][e];
-        }
+        for (int e = 0; e < V; e++)
+            acc += MODE == NORM_RMS ? x[k][e] * x[k][e] : x[k][e];
     }
     const float inv_n = 1.0f / (float)p.cols;
     float mean, rstd;
@@ -486,16 +466,9 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
         mean = 0.0f;
         read();
     } else {
-        moments part_m;
-        if constexpr (SHIFTED) {
-            const float q = count ? __fdividef(acc, (float)count) : 0.0f;
-            part_m = {(float)count, shift + q, fmaxf(fmaf(-acc, q, acc2), 0.0f)};
-        } else {
-            if constexpr (PACKED)
-                unpack_kept<T, V, VPT>(x, kept);
-            part_m = part_moments<V, VPT>(x, part, acc);
-        }
-        moments m = row_reduce(part_m, op_merge(), scratch, cluster);
+        if constexpr (PACKED)
+            unpack_kept<T, V, VPT>(x, kept);
+        moments m = row_reduce(part_moments<V, VPT>(x, part, acc), op_merge(), scratch, cluster);
         read();
         mean = m.mean;
         rstd = rsqrtf(m.m2 * inv_n + p.eps);
@@ -559,11 +532,10 @@ __host__ __device__ constexpr unsigned held_resident(bool packed, int vpt, int v
  * registers, in blocks of up to 1024 threads: a row of 65536 in one block,
  * or twice the resident blocks of the fp32 form. RESIDENT, where set,
  * bounds blocks to 256 threads and asks for that many resident an SM, in
- * fewer registers (bench/ops/ times it); FIT, TPR and SHIFTED are
- * norm_held_row's. */
+ * fewer registers (bench/ops/ times it); FIT and TPR are norm_held_row's. */
 template <typename T, int VPT, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
           bool PACKED = false, unsigned RESIDENT = 0, gelu_fit FIT = gelu_fit_for<T>(),
-          unsigned TPR = 0, bool SHIFTED = false>
+          unsigned TPR = 0>
 __global__ void __launch_bounds__(held_threads(PACKED, RESIDENT),
                                   held_resident(PACKED, VPT, vec16<T>(), RESIDENT))
     norm_held_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t)
@@ -577,7 +549,7 @@ __global__ void __launch_bounds__(held_threads(PACKED, RESIDENT),
         return;
     const global_row<T, V> in = {p.in + at.row * p.stride};
     const global_row<T, V> res = {p.residual ? p.residual + at.row * p.stride : nullptr};
-    norm_held_row<T, VPT, MODE, IO, PACKED, FIT, TPR, SHIFTED>(
+    norm_held_row<T, VPT, MODE, IO, PACKED, FIT, TPR>(
         p, at, in, res, [] {}, scratch, cluster);
 }
 
