@@ -133,9 +133,10 @@ int weft_rmsnorm(void *stream, weft_dtype dtype, void *out, void *sum_out, const
  * a buffer followed by weft_layernorm of that buffer - without the buffer's
  * round trip through memory. gelu_bias, residual, weight and bias are
  * optional (NULL = 0, 0, 1, 0). x_out may be in or residual; out may be in.
- * Fastest (kernels fixed for the call): the residual, weight and bias
- * given, with or without gelu_bias and x_out, on tensors as weft_layernorm
- * says; other calls test their inputs at run time.
+ * Fastest (kernels fixed for the call), on tensors as weft_layernorm says:
+ * weight and bias given, with or without x_out, and the residual given
+ * (gelu_bias or not) or gelu_bias given without the residual; other calls
+ * test their inputs at run time.
  * NaN/Inf: those of the two calls it stands for. */
 int weft_bias_gelu_residual_layernorm(void *stream, weft_dtype dtype, weft_gelu_form form,
                                       void *out, void *x_out, const void *in, const void *gelu_bias,

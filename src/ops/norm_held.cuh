@@ -27,14 +27,16 @@ template <unsigned... FIXED, typename F> int pick_io(unsigned io, F f)
  * and writes (norm.cuh's norm_io): fixed at compile time on rows of whole
  * vectors for every call of LayerNorm and RMSNorm - weight and bias each
  * given or not, the residual not added, added, or added and the sum
- * written - and for the fused op's with its residual, weight and bias,
- * the GELU bias given or not (a GEMM's epilogue may have added it), the
- * sum written or not; checked at run time otherwise. (The fused op in
- * fp32 once ran faster checked; since LayerNorm's statistics became one
- * reduction, fixed wins there too. The checked kernels take more
- * registers, the packed ones spill, and they ran the norms' calls 1.2-2.6x
- * slower than the fixed ones on rows of 4096 to 65536 in half types, up to
- * 1.5x in fp32, and the fused op's without the GELU bias up to 2.8x:
+ * written - and for the fused op's with its weight and bias: with the
+ * residual, the GELU bias given or not (a GEMM's epilogue may have added
+ * it); without it (BERT's prediction head: dense, GELU, LayerNorm), the
+ * GELU bias given; x written or not. Checked at run time otherwise. (The
+ * fused op in fp32 once ran faster checked; since LayerNorm's statistics
+ * became one reduction, fixed wins there too. The checked kernels take
+ * more registers, the packed ones spill, and they ran the norms' calls
+ * 1.2-2.6x slower than the fixed ones on rows of 4096 to 65536 in half
+ * types, up to 1.5x in fp32, the fused op's without the GELU bias up to
+ * 2.8x and without the residual up to 3.4x:
  * bench/RESULTS.md.) */
 template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_args *a, F f)
 {
@@ -53,7 +55,8 @@ template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_arg
     else if constexpr (MODE == NORM_RMS)
         return pick_io<W, W | ADD, W | SUM, 0, ADD, SUM>(io, f);
     else
-        return pick_io<WB | GB | ADD, WB | GB | SUM, WB | ADD, WB | SUM>(io, f);
+        return pick_io<WB | GB | ADD, WB | GB | SUM, WB | ADD, WB | SUM, WB | GB,
+                       WB | GB | NORM_IO_SUM_OUT>(io, f);
 }
 
 /* The call's rows, held in registers under `held` (plan_held at 16 values
