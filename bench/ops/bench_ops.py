@@ -50,20 +50,25 @@ ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", 
                 "packed_quads_b3", "packed_quads_b2", "tpr_packed_pairs", "tpr_packed_quads",
                 "held_push_polled",
                 "held_packed_quads_polled", "held_online", "ring2_online", "held_online_push",
-                "held_online_push_polled", "held_online_push16", "staged", "regs",
-                "regs_half", "regs_double", "regs_flat")
+                "held_online_push_polled", "held_online_push16", "held_push_moments",
+                "held_wide_moments", "held_packed_pairs_moments", "held_packed_quads_moments",
+                "held_push_passes", "held_wide_passes", "held_packed_pairs_passes",
+                "held_packed_quads_passes",
+                "staged", "regs", "regs_half", "regs_double", "regs_flat")
 FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
                   "held_spread8", "held_push", "held_warp", "held_packed", "held_packed16",
                   "held_packed64", "held_packed_pairs", "held_packed_quads", "held_packed32",
-                  "packed_b6", "packed_b5", "half_fit", "lib_checked", "held_push_polled")
+                  "packed_b6", "packed_b5", "half_fit", "lib_checked", "held_push_polled",
+                  "lib_moments", "lib_passes")
 RMS_VARIANTS = ("lib", "ring2", "held", "held_narrow", "held_wide", "held_push", "held_packed64",
                 "held_packed_pairs", "held_packed_quads", "ring2_packed_quads", "packed_quads_b3",
                 "packed_quads_b2", "tpr_packed_pairs", "tpr_packed_quads", "held_push_polled",
                 "held_packed_quads_polled")
 ADD_LN_VARIANTS = ("lib", "held_push", "held_packed64", "held_packed_pairs", "held_packed_quads",
                    "packed_quads_b3", "packed_quads_b2", "tpr_packed_pairs", "tpr_packed_quads",
-                   "held_push_polled",
-                   "held_packed_quads_polled")
+                   "held_push_polled", "held_packed_quads_polled", "held_push_moments",
+                   "held_packed_pairs_moments", "held_packed_quads_moments", "held_push_passes",
+                   "held_packed_pairs_passes", "held_packed_quads_passes")
 CHECKED_VARIANTS = ("lib", "held_push_checked", "held_packed_pairs_checked",
                     "held_packed_quads_checked")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "fit3", "select", "pairs", "grid8",
@@ -681,6 +686,19 @@ def run(torch, lib, args):
                             P(z.data_ptr()), P(w.data_ptr()), P(b.data_ptr()), r, c))
                     time_variant("gelu_layernorm (no GELU bias)", v, fn,
                                  (3 * r * c + 2 * c) * es, "gelu_layernorm_no_gelu_bias")
+                # and without the residual (BERT's prediction head: dense,
+                # GELU, LayerNorm), likewise
+                for v in ("lib", "lib_checked"):
+                    if v == "lib":
+                        fn = (lambda: lib.weft_bias_gelu_residual_layernorm(
+                            s(), wd, 1, P(y.data_ptr()), None, P(x.data_ptr()), P(w.data_ptr()),
+                            None, P(w.data_ptr()), P(b.data_ptr()), EPS, r, c, c))
+                    else:
+                        fn = (lambda v=v: lib.weft_bench_gelu_layernorm_variant(
+                            s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()),
+                            P(w.data_ptr()), None, P(w.data_ptr()), P(b.data_ptr()), r, c))
+                    time_variant("gelu_layernorm (no residual)", v, fn,
+                                 (2 * r * c + 3 * c) * es, "gelu_layernorm_no_residual")
                 # the plain walk's forms, by name
                 walks = tuple((v, lambda v=v: lib.weft_bench_gelu_walk(
                     s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
@@ -910,7 +928,12 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "pointers, immediate offsets), `*_polled` (`held_push_polled`, "
                    "`held_packed_quads_polled`, `held_online_push_polled`) those kernels with "
                    "every thread polling the mbarrier of a cluster's exchange, as the library's "
-                   "did before one warp polled for its block, "
+                   "did before one warp polled for its block, `*_moments` "
+                   "(`held_push_moments`, `held_wide_moments`, `held_packed_pairs_moments`, "
+                   "`held_packed_quads_moments`, the fused op's `lib_moments` under the "
+                   "library's plans) LayerNorm's kernels merging each thread's moments and "
+                   "`*_passes` (likewise) each warp's from two passes of plain sums, where "
+                   "the library picks one by kernel, "
                    "RMSNorm's `ring2` (formerly the library's on long rows) and "
                    "`held`/`held_push` (a cluster's statistics met at barriers or pushed) "
                    "and `held_packed64`/`held_packed_pairs`/`held_packed_quads` (as the "
@@ -923,7 +946,8 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "(degree 5, 2.7e-5, where bf16's is of degree 3 in 1/(a + k), 7.3e-4), "
                    "`lib_checked` the fused op's checked kernels under the library's plans "
                    "(`gelu_layernorm (no GELU bias)`, the call without the GELU bias, times "
-                   "the library's kernels for it against those, which it took before), "
+                   "the library's kernels for it against those, which it took before, and "
+                   "`gelu_layernorm (no residual)` likewise the call without the residual), "
                    "`*_checked` kernels that test at run time for "
                    "what the library fixes at compile time on these rows (as rows of any "
                    "length take them; `layernorm (bare)`/`rmsnorm (bare)`, the norms "

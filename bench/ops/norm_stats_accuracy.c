@@ -10,11 +10,15 @@
  * pairwise tree (as the butterflies and the cluster's exchange do):
  *  - moments: each thread's count, mean and squared deviations from it
  *    (two passes over its values), merged pairwise (Chan, Golub and
- *    LeVeque): the library's held kernels;
+ *    LeVeque): the library's held kernels before;
  *  - moments again, but each warp's from two plain sums over its threads
  *    (of s, giving the warp's mean; then of each thread's m2 plus its count
  *    times its mean's squared distance from the warp's), the warps' merged
  *    pairwise: two sums in place of five merges a warp;
+ *  - moments of each warp in two passes over its values (the sum of its
+ *    threads' sums giving its mean, then the sum of their squared
+ *    deviations from it), the warps' merged pairwise: the library's held
+ *    kernels since;
  *  - shifted about one value for the whole row, a warp's 32 threads, or
  *    each thread: sums of d and d^2 with d = s - shift in one pass, the
  *    groups' sums added, then merged as moments (bench/ops/'s former
@@ -112,6 +116,37 @@ static float variance_by_warp_sums(const float *x)
     return merged_variance(m, THREADS / WARP);
 }
 
+/* each warp's moments in two passes over its values: the sum of its
+ * threads' sums gives the warp's mean, then its threads' squared
+ * deviations from that mean are summed; the warps' merged pairwise */
+static float variance_by_warp_passes(const float *x)
+{
+    static moments m[THREADS / WARP];
+    static float sum[WARP], m2[WARP];
+    for (int w = 0; w < THREADS / WARP; w++) {
+        const float *v = x + w * WARP * VPT;
+        for (int t = 0; t < WARP; t++) {
+            sum[t] = 0.0f;
+            for (int k = 0; k < VPT; k++)
+                sum[t] += v[t * VPT + k];
+        }
+        for (int width = WARP; width > 1; width /= 2)
+            for (int t = 0; t < width / 2; t++)
+                sum[t] += sum[t + width / 2];
+        const float n = (float)(WARP * VPT), warp_mean = sum[0] / n;
+        for (int t = 0; t < WARP; t++) {
+            m2[t] = 0.0f;
+            for (int k = 0; k < VPT; k++)
+                m2[t] += (v[t * VPT + k] - warp_mean) * (v[t * VPT + k] - warp_mean);
+        }
+        for (int width = WARP; width > 1; width /= 2)
+            for (int t = 0; t < width / 2; t++)
+                m2[t] += m2[t + width / 2];
+        m[w] = (moments){n, warp_mean, m2[0]};
+    }
+    return merged_variance(m, THREADS / WARP);
+}
+
 /* shifted by the first value of each group of `group` threads */
 static float variance_shifted(const float *x, int group)
 {
@@ -178,21 +213,21 @@ static void fill_row(float *x, int kind)
 int main(void)
 {
     static float x[N];
-    printf("%-24s %12s %12s %12s %12s %12s\n", "row", "moments", "warp sums", "row shift",
-           "warp shift", "thread shift");
+    printf("%-24s %12s %12s %12s %12s %12s %12s\n", "row", "moments", "warp sums",
+           "warp passes", "row shift", "warp shift", "thread shift");
     for (int kind = 0; kind < NKINDS; kind++) {
-        double worst[5] = {0};
+        double worst[6] = {0};
         for (int trial = 0; trial < TRIALS; trial++) {
             fill_row(x, kind);
             const double exact = variance_exact(x);
-            const float got[5] = {variance_by_moments(x), variance_by_warp_sums(x),
-                                  variance_shifted(x, THREADS), variance_shifted(x, WARP),
-                                  variance_shifted(x, 1)};
-            for (int s = 0; s < 5; s++)
+            const float got[6] = {variance_by_moments(x),        variance_by_warp_sums(x),
+                                  variance_by_warp_passes(x),    variance_shifted(x, THREADS),
+                                  variance_shifted(x, WARP),     variance_shifted(x, 1)};
+            for (int s = 0; s < 6; s++)
                 worst[s] = fmax(worst[s], fabs(got[s] - exact) / exact);
         }
-        printf("%-24s %12.2e %12.2e %12.2e %12.2e %12.2e\n", KINDS[kind], worst[0], worst[1],
-               worst[2], worst[3], worst[4]);
+        printf("%-24s %12.2e %12.2e %12.2e %12.2e %12.2e %12.2e\n", KINDS[kind], worst[0],
+               worst[1], worst[2], worst[3], worst[4], worst[5]);
     }
     return 0;
 }

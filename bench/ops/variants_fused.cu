@@ -9,12 +9,31 @@ namespace weft_ops::variants
 namespace
 {
 
+/* The fused op under the library's plans, packed or not, its statistics
+ * forced to S (lib_moments, lib_passes). */
+template <typename T, norm_mode M, unsigned IO, norm_stats S>
+int run_lib_stats(cudaStream_t s, const row_plan &plan, const norm_params<T> &p)
+{
+    if constexpr (norm_packs<T, M>(false)) {
+        row_plan packed;
+        if (norm_packed_plan<T, M>(p.rows, p.cols, true, false, &packed))
+            return run_held(
+                "gelu_layernorm variant", s, packed, p,
+                norm_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 0, gelu_fit_for<T>(), S>(packed.vpt));
+    }
+    return run_held("gelu_layernorm variant", s, plan, p,
+                    norm_held_for<T, M, IO, EXCHANGE_PUSH, S>(plan.vpt));
+}
+
 /* The fused op (erf GELU with its bias - or without, where gelu_bias is
  * NULL - the residual, weight and bias, no sum written) in its held kernel
  * under the library's plan, with those inputs fixed at compile time (held,
  * the library's) or tested at run time (held_checked; lib_checked: the
  * library's plans, packed or not, in the checked kernels, as the library
- * took calls without the GELU bias before they were fixed too; on rows
+ * took calls without the GELU bias before they were fixed too;
+ * lib_moments and lib_passes: the library's plans and kernels with each
+ * thread's moments merged or each warp's two passes, where the library
+ * picks by dtype and values a thread (norm.cuh's held_stats); on rows
  * over a cluster held_push, and held_push_polled with every thread polling
  * the exchange's mbarrier); fixed at 8 and at 32 values a thread (held_narrow,
  * held_wide); and with rows of up to a warp's 32 values a thread held by
@@ -51,6 +70,13 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
         }
         return run_held("gelu_layernorm variant", s, plan, p,
                         norm_held_for<T, M, NORM_IO_CHECKED, EXCHANGE_PUSH>(plan.vpt));
+    }
+    if (stats_variant(variant) != STATS_TUNED && strncmp(variant, "lib_", 4) == 0) {
+        if (!gelu_bias)
+            return WEFT_EINVAL;
+        return stats_variant(variant) == STATS_THREAD_MOMENTS
+                   ? run_lib_stats<T, M, IO, STATS_THREAD_MOMENTS>(s, plan, p)
+                   : run_lib_stats<T, M, IO, STATS_WARP_PASSES>(s, plan, p);
     }
     if (!gelu_bias)
         return WEFT_EINVAL; /* the other variants are of the call with it */

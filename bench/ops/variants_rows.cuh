@@ -409,6 +409,50 @@ int run_polled(const char *op, cudaStream_t s, const char *variant, const norm_p
     return WEFT_EINVAL;
 }
 
+/* The statistics a variant forces on LayerNorm's kernels: `*_moments`
+ * each thread's moments merged (STATS_THREAD_MOMENTS), `*_passes` each
+ * warp's two passes (STATS_WARP_PASSES); STATS_TUNED, the library's
+ * choice, for any other variant. */
+inline norm_stats stats_variant(const char *variant)
+{
+    const size_t n = strlen(variant);
+    if (n > 8 && strcmp(variant + n - 8, "_moments") == 0)
+        return STATS_THREAD_MOMENTS;
+    if (n > 7 && strcmp(variant + n - 7, "_passes") == 0)
+        return STATS_WARP_PASSES;
+    return STATS_TUNED;
+}
+
+/* The LayerNorm modes' kernels under the plans of held_push (16 values a
+ * thread, a cluster's statistics pushed), held_wide (32),
+ * held_packed_pairs and held_packed_quads, with S's statistics:
+ * held_push_moments, held_wide_moments and so on, or *_passes. WEFT_EINVAL
+ * for RMSNorm, other variants, or where the plan does not apply. */
+template <typename T, norm_mode MODE, unsigned IO, norm_stats S>
+int run_stats(const char *op, cudaStream_t s, const char *variant, const norm_params<T> &p)
+{
+    constexpr int V = vec16<T>();
+    constexpr cluster_exchange X = EXCHANGE_PUSH;
+    const size_t base = strlen(variant) - (S == STATS_THREAD_MOMENTS ? 8 : 7);
+    auto is = [&](const char *name) {
+        return strlen(name) == base && strncmp(variant, name, base) == 0;
+    };
+    row_plan plan;
+    if constexpr (MODE != NORM_RMS) {
+        if (is("held_wide") || is("held_push"))
+            return held_variant_plan(is("held_wide") ? "held_wide" : "held", p.cols, V, 16, &plan)
+                       ? run_held(op, s, plan, p, norm_held_for<T, MODE, IO, X, S>(plan.vpt))
+                       : WEFT_EINVAL;
+        if constexpr (sizeof(T) == 2) {
+            if (is("held_packed_pairs") || is("held_packed_quads"))
+                return run_packed<T>(
+                    op, s, is("held_packed_pairs") ? "held_packed_pairs" : "held_packed_quads", p,
+                    norm_packed_for<T, MODE, IO, X, PACKED_MAX_VALUES, 0, gelu_fit_for<T>(), S>);
+        }
+    }
+    return WEFT_EINVAL;
+}
+
 /* Whether the variant is one of packed_plan's. */
 inline bool packed_variant(const char *variant)
 {
@@ -452,8 +496,8 @@ int run_checked(const char *op, cudaStream_t s, const char *variant, const norm_
 }
 
 /* The variants every norm's dispatcher shares (run_checked's,
- * run_packed_resident's, run_polled's, run_packed_tpr's): true, with the
- * launch's result in *rc, when the variant is one of them. */
+ * run_packed_resident's, run_polled's, run_packed_tpr's, run_stats'):
+ * true, with the launch's result in *rc, when the variant is one of them. */
 template <typename T, norm_mode MODE, unsigned IO>
 bool run_norm_shared(const char *op, cudaStream_t s, const char *variant, const norm_params<T> &p,
                      int *rc)
@@ -466,6 +510,10 @@ bool run_norm_shared(const char *op, cudaStream_t s, const char *variant, const 
         *rc = run_polled<T, MODE, IO>(op, s, variant, p);
     else if (strncmp(variant, "tpr_", 4) == 0)
         *rc = run_packed_tpr<T, MODE, IO>(op, s, variant, p);
+    else if (stats_variant(variant) == STATS_THREAD_MOMENTS)
+        *rc = run_stats<T, MODE, IO, STATS_THREAD_MOMENTS>(op, s, variant, p);
+    else if (stats_variant(variant) == STATS_WARP_PASSES)
+        *rc = run_stats<T, MODE, IO, STATS_WARP_PASSES>(op, s, variant, p);
     else
         return false;
     return true;

@@ -16,7 +16,7 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
     constexpr int V = vec16<T>();
     softmax_params<T> p = {(T *)out, (const T *)in, rows, cols, cols, 0, 1.0f, 0.0f, 1.0f, 0, 0};
     row_plan plan;
-    if (cols % V != 0)
+    if (cols % V != 0 || stats_variant(variant) != STATS_TUNED) /* those are LayerNorm's */
         return WEFT_EINVAL;
     if (strcmp(variant, "staged") == 0)
         return plan_staged(cols, V, 1, &plan)

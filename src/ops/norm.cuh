@@ -330,6 +330,45 @@ __host__ __device__ static constexpr bool norm_gelu(norm_mode mode)
 template <norm_mode MODE>
 using norm_stat = typename std::conditional<MODE == NORM_RMS, float, moments>::type;
 
+/* How the held kernels take LayerNorm's statistics:
+ * - STATS_WARP_PASSES: each warp's in two passes over its registers, each
+ *   a butterfly of plain sums - of s, giving the warp's mean; then of the
+ *   squared deviations from that mean - and the warps' moments merged
+ *   (op_merge) over the row;
+ * - STATS_THREAD_MOMENTS: each thread's moments, merged from the first
+ *   butterfly step on (five merges a warp, each about 10 instructions and
+ *   3 shuffles where a plain sum's step takes 2);
+ * - STATS_TUNED: whichever held_stats picks for the kernel, the library's
+ *   choice (bench/ops/'s variants *_passes and *_moments force the others).
+ * The two are as exact as a two-pass variance over the row (bench/ops/'s
+ * norm_stats_accuracy: at most 1.9e-6 of it on rows of 65536). */
+enum norm_stats { STATS_TUNED, STATS_WARP_PASSES, STATS_THREAD_MOMENTS };
+
+/* The statistics of the library's held kernels (bench/RESULTS.md,
+ * 2026-12-01 22:24 and 22:43). The warps' passes issue fewer instructions but put a
+ * warp's sum on the critical path before the squared deviations: they win
+ * where the kernel is bound by what it issues, and lose where the row's
+ * reduction is its latency or where their registers spill. So:
+ * - the fused op in half types, its GELU issuing most: passes, 2-5%
+ *   faster in bf16 and 5-7% in fp16 at 32 values a thread; but fp16's
+ *   kernel at 64 values, whose GELU fit is longer, spills 880 bytes with
+ *   them where it spilled 48 (2.4x slower): moments;
+ * - the fused op in fp32: moments (passes 10% slower on rows a block of
+ *   1024 holds alone, 2% faster on short rows);
+ * - LayerNorm's packed rows: moments (passes 2-4% slower on long rows);
+ *   its other rows: passes (1-2% faster). */
+template <typename T, int VPT, norm_mode MODE, bool PACKED>
+__host__ __device__ constexpr norm_stats held_stats()
+{
+    if constexpr (norm_gelu(MODE)) {
+        constexpr bool fp16 = std::is_same<T, __half>::value;
+        return sizeof(T) == 4 || (fp16 && VPT * vec16<T>() > 32) ? STATS_THREAD_MOMENTS
+                                                                 : STATS_WARP_PASSES;
+    } else {
+        return PACKED ? STATS_THREAD_MOMENTS : STATS_WARP_PASSES;
+    }
+}
+
 /* What a held row reads and writes besides in and out. The common calls
  * (norm_held.cuh's by_io) have it fixed at compile time, on rows of whole
  * vectors (cols a multiple of V), so that no vector pays for a test of a
@@ -350,8 +389,9 @@ template <unsigned IO> __device__ __forceinline__ bool io_has(const void *ptr, u
     return IO & NORM_IO_CHECKED ? ptr != nullptr : (IO & bit) != 0;
 }
 
-/* This thread's part of a held row (sum: of its s): how many elements,
- * their mean, their squared deviations from it. Past the row's end s is 0
+/* This thread's part of a held row (sum: of its s), as
+ * STATS_THREAD_MOMENTS takes it: how many elements, their mean, their
+ * squared deviations from it. Past the row's end s is 0
  * but its deviation is not, so those elements are left out by index: the
  * row's one partial vector is masked, vectors past the end skipped. */
 template <int V, int VPT>
@@ -378,6 +418,35 @@ __device__ __forceinline__ moments part_moments(const float (&x)[VPT][V], const 
     return m;
 }
 
+/* This warp's part of a held row (sum: this thread's of its s), as
+ * STATS_WARP_PASSES takes it: how many elements, their mean, their
+ * squared deviations from it, the same in every lane. Elements past the
+ * row's end are left out by index, as in part_moments. */
+template <int V, int VPT>
+__device__ __forceinline__ moments warp_moments(const float (&x)[VPT][V], const int (&part)[VPT],
+                                                float sum)
+{
+    int count = 0;
+#pragma unroll
+    for (int k = 0; k < VPT; k++)
+        count += part[k];
+    const float n = (float)__reduce_add_sync(0xffffffffu, (unsigned)count);
+    sum = warp_reduce(sum, op_sum());
+    const float mean = n > 0.0f ? __fdiv_rn(sum, n) : 0.0f;
+    float m2 = 0.0f;
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+#pragma unroll
+        for (int e = 0; e < V; e++) {
+            if (part[k] == V || e < part[k]) {
+                float d = x[k][e] - mean;
+                m2 += d * d;
+            }
+        }
+    }
+    return {n, mean, warp_reduce(m2, op_sum())};
+}
+
 /*
  * One row of the held kernels (rows.cuh): each thread loads its VPT
  * vectors of in and the residual when there is one (from global memory,
@@ -385,15 +454,16 @@ __device__ __forceinline__ moments part_moments(const float (&x)[VPT][V], const 
  * and weights at once, forms s in registers, and takes the statistics and
  * writes the output from there. Elements past the row's end load as 0 and form
  * s = 0 (GELU(0) = 0), so the sums need no mask. LayerNorm's statistics
- * are one reduction of each thread's moments. read() runs once every
+ * are one reduction of moments over the row (STATS says whose: each
+ * warp's or each thread's). read() runs once every
  * thread of the row has read its vectors. FIT is the erf form's fit
  * (bench/ops/ times another). bench/ops/ also times TPR, the threads of a
  * row fixed at compile time (rows.cuh's held_at): no faster (the variants
  * tpr_*, bench/RESULTS.md).
  */
 template <typename T, int VPT, norm_mode MODE, unsigned IO, bool PACKED,
-          gelu_fit FIT = gelu_fit_for<T>(), unsigned TPR = 0, typename Row, typename Read,
-          cluster_exchange X>
+          gelu_fit FIT = gelu_fit_for<T>(), unsigned TPR = 0, norm_stats STATS = STATS_TUNED,
+          typename Row, typename Read, cluster_exchange X>
 __device__ __forceinline__ void
 norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const Row &res,
               Read read, reduce_scratch<norm_stat<MODE>, X> &scratch, unsigned cluster)
@@ -468,7 +538,11 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
     } else {
         if constexpr (PACKED)
             unpack_kept<T, V, VPT>(x, kept);
-        moments m = row_reduce(part_moments<V, VPT>(x, part, acc), op_merge(), scratch, cluster);
+        constexpr norm_stats S = STATS == STATS_TUNED ? held_stats<T, VPT, MODE, PACKED>() : STATS;
+        moments m =
+            S == STATS_WARP_PASSES
+                ? warps_reduce(warp_moments<V, VPT>(x, part, acc), op_merge(), scratch, cluster)
+                : row_reduce(part_moments<V, VPT>(x, part, acc), op_merge(), scratch, cluster);
         read();
         mean = m.mean;
         rstd = rsqrtf(m.m2 * inv_n + p.eps);
@@ -532,10 +606,11 @@ __host__ __device__ constexpr unsigned held_resident(bool packed, int vpt, int v
  * registers, in blocks of up to 1024 threads: a row of 65536 in one block,
  * or twice the resident blocks of the fp32 form. RESIDENT, where set,
  * bounds blocks to 256 threads and asks for that many resident an SM, in
- * fewer registers (bench/ops/ times it); FIT and TPR are norm_held_row's. */
+ * fewer registers (bench/ops/ times it); FIT, TPR and STATS are
+ * norm_held_row's. */
 template <typename T, int VPT, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
           bool PACKED = false, unsigned RESIDENT = 0, gelu_fit FIT = gelu_fit_for<T>(),
-          unsigned TPR = 0>
+          unsigned TPR = 0, norm_stats STATS = STATS_TUNED>
 __global__ void __launch_bounds__(held_threads(PACKED, RESIDENT),
                                   held_resident(PACKED, VPT, vec16<T>(), RESIDENT))
     norm_held_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t)
@@ -549,22 +624,26 @@ __global__ void __launch_bounds__(held_threads(PACKED, RESIDENT),
         return;
     const global_row<T, V> in = {p.in + at.row * p.stride};
     const global_row<T, V> res = {p.residual ? p.residual + at.row * p.stride : nullptr};
-    norm_held_row<T, VPT, MODE, IO, PACKED, FIT, TPR>(
+    norm_held_row<T, VPT, MODE, IO, PACKED, FIT, TPR, STATS>(
         p, at, in, res, [] {}, scratch, cluster);
 }
 
 /* The held kernel for plan.vpt, or NULL when there is none. */
-template <typename T, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS>
+template <typename T, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
+          norm_stats STATS = STATS_TUNED>
 static void (*norm_held_for(unsigned vpt))(norm_params<T>, size_t, unsigned, size_t)
 {
-    return held_vpt<vec16<T>()>(
-        vpt, [](auto k) { return norm_held_kernel<T, decltype(k)::value, MODE, IO, X>; });
+    return held_vpt<vec16<T>()>(vpt, [](auto k) {
+        return norm_held_kernel<T, decltype(k)::value, MODE, IO, X, false, 0, gelu_fit_for<T>(), 0,
+                                STATS>;
+    });
 }
 
 /* The packed held kernel (half types) for plan.vpt, or NULL when there is
  * none; instantiated from FEWEST values a thread up. */
 template <typename T, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
-          unsigned FEWEST = 1, unsigned RESIDENT = 0, gelu_fit FIT = gelu_fit_for<T>()>
+          unsigned FEWEST = 1, unsigned RESIDENT = 0, gelu_fit FIT = gelu_fit_for<T>(),
+          norm_stats STATS = STATS_TUNED>
 static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, size_t)
 {
     static_assert(sizeof(T) == 2, "a packed row is of a half type");
@@ -575,7 +654,8 @@ static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, s
             if constexpr (decltype(k)::value * vec16<T>() < FEWEST)
                 return nullptr;
             else
-                return norm_held_kernel<T, decltype(k)::value, MODE, IO, X, true, RESIDENT, FIT>;
+                return norm_held_kernel<T, decltype(k)::value, MODE, IO, X, true, RESIDENT, FIT, 0,
+                                        STATS>;
         },
         [] { return (kernel) nullptr; });
 }

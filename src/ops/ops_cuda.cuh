@@ -729,14 +729,24 @@ __device__ __forceinline__ R pushed(const reduce_scratch<R, X, true> &s, unsigne
     return v;
 }
 
+/* The reduction of v over the calling warp, returned to every lane: the
+ * xor butterfly, each step combining two equal partial results
+ * commutatively, so that every lane gets the same bits. */
+template <typename R, typename Op> __device__ __forceinline__ R warp_reduce(R v, Op op)
+{
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1)
+        v = combine(op, v, shfl_xor(v, m));
+    return v;
+}
+
 /*
- * The reduction of v over one row, returned to every thread of the row.
- * A row is one warp (blockDim.x == 32, several rows per block), or one
- * block (a power of two of warps), or the blocks of one cluster. The order
- * of the combination is fixed, so every thread gets the same bits: the xor
- * butterfly within the warp (each step combines two equal partial
- * results, commutatively), the same over the warps' results, then the
- * blocks' in rank order.
+ * The reduction over one row of its warps' results v (the same in every
+ * lane of a warp), returned to every thread of the row. A row is one warp
+ * (blockDim.x == 32, several rows per block), or one block (a power of
+ * two of warps), or the blocks of one cluster. The order of the
+ * combination is fixed, so every thread gets the same bits: a butterfly
+ * over the warps' results, then the blocks' in rank order.
  *
  * Before returning it waits until every thread (every block) has read s,
  * so that the next reduction may write it - unless `then_other`: the
@@ -746,12 +756,9 @@ __device__ __forceinline__ R pushed(const reduce_scratch<R, X, true> &s, unsigne
  * among them).
  */
 template <typename R, typename Op, cluster_exchange X>
-__device__ __forceinline__ R row_reduce(R v, Op op, reduce_scratch<R, X> &s, unsigned cluster,
-                                        bool then_other = false)
+__device__ __forceinline__ R warps_reduce(R v, Op op, reduce_scratch<R, X> &s, unsigned cluster,
+                                          bool then_other = false)
 {
-#pragma unroll
-    for (int m = 16; m >= 1; m >>= 1)
-        v = combine(op, v, shfl_xor(v, m));
     if (blockDim.x == 32)
         return v;
 
@@ -794,6 +801,15 @@ __device__ __forceinline__ R row_reduce(R v, Op op, reduce_scratch<R, X> &s, uns
             cl.sync(); /* no block rewrites or leaves its slot while others read it */
     }
     return v;
+}
+
+/* The reduction of v over one row (warps_reduce's), returned to every
+ * thread of the row: warp_reduce, then warps_reduce. */
+template <typename R, typename Op, cluster_exchange X>
+__device__ __forceinline__ R row_reduce(R v, Op op, reduce_scratch<R, X> &s, unsigned cluster,
+                                        bool then_other = false)
+{
+    return warps_reduce(warp_reduce(v, op), op, s, cluster, then_other);
 }
 
 /* ---- launching ------------------------------------------------------------ */
