@@ -389,50 +389,22 @@ template <unsigned IO> __device__ __forceinline__ bool io_has(const void *ptr, u
     return IO & NORM_IO_CHECKED ? ptr != nullptr : (IO & bit) != 0;
 }
 
-/* This thread's part of a held row (sum: of its s), as
- * STATS_THREAD_MOMENTS takes it: how many elements, their mean, their
- * squared deviations from it. Past the row's end s is 0
- * but its deviation is not, so those elements are left out by index: the
- * row's one partial vector is masked, vectors past the end skipped. */
-template <int V, int VPT>
-__device__ __forceinline__ moments part_moments(const float (&x)[VPT][V], const int (&part)[VPT],
-                                                float sum)
+/* How many of a held row's elements this thread holds (part: of each
+ * vector), and their squared deviations from mean. Past the row's end s
+ * is 0 but its deviation is not, so those elements are left out by index:
+ * the row's one partial vector is masked, vectors past the end skipped. */
+template <int VPT> __device__ __forceinline__ int part_count(const int (&part)[VPT])
 {
     int count = 0;
 #pragma unroll
     for (int k = 0; k < VPT; k++)
         count += part[k];
-    /* an approximate quotient: the parts' rounding errors average out in
-     * the merge, and to first order leave m2 as it is */
-    moments m = {(float)count, count ? __fdividef(sum, (float)count) : 0.0f, 0.0f};
-#pragma unroll
-    for (int k = 0; k < VPT; k++) {
-#pragma unroll
-        for (int e = 0; e < V; e++) {
-            if (part[k] == V || e < part[k]) {
-                float d = x[k][e] - m.mean;
-                m.m2 += d * d;
-            }
-        }
-    }
-    return m;
+    return count;
 }
-
-/* This warp's part of a held row (sum: this thread's of its s), as
- * STATS_WARP_PASSES takes it: how many elements, their mean, their
- * squared deviations from it, the same in every lane. Elements past the
- * row's end are left out by index, as in part_moments. */
 template <int V, int VPT>
-__device__ __forceinline__ moments warp_moments(const float (&x)[VPT][V], const int (&part)[VPT],
-                                                float sum)
+__device__ __forceinline__ float squared_deviations(const float (&x)[VPT][V],
+                                                    const int (&part)[VPT], float mean)
 {
-    int count = 0;
-#pragma unroll
-    for (int k = 0; k < VPT; k++)
-        count += part[k];
-    const float n = (float)__reduce_add_sync(0xffffffffu, (unsigned)count);
-    sum = warp_reduce(sum, op_sum());
-    const float mean = n > 0.0f ? __fdiv_rn(sum, n) : 0.0f;
     float m2 = 0.0f;
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
@@ -444,7 +416,34 @@ __device__ __forceinline__ moments warp_moments(const float (&x)[VPT][V], const 
             }
         }
     }
-    return {n, mean, warp_reduce(m2, op_sum())};
+    return m2;
+}
+
+/* This thread's part of a held row (sum: of its s), as
+ * STATS_THREAD_MOMENTS takes it: how many elements, their mean, their
+ * squared deviations from it. */
+template <int V, int VPT>
+__device__ __forceinline__ moments part_moments(const float (&x)[VPT][V], const int (&part)[VPT],
+                                                float sum)
+{
+    const int count = part_count(part);
+    /* an approximate quotient: the parts' rounding errors average out in
+     * the merge, and to first order leave m2 as it is */
+    const float mean = count ? __fdividef(sum, (float)count) : 0.0f;
+    return {(float)count, mean, squared_deviations(x, part, mean)};
+}
+
+/* This warp's part of a held row (sum: this thread's of its s), as
+ * STATS_WARP_PASSES takes it: how many elements, their mean, their
+ * squared deviations from it, the same in every lane. */
+template <int V, int VPT>
+__device__ __forceinline__ moments warp_moments(const float (&x)[VPT][V], const int (&part)[VPT],
+                                                float sum)
+{
+    const float n = (float)__reduce_add_sync(0xffffffffu, (unsigned)part_count(part));
+    sum = warp_reduce(sum, op_sum());
+    const float mean = n > 0.0f ? __fdiv_rn(sum, n) : 0.0f;
+    return {n, mean, warp_reduce(squared_deviations(x, part, mean), op_sum())};
 }
 
 /*
