@@ -552,6 +552,7 @@ def run(torch, lib, args):
                 b = torch.randn(c, device="cuda", dtype=dt)
                 P, s = ctypes.c_void_p, cur_stream
                 lib_out = {}
+                lib_timed = {}  # kern: what times the library's kernel, for lib_last
 
                 def time_variant(kern, v, fn, nbytes, tag=None, must_apply=False):
                     """Times variant v of kern (fn launches it into y), if it applies
@@ -578,6 +579,8 @@ def run(torch, lib, args):
                     emit("ops.variant.%s.%s.%s.%dx%d.tbps" % (tag or kern, v, dtype_name, r, c),
                          tbps, "TB/s")
                     variants_out.append((kern, v, dtype_name, (r, c), tbps))
+                    if v == "lib":
+                        lib_timed[kern] = (fn, nbytes, tag)
 
                 for v in ROW_VARIANTS:
                     for kern in ("softmax", "layernorm"):
@@ -770,6 +773,15 @@ def run(torch, lib, args):
                     emit("ops.variant.rope.%s.%s.%dx%d.tbps" % (v, dtype_name, r, c), tbps,
                          "TB/s")
                     variants_out.append(("rope", v, dtype_name, (r, c), tbps))
+                # the library's kernels again, after every variant of the
+                # shape (lib_last): a figure below lib's says the GPU slowed
+                # as the run went on, against the variants timed later
+                if len(chosen) > 1:
+                    for kern, (fn, nbytes, tag) in lib_timed.items():
+                        tbps = nbytes / time_per_call(torch, fn, reps) / 1e12
+                        emit("ops.variant.%s.lib_last.%s.%dx%d.tbps" % (tag or kern, dtype_name,
+                                                                        r, c), tbps, "TB/s")
+                        variants_out.append((kern, "lib_last", dtype_name, (r, c), tbps))
                 del x, y, z, w, b, q0, rope_lib
                 torch.cuda.empty_cache()
 
@@ -893,7 +905,9 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
     if variants_out:
         rounds = (", the median of %d rounds, each on fresh tensors, and their range" %
                   args.rounds if args.rounds > 1 else "")
-        out.append("Tuning variants, TB/s" + rounds + ": `lib` is the library's kernel (for "
+        out.append("Tuning variants, TB/s" + rounds + ": `lib` is the library's kernel, timed "
+                   "first, `lib_last` the same again after every variant of the shape (a drop "
+                   "from `lib` counts against the variants timed later) (for "
                    "these aligned rows: LayerNorm `held_wide` on bf16 rows of up to 8192; "
                    "LayerNorm and RMSNorm packed on bf16 rows over 8192, add+LayerNorm over "
                    "32768, in one block of up to 512 threads (rows up to 32768), else "
