@@ -14,7 +14,7 @@
  * (held_narrow, held_wide, and long rows over more blocks, held_spread and
  * held_spread8: see held_variant_plan), LayerNorm's and the fused op's held
  * kernels with a cluster's blocks pushing their statistics to each other
- * (held_push: ops_cuda.cuh's cluster_exchange; held meets at cluster
+ * (held_push: reduce.cuh's cluster_exchange; held meets at cluster
  * barriers), RMSNorm held, packed and through the ring (rmsnorm_variant),
  * add+LayerNorm held and packed (add_layernorm_variant), the held kernels
  * with rows of half types kept packed between their passes

@@ -47,7 +47,7 @@
 #ifndef WEFT_OPS_ROWS_CUH
 #define WEFT_OPS_ROWS_CUH
 
-#include "ops/ops_cuda.cuh"
+#include "ops/reduce.cuh"
 
 namespace weft_ops
 {

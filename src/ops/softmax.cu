@@ -13,7 +13,7 @@
  * where visible, 0 where masked, each kept or dropped by the same Philox
  * words as the host's. Masked columns are never read, and whole masked
  * vectors cost no load at all. A row held by a cluster has its blocks push
- * their statistics into each other's shared memory (ops_cuda.cuh's
+ * their statistics into each other's shared memory (reduce.cuh's
  * EXCHANGE_PUSH): +27% in bf16 and +19% in fp32 at 1024x65536 over
  * meeting at cluster barriers, and in bf16 13% faster than streaming the
  * rows through a ring in shared memory, as the library did before

@@ -416,7 +416,7 @@ softmax_held_row(const softmax_params<T> &p, const row_place &at, const Row &in,
 /* The held kernel: a row a block (or a cluster, or a warp), straight from
  * global memory. PACKED (half types): up to 64 values a thread in blocks
  * of up to 1024 threads, as norm_held_kernel. X: how a cluster's blocks
- * share their statistics (ops_cuda.cuh). */
+ * share their statistics (reduce.cuh). */
 template <typename T, int VPT, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM,
           bool PACKED = false, cluster_exchange X = EXCHANGE_BARRIERS>
 __global__ void __launch_bounds__(PACKED ? 1024 : 512)
