@@ -9,14 +9,16 @@ namespace weft_ops::variants
 namespace
 {
 
-/* The fused op under the library's plans, packed or not, its statistics
- * forced to S (lib_moments, lib_passes). */
-template <typename T, norm_mode M, unsigned IO, norm_stats S>
-int run_lib_stats(cudaStream_t s, const row_plan &plan, const norm_params<T> &p)
+/* The fused op under the library's plans, packed or not, with its kernels
+ * for IO (lib_checked: NORM_IO_CHECKED) and statistics S (lib_moments,
+ * lib_passes). */
+template <typename T, norm_mode M, unsigned IO, norm_stats S = STATS_TUNED>
+int run_lib(cudaStream_t s, const row_plan &plan, const norm_params<T> &p)
 {
-    if constexpr (norm_packs<T, M>(false)) {
+    constexpr bool CHECKED = IO == NORM_IO_CHECKED;
+    if constexpr (norm_packs<T, M>(CHECKED)) {
         row_plan packed;
-        if (norm_packed_plan<T, M>(p.rows, p.cols, true, false, &packed))
+        if (norm_packed_plan<T, M>(p.rows, p.cols, p.residual != nullptr, CHECKED, &packed))
             return run_held(
                 "gelu_layernorm variant", s, packed, p,
                 norm_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 0, gelu_fit_for<T>(), S>(packed.vpt));
@@ -61,22 +63,14 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
         return WEFT_EINVAL;
     plan = warp;
     plan_held_split_warp_rows(&plan, V, 16);
-    if (strcmp(variant, "lib_checked") == 0) {
-        if constexpr (norm_packs<T, M>(true)) {
-            row_plan packed;
-            if (norm_packed_plan<T, M>(rows, cols, true, true, &packed))
-                return run_held("gelu_layernorm variant", s, packed, p,
-                                norm_packed_for<T, M, NORM_IO_CHECKED, EXCHANGE_PUSH>(packed.vpt));
-        }
-        return run_held("gelu_layernorm variant", s, plan, p,
-                        norm_held_for<T, M, NORM_IO_CHECKED, EXCHANGE_PUSH>(plan.vpt));
-    }
+    if (strcmp(variant, "lib_checked") == 0)
+        return run_lib<T, M, NORM_IO_CHECKED>(s, plan, p);
     if (stats_variant(variant) != STATS_TUNED && strncmp(variant, "lib_", 4) == 0) {
         if (!gelu_bias)
             return WEFT_EINVAL;
         return stats_variant(variant) == STATS_THREAD_MOMENTS
-                   ? run_lib_stats<T, M, IO, STATS_THREAD_MOMENTS>(s, plan, p)
-                   : run_lib_stats<T, M, IO, STATS_WARP_PASSES>(s, plan, p);
+                   ? run_lib<T, M, IO, STATS_THREAD_MOMENTS>(s, plan, p)
+                   : run_lib<T, M, IO, STATS_WARP_PASSES>(s, plan, p);
     }
     if (!gelu_bias)
         return WEFT_EINVAL; /* the other variants are of the call with it */

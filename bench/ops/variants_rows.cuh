@@ -381,13 +381,19 @@ int run_packed_tpr(const char *op, cudaStream_t s, const char *variant, const no
     return WEFT_EINVAL;
 }
 
+/* Whether variant is a name followed by suffix. */
+inline bool ends_with(const char *variant, const char *suffix)
+{
+    const size_t n = strlen(variant), k = strlen(suffix);
+    return n > k && strcmp(variant + n - k, suffix) == 0;
+}
+
 /* Whether the variant is one of the `*_polled` kernels: every thread
  * polls the mbarrier of a cluster's exchange (EXCHANGE_PUSH_POLLED), as
  * the library's kernels did before one warp polled for the block. */
 inline bool polled_variant(const char *variant)
 {
-    const size_t n = strlen(variant);
-    return n > 7 && strcmp(variant + n - 7, "_polled") == 0;
+    return ends_with(variant, "_polled");
 }
 
 /* The norms' polled kernels: held_push_polled (held_push's plan, where it
@@ -412,14 +418,16 @@ int run_polled(const char *op, cudaStream_t s, const char *variant, const norm_p
 /* The statistics a variant forces on LayerNorm's kernels: `*_moments`
  * each thread's moments merged (STATS_THREAD_MOMENTS), `*_passes` each
  * warp's two passes (STATS_WARP_PASSES); STATS_TUNED, the library's
- * choice, for any other variant. */
+ * choice, for any other variant. stats_suffix names the suffix. */
+constexpr const char *stats_suffix(norm_stats stats)
+{
+    return stats == STATS_THREAD_MOMENTS ? "_moments" : "_passes";
+}
 inline norm_stats stats_variant(const char *variant)
 {
-    const size_t n = strlen(variant);
-    if (n > 8 && strcmp(variant + n - 8, "_moments") == 0)
-        return STATS_THREAD_MOMENTS;
-    if (n > 7 && strcmp(variant + n - 7, "_passes") == 0)
-        return STATS_WARP_PASSES;
+    for (norm_stats stats : {STATS_THREAD_MOMENTS, STATS_WARP_PASSES})
+        if (ends_with(variant, stats_suffix(stats)))
+            return stats;
     return STATS_TUNED;
 }
 
@@ -433,7 +441,7 @@ int run_stats(const char *op, cudaStream_t s, const char *variant, const norm_pa
 {
     constexpr int V = vec16<T>();
     constexpr cluster_exchange X = EXCHANGE_PUSH;
-    const size_t base = strlen(variant) - (S == STATS_THREAD_MOMENTS ? 8 : 7);
+    const size_t base = strlen(variant) - strlen(stats_suffix(S));
     auto is = [&](const char *name) {
         return strlen(name) == base && strncmp(variant, name, base) == 0;
     };

@@ -345,16 +345,17 @@ using norm_stat = typename std::conditional<MODE == NORM_RMS, float, moments>::t
 enum norm_stats { STATS_TUNED, STATS_WARP_PASSES, STATS_THREAD_MOMENTS };
 
 /* The statistics of the library's held kernels (bench/RESULTS.md,
- * 2026-12-01 22:24 to 22:59). The warps' passes issue fewer instructions but put a
- * warp's sum on the critical path before the squared deviations: they win
- * where the kernel is bound by what it issues, and lose where the row's
- * reduction is its latency or where their registers spill. So:
+ * 2026-12-01 22:24 to 22:59). The warps' passes issue fewer instructions
+ * but put a warp's sum on the critical path before the squared
+ * deviations: they win where the kernel is bound by what it issues, and
+ * lose where the row's reduction is its latency or where their registers
+ * spill. So:
  * - the fused op in half types, its GELU issuing most: passes, 1.3-3%
  *   faster in bf16 and 4-7% in fp16 at 32 values a thread; but fp16's
  *   kernel at 64 values, whose GELU fit is longer, spills 880 bytes with
  *   them where it spilled 48 (2.4x slower): moments;
  * - the fused op in fp32: moments (passes 10% slower on rows a block of
- *   1024 holds alone, 2% faster on short rows);
+ *   1024 holds alone, 2-6% faster on rows of 4096);
  * - LayerNorm's packed rows: moments (passes 3-5% slower on long rows);
  *   its other rows: passes (level to 3% faster). */
 template <typename T, int VPT, norm_mode MODE, bool PACKED>
