@@ -53,7 +53,7 @@ ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", 
                 "held_online_push_polled", "held_online_push16", "held_push_moments",
                 "held_wide_moments", "held_packed_pairs_moments", "held_packed_quads_moments",
                 "held_push_passes", "held_wide_passes", "held_packed_pairs_passes",
-                "held_packed_quads_passes",
+                "held_packed_quads_passes", "lib_moments", "lib_passes",
                 "staged", "regs", "regs_half", "regs_double", "regs_flat")
 FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
                   "held_spread8", "held_push", "held_warp", "held_packed", "held_packed16",
@@ -63,12 +63,13 @@ FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "he
 RMS_VARIANTS = ("lib", "ring2", "held", "held_narrow", "held_wide", "held_push", "held_packed64",
                 "held_packed_pairs", "held_packed_quads", "ring2_packed_quads", "packed_quads_b3",
                 "packed_quads_b2", "tpr_packed_pairs", "tpr_packed_quads", "held_push_polled",
-                "held_packed_quads_polled")
+                "held_packed_quads_polled", "lib_passes", "lib_tensor")
 ADD_LN_VARIANTS = ("lib", "held_push", "held_packed64", "held_packed_pairs", "held_packed_quads",
                    "packed_quads_b3", "packed_quads_b2", "tpr_packed_pairs", "tpr_packed_quads",
                    "held_push_polled", "held_packed_quads_polled", "held_push_moments",
                    "held_packed_pairs_moments", "held_packed_quads_moments", "held_push_passes",
-                   "held_packed_pairs_passes", "held_packed_quads_passes")
+                   "held_packed_pairs_passes", "held_packed_quads_passes", "lib_moments",
+                   "lib_passes")
 CHECKED_VARIANTS = ("lib", "held_push_checked", "held_packed_pairs_checked",
                     "held_packed_quads_checked")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "fit3", "select", "pairs", "grid8",
@@ -661,7 +662,6 @@ def run(torch, lib, args):
                             P(x.data_ptr()), P(z.data_ptr()), P(w.data_ptr()),
                             P(b.data_ptr()), r, c))
                     time_variant("add_layernorm", v, fn, (4 * r * c + 2 * c) * es)
-                del u
                 # the fused op: its held kernel with the inputs fixed or checked,
                 # at 8 and 32 values a thread, and rows a warp holds unsplit
                 for v in FUSED_VARIANTS:
@@ -729,42 +729,45 @@ def run(torch, lib, args):
                             s(), wd, b"rows", P(y.data_ptr()), P(x.data_ptr()), r, h, c, h))):
                     time_variant("swiglu (out cols / 2)", v, fn, (r * c + r * h) * es,
                                  must_apply=True)
-                # RoPE in place on x and z as Q and K (heads of 128, halves
-                # layout): the library's against its variants, bit for bit
+                # RoPE in place on copies of x and z as Q and K (heads of 128,
+                # halves layout), both as drawn for each variant: the library's
+                # against its variants, bit for bit. (RoPE turning z itself, over
+                # and over, changed the residual that lib_last's norms then read:
+                # add+LayerNorm ran 4-10% faster on it.)
                 hd, rope_lib = 128, None
                 pos = torch.randint(0, 32768, (r,), device="cuda", dtype=torch.int32)
-                q0 = x.clone()
+                q, k = x.clone(), z.clone()
                 for v in ROPE_VARIANTS:
                     if v not in chosen:
                         continue
                     if v == "lib":
                         fn = (lambda: lib.weft_rope(
-                            s(), wd, 1, P(x.data_ptr()), c // hd, c, P(z.data_ptr()), c // hd,
+                            s(), wd, 1, P(q.data_ptr()), c // hd, c, P(k.data_ptr()), c // hd,
                             c, r, hd, P(pos.data_ptr()), 10000.0))
                     else:
                         fn = (lambda v=v: lib.weft_bench_rope_variant(
-                            s(), wd, v.encode(), P(x.data_ptr()), c // hd, P(z.data_ptr()),
+                            s(), wd, v.encode(), P(q.data_ptr()), c // hd, P(k.data_ptr()),
                             c // hd, r, hd, P(pos.data_ptr()), 10000.0))
-                    x.copy_(q0)
+                    q.copy_(x), k.copy_(z)
                     if fn() != 0:
                         failures.append("variant rope %s: %s" %
                                         (v, lib.weft_last_error().decode()))
                         continue
                     if v == "lib":
-                        rope_lib = x.clone()
+                        rope_lib = q.clone()
                     elif v in ("touch", "walk_only"):  # no RoPE: Q and K as they were
-                        if not torch.equal(x, q0):
+                        if not torch.equal(q, x):
                             failures.append("variant rope %s: changed Q" % v)
                             continue
                     elif v in ("reduced", "early_reduced"):  # within an ulp or two
-                        eps = torch.finfo(x.dtype).eps
+                        eps = torch.finfo(q.dtype).eps
                         if rope_lib is None or not torch.allclose(
-                                x, rope_lib, rtol=2 * eps,
+                                q, rope_lib, rtol=2 * eps,
                                 atol=2 * eps * rope_lib.abs().max().item()):
                             failures.append("variant rope %s %s %dx%d: not within 2 ulp of the "
                                             "library" % (v, dtype_name, r, c))
                             continue
-                    elif rope_lib is None or not torch.equal(x, rope_lib):
+                    elif rope_lib is None or not torch.equal(q, rope_lib):
                         failures.append("variant rope %s %s %dx%d: differs from the library"
                                         % (v, dtype_name, r, c))
                         continue
@@ -782,7 +785,7 @@ def run(torch, lib, args):
                         emit("ops.variant.%s.lib_last.%s.%dx%d.tbps" % (tag or kern, dtype_name,
                                                                         r, c), tbps, "TB/s")
                         variants_out.append((kern, "lib_last", dtype_name, (r, c), tbps))
-                del x, y, z, w, b, q0, rope_lib
+                del x, y, z, u, w, b, q, k, rope_lib
                 torch.cuda.empty_cache()
 
     # Small inputs: one kernel per call, against an empty kernel, both
@@ -806,6 +809,25 @@ def run(torch, lib, args):
             emit("ops.small.%s.bf16.%dx4096.us" % (op, r), t * 1e6, "us")
             emit("ops.small.%s.bf16.%dx4096.vs_empty" % (op, r), t / t_empty, "x")
             small_out.append((op, r, t * 1e6, t_empty * 1e6))
+    # RMSNorm's chosen variants on the same small inputs, where a lone row's
+    # latency is the whole time
+    small_variants = [] if args.no_variants or "rmsnorm" not in ops else \
+        [v for v in (args.variants or "").split(",") if v in RMS_VARIANTS and v != "lib"]
+    for v in small_variants:
+        for r in SMALL_ROWS:
+            x = torch.randn(r, 4096, device="cuda", dtype=torch.bfloat16)
+            w, y = torch.randn(4096, device="cuda", dtype=torch.bfloat16), torch.empty_like(x)
+            P = ctypes.c_void_p
+            fn = (lambda v=v, x=x, w=w, y=y, r=r: lib.weft_bench_rmsnorm_variant(
+                s(), WEFT_DTYPE["bf16"], v.encode(), P(y.data_ptr()), P(x.data_ptr()),
+                P(w.data_ptr()), r, 4096))
+            try:
+                t = time_in_graph(torch, checked(lib, fn), reps)
+            except (WeftError, RuntimeError) as e:
+                failures.append("small rmsnorm %s %d rows: %s" % (v, r, e))
+                continue
+            emit("ops.small.rmsnorm.%s.bf16.%dx4096.us" % (v, r), t * 1e6, "us")
+            small_out.append(("rmsnorm " + v, r, t * 1e6, t_empty * 1e6))
 
     section = report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures,
                      sorted(set(notes)))
@@ -1029,7 +1051,7 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
         out.append("")
         out.append("| op | " + " | ".join("%d rows" % r for r in SMALL_ROWS) + " |")
         out.append("| --- |" + " ---: |" * len(SMALL_ROWS))
-        for op in OPS:
+        for op in dict.fromkeys(o for o, _, _, _ in small_out):
             cells = []
             for r in SMALL_ROWS:
                 v = [us for o, rr, us, _ in small_out if o == op and rr == r]

@@ -9,24 +9,6 @@ namespace weft_ops::variants
 namespace
 {
 
-/* The fused op under the library's plans, packed or not, with its kernels
- * for IO (lib_checked: NORM_IO_CHECKED) and statistics S (lib_moments,
- * lib_passes). */
-template <typename T, norm_mode M, unsigned IO, norm_stats S = STATS_TUNED>
-int run_lib(cudaStream_t s, const row_plan &plan, const norm_params<T> &p)
-{
-    constexpr bool CHECKED = IO == NORM_IO_CHECKED;
-    if constexpr (norm_packs<T, M>(CHECKED)) {
-        row_plan packed;
-        if (norm_packed_plan<T, M>(p.rows, p.cols, p.residual != nullptr, CHECKED, &packed))
-            return run_held(
-                "gelu_layernorm variant", s, packed, p,
-                norm_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 0, gelu_fit_for<T>(), S>(packed.vpt));
-    }
-    return run_held("gelu_layernorm variant", s, plan, p,
-                    norm_held_for<T, M, IO, EXCHANGE_PUSH, S>(plan.vpt));
-}
-
 /* The fused op (erf GELU with its bias - or without, where gelu_bias is
  * NULL - the residual, weight and bias, no sum written) in its held kernel
  * under the library's plan, with those inputs fixed at compile time (held,
@@ -35,7 +17,8 @@ int run_lib(cudaStream_t s, const row_plan &plan, const norm_params<T> &p)
  * took calls without the GELU bias before they were fixed too;
  * lib_moments and lib_passes: the library's plans and kernels with each
  * thread's moments merged or each warp's two passes, where the library
- * picks by dtype and values a thread (norm.cuh's held_stats); on rows
+ * picks by dtype and values a thread (norm.cuh's held_stats;
+ * variants_rows.cuh's run_lib); on rows
  * over a cluster held_push, and held_push_polled with every thread polling
  * the exchange's mbarrier); fixed at 8 and at 32 values a thread (held_narrow,
  * held_wide); and with rows of up to a warp's 32 values a thread held by
@@ -64,16 +47,11 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
     plan = warp;
     plan_held_split_warp_rows(&plan, V, 16);
     if (strcmp(variant, "lib_checked") == 0)
-        return run_lib<T, M, NORM_IO_CHECKED>(s, plan, p);
-    if (stats_variant(variant) != STATS_TUNED && strncmp(variant, "lib_", 4) == 0) {
-        if (!gelu_bias)
-            return WEFT_EINVAL;
-        return stats_variant(variant) == STATS_THREAD_MOMENTS
-                   ? run_lib<T, M, IO, STATS_THREAD_MOMENTS>(s, plan, p)
-                   : run_lib<T, M, IO, STATS_WARP_PASSES>(s, plan, p);
-    }
+        return launch_held_io<T, M, NORM_IO_CHECKED>(s, "gelu_layernorm variant", p, warp);
     if (!gelu_bias)
         return WEFT_EINVAL; /* the other variants are of the call with it */
+    if (strncmp(variant, "lib_", 4) == 0)
+        return run_lib<T, M, IO>("gelu_layernorm variant", s, variant, p);
     if (strcmp(variant, "held") == 0)
         return run_held("gelu_layernorm variant", s, plan, p, norm_held_for<T, M, IO>(plan.vpt));
     if (strcmp(variant, "held_checked") == 0)

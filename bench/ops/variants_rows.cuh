@@ -51,7 +51,7 @@
 
 #include <type_traits>
 
-#include "ops/norm.cuh"
+#include "ops/norm_held.cuh"
 #include "ops/softmax.cuh"
 #include "ring.cuh"
 
@@ -415,20 +415,52 @@ int run_polled(const char *op, cudaStream_t s, const char *variant, const norm_p
     return WEFT_EINVAL;
 }
 
-/* The statistics a variant forces on LayerNorm's kernels: `*_moments`
- * each thread's moments merged (STATS_THREAD_MOMENTS), `*_passes` each
- * warp's two passes (STATS_WARP_PASSES); STATS_TUNED, the library's
- * choice, for any other variant. stats_suffix names the suffix. */
+/* The statistics a variant forces on the norms' kernels (norm.cuh's
+ * norm_stats): `*_moments` each thread's moments merged
+ * (STATS_THREAD_MOMENTS), `*_passes` each warp's two passes
+ * (STATS_WARP_PASSES; RMSNorm's sum of squares on the FMA pipe),
+ * `*_tensor` RMSNorm's by the tensor cores (STATS_TENSOR_SQUARES);
+ * STATS_TUNED, the library's choice, for any other variant. stats_suffix
+ * names the suffix. */
 constexpr const char *stats_suffix(norm_stats stats)
 {
-    return stats == STATS_THREAD_MOMENTS ? "_moments" : "_passes";
+    return stats == STATS_THREAD_MOMENTS ? "_moments"
+           : stats == STATS_TENSOR_SQUARES  ? "_tensor"
+                                         : "_passes";
 }
 inline norm_stats stats_variant(const char *variant)
 {
-    for (norm_stats stats : {STATS_THREAD_MOMENTS, STATS_WARP_PASSES})
+    for (norm_stats stats : {STATS_THREAD_MOMENTS, STATS_WARP_PASSES, STATS_TENSOR_SQUARES})
         if (ends_with(variant, stats_suffix(stats)))
             return stats;
     return STATS_TUNED;
+}
+
+/* The library's launch of a call of IO (norm_held.cuh's launch_held_io:
+ * its plans and kernels) with the statistics the variant forces:
+ * lib_moments (LayerNorm's modes), lib_passes, lib_tensor (RMSNorm in
+ * half types). WEFT_EINVAL for other variants, or where they do not
+ * apply. */
+template <typename T, norm_mode MODE, unsigned IO>
+int run_lib(const char *op, cudaStream_t s, const char *variant, const norm_params<T> &p)
+{
+    row_plan held;
+    if (strncmp(variant, "lib_", 4) != 0 || !plan_held(p.cols, vec16<T>(), 16, &held))
+        return WEFT_EINVAL;
+    switch (stats_variant(variant)) {
+    case STATS_THREAD_MOMENTS:
+        if constexpr (MODE != NORM_RMS)
+            return launch_held_io<T, MODE, IO, STATS_THREAD_MOMENTS>(s, op, p, held);
+        return WEFT_EINVAL;
+    case STATS_WARP_PASSES:
+        return launch_held_io<T, MODE, IO, STATS_WARP_PASSES>(s, op, p, held);
+    case STATS_TENSOR_SQUARES:
+        if constexpr (sizeof(T) == 2 && MODE == NORM_RMS)
+            return launch_held_io<T, MODE, IO, STATS_TENSOR_SQUARES>(s, op, p, held);
+        return WEFT_EINVAL;
+    default:
+        return WEFT_EINVAL;
+    }
 }
 
 /* The LayerNorm modes' kernels under the plans of held_push (16 values a
@@ -503,7 +535,7 @@ int run_checked(const char *op, cudaStream_t s, const char *variant, const norm_
     return WEFT_EINVAL;
 }
 
-/* The variants every norm's dispatcher shares (run_checked's,
+/* The variants every norm's dispatcher shares (run_checked's, run_lib's,
  * run_packed_resident's, run_polled's, run_packed_tpr's, run_stats'):
  * true, with the launch's result in *rc, when the variant is one of them. */
 template <typename T, norm_mode MODE, unsigned IO>
@@ -512,6 +544,8 @@ bool run_norm_shared(const char *op, cudaStream_t s, const char *variant, const 
 {
     if (checked_variant(variant))
         *rc = run_checked<T, MODE>(op, s, variant, p);
+    else if (strncmp(variant, "lib_", 4) == 0)
+        *rc = run_lib<T, MODE, IO>(op, s, variant, p);
     else if (strncmp(variant, "packed_quads_b", 14) == 0)
         *rc = run_packed_resident<T, MODE, IO>(op, s, variant, p);
     else if (polled_variant(variant))

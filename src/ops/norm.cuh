@@ -330,7 +330,7 @@ __host__ __device__ static constexpr bool norm_gelu(norm_mode mode)
 template <norm_mode MODE>
 using norm_stat = typename std::conditional<MODE == NORM_RMS, float, moments>::type;
 
-/* How the held kernels take LayerNorm's statistics:
+/* How the held kernels take their statistics. LayerNorm's:
  * - STATS_WARP_PASSES: each warp's in two passes over its registers, each
  *   a butterfly of plain sums - of s, giving the warp's mean; then of the
  *   squared deviations from that mean - and the warps' moments merged
@@ -338,11 +338,16 @@ using norm_stat = typename std::conditional<MODE == NORM_RMS, float, moments>::t
  * - STATS_THREAD_MOMENTS: each thread's moments, merged from the first
  *   butterfly step on (five merges a warp, each about 10 instructions and
  *   3 shuffles where a plain sum's step takes 2);
- * - STATS_TUNED: whichever held_stats picks for the kernel, the library's
- *   choice (bench/ops/'s variants *_passes and *_moments force the others).
  * The two are as exact as a two-pass variance over the row (bench/ops/'s
- * norm_stats_accuracy: at most 1.9e-6 of it on rows of 65536). */
-enum norm_stats { STATS_TUNED, STATS_WARP_PASSES, STATS_THREAD_MOMENTS };
+ * norm_stats_accuracy: at most 1.9e-6 of it on rows of 65536). RMSNorm's
+ * sum of squares:
+ * - STATS_TENSOR_SQUARES (half types): by the tensor cores, from the row
+ *   as kept (reduce.cuh's tensor_squares);
+ * - any other: by the FMA pipe, in the pass that forms s.
+ * STATS_TUNED is whichever held_stats picks for the kernel, the library's
+ * choice (bench/ops/'s variants *_passes, *_moments and *_tensor force
+ * the others). */
+enum norm_stats { STATS_TUNED, STATS_WARP_PASSES, STATS_THREAD_MOMENTS, STATS_TENSOR_SQUARES };
 
 /* The statistics of the library's held kernels (bench/RESULTS.md,
  * 2026-12-01 22:24 to 22:59). The warps' passes issue fewer instructions
@@ -357,17 +362,37 @@ enum norm_stats { STATS_TUNED, STATS_WARP_PASSES, STATS_THREAD_MOMENTS };
  * - the fused op in fp32: moments (passes 10% slower on rows a block of
  *   1024 holds alone, 2-6% faster on rows of 4096);
  * - LayerNorm's packed rows: moments (passes 3-5% slower on long rows);
- *   its other rows: passes (level to 3% faster). */
+ *   its other rows: passes (level to 3% faster);
+ * - RMSNorm in half types at up to 16 values a thread, unpacked: the
+ *   tensor cores' squares (2026-12-02 00:36 and 00:54: 17-20% faster on
+ *   rows of 8192, 1-3% on rows of 2048 and 4096, 0.5-1.8% slower on rows
+ *   of 512, a warp each). Their mma chain, two a vector, is the longest
+ *   on the row's critical path: packed at 64 values they ran 7-9% slower
+ *   on rows of 65536, and at 32 level. (LayerNorm's sums and squares so,
+ *   its variance E[s^2] - E[s]^2 checked for cancellation, ran level to
+ *   2% slower in bf16, the fused op 4-13%: their registers spill.) */
 template <typename T, int VPT, norm_mode MODE, bool PACKED>
 __host__ __device__ constexpr norm_stats held_stats()
 {
-    if constexpr (norm_gelu(MODE)) {
+    if constexpr (MODE == NORM_RMS) {
+        return sizeof(T) == 2 && !PACKED && VPT * vec16<T>() <= 16 ? STATS_TENSOR_SQUARES
+                                                                  : STATS_WARP_PASSES;
+    } else if constexpr (norm_gelu(MODE)) {
         constexpr bool fp16 = std::is_same<T, __half>::value;
         return sizeof(T) == 4 || (fp16 && VPT * vec16<T>() > 32) ? STATS_THREAD_MOMENTS
                                                                  : STATS_WARP_PASSES;
     } else {
         return PACKED ? STATS_THREAD_MOMENTS : STATS_WARP_PASSES;
     }
+}
+
+/* The statistics STATS stands for in a held kernel. */
+template <typename T, int VPT, norm_mode MODE, bool PACKED, norm_stats STATS>
+__host__ __device__ constexpr norm_stats held_stats_as()
+{
+    static_assert(STATS != STATS_TENSOR_SQUARES || (sizeof(T) == 2 && MODE == NORM_RMS),
+                  "the tensor cores' squares are RMSNorm's, in half types");
+    return STATS == STATS_TUNED ? held_stats<T, VPT, MODE, PACKED>() : STATS;
 }
 
 /* What a held row reads and writes besides in and out. The common calls
@@ -454,8 +479,8 @@ __device__ __forceinline__ moments warp_moments(const float (&x)[VPT][V], const 
  * and weights at once, forms s in registers, and takes the statistics and
  * writes the output from there. Elements past the row's end load as 0 and form
  * s = 0 (GELU(0) = 0), so the sums need no mask. LayerNorm's statistics
- * are one reduction of moments over the row (STATS says whose: each
- * warp's or each thread's). read() runs once every
+ * are one reduction of moments over the row, RMSNorm's of its sum of
+ * squares (STATS says whose: norm_stats). read() runs once every
  * thread of the row has read its vectors. FIT is the erf form's fit
  * (bench/ops/ times another). bench/ops/ also times TPR, the threads of a
  * row fixed at compile time (rows.cuh's held_at): no faster (the variants
@@ -469,6 +494,7 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
               Read read, reduce_scratch<norm_stat<MODE>, X> &scratch, unsigned cluster)
 {
     constexpr int V = vec16<T>();
+    constexpr norm_stats S = held_stats_as<T, VPT, MODE, PACKED, STATS>();
     constexpr bool GELU = norm_gelu(MODE);
     constexpr weft_gelu_form FORM = MODE == NORM_GELU_TANH_LAYER ? WEFT_GELU_TANH : WEFT_GELU_ERF;
     const bool has_res = io_has<IO>(p.residual, NORM_IO_RESIDUAL);
@@ -499,7 +525,7 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
 
     /* s, as the host forms and rounds it; the sum (of squares, RMS).
      * PACKED keeps s as T between the passes (it is rounded to T, or is
-     * in), and unpacks it again for each. */
+     * in), and unpacks it again for each; the tensor cores take it so. */
     float x[VPT][V], acc = 0.0f;
     uint4 kept[VPT];
 #pragma unroll
@@ -522,7 +548,7 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
             /* Rounding element by element ran 1-4% faster in bf16 than
              * packing and unpacking s to round it (bench/RESULTS.md,
              * 2026-12-01 00:02, the fused op's former variant round_each). */
-            if (PACKED)
+            if (PACKED || S == STATS_TENSOR_SQUARES)
                 kept[k] = pack<T, V>(x[k]);
         }
 #pragma unroll
@@ -532,13 +558,20 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
     const float inv_n = 1.0f / (float)p.cols;
     float mean, rstd;
     if constexpr (MODE == NORM_RMS) {
-        rstd = rms_rstd(row_reduce(acc, op_sum(), scratch, cluster) * inv_n, p.eps);
+        float squares = acc;
+        if constexpr (S == STATS_TENSOR_SQUARES) {
+            tensor_squares<T> tc;
+#pragma unroll
+            for (int k = 0; k < VPT; k++)
+                tc.add(kept[k]);
+            squares = tc.lane_part();
+        }
+        rstd = rms_rstd(row_reduce(squares, op_sum(), scratch, cluster) * inv_n, p.eps);
         mean = 0.0f;
         read();
     } else {
         if constexpr (PACKED)
             unpack_kept<T, V, VPT>(x, kept);
-        constexpr norm_stats S = STATS == STATS_TUNED ? held_stats<T, VPT, MODE, PACKED>() : STATS;
         moments m =
             S == STATS_WARP_PASSES
                 ? warps_reduce(warp_moments<V, VPT>(x, part, acc), op_merge(), scratch, cluster)

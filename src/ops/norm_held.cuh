@@ -60,42 +60,50 @@ template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_arg
 }
 
 /* The call's rows, held in registers under `held` (plan_held at 16 values
- * a thread) or the plans below, for mode MODE. */
+ * a thread) or the plans below, for mode MODE, in the kernels for IO;
+ * bench/ops/ forces their statistics (STATS). */
+template <typename T, norm_mode MODE, unsigned IO, norm_stats STATS = STATS_TUNED>
+int launch_held_io(cudaStream_t stream, const char *op, const norm_params<T> &p,
+                   const row_plan &held)
+{
+    constexpr int V = vec16<T>();
+    /* Half types kept packed where norm_packed_plan says */
+    if constexpr (norm_packs<T, MODE>(IO == NORM_IO_CHECKED)) {
+        constexpr unsigned FEWEST = norm_gelu(MODE) ? 1u : (unsigned)PACKED_MAX_VALUES;
+        row_plan packed;
+        if (norm_packed_plan<T, MODE>(p.rows, p.cols, p.residual != nullptr,
+                                      IO == NORM_IO_CHECKED, &packed))
+            if (auto kernel = norm_packed_for<T, MODE, IO, EXCHANGE_PUSH, FEWEST, 0,
+                                              gelu_fit_for<T>(), STATS>(packed.vpt))
+                return launch_rows(op, stream, packed, p.rows, kernel, p, 0);
+    }
+    row_plan plan = held;
+    /* The fused op's GELU takes registers: rows a warp would hold at 32
+     * values a thread run faster over more warps at 16, at twice the
+     * occupancy (bench/RESULTS.md). */
+    if constexpr (norm_gelu(MODE))
+        plan_held_split_warp_rows(&plan, V, 16);
+    /* LayerNorm with one input of half types, the fewest bytes an element:
+     * at 32 values a thread where that takes fewer than 512 threads a row,
+     * as measured fastest (bench/RESULTS.md). RMSNorm runs 3% faster at 16
+     * values (16384x4096). */
+    row_plan wide;
+    if (MODE == NORM_LAYER && sizeof(T) == 2 && !p.residual && plan_held(p.cols, V, 32, &wide) &&
+        wide.tpr < 512)
+        plan = wide;
+    auto kernel = norm_held_for<T, MODE, IO, EXCHANGE_PUSH, STATS>(plan.vpt);
+    if (!kernel)
+        return weft__fail(WEFT_EINVAL, "%s: no kernel for %u vectors a thread", op, plan.vpt);
+    return launch_rows(op, stream, plan, p.rows, kernel, p, 0);
+}
+
+/* launch_held_io for what the args' call reads and writes (by_io). */
 template <typename T, norm_mode MODE>
 int launch_held(cudaStream_t stream, const char *op, const weft__norm_args *a,
                 const norm_params<T> &p, const row_plan &held)
 {
-    constexpr int V = vec16<T>();
     return by_io<T, MODE>(a, [&](auto io) {
-        constexpr unsigned IO = decltype(io)::value;
-        /* Half types kept packed where norm_packed_plan says */
-        if constexpr (norm_packs<T, MODE>(IO == NORM_IO_CHECKED)) {
-            constexpr unsigned FEWEST = norm_gelu(MODE) ? 1u : (unsigned)PACKED_MAX_VALUES;
-            row_plan packed;
-            if (norm_packed_plan<T, MODE>(a->rows, a->cols, a->residual != nullptr,
-                                          IO == NORM_IO_CHECKED, &packed))
-                if (auto kernel = norm_packed_for<T, MODE, IO, EXCHANGE_PUSH, FEWEST>(packed.vpt))
-                    return launch_rows(op, stream, packed, p.rows, kernel, p, 0);
-        }
-        row_plan plan = held;
-        /* The fused op's GELU takes registers: rows a warp would
-         * hold at 32 values a thread run faster over more warps at
-         * 16, at twice the occupancy (bench/RESULTS.md). */
-        if constexpr (norm_gelu(MODE))
-            plan_held_split_warp_rows(&plan, V, 16);
-        /* LayerNorm with one input of half types, the fewest bytes
-         * an element: at 32 values a thread where that takes fewer
-         * than 512 threads a row, as measured fastest
-         * (bench/RESULTS.md). RMSNorm runs 3% faster at 16 values
-         * (16384x4096). */
-        row_plan wide;
-        if (MODE == NORM_LAYER && sizeof(T) == 2 && !a->residual &&
-            plan_held(a->cols, V, 32, &wide) && wide.tpr < 512)
-            plan = wide;
-        auto kernel = norm_held_for<T, MODE, IO, EXCHANGE_PUSH>(plan.vpt);
-        if (!kernel)
-            return weft__fail(WEFT_EINVAL, "%s: no kernel for %u vectors a thread", op, plan.vpt);
-        return launch_rows(op, stream, plan, p.rows, kernel, p, 0);
+        return launch_held_io<T, MODE, decltype(io)::value>(stream, op, p, held);
     });
 }
 

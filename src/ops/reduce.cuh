@@ -316,6 +316,56 @@ __device__ __forceinline__ R warps_reduce(R v, Op op, reduce_scratch<R, X> &s, u
     return v;
 }
 
+/*
+ * A warp's sum of the squares of half-type values, taken by the tensor
+ * cores from the values as loaded: two mma.sync m16n8k16 a vector of 8
+ * values a lane, where the FMA pipe takes an unpack and an fma for each
+ * value. Only the sum over all values is wanted, so a lane's vector may
+ * stand anywhere in the operands. The first mma's A (16x16) is the lanes'
+ * pairs x and z in rows 0-7, y and w in rows 8-15; its B (16x8) is A's
+ * rows 0-7 transposed, the same registers. D = A B then holds in its rows
+ * 0-7 the Gram matrix of each group of 4 lanes' x and z, whose diagonal
+ * is their sums of squares; the second mma swaps the halves, for y and w
+ * (D's rows 8-15 gather cross terms, unused). The products are exact in
+ * fp32 (a half type's square fits); the tensor cores add them in fp32,
+ * truncating where the FMA pipe rounds (within the tests' bounds). Every
+ * lane of the warp calls each step, converged.
+ */
+template <typename T> struct tensor_squares {
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+
+    __device__ __forceinline__ void mma(unsigned a0, unsigned a1, unsigned a2, unsigned a3)
+    {
+        static_assert(sizeof(T) == 2, "the tensor cores' squares take a half type");
+        if constexpr (std::is_same<T, __half>::value)
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                         "{%4, %5, %6, %7}, {%4, %6}, {%0, %1, %2, %3};"
+                         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                         : "r"(a0), "r"(a1), "r"(a2), "r"(a3));
+        else
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                         "{%4, %5, %6, %7}, {%4, %6}, {%0, %1, %2, %3};"
+                         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                         : "r"(a0), "r"(a1), "r"(a2), "r"(a3));
+    }
+
+    /* this lane's vector of 8 values */
+    __device__ __forceinline__ void add(uint4 v)
+    {
+        mma(v.x, v.y, v.z, v.w);
+        mma(v.y, v.x, v.w, v.z);
+    }
+
+    /* This lane's part of the warp's sum: the diagonal element it holds, if
+     * any (summed over the warp, they give the whole). */
+    __device__ __forceinline__ float lane_part() const
+    {
+        const unsigned lane = threadIdx.x % 32, group = lane / 4;
+        const float diagonal = group % 2 ? d[1] : d[0]; /* selected: no array in memory */
+        return lane % 4 == group / 2 ? diagonal : 0.0f;
+    }
+};
+
 /* The reduction of v over one row (warps_reduce's), returned to every
  * thread of the row: warp_reduce, then warps_reduce. */
 template <typename R, typename Op, cluster_exchange X>
