@@ -368,7 +368,8 @@ enum norm_stats { STATS_TUNED, STATS_WARP_PASSES, STATS_THREAD_MOMENTS, STATS_TE
  *   rows of 8192, 1-3% on rows of 2048 and 4096, 0.5-1.8% slower on rows
  *   of 512, a warp each). Their mma chain, two a vector, is the longest
  *   on the row's critical path: packed at 64 values they ran 7-9% slower
- *   on rows of 65536, and at 32 level. (LayerNorm's sums and squares so,
+ *   on rows of 65536, and at 32 level; calls of few rows, bound by that
+ *   path, keep the FMA pipe (norm_held.cuh's launch_held_io). (LayerNorm's sums and squares so,
  *   its variance E[s^2] - E[s]^2 checked for cancellation, ran level to
  *   2% slower in bf16, the fused op 4-13%: their registers spill.) */
 template <typename T, int VPT, norm_mode MODE, bool PACKED>
@@ -386,13 +387,17 @@ __host__ __device__ constexpr norm_stats held_stats()
     }
 }
 
-/* The statistics STATS stands for in a held kernel. */
+/* The statistics STATS stands for in a held kernel, one name for each
+ * form (RMSNorm's FMA pipe is STATS_WARP_PASSES): the kernels are
+ * instantiated with it, so that a form asked for by name and the same
+ * form tuned are one kernel. */
 template <typename T, int VPT, norm_mode MODE, bool PACKED, norm_stats STATS>
 __host__ __device__ constexpr norm_stats held_stats_as()
 {
     static_assert(STATS != STATS_TENSOR_SQUARES || (sizeof(T) == 2 && MODE == NORM_RMS),
                   "the tensor cores' squares are RMSNorm's, in half types");
-    return STATS == STATS_TUNED ? held_stats<T, VPT, MODE, PACKED>() : STATS;
+    constexpr norm_stats S = STATS == STATS_TUNED ? held_stats<T, VPT, MODE, PACKED>() : STATS;
+    return MODE == NORM_RMS && S != STATS_TENSOR_SQUARES ? STATS_WARP_PASSES : S;
 }
 
 /* What a held row reads and writes besides in and out. The common calls
@@ -667,8 +672,9 @@ template <typename T, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE
 static void (*norm_held_for(unsigned vpt))(norm_params<T>, size_t, unsigned, size_t)
 {
     return held_vpt<vec16<T>()>(vpt, [](auto k) {
-        return norm_held_kernel<T, decltype(k)::value, MODE, IO, X, false, 0, gelu_fit_for<T>(), 0,
-                                STATS>;
+        constexpr int VPT = decltype(k)::value;
+        return norm_held_kernel<T, VPT, MODE, IO, X, false, 0, gelu_fit_for<T>(), 0,
+                                held_stats_as<T, VPT, MODE, false, STATS>()>;
     });
 }
 
@@ -684,11 +690,12 @@ static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, s
     return by_vpt<PACKED_MAX_VALUES / vec16<T>()>(
         vpt,
         [](auto k) -> kernel {
-            if constexpr (decltype(k)::value * vec16<T>() < FEWEST)
+            constexpr int VPT = decltype(k)::value;
+            if constexpr (VPT * vec16<T>() < FEWEST)
                 return nullptr;
             else
-                return norm_held_kernel<T, decltype(k)::value, MODE, IO, X, true, RESIDENT, FIT, 0,
-                                        STATS>;
+                return norm_held_kernel<T, VPT, MODE, IO, X, true, RESIDENT, FIT, 0,
+                                        held_stats_as<T, VPT, MODE, true, STATS>()>;
         },
         [] { return (kernel) nullptr; });
 }
