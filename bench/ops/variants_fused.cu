@@ -17,7 +17,7 @@ namespace
  * took calls without the GELU bias before they were fixed too;
  * lib_moments and lib_passes: the library's plans and kernels with each
  * thread's moments merged or each warp's two passes, where the library
- * picks by dtype and values a thread (norm.cuh's held_stats;
+ * picks by dtype and values a thread (norm_held.cuh's held_stats;
  * variants_rows.cuh's run_lib); on rows
  * over a cluster held_push, and held_push_polled with every thread polling
  * the exchange's mbarrier); fixed at 8 and at 32 values a thread (held_narrow,

@@ -51,7 +51,7 @@
 
 #include <type_traits>
 
-#include "ops/norm_held.cuh"
+#include "ops/norm_launch.cuh"
 #include "ops/softmax.cuh"
 #include "ring.cuh"
 
@@ -144,9 +144,9 @@ inline bool held_variant_plan(const char *variant, size_t cols, int V, unsigned 
 
 /* The norms' ring kernel (rows.cuh): resident blocks (or clusters) loop
  * over rows, each row's segment of in arriving in a slot of the block's
- * ring ahead of its turn, and the row from there norm.cuh's held row. No
- * residual: that would double the bytes a row, where the held kernel
- * measured faster. The library ran RMSNorm through it until the held
+ * ring ahead of its turn, and the row from there norm_held.cuh's held
+ * row. No residual: that would double the bytes a row, where the held
+ * kernel measured faster. The library ran RMSNorm through it until the held
  * kernels, packed and pushing a cluster's statistics, beat it. */
 template <typename T, int VPT, norm_mode MODE, unsigned IO, bool PACKED = false>
 __global__ void __launch_bounds__(512) norm_ring_kernel(norm_params<T> p, ring_plan plan)
@@ -415,7 +415,7 @@ int run_polled(const char *op, cudaStream_t s, const char *variant, const norm_p
     return WEFT_EINVAL;
 }
 
-/* The statistics a variant forces on the norms' kernels (norm.cuh's
+/* The statistics a variant forces on the norms' kernels (norm_held.cuh's
  * norm_stats): `*_moments` each thread's moments merged
  * (STATS_THREAD_MOMENTS), `*_passes` each warp's two passes
  * (STATS_WARP_PASSES; RMSNorm's sum of squares on the FMA pipe),
@@ -436,7 +436,7 @@ inline norm_stats stats_variant(const char *variant)
     return STATS_TUNED;
 }
 
-/* The library's launch of a call of IO (norm_held.cuh's launch_held_io:
+/* The library's launch of a call of IO (norm_launch.cuh's launch_held_io:
  * its plans and kernels) with the statistics the variant forces:
  * lib_moments (LayerNorm's modes), lib_passes, lib_tensor (RMSNorm in
  * half types). WEFT_EINVAL for other variants, or where they do not

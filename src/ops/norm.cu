@@ -9,21 +9,22 @@
  * global memory, or for aligned rows too long to hold staged in shared
  * memory; otherwise in register tiles), s is formed and rounded to the
  * dtype there, and the statistics are taken on the kept row: in registers,
- * one reduction of each thread's count, mean and squared deviations
- * (norm.cuh); staged and in tiles, the host's corrected two-pass
- * algorithm, the mean, then the sums of the deviations and of their
- * squares, which correct the mean and the variance. Then s and the
+ * one reduction of moments - each thread's or each warp's count, mean and
+ * squared deviations - or of RMSNorm's sum of squares (norm_held.cuh);
+ * staged and in tiles, the host's corrected two-pass algorithm, the mean,
+ * then the sums of the deviations and of their squares, which correct the
+ * mean and the variance. Then s and the
  * normalized row are written: two or three reads an element (in,
  * residual; the biases once per column) and one or two writes, nothing
  * else. For the fused op that is 2 reads + 1 write where a framework's
  * GELU kernel, residual add and LayerNorm move 7 row-sized tensors.
  */
-#include "ops/norm_held.cuh"
+#include "ops/norm_launch.cuh"
 
 namespace weft_ops
 {
 
-/* the held path, each mode compiled in a file of its own (norm_held.cuh) */
+/* the held path, each mode compiled in a file of its own (norm_launch.cuh) */
 WEFT_NORM_HELD(extern, NORM_LAYER)
 WEFT_NORM_HELD(extern, NORM_RMS)
 WEFT_NORM_HELD(extern, NORM_GELU_ERF_LAYER)

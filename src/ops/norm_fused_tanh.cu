@@ -1,8 +1,8 @@
 /*
  * norm_fused_tanh.cu - the held path of bias+GELU+residual+LayerNorm with
- * the tanh GELU (norm_held.cuh's launch_held, which norm.cu calls).
+ * the tanh GELU (norm_launch.cuh's launch_held, which norm.cu calls).
  */
-#include "ops/norm_held.cuh"
+#include "ops/norm_launch.cuh"
 
 namespace weft_ops
 {

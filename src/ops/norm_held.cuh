@@ -1,9 +1,11 @@
 /*
- * norm_held.cuh - norm.cu's held path for one mode (launch_held), apart
- * so that each mode's kernels compile in a translation unit of their own
- * (norm_layer.cu, norm_rms.cu, norm_fused_erf.cu, norm_fused_tanh.cu), in
- * parallel: together in norm.cu they were the longest compile of the
- * library.
+ * norm_held.cuh - the LayerNorm/RMSNorm kernels that hold a row in
+ * registers, the main path: what they form and how (norm_mode), their
+ * statistics (norm_stats), what a call reads and writes (norm_io), the
+ * held row itself, the kernels by values a thread, and the plans of rows
+ * kept packed in half types. Rows come straight from global memory, or
+ * in bench/ops/ through a ring in shared memory. norm_launch.cuh
+ * launches them.
  */
 #ifndef WEFT_OPS_NORM_HELD_CUH
 #define WEFT_OPS_NORM_HELD_CUH
@@ -13,121 +15,445 @@
 namespace weft_ops
 {
 
-/* f(std::integral_constant<unsigned, IO>) for the first of FIXED equal to
- * io, else for NORM_IO_CHECKED. */
-template <unsigned... FIXED, typename F> int pick_io(unsigned io, F f)
+/* What a held kernel forms and how it normalizes; a template parameter,
+ * so that no element pays for a choice made once per launch. */
+enum norm_mode { NORM_LAYER, NORM_RMS, NORM_GELU_ERF_LAYER, NORM_GELU_TANH_LAYER };
+
+/* Whether mode forms the row with a GELU: the fused op. */
+__host__ __device__ static constexpr bool norm_gelu(norm_mode mode)
 {
-    int rc = 0;
-    const bool fixed =
-        ((io == FIXED && (rc = f(std::integral_constant<unsigned, FIXED>()), true)) || ...);
-    return fixed ? rc : f(std::integral_constant<unsigned, NORM_IO_CHECKED>());
+    return mode == NORM_GELU_ERF_LAYER || mode == NORM_GELU_TANH_LAYER;
 }
 
-/* f(std::integral_constant<unsigned, IO>) for what the args' call reads
- * and writes (norm.cuh's norm_io): fixed at compile time on rows of whole
- * vectors for every call of LayerNorm and RMSNorm - weight and bias each
- * given or not, the residual not added, added, or added and the sum
- * written - and for the fused op's with its weight and bias: with the
- * residual, the GELU bias given or not (a GEMM's epilogue may have added
- * it); without it (BERT's prediction head: dense, GELU, LayerNorm), the
- * GELU bias given; x written or not. Checked at run time otherwise. (The
- * fused op in fp32 once ran faster checked; since LayerNorm's statistics
- * became one reduction, fixed wins there too. The checked kernels take
- * more registers, the packed ones spill, and they ran the norms' calls
- * 1.2-2.6x slower than the fixed ones on rows of 4096 to 65536 in half
- * types, up to 1.5x in fp32, the fused op's without the GELU bias up to
- * 2.8x and without the residual up to 3.4x:
- * bench/RESULTS.md.) */
-template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_args *a, F f)
-{
-    constexpr unsigned W = NORM_IO_WEIGHT, B = NORM_IO_BIAS, WB = W | B;
-    constexpr unsigned ADD = NORM_IO_RESIDUAL, SUM = ADD | NORM_IO_SUM_OUT, GB = NORM_IO_GELU_BIAS;
-    const unsigned io = (a->residual ? NORM_IO_RESIDUAL : 0u) |
-                        (a->gelu && a->gelu_bias ? NORM_IO_GELU_BIAS : 0u) |
-                        (a->weight ? NORM_IO_WEIGHT : 0u) | (a->bias ? NORM_IO_BIAS : 0u) |
-                        (a->sum_out ? NORM_IO_SUM_OUT : 0u);
+/* What a held row reduces: the sum of squares (RMSNorm), or moments. */
+template <norm_mode MODE>
+using norm_stat = typename std::conditional<MODE == NORM_RMS, float, moments>::type;
 
-    if (a->cols % vec16<T>() != 0)
-        return f(std::integral_constant<unsigned, NORM_IO_CHECKED>());
-    if constexpr (MODE == NORM_LAYER)
-        return pick_io<WB, WB | ADD, WB | SUM, 0, ADD, SUM, W, W | ADD, W | SUM, B, B | ADD,
-                       B | SUM>(io, f);
-    else if constexpr (MODE == NORM_RMS)
-        return pick_io<W, W | ADD, W | SUM, 0, ADD, SUM>(io, f);
-    else
-        return pick_io<WB | GB | ADD, WB | GB | SUM, WB | ADD, WB | SUM, WB | GB,
-                       WB | GB | NORM_IO_SUM_OUT>(io, f);
+/* How the held kernels take their statistics. LayerNorm's:
+ * - STATS_WARP_PASSES: each warp's in two passes over its registers, each
+ *   a butterfly of plain sums - of s, giving the warp's mean; then of the
+ *   squared deviations from that mean - and the warps' moments merged
+ *   (op_merge) over the row;
+ * - STATS_THREAD_MOMENTS: each thread's moments, merged from the first
+ *   butterfly step on (five merges a warp, each about 10 instructions and
+ *   3 shuffles where a plain sum's step takes 2);
+ * The two are as exact as a two-pass variance over the row (bench/ops/'s
+ * norm_stats_accuracy: at most 1.9e-6 of it on rows of 65536). RMSNorm's
+ * sum of squares:
+ * - STATS_TENSOR_SQUARES (half types): by the tensor cores, from the row
+ *   as kept (reduce.cuh's tensor_squares);
+ * - any other: by the FMA pipe, in the pass that forms s.
+ * STATS_TUNED is whichever held_stats picks for the kernel, the library's
+ * choice (bench/ops/'s variants *_passes, *_moments and *_tensor force
+ * the others). */
+enum norm_stats { STATS_TUNED, STATS_WARP_PASSES, STATS_THREAD_MOMENTS, STATS_TENSOR_SQUARES };
+
+/* The statistics of the library's held kernels (bench/RESULTS.md,
+ * 2026-12-01 22:24 to 22:59). The warps' passes issue fewer instructions
+ * but put a warp's sum on the critical path before the squared
+ * deviations: they win where the kernel is bound by what it issues, and
+ * lose where the row's reduction is its latency or where their registers
+ * spill. So:
+ * - the fused op in half types, its GELU issuing most: passes, 1.3-3%
+ *   faster in bf16 and 4-7% in fp16 at 32 values a thread; but fp16's
+ *   kernel at 64 values, whose GELU fit is longer, spills 880 bytes with
+ *   them where it spilled 48 (2.4x slower): moments;
+ * - the fused op in fp32: moments (passes 10% slower on rows a block of
+ *   1024 holds alone, 2-6% faster on rows of 4096);
+ * - LayerNorm's packed rows: moments (passes 3-5% slower on long rows);
+ *   its other rows: passes (level to 3% faster);
+ * - RMSNorm in half types at up to 16 values a thread, unpacked: the
+ *   tensor cores' squares (2026-12-02 00:36 and 00:54: 17-20% faster on
+ *   rows of 8192, 1-3% on rows of 2048 and 4096, 0.5-1.8% slower on rows
+ *   of 512, a warp each). Their mma chain, two a vector, is the longest
+ *   on the row's critical path: packed at 64 values they ran 7-9% slower
+ *   on rows of 65536, and at 32 level; calls of few rows, bound by that
+ *   path, keep the FMA pipe (norm_launch.cuh's launch_held_io).
+ *   (LayerNorm's sums and squares so, its variance E[s^2] - E[s]^2
+ *   checked for cancellation, ran level to 2% slower in bf16, the fused
+ *   op 4-13%: their registers spill.) */
+template <typename T, int VPT, norm_mode MODE, bool PACKED>
+__host__ __device__ constexpr norm_stats held_stats()
+{
+    if constexpr (MODE == NORM_RMS) {
+        return sizeof(T) == 2 && !PACKED && VPT * vec16<T>() <= 16 ? STATS_TENSOR_SQUARES
+                                                                  : STATS_WARP_PASSES;
+    } else if constexpr (norm_gelu(MODE)) {
+        constexpr bool fp16 = std::is_same<T, __half>::value;
+        return sizeof(T) == 4 || (fp16 && VPT * vec16<T>() > 32) ? STATS_THREAD_MOMENTS
+                                                                 : STATS_WARP_PASSES;
+    } else {
+        return PACKED ? STATS_THREAD_MOMENTS : STATS_WARP_PASSES;
+    }
 }
 
-/* The call's rows, held in registers under `held` (plan_held at 16 values
- * a thread) or the plans below, for mode MODE, in the kernels for IO;
- * bench/ops/ forces their statistics (STATS). */
-template <typename T, norm_mode MODE, unsigned IO, norm_stats STATS = STATS_TUNED>
-int launch_held_io(cudaStream_t stream, const char *op, const norm_params<T> &p,
-                   const row_plan &held)
+/* The statistics STATS stands for in a held kernel, one name for each
+ * form (RMSNorm's FMA pipe is STATS_WARP_PASSES): the kernels are
+ * instantiated with it, so that a form asked for by name and the same
+ * form tuned are one kernel. */
+template <typename T, int VPT, norm_mode MODE, bool PACKED, norm_stats STATS>
+__host__ __device__ constexpr norm_stats held_stats_as()
+{
+    static_assert(STATS != STATS_TENSOR_SQUARES || (sizeof(T) == 2 && MODE == NORM_RMS),
+                  "the tensor cores' squares are RMSNorm's, in half types");
+    constexpr norm_stats S = STATS == STATS_TUNED ? held_stats<T, VPT, MODE, PACKED>() : STATS;
+    return MODE == NORM_RMS && S != STATS_TENSOR_SQUARES ? STATS_WARP_PASSES : S;
+}
+
+/* What a held row reads and writes besides in and out. The common calls
+ * (norm_launch.cuh's by_io) have it fixed at compile time, on rows of whole
+ * vectors (cols a multiple of V), so that no vector pays for a test of a
+ * pointer or keeps a partial-vector path; NORM_IO_CHECKED takes every
+ * other call: what p holds, tested at run time, rows of any length. */
+enum norm_io : unsigned {
+    NORM_IO_RESIDUAL = 1,
+    NORM_IO_GELU_BIAS = 2,
+    NORM_IO_WEIGHT = 4,
+    NORM_IO_BIAS = 8,
+    NORM_IO_SUM_OUT = 16,
+    NORM_IO_CHECKED = 32,
+};
+
+/* Whether a row of IO has the tensor at ptr (its bit in norm_io). */
+template <unsigned IO> __device__ __forceinline__ bool io_has(const void *ptr, unsigned bit)
+{
+    return IO & NORM_IO_CHECKED ? ptr != nullptr : (IO & bit) != 0;
+}
+
+/* How many of a held row's elements this thread holds (part: of each
+ * vector), and their squared deviations from mean. Past the row's end s
+ * is 0 but its deviation is not, so those elements are left out by index:
+ * the row's one partial vector is masked, vectors past the end skipped. */
+template <int VPT> __device__ __forceinline__ int part_count(const int (&part)[VPT])
+{
+    int count = 0;
+#pragma unroll
+    for (int k = 0; k < VPT; k++)
+        count += part[k];
+    return count;
+}
+template <int V, int VPT>
+__device__ __forceinline__ float squared_deviations(const float (&x)[VPT][V],
+                                                    const int (&part)[VPT], float mean)
+{
+    float m2 = 0.0f;
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+#pragma unroll
+        for (int e = 0; e < V; e++) {
+            if (part[k] == V || e < part[k]) {
+                float d = x[k][e] - mean;
+                m2 += d * d;
+            }
+        }
+    }
+    return m2;
+}
+
+/* This thread's part of a held row (sum: of its s), as
+ * STATS_THREAD_MOMENTS takes it: how many elements, their mean, their
+ * squared deviations from it. */
+template <int V, int VPT>
+__device__ __forceinline__ moments part_moments(const float (&x)[VPT][V], const int (&part)[VPT],
+                                                float sum)
+{
+    const int count = part_count(part);
+    /* an approximate quotient: the parts' rounding errors average out in
+     * the merge, and to first order leave m2 as it is */
+    const float mean = count ? __fdividef(sum, (float)count) : 0.0f;
+    return {(float)count, mean, squared_deviations(x, part, mean)};
+}
+
+/* This warp's part of a held row (sum: this thread's of its s), as
+ * STATS_WARP_PASSES takes it: how many elements, their mean, their
+ * squared deviations from it, the same in every lane. */
+template <int V, int VPT>
+__device__ __forceinline__ moments warp_moments(const float (&x)[VPT][V], const int (&part)[VPT],
+                                                float sum)
+{
+    const float n = (float)__reduce_add_sync(0xffffffffu, (unsigned)part_count(part));
+    sum = warp_reduce(sum, op_sum());
+    const float mean = n > 0.0f ? __fdiv_rn(sum, n) : 0.0f;
+    return {n, mean, warp_reduce(squared_deviations(x, part, mean), op_sum())};
+}
+
+/*
+ * One row of the held kernels (rows.cuh): each thread loads its VPT
+ * vectors of in and the residual when there is one (from global memory,
+ * or from shared memory in bench/ops/: Row) and of the per-column biases
+ * and weights at once, forms s in registers, and takes the statistics and
+ * writes the output from there. Elements past the row's end load as 0 and form
+ * s = 0 (GELU(0) = 0), so the sums need no mask. LayerNorm's statistics
+ * are one reduction of moments over the row, RMSNorm's of its sum of
+ * squares (STATS says whose: norm_stats). read() runs once every
+ * thread of the row has read its vectors. FIT is the erf form's fit
+ * (bench/ops/ times another). bench/ops/ also times TPR, the threads of a
+ * row fixed at compile time (rows.cuh's held_at): no faster (the variants
+ * tpr_*, bench/RESULTS.md).
+ */
+template <typename T, int VPT, norm_mode MODE, unsigned IO, bool PACKED,
+          gelu_fit FIT = gelu_fit_for<T>(), unsigned TPR = 0, norm_stats STATS = STATS_TUNED,
+          typename Row, typename Read, cluster_exchange X>
+__device__ __forceinline__ void
+norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const Row &res,
+              Read read, reduce_scratch<norm_stat<MODE>, X> &scratch, unsigned cluster)
 {
     constexpr int V = vec16<T>();
-    /* RMSNorm's squares by the tensor cores (norm.cuh's held_stats) make a
-     * row's critical path longer: calls of no more rows than SMs, where
-     * one row's latency is the whole time, keep the FMA pipe's, 0.2 us a
-     * call faster (4 to 64 rows of 4096: bench/RESULTS.md, 2026-12-02
-     * 01:05). */
-    if constexpr (MODE == NORM_RMS && STATS == STATS_TUNED && sizeof(T) == 2)
-        if (p.rows <= (size_t)sm_count())
-            return launch_held_io<T, MODE, IO, STATS_WARP_PASSES>(stream, op, p, held);
-    /* Half types kept packed where norm_packed_plan says */
-    if constexpr (norm_packs<T, MODE>(IO == NORM_IO_CHECKED)) {
-        constexpr unsigned FEWEST = norm_gelu(MODE) ? 1u : (unsigned)PACKED_MAX_VALUES;
-        row_plan packed;
-        if (norm_packed_plan<T, MODE>(p.rows, p.cols, p.residual != nullptr,
-                                      IO == NORM_IO_CHECKED, &packed))
-            if (auto kernel = norm_packed_for<T, MODE, IO, EXCHANGE_PUSH, FEWEST, 0,
-                                              gelu_fit_for<T>(), STATS>(packed.vpt))
-                return launch_rows(op, stream, packed, p.rows, kernel, p, 0);
+    constexpr norm_stats S = held_stats_as<T, VPT, MODE, PACKED, STATS>();
+    constexpr bool GELU = norm_gelu(MODE);
+    constexpr weft_gelu_form FORM = MODE == NORM_GELU_TANH_LAYER ? WEFT_GELU_TANH : WEFT_GELU_ERF;
+    const bool has_res = io_has<IO>(p.residual, NORM_IO_RESIDUAL);
+    const bool has_gb = GELU && io_has<IO>(p.gelu_bias, NORM_IO_GELU_BIAS);
+    const bool has_w = io_has<IO>(p.weight, NORM_IO_WEIGHT);
+    const bool has_b = io_has<IO>(p.bias, NORM_IO_BIAS);
+    const bool has_sum = io_has<IO>(p.sum_out, NORM_IO_SUM_OUT);
+    using Index = decltype(held_at<V, VPT, TPR>(at, 0));
+    const Index cols = (Index)p.cols;
+    Index j[VPT];
+    int part[VPT];
+    uint4 raw_in[VPT], raw_res[VPT], raw_gb[VPT];
+
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+        j[k] = held_at<V, VPT, TPR>(at, k);
+        part[k] = IO & NORM_IO_CHECKED ? part_of<V>(j[k], cols) : j[k] < cols ? V : 0;
+        raw_in[k] = raw_res[k] = raw_gb[k] = make_uint4(0, 0, 0, 0);
+        if (part[k] == 0)
+            continue;
+        raw_in[k] = in.at(j[k], part[k]);
+        if (has_res)
+            raw_res[k] = res.at(j[k], part[k]);
+        if (has_gb)
+            raw_gb[k] = part[k] == V ? load_param(p.gelu_bias + j[k])
+                                     : load_partial<T, V>(p.gelu_bias + j[k], part[k]);
     }
-    row_plan plan = held;
-    /* The fused op's GELU takes registers: rows a warp would hold at 32
-     * values a thread run faster over more warps at 16, at twice the
-     * occupancy (bench/RESULTS.md). */
-    if constexpr (norm_gelu(MODE))
-        plan_held_split_warp_rows(&plan, V, 16);
-    /* LayerNorm with one input of half types, the fewest bytes an element:
-     * at 32 values a thread where that takes fewer than 512 threads a row,
-     * as measured fastest (bench/RESULTS.md). RMSNorm runs 3% faster at 16
-     * values (16384x4096). */
-    row_plan wide;
-    if (MODE == NORM_LAYER && sizeof(T) == 2 && !p.residual && plan_held(p.cols, V, 32, &wide) &&
-        wide.tpr < 512)
-        plan = wide;
-    auto kernel = norm_held_for<T, MODE, IO, EXCHANGE_PUSH, STATS>(plan.vpt);
-    if (!kernel)
-        return weft__fail(WEFT_EINVAL, "%s: no kernel for %u vectors a thread", op, plan.vpt);
-    return launch_rows(op, stream, plan, p.rows, kernel, p, 0);
+
+    /* s, as the host forms and rounds it; the sum (of squares, RMS).
+     * PACKED keeps s as T between the passes (it is rounded to T, or is
+     * in), and unpacks it again for each; the tensor cores take it so. */
+    float x[VPT][V], acc = 0.0f;
+    uint4 kept[VPT];
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+        unpack<T, V>(x[k], raw_in[k]);
+        kept[k] = raw_in[k];
+        if (GELU || has_res) {
+            float r[V], g[V];
+            unpack<T, V>(r, raw_res[k]);
+            unpack<T, V>(g, raw_gb[k]);
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                float h = x[k][e];
+                if (GELU)
+                    h = gelu<T, FIT>(FORM, has_gb ? h + g[e] : h);
+                /* the host's rounding of the add: never fused into GELU's
+                 * last multiply; then to T, as the host rounds s */
+                x[k][e] = round_to<T>(has_res ? __fadd_rn(h, r[e]) : h);
+            }
+            /* Rounding element by element ran 1-4% faster in bf16 than
+             * packing and unpacking s to round it (bench/RESULTS.md,
+             * 2026-12-01 00:02, the fused op's former variant round_each). */
+            if (PACKED || S == STATS_TENSOR_SQUARES)
+                kept[k] = pack<T, V>(x[k]);
+        }
+#pragma unroll
+        for (int e = 0; e < V; e++)
+            acc += MODE == NORM_RMS ? x[k][e] * x[k][e] : x[k][e];
+    }
+    const float inv_n = 1.0f / (float)p.cols;
+    float mean, rstd;
+    if constexpr (MODE == NORM_RMS) {
+        float squares = acc;
+        if constexpr (S == STATS_TENSOR_SQUARES) {
+            tensor_squares<T> tc;
+#pragma unroll
+            for (int k = 0; k < VPT; k++)
+                tc.add(kept[k]);
+            squares = tc.lane_part();
+        }
+        rstd = rms_rstd(row_reduce(squares, op_sum(), scratch, cluster) * inv_n, p.eps);
+        mean = 0.0f;
+        read();
+    } else {
+        if constexpr (PACKED)
+            unpack_kept<T, V, VPT>(x, kept);
+        moments m =
+            S == STATS_WARP_PASSES
+                ? warps_reduce(warp_moments<V, VPT>(x, part, acc), op_merge(), scratch, cluster)
+                : row_reduce(part_moments<V, VPT>(x, part, acc), op_merge(), scratch, cluster);
+        read();
+        mean = m.mean;
+        rstd = rsqrtf(m.m2 * inv_n + p.eps);
+    }
+
+    T *out = p.out + at.row * p.stride;
+    T *sum_out = has_sum ? p.sum_out + at.row * p.stride : nullptr;
+    if constexpr (PACKED)
+        unpack_kept<T, V, VPT>(x, kept);
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+        if (part[k] == 0)
+            continue;
+        float w[V], b[V], y[V];
+        if (has_w)
+            unpack<T, V>(w, part[k] == V ? load_param(p.weight + j[k])
+                                         : load_partial<T, V>(p.weight + j[k], part[k]));
+        if (has_b)
+            unpack<T, V>(b, part[k] == V ? load_param(p.bias + j[k])
+                                         : load_partial<T, V>(p.bias + j[k], part[k]));
+#pragma unroll
+        for (int e = 0; e < V; e++) {
+            /* (s - mean) * rstd, times w, plus b: the host's order, with
+             * the last two fused */
+            float v = (x[k][e] - mean) * rstd;
+            if (has_w && has_b)
+                v = fmaf(v, w[e], b[e]);
+            else if (has_w)
+                v *= w[e];
+            else if (has_b)
+                v += b[e];
+            y[e] = v;
+        }
+        if (part[k] == V) {
+            if (has_sum)
+                store_streamed(sum_out + j[k], PACKED ? kept[k] : pack<T, V>(x[k]));
+            store_streamed(out + j[k], pack<T, V>(y));
+        } else {
+            if (has_sum)
+                store_partial<T, V>(sum_out + j[k], x[k], part[k]);
+            store_partial<T, V>(out + j[k], y, part[k]);
+        }
+    }
 }
 
-/* launch_held_io for what the args' call reads and writes (by_io). */
-template <typename T, norm_mode MODE>
-int launch_held(cudaStream_t stream, const char *op, const weft__norm_args *a,
-                const norm_params<T> &p, const row_plan &held)
+/* norm_held_kernel's launch bounds: threads a block, blocks resident an SM. */
+__host__ __device__ constexpr unsigned held_threads(bool packed, unsigned resident)
 {
-    return by_io<T, MODE>(a, [&](auto io) {
-        return launch_held_io<T, MODE, decltype(io)::value>(stream, op, p, held);
+    return resident ? 256 : packed ? 1024 : 512;
+}
+__host__ __device__ constexpr unsigned held_resident(bool packed, int vpt, int v, unsigned resident)
+{
+    return resident ? resident : !packed && vpt * v <= 16 ? 2 : 1;
+}
+
+/* The held kernel: a row a block (or a cluster, or a warp), straight from
+ * global memory. At 16 values a thread or fewer, at most 64 registers:
+ * four blocks of 256 threads stay resident (left to itself, ptxas gave the
+ * fp32 GELU form 102 registers, two blocks, and the fused op lost 25%).
+ * PACKED (half types) keeps the row as T, up to 64 values a thread in 64
+ * registers, in blocks of up to 1024 threads: a row of 65536 in one block,
+ * or twice the resident blocks of the fp32 form. RESIDENT, where set,
+ * bounds blocks to 256 threads and asks for that many resident an SM, in
+ * fewer registers (bench/ops/ times it); FIT, TPR and STATS are
+ * norm_held_row's. */
+template <typename T, int VPT, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
+          bool PACKED = false, unsigned RESIDENT = 0, gelu_fit FIT = gelu_fit_for<T>(),
+          unsigned TPR = 0, norm_stats STATS = STATS_TUNED>
+__global__ void __launch_bounds__(held_threads(PACKED, RESIDENT),
+                                  held_resident(PACKED, VPT, vec16<T>(), RESIDENT))
+    norm_held_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t)
+{
+    constexpr int V = vec16<T>();
+    __shared__ reduce_scratch<norm_stat<MODE>, X> scratch;
+    if constexpr (pushes(X))
+        push_setup(cluster, scratch);
+    const row_place at = place_row<V, TPR>(row0, cluster, 1, VPT);
+    if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
+        return;
+    const global_row<T, V> in = {p.in + at.row * p.stride};
+    const global_row<T, V> res = {p.residual ? p.residual + at.row * p.stride : nullptr};
+    norm_held_row<T, VPT, MODE, IO, PACKED, FIT, TPR, STATS>(
+        p, at, in, res, [] {}, scratch, cluster);
+}
+
+/* The held kernel for plan.vpt, or NULL when there is none. */
+template <typename T, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
+          norm_stats STATS = STATS_TUNED>
+static void (*norm_held_for(unsigned vpt))(norm_params<T>, size_t, unsigned, size_t)
+{
+    return held_vpt<vec16<T>()>(vpt, [](auto k) {
+        constexpr int VPT = decltype(k)::value;
+        return norm_held_kernel<T, VPT, MODE, IO, X, false, 0, gelu_fit_for<T>(), 0,
+                                held_stats_as<T, VPT, MODE, false, STATS>()>;
     });
 }
 
-/* launch_held's instantiations for MODE, one a dtype: defined in the
- * mode's translation unit (WEFT_NORM_HELD(, MODE)), declared in norm.cu
- * (WEFT_NORM_HELD(extern, MODE)), which so compiles none of them. */
-#define WEFT_NORM_HELD(EXTERN, MODE)                                                               \
-    EXTERN template int launch_held<float, MODE>(cudaStream_t, const char *,                       \
-                                                 const weft__norm_args *,                          \
-                                                 const norm_params<float> &, const row_plan &);    \
-    EXTERN template int launch_held<__nv_bfloat16, MODE>(                                          \
-        cudaStream_t, const char *, const weft__norm_args *, const norm_params<__nv_bfloat16> &,   \
-        const row_plan &);                                                                         \
-    EXTERN template int launch_held<__half, MODE>(cudaStream_t, const char *,                      \
-                                                  const weft__norm_args *,                         \
-                                                  const norm_params<__half> &, const row_plan &);
+/* The packed held kernel (half types) for plan.vpt, or NULL when there is
+ * none; instantiated from FEWEST values a thread up. */
+template <typename T, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
+          unsigned FEWEST = 1, unsigned RESIDENT = 0, gelu_fit FIT = gelu_fit_for<T>(),
+          norm_stats STATS = STATS_TUNED>
+static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, size_t)
+{
+    static_assert(sizeof(T) == 2, "a packed row is of a half type");
+    using kernel = void (*)(norm_params<T>, size_t, unsigned, size_t);
+    return by_vpt<PACKED_MAX_VALUES / vec16<T>()>(
+        vpt,
+        [](auto k) -> kernel {
+            constexpr int VPT = decltype(k)::value;
+            if constexpr (VPT * vec16<T>() < FEWEST)
+                return nullptr;
+            else
+                return norm_held_kernel<T, VPT, MODE, IO, X, true, RESIDENT, FIT, 0,
+                                        held_stats_as<T, VPT, MODE, true, STATS>()>;
+        },
+        [] { return (kernel) nullptr; });
+}
+
+/* Whether the library keeps a row of a half type packed
+ * (norm_held_row's PACKED; the held_packed variants in bench/RESULTS.md),
+ * and its plan:
+ * - the fused op, whose GELU's registers cost occupancy as fp32: at 32
+ *   values a thread, 64 on rows longer than 8192 (+43% at 4096x16384),
+ *   unless there are no more rows than SMs, where the latency of a row is
+ *   the whole time and more threads a row win (small inputs: 3.0 us a call
+ *   as fp32, 3.8 packed);
+ * - LayerNorm and RMSNorm on rows over 8192, or over 32768 with a
+ *   residual: at 64 values a thread, in one block of up to 512 threads
+ *   where that holds the row, else over a cluster of blocks of 256.
+ *   Against the fp32 plans (bf16, 12288 to 131072), LayerNorm gains 3-34%
+ *   and RMSNorm 5-26% (but is 1-2% behind at 16384), the longer the row
+ *   the more; add+LayerNorm gains 3-6% beyond 32768 and is 2-3% behind at
+ *   32768. Clusters of blocks of 256 beat one block of 1024 by 2-6% on
+ *   rows of 65536 and 131072; on rows of 32768 one block of 512 beats a
+ *   cluster of two of 256 by up to 6%.
+ * The packed kernels of fp16, and those that test the call's inputs at run
+ * time (`checked`: NORM_IO_CHECKED), spill (ptxas: 40-390 and 760-2140
+ * bytes a thread, where bf16's with their inputs fixed spill 0-16). fp16's
+ * LayerNorm never packs: its fp32 plan runs 17% faster at 1024x65536, 40%
+ * with a residual, and 50-66% on rows of 12288 and 16384. fp16's RMSNorm
+ * (13% faster packed at 1024x65536, 2-7% slower at 12288 and 16384) and
+ * the checked LayerNorm pack only rows over 16384, where the fp32 plan
+ * takes a cluster (there packing makes the checked LayerNorm 3-25% faster
+ * in bf16). The checked RMSNorm never packs: packed it ran 1.2-1.7x slower
+ * on rows of 32768 and 65536 (bench/RESULTS.md). norm_packs says which
+ * never pack, whose packed kernels are so not compiled.
+ */
+template <typename T, norm_mode MODE> constexpr bool norm_packs(bool checked)
+{
+    return sizeof(T) == 2 && !(std::is_same<T, __half>::value && MODE == NORM_LAYER) &&
+           !(checked && MODE == NORM_RMS);
+}
+
+template <typename T, norm_mode MODE>
+static bool norm_packed_plan(size_t rows, size_t cols, bool residual, bool checked,
+                             row_plan *packed)
+{
+    constexpr int V = vec16<T>();
+    constexpr bool FP16 = std::is_same<T, __half>::value;
+    if (!norm_packs<T, MODE>(checked))
+        return false;
+    if constexpr (norm_gelu(MODE)) {
+        const unsigned values = cols <= 8192 ? 32u : (unsigned)PACKED_MAX_VALUES;
+        return rows > (size_t)sm_count() && plan_packed(cols, V, values, packed);
+    }
+    constexpr unsigned VALUES = PACKED_MAX_VALUES;
+    if (cols <= (checked || FP16 ? 16384u : residual ? 32768u : 8192u))
+        return false;
+    if (plan_held(cols, V, VALUES, packed, false, VALUES, 512) && packed->cluster == 1)
+        return true;
+    return plan_held(cols, V, VALUES, packed, false, VALUES, 256);
+}
 
 } // namespace weft_ops
 

@@ -1,9 +1,9 @@
 /*
  * norm_layer.cu - the held path of LayerNorm, with or without the
- * residual add in front (norm_held.cuh's launch_held, which norm.cu
+ * residual add in front (norm_launch.cuh's launch_held, which norm.cu
  * calls).
  */
-#include "ops/norm_held.cuh"
+#include "ops/norm_launch.cuh"
 
 namespace weft_ops
 {

@@ -1,8 +1,8 @@
 /*
- * norm_rms.cu - the held path of RMSNorm (norm_held.cuh's launch_held,
+ * norm_rms.cu - the held path of RMSNorm (norm_launch.cuh's launch_held,
  * which norm.cu calls).
  */
-#include "ops/norm_held.cuh"
+#include "ops/norm_launch.cuh"
 
 namespace weft_ops
 {

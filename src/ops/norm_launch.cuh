@@ -1,0 +1,134 @@
+/*
+ * norm_launch.cuh - norm.cu's held path for one mode (launch_held), apart
+ * so that each mode's kernels compile in a translation unit of their own
+ * (norm_layer.cu, norm_rms.cu, norm_fused_erf.cu, norm_fused_tanh.cu), in
+ * parallel: together in norm.cu they were the longest compile of the
+ * library.
+ */
+#ifndef WEFT_OPS_NORM_LAUNCH_CUH
+#define WEFT_OPS_NORM_LAUNCH_CUH
+
+#include "ops/norm_held.cuh"
+
+namespace weft_ops
+{
+
+/* f(std::integral_constant<unsigned, IO>) for the first of FIXED equal to
+ * io, else for NORM_IO_CHECKED. */
+template <unsigned... FIXED, typename F> int pick_io(unsigned io, F f)
+{
+    int rc = 0;
+    const bool fixed =
+        ((io == FIXED && (rc = f(std::integral_constant<unsigned, FIXED>()), true)) || ...);
+    return fixed ? rc : f(std::integral_constant<unsigned, NORM_IO_CHECKED>());
+}
+
+/* f(std::integral_constant<unsigned, IO>) for what the args' call reads
+ * and writes (norm_held.cuh's norm_io): fixed at compile time on rows of whole
+ * vectors for every call of LayerNorm and RMSNorm - weight and bias each
+ * given or not, the residual not added, added, or added and the sum
+ * written - and for the fused op's with its weight and bias: with the
+ * residual, the GELU bias given or not (a GEMM's epilogue may have added
+ * it); without it (BERT's prediction head: dense, GELU, LayerNorm), the
+ * GELU bias given; x written or not. Checked at run time otherwise. (The
+ * fused op in fp32 once ran faster checked; since LayerNorm's statistics
+ * became one reduction, fixed wins there too. The checked kernels take
+ * more registers, the packed ones spill, and they ran the norms' calls
+ * 1.2-2.6x slower than the fixed ones on rows of 4096 to 65536 in half
+ * types, up to 1.5x in fp32, the fused op's without the GELU bias up to
+ * 2.8x and without the residual up to 3.4x:
+ * bench/RESULTS.md.) */
+template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_args *a, F f)
+{
+    constexpr unsigned W = NORM_IO_WEIGHT, B = NORM_IO_BIAS, WB = W | B;
+    constexpr unsigned ADD = NORM_IO_RESIDUAL, SUM = ADD | NORM_IO_SUM_OUT, GB = NORM_IO_GELU_BIAS;
+    const unsigned io = (a->residual ? NORM_IO_RESIDUAL : 0u) |
+                        (a->gelu && a->gelu_bias ? NORM_IO_GELU_BIAS : 0u) |
+                        (a->weight ? NORM_IO_WEIGHT : 0u) | (a->bias ? NORM_IO_BIAS : 0u) |
+                        (a->sum_out ? NORM_IO_SUM_OUT : 0u);
+
+    if (a->cols % vec16<T>() != 0)
+        return f(std::integral_constant<unsigned, NORM_IO_CHECKED>());
+    if constexpr (MODE == NORM_LAYER)
+        return pick_io<WB, WB | ADD, WB | SUM, 0, ADD, SUM, W, W | ADD, W | SUM, B, B | ADD,
+                       B | SUM>(io, f);
+    else if constexpr (MODE == NORM_RMS)
+        return pick_io<W, W | ADD, W | SUM, 0, ADD, SUM>(io, f);
+    else
+        return pick_io<WB | GB | ADD, WB | GB | SUM, WB | ADD, WB | SUM, WB | GB,
+                       WB | GB | NORM_IO_SUM_OUT>(io, f);
+}
+
+/* The call's rows, held in registers under `held` (plan_held at 16 values
+ * a thread) or the plans below, for mode MODE, in the kernels for IO;
+ * bench/ops/ forces their statistics (STATS). */
+template <typename T, norm_mode MODE, unsigned IO, norm_stats STATS = STATS_TUNED>
+int launch_held_io(cudaStream_t stream, const char *op, const norm_params<T> &p,
+                   const row_plan &held)
+{
+    constexpr int V = vec16<T>();
+    /* RMSNorm's squares by the tensor cores (norm_held.cuh's held_stats) make a
+     * row's critical path longer: calls of no more rows than SMs, where
+     * one row's latency is the whole time, keep the FMA pipe's, 0.2 us a
+     * call faster (4 to 64 rows of 4096: bench/RESULTS.md, 2026-12-02
+     * 01:05). */
+    if constexpr (MODE == NORM_RMS && STATS == STATS_TUNED && sizeof(T) == 2)
+        if (p.rows <= (size_t)sm_count())
+            return launch_held_io<T, MODE, IO, STATS_WARP_PASSES>(stream, op, p, held);
+    /* Half types kept packed where norm_packed_plan says */
+    if constexpr (norm_packs<T, MODE>(IO == NORM_IO_CHECKED)) {
+        constexpr unsigned FEWEST = norm_gelu(MODE) ? 1u : (unsigned)PACKED_MAX_VALUES;
+        row_plan packed;
+        if (norm_packed_plan<T, MODE>(p.rows, p.cols, p.residual != nullptr,
+                                      IO == NORM_IO_CHECKED, &packed))
+            if (auto kernel = norm_packed_for<T, MODE, IO, EXCHANGE_PUSH, FEWEST, 0,
+                                              gelu_fit_for<T>(), STATS>(packed.vpt))
+                return launch_rows(op, stream, packed, p.rows, kernel, p, 0);
+    }
+    row_plan plan = held;
+    /* The fused op's GELU takes registers: rows a warp would hold at 32
+     * values a thread run faster over more warps at 16, at twice the
+     * occupancy (bench/RESULTS.md). */
+    if constexpr (norm_gelu(MODE))
+        plan_held_split_warp_rows(&plan, V, 16);
+    /* LayerNorm with one input of half types, the fewest bytes an element:
+     * at 32 values a thread where that takes fewer than 512 threads a row,
+     * as measured fastest (bench/RESULTS.md). RMSNorm runs 3% faster at 16
+     * values (16384x4096). */
+    row_plan wide;
+    if (MODE == NORM_LAYER && sizeof(T) == 2 && !p.residual && plan_held(p.cols, V, 32, &wide) &&
+        wide.tpr < 512)
+        plan = wide;
+    auto kernel = norm_held_for<T, MODE, IO, EXCHANGE_PUSH, STATS>(plan.vpt);
+    if (!kernel)
+        return weft__fail(WEFT_EINVAL, "%s: no kernel for %u vectors a thread", op, plan.vpt);
+    return launch_rows(op, stream, plan, p.rows, kernel, p, 0);
+}
+
+/* launch_held_io for what the args' call reads and writes (by_io). */
+template <typename T, norm_mode MODE>
+int launch_held(cudaStream_t stream, const char *op, const weft__norm_args *a,
+                const norm_params<T> &p, const row_plan &held)
+{
+    return by_io<T, MODE>(a, [&](auto io) {
+        return launch_held_io<T, MODE, decltype(io)::value>(stream, op, p, held);
+    });
+}
+
+/* launch_held's instantiations for MODE, one a dtype: defined in the
+ * mode's translation unit (WEFT_NORM_HELD(, MODE)), declared in norm.cu
+ * (WEFT_NORM_HELD(extern, MODE)), which so compiles none of them. */
+#define WEFT_NORM_HELD(EXTERN, MODE)                                                               \
+    EXTERN template int launch_held<float, MODE>(cudaStream_t, const char *,                       \
+                                                 const weft__norm_args *,                          \
+                                                 const norm_params<float> &, const row_plan &);    \
+    EXTERN template int launch_held<__nv_bfloat16, MODE>(                                          \
+        cudaStream_t, const char *, const weft__norm_args *, const norm_params<__nv_bfloat16> &,   \
+        const row_plan &);                                                                         \
+    EXTERN template int launch_held<__half, MODE>(cudaStream_t, const char *,                      \
+                                                  const weft__norm_args *,                         \
+                                                  const norm_params<__half> &, const row_plan &);
+
+} // namespace weft_ops
+
+#endif
