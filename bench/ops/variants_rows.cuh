@@ -424,9 +424,9 @@ int run_polled(const char *op, cudaStream_t s, const char *variant, const norm_p
  * names the suffix. */
 constexpr const char *stats_suffix(norm_stats stats)
 {
-    return stats == STATS_THREAD_MOMENTS ? "_moments"
-           : stats == STATS_TENSOR_SQUARES  ? "_tensor"
-                                         : "_passes";
+    return stats == STATS_THREAD_MOMENTS   ? "_moments"
+           : stats == STATS_TENSOR_SQUARES ? "_tensor"
+                                           : "_passes";
 }
 inline norm_stats stats_variant(const char *variant)
 {

@@ -36,13 +36,14 @@ using norm_stat = typename std::conditional<MODE == NORM_RMS, float, moments>::t
  *   (op_merge) over the row;
  * - STATS_THREAD_MOMENTS: each thread's moments, merged from the first
  *   butterfly step on (five merges a warp, each about 10 instructions and
- *   3 shuffles where a plain sum's step takes 2);
+ *   3 shuffles where a plain sum's step takes 2).
  * The two are as exact as a two-pass variance over the row (bench/ops/'s
  * norm_stats_accuracy: at most 1.9e-6 of it on rows of 65536). RMSNorm's
  * sum of squares:
  * - STATS_TENSOR_SQUARES (half types): by the tensor cores, from the row
  *   as kept (reduce.cuh's tensor_squares);
- * - any other: by the FMA pipe, in the pass that forms s.
+ * - STATS_WARP_PASSES: by the FMA pipe, in the pass that forms s (the
+ *   only other form RMSNorm has: held_stats_as names it so).
  * STATS_TUNED is whichever held_stats picks for the kernel, the library's
  * choice (bench/ops/'s variants *_passes, *_moments and *_tensor force
  * the others). */
@@ -77,7 +78,7 @@ __host__ __device__ constexpr norm_stats held_stats()
 {
     if constexpr (MODE == NORM_RMS) {
         return sizeof(T) == 2 && !PACKED && VPT * vec16<T>() <= 16 ? STATS_TENSOR_SQUARES
-                                                                  : STATS_WARP_PASSES;
+                                                                   : STATS_WARP_PASSES;
     } else if constexpr (norm_gelu(MODE)) {
         constexpr bool fp16 = std::is_same<T, __half>::value;
         return sizeof(T) == 4 || (fp16 && VPT * vec16<T>() > 32) ? STATS_THREAD_MOMENTS

@@ -67,11 +67,11 @@ int launch_held_io(cudaStream_t stream, const char *op, const norm_params<T> &p,
                    const row_plan &held)
 {
     constexpr int V = vec16<T>();
-    /* RMSNorm's squares by the tensor cores (norm_held.cuh's held_stats) make a
-     * row's critical path longer: calls of no more rows than SMs, where
-     * one row's latency is the whole time, keep the FMA pipe's, 0.2 us a
-     * call faster (4 to 64 rows of 4096: bench/RESULTS.md, 2026-12-02
-     * 01:05). */
+    /* RMSNorm's squares by the tensor cores (norm_held.cuh's held_stats)
+     * make a row's critical path longer: calls of no more rows than SMs,
+     * where one row's latency is the whole time, keep the FMA pipe's,
+     * 0.2 us a call faster (4 to 64 rows of 4096: bench/RESULTS.md,
+     * 2026-12-02 01:05). */
     if constexpr (MODE == NORM_RMS && STATS == STATS_TUNED && sizeof(T) == 2)
         if (p.rows <= (size_t)sm_count())
             return launch_held_io<T, MODE, IO, STATS_WARP_PASSES>(stream, op, p, held);
@@ -79,8 +79,8 @@ int launch_held_io(cudaStream_t stream, const char *op, const norm_params<T> &p,
     if constexpr (norm_packs<T, MODE>(IO == NORM_IO_CHECKED)) {
         constexpr unsigned FEWEST = norm_gelu(MODE) ? 1u : (unsigned)PACKED_MAX_VALUES;
         row_plan packed;
-        if (norm_packed_plan<T, MODE>(p.rows, p.cols, p.residual != nullptr,
-                                      IO == NORM_IO_CHECKED, &packed))
+        if (norm_packed_plan<T, MODE>(p.rows, p.cols, p.residual != nullptr, IO == NORM_IO_CHECKED,
+                                      &packed))
             if (auto kernel = norm_packed_for<T, MODE, IO, EXCHANGE_PUSH, FEWEST, 0,
                                               gelu_fit_for<T>(), STATS>(packed.vpt))
                 return launch_rows(op, stream, packed, p.rows, kernel, p, 0);

@@ -517,6 +517,17 @@ static void test_rmsnorm_matches_host(void **state)
                 run_norm(RMSNORM, DTYPES[d], ROW_SHAPES[k], k % 2 == 1 ? NORM_FULL : NORM_BARE, 0);
     for (int d = 0; d < 3; d++)
         run_norm(RMSNORM, DTYPES[d], (shape){280, 32768, 32768, 0}, NORM_AFFINE, 0);
+    /* calls of more rows than SMs, where half types take the tensor cores'
+     * squares at up to 16 values a thread (norm_launch.cuh): rows of whole
+     * vectors, with the residual and the sum, with a partial last vector,
+     * and a warp each */
+    for (int d = 0; d < 3; d++) {
+        run_norm(RMSNORM, DTYPES[d], (shape){300, 4096, 4096, 0}, NORM_WEIGHT, 0);
+        run_norm(RMSNORM, DTYPES[d], (shape){300, 8192, 8200, 0},
+                 NORM_WEIGHT | NORM_ADDED | NORM_SUM, 0);
+        run_norm(RMSNORM, DTYPES[d], (shape){300, 4100, 4104, 0}, NORM_WEIGHT, 0);
+        run_norm(RMSNORM, DTYPES[d], (shape){300, 512, 512, 0}, NORM_BARE, 0);
+    }
     for (int d = 0; d < 3; d++)
         for (int k = 0; k < NHELD_SHAPES; k++)
             for (int in = 0; in < NORM_INPUTS; in++)
