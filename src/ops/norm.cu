@@ -13,11 +13,11 @@
  * squared deviations - or of RMSNorm's sum of squares (norm_held.cuh);
  * staged and in tiles, the host's corrected two-pass algorithm, the mean,
  * then the sums of the deviations and of their squares, which correct the
- * mean and the variance. Then s and the
- * normalized row are written: two or three reads an element (in,
- * residual; the biases once per column) and one or two writes, nothing
- * else. For the fused op that is 2 reads + 1 write where a framework's
- * GELU kernel, residual add and LayerNorm move 7 row-sized tensors.
+ * mean and the variance. Then s and the normalized row are written: two
+ * or three reads an element (in, residual; the biases once per column)
+ * and one or two writes, nothing else. For the fused op that is 2 reads
+ * + 1 write where a framework's GELU kernel, residual add and LayerNorm
+ * move 7 row-sized tensors.
  */
 #include "ops/norm_launch.cuh"
 

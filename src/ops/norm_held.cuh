@@ -231,7 +231,9 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
 
     /* s, as the host forms and rounds it; the sum (of squares, RMS).
      * PACKED keeps s as T between the passes (it is rounded to T, or is
-     * in), and unpacks it again for each; the tensor cores take it so. */
+     * in), and unpacks it again for each; the tensor cores take it so.
+     * KEEPS: kept holds s (where s is not in, packed for one of them). */
+    constexpr bool KEEPS = PACKED || S == STATS_TENSOR_SQUARES;
     float x[VPT][V], acc = 0.0f;
     uint4 kept[VPT];
 #pragma unroll
@@ -254,7 +256,7 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
             /* Rounding element by element ran 1-4% faster in bf16 than
              * packing and unpacking s to round it (bench/RESULTS.md,
              * 2026-12-01 00:02, the fused op's former variant round_each). */
-            if (PACKED || S == STATS_TENSOR_SQUARES)
+            if (KEEPS)
                 kept[k] = pack<T, V>(x[k]);
         }
 #pragma unroll
@@ -317,7 +319,7 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
         }
         if (part[k] == V) {
             if (has_sum)
-                store_streamed(sum_out + j[k], PACKED ? kept[k] : pack<T, V>(x[k]));
+                store_streamed(sum_out + j[k], KEEPS ? kept[k] : pack<T, V>(x[k]));
             store_streamed(out + j[k], pack<T, V>(y));
         } else {
             if (has_sum)
