@@ -54,22 +54,24 @@ ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", 
                 "held_wide_moments", "held_packed_pairs_moments", "held_packed_quads_moments",
                 "held_push_passes", "held_wide_passes", "held_packed_pairs_passes",
                 "held_packed_quads_passes", "lib_moments", "lib_passes",
-                "staged", "regs", "regs_half", "regs_double", "regs_flat")
+                "lib_no_ahead", "lib_ahead4", "lib_ahead8", "staged", "regs", "regs_half",
+                "regs_double", "regs_flat")
 FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
                   "held_spread8", "held_push", "held_warp", "held_packed", "held_packed16",
                   "held_packed64", "held_packed_pairs", "held_packed_quads", "held_packed32",
                   "packed_b6", "packed_b5", "half_fit", "lib_checked", "held_push_polled",
-                  "lib_moments", "lib_passes")
+                  "lib_moments", "lib_passes", "lib_no_ahead", "lib_ahead4", "lib_ahead8")
 RMS_VARIANTS = ("lib", "ring2", "held", "held_narrow", "held_wide", "held_push", "held_packed64",
                 "held_packed_pairs", "held_packed_quads", "ring2_packed_quads", "packed_quads_b3",
                 "packed_quads_b2", "tpr_packed_pairs", "tpr_packed_quads", "held_push_polled",
-                "held_packed_quads_polled", "lib_passes", "lib_tensor")
+                "held_packed_quads_polled", "lib_passes", "lib_tensor", "lib_no_ahead",
+                "lib_ahead4", "lib_ahead8")
 ADD_LN_VARIANTS = ("lib", "held_push", "held_packed64", "held_packed_pairs", "held_packed_quads",
                    "packed_quads_b3", "packed_quads_b2", "tpr_packed_pairs", "tpr_packed_quads",
                    "held_push_polled", "held_packed_quads_polled", "held_push_moments",
                    "held_packed_pairs_moments", "held_packed_quads_moments", "held_push_passes",
                    "held_packed_pairs_passes", "held_packed_quads_passes", "lib_moments",
-                   "lib_passes")
+                   "lib_passes", "lib_no_ahead", "lib_ahead4", "lib_ahead8")
 CHECKED_VARIANTS = ("lib", "held_push_checked", "held_packed_pairs_checked",
                     "held_packed_quads_checked")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "fit3", "select", "pairs", "grid8",
@@ -980,6 +982,11 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "to 256 threads, 6 or 5 resident an SM (40 or 48 registers, not 64), "
                    "`half_fit` the fused op's packed kernel in bf16 with fp16's GELU fit "
                    "(degree 5, 2.7e-5, where bf16's is of degree 3 in 1/(a + k), 7.3e-4), "
+                   "`lib_no_ahead` the norms' and the fused op's kernels under the "
+                   "library's plans with no rows asked of L2 ahead (the library asks for "
+                   "4 MiB of them where that measured faster: norm_held.cuh's held_ahead), "
+                   "`lib_ahead4`/`lib_ahead8` with each block asking L2 for its share of "
+                   "the row as many rows on as fill 4 or 8 MiB of the inputs, everywhere, "
                    "`lib_checked` the fused op's checked kernels under the library's plans "
                    "(`gelu_layernorm (no GELU bias)`, the call without the GELU bias, times "
                    "the library's kernels for it against those, which it took before, and "

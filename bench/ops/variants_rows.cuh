@@ -47,6 +47,7 @@
 #ifndef WEFT_BENCH_OPS_VARIANTS_ROWS_CUH
 #define WEFT_BENCH_OPS_VARIANTS_ROWS_CUH
 
+#include <stdlib.h>
 #include <string.h>
 
 #include <type_traits>
@@ -439,14 +440,23 @@ inline norm_stats stats_variant(const char *variant)
 /* The library's launch of a call of IO (norm_launch.cuh's launch_held_io:
  * its plans and kernels) with the statistics the variant forces:
  * lib_moments (LayerNorm's modes), lib_passes, lib_tensor (RMSNorm in
- * half types). WEFT_EINVAL for other variants, or where they do not
- * apply. */
+ * half types); or with rows asked of L2 ahead, never (lib_no_ahead) or
+ * always, as many as fill N MiB of the inputs (lib_aheadN). WEFT_EINVAL
+ * for other variants, or where they do not apply. */
 template <typename T, norm_mode MODE, unsigned IO>
 int run_lib(const char *op, cudaStream_t s, const char *variant, const norm_params<T> &p)
 {
     row_plan held;
     if (strncmp(variant, "lib_", 4) != 0 || !plan_held(p.cols, vec16<T>(), 16, &held))
         return WEFT_EINVAL;
+    if (strcmp(variant, "lib_no_ahead") == 0)
+        return launch_held_io<T, MODE, IO, STATS_TUNED, AHEAD_OFF>(s, op, p, held);
+    if (strncmp(variant, "lib_ahead", 9) == 0) {
+        const long mib = strtol(variant + 9, NULL, 10);
+        return mib > 0 ? launch_held_io<T, MODE, IO, STATS_TUNED, AHEAD_ON>(s, op, p, held,
+                                                                            (size_t)mib << 20)
+                       : WEFT_EINVAL;
+    }
     switch (stats_variant(variant)) {
     case STATS_THREAD_MOMENTS:
         if constexpr (MODE != NORM_RMS)

@@ -121,6 +121,39 @@ template <unsigned IO> __device__ __forceinline__ bool io_has(const void *ptr, u
     return IO & NORM_IO_CHECKED ? ptr != nullptr : (IO & bit) != 0;
 }
 
+/* Whether a held kernel asks L2 for a row ahead of the one it holds
+ * (norm_held_kernel's AHEAD; norm_launch.cuh's launch_held_rows says how
+ * far): AHEAD_TUNED where it measured faster, AHEAD_OFF and AHEAD_ON
+ * force it (bench/ops/'s lib_no_ahead and lib_ahead*). */
+enum norm_ahead { AHEAD_TUNED, AHEAD_OFF, AHEAD_ON };
+
+/* The library's (bench/RESULTS.md, 2026-12-02 05:36: rows of 4096 to
+ * 65536 held ahead by 4 MiB of their inputs, against none, in one run):
+ * - RMSNorm: 1-6% faster in bf16 and fp32;
+ * - add+LayerNorm: 2-8% in fp32, 2-6% in bf16 where the row is not
+ *   packed, 1% slower packed (rows over 32768);
+ * - LayerNorm: 0-4.5% faster in bf16; in fp32 5% on rows a block holds,
+ *   11-19% slower on rows over a cluster, one kernel for both: off;
+ * - the fused op: 5-8% faster in fp32, 5-11% slower in bf16, whose GELU
+ *   issues most of its instructions.
+ * fp16 was not timed, nor calls whose inputs are tested at run time
+ * (NORM_IO_CHECKED): off. */
+template <typename T, norm_mode MODE, unsigned IO, bool PACKED, norm_ahead A>
+__host__ __device__ constexpr bool held_ahead()
+{
+    constexpr bool F32 = sizeof(T) == 4, RESIDUAL = (IO & NORM_IO_RESIDUAL) != 0;
+    if constexpr (A != AHEAD_TUNED)
+        return A == AHEAD_ON;
+    else if constexpr ((IO & NORM_IO_CHECKED) != 0 || std::is_same<T, __half>::value)
+        return false;
+    else if constexpr (MODE == NORM_RMS)
+        return true;
+    else if constexpr (norm_gelu(MODE))
+        return F32;
+    else
+        return RESIDUAL ? F32 || !PACKED : !F32;
+}
+
 /* How many of a held row's elements this thread holds (part: of each
  * vector), and their squared deviations from mean. Past the row's end s
  * is 0 but its deviation is not, so those elements are left out by index:
@@ -348,13 +381,14 @@ __host__ __device__ constexpr unsigned held_resident(bool packed, int vpt, int v
  * or twice the resident blocks of the fp32 form. RESIDENT, where set,
  * bounds blocks to 256 threads and asks for that many resident an SM, in
  * fewer registers (bench/ops/ times it); FIT, TPR and STATS are
- * norm_held_row's. */
+ * norm_held_row's. AHEAD (held_ahead) has each warp ask L2 for its share
+ * of the row `lead` rows on, before it loads its own (lead 0: none). */
 template <typename T, int VPT, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
           bool PACKED = false, unsigned RESIDENT = 0, gelu_fit FIT = gelu_fit_for<T>(),
-          unsigned TPR = 0, norm_stats STATS = STATS_TUNED>
+          unsigned TPR = 0, norm_stats STATS = STATS_TUNED, bool AHEAD = false>
 __global__ void __launch_bounds__(held_threads(PACKED, RESIDENT),
                                   held_resident(PACKED, VPT, vec16<T>(), RESIDENT))
-    norm_held_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t)
+    norm_held_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t lead)
 {
     constexpr int V = vec16<T>();
     __shared__ reduce_scratch<norm_stat<MODE>, X> scratch;
@@ -363,6 +397,12 @@ __global__ void __launch_bounds__(held_threads(PACKED, RESIDENT),
     const row_place at = place_row<V, TPR>(row0, cluster, 1, VPT);
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
         return;
+    if (AHEAD && lead != 0 && at.row + lead < p.rows) {
+        const size_t ahead = (at.row + lead) * p.stride;
+        prefetch_held_share<T, V, VPT>(p.in + ahead, at.rank, p.cols);
+        if (p.residual)
+            prefetch_held_share<T, V, VPT>(p.residual + ahead, at.rank, p.cols);
+    }
     const global_row<T, V> in = {p.in + at.row * p.stride};
     const global_row<T, V> res = {p.residual ? p.residual + at.row * p.stride : nullptr};
     norm_held_row<T, VPT, MODE, IO, PACKED, FIT, TPR, STATS>(
@@ -371,13 +411,14 @@ __global__ void __launch_bounds__(held_threads(PACKED, RESIDENT),
 
 /* The held kernel for plan.vpt, or NULL when there is none. */
 template <typename T, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
-          norm_stats STATS = STATS_TUNED>
+          norm_stats STATS = STATS_TUNED, norm_ahead A = AHEAD_TUNED>
 static void (*norm_held_for(unsigned vpt))(norm_params<T>, size_t, unsigned, size_t)
 {
     return held_vpt<vec16<T>()>(vpt, [](auto k) {
         constexpr int VPT = decltype(k)::value;
         return norm_held_kernel<T, VPT, MODE, IO, X, false, 0, gelu_fit_for<T>(), 0,
-                                held_stats_as<T, VPT, MODE, false, STATS>()>;
+                                held_stats_as<T, VPT, MODE, false, STATS>(),
+                                held_ahead<T, MODE, IO, false, A>()>;
     });
 }
 
@@ -385,7 +426,7 @@ static void (*norm_held_for(unsigned vpt))(norm_params<T>, size_t, unsigned, siz
  * none; instantiated from FEWEST values a thread up. */
 template <typename T, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
           unsigned FEWEST = 1, unsigned RESIDENT = 0, gelu_fit FIT = gelu_fit_for<T>(),
-          norm_stats STATS = STATS_TUNED>
+          norm_stats STATS = STATS_TUNED, norm_ahead A = AHEAD_TUNED>
 static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, size_t)
 {
     static_assert(sizeof(T) == 2, "a packed row is of a half type");
@@ -398,7 +439,8 @@ static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, s
                 return nullptr;
             else
                 return norm_held_kernel<T, VPT, MODE, IO, X, true, RESIDENT, FIT, 0,
-                                        held_stats_as<T, VPT, MODE, true, STATS>()>;
+                                        held_stats_as<T, VPT, MODE, true, STATS>(),
+                                        held_ahead<T, MODE, IO, true, A>()>;
         },
         [] { return (kernel) nullptr; });
 }

@@ -59,22 +59,51 @@ template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_arg
                        WB | GB | NORM_IO_SUM_OUT>(io, f);
 }
 
+/* How many bytes of its inputs a call of the held kernels asks L2 for
+ * ahead of the rows it holds: 4 MiB measured faster than 8, and a wave of
+ * resident rows (16-33 MB on rows of 65536) 5-23% slower than none
+ * (bench/RESULTS.md, 2026-12-02 05:28 and 05:36). */
+static constexpr size_t AHEAD_WINDOW = (size_t)4 << 20;
+
+/* launch_rows for the held kernel; where it asks L2 for rows ahead
+ * (AHEAD), they are as many rows on as fill `window` bytes of the
+ * inputs, and none on calls with no rows beyond what the GPU holds at
+ * once (2048 threads an SM), nor on rows a warp each (not measured). */
+template <bool AHEAD, typename T, typename K>
+static int launch_held_rows(const char *op, cudaStream_t stream, const row_plan &plan, K kernel,
+                            const norm_params<T> &p, size_t window)
+{
+    size_t lead = 0;
+    if constexpr (AHEAD) {
+        const size_t row_bytes = p.cols * sizeof(T) * (p.residual ? 2 : 1);
+        const size_t resident = (size_t)sm_count() * 2048 / ((size_t)plan.tpr * plan.cluster);
+        if (plan.rpb == 1 && p.rows > resident)
+            lead = window / row_bytes < resident ? window / row_bytes : resident;
+    }
+    return launch_rows(op, stream, plan, p.rows, kernel, p, lead);
+}
+
 /* The call's rows, held in registers under `held` (plan_held at 16 values
  * a thread) or the plans below, for mode MODE, in the kernels for IO;
- * bench/ops/ forces their statistics (STATS). */
-template <typename T, norm_mode MODE, unsigned IO, norm_stats STATS = STATS_TUNED>
+ * bench/ops/ forces their statistics (STATS), whether they ask L2 for
+ * rows ahead (A) and how far (window). */
+template <typename T, norm_mode MODE, unsigned IO, norm_stats STATS = STATS_TUNED,
+          norm_ahead A = AHEAD_TUNED>
 int launch_held_io(cudaStream_t stream, const char *op, const norm_params<T> &p,
-                   const row_plan &held)
+                   const row_plan &held, size_t window = AHEAD_WINDOW)
 {
     constexpr int V = vec16<T>();
     /* RMSNorm's squares by the tensor cores (norm_held.cuh's held_stats)
      * make a row's critical path longer: calls of no more rows than SMs,
      * where one row's latency is the whole time, keep the FMA pipe's,
      * 0.2 us a call faster (4 to 64 rows of 4096: bench/RESULTS.md,
-     * 2026-12-02 01:05). */
-    if constexpr (MODE == NORM_RMS && STATS == STATS_TUNED && sizeof(T) == 2)
+     * 2026-12-02 01:05), and in the kernels that ask L2 for nothing ahead,
+     * as those calls have no rows to wait. */
+    if constexpr (MODE == NORM_RMS && STATS == STATS_TUNED && sizeof(T) == 2) {
+        constexpr norm_ahead FEW = A == AHEAD_TUNED ? AHEAD_OFF : A;
         if (p.rows <= (size_t)sm_count())
-            return launch_held_io<T, MODE, IO, STATS_WARP_PASSES>(stream, op, p, held);
+            return launch_held_io<T, MODE, IO, STATS_WARP_PASSES, FEW>(stream, op, p, held, window);
+    }
     /* Half types kept packed where norm_packed_plan says */
     if constexpr (norm_packs<T, MODE>(IO == NORM_IO_CHECKED)) {
         constexpr unsigned FEWEST = norm_gelu(MODE) ? 1u : (unsigned)PACKED_MAX_VALUES;
@@ -82,8 +111,9 @@ int launch_held_io(cudaStream_t stream, const char *op, const norm_params<T> &p,
         if (norm_packed_plan<T, MODE>(p.rows, p.cols, p.residual != nullptr, IO == NORM_IO_CHECKED,
                                       &packed))
             if (auto kernel = norm_packed_for<T, MODE, IO, EXCHANGE_PUSH, FEWEST, 0,
-                                              gelu_fit_for<T>(), STATS>(packed.vpt))
-                return launch_rows(op, stream, packed, p.rows, kernel, p, 0);
+                                              gelu_fit_for<T>(), STATS, A>(packed.vpt))
+                return launch_held_rows<held_ahead<T, MODE, IO, true, A>()>(op, stream, packed,
+                                                                            kernel, p, window);
     }
     row_plan plan = held;
     /* The fused op's GELU takes registers: rows a warp would hold at 32
@@ -99,10 +129,11 @@ int launch_held_io(cudaStream_t stream, const char *op, const norm_params<T> &p,
     if (MODE == NORM_LAYER && sizeof(T) == 2 && !p.residual && plan_held(p.cols, V, 32, &wide) &&
         wide.tpr < 512)
         plan = wide;
-    auto kernel = norm_held_for<T, MODE, IO, EXCHANGE_PUSH, STATS>(plan.vpt);
+    auto kernel = norm_held_for<T, MODE, IO, EXCHANGE_PUSH, STATS, A>(plan.vpt);
     if (!kernel)
         return weft__fail(WEFT_EINVAL, "%s: no kernel for %u vectors a thread", op, plan.vpt);
-    return launch_rows(op, stream, plan, p.rows, kernel, p, 0);
+    return launch_held_rows<held_ahead<T, MODE, IO, false, A>()>(op, stream, plan, kernel, p,
+                                                                 window);
 }
 
 /* launch_held_io for what the args' call reads and writes (by_io). */

@@ -390,6 +390,31 @@ __device__ __forceinline__ auto held_at(const row_place &at, int k)
     }
 }
 
+/* Asks L2 for this warp's share of the elements its block holds of a
+ * held row (row: the row's first element), in one bulk prefetch by the
+ * warp's first lane: the held kernels issue it for a row some rows on, so
+ * that the block which holds that row later finds it in L2. Only whole
+ * 16-byte granules inside the row are asked for. */
+template <typename T, int V, int VPT>
+__device__ __forceinline__ void prefetch_held_share(const T *row, unsigned rank, size_t cols)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x % 32 != 0)
+        return;
+    const size_t share = (size_t)32 * VPT * V;
+    const size_t first = ((size_t)rank * VPT * blockDim.x + (size_t)threadIdx.x * VPT) * V;
+    if (first >= cols)
+        return;
+    const size_t end = first + share < cols ? first + share : cols;
+    const size_t from = (__cvta_generic_to_global(row + first) + 15) & ~(size_t)15;
+    const size_t to = __cvta_generic_to_global(row + end) & ~(size_t)15;
+    if (to > from)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(from),
+                     "r"((unsigned)(to - from))
+                     : "memory");
+#endif
+}
+
 /* Where a held row's vectors come from (the held rows' Row parameter):
  * global memory, for the library's held kernels; bench/ops/ring.cuh feeds
  * them from shared memory. at(j, part) is the 16 bytes of elements j..,

@@ -553,6 +553,24 @@ static void test_bias_gelu_residual_layernorm_matches_host(void **state)
                     run_norm(GELU_LAYERNORM, DTYPES[d], HELD_SHAPES[k], in, 0);
 }
 
+/* Calls of more rows than the GPU holds at once, where the held kernels
+ * of bf16 and fp32 ask L2 for rows ahead of those they hold
+ * (norm_held.cuh's held_ahead), with row strides past the row: a hint,
+ * which must leave every output as the host's. */
+static void test_norms_asking_for_rows_ahead_match_host(void **state)
+{
+    (void)state;
+    const weft_dtype types[] = {WEFT_DTYPE_BF16, WEFT_DTYPE_F32};
+    for (int d = 0; d < 2; d++) {
+        run_norm(RMSNORM, types[d], (shape){600, 32768, 32776, 0}, NORM_WEIGHT, 0);
+        run_norm(LAYERNORM, types[d], (shape){600, 16384, 16392, 0}, NORM_FULL, 0);
+    }
+    run_norm(RMSNORM, WEFT_DTYPE_BF16, (shape){2200, 4096, 4104, 0}, NORM_WEIGHT, 0);
+    run_norm(LAYERNORM, WEFT_DTYPE_BF16, (shape){600, 32768, 32776, 0}, NORM_AFFINE, 0);
+    run_norm(GELU_LAYERNORM, WEFT_DTYPE_F32, (shape){300, 16384, 16392, 0},
+             NORM_FULL | NORM_GELU_BIAS, 0);
+}
+
 /* ---- softmax ---------------------------------------------------------------- */
 
 /* Returns the device output (n elements, malloc'd) after checking it
@@ -1126,6 +1144,7 @@ int main(void)
         cmocka_unit_test(test_layernorm_matches_host),
         cmocka_unit_test(test_rmsnorm_matches_host),
         cmocka_unit_test(test_bias_gelu_residual_layernorm_matches_host),
+        cmocka_unit_test(test_norms_asking_for_rows_ahead_match_host),
         cmocka_unit_test(test_softmax_matches_host),
         cmocka_unit_test(test_softmax_dropout_matches_host_and_replays),
         cmocka_unit_test(test_rope_matches_host),
