@@ -23,6 +23,18 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
                    ? launch_rows("softmax variant", s, plan, rows, softmax_staged_kernel<T, false>,
                                  p, (size_t)plan.vpt)
                    : WEFT_EINVAL;
+    if (strncmp(variant, "lib_ahead", 9) == 0) {
+        /* the library's plan and kernel for these rows, asking L2 for as
+         * many rows on as fill N MiB (softmax.cu) */
+        constexpr softmax_stats STATS = sizeof(T) == 2 ? SOFTMAX_ONLINE : SOFTMAX_MAX_THEN_SUM;
+        const long mib = strtol(variant + 9, NULL, 10);
+        if (mib <= 0 || !plan_held(cols, V, 32, &plan))
+            return WEFT_EINVAL;
+        auto kernel = softmax_held_for<T, SOFTMAX_PLAIN, STATS, EXCHANGE_PUSH, true>(plan.vpt);
+        const size_t lead = held_lead(plan, rows, cols, cols * sizeof(T), (size_t)mib << 20);
+        return kernel ? launch_rows("softmax variant", s, plan, rows, kernel, p, lead)
+                      : WEFT_EINVAL;
+    }
     if (strcmp(variant, "ring2_checked") == 0)
         return run_ring("softmax variant", s, cols, V, sizeof(T), 32, 2, p,
                         softmax_ring_for<T, SOFTMAX_CHECKED>);

@@ -65,21 +65,14 @@ template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_arg
  * (bench/RESULTS.md, 2026-12-02 05:28 and 05:36). */
 static constexpr size_t AHEAD_WINDOW = (size_t)4 << 20;
 
-/* launch_rows for the held kernel; where it asks L2 for rows ahead
- * (AHEAD), they are as many rows on as fill `window` bytes of the
- * inputs, and none on calls with no rows beyond what the GPU holds at
- * once (2048 threads an SM), nor on rows under 4096 (not measured). */
+/* launch_rows for the held kernel, with its lead where it asks L2 for
+ * rows ahead (AHEAD: rows.cuh's held_lead). */
 template <bool AHEAD, typename T, typename K>
 static int launch_held_rows(const char *op, cudaStream_t stream, const row_plan &plan, K kernel,
                             const norm_params<T> &p, size_t window)
 {
-    size_t lead = 0;
-    if constexpr (AHEAD) {
-        const size_t row_bytes = p.cols * sizeof(T) * (p.residual ? 2 : 1);
-        const size_t resident = (size_t)sm_count() * 2048 / ((size_t)plan.tpr * plan.cluster);
-        if (p.cols >= 4096 && p.rows > resident)
-            lead = window / row_bytes < resident ? window / row_bytes : resident;
-    }
+    const size_t row_bytes = p.cols * sizeof(T) * (p.residual ? 2 : 1);
+    const size_t lead = AHEAD ? held_lead(plan, p.rows, p.cols, row_bytes, window) : 0;
     return launch_rows(op, stream, plan, p.rows, kernel, p, lead);
 }
 

@@ -280,6 +280,20 @@ static inline void plan_held_split_warp_rows(row_plan *p, int V, unsigned values
         p->rpb = 1;
 }
 
+/* How many rows on a held kernel asking L2 for rows ahead takes them (its
+ * launch's lead; prefetch_held_share): as many as fill `window` bytes of
+ * the inputs, row_bytes a row; none on calls with no rows beyond what the
+ * GPU holds at once (2048 threads an SM), nor on rows under 4096 (not
+ * measured). */
+static inline size_t held_lead(const row_plan &plan, size_t rows, size_t cols, size_t row_bytes,
+                               size_t window)
+{
+    const size_t resident = (size_t)sm_count() * 2048 / ((size_t)plan.tpr * plan.cluster);
+    if (cols < 4096 || rows <= resident)
+        return 0;
+    return window / row_bytes < resident ? window / row_bytes : resident;
+}
+
 /* pick(std::integral_constant<int, VPT>()) - a held (or ring) kernel of VPT
  * vectors a thread - for vpt, or NULL where VPT * V would exceed
  * HELD_MAX_VALUES. */

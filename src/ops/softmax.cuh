@@ -416,11 +416,13 @@ softmax_held_row(const softmax_params<T> &p, const row_place &at, const Row &in,
 /* The held kernel: a row a block (or a cluster, or a warp), straight from
  * global memory. PACKED (half types): up to 64 values a thread in blocks
  * of up to 1024 threads, as norm_held_kernel. X: how a cluster's blocks
- * share their statistics (reduce.cuh). */
+ * share their statistics (reduce.cuh). AHEAD has each warp ask L2 for its
+ * share of the row `lead` rows on, as norm_held_kernel's (bench/ops/
+ * times it: lib_ahead*). */
 template <typename T, int VPT, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM,
-          bool PACKED = false, cluster_exchange X = EXCHANGE_BARRIERS>
+          bool PACKED = false, cluster_exchange X = EXCHANGE_BARRIERS, bool AHEAD = false>
 __global__ void __launch_bounds__(PACKED ? 1024 : 512)
-    softmax_held_kernel(softmax_params<T> p, size_t row0, unsigned cluster, size_t)
+    softmax_held_kernel(softmax_params<T> p, size_t row0, unsigned cluster, size_t lead)
 {
     constexpr int V = vec16<T>();
     __shared__ softmax_scratch<STATS, X> scratch;
@@ -429,6 +431,8 @@ __global__ void __launch_bounds__(PACKED ? 1024 : 512)
     const row_place at = place_row<V>(row0, cluster, 1, VPT);
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
         return;
+    if (AHEAD && lead != 0 && at.row + lead < p.rows)
+        prefetch_held_share<T, V, VPT>(p.in + (at.row + lead) * p.stride, at.rank, p.cols);
     const global_row<T, V> in = {p.in + at.row * p.stride};
     softmax_held_row<T, VPT, FORM, STATS, PACKED>(
         p, at, in, [] {}, scratch, cluster);
@@ -436,11 +440,11 @@ __global__ void __launch_bounds__(PACKED ? 1024 : 512)
 
 /* The held kernel for plan.vpt, or NULL when there is none. */
 template <typename T, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM,
-          cluster_exchange X = EXCHANGE_BARRIERS>
+          cluster_exchange X = EXCHANGE_BARRIERS, bool AHEAD = false>
 static void (*softmax_held_for(unsigned vpt))(softmax_params<T>, size_t, unsigned, size_t)
 {
     return held_vpt<vec16<T>()>(vpt, [](auto k) {
-        return softmax_held_kernel<T, decltype(k)::value, FORM, STATS, false, X>;
+        return softmax_held_kernel<T, decltype(k)::value, FORM, STATS, false, X, AHEAD>;
     });
 }
 
