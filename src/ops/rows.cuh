@@ -280,10 +280,10 @@ static inline void plan_held_split_warp_rows(row_plan *p, int V, unsigned values
         p->rpb = 1;
 }
 
-/* How many rows on a held kernel asking L2 for rows ahead takes them (its
- * launch's lead; prefetch_held_share): as many as fill `window` bytes of
- * the inputs, row_bytes a row; none on calls with no rows beyond what the
- * GPU holds at once (2048 threads an SM), nor on rows under 4096 (not
+/* The lead of a held kernel that asks L2 for rows ahead (how many rows
+ * on: prefetch_held_share): as many rows as fill `window` bytes of the
+ * inputs, row_bytes a row; none on calls with no rows beyond what the GPU
+ * holds at once (2048 threads an SM), nor on rows under 4096 (not
  * measured). */
 static inline size_t held_lead(const row_plan &plan, size_t rows, size_t cols, size_t row_bytes,
                                size_t window)
