@@ -437,6 +437,17 @@ inline norm_stats stats_variant(const char *variant)
     return STATS_TUNED;
 }
 
+/* Whether variant is lib_aheadN (N MiB of rows asked of L2 ahead), and
+ * its window in bytes. */
+inline bool ahead_variant(const char *variant, size_t *window)
+{
+    if (strncmp(variant, "lib_ahead", 9) != 0)
+        return false;
+    const long mib = strtol(variant + 9, NULL, 10);
+    *window = mib > 0 ? (size_t)mib << 20 : 0;
+    return true;
+}
+
 /* The library's launch of a call of IO (norm_launch.cuh's launch_held_io:
  * its plans and kernels) with the statistics the variant forces:
  * lib_moments (LayerNorm's modes), lib_passes, lib_tensor (RMSNorm in
@@ -451,12 +462,10 @@ int run_lib(const char *op, cudaStream_t s, const char *variant, const norm_para
         return WEFT_EINVAL;
     if (strcmp(variant, "lib_no_ahead") == 0)
         return launch_held_io<T, MODE, IO, STATS_TUNED, AHEAD_OFF>(s, op, p, held);
-    if (strncmp(variant, "lib_ahead", 9) == 0) {
-        const long mib = strtol(variant + 9, NULL, 10);
-        return mib > 0 ? launch_held_io<T, MODE, IO, STATS_TUNED, AHEAD_ON>(s, op, p, held,
-                                                                            (size_t)mib << 20)
-                       : WEFT_EINVAL;
-    }
+    size_t window;
+    if (ahead_variant(variant, &window))
+        return window ? launch_held_io<T, MODE, IO, STATS_TUNED, AHEAD_ON>(s, op, p, held, window)
+                      : WEFT_EINVAL;
     switch (stats_variant(variant)) {
     case STATS_THREAD_MOMENTS:
         if constexpr (MODE != NORM_RMS)

@@ -23,15 +23,15 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
                    ? launch_rows("softmax variant", s, plan, rows, softmax_staged_kernel<T, false>,
                                  p, (size_t)plan.vpt)
                    : WEFT_EINVAL;
-    if (strncmp(variant, "lib_ahead", 9) == 0) {
+    size_t window;
+    if (ahead_variant(variant, &window)) {
         /* the library's plan and kernel for these rows, asking L2 for as
-         * many rows on as fill N MiB (softmax.cu) */
+         * many rows on as fill the window (softmax.cu) */
         constexpr softmax_stats STATS = sizeof(T) == 2 ? SOFTMAX_ONLINE : SOFTMAX_MAX_THEN_SUM;
-        const long mib = strtol(variant + 9, NULL, 10);
-        if (mib <= 0 || !plan_held(cols, V, 32, &plan))
+        if (!window || !plan_held(cols, V, 32, &plan))
             return WEFT_EINVAL;
         auto kernel = softmax_held_for<T, SOFTMAX_PLAIN, STATS, EXCHANGE_PUSH, true>(plan.vpt);
-        const size_t lead = held_lead(plan, rows, cols, cols * sizeof(T), (size_t)mib << 20);
+        const size_t lead = held_lead(plan, rows, cols, cols * sizeof(T), window);
         return kernel ? launch_rows("softmax variant", s, plan, rows, kernel, p, lead)
                       : WEFT_EINVAL;
     }
