@@ -75,8 +75,8 @@ ADD_LN_VARIANTS = ("lib", "held_push", "held_packed64", "held_packed_pairs", "he
 CHECKED_VARIANTS = ("lib", "held_push_checked", "held_packed_pairs_checked",
                     "held_packed_quads_checked")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "fit3", "select", "pairs", "grid8",
-                 "offsets")
-GLU_VARIANTS = ("lib", "rows")
+                 "offsets", "flat", "tile2", "tile4")
+GLU_VARIANTS = ("lib", "rows", "flat", "tile2", "tile4")
 ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "fewest", "fill4", "angle16", "angle32",
                  "floats", "heads4", "heads4_b2", "runs", "early", "streamed", "reduced",
                  "early_reduced", "touch", "walk_only")
@@ -708,7 +708,8 @@ def run(torch, lib, args):
                 walks = tuple((v, lambda v=v: lib.weft_bench_gelu_walk(
                     s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
                     P(z.data_ptr()), r, c))
-                    for v in ("libm_erfc", "fit7", "fit5", "fit3", "select"))
+                    for v in ("libm_erfc", "fit7", "fit5", "fit3", "select", "flat", "tile2",
+                              "tile4"))
                 for v, fn in (("lib", lambda: lib.weft_bias_gelu_residual(
                         s(), wd, 1, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
                         P(z.data_ptr()), r, c, c)),) + walks + (
@@ -726,9 +727,10 @@ def run(torch, lib, args):
                 # SwiGLU of x's rows (gate, then up: out rows x c/2) into y
                 h = c // 2
                 for v, fn in (("lib", lambda: lib.weft_glu(
-                        s(), wd, 0, P(y.data_ptr()), P(x.data_ptr()), r, h, c, h)),
-                        ("rows", lambda: lib.weft_bench_glu_variant(
-                            s(), wd, b"rows", P(y.data_ptr()), P(x.data_ptr()), r, h, c, h))):
+                        s(), wd, 0, P(y.data_ptr()), P(x.data_ptr()), r, h, c, h)),) + tuple(
+                        (v, lambda v=v: lib.weft_bench_glu_variant(
+                            s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()), r, h, c, h))
+                        for v in GLU_VARIANTS if v != "lib"):
                     time_variant("swiglu (out cols / 2)", v, fn, (r * c + r * h) * es,
                                  must_apply=True)
                 # RoPE in place on copies of x and z as Q and K (heads of 128,
@@ -1011,7 +1013,10 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "8 blocks an SM, `offsets` the library's GELU kernel on its former walk "
                    "(tensor_walk: adds only, 32-bit offsets), SwiGLU's `rows` its kernel on "
                    "GELU's row_walk (the library's walks by adds alone; these rows of SwiGLU "
-                   "have half the columns of the headline's), `angles_each` RoPE with each "
+                   "have half the columns of the headline's), `flat` GELU's and SwiGLU's "
+                   "kernels on a grid of a thread a chunk, not one wave of blocks walking the "
+                   "tensor, `tile2`/`tile4` both on torch.compile's grid, a block a tile of "
+                   "2 or 4 chunks a thread, their loads issued first, `angles_each` RoPE with each "
                    "work item computing its pairs' inverse frequencies (the library keeps "
                    "them in a table a block), "
                    "`bounds4` that at 4 blocks an SM, `fewest` the fewest slices of heads that "

@@ -13,7 +13,8 @@
  * loads in flight a thread, and the library's kernel on its former grid of 8
  * blocks an SM (grid8: a second, partial wave where fewer stay resident),
  * and on tensor_walk, as the library ran it before row_walk (offsets);
- * SwiGLU on row_walk (rows); and RoPE computing each pair's inverse
+ * SwiGLU on row_walk (rows); both on grids of a block a tile, as
+ * torch.compile runs them (flat, tile2, tile4); and RoPE computing each pair's inverse
  * frequency in every work item (angles_each), at 4 blocks an SM (bounds4),
  * with the fewest slices of heads that fill the GPU and four times as many
  * (fewest, fill4), with each angle turning 16 or 32 bytes (angle16,
@@ -83,11 +84,150 @@ __global__ void gelu_walk_kernel(T *out, const T *in, const T *bias, const T *re
     }
 }
 
+/*
+ * The elementwise ops in torch.compile's shape: a grid of one tile a block,
+ * as many blocks as tiles, where the library keeps one wave of blocks
+ * stepping through the tensor. A tile is U x 256 chunks, each thread's U
+ * chunks 256 apart, all their loads issued before any arithmetic (tile2,
+ * tile4); flat is the library's own kernel with a thread a chunk, its walk
+ * run once. The tensors are the script's: contiguous rows, under 2^32
+ * elements.
+ */
+template <int U> __device__ __forceinline__ uint32_t tile_chunk(int u)
+{
+    return (blockIdx.x * U + u) * 256u + threadIdx.x;
+}
+
+template <typename T, int V, int U>
+__global__ void __launch_bounds__(256)
+    gelu_tile_kernel(T *out, const T *in, const T *bias, const T *res, uint32_t chunks,
+                     uint32_t per_row)
+{
+    float h[U][V], b[U][V], r[U][V];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const uint32_t g = tile_chunk<U>(u);
+        if (g < chunks) {
+            load_vec<T, V>(h[u], in + g * V);
+            load_vec<T, V>(b[u], bias + g % per_row * V);
+            load_vec<T, V>(r[u], res + g * V);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const uint32_t g = tile_chunk<U>(u);
+        if (g < chunks) {
+#pragma unroll
+            for (int k = 0; k < V; k++)
+                h[u][k] = gelu<T>(WEFT_GELU_ERF, h[u][k] + b[u][k]) + r[u][k];
+            store_vec<T, V>(out + g * V, h[u]);
+        }
+    }
+}
+
+/* Blocks for one tile of U x 256 of `chunks` each, if they and the
+ * elements they reach fit the tile kernels' 32-bit offsets (0 if not). */
+template <int U> unsigned tile_blocks(size_t chunks, size_t elements)
+{
+    const size_t blocks = (chunks + 256 * U - 1) / (256 * U);
+    return elements < ((size_t)1 << 32) && blocks < ((size_t)1 << 31) ? (unsigned)blocks : 0;
+}
+
+template <typename T>
+int gelu_tile(cudaStream_t s, const char *variant, void *out, const void *in, const void *bias,
+              const void *res, size_t rows, size_t cols)
+{
+    constexpr int V = vec16<T>();
+    const size_t chunks = rows * cols / V;
+    if (cols % V != 0)
+        return WEFT_EINVAL;
+    if (strcmp(variant, "flat") == 0) {
+        const gelu_params<T> p = {(T *)out, (const T *)in, (const T *)bias, (const T *)res, rows,
+                                  cols,     cols};
+        const size_t blocks = (chunks + 255) / 256;
+        if (blocks >= ((size_t)1 << 31))
+            return WEFT_EINVAL;
+        bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, row_walk>
+            <<<(unsigned)blocks, 256, 0, s>>>(p);
+        return launched("gelu flat variant");
+    }
+    const bool four = strcmp(variant, "tile4") == 0;
+    if (!four && strcmp(variant, "tile2") != 0)
+        return WEFT_EINVAL;
+    const unsigned blocks =
+        four ? tile_blocks<4>(chunks, rows * cols) : tile_blocks<2>(chunks, rows * cols);
+    if (blocks == 0)
+        return WEFT_EINVAL;
+    auto kernel = four ? gelu_tile_kernel<T, V, 4> : gelu_tile_kernel<T, V, 2>;
+    kernel<<<blocks, 256, 0, s>>>((T *)out, (const T *)in, (const T *)bias, (const T *)res,
+                                  (uint32_t)chunks, (uint32_t)(cols / V));
+    return launched("gelu tile variant");
+}
+
+/* SwiGLU in tiles likewise: output chunk g of a row of per_row chunks
+ * reads its gate at g + row * per_row chunks into the input, its up half
+ * per_row chunks on. */
+template <typename T, int V, int U>
+__global__ void __launch_bounds__(256)
+    glu_tile_kernel(T *out, const T *in, uint32_t chunks, uint32_t per_row)
+{
+    float x[U][V], y[U][V];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const uint32_t g = tile_chunk<U>(u);
+        if (g < chunks) {
+            const T *gate = in + (g + g / per_row * per_row) * V;
+            load_vec<T, V>(x[u], gate);
+            load_vec<T, V>(y[u], gate + per_row * V);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const uint32_t g = tile_chunk<U>(u);
+        if (g < chunks) {
+#pragma unroll
+            for (int k = 0; k < V; k++)
+                x[u][k] = silu(x[u][k]) * y[u][k];
+            store_vec<T, V>(out + g * V, x[u]);
+        }
+    }
+}
+
+template <typename T>
+int glu_tile(cudaStream_t s, const char *variant, void *out, const void *in, size_t rows,
+             size_t cols)
+{
+    constexpr int V = vec16<T>();
+    const size_t chunks = rows * cols / V;
+    if (strcmp(variant, "flat") == 0) {
+        const glu_params<T> p = {(T *)out, (const T *)in, rows, cols, 2 * cols, cols};
+        const size_t blocks = (chunks + 255) / 256;
+        if (blocks >= ((size_t)1 << 31) ||
+            !tensor_walk<uint32_t>::fits32(rows, cols, 2 * cols, V, blocks * 256))
+            return WEFT_EINVAL;
+        glu_kernel<T, V, WEFT_GLU_SWIGLU, tensor_walk<uint32_t>>
+            <<<(unsigned)blocks, 256, 0, s>>>(p);
+        return launched("glu flat variant");
+    }
+    const bool four = strcmp(variant, "tile4") == 0;
+    if (!four && strcmp(variant, "tile2") != 0)
+        return WEFT_EINVAL;
+    const unsigned blocks =
+        four ? tile_blocks<4>(chunks, 2 * rows * cols) : tile_blocks<2>(chunks, 2 * rows * cols);
+    if (blocks == 0)
+        return WEFT_EINVAL;
+    auto kernel = four ? glu_tile_kernel<T, V, 4> : glu_tile_kernel<T, V, 2>;
+    kernel<<<blocks, 256, 0, s>>>((T *)out, (const T *)in, (uint32_t)chunks, (uint32_t)(cols / V));
+    return launched("glu tile variant");
+}
+
 template <typename T>
 int gelu_walk(cudaStream_t s, const char *variant, void *out, const void *in, const void *bias,
               const void *res, size_t rows, size_t cols)
 {
     constexpr int V = vec16<T>();
+    if (strcmp(variant, "flat") == 0 || strncmp(variant, "tile", 4) == 0)
+        return gelu_tile<T>(s, variant, out, in, bias, res, rows, cols);
     if (cols % V != 0 || (strcmp(variant, "fit3") == 0 && !std::is_same<T, __nv_bfloat16>::value))
         return WEFT_EINVAL;
     auto kernel = strcmp(variant, "fit7") == 0     ? gelu_walk_kernel<T, V, GELU_FIT7>
@@ -192,9 +332,13 @@ int glu_variant(cudaStream_t s, const char *variant, void *out, const void *in, 
 {
     constexpr int V = vec16<T>();
     const glu_params<T> p = {(T *)out, (const T *)in, rows, cols, in_stride, out_stride};
-    if (strcmp(variant, "rows") != 0 || cols % V != 0 || in_stride % V != 0 ||
-        out_stride % V != 0 || !aligned16(out) || !aligned16(in))
+    if (cols % V != 0 || in_stride % V != 0 || out_stride % V != 0 || !aligned16(out) ||
+        !aligned16(in))
         return WEFT_EINVAL;
+    if (strcmp(variant, "rows") != 0)
+        return in_stride == 2 * cols && out_stride == cols
+                   ? glu_tile<T>(s, variant, out, in, rows, cols)
+                   : WEFT_EINVAL;
     auto kernel = glu_kernel<T, V, WEFT_GLU_SWIGLU, row_walk>;
     kernel<<<grid_for(kernel, rows * (cols / V), 256), 256, 0, s>>>(p);
     return launched("glu variant");
