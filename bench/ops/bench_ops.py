@@ -75,8 +75,8 @@ ADD_LN_VARIANTS = ("lib", "held_push", "held_packed64", "held_packed_pairs", "he
 CHECKED_VARIANTS = ("lib", "held_push_checked", "held_packed_pairs_checked",
                     "held_packed_quads_checked")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "fit3", "select", "pairs", "grid8",
-                 "offsets", "flat", "tile2", "tile4")
-GLU_VARIANTS = ("lib", "rows", "flat", "tile2", "tile4")
+                 "offsets", "flat", "once", "wave", "tile2", "tile4")
+GLU_VARIANTS = ("lib", "rows", "flat", "once", "wave", "tile2", "tile4")
 ROPE_VARIANTS = ("lib", "angles_each", "bounds4", "fewest", "fill4", "angle16", "angle32",
                  "floats", "heads4", "heads4_b2", "runs", "early", "streamed", "reduced",
                  "early_reduced", "touch", "walk_only")
@@ -708,8 +708,8 @@ def run(torch, lib, args):
                 walks = tuple((v, lambda v=v: lib.weft_bench_gelu_walk(
                     s(), wd, v.encode(), P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
                     P(z.data_ptr()), r, c))
-                    for v in ("libm_erfc", "fit7", "fit5", "fit3", "select", "flat", "tile2",
-                              "tile4"))
+                    for v in ("libm_erfc", "fit7", "fit5", "fit3", "select", "flat", "once",
+                              "wave", "tile2", "tile4"))
                 for v, fn in (("lib", lambda: lib.weft_bias_gelu_residual(
                         s(), wd, 1, P(y.data_ptr()), P(x.data_ptr()), P(w.data_ptr()),
                         P(z.data_ptr()), r, c, c)),) + walks + (
@@ -984,12 +984,12 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "to 256 threads, 6 or 5 resident an SM (40 or 48 registers, not 64), "
                    "`half_fit` the fused op's packed kernel in bf16 with fp16's GELU fit "
                    "(degree 5, 2.7e-5, where bf16's is of degree 3 in 1/(a + k), 7.3e-4), "
-                   "`lib_no_ahead` the norms' and the fused op's kernels under the "
-                   "library's plans with no rows asked of L2 ahead (the library asks for "
-                   "4 MiB of them where that measured faster: norm_held.cuh's held_ahead), "
+                   "`lib_no_ahead` the norms', the fused op's and softmax's kernels under "
+                   "the library's plans with no rows asked of L2 ahead (the library asks "
+                   "for 4 MiB of them where that measured faster: norm_held.cuh's "
+                   "held_ahead, and softmax's whole rows), "
                    "`lib_ahead4`/`lib_ahead8` with each block asking L2 for its share of "
-                   "the row as many rows on as fill 4 or 8 MiB of the inputs, everywhere "
-                   "(softmax's too, which never asks), "
+                   "the row as many rows on as fill 4 or 8 MiB of the inputs, everywhere, "
                    "`lib_checked` the fused op's checked kernels under the library's plans "
                    "(`gelu_layernorm (no GELU bias)`, the call without the GELU bias, times "
                    "the library's kernels for it against those, which it took before, and "
@@ -1014,9 +1014,12 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "(tensor_walk: adds only, 32-bit offsets), SwiGLU's `rows` its kernel on "
                    "GELU's row_walk (the library's walks by adds alone; these rows of SwiGLU "
                    "have half the columns of the headline's), `flat` GELU's and SwiGLU's "
-                   "kernels on a grid of a thread a chunk, not one wave of blocks walking the "
-                   "tensor, `tile2`/`tile4` both on torch.compile's grid, a block a tile of "
-                   "2 or 4 chunks a thread, their loads issued first, `angles_each` RoPE with each "
+                   "kernels on a grid of a thread a chunk with their grid-stride walks run "
+                   "once (the library's GELU in fp32 and SwiGLU take a thread a chunk "
+                   "through chunk_once), `once` that walk everywhere, `wave` the library's "
+                   "former grid of one wave of blocks walking the tensor, `tile2`/`tile4` "
+                   "both on torch.compile's grid, a block a tile of 2 or 4 chunks a thread, "
+                   "their loads issued first, `angles_each` RoPE with each "
                    "work item computing its pairs' inverse frequencies (the library keeps "
                    "them in a table a block), "
                    "`bounds4` that at 4 blocks an SM, `fewest` the fewest slices of heads that "

@@ -14,11 +14,11 @@
  * blocks an SM (grid8: a second, partial wave where fewer stay resident),
  * and on tensor_walk, as the library ran it before row_walk (offsets);
  * SwiGLU on row_walk (rows); both on grids of a block a tile, as
- * torch.compile runs them (flat, tile2, tile4); and RoPE computing each pair's inverse
- * frequency in every work item (angles_each), at 4 blocks an SM (bounds4),
- * with the fewest slices of heads that fill the GPU and four times as many
- * (fewest, fill4), with each angle turning 16 or 32 bytes (angle16,
- * angle32), holding its chunks as fp32 (floats), and four heads a step
+ * torch.compile runs them (flat, tile2, tile4), on chunk_once everywhere
+ * (once) and on the library's former grid of one wave (wave); and RoPE computing each pair's
+ * inverse frequency in every work item (angles_each), at 4 blocks an SM (bounds4), with the fewest
+ * slices of heads that fill the GPU and four times as many (fewest, fill4), with each angle turning
+ * 16 or 32 bytes (angle16, angle32), holding its chunks as fp32 (floats), and four heads a step
  * (heads4, heads4_b2), each slice a run of heads (runs), loads first
  * (early), evict-first (streamed), angles by a shorter road (reduced,
  * early_reduced); and RoPE's bytes moved in place with no arithmetic (touch,
@@ -151,6 +151,20 @@ int gelu_tile(cudaStream_t s, const char *variant, void *out, const void *in, co
             <<<(unsigned)blocks, 256, 0, s>>>(p);
         return launched("gelu flat variant");
     }
+    if (strcmp(variant, "once") == 0 || strcmp(variant, "wave") == 0) {
+        const gelu_params<T> p = {(T *)out, (const T *)in, (const T *)bias, (const T *)res, rows,
+                                  cols,     cols};
+        if (strcmp(variant, "wave") == 0) {
+            auto kernel = bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, row_walk>;
+            kernel<<<grid_for(kernel, chunks, 256), 256, 0, s>>>(p);
+            return launched("gelu wave variant");
+        }
+        if (!chunk_once::fits(rows, cols, cols, V, 256))
+            return WEFT_EINVAL;
+        bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, chunk_once>
+            <<<chunk_once::grid(rows, cols, V, 256), 256, 0, s>>>(p);
+        return launched("gelu once variant");
+    }
     const bool four = strcmp(variant, "tile4") == 0;
     if (!four && strcmp(variant, "tile2") != 0)
         return WEFT_EINVAL;
@@ -209,6 +223,22 @@ int glu_tile(cudaStream_t s, const char *variant, void *out, const void *in, siz
             <<<(unsigned)blocks, 256, 0, s>>>(p);
         return launched("glu flat variant");
     }
+    if (strcmp(variant, "once") == 0 || strcmp(variant, "wave") == 0) {
+        const glu_params<T> p = {(T *)out, (const T *)in, rows, cols, 2 * cols, cols};
+        if (strcmp(variant, "wave") == 0) {
+            auto kernel = glu_kernel<T, V, WEFT_GLU_SWIGLU, tensor_walk<uint32_t>>;
+            const unsigned blocks = grid_for(kernel, chunks, 256);
+            if (!tensor_walk<uint32_t>::fits32(rows, cols, 2 * cols, V, (size_t)blocks * 256))
+                return WEFT_EINVAL;
+            kernel<<<blocks, 256, 0, s>>>(p);
+            return launched("glu wave variant");
+        }
+        if (!chunk_once::fits(rows, cols, 2 * cols, V, 256))
+            return WEFT_EINVAL;
+        glu_kernel<T, V, WEFT_GLU_SWIGLU, chunk_once>
+            <<<chunk_once::grid(rows, cols, V, 256), 256, 0, s>>>(p);
+        return launched("glu once variant");
+    }
     const bool four = strcmp(variant, "tile4") == 0;
     if (!four && strcmp(variant, "tile2") != 0)
         return WEFT_EINVAL;
@@ -226,7 +256,8 @@ int gelu_walk(cudaStream_t s, const char *variant, void *out, const void *in, co
               const void *res, size_t rows, size_t cols)
 {
     constexpr int V = vec16<T>();
-    if (strcmp(variant, "flat") == 0 || strncmp(variant, "tile", 4) == 0)
+    if (strcmp(variant, "flat") == 0 || strcmp(variant, "once") == 0 ||
+        strcmp(variant, "wave") == 0 || strncmp(variant, "tile", 4) == 0)
         return gelu_tile<T>(s, variant, out, in, bias, res, rows, cols);
     if (cols % V != 0 || (strcmp(variant, "fit3") == 0 && !std::is_same<T, __nv_bfloat16>::value))
         return WEFT_EINVAL;

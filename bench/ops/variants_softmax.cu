@@ -23,13 +23,19 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
                    ? launch_rows("softmax variant", s, plan, rows, softmax_staged_kernel<T, false>,
                                  p, (size_t)plan.vpt)
                    : WEFT_EINVAL;
-    size_t window;
-    if (ahead_variant(variant, &window)) {
+    size_t window = 0;
+    if (strcmp(variant, "lib_no_ahead") == 0 || ahead_variant(variant, &window)) {
         /* the library's plan and kernel for these rows, asking L2 for as
-         * many rows on as fill the window (softmax.cu) */
+         * many rows on as fill the window (softmax.cu), or for none: the
+         * kernel without the prefetch (lib_no_ahead) */
         constexpr softmax_stats STATS = sizeof(T) == 2 ? SOFTMAX_ONLINE : SOFTMAX_MAX_THEN_SUM;
-        if (!window || !plan_held(cols, V, 32, &plan))
+        if ((!window && strcmp(variant, "lib_no_ahead") != 0) || !plan_held(cols, V, 32, &plan))
             return WEFT_EINVAL;
+        if (!window) {
+            auto kernel = softmax_held_for<T, SOFTMAX_PLAIN, STATS, EXCHANGE_PUSH>(plan.vpt);
+            return kernel ? launch_rows("softmax variant", s, plan, rows, kernel, p, 0)
+                          : WEFT_EINVAL;
+        }
         auto kernel = softmax_held_for<T, SOFTMAX_PLAIN, STATS, EXCHANGE_PUSH, true>(plan.vpt);
         const size_t lead = held_lead(plan, rows, cols, cols * sizeof(T), window);
         return kernel ? launch_rows("softmax variant", s, plan, rows, kernel, p, lead)

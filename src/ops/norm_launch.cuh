@@ -59,12 +59,6 @@ template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_arg
                        WB | GB | NORM_IO_SUM_OUT>(io, f);
 }
 
-/* How many bytes of its inputs a call of the held kernels asks L2 for
- * ahead of the rows it holds: 4 MiB measured faster than 8, and a wave of
- * resident rows (16-33 MB on rows of 65536) 5-23% slower than none
- * (bench/RESULTS.md, 2026-12-02 05:28 and 05:36). */
-static constexpr size_t AHEAD_WINDOW = (size_t)4 << 20;
-
 /* launch_rows for the held kernel, with its lead where it asks L2 for
  * rows ahead (AHEAD: rows.cuh's held_lead). */
 template <bool AHEAD, typename T, typename K>

@@ -501,6 +501,59 @@ template <typename I> struct tensor_walk {
     }
 };
 
+/*
+ * A thread a chunk: the walk of a grid that covers the tensor, one thread
+ * for each V-element chunk, with tensor_walk's face. Its row and column
+ * come from one 32-bit division, and the loop over it runs once. It is
+ * torch.compile's shape of grid, and on it SwiGLU and fp32 bias + GELU +
+ * residual run 3-9% faster than one wave of resident blocks walking the
+ * tensor; bf16's bias + GELU + residual, whose GELU issues most of its
+ * instructions, ran 6% slower on the wave's walk run once a thread
+ * (bench/RESULTS.md, 2026-12-02 07:36). Offsets are 32-bit: fits() says
+ * where the walk applies.
+ */
+struct chunk_once {
+    uint32_t at, at2, col;
+    bool left;
+
+    __device__ chunk_once(size_t rows, size_t cols, size_t stride, size_t stride2, unsigned v)
+    {
+        const uint32_t per_row = (uint32_t)(cols / v);
+        const uint32_t g = blockIdx.x * blockDim.x + threadIdx.x;
+        left = per_row != 0 && g < (uint32_t)rows * per_row;
+        const uint32_t row = left ? g / per_row : 0;
+        col = (g - row * per_row) * v;
+        at = row * (uint32_t)stride + col;
+        at2 = row * (uint32_t)stride2 + col;
+    }
+
+    __device__ __forceinline__ bool more() const
+    {
+        return left;
+    }
+
+    __device__ __forceinline__ void next()
+    {
+        left = false;
+    }
+
+    /* Whether the chunks, the grid of `threads` a block and every offset
+     * fit: rows of `stride` elements, the larger of the two. */
+    static bool fits(size_t rows, size_t cols, size_t stride, unsigned v, unsigned threads)
+    {
+        const size_t lim = (size_t)1 << 32, chunks = rows * (cols / v);
+        return rows < lim && stride < lim && rows * stride < lim &&
+               (chunks + threads - 1) / threads < ((size_t)1 << 31);
+    }
+
+    /* Blocks of `threads` for rows x cols. */
+    static unsigned grid(size_t rows, size_t cols, unsigned v, unsigned threads)
+    {
+        const size_t blocks = (rows * (cols / v) + threads - 1) / threads;
+        return blocks ? (unsigned)blocks : 1u;
+    }
+};
+
 /* ---- launching ------------------------------------------------------------ */
 
 /* The multiprocessors of the calling thread's current device, asked of

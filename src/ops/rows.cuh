@@ -280,6 +280,12 @@ static inline void plan_held_split_warp_rows(row_plan *p, int V, unsigned values
         p->rpb = 1;
 }
 
+/* How many bytes of its inputs a call of the held kernels asks L2 for
+ * ahead of the rows it holds: 4 MiB measured faster than 8, and a wave of
+ * resident rows (16-33 MB on rows of 65536) 5-23% slower than none
+ * (bench/RESULTS.md, 2026-12-02 05:28 and 05:36). */
+static constexpr size_t AHEAD_WINDOW = (size_t)4 << 20;
+
 /* The lead of a held kernel that asks L2 for rows ahead (how many rows
  * on: prefetch_held_share): as many rows as fill `window` bytes of the
  * inputs, row_bytes a row; none on calls with no rows beyond what the GPU

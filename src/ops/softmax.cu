@@ -17,8 +17,9 @@
  * EXCHANGE_PUSH): +27% in bf16 and +19% in fp32 at 1024x65536 over
  * meeting at cluster barriers, and in bf16 13% faster than streaming the
  * rows through a ring in shared memory, as the library did before
- * (bench/RESULTS.md, 2026-12-01 01:44). Rows longer than 8 blocks hold
- * read their tiles again in each of the three passes.
+ * (bench/RESULTS.md, 2026-12-01 01:44). Held whole rows ask L2 for the
+ * rows ahead, as the held norms do. Rows longer than 8 blocks hold read
+ * their tiles again in each of the three passes.
  */
 #include "ops/softmax.cuh"
 
@@ -44,12 +45,19 @@ template <typename T> int launch(cudaStream_t stream, const weft__softmax_args *
         constexpr softmax_stats STATS = sizeof(T) == 2 ? SOFTMAX_ONLINE : SOFTMAX_MAX_THEN_SUM;
         constexpr softmax_stats TWO = SOFTMAX_MAX_THEN_SUM;
         constexpr cluster_exchange X = EXCHANGE_PUSH;
-        auto kernel = p.p > 0.0f        ? softmax_held_for<T, SOFTMAX_DROPOUT, TWO, X>(held.vpt)
-                      : !whole          ? softmax_held_for<T, SOFTMAX_CHECKED, TWO, X>(held.vpt)
-                      : p.scale == 1.0f ? softmax_held_for<T, SOFTMAX_PLAIN, STATS, X>(held.vpt)
-                                        : softmax_held_for<T, SOFTMAX_SCALED, STATS, X>(held.vpt);
+        /* whole rows without dropout ask L2 for the rows 4 MiB on
+         * (rows.cuh's held_lead): 1-5% faster at rows of 4096 and more
+         * (bench/RESULTS.md, 2026-12-02 07:36) */
+        const bool ahead = whole && p.p == 0.0f;
+        auto kernel = p.p > 0.0f ? softmax_held_for<T, SOFTMAX_DROPOUT, TWO, X>(held.vpt)
+                      : !whole   ? softmax_held_for<T, SOFTMAX_CHECKED, TWO, X>(held.vpt)
+                      : p.scale == 1.0f
+                          ? softmax_held_for<T, SOFTMAX_PLAIN, STATS, X, true>(held.vpt)
+                          : softmax_held_for<T, SOFTMAX_SCALED, STATS, X, true>(held.vpt);
+        const size_t lead =
+            ahead ? held_lead(held, p.rows, a->cols, a->cols * sizeof(T), AHEAD_WINDOW) : 0;
         if (kernel)
-            return launch_rows("weft_softmax", stream, held, p.rows, kernel, p, 0);
+            return launch_rows("weft_softmax", stream, held, p.rows, kernel, p, lead);
     }
     if (vec && plan_staged(a->cols, V, 1, &staged)) {
         auto kernel = p.p > 0.0f ? softmax_staged_kernel<T, true> : softmax_staged_kernel<T, false>;
