@@ -509,7 +509,7 @@ template <typename I> struct tensor_walk {
  * residual run 3-9% faster than one wave of resident blocks walking the
  * tensor; bf16's bias + GELU + residual, whose GELU issues most of its
  * instructions, ran 6% slower on the wave's walk run once a thread
- * (bench/RESULTS.md, 2026-12-02 07:36). Offsets are 32-bit: fits() says
+ * (bench/RESULTS.md, 2026-12-02 07:38). Offsets are 32-bit: fits() says
  * where the walk applies.
  */
 struct chunk_once {
