@@ -7,15 +7,12 @@
  * halves of the input row (a at j, b at cols + j), so each input byte is
  * read once and the activated half never leaves registers. The grid has a
  * thread a chunk (chunk_once), where SwiGLU runs 3-7% faster than one wave
- * of blocks walking the tensor; fp32 GeGLU takes it too, as fp32 bias +
- * GELU + residual does. GeGLU in half types, whose GELU issues most of the
- * instructions, keeps the wave, as bias + GELU + residual does there, and
- * so do tensors past chunk_once's 32-bit offsets. The wave's walk keeps
- * the output's and the input's offsets (tensor_walk; bench/ops/ times
- * GELU's row_walk beside it). The activation is a template parameter, so
- * the loop holds nothing but loads, the arithmetic and a store. Vector
- * access needs cols, both strides and both pointers to keep every chunk
- * 16-byte aligned; otherwise one element per access.
+ * of blocks walking the tensor; tensors past chunk_once's 32-bit offsets
+ * keep the wave, whose walk keeps the output's and the input's offsets
+ * (tensor_walk; bench/ops/ times GELU's row_walk beside it). The activation is a template
+ * parameter, so the loop holds nothing but loads, the arithmetic and a store. Vector access needs
+ * cols, both strides and both pointers to keep every chunk 16-byte aligned; otherwise one element
+ * per access.
  */
 #include "ops/glu.cuh"
 
@@ -36,20 +33,13 @@ template <typename T, int V, typename Walk> auto pick_kernel(weft_glu_kind kind)
     }
 }
 
-/* Whether a call of kind takes a thread a chunk (chunk_once) where its
- * offsets fit: all but GeGLU in half types. */
-template <typename T> bool glu_once(weft_glu_kind kind)
-{
-    return std::is_same_v<T, float> || kind == WEFT_GLU_SWIGLU;
-}
-
 template <typename T, int V>
 int launch_v(cudaStream_t stream, const glu_params<T> &p, weft_glu_kind kind)
 {
     const unsigned threads = 256;
     const size_t work = p.rows * (p.cols / V);
     const size_t stride = p.in_stride > p.out_stride ? p.in_stride : p.out_stride;
-    if (glu_once<T>(kind) && chunk_once::fits(p.rows, p.cols, stride, V, threads)) {
+    if (chunk_once::fits(p.rows, p.cols, stride, V, threads)) {
         auto once = pick_kernel<T, V, chunk_once>(kind);
         once<<<chunk_once::grid(p.rows, p.cols, V, threads), threads, 0, stream>>>(p);
         return launched("weft_glu");

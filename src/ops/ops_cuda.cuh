@@ -505,12 +505,13 @@ template <typename I> struct tensor_walk {
  * A thread a chunk: the walk of a grid that covers the tensor, one thread
  * for each V-element chunk, with tensor_walk's face. Its row and column
  * come from one 32-bit division, and the loop over it runs once. It is
- * torch.compile's shape of grid, and on it SwiGLU and fp32 bias + GELU +
- * residual run 3-9% faster than one wave of resident blocks walking the
- * tensor; bf16's bias + GELU + residual, whose GELU issues most of its
- * instructions, ran 6% slower on the wave's walk run once a thread
- * (bench/RESULTS.md, 2026-12-02 07:38). Offsets are 32-bit: fits() says
- * where the walk applies.
+ * torch.compile's shape of grid, and on it SwiGLU and bias + GELU +
+ * residual run 3-8% faster than one wave of resident blocks walking the
+ * tensor. The division matters: bf16's bias + GELU + residual, whose GELU
+ * issues most of its instructions, ran 6% slower on row_walk run once a
+ * thread, whose start takes four 64-bit divisions (bench/RESULTS.md,
+ * 2026-12-02 07:38 and 08:10). Offsets are 32-bit: fits() says where the
+ * walk applies.
  */
 struct chunk_once {
     uint32_t at, at2, col;
