@@ -287,11 +287,8 @@ enum { NROW_SHAPES = sizeof ROW_SHAPES / sizeof *ROW_SHAPES };
  * vectors fill the row or run past its end (5120; 12288, packed in half
  * types, and in fp32 at 32 values a thread), and a cluster of 2. */
 static const shape HELD_SHAPES[] = {
-    {9, 1024, 1032, 0},
-    {5, 4096, 4096, 0},
-    {3, 5120, 5128, 0},
-    {3, 12288, 12296, 0},
-    {2, 32768, 32768, 0},
+    {9, 1024, 1032, 0},   {5, 4096, 4096, 0},   {3, 5120, 5128, 0},
+    {3, 12288, 12296, 0}, {2, 32768, 32768, 0},
 };
 enum { NHELD_SHAPES = sizeof HELD_SHAPES / sizeof *HELD_SHAPES };
 
@@ -966,6 +963,110 @@ static void test_in_place_calls_match_separate_buffers(void **state)
     }
 }
 
+/* ---- offsets past 32 bits -------------------------------------------------- */
+
+/* Three rows 2^31 + 8 elements apart reach past 2^32 elements, where the
+ * elementwise ops leave the grid of a thread a chunk (chunk_once's 32-bit
+ * offsets) for a walk with 64-bit ones. Only the rows travel, and the
+ * elements after each row are poisoned: they must stay so. SwiGLU takes
+ * rows of FAR_COLS, in vectors; bias + GELU + residual rows of
+ * FAR_COLS - 4, in vectors and each row's partial end. */
+enum { FAR_ROWS = 3, FAR_COLS = 48, FAR_AFTER = 8 };
+static const size_t FAR_STRIDE = ((size_t)1 << 31) + 8;
+
+/* width elements of each row of host rows (width apart) to or from the
+ * device's rows, FAR_STRIDE apart; to the device, the FAR_AFTER elements
+ * after each row are poisoned. Returns whether those are still poisoned. */
+static int far_rows(void *dev, void *host, size_t width, size_t esize, int upload)
+{
+    unsigned char after[FAR_AFTER * 4], poison[FAR_AFTER * 4];
+    int kept = 1;
+    memset(poison, 0xff, sizeof poison);
+    for (size_t r = 0; r < FAR_ROWS; r++) {
+        unsigned char *d = (unsigned char *)dev + r * FAR_STRIDE * esize;
+        unsigned char *h = (unsigned char *)host + r * width * esize;
+        if (upload) {
+            assert_cuda(cudaMemcpy(d, h, width * esize, cudaMemcpyHostToDevice));
+            assert_cuda(
+                cudaMemcpy(d + width * esize, poison, FAR_AFTER * esize, cudaMemcpyHostToDevice));
+        } else {
+            assert_cuda(cudaMemcpy(h, d, width * esize, cudaMemcpyDeviceToHost));
+            assert_cuda(
+                cudaMemcpy(after, d + width * esize, FAR_AFTER * esize, cudaMemcpyDeviceToHost));
+            kept &= memcmp(after, poison, FAR_AFTER * esize) == 0;
+        }
+    }
+    settle();
+    return kept;
+}
+
+static void test_elementwise_offsets_past_32_bits_match_host(void **state)
+{
+    (void)state;
+    const weft_dtype dt = WEFT_DTYPE_BF16;
+    const size_t esize = weft__dtype_size(dt), n = (FAR_ROWS - 1) * FAR_STRIDE + 2 * FAR_COLS;
+    const size_t gc = FAR_COLS - 4; /* bias + GELU + residual's row */
+    void *far = NULL, *bias_d = NULL, *out_d = NULL;
+    if (cudaMalloc(&far, (n + FAR_AFTER) * esize) != cudaSuccess) {
+        cudaGetLastError();
+        print_message("offsets past 32 bits: no room for %zu GiB on this GPU\n", (n * esize) >> 30);
+        skip();
+    }
+    assert_cuda(cudaMalloc(&bias_d, gc * esize));
+    assert_cuda(cudaMalloc(&out_d, FAR_ROWS * FAR_COLS * esize));
+    /* the compact host rows' shapes, for get() and cmp */
+    const tens gelu_rows = {.dt = dt, .rows = FAR_ROWS, .cols = gc, .stride = gc, .esize = esize};
+    const tens glu_rows = {
+        .dt = dt, .rows = FAR_ROWS, .cols = FAR_COLS, .stride = FAR_COLS, .esize = esize};
+    void *in = gt_xmalloc(FAR_ROWS * 2 * FAR_COLS * esize), *bias = gt_xmalloc(gc * esize);
+    void *got = gt_xmalloc(FAR_ROWS * FAR_COLS * esize);
+    void *ref = gt_xmalloc(FAR_ROWS * FAR_COLS * esize);
+    for (size_t i = 0; i < FAR_ROWS * 2 * FAR_COLS; i++)
+        weft__store(dt, in, i, (float)uniform(-6, 6));
+    for (size_t j = 0; j < gc; j++)
+        weft__store(dt, bias, j, (float)uniform(-1, 1));
+    assert_cuda(cudaMemcpy(bias_d, bias, gc * esize, cudaMemcpyHostToDevice));
+
+    /* bias + GELU in place on the far rows */
+    cmp c = {"gelu_erf far", &gelu_rows, 0, 0};
+    far_rows(far, in, gc, esize, 1);
+    assert_ok(weft_bias_gelu_residual(stream, dt, WEFT_GELU_ERF, far, far, bias_d, NULL, FAR_ROWS,
+                                      gc, FAR_STRIDE));
+    sync_ok();
+    if (!far_rows(far, got, gc, esize, 0))
+        fail_msg("gelu far: written past a row");
+    assert_ok(
+        weft_bias_gelu_residual(NULL, dt, WEFT_GELU_ERF, ref, in, bias, NULL, FAR_ROWS, gc, gc));
+    for (size_t r = 0; r < FAR_ROWS; r++)
+        for (size_t j = 0; j < gc; j++) {
+            double h = get(&gelu_rows, in, r, j) + get(&gelu_rows, bias, 0, j);
+            double want = get(&gelu_rows, ref, r, j);
+            cmp_one(&c, get(&gelu_rows, got, r, j), want, dabs(want),
+                    gelu_cond(dt, WEFT_GELU_ERF, h), r, j);
+        }
+    cmp_done(&c);
+
+    /* SwiGLU from the far rows, gate then up, into rows side by side */
+    cmp g = {"swiglu far", &glu_rows, 0, 0};
+    far_rows(far, in, 2 * FAR_COLS, esize, 1);
+    assert_cuda(cudaMemset(out_d, 0xff, FAR_ROWS * FAR_COLS * esize));
+    assert_ok(weft_glu(stream, dt, WEFT_GLU_SWIGLU, out_d, far, FAR_ROWS, FAR_COLS, FAR_STRIDE,
+                       FAR_COLS));
+    sync_ok();
+    assert_cuda(cudaMemcpy(got, out_d, FAR_ROWS * FAR_COLS * esize, cudaMemcpyDeviceToHost));
+    assert_ok(
+        weft_glu(NULL, dt, WEFT_GLU_SWIGLU, ref, in, FAR_ROWS, FAR_COLS, 2 * FAR_COLS, FAR_COLS));
+    for (size_t r = 0; r < FAR_ROWS; r++)
+        for (size_t j = 0; j < FAR_COLS; j++) {
+            double a = weft__load(dt, in, r * 2 * FAR_COLS + j), want = get(&glu_rows, ref, r, j);
+            cmp_one(&g, get(&glu_rows, got, r, j), want, dabs(want),
+                    gelu_cond(dt, WEFT_GELU_TANH, a), r, j);
+        }
+    cmp_done(&g);
+    free(in), free(bias), free(got), free(ref);
+    cudaFree(far), cudaFree(bias_d), cudaFree(out_d);
+}
+
 /* ---- bad arguments, tasks ------------------------------------------------------- */
 
 /* With a real stream, bad arguments are refused before any launch: the
@@ -1152,6 +1253,7 @@ int main(void)
         cmocka_unit_test(test_nan_and_inf_match_host),
         cmocka_unit_test(test_gelu_signed_zeros_match_host),
         cmocka_unit_test(test_in_place_calls_match_separate_buffers),
+        cmocka_unit_test(test_elementwise_offsets_past_32_bits_match_host),
         cmocka_unit_test(test_bad_arguments_are_refused_before_launch),
         cmocka_unit_test(test_ops_run_on_a_task_stream),
         cmocka_unit_test(test_a_refused_launch_names_the_cuda_error),
