@@ -5,18 +5,17 @@
  * Design: purely elementwise, so the only goal is to move bytes at the
  * copy rate, and a bf16 op at that rate leaves a budget of about 50
  * instructions an element: the loop is kept lean to stay memory-bound.
- * Each thread takes 16-byte chunks (8 bf16/fp16 or 4 fp32 elements) in a
- * grid-stride walk (row_walk; the adds-only tensor_walk measured slower);
- * the loads of in, residual and the bias are independent and issued
- * together, and a grid of one wave of resident blocks keeps enough of them
- * in flight per SM to cover memory latency. Where its offsets fit, the
- * grid has a thread a chunk instead (chunk_once): 7-8% faster in bf16 and
- * fp32. Whether there is a bias and a
- * residual is decided once per thread, not per element. A row's last
- * partial chunk is done element by element after the chunks, so any row
- * length works; when a pointer or the stride is not 16-byte aligned the
- * whole op runs with one element per access (V = 1), which is correct
- * everywhere.
+ * Each thread takes a 16-byte chunk (8 bf16/fp16 or 4 fp32 elements) of a
+ * grid that covers the tensor (chunk_once): 7-9% faster in bf16 and fp32,
+ * 2-5% in fp16, than one wave of resident blocks walking it
+ * (bench/RESULTS.md, 2026-12-02 08:31). Tensors past chunk_once's 32-bit
+ * offsets keep the wave (row_walk; the adds-only tensor_walk measured
+ * slower). The loads of in, residual and the bias are independent and
+ * issued together. Whether there is a bias and a residual is decided once
+ * per thread, not per element. A row's last partial chunk is done element
+ * by element after the chunks, so any row length works; when a pointer or
+ * the stride is not 16-byte aligned the whole op runs with one element per
+ * access (V = 1), which is correct everywhere.
  */
 #include "ops/gelu.cuh"
 

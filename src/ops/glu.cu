@@ -9,9 +9,10 @@
  * thread a chunk (chunk_once), where SwiGLU runs 3-7% faster than one wave
  * of blocks walking the tensor; tensors past chunk_once's 32-bit offsets
  * keep the wave, whose walk keeps the output's and the input's offsets
- * (tensor_walk; bench/ops/ times GELU's row_walk beside it). The activation is a template
- * parameter, so the loop holds nothing but loads, the arithmetic and a store. Vector access needs
- * cols, both strides and both pointers to keep every chunk 16-byte aligned; otherwise one element
+ * (tensor_walk; bench/ops/ times GELU's row_walk beside it). The
+ * activation is a template parameter, so the loop holds nothing but loads,
+ * the arithmetic and a store. Vector access needs cols, both strides and
+ * both pointers to keep every chunk 16-byte aligned; otherwise one element
  * per access.
  */
 #include "ops/glu.cuh"

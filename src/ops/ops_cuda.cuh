@@ -506,7 +506,7 @@ template <typename I> struct tensor_walk {
  * for each V-element chunk, with tensor_walk's face. Its row and column
  * come from one 32-bit division, and the loop over it runs once. It is
  * torch.compile's shape of grid, and on it SwiGLU and bias + GELU +
- * residual run 3-8% faster than one wave of resident blocks walking the
+ * residual run 3-9% faster than one wave of resident blocks walking the
  * tensor. The division matters: bf16's bias + GELU + residual, whose GELU
  * issues most of its instructions, ran 6% slower on row_walk run once a
  * thread, whose start takes four 64-bit divisions (bench/RESULTS.md,
