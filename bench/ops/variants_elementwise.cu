@@ -139,11 +139,11 @@ int gelu_tile(cudaStream_t s, const char *variant, void *out, const void *in, co
 {
     constexpr int V = vec16<T>();
     const size_t chunks = rows * cols / V;
+    const gelu_params<T> p = {(T *)out, (const T *)in, (const T *)bias, (const T *)res, rows,
+                              cols,     cols};
     if (cols % V != 0)
         return WEFT_EINVAL;
     if (strcmp(variant, "flat") == 0) {
-        const gelu_params<T> p = {(T *)out, (const T *)in, (const T *)bias, (const T *)res, rows,
-                                  cols,     cols};
         const size_t blocks = (chunks + 255) / 256;
         if (blocks >= ((size_t)1 << 31))
             return WEFT_EINVAL;
@@ -152,8 +152,6 @@ int gelu_tile(cudaStream_t s, const char *variant, void *out, const void *in, co
         return launched("gelu flat variant");
     }
     if (strcmp(variant, "once") == 0 || strcmp(variant, "wave") == 0) {
-        const gelu_params<T> p = {(T *)out, (const T *)in, (const T *)bias, (const T *)res, rows,
-                                  cols,     cols};
         if (strcmp(variant, "wave") == 0) {
             auto kernel = bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, row_walk>;
             kernel<<<grid_for(kernel, chunks, 256), 256, 0, s>>>(p);
@@ -213,8 +211,8 @@ int glu_tile(cudaStream_t s, const char *variant, void *out, const void *in, siz
 {
     constexpr int V = vec16<T>();
     const size_t chunks = rows * cols / V;
+    const glu_params<T> p = {(T *)out, (const T *)in, rows, cols, 2 * cols, cols};
     if (strcmp(variant, "flat") == 0) {
-        const glu_params<T> p = {(T *)out, (const T *)in, rows, cols, 2 * cols, cols};
         const size_t blocks = (chunks + 255) / 256;
         if (blocks >= ((size_t)1 << 31) ||
             !tensor_walk<uint32_t>::fits32(rows, cols, 2 * cols, V, blocks * 256))
@@ -224,7 +222,6 @@ int glu_tile(cudaStream_t s, const char *variant, void *out, const void *in, siz
         return launched("glu flat variant");
     }
     if (strcmp(variant, "once") == 0 || strcmp(variant, "wave") == 0) {
-        const glu_params<T> p = {(T *)out, (const T *)in, rows, cols, 2 * cols, cols};
         if (strcmp(variant, "wave") == 0) {
             auto kernel = glu_kernel<T, V, WEFT_GLU_SWIGLU, tensor_walk<uint32_t>>;
             const unsigned blocks = grid_for(kernel, chunks, 256);
