@@ -24,21 +24,24 @@ namespace weft_ops
 namespace
 {
 
+template <typename T, int V, typename Walk> auto pick_kernel(weft_gelu_form form)
+{
+    return form == WEFT_GELU_ERF ? bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, Walk>
+                                 : bias_gelu_residual_kernel<T, V, WEFT_GELU_TANH, Walk>;
+}
+
 template <typename T, int V>
 int launch_v(cudaStream_t stream, const gelu_params<T> &p, weft_gelu_form form)
 {
     const unsigned threads = 256;
-    const size_t work = p.rows * ((p.cols + V - 1) / V); /* chunks, and rows' partial ends */
     if (chunk_once::fits(p.rows, p.cols, p.stride, V, threads)) {
-        auto once = form == WEFT_GELU_ERF
-                        ? bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, chunk_once>
-                        : bias_gelu_residual_kernel<T, V, WEFT_GELU_TANH, chunk_once>;
-        once<<<chunk_once::grid(p.rows, p.cols, V, threads), threads, 0, stream>>>(p);
-        return launched("weft_bias_gelu_residual");
+        auto kernel = pick_kernel<T, V, chunk_once>(form);
+        kernel<<<chunk_once::grid(p.rows, p.cols, V, threads), threads, 0, stream>>>(p);
+    } else {
+        const size_t work = p.rows * ((p.cols + V - 1) / V); /* chunks, and rows' partial ends */
+        auto kernel = pick_kernel<T, V, row_walk>(form);
+        kernel<<<grid_for(kernel, work, threads), threads, 0, stream>>>(p);
     }
-    auto kernel = form == WEFT_GELU_ERF ? bias_gelu_residual_kernel<T, V, WEFT_GELU_ERF, row_walk>
-                                        : bias_gelu_residual_kernel<T, V, WEFT_GELU_TANH, row_walk>;
-    kernel<<<grid_for(kernel, work, threads), threads, 0, stream>>>(p);
     return launched("weft_bias_gelu_residual");
 }
 

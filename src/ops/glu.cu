@@ -38,13 +38,13 @@ template <typename T, int V>
 int launch_v(cudaStream_t stream, const glu_params<T> &p, weft_glu_kind kind)
 {
     const unsigned threads = 256;
-    const size_t work = p.rows * (p.cols / V);
     const size_t stride = p.in_stride > p.out_stride ? p.in_stride : p.out_stride;
     if (chunk_once::fits(p.rows, p.cols, stride, V, threads)) {
-        auto once = pick_kernel<T, V, chunk_once>(kind);
-        once<<<chunk_once::grid(p.rows, p.cols, V, threads), threads, 0, stream>>>(p);
+        auto kernel = pick_kernel<T, V, chunk_once>(kind);
+        kernel<<<chunk_once::grid(p.rows, p.cols, V, threads), threads, 0, stream>>>(p);
         return launched("weft_glu");
     }
+    const size_t work = p.rows * (p.cols / V);
     auto kernel = pick_kernel<T, V, tensor_walk<uint32_t>>(kind);
     unsigned blocks = grid_for(kernel, work, threads);
     if (!tensor_walk<uint32_t>::fits32(p.rows, p.cols, stride, V, (size_t)blocks * threads)) {

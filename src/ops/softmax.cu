@@ -46,16 +46,15 @@ template <typename T> int launch(cudaStream_t stream, const weft__softmax_args *
         constexpr softmax_stats TWO = SOFTMAX_MAX_THEN_SUM;
         constexpr cluster_exchange X = EXCHANGE_PUSH;
         /* whole rows without dropout ask L2 for the rows 4 MiB on
-         * (rows.cuh's held_lead): up to 5% faster at rows of 4096 and
-         * more (bench/RESULTS.md, 2026-12-02 07:38 and 08:10) */
-        const bool ahead = whole && p.p == 0.0f;
+         * (rows.cuh's held_lead; the other kernels ignore the lead): up
+         * to 5% faster at rows of 4096 and more (bench/RESULTS.md,
+         * 2026-12-02 07:38 and 08:10) */
         auto kernel = p.p > 0.0f ? softmax_held_for<T, SOFTMAX_DROPOUT, TWO, X>(held.vpt)
                       : !whole   ? softmax_held_for<T, SOFTMAX_CHECKED, TWO, X>(held.vpt)
                       : p.scale == 1.0f
                           ? softmax_held_for<T, SOFTMAX_PLAIN, STATS, X, true>(held.vpt)
                           : softmax_held_for<T, SOFTMAX_SCALED, STATS, X, true>(held.vpt);
-        const size_t lead =
-            ahead ? held_lead(held, p.rows, a->cols, a->cols * sizeof(T), AHEAD_WINDOW) : 0;
+        const size_t lead = held_lead(held, p.rows, a->cols, a->cols * sizeof(T), AHEAD_WINDOW);
         if (kernel)
             return launch_rows("weft_softmax", stream, held, p.rows, kernel, p, lead);
     }
