@@ -54,24 +54,28 @@ ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", 
                 "held_wide_moments", "held_packed_pairs_moments", "held_packed_quads_moments",
                 "held_push_passes", "held_wide_passes", "held_packed_pairs_passes",
                 "held_packed_quads_passes", "lib_moments", "lib_passes",
-                "lib_no_ahead", "lib_ahead4", "lib_ahead8", "staged", "regs", "regs_half",
-                "regs_double", "regs_flat")
+                "lib_no_ahead", "lib_ahead4", "lib_ahead8", "lib_short_ahead", "lib_split16",
+                "lib_split8", "lib_split16_ahead", "lib_split8_ahead", "staged", "regs",
+                "regs_half", "regs_double", "regs_flat")
 FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
                   "held_spread8", "held_push", "held_warp", "held_packed", "held_packed16",
                   "held_packed64", "held_packed_pairs", "held_packed_quads", "held_packed32",
                   "packed_b6", "packed_b5", "half_fit", "lib_checked", "held_push_polled",
-                  "lib_moments", "lib_passes", "lib_no_ahead", "lib_ahead4", "lib_ahead8")
+                  "lib_moments", "lib_passes", "lib_no_ahead", "lib_ahead4", "lib_ahead8",
+                  "lib_short_ahead", "lib_split8", "lib_split8_ahead")
 RMS_VARIANTS = ("lib", "ring2", "held", "held_narrow", "held_wide", "held_push", "held_packed64",
                 "held_packed_pairs", "held_packed_quads", "ring2_packed_quads", "packed_quads_b3",
                 "packed_quads_b2", "tpr_packed_pairs", "tpr_packed_quads", "held_push_polled",
                 "held_packed_quads_polled", "lib_passes", "lib_tensor", "lib_no_ahead",
-                "lib_ahead4", "lib_ahead8")
+                "lib_ahead4", "lib_ahead8", "lib_short_ahead", "lib_split16", "lib_split8",
+                "lib_split16_ahead", "lib_split8_ahead")
 ADD_LN_VARIANTS = ("lib", "held_push", "held_packed64", "held_packed_pairs", "held_packed_quads",
                    "packed_quads_b3", "packed_quads_b2", "tpr_packed_pairs", "tpr_packed_quads",
                    "held_push_polled", "held_packed_quads_polled", "held_push_moments",
                    "held_packed_pairs_moments", "held_packed_quads_moments", "held_push_passes",
                    "held_packed_pairs_passes", "held_packed_quads_passes", "lib_moments",
-                   "lib_passes", "lib_no_ahead", "lib_ahead4", "lib_ahead8")
+                   "lib_passes", "lib_no_ahead", "lib_ahead4", "lib_ahead8", "lib_short_ahead",
+                   "lib_split16", "lib_split8", "lib_split16_ahead", "lib_split8_ahead")
 CHECKED_VARIANTS = ("lib", "held_push_checked", "held_packed_pairs_checked",
                     "held_packed_quads_checked")
 GELU_VARIANTS = ("lib", "libm_erfc", "fit7", "fit5", "fit3", "select", "pairs", "grid8",
@@ -825,6 +829,8 @@ def run(torch, lib, args):
             fn = (lambda v=v, x=x, w=w, y=y, r=r: lib.weft_bench_rmsnorm_variant(
                 s(), WEFT_DTYPE["bf16"], v.encode(), P(y.data_ptr()), P(x.data_ptr()),
                 P(w.data_ptr()), r, 4096))
+            if fn() != 0:
+                continue  # the variant does not apply to these rows
             try:
                 t = time_in_graph(torch, checked(lib, fn), reps)
             except (WeftError, RuntimeError) as e:
@@ -987,9 +993,13 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "`lib_no_ahead` the norms', the fused op's and softmax's kernels under "
                    "the library's plans with no rows asked of L2 ahead (the library asks "
                    "for 4 MiB of them where that measured faster: norm_held.cuh's "
-                   "held_ahead, and softmax's whole rows), "
+                   "held_ahead and short_rows_ahead, and softmax's whole rows), "
                    "`lib_ahead4`/`lib_ahead8` with each block asking L2 for its share of "
                    "the row as many rows on as fill 4 or 8 MiB of the inputs, everywhere, "
+                   "`lib_short_ahead` 4 MiB on rows under 4096 too, "
+                   "`lib_split16`/`lib_split8` rows a warp holds spread over as many warps "
+                   "as hold them at 16 or 8 values a thread, `lib_split*_ahead` those "
+                   "asking as `lib_short_ahead` does, "
                    "`lib_checked` the fused op's checked kernels under the library's plans "
                    "(`gelu_layernorm (no GELU bias)`, the call without the GELU bias, times "
                    "the library's kernels for it against those, which it took before, and "

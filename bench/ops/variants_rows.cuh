@@ -448,23 +448,70 @@ inline bool ahead_variant(const char *variant, size_t *window)
     return true;
 }
 
+/* Whether variant is lib_splitN, and N: rows a warp holds spread over a
+ * block of as many warps as hold them at N values a thread
+ * (plan_held_split_warp_rows); lib_splitN_ahead asks L2 for rows ahead
+ * as lib_short_ahead does (*ahead). */
+inline bool split_variant(const char *variant, unsigned *values, bool *ahead)
+{
+    if (strncmp(variant, "lib_split", 9) != 0)
+        return false;
+    char *end;
+    *values = (unsigned)strtoul(variant + 9, &end, 10);
+    *ahead = strcmp(end, "_ahead") == 0;
+    return *ahead || *end == '\0';
+}
+
+/* `held` with its rows spread at `values` a thread, or false where it is
+ * not a warp a row or would not change. */
+inline bool split_plan(unsigned values, const row_plan &held, int V, row_plan *p)
+{
+    if (values < (unsigned)V || held.tpr != 32)
+        return false;
+    *p = held;
+    plan_held_split_warp_rows(p, V, values);
+    return p->tpr != held.tpr;
+}
+
 /* The library's launch of a call of IO (norm_launch.cuh's launch_held_io:
  * its plans and kernels) with the statistics the variant forces:
  * lib_moments (LayerNorm's modes), lib_passes, lib_tensor (RMSNorm in
- * half types); or with rows asked of L2 ahead, never (lib_no_ahead) or
- * always, as many as fill N MiB of the inputs (lib_aheadN). WEFT_EINVAL
- * for other variants, or where they do not apply. */
+ * half types); or with rows asked of L2 ahead, never (lib_no_ahead),
+ * always, as many as fill N MiB of the inputs (lib_aheadN), or 4 MiB on
+ * short rows too (lib_short_ahead); or with rows a warp holds spread over
+ * more warps (lib_splitN: split_plan), asking so (lib_splitN_ahead).
+ * WEFT_EINVAL for other variants,
+ * or where they do not apply. */
 template <typename T, norm_mode MODE, unsigned IO>
 int run_lib(const char *op, cudaStream_t s, const char *variant, const norm_params<T> &p)
 {
-    row_plan held;
+    row_plan held, split;
     if (strncmp(variant, "lib_", 4) != 0 || !plan_held(p.cols, vec16<T>(), 16, &held))
         return WEFT_EINVAL;
     if (strcmp(variant, "lib_no_ahead") == 0)
         return launch_held_io<T, MODE, IO, STATS_TUNED, AHEAD_OFF>(s, op, p, held);
+    if (strcmp(variant, "lib_short_ahead") == 0)
+        return p.cols < AHEAD_SHORTEST ? launch_held_io<T, MODE, IO, STATS_TUNED, AHEAD_ON>(
+                                             s, op, p, held, ahead_reach{AHEAD_WINDOW, 0})
+                                       : WEFT_EINVAL;
+    unsigned values;
+    bool ahead;
+    if (split_variant(variant, &values, &ahead)) {
+        /* where launch_held_io keeps its own plan (one-input LayerNorm of
+         * half types at 32 values) or splits as far (the fused op, at 16)
+         * the variant would be the library's */
+        const bool own = MODE == NORM_LAYER && sizeof(T) == 2 && !p.residual;
+        if (own || (norm_gelu(MODE) && values >= 16) ||
+            !split_plan(values, held, vec16<T>(), &split))
+            return WEFT_EINVAL;
+        return ahead ? launch_held_io<T, MODE, IO, STATS_TUNED, AHEAD_ON>(
+                           s, op, p, split, ahead_reach{AHEAD_WINDOW, 0})
+                     : launch_held_io<T, MODE, IO>(s, op, p, split);
+    }
     size_t window;
     if (ahead_variant(variant, &window))
-        return window ? launch_held_io<T, MODE, IO, STATS_TUNED, AHEAD_ON>(s, op, p, held, window)
+        return window ? launch_held_io<T, MODE, IO, STATS_TUNED, AHEAD_ON>(
+                            s, op, p, held, ahead_reach{window, AHEAD_SHORTEST})
                       : WEFT_EINVAL;
     switch (stats_variant(variant)) {
     case STATS_THREAD_MOMENTS:

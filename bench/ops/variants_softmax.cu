@@ -23,21 +23,41 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
                    ? launch_rows("softmax variant", s, plan, rows, softmax_staged_kernel<T, false>,
                                  p, (size_t)plan.vpt)
                    : WEFT_EINVAL;
-    size_t window = 0;
-    if (strcmp(variant, "lib_no_ahead") == 0 || ahead_variant(variant, &window)) {
+    size_t window = 0, shortest = AHEAD_SHORTEST;
+    unsigned split = 0; /* values a thread of lib_splitN */
+    bool split_ahead = false;
+    if (strcmp(variant, "lib_no_ahead") == 0 || ahead_variant(variant, &window) ||
+        strcmp(variant, "lib_short_ahead") == 0 || split_variant(variant, &split, &split_ahead)) {
         /* the library's plan and kernel for these rows, asking L2 for as
-         * many rows on as fill the window (softmax.cu), or for none: the
-         * kernel without the prefetch (lib_no_ahead) */
+         * many rows on as fill the window (softmax.cu), on short rows too
+         * (lib_short_ahead), or for none: the kernel without the prefetch
+         * (lib_no_ahead); or with rows a warp holds spread over more
+         * warps (lib_splitN), asking on short rows too (lib_splitN_ahead) */
         constexpr softmax_stats STATS = sizeof(T) == 2 ? SOFTMAX_ONLINE : SOFTMAX_MAX_THEN_SUM;
-        if ((!window && strcmp(variant, "lib_no_ahead") != 0) || !plan_held(cols, V, 32, &plan))
+        row_plan held;
+        if (!plan_held(cols, V, 32, &held))
             return WEFT_EINVAL;
+        plan = held;
+        if (strcmp(variant, "lib_short_ahead") == 0) {
+            if (cols >= AHEAD_SHORTEST)
+                return WEFT_EINVAL;
+            window = AHEAD_WINDOW;
+            shortest = 0;
+        } else if (split) {
+            if (!split_plan(split, held, V, &plan))
+                return WEFT_EINVAL;
+            window = AHEAD_WINDOW;
+            shortest = split_ahead ? 0 : AHEAD_SHORTEST;
+        } else if (!window && strcmp(variant, "lib_no_ahead") != 0) {
+            return WEFT_EINVAL;
+        }
         if (!window) {
             auto kernel = softmax_held_for<T, SOFTMAX_PLAIN, STATS, EXCHANGE_PUSH>(plan.vpt);
             return kernel ? launch_rows("softmax variant", s, plan, rows, kernel, p, 0)
                           : WEFT_EINVAL;
         }
         auto kernel = softmax_held_for<T, SOFTMAX_PLAIN, STATS, EXCHANGE_PUSH, true>(plan.vpt);
-        const size_t lead = held_lead(plan, rows, cols, cols * sizeof(T), window);
+        const size_t lead = held_lead(plan, rows, cols, cols * sizeof(T), window, shortest);
         return kernel ? launch_rows("softmax variant", s, plan, rows, kernel, p, lead)
                       : WEFT_EINVAL;
     }
