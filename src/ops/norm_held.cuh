@@ -154,6 +154,21 @@ __host__ __device__ constexpr bool held_ahead()
         return RESIDUAL ? F32 || !PACKED : !F32;
 }
 
+/* Whether rows shorter than AHEAD_SHORTEST ask L2 ahead too, where their
+ * inputs fill AHEAD_SHORT_BYTES a row (norm_launch.cuh's launch_held_io),
+ * as measured faster (bench/RESULTS.md, 2026-12-02 10:23 and 10:31, rows
+ * of 256 to 2048): the norms in fp32 by 2-5%, RMSNorm and add+LayerNorm
+ * in half types by 1-5.5% from rows of 1 KiB (rows of 512 bytes 6-10%
+ * slower). LayerNorm of one input in half types ran level to 5% slower,
+ * the fused op 14% slower to 3% faster: those not. */
+template <typename T, norm_mode MODE, unsigned IO> constexpr bool short_rows_ahead()
+{
+    if constexpr ((IO & NORM_IO_CHECKED) != 0 || norm_gelu(MODE))
+        return false;
+    else
+        return sizeof(T) == 4 || MODE == NORM_RMS || (IO & NORM_IO_RESIDUAL) != 0;
+}
+
 /* How many of a held row's elements this thread holds (part: of each
  * vector), and their squared deviations from mean. Past the row's end s
  * is 0 but its deviation is not, so those elements are left out by index:

@@ -59,25 +59,38 @@ template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_arg
                        WB | GB | NORM_IO_SUM_OUT>(io, f);
 }
 
+/* How far a held launch asks L2 ahead: rows.cuh's held_lead. */
+struct ahead_reach {
+    size_t window = AHEAD_WINDOW;     /* bytes of the inputs */
+    size_t shortest = AHEAD_SHORTEST; /* rows under this ask for none */
+};
+
+/* The bytes of a row's inputs that a held kernel asks L2 for ahead. */
+template <typename T> static size_t ahead_row_bytes(const norm_params<T> &p)
+{
+    return p.cols * sizeof(T) * (p.residual ? 2 : 1);
+}
+
 /* launch_rows for the held kernel, with its lead where it asks L2 for
- * rows ahead (AHEAD: rows.cuh's held_lead). */
+ * rows ahead (AHEAD). */
 template <bool AHEAD, typename T, typename K>
 static int launch_held_rows(const char *op, cudaStream_t stream, const row_plan &plan, K kernel,
-                            const norm_params<T> &p, size_t window)
+                            const norm_params<T> &p, ahead_reach reach)
 {
-    const size_t row_bytes = p.cols * sizeof(T) * (p.residual ? 2 : 1);
-    const size_t lead = AHEAD ? held_lead(plan, p.rows, p.cols, row_bytes, window) : 0;
+    const size_t lead =
+        AHEAD ? held_lead(plan, p.rows, p.cols, ahead_row_bytes(p), reach.window, reach.shortest)
+              : 0;
     return launch_rows(op, stream, plan, p.rows, kernel, p, lead);
 }
 
 /* The call's rows, held in registers under `held` (plan_held at 16 values
  * a thread) or the plans below, for mode MODE, in the kernels for IO;
  * bench/ops/ forces their statistics (STATS), whether they ask L2 for
- * rows ahead (A) and how far (window). */
+ * rows ahead (A) and how far (reach). */
 template <typename T, norm_mode MODE, unsigned IO, norm_stats STATS = STATS_TUNED,
           norm_ahead A = AHEAD_TUNED>
 int launch_held_io(cudaStream_t stream, const char *op, const norm_params<T> &p,
-                   const row_plan &held, size_t window = AHEAD_WINDOW)
+                   const row_plan &held, ahead_reach reach = {})
 {
     constexpr int V = vec16<T>();
     /* RMSNorm's squares by the tensor cores (norm_held.cuh's held_stats)
@@ -89,8 +102,13 @@ int launch_held_io(cudaStream_t stream, const char *op, const norm_params<T> &p,
     if constexpr (MODE == NORM_RMS && STATS == STATS_TUNED && sizeof(T) == 2) {
         constexpr norm_ahead FEW = A == AHEAD_TUNED ? AHEAD_OFF : A;
         if (p.rows <= (size_t)sm_count())
-            return launch_held_io<T, MODE, IO, STATS_WARP_PASSES, FEW>(stream, op, p, held, window);
+            return launch_held_io<T, MODE, IO, STATS_WARP_PASSES, FEW>(stream, op, p, held, reach);
     }
+    /* Short rows ask L2 ahead where that measured faster (short_rows_ahead) */
+    if constexpr (A == AHEAD_TUNED && short_rows_ahead<T, MODE, IO>())
+        if (p.cols < AHEAD_SHORTEST && ahead_row_bytes(p) >= AHEAD_SHORT_BYTES)
+            return launch_held_io<T, MODE, IO, STATS, AHEAD_ON>(stream, op, p, held,
+                                                                ahead_reach{reach.window, 0});
     /* Half types kept packed where norm_packed_plan says */
     if constexpr (norm_packs<T, MODE>(IO == NORM_IO_CHECKED)) {
         constexpr unsigned FEWEST = norm_gelu(MODE) ? 1u : (unsigned)PACKED_MAX_VALUES;
@@ -100,7 +118,7 @@ int launch_held_io(cudaStream_t stream, const char *op, const norm_params<T> &p,
             if (auto kernel = norm_packed_for<T, MODE, IO, EXCHANGE_PUSH, FEWEST, 0,
                                               gelu_fit_for<T>(), STATS, A>(packed.vpt))
                 return launch_held_rows<held_ahead<T, MODE, IO, true, A>()>(op, stream, packed,
-                                                                            kernel, p, window);
+                                                                            kernel, p, reach);
     }
     row_plan plan = held;
     /* The fused op's GELU takes registers: rows a warp would hold at 32
@@ -120,7 +138,7 @@ int launch_held_io(cudaStream_t stream, const char *op, const norm_params<T> &p,
     if (!kernel)
         return weft__fail(WEFT_EINVAL, "%s: no kernel for %u vectors a thread", op, plan.vpt);
     return launch_held_rows<held_ahead<T, MODE, IO, false, A>()>(op, stream, plan, kernel, p,
-                                                                 window);
+                                                                 reach);
 }
 
 /* launch_held_io for what the args' call reads and writes (by_io). */

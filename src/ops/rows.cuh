@@ -286,16 +286,21 @@ static inline void plan_held_split_warp_rows(row_plan *p, int V, unsigned values
  * (bench/RESULTS.md, 2026-12-02 05:28 and 05:36). */
 static constexpr size_t AHEAD_WINDOW = (size_t)4 << 20;
 
+/* Rows shorter than AHEAD_SHORTEST elements ask L2 for nothing ahead but
+ * where that measured faster, and then from AHEAD_SHORT_BYTES of their
+ * inputs a row (norm_held.cuh's short_rows_ahead, softmax.cu). */
+static constexpr size_t AHEAD_SHORTEST = 4096;
+static constexpr size_t AHEAD_SHORT_BYTES = 1024;
+
 /* The lead of a held kernel that asks L2 for rows ahead (how many rows
  * on: prefetch_held_share): as many rows as fill `window` bytes of the
  * inputs, row_bytes a row; none on calls with no rows beyond what the GPU
- * holds at once (2048 threads an SM), nor on rows under 4096 (not
- * measured). */
+ * holds at once (2048 threads an SM), nor on rows under `shortest`. */
 static inline size_t held_lead(const row_plan &plan, size_t rows, size_t cols, size_t row_bytes,
-                               size_t window)
+                               size_t window, size_t shortest = AHEAD_SHORTEST)
 {
     const size_t resident = (size_t)sm_count() * 2048 / ((size_t)plan.tpr * plan.cluster);
-    if (cols < 4096 || rows <= resident)
+    if (cols < shortest || rows <= resident)
         return 0;
     return window / row_bytes < resident ? window / row_bytes : resident;
 }

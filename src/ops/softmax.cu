@@ -48,13 +48,16 @@ template <typename T> int launch(cudaStream_t stream, const weft__softmax_args *
         /* whole rows without dropout ask L2 for the rows 4 MiB on
          * (rows.cuh's held_lead; the other kernels ignore the lead): up
          * to 5% faster at rows of 4096 and more (bench/RESULTS.md,
-         * 2026-12-02 07:38 and 08:10) */
+         * 2026-12-02 07:38 and 08:10), and in fp32 3-4% on rows of 256 to
+         * 2048, where half types ran 5% slower to 3% faster (10:23, 10:31) */
         auto kernel = p.p > 0.0f ? softmax_held_for<T, SOFTMAX_DROPOUT, TWO, X>(held.vpt)
                       : !whole   ? softmax_held_for<T, SOFTMAX_CHECKED, TWO, X>(held.vpt)
                       : p.scale == 1.0f
                           ? softmax_held_for<T, SOFTMAX_PLAIN, STATS, X, true>(held.vpt)
                           : softmax_held_for<T, SOFTMAX_SCALED, STATS, X, true>(held.vpt);
-        const size_t lead = held_lead(held, p.rows, a->cols, a->cols * sizeof(T), AHEAD_WINDOW);
+        const size_t shortest = sizeof(T) == 4 ? AHEAD_SHORT_BYTES / sizeof(T) : AHEAD_SHORTEST;
+        const size_t lead =
+            held_lead(held, p.rows, a->cols, a->cols * sizeof(T), AHEAD_WINDOW, shortest);
         if (kernel)
             return launch_rows("weft_softmax", stream, held, p.rows, kernel, p, lead);
     }
