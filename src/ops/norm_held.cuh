@@ -136,22 +136,27 @@ enum norm_ahead { AHEAD_TUNED, AHEAD_OFF, AHEAD_ON };
  *   11-19% slower on rows over a cluster, one kernel for both: off;
  * - the fused op: 5-8% faster in fp32, 5-11% slower in bf16, whose GELU
  *   issues most of its instructions.
- * fp16 was not timed, nor calls whose inputs are tested at run time
- * (NORM_IO_CHECKED): off. */
+ * - fp16 (2026-12-02 15:01): add+LayerNorm 2-6% faster; RMSNorm level to
+ *   1.6% faster, but 4.7% slower packed (rows over 16384): off there;
+ *   LayerNorm of one input level (-0.8 to +1%): off; the fused op 8-15%
+ *   slower.
+ * Calls whose inputs are tested at run time (NORM_IO_CHECKED) were not
+ * timed: off. */
 template <typename T, norm_mode MODE, unsigned IO, bool PACKED, norm_ahead A>
 __host__ __device__ constexpr bool held_ahead()
 {
     constexpr bool F32 = sizeof(T) == 4, RESIDUAL = (IO & NORM_IO_RESIDUAL) != 0;
+    constexpr bool F16 = std::is_same<T, __half>::value;
     if constexpr (A != AHEAD_TUNED)
         return A == AHEAD_ON;
-    else if constexpr ((IO & NORM_IO_CHECKED) != 0 || std::is_same<T, __half>::value)
+    else if constexpr ((IO & NORM_IO_CHECKED) != 0)
         return false;
     else if constexpr (MODE == NORM_RMS)
-        return true;
+        return !(F16 && PACKED);
     else if constexpr (norm_gelu(MODE))
         return F32;
     else
-        return RESIDUAL ? F32 || !PACKED : !F32;
+        return RESIDUAL ? F32 || !PACKED : !F32 && !F16;
 }
 
 /* Whether rows shorter than AHEAD_SHORTEST ask L2 ahead too, where their

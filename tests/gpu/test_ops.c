@@ -551,19 +551,23 @@ static void test_bias_gelu_residual_layernorm_matches_host(void **state)
 }
 
 /* Calls of more rows than the GPU holds at once, where the held kernels
- * of bf16 and fp32 ask L2 for rows ahead of those they hold
- * (norm_held.cuh's held_ahead), with row strides past the row: a hint,
- * which must leave every output as the host's. */
+ * ask L2 for rows ahead of those they hold (norm_held.cuh's held_ahead;
+ * on rows under 4096, a warp or two each, short_rows_ahead: past 8448
+ * rows), with row strides past the row: a hint, which must leave every
+ * output as the host's. */
 static void test_norms_asking_for_rows_ahead_match_host(void **state)
 {
     (void)state;
-    const weft_dtype types[] = {WEFT_DTYPE_BF16, WEFT_DTYPE_F32};
-    for (int d = 0; d < 2; d++) {
-        run_norm(RMSNORM, types[d], (shape){600, 32768, 32776, 0}, NORM_WEIGHT, 0);
-        run_norm(LAYERNORM, types[d], (shape){600, 16384, 16392, 0}, NORM_FULL, 0);
+    for (int d = 0; d < 3; d++) {
+        run_norm(RMSNORM, DTYPES[d], (shape){600, 32768, 32776, 0}, NORM_WEIGHT, 0);
+        run_norm(LAYERNORM, DTYPES[d], (shape){600, 16384, 16392, 0}, NORM_FULL, 0);
+        run_norm(LAYERNORM, DTYPES[d], (shape){600, 32768, 32776, 0}, NORM_AFFINE, 0);
+        run_norm(RMSNORM, DTYPES[d], (shape){9000, 1024, 1032, 0}, NORM_WEIGHT, 0);
+        run_norm(LAYERNORM, DTYPES[d], (shape){9000, 512, 520, 0}, NORM_FULL, 0);
     }
     run_norm(RMSNORM, WEFT_DTYPE_BF16, (shape){2200, 4096, 4104, 0}, NORM_WEIGHT, 0);
-    run_norm(LAYERNORM, WEFT_DTYPE_BF16, (shape){600, 32768, 32776, 0}, NORM_AFFINE, 0);
+    run_norm(RMSNORM, WEFT_DTYPE_F16, (shape){600, 16384, 16392, 0}, NORM_WEIGHT, 0);
+    run_norm(LAYERNORM, WEFT_DTYPE_F32, (shape){9000, 1024, 1032, 0}, NORM_AFFINE, 0);
     run_norm(GELU_LAYERNORM, WEFT_DTYPE_F32, (shape){300, 16384, 16392, 0},
              NORM_FULL | NORM_GELU_BIAS, 0);
 }
@@ -625,6 +629,8 @@ static void test_softmax_matches_host(void **state)
         free(run_softmax(DTYPES[d], (shape){266, 32768, 32776, 0}, NULL, 4));
         free(run_softmax(DTYPES[d], (shape){266, 32768, 32776, 0}, &scaled, 30));
     }
+    /* fp32 rows of 1024, a warp each, past a wave: asking L2 ahead */
+    free(run_softmax(WEFT_DTYPE_F32, (shape){9000, 1024, 1032, 0}, NULL, 4));
     /* causal rows as in attention: queries aligned at the end of the keys */
     weft_softmax_opts causal = {.causal_q = 333};
     free(run_softmax(WEFT_DTYPE_BF16, (shape){666, 1000, 1000, 0}, &causal, 4));
