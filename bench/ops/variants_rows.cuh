@@ -480,8 +480,7 @@ inline bool split_plan(unsigned values, const row_plan &held, int V, row_plan *p
  * always, as many as fill N MiB of the inputs (lib_aheadN), or 4 MiB on
  * short rows too (lib_short_ahead); or with rows a warp holds spread over
  * more warps (lib_splitN: split_plan), asking so (lib_splitN_ahead).
- * WEFT_EINVAL for other variants,
- * or where they do not apply. */
+ * WEFT_EINVAL for other variants, or where they do not apply. */
 template <typename T, norm_mode MODE, unsigned IO>
 int run_lib(const char *op, cudaStream_t s, const char *variant, const norm_params<T> &p)
 {
