@@ -560,10 +560,12 @@ def run(torch, lib, args):
                 P, s = ctypes.c_void_p, cur_stream
                 lib_out = {}
                 lib_timed = {}  # kern: what times the library's kernel, for lib_last
+                queued = []  # (kern, v, fn, nbytes, tag): checked, to be timed
 
                 def time_variant(kern, v, fn, nbytes, tag=None, must_apply=False):
-                    """Times variant v of kern (fn launches it into y), if it applies
-                    and computes what the library's kernel ("lib", run first) does."""
+                    """Queues variant v of kern (fn launches it into y) for timing, if
+                    it applies and computes what the library's kernel ("lib", run
+                    first) does."""
                     if v not in chosen:
                         return
                     if fn() != 0:
@@ -581,13 +583,7 @@ def run(torch, lib, args):
                             failures.append("variant %s %s %s %dx%d: differs from the "
                                             "library by %.3g" % (kern, v, dtype_name, r, c, err))
                             return
-                    t = time_per_call(torch, fn, reps)
-                    tbps = nbytes / t / 1e12
-                    emit("ops.variant.%s.%s.%s.%dx%d.tbps" % (tag or kern, v, dtype_name, r, c),
-                         tbps, "TB/s")
-                    variants_out.append((kern, v, dtype_name, (r, c), tbps))
-                    if v == "lib":
-                        lib_timed[kern] = (fn, nbytes, tag)
+                    queued.append((kern, v, fn, nbytes, tag))
 
                 for v in ROW_VARIANTS:
                     for kern in ("softmax", "layernorm"):
@@ -737,6 +733,19 @@ def run(torch, lib, args):
                         for v in GLU_VARIANTS if v != "lib"):
                     time_variant("swiglu (out cols / 2)", v, fn, (r * c + r * h) * es,
                                  must_apply=True)
+                # The queued kernels, round k of n starting k/n of the way down
+                # the list: where a kernel is timed in a shape's run moved the
+                # same kernel's figure by up to 4% (bench/RESULTS.md,
+                # 2026-12-02 15:01 and 15:09), so over rounds each takes
+                # other places.
+                turn = rnd * len(queued) // max(args.rounds, 1)
+                for kern, v, fn, nbytes, tag in queued[turn:] + queued[:turn]:
+                    tbps = nbytes / time_per_call(torch, fn, reps) / 1e12
+                    emit("ops.variant.%s.%s.%s.%dx%d.tbps" % (tag or kern, v, dtype_name, r, c),
+                         tbps, "TB/s")
+                    variants_out.append((kern, v, dtype_name, (r, c), tbps))
+                    if v == "lib":
+                        lib_timed[kern] = (fn, nbytes, tag)
                 # RoPE in place on copies of x and z as Q and K (heads of 128,
                 # halves layout), both as drawn for each variant: the library's
                 # against its variants, bit for bit. (RoPE turning z itself, over
@@ -935,11 +944,14 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
     out.append("")
 
     if variants_out:
-        rounds = (", the median of %d rounds, each on fresh tensors, and their range" %
-                  args.rounds if args.rounds > 1 else "")
-        out.append("Tuning variants, TB/s" + rounds + ": `lib` is the library's kernel, timed "
-                   "first, `lib_last` the same again after every variant of the shape (a drop "
-                   "from `lib` counts against the variants timed later) (for "
+        rounds = (", the median of %d rounds, each on fresh tensors, and their range; "
+                  "each round times a shape's kernels in the order of the one before "
+                  "turned by 1/%d of the list" % (args.rounds, args.rounds)
+                  if args.rounds > 1 else "")
+        first = "timed first in the first round" if args.rounds > 1 else "timed first"
+        out.append("Tuning variants, TB/s" + rounds + ": `lib` is the library's kernel, " +
+                   first + ", `lib_last` the same again after every variant of the shape (a "
+                   "drop from `lib` counts against the variants timed later) (for "
                    "these aligned rows: LayerNorm `held_wide` on bf16 rows of up to 8192; "
                    "LayerNorm and RMSNorm packed on bf16 rows over 8192, add+LayerNorm over "
                    "32768, in one block of up to 512 threads (rows up to 32768), else "
