@@ -734,10 +734,9 @@ def run(torch, lib, args):
                     time_variant("swiglu (out cols / 2)", v, fn, (r * c + r * h) * es,
                                  must_apply=True)
                 # The queued kernels, round k of n starting k/n of the way down
-                # the list: where a kernel is timed in a shape's run moved the
-                # same kernel's figure by up to 4% (bench/RESULTS.md,
-                # 2026-12-02 15:01 and 15:09), so over rounds each takes
-                # other places.
+                # the list: where a kernel is timed in a shape's run has moved
+                # its figure by 3-7% (bench/RESULTS.md, 2026-12-02 15:33), so
+                # over rounds each takes other places.
                 turn = rnd * len(queued) // max(args.rounds, 1)
                 for kern, v, fn, nbytes, tag in queued[turn:] + queued[:turn]:
                     tbps = nbytes / time_per_call(torch, fn, reps) / 1e12
