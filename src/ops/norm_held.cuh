@@ -147,6 +147,7 @@ __host__ __device__ constexpr bool held_ahead()
 {
     constexpr bool F32 = sizeof(T) == 4, RESIDUAL = (IO & NORM_IO_RESIDUAL) != 0;
     constexpr bool F16 = std::is_same<T, __half>::value;
+    constexpr bool BF16 = std::is_same<T, __nv_bfloat16>::value;
     if constexpr (A != AHEAD_TUNED)
         return A == AHEAD_ON;
     else if constexpr ((IO & NORM_IO_CHECKED) != 0)
@@ -156,7 +157,7 @@ __host__ __device__ constexpr bool held_ahead()
     else if constexpr (norm_gelu(MODE))
         return F32;
     else
-        return RESIDUAL ? F32 || !PACKED : !F32 && !F16;
+        return RESIDUAL ? F32 || !PACKED : BF16;
 }
 
 /* Whether rows shorter than AHEAD_SHORTEST ask L2 ahead too, where their
