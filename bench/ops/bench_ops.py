@@ -29,6 +29,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_LIB = os.path.join(ROOT, "build-release", "bench", "ops", "libweft_ops_bench.so")
@@ -55,7 +56,7 @@ ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", 
                 "held_push_passes", "held_wide_passes", "held_packed_pairs_passes",
                 "held_packed_quads_passes", "lib_moments", "lib_passes",
                 "lib_no_ahead", "lib_ahead4", "lib_ahead8", "lib_short_ahead", "lib_split16",
-                "lib_split8", "lib_split16_ahead", "lib_split8_ahead", "staged", "regs",
+                "lib_split8", "lib_split16_ahead", "lib_split8_ahead", "lib_pairs", "staged", "regs",
                 "regs_half", "regs_double", "regs_flat")
 FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
                   "held_spread8", "held_push", "held_warp", "held_packed", "held_packed16",
@@ -112,6 +113,12 @@ def parse_args():
                     "range (a kernel's speed has moved by up to 7%% between processes)")
     ap.add_argument("--quick", action="store_true",
                     help="fewer repetitions; the section is marked as not figures to quote")
+    ap.add_argument("--rest-ms", type=float, default=REST_MS,
+                    help="leave the GPU idle this long before each timing, so that each "
+                    "starts at the clock an idle GPU has (default %(default)g)")
+    ap.add_argument("--clocks", action="store_true",
+                    help="read the SM clock (NVML) at the end of each variant's timing and "
+                    "give its range beside the figure")
     ap.add_argument("--no-append", action="store_true", help="leave RESULTS.md alone")
     ap.add_argument("--results", default=os.path.join(ROOT, "bench", "RESULTS.md"))
     ap.add_argument("--check-symbols", action="store_true",
@@ -215,8 +222,56 @@ def checked(lib, fn):
 # ---- timing ----------------------------------------------------------------
 
 
+# Each timing may first leave the GPU idle for REST_MS (--rest-ms). The
+# SM clock follows the power drawn over the last few hundred milliseconds:
+# LayerNorm bf16 at 1024x65536 run back to back held 1980 MHz for 200 ms,
+# then 1785-1905 and 3-9% less bandwidth, and softmax timed after SwiGLU
+# read 3-7% below itself timed after LayerNorm, at clocks down to 1500 MHz
+# (bench/RESULTS.md, 2026-12-02 17:01 and 17:10). Running the kernel 20 ms
+# before timing it did not remove that; a rest lets the clock come back, so
+# that each kernel starts from the same state.
+REST_MS = 0.0
+
+
+class SmClock:
+    """The GPU's SM clock in MHz, read through NVML (libnvidia-ml, which
+    the driver installs) at the end of each timing, when --clocks asks for
+    it: only read, never set. None where NVML cannot be loaded."""
+
+    def __init__(self):
+        self.nvml, self.handle = None, ctypes.c_void_p()
+        try:
+            nvml = ctypes.CDLL("libnvidia-ml.so.1")
+            if nvml.nvmlInit_v2() == 0 and nvml.nvmlDeviceGetHandleByIndex_v2(
+                    0, ctypes.byref(self.handle)) == 0:
+                self.nvml = nvml
+        except (OSError, AttributeError):
+            pass
+
+    def mhz(self):
+        if self.nvml is None:
+            return None
+        clock = ctypes.c_uint()
+        if self.nvml.nvmlDeviceGetClockInfo(self.handle, 1, ctypes.byref(clock)) != 0:
+            return None  # 1: NVML_CLOCK_SM
+        return clock.value
+
+
+SM_CLOCK = None  # an SmClock under --clocks
+SM_CLOCKS = []  # the clock at the end of each timing, in order, under --clocks
+
+
+def last_clock():
+    """The SM clock at the end of the last timing, or None."""
+    return SM_CLOCKS[-1] if SM_CLOCK is not None and SM_CLOCKS else None
+
+
 def time_per_call(torch, fn, reps, min_ms=10.0):
-    """Median seconds per call of fn over reps runs of back-to-back calls."""
+    """Median seconds per call of fn over reps runs of back-to-back calls,
+    after REST_MS idle and 3 calls."""
+    if REST_MS > 0:
+        torch.cuda.synchronize()
+        time.sleep(REST_MS * 1e-3)
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -235,6 +290,8 @@ def time_per_call(torch, fn, reps, min_ms=10.0):
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / iters * 1e-3)
+    if SM_CLOCK is not None:
+        SM_CLOCKS.append(SM_CLOCK.mhz())
     return statistics.median(times)
 
 
@@ -448,6 +505,12 @@ def main():
         print("bench_ops: no GPU here; nothing measured", file=sys.stderr)
         sys.exit(77)
     lib = load_weft(lib_path)
+    global REST_MS, SM_CLOCK
+    REST_MS = args.rest_ms
+    if args.clocks:
+        SM_CLOCK = SmClock()
+        if SM_CLOCK.nvml is None:
+            print("bench_ops: NVML cannot be loaded here: no clocks read", file=sys.stderr)
     # weft reads a NULL stream as "run on the host", and PyTorch's default
     # stream is CUDA's legacy NULL stream: everything runs on one of ours.
     with torch.cuda.stream(torch.cuda.Stream()):
@@ -455,7 +518,6 @@ def main():
 
 
 def run(torch, lib, args):
-    import time
     started = time.monotonic()
 
     def elapsed():
@@ -536,7 +598,7 @@ def run(torch, lib, args):
                 torch.cuda.empty_cache()
 
     # Tuning variants of the row kernels and of GELU, on the same shapes.
-    variants_out = []  # (kernel, variant, dtype, shape, TB/s)
+    variants_out = []  # (kernel, variant, dtype, shape, TB/s, SM MHz or None)
     if not args.no_variants and elapsed() > args.budget:
         notes.append("variants skipped: past the time budget")
     elif not args.no_variants:
@@ -742,7 +804,7 @@ def run(torch, lib, args):
                     tbps = nbytes / time_per_call(torch, fn, reps) / 1e12
                     emit("ops.variant.%s.%s.%s.%dx%d.tbps" % (tag or kern, v, dtype_name, r, c),
                          tbps, "TB/s")
-                    variants_out.append((kern, v, dtype_name, (r, c), tbps))
+                    variants_out.append((kern, v, dtype_name, (r, c), tbps, last_clock()))
                     if v == "lib":
                         lib_timed[kern] = (fn, nbytes, tag)
                 # RoPE in place on copies of x and z as Q and K (heads of 128,
@@ -791,7 +853,7 @@ def run(torch, lib, args):
                     tbps = (4 * r * c * es + 4 * r) / t / 1e12
                     emit("ops.variant.rope.%s.%s.%dx%d.tbps" % (v, dtype_name, r, c), tbps,
                          "TB/s")
-                    variants_out.append(("rope", v, dtype_name, (r, c), tbps))
+                    variants_out.append(("rope", v, dtype_name, (r, c), tbps, last_clock()))
                 # the library's kernels again, after every variant of the
                 # shape (lib_last): a figure below lib's says the GPU slowed
                 # as the run went on, against the variants timed later
@@ -800,7 +862,7 @@ def run(torch, lib, args):
                         tbps = nbytes / time_per_call(torch, fn, reps) / 1e12
                         emit("ops.variant.%s.lib_last.%s.%dx%d.tbps" % (tag or kern, dtype_name,
                                                                         r, c), tbps, "TB/s")
-                        variants_out.append((kern, "lib_last", dtype_name, (r, c), tbps))
+                        variants_out.append((kern, "lib_last", dtype_name, (r, c), tbps, last_clock()))
                 del x, y, z, u, w, b, q, k, rope_lib
                 torch.cuda.empty_cache()
 
@@ -901,8 +963,8 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                copy_tbps)
     out.append("- effective bandwidth = bytes the op must move (inputs read once, outputs "
                "written once) / time; median of %d runs of back-to-back calls, >= 10 ms each, "
-               "after warm-up; torch.compile default mode, static shapes" %
-               (3 if args.quick else 5))
+               "after %swarm-up; torch.compile default mode, static shapes" %
+               (3 if args.quick else 5, "%g ms idle and " % REST_MS if REST_MS else ""))
     out.append("- ops: bias_gelu_residual (exact erf GELU), layernorm (weight, bias), "
                "add_layernorm (residual add, sum written too), rmsnorm (weight), gelu_layernorm "
                "(weft_bias_gelu_residual_layernorm: bias + erf GELU + residual + LayerNorm, "
@@ -1010,7 +1072,10 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "`lib_short_ahead` 4 MiB on rows under 4096 too, "
                    "`lib_split16`/`lib_split8` rows a warp holds spread over as many warps "
                    "as hold them at 16 or 8 values a thread, `lib_split*_ahead` those "
-                   "asking as `lib_short_ahead` does, "
+                   "asking as `lib_short_ahead` does, `lib_pairs` softmax's kernel in half "
+                   "types with its max and sum merged pairwise at every step of the "
+                   "reduction, as the library's were before (it now takes the max, then the "
+                   "sums rescaled to it), "
                    "`lib_checked` the fused op's checked kernels under the library's plans "
                    "(`gelu_layernorm (no GELU bias)`, the call without the GELU bias, times "
                    "the library's kernels for it against those, which it took before, and "
@@ -1060,23 +1125,27 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
                    "stores, no angles) "
                    "(bench/ops/variants_*.cu say more):")
         out.append("")
-        shapes = sorted({(dt, s) for _, _, dt, s, _ in variants_out},
+        shapes = sorted({(dt, s) for _, _, dt, s, _, _ in variants_out},
                         key=lambda k: (k[0], -k[1][1]))
         cols = ["%s %dx%d" % (dt, s[0], s[1]) for dt, s in shapes]
         out.append("| kernel | variant | " + " | ".join(cols) + " |")
         out.append("| --- | --- |" + " ---: |" * len(cols))
         keys = []
-        for k, v, _, _, _ in variants_out:
+        for k, v, _, _, _, _ in variants_out:
             if (k, v) not in keys:
                 keys.append((k, v))
         for k, v in keys:
             cells = []
             for dt, s in shapes:
-                vals = [t for kk, vv, d, ss, t in variants_out
-                        if kk == k and vv == v and d == dt and ss == s]
-                cells.append("—" if not vals else "%.2f" % vals[0] if len(vals) == 1 else
-                             "%.2f (%.2f-%.2f)" % (statistics.median(vals), min(vals),
-                                                   max(vals)))
+                got = [(t, mhz) for kk, vv, d, ss, t, mhz in variants_out
+                       if kk == k and vv == v and d == dt and ss == s]
+                vals = [t for t, _ in got]
+                mhz = [m for _, m in got if m is not None]
+                cell = ("—" if not vals else "%.2f" % vals[0] if len(vals) == 1 else
+                        "%.2f (%.2f-%.2f)" % (statistics.median(vals), min(vals), max(vals)))
+                if mhz:
+                    cell += " @ %d-%d MHz" % (min(mhz), max(mhz))
+                cells.append(cell)
             out.append("| %s | %s | %s |" % (k, v, " | ".join(cells)))
         out.append("")
 
