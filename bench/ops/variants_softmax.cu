@@ -61,6 +61,22 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
         return kernel ? launch_rows("softmax variant", s, plan, rows, kernel, p, lead)
                       : WEFT_EINVAL;
     }
+    if (strcmp(variant, "lib_pairs") == 0) {
+        /* the library's kernel for these rows (half types), its max and
+         * sum merged pairwise at every step of the reduction, as the
+         * library's were before */
+        if constexpr (sizeof(T) == 2) {
+            if (!plan_held(cols, V, 32, &plan))
+                return WEFT_EINVAL;
+            auto kernel =
+                softmax_held_for<T, SOFTMAX_PLAIN, SOFTMAX_ONLINE_PAIRS, EXCHANGE_PUSH, true>(
+                    plan.vpt);
+            const size_t lead = held_lead(plan, rows, cols, cols * sizeof(T), AHEAD_WINDOW);
+            return kernel ? launch_rows("softmax variant", s, plan, rows, kernel, p, lead)
+                          : WEFT_EINVAL;
+        }
+        return WEFT_EINVAL;
+    }
     if (strcmp(variant, "ring2_checked") == 0)
         return run_ring("softmax variant", s, cols, V, sizeof(T), 32, 2, p,
                         softmax_ring_for<T, SOFTMAX_CHECKED>);

@@ -242,14 +242,33 @@ __device__ __forceinline__ R pushed(const reduce_scratch<R, X, true> &s, unsigne
     return v;
 }
 
-/* The reduction of v over the calling warp, returned to every lane: the
- * xor butterfly, each step combining two equal partial results
- * commutatively, so that every lane gets the same bits. */
+/* v reduced over each group of 2 * top lanes (top a power of two, up to
+ * 16), returned to every lane of the group: the xor butterfly, each step
+ * combining two equal partial results commutatively, so that every lane
+ * gets the same bits. A result type may overload it, as softmax's max
+ * with its sum does (the overload is found by its argument types). */
+template <typename R, typename Op> __device__ __forceinline__ R butterfly(R v, Op op, unsigned top)
+{
+    for (unsigned m = top; m >= 1; m >>= 1)
+        v = combine(op, v, shfl_xor(v, (int)m));
+    return v;
+}
+
+/* The reduction of v over the calling warp, returned to every lane. */
 template <typename R, typename Op> __device__ __forceinline__ R warp_reduce(R v, Op op)
 {
-#pragma unroll
-    for (int m = 16; m >= 1; m >>= 1)
-        v = combine(op, v, shfl_xor(v, m));
+    return butterfly(v, op, 16u);
+}
+
+/* The blocks' results of a cluster combined in rank order, results(b) the
+ * one of block b: the same bits in every block. Overloadable as
+ * butterfly is. */
+template <typename Op, typename Results>
+__device__ __forceinline__ auto fold_blocks(Op op, Results results, unsigned cluster)
+{
+    auto v = results(0u);
+    for (unsigned b = 1; b < cluster; b++)
+        v = combine(op, v, results(b));
     return v;
 }
 
@@ -282,9 +301,7 @@ __device__ __forceinline__ R warps_reduce(R v, Op op, reduce_scratch<R, X> &s, u
     if (lane == 0)
         s.warp[threadIdx.x / 32] = v;
     __syncthreads();
-    v = s.warp[lane & (warps - 1)];
-    for (unsigned m = warps / 2; m >= 1; m >>= 1)
-        v = combine(op, v, shfl_xor(v, (int)m));
+    v = butterfly(s.warp[lane & (warps - 1)], op, warps / 2);
     if (cluster == 1) {
         if (!then_other)
             __syncthreads(); /* the slots are reused by the next reduction */
@@ -300,16 +317,14 @@ __device__ __forceinline__ R warps_reduce(R v, Op op, reduce_scratch<R, X> &s, u
             wait_pushed(s);
         if constexpr (X == EXCHANGE_PUSH)
             __syncthreads(); /* the results the polling warp saw arrive */
-        v = pushed(s, 0);
-        for (unsigned b = 1; b < cluster; b++)
-            v = combine(op, v, pushed(s, b));
+        v = fold_blocks(
+            op, [&](unsigned b) { return pushed(s, b); }, cluster);
     } else {
         if (threadIdx.x == 0)
             s.block = v;
         cl.sync();
-        v = *cl.map_shared_rank(&s.block, 0);
-        for (unsigned b = 1; b < cluster; b++)
-            v = combine(op, v, *cl.map_shared_rank(&s.block, b));
+        v = fold_blocks(
+            op, [&](unsigned b) { return *cl.map_shared_rank(&s.block, b); }, cluster);
         if (!then_other)
             cl.sync(); /* no block rewrites or leaves its slot while others read it */
     }

@@ -80,10 +80,12 @@ __device__ __forceinline__ row_place place_row(size_t row0, unsigned cluster, si
                                                unsigned vpt)
 {
     row_place p;
-    /* a block per row needs no division (tens of instructions a thread) */
-    const unsigned group = cluster == 1 ? blockIdx.x : blockIdx.x / cluster;
+    /* no division (tens of instructions a thread): a row over a cluster
+     * (launch_rows launches `cluster` blocks a cluster along x) reads its
+     * place from the cluster's registers */
+    const unsigned group = cluster == 1 ? blockIdx.x : __clusterIdx().x;
     p.tid = threadIdx.x;
-    p.rank = cluster == 1 ? 0 : blockIdx.x % cluster;
+    p.rank = cluster == 1 ? 0 : __clusterRelativeBlockRank();
     p.row = TPR ? row0 + group : row0 + (size_t)group * blockDim.y + threadIdx.y;
     p.tile = (size_t)blockDim.x * vpt * V;
     p.first = (size_t)p.rank * tiles;

@@ -8,10 +8,10 @@
  * tiles - and scaled as it is used (scale * x rounded before the maximum
  * is taken, as on the host). A max reduction, a sum of exp(v - max) and
  * its reduction - or, on held unmasked rows of half types, one reduction
- * of each thread's max and its sum, rescaled as they merge (measured
- * faster there, slower in fp32) - then every column is written: e / sum
- * where visible, 0 where masked, each kept or dropped by the same Philox
- * words as the host's. Masked columns are never read, and whole masked
+ * of each thread's max and its sum, the sums rescaled to each group's max
+ * (measured faster there, slower in fp32) - then every column is written:
+ * e / sum where visible, 0 where masked, each kept or dropped by the same
+ * Philox words as the host's. Masked columns are never read, and whole masked
  * vectors cost no load at all. A row held by a cluster has its blocks push
  * their statistics into each other's shared memory (reduce.cuh's
  * EXCHANGE_PUSH): +27% in bf16 and +19% in fp32 at 1024x65536 over

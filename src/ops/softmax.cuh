@@ -224,6 +224,15 @@ __global__ void __launch_bounds__(512)
     }
 }
 
+/* A vector of -Inf in T's bits. */
+template <typename T> __device__ __forceinline__ uint4 neg_inf_vector()
+{
+    const uint32_t w = sizeof(T) == 4                   ? 0xff800000u
+                       : std::is_same<T, __half>::value ? 0xfc00fc00u
+                                                        : 0xff80ff80u;
+    return make_uint4(w, w, w, w);
+}
+
 /* What a held softmax row does besides exponentiate and normalize; a
  * template parameter. PLAIN (scale 1) and SCALED take rows of whole
  * vectors with no mask and no dropout, so that no vector pays for a mask
@@ -233,10 +242,12 @@ enum softmax_form { SOFTMAX_PLAIN, SOFTMAX_SCALED, SOFTMAX_CHECKED, SOFTMAX_DROP
 
 /* How a held row takes its max and sum: MAX_THEN_SUM, two reductions (the
  * library's in fp32 and on masked rows); ONLINE, one reduction of each
- * thread's max and its sum of exponents relative to that max, rescaled as
- * they merge (the library's on unmasked rows of half types; bench/ops/
- * times each against the other as the `online` variants). */
-enum softmax_stats { SOFTMAX_MAX_THEN_SUM, SOFTMAX_ONLINE };
+ * thread's max and its sum of exponents relative to that max, rescaled to
+ * each group's max (the library's on unmasked rows of half types;
+ * bench/ops/ times each against the other as the `online` variants);
+ * ONLINE_PAIRS, that with the sums merged pairwise at every step, as the
+ * library did before (bench/ops/'s `lib_pairs`). */
+enum softmax_stats { SOFTMAX_MAX_THEN_SUM, SOFTMAX_ONLINE, SOFTMAX_ONLINE_PAIRS };
 
 /* A part of a row: its max, and the sum of 2^((v - max) log2 e) over it. */
 struct max_sum {
@@ -268,22 +279,58 @@ struct op_online {
     }
 };
 
+/* op_online merged pairwise at every step of the butterflies and the
+ * fold (ONLINE_PAIRS): no overloads of its own. */
+struct op_online_pairs {
+    __device__ __forceinline__ max_sum operator()(max_sum a, max_sum b) const
+    {
+        return op_online()(a, b);
+    }
+};
+
+/* The online reduction's butterfly and fold in two passes (reduce.cuh
+ * finds these by their argument types): the group's max first, which
+ * every lane gets exactly, then each part's sum rescaled to it once, then
+ * the sums. Merging pairs rescales both sums at every step - two ex2 and
+ * some 20 instructions a step, where this takes four - and the pairwise
+ * reductions were some 30% of the instructions softmax issued on bf16
+ * rows of 65536 (4% faster so there, bench/RESULTS.md 2026-12-02 18:12). */
+__device__ __forceinline__ max_sum butterfly(max_sum v, op_online, unsigned top)
+{
+    const float max = butterfly(v.max, op_max(), top);
+    return {max, butterfly(__fmul_rn(v.sum, rescale(v.max, max)), op_sum(), top)};
+}
+
+template <typename Results>
+__device__ __forceinline__ max_sum fold_blocks(op_online, Results results, unsigned cluster)
+{
+    float max = results(0u).max;
+    for (unsigned b = 1; b < cluster; b++)
+        max = fmaxf(max, results(b).max);
+    float sum = 0.0f;
+    for (unsigned b = 0; b < cluster; b++) {
+        const max_sum part = results(b);
+        sum = __fadd_rn(sum, __fmul_rn(part.sum, rescale(part.max, max)));
+    }
+    return {max, sum};
+}
+
 /* A held row's scratch: one for each reduction, each used once a row (so
  * once a launch where a block holds one row: PUSH's condition). */
 template <softmax_stats STATS, cluster_exchange X = EXCHANGE_BARRIERS> struct softmax_scratch {
-    reduce_scratch<float, X> max, sum;
-
-    __device__ __forceinline__ void push_setup(unsigned cluster)
-    {
-        weft_ops::push_setup(cluster, max, sum);
-    }
-};
-template <cluster_exchange X> struct softmax_scratch<SOFTMAX_ONLINE, X> {
     reduce_scratch<max_sum, X> both;
 
     __device__ __forceinline__ void push_setup(unsigned cluster)
     {
         weft_ops::push_setup(cluster, both);
+    }
+};
+template <cluster_exchange X> struct softmax_scratch<SOFTMAX_MAX_THEN_SUM, X> {
+    reduce_scratch<float, X> max, sum;
+
+    __device__ __forceinline__ void push_setup(unsigned cluster)
+    {
+        weft_ops::push_setup(cluster, max, sum);
     }
 };
 
@@ -321,18 +368,21 @@ softmax_held_row(const softmax_params<T> &p, const row_place &at, const Row &in,
     for (int k = 0; k < VPT; k++) {
         j[k] = held_at<V, VPT>(at, k);
         vis[k] = CHECKED ? part_of<V>(j[k], n) : j[k] < cols ? V : 0;
-        raw[k] = in.at(j[k], vis[k]);
+        /* PLAIN: past the row's end, -Inf as loaded, which no value needs
+         * masking for (the other forms scale first, then mask) */
+        raw[k] = FORM == SOFTMAX_PLAIN && vis[k] == 0 ? neg_inf_vector<T>() : in.at(j[k], vis[k]);
     }
 
     /* x: the scaled row, masked */
     float x[VPT][V], max = -INFINITY;
     auto form = [&](int k, uint4 r) {
         unpack<T, V>(x[k], r);
+        if (FORM == SOFTMAX_PLAIN) /* scale 1, and -Inf past the end as loaded */
+            return;
         if (vis[k] == V) {
-            if (FORM != SOFTMAX_PLAIN) /* scale 1 leaves x as it is */
 #pragma unroll
-                for (int e = 0; e < V; e++)
-                    x[k][e] = __fmul_rn(p.scale, x[k][e]);
+            for (int e = 0; e < V; e++)
+                x[k][e] = __fmul_rn(p.scale, x[k][e]);
         } else {
 #pragma unroll
             for (int e = 0; e < V; e++)
@@ -370,7 +420,8 @@ softmax_held_row(const softmax_params<T> &p, const row_place &at, const Row &in,
     if constexpr (STATS == SOFTMAX_MAX_THEN_SUM) {
         inv = 1.0f / row_reduce(sum, op_sum(), scratch.sum, cluster);
     } else {
-        max_sum row = row_reduce(max_sum{max, sum}, op_online(), scratch.both, cluster);
+        using merge = std::conditional_t<STATS == SOFTMAX_ONLINE, op_online, op_online_pairs>;
+        max_sum row = row_reduce(max_sum{max, sum}, merge(), scratch.both, cluster);
         read();
         inv = (PACKED ? 1.0f : rescale(max, row.max)) / row.sum;
         max = row.max;
