@@ -225,11 +225,11 @@ def checked(lib, fn):
 # Each timing may first leave the GPU idle for REST_MS (--rest-ms). The
 # SM clock follows the power drawn over the last few hundred milliseconds:
 # LayerNorm bf16 at 1024x65536 run back to back held 1980 MHz for 200 ms,
-# then 1785-1905 and 3-9% less bandwidth, and softmax timed after SwiGLU
-# read 3-7% below itself timed after LayerNorm, at clocks down to 1500 MHz
-# (bench/RESULTS.md, 2026-12-02 17:01 and 17:10). Running the kernel 20 ms
-# before timing it did not remove that; a rest lets the clock come back, so
-# that each kernel starts from the same state.
+# then medians of 1785-1905 and 2-9% less bandwidth; softmax timed after
+# SwiGLU read 3-7% below itself timed after LayerNorm, at clocks down to
+# 1500 MHz (bench/RESULTS.md, 2026-12-02 17:01 and 17:10). Running the
+# kernel 20 ms before timing it did not remove that; 200 ms of rest kept
+# every timing at 1980 MHz (18:12), each kernel starting from one state.
 REST_MS = 0.0
 
 
