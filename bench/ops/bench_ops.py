@@ -56,8 +56,8 @@ ROW_VARIANTS = ("lib", "ring2", "ring2_checked", "ring4", "ring2_wide", "held", 
                 "held_push_passes", "held_wide_passes", "held_packed_pairs_passes",
                 "held_packed_quads_passes", "lib_moments", "lib_passes",
                 "lib_no_ahead", "lib_ahead4", "lib_ahead8", "lib_short_ahead", "lib_split16",
-                "lib_split8", "lib_split16_ahead", "lib_split8_ahead", "lib_pairs", "staged", "regs",
-                "regs_half", "regs_double", "regs_flat")
+                "lib_split8", "lib_split16_ahead", "lib_split8_ahead", "lib_pairs", "staged",
+                "regs", "regs_half", "regs_double", "regs_flat")
 FUSED_VARIANTS = ("lib", "held", "held_checked", "held_narrow", "held_wide", "held_spread",
                   "held_spread8", "held_push", "held_warp", "held_packed", "held_packed16",
                   "held_packed64", "held_packed_pairs", "held_packed_quads", "held_packed32",
@@ -862,7 +862,8 @@ def run(torch, lib, args):
                         tbps = nbytes / time_per_call(torch, fn, reps) / 1e12
                         emit("ops.variant.%s.lib_last.%s.%dx%d.tbps" % (tag or kern, dtype_name,
                                                                         r, c), tbps, "TB/s")
-                        variants_out.append((kern, "lib_last", dtype_name, (r, c), tbps, last_clock()))
+                        variants_out.append((kern, "lib_last", dtype_name, (r, c), tbps,
+                                             last_clock()))
                 del x, y, z, u, w, b, q, k, rope_lib
                 torch.cuda.empty_cache()
 
