@@ -26,14 +26,22 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
     size_t window = 0, shortest = AHEAD_SHORTEST;
     unsigned split = 0; /* values a thread of lib_splitN */
     bool split_ahead = false;
+    const bool pairs = strcmp(variant, "lib_pairs") == 0;
     if (strcmp(variant, "lib_no_ahead") == 0 || ahead_variant(variant, &window) ||
-        strcmp(variant, "lib_short_ahead") == 0 || split_variant(variant, &split, &split_ahead)) {
+        strcmp(variant, "lib_short_ahead") == 0 || split_variant(variant, &split, &split_ahead) ||
+        pairs) {
         /* the library's plan and kernel for these rows, asking L2 for as
          * many rows on as fill the window (softmax.cu), on short rows too
          * (lib_short_ahead), or for none: the kernel without the prefetch
          * (lib_no_ahead); or with rows a warp holds spread over more
-         * warps (lib_splitN), asking on short rows too (lib_splitN_ahead) */
+         * warps (lib_splitN), asking on short rows too (lib_splitN_ahead);
+         * or asking as the library does, in half types, with the max and
+         * sum merged pairwise at every step of the reduction, as the
+         * library's were before (lib_pairs) */
         constexpr softmax_stats STATS = sizeof(T) == 2 ? SOFTMAX_ONLINE : SOFTMAX_MAX_THEN_SUM;
+        constexpr softmax_stats PAIRS = sizeof(T) == 2 ? SOFTMAX_ONLINE_PAIRS : STATS;
+        if (pairs && sizeof(T) != 2)
+            return WEFT_EINVAL;
         row_plan held;
         if (!plan_held(cols, V, 32, &held))
             return WEFT_EINVAL;
@@ -48,6 +56,8 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
                 return WEFT_EINVAL;
             window = AHEAD_WINDOW;
             shortest = split_ahead ? 0 : AHEAD_SHORTEST;
+        } else if (pairs) {
+            window = AHEAD_WINDOW;
         } else if (!window && strcmp(variant, "lib_no_ahead") != 0) {
             return WEFT_EINVAL;
         }
@@ -56,26 +66,12 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
             return kernel ? launch_rows("softmax variant", s, plan, rows, kernel, p, 0)
                           : WEFT_EINVAL;
         }
-        auto kernel = softmax_held_for<T, SOFTMAX_PLAIN, STATS, EXCHANGE_PUSH, true>(plan.vpt);
+        auto kernel =
+            pairs ? softmax_held_for<T, SOFTMAX_PLAIN, PAIRS, EXCHANGE_PUSH, true>(plan.vpt)
+                  : softmax_held_for<T, SOFTMAX_PLAIN, STATS, EXCHANGE_PUSH, true>(plan.vpt);
         const size_t lead = held_lead(plan, rows, cols, cols * sizeof(T), window, shortest);
         return kernel ? launch_rows("softmax variant", s, plan, rows, kernel, p, lead)
                       : WEFT_EINVAL;
-    }
-    if (strcmp(variant, "lib_pairs") == 0) {
-        /* the library's kernel for these rows (half types), its max and
-         * sum merged pairwise at every step of the reduction, as the
-         * library's were before */
-        if constexpr (sizeof(T) == 2) {
-            if (!plan_held(cols, V, 32, &plan))
-                return WEFT_EINVAL;
-            auto kernel =
-                softmax_held_for<T, SOFTMAX_PLAIN, SOFTMAX_ONLINE_PAIRS, EXCHANGE_PUSH, true>(
-                    plan.vpt);
-            const size_t lead = held_lead(plan, rows, cols, cols * sizeof(T), AHEAD_WINDOW);
-            return kernel ? launch_rows("softmax variant", s, plan, rows, kernel, p, lead)
-                          : WEFT_EINVAL;
-        }
-        return WEFT_EINVAL;
     }
     if (strcmp(variant, "ring2_checked") == 0)
         return run_ring("softmax variant", s, cols, V, sizeof(T), 32, 2, p,
