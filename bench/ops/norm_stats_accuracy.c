@@ -19,6 +19,12 @@
  *    threads' sums giving its mean, then the sum of their squared
  *    deviations from it), the warps' merged pairwise: the library's held
  *    kernels since;
+ *  - moments, each warp's and each block's of 8 warps from two sums over
+ *    its parts, about the first part's mean m0 (of each part's count
+ *    times its mean's distance from m0, giving the group's mean M; then of
+ *    each part's m2 plus its count times its mean's squared distance from
+ *    M), the 4 blocks merged pairwise: tried in the packed kernels of
+ *    half types, level to 2.6% slower (bench/RESULTS.md, 2026-12-03);
  *  - shifted about one value for the whole row, a warp's 32 threads, or
  *    each thread: sums of d and d^2 with d = s - shift in one pass, the
  *    groups' sums added, then merged as moments (bench/ops/'s former
@@ -70,9 +76,9 @@ static float merged_variance(moments *m, int count)
     return m[0].m2 / N;
 }
 
-static float variance_by_moments(const float *x)
+/* each thread's moments: its mean, then its squared deviations from it */
+static void thread_moments(const float *x, moments *m)
 {
-    static moments m[THREADS];
     for (int t = 0; t < THREADS; t++) {
         const float *v = x + t * VPT;
         float sum = 0.0f, m2 = 0.0f;
@@ -83,6 +89,12 @@ static float variance_by_moments(const float *x)
             m2 += (v[k] - mean) * (v[k] - mean);
         m[t] = (moments){VPT, mean, m2};
     }
+}
+
+static float variance_by_moments(const float *x)
+{
+    static moments m[THREADS];
+    thread_moments(x, m);
     return merged_variance(m, THREADS);
 }
 
@@ -114,6 +126,40 @@ static float variance_by_warp_sums(const float *x)
         m[w] = (moments){n, warp_mean, m2[0]};
     }
     return merged_variance(m, THREADS / WARP);
+}
+
+/* groups of parts by two sums about the first part's mean, as a
+ * butterfly would take them (sums in its pairwise order) */
+static moments group_by_sums(moments *m, int count)
+{
+    static float d[THREADS], n[THREADS];
+    const float m0 = m[0].mean;
+    for (int t = 0; t < count; t++)
+        n[t] = m[t].n, d[t] = m[t].n * (m[t].mean - m0);
+    for (int width = count; width > 1; width /= 2)
+        for (int t = 0; t < width / 2; t++)
+            n[t] += n[t + width / 2], d[t] += d[t + width / 2];
+    const float mean = m0 + d[0] / n[0], count_all = n[0];
+    for (int t = 0; t < count; t++)
+        d[t] = fmaf(m[t].n * (m[t].mean - mean), m[t].mean - mean, m[t].m2);
+    for (int width = count; width > 1; width /= 2)
+        for (int t = 0; t < width / 2; t++)
+            d[t] += d[t + width / 2];
+    return (moments){count_all, mean, d[0]};
+}
+
+/* each thread's moments; each warp's and each block's of 8 warps by
+ * group_by_sums, the blocks merged pairwise */
+static float variance_by_group_sums(const float *x)
+{
+    enum { BLOCK_WARPS = 8, WARPS = THREADS / WARP };
+    static moments m[THREADS], warps[WARPS], blocks[WARPS / BLOCK_WARPS];
+    thread_moments(x, m);
+    for (int w = 0; w < WARPS; w++)
+        warps[w] = group_by_sums(m + w * WARP, WARP);
+    for (int b = 0; b < WARPS / BLOCK_WARPS; b++)
+        blocks[b] = group_by_sums(warps + b * BLOCK_WARPS, BLOCK_WARPS);
+    return merged_variance(blocks, WARPS / BLOCK_WARPS);
 }
 
 /* each warp's moments in two passes over its values: the sum of its
@@ -213,21 +259,22 @@ static void fill_row(float *x, int kind)
 int main(void)
 {
     static float x[N];
-    printf("%-24s %12s %12s %12s %12s %12s %12s\n", "row", "moments", "warp sums",
-           "warp passes", "row shift", "warp shift", "thread shift");
+    printf("%-24s %12s %12s %12s %12s %12s %12s %12s\n", "row", "moments", "warp sums",
+           "warp passes", "group sums", "row shift", "warp shift", "thread shift");
     for (int kind = 0; kind < NKINDS; kind++) {
-        double worst[6] = {0};
+        double worst[7] = {0};
         for (int trial = 0; trial < TRIALS; trial++) {
             fill_row(x, kind);
             const double exact = variance_exact(x);
-            const float got[6] = {variance_by_moments(x),        variance_by_warp_sums(x),
-                                  variance_by_warp_passes(x),    variance_shifted(x, THREADS),
-                                  variance_shifted(x, WARP),     variance_shifted(x, 1)};
-            for (int s = 0; s < 6; s++)
+            const float got[7] = {variance_by_moments(x),       variance_by_warp_sums(x),
+                                  variance_by_warp_passes(x),   variance_by_group_sums(x),
+                                  variance_shifted(x, THREADS), variance_shifted(x, WARP),
+                                  variance_shifted(x, 1)};
+            for (int s = 0; s < 7; s++)
                 worst[s] = fmax(worst[s], fabs(got[s] - exact) / exact);
         }
-        printf("%-24s %12.2e %12.2e %12.2e %12.2e %12.2e %12.2e\n", KINDS[kind], worst[0],
-               worst[1], worst[2], worst[3], worst[4], worst[5]);
+        printf("%-24s %12.2e %12.2e %12.2e %12.2e %12.2e %12.2e %12.2e\n", KINDS[kind], worst[0],
+               worst[1], worst[2], worst[3], worst[4], worst[5], worst[6]);
     }
     return 0;
 }
