@@ -1001,8 +1001,13 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
     for op, want in (("gelu_layernorm", 1.5), ("softmax", 2.0)):
         for o, dt, (r, c), w, _, cmp_, _ in rows_out:
             if o == op and dt == "bf16" and cmp_:
-                out.append("- target, %s bf16 %dx%d ≥ %.1f× torch.compile: **%s** (%.2f×)" %
-                           (op, r, c, want, "met" if w >= want * cmp_ else "missed", w / cmp_))
+                need = want * cmp_
+                line = "- target, %s bf16 %dx%d ≥ %.1f× torch.compile: **%s** (%.2f×)" % (
+                    op, r, c, want, "met" if w >= need else "missed", w / cmp_)
+                if w < need:  # how far, against the copy
+                    line += "; it needs %.2f TB/s, %.0f%% of the copy" % (
+                        need, 100 * need / copy_tbps)
+                out.append(line)
     out.append("")
 
     if variants_out:
