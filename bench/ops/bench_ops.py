@@ -100,6 +100,9 @@ def parse_args():
     ap.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of " + ",".join(OPS))
     ap.add_argument("--dtypes", default="bf16,f32")
     ap.add_argument("--shapes", default=",".join("%dx%d" % s for s in SHAPES))
+    ap.add_argument("--small-dtypes", default="bf16",
+                    help="dtypes of the small inputs' table (rows of 4096); other than bf16 "
+                    "an op's row is named with its dtype")
     ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     ap.add_argument("--no-variants", action="store_true", help="leave the tuning variants out")
     ap.add_argument("--variants", help="comma-separated subset of the tuning variants to time "
@@ -877,17 +880,19 @@ def run(torch, lib, args):
     if elapsed() > args.budget:
         notes.append("small inputs skipped: past the time budget")
         ops = []
-    for op in ops:
-        for r in SMALL_ROWS:
-            case = make_case(torch, lib, op, r, 4096, "bf16")
-            try:
-                t = time_in_graph(torch, checked(lib, case.weft_call), reps)
-            except (WeftError, RuntimeError) as e:
-                failures.append("small %s %d rows: %s" % (op, r, e))
-                continue
-            emit("ops.small.%s.bf16.%dx4096.us" % (op, r), t * 1e6, "us")
-            emit("ops.small.%s.bf16.%dx4096.vs_empty" % (op, r), t / t_empty, "x")
-            small_out.append((op, r, t * 1e6, t_empty * 1e6))
+    for dtype_name in args.small_dtypes.split(","):
+        for op in ops:
+            name = op if dtype_name == "bf16" else "%s (%s)" % (op, dtype_name)
+            for r in SMALL_ROWS:
+                case = make_case(torch, lib, op, r, 4096, dtype_name)
+                try:
+                    t = time_in_graph(torch, checked(lib, case.weft_call), reps)
+                except (WeftError, RuntimeError) as e:
+                    failures.append("small %s %d rows: %s" % (name, r, e))
+                    continue
+                emit("ops.small.%s.%s.%dx4096.us" % (op, dtype_name, r), t * 1e6, "us")
+                emit("ops.small.%s.%s.%dx4096.vs_empty" % (op, dtype_name, r), t / t_empty, "x")
+                small_out.append((name, r, t * 1e6, t_empty * 1e6))
     # RMSNorm's chosen variants on the same small inputs, where a lone row's
     # latency is the whole time
     small_variants = [] if args.no_variants or "rmsnorm" not in ops else \
@@ -1157,9 +1162,9 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
 
     if small_out:
         empty = small_out[0][3]
-        out.append("Small inputs, bf16 rows of 4096, one kernel per call, launched back to back "
-                   "from a CUDA graph; an empty kernel takes %.2f µs the same way. µs per call "
-                   "(× empty kernel):" % empty)
+        out.append("Small inputs, rows of 4096 (bf16 unless named), one kernel per call, "
+                   "launched back to back from a CUDA graph; an empty kernel takes %.2f µs the "
+                   "same way. µs per call (× empty kernel):" % empty)
         out.append("")
         out.append("| op | " + " | ".join("%d rows" % r for r in SMALL_ROWS) + " |")
         out.append("| --- |" + " ---: |" * len(SMALL_ROWS))

@@ -511,7 +511,7 @@ static bool norm_packed_plan(size_t rows, size_t cols, bool residual, bool check
         return false;
     if constexpr (norm_gelu(MODE)) {
         const unsigned values = cols <= 8192 ? 32u : (unsigned)PACKED_MAX_VALUES;
-        return rows > (size_t)sm_count() && plan_packed(cols, V, values, packed);
+        return !few_rows(rows) && plan_packed(cols, V, values, packed);
     }
     constexpr unsigned VALUES = PACKED_MAX_VALUES;
     if (cols <= (checked || FP16 ? 16384u : residual ? 32768u : 8192u))

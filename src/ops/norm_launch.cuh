@@ -101,7 +101,7 @@ int launch_held_io(cudaStream_t stream, const char *op, const norm_params<T> &p,
      * as those calls have no rows to wait. */
     if constexpr (MODE == NORM_RMS && STATS == STATS_TUNED && sizeof(T) == 2) {
         constexpr norm_ahead FEW = A == AHEAD_TUNED ? AHEAD_OFF : A;
-        if (p.rows <= (size_t)sm_count())
+        if (few_rows(p.rows))
             return launch_held_io<T, MODE, IO, STATS_WARP_PASSES, FEW>(stream, op, p, held, reach);
     }
     /* Short rows ask L2 ahead where that measured faster (short_rows_ahead) */
@@ -128,11 +128,12 @@ int launch_held_io(cudaStream_t stream, const char *op, const norm_params<T> &p,
         plan_held_split_warp_rows(&plan, V, 16);
     /* LayerNorm with one input of half types, the fewest bytes an element:
      * at 32 values a thread where that takes fewer than 512 threads a row,
-     * as measured fastest (bench/RESULTS.md). RMSNorm runs 3% faster at 16
-     * values (16384x4096). */
+     * as measured fastest (bench/RESULTS.md), but for calls of few rows,
+     * which norm.cu spreads thinner. RMSNorm runs 3% faster at 16 values
+     * (16384x4096). */
     row_plan wide;
-    if (MODE == NORM_LAYER && sizeof(T) == 2 && !p.residual && plan_held(p.cols, V, 32, &wide) &&
-        wide.tpr < 512)
+    if (MODE == NORM_LAYER && sizeof(T) == 2 && !p.residual && !few_rows(p.rows) &&
+        plan_held(p.cols, V, 32, &wide) && wide.tpr < 512)
         plan = wide;
     auto kernel = norm_held_for<T, MODE, IO, EXCHANGE_PUSH, STATS, A>(plan.vpt);
     if (!kernel)

@@ -575,6 +575,14 @@ static inline int sm_count()
     return n;
 }
 
+/* Whether a call has no more rows than SMs: a row's latency is then the
+ * whole call, and the row kernels spread each row over more threads than
+ * they would for throughput. */
+static inline bool few_rows(size_t rows)
+{
+    return rows <= (size_t)sm_count();
+}
+
 /* WEFT_OK, or the launch's error as a weft status with CUDA's name for it. */
 static inline int launch_status(const char *op, cudaError_t e)
 {

@@ -39,7 +39,10 @@ template <typename T> int launch(cudaStream_t stream, const weft__softmax_args *
 
     row_plan staged, held;
 
-    if (vec && plan_held(a->cols, V, 32, &held)) { /* measured best: 32 values a thread */
+    /* measured best: 32 values a thread; on calls of few rows 16: on 1 to
+     * 64 rows of 4096, 3-4% less time a call in bf16, where 8 was level with
+     * 32, and 7-11% in fp32 (bench/RESULTS.md, 2026-12-03 12:13 to 12:26) */
+    if (vec && plan_held(a->cols, V, few_rows(a->rows) ? 16 : 32, &held)) {
         const bool whole = !p.causal_q && a->cols % V == 0;
         /* the unmasked rows' statistics (bench/RESULTS.md, the softmax variants) */
         constexpr softmax_stats STATS = sizeof(T) == 2 ? SOFTMAX_ONLINE : SOFTMAX_MAX_THEN_SUM;

@@ -90,7 +90,7 @@ static void test_plan_held_covers_every_length_it_takes(void **state)
 {
     (void)state;
     for (int V : HELD_WIDTHS)
-        for (unsigned values : {16u, 32u})
+        for (unsigned values : {8u, 16u, 32u})
             for (bool block_rows : {false, true})
                 for_each_cols([&](size_t cols) {
                     row_plan p;
