@@ -471,9 +471,9 @@ static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, s
  * and its plan:
  * - the fused op, whose GELU's registers cost occupancy as fp32: at 32
  *   values a thread, 64 on rows longer than 8192 (+43% at 4096x16384),
- *   unless there are no more rows than SMs, where the latency of a row is
- *   the whole time and more threads a row win (small inputs: 3.0 us a call
- *   as fp32, 3.8 packed);
+ *   unless the call's rows are few (few_rows), where the latency of a row
+ *   is the whole time and more threads a row win (small inputs: 3.0 us a
+ *   call as fp32, 3.8 packed);
  * - LayerNorm and RMSNorm on rows over 8192, or over 32768 with a
  *   residual: at 64 values a thread, in one block of up to 512 threads
  *   where that holds the row, else over a cluster of blocks of 256.

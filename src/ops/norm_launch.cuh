@@ -94,7 +94,7 @@ int launch_held_io(cudaStream_t stream, const char *op, const norm_params<T> &p,
 {
     constexpr int V = vec16<T>();
     /* RMSNorm's squares by the tensor cores (norm_held.cuh's held_stats)
-     * make a row's critical path longer: calls of no more rows than SMs,
+     * make a row's critical path longer: calls of few rows (few_rows),
      * where one row's latency is the whole time, keep the FMA pipe's,
      * 0.2 us a call faster (4 to 64 rows of 4096: bench/RESULTS.md,
      * 2026-12-02 01:05), and in the kernels that ask L2 for nothing ahead,

@@ -575,12 +575,16 @@ static inline int sm_count()
     return n;
 }
 
-/* Whether a call has no more rows than SMs: a row's latency is then the
- * whole call, and the row kernels spread each row over more threads than
- * they would for throughput. */
+/* Whether a call's rows are few enough that a row's latency is the whole
+ * call: no more than twice the SMs, which the row kernels then hold in one
+ * wave while spreading each row over more threads than they would for
+ * throughput (two blocks of 512 an SM). On 133 to 264 rows of 4096 on the
+ * H200 that took LayerNorm, RMSNorm and the fused op in bf16 12-17% less
+ * time a call than their throughput plans; on twice as many rows it took
+ * most of them 5-17% more (bench/RESULTS.md, 2026-12-03 13:18). */
 static inline bool few_rows(size_t rows)
 {
-    return rows <= (size_t)sm_count();
+    return rows <= (size_t)2 * sm_count();
 }
 
 /* WEFT_OK, or the launch's error as a weft status with CUDA's name for it. */
