@@ -334,10 +334,14 @@ class Case:
     """One operator on one shape and dtype: its tensors, the bytes it must
     move, weft's call, and PyTorch's version (a function of the tensors)."""
 
-    def __init__(self, name, nbytes, weft_call, torch_fn, torch_args, check):
+    def __init__(self, name, nbytes, weft_call, torch_fn, torch_args, check, outputs=()):
         self.name, self.nbytes = name, nbytes
         self.weft_call, self.torch_fn, self.torch_args = weft_call, torch_fn, torch_args
         self.check = check  # () -> (weft result, PyTorch result), compared once
+        # Tensors weft writes through raw pointers that nothing else holds:
+        # freed, their memory may be unmapped under those pointers
+        # (torch.cuda.graph empties the allocator's cache before capturing).
+        self.outputs = outputs
 
 
 def cur_stream():
@@ -396,7 +400,7 @@ def make_case(torch, lib, op, rows, cols, dtype_name):
             t = x + r
             return t, F.layer_norm(t, (cols,), w, b, EPS)
         return Case(op, (4 * rc + 2 * cols) * es, call, fn, (x, r, w, b),
-                    lambda: ran(lib, call, out, lambda: fn(x, r, w, b)[1]))
+                    lambda: ran(lib, call, out, lambda: fn(x, r, w, b)[1]), outputs=(s,))
     if op == "rmsnorm":
         x, w, out = rand(rows, cols), rand(cols), rand(rows, cols)
         args = (ptr(out), ptr(None), ptr(x), ptr(None), ptr(w))
