@@ -256,25 +256,34 @@ static void fill_row(float *x, int kind)
         x[0] = 0.0f;
 }
 
+/* the schemes, in the columns' order */
+static const char *const SCHEMES[] = {"moments",   "warp sums",  "warp passes", "group sums",
+                                      "row shift", "warp shift", "thread shift"};
+enum { NSCHEMES = sizeof SCHEMES / sizeof SCHEMES[0] };
+
 int main(void)
 {
     static float x[N];
-    printf("%-24s %12s %12s %12s %12s %12s %12s %12s\n", "row", "moments", "warp sums",
-           "warp passes", "group sums", "row shift", "warp shift", "thread shift");
+    printf("%-24s", "row");
+    for (int s = 0; s < NSCHEMES; s++)
+        printf(" %12s", SCHEMES[s]);
+    printf("\n");
     for (int kind = 0; kind < NKINDS; kind++) {
-        double worst[7] = {0};
+        double worst[NSCHEMES] = {0};
         for (int trial = 0; trial < TRIALS; trial++) {
             fill_row(x, kind);
             const double exact = variance_exact(x);
-            const float got[7] = {variance_by_moments(x),       variance_by_warp_sums(x),
-                                  variance_by_warp_passes(x),   variance_by_group_sums(x),
-                                  variance_shifted(x, THREADS), variance_shifted(x, WARP),
-                                  variance_shifted(x, 1)};
-            for (int s = 0; s < 7; s++)
+            const float got[NSCHEMES] = {variance_by_moments(x),       variance_by_warp_sums(x),
+                                         variance_by_warp_passes(x),   variance_by_group_sums(x),
+                                         variance_shifted(x, THREADS), variance_shifted(x, WARP),
+                                         variance_shifted(x, 1)};
+            for (int s = 0; s < NSCHEMES; s++)
                 worst[s] = fmax(worst[s], fabs(got[s] - exact) / exact);
         }
-        printf("%-24s %12.2e %12.2e %12.2e %12.2e %12.2e %12.2e %12.2e\n", KINDS[kind], worst[0],
-               worst[1], worst[2], worst[3], worst[4], worst[5], worst[6]);
+        printf("%-24s", KINDS[kind]);
+        for (int s = 0; s < NSCHEMES; s++)
+            printf(" %12.2e", worst[s]);
+        printf("\n");
     }
     return 0;
 }
