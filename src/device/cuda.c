@@ -73,6 +73,15 @@ int weft__cuda_fail(weft__cuda_device *dev, const char *call, cudaError_t e)
         int healthy = 0;
         atomic_compare_exchange_strong(&dev->failed, &healthy, (int)e);
     }
+    /* A kernel this runtime does not know: most often the program's own,
+     * registered with the CUDA runtime nvcc links statically by default
+     * while libweft.so launches through the shared one. The message has
+     * room for the cause or CUDA's wording, not both (WEFT__ERRMSG_SIZE). */
+    if (e == cudaErrorInvalidDeviceFunction)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: %s on GPU %d: kernel unknown to weft's CUDA runtime; build "
+                          "with nvcc -cudart shared, or link libweft.a",
+                          call, cudaGetErrorName(e), dev->ordinal);
     return weft__fail(weft__cuda_status(e), "%s: %s (%s) on GPU %d", call, cudaGetErrorName(e),
                       cudaGetErrorString(e), dev->ordinal);
 }
