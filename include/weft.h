@@ -262,10 +262,14 @@ int weft_stream(void **stream);
  * WEFT_ENOMEM when the device is full. The host backend hands out host
  * memory. */
 int weft_malloc_async(void **ptr, size_t n);
-/* Give ptr back once the work enqueued before this call is done. */
+/* Give ptr back once the work enqueued before this call is done. NULL is a
+ * no-op; a pointer weft_malloc_async did not return, or one given back
+ * already, is refused with WEFT_EINVAL and nothing is freed. */
 int weft_free_async(void *ptr);
 
-/* Page-locked host memory (fast copies), from a pool of rt's. */
+/* Page-locked host memory (fast copies), from a pool of rt's. The frees
+ * (of either kind) take back only blocks rt handed out and not yet taken
+ * back: anything else is WEFT_EINVAL, with nothing freed. NULL: no-op. */
 int weft_host_alloc(weft_runtime *rt, void **ptr, size_t n);
 int weft_host_free(weft_runtime *rt, void *ptr);
 
@@ -366,6 +370,9 @@ int weft_event_await(weft_event *ev);
 /* Make the calling task's later work wait for ev on the device, without
  * suspending the task. Task only. */
 int weft_stream_wait(weft_event *ev);
+/* Release ev (NULL: a no-op). A destroyed event is refused by every call
+ * with WEFT_ESTATE, as a joined task's handle is; a pointer that never was
+ * an event with WEFT_EINVAL. */
 int weft_event_destroy(weft_event *ev);
 
 /* Devices of rt and the backend behind them ("cuda" or "host"). */

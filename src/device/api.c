@@ -6,22 +6,18 @@
  * weft_await finds the work complete. A task that returns with work in
  * flight is awaited implicitly, so its stack (which that work may point
  * into) outlives the work. A device failure fails the task: its join
- * returns the failure even if the task ignored it.
+ * returns the failure even if the task ignored it. Events are records of
+ * event.c, reached through checked handles.
  */
 #include <stdlib.h>
 #include <time.h>
 
 #include "core/clock.h"
 #include "device/device.h"
+#include "device/event.h"
 #include "runtime.h"
 #include "task/task.h"
 #include "trace/nvtx.h"
-
-struct weft_event {
-    weft__device *dev;
-    weft__stream *stream;
-    uint64_t seq;
-};
 
 /* The calling task, or the failure to report. */
 static int self_task(const char *fn, weft__task **tp)
@@ -280,50 +276,41 @@ int weft_event_record(weft_event **out)
         return rc;
     if (t->region_open) /* a recorded region has no point in time to mark yet */
         return weft__fail(WEFT_ESTATE, "weft_event_record: not inside a graph region");
-    weft_event *ev = malloc(sizeof *ev);
-    if (!ev)
-        return weft__fail(WEFT_ENOMEM, "weft_event_record: out of memory");
-    ev->dev = t->stream_device;
-    ev->stream = s;
-    if ((rc = ops_of(t)->mark(s, &ev->seq))) {
-        free(ev);
+    weft__event_point p = {.dev = t->stream_device, .stream = s};
+    if ((rc = ops_of(t)->mark(s, &p.seq)))
         return rc;
-    }
-    *out = ev;
-    return WEFT_OK;
+    return weft__event_new(&p, "weft_event_record", out);
 }
 
 int weft_event_await(weft_event *ev)
 {
-    if (!ev)
-        return weft__fail(WEFT_EINVAL, "weft_event_await: ev is NULL");
-    int rc = weft__task_may_suspend("weft_event_await");
-    if (rc)
+    weft__event_point p;
+    int rc = weft__event_point_of(ev, "weft_event_await", &p);
+    if (rc || (rc = weft__task_may_suspend("weft_event_await")))
         return rc;
-    return ev->dev->ops->wait(ev->stream, ev->seq);
+    return p.dev->ops->wait(p.stream, p.seq);
 }
 
 int weft_stream_wait(weft_event *ev)
 {
     weft__task *t = NULL;
     weft__stream *s;
-    if (!ev)
-        return weft__fail(WEFT_EINVAL, "weft_stream_wait: ev is NULL");
-    int rc = weft__task_stream("weft_stream_wait", &t, &s);
-    if (rc)
+    weft__event_point p;
+    int rc = weft__event_point_of(ev, "weft_stream_wait", &p);
+    if (rc || (rc = weft__task_stream("weft_stream_wait", &t, &s)))
         return rc;
-    if (ev->dev != t->stream_device) { /* another device: the task waits itself */
+    if (p.dev != t->stream_device) { /* another device: the task waits itself */
         if ((rc = weft__task_may_suspend("weft_stream_wait")))
             return rc;
-        return ev->dev->ops->wait(ev->stream, ev->seq);
+        return p.dev->ops->wait(p.stream, p.seq);
     }
-    return ops_of(t)->stream_wait(s, ev->stream, ev->seq);
+    return ops_of(t)->stream_wait(s, p.stream, p.seq);
 }
 
+/* NULL is accepted, as free accepts it; a destroyed event is WEFT_ESTATE. */
 int weft_event_destroy(weft_event *ev)
 {
-    free(ev);
-    return WEFT_OK;
+    return ev ? weft__event_free(ev, "weft_event_destroy") : WEFT_OK;
 }
 
 /* ---- host memory and devices ------------------------------------------- */
@@ -347,11 +334,16 @@ int weft_host_alloc(weft_runtime *rt, void **ptr, size_t n)
     return rc ? rc : dev->ops->host_alloc(dev, ptr, n, false, NULL);
 }
 
-int weft_host_free(weft_runtime *rt, void *ptr)
+static int host_free(weft_runtime *rt, void *ptr, const char *fn)
 {
     weft__device *dev;
-    int rc = first_device(rt, "weft_host_free", &dev);
-    return rc || !ptr ? rc : dev->ops->host_free(dev, ptr);
+    int rc = first_device(rt, fn, &dev);
+    return rc || !ptr ? rc : dev->ops->host_free(dev, ptr, fn);
+}
+
+int weft_host_free(weft_runtime *rt, void *ptr)
+{
+    return host_free(rt, ptr, "weft_host_free");
 }
 
 int weft_mapped_alloc(weft_runtime *rt, void **host, void **device, size_t n)
@@ -366,7 +358,7 @@ int weft_mapped_alloc(weft_runtime *rt, void **host, void **device, size_t n)
 
 int weft_mapped_free(weft_runtime *rt, void *host)
 {
-    return weft_host_free(rt, host);
+    return host_free(rt, host, "weft_mapped_free");
 }
 
 unsigned weft_device_count(weft_runtime *rt)

@@ -31,6 +31,7 @@ int weft__cuda_devices_create(weft__device ***devs, unsigned *count, unsigned gr
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/addrset.h"
 #include "core/error.h"
 #include "device/cuda_internal.h"
 #include "device/cuda_status.h"
@@ -72,6 +73,15 @@ int weft__cuda_fail(weft__cuda_device *dev, const char *call, cudaError_t e)
         int healthy = 0;
         atomic_compare_exchange_strong(&dev->failed, &healthy, (int)e);
     }
+    /* A kernel this runtime does not know: most often the program's own,
+     * registered with the CUDA runtime nvcc links statically by default
+     * while libweft.so launches through the shared one. The message has
+     * room for the cause or CUDA's wording, not both (WEFT__ERRMSG_SIZE). */
+    if (e == cudaErrorInvalidDeviceFunction)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: %s on GPU %d: kernel unknown to weft's CUDA runtime; build "
+                          "with nvcc -cudart shared, or link libweft.a",
+                          call, cudaGetErrorName(e), dev->ordinal);
     return weft__fail(weft__cuda_status(e), "%s: %s (%s) on GPU %d", call, cudaGetErrorName(e),
                       cudaGetErrorString(e), dev->ordinal);
 }
@@ -263,6 +273,10 @@ static int cuda_launch(weft__stream *s, const void *kernel, weft_dim3 grid, weft
     return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaLaunchKernel", e);
 }
 
+/* weft_malloc_async's blocks not yet given to weft_free_async, of every
+ * GPU: a task may free a block on a stream of another. */
+static weft__addrset device_blocks = WEFT__ADDRSET_INIT;
+
 static int cuda_malloc_async(weft__stream *s, void **ptr, size_t n)
 {
     int rc = weft__cuda_enter(s, "weft_malloc_async");
@@ -271,15 +285,26 @@ static int cuda_malloc_async(weft__stream *s, void **ptr, size_t n)
     cudaError_t e = cudaMallocAsync(ptr, n, s->handle);
     if (e != cudaSuccess)
         return weft__cuda_fail(s->dev, "cudaMallocAsync", e);
+    if (weft__addrset_add(&device_blocks, (uintptr_t)*ptr) != WEFT_OK) {
+        cudaFreeAsync(*ptr, s->handle);
+        return weft__fail(WEFT_ENOMEM, "weft_malloc_async: out of memory");
+    }
     weft__cuda_known_add(*ptr, n);
     return WEFT_OK;
 }
 
+/* Only blocks of weft_malloc_async go to cudaFreeAsync, once each: the same
+ * answer as the host backend's for anything else, whatever CUDA would say. */
 static int cuda_free_async(weft__stream *s, void *ptr)
 {
     int rc = weft__cuda_enter(s, "weft_free_async");
     if (rc || (s->recording && (rc = weft__cuda_region_capture(s))))
         return rc;
+    if (!weft__addrset_take(&device_blocks, (uintptr_t)ptr))
+        return weft__fail(WEFT_EINVAL,
+                          "weft_free_async: %p is not a block of weft_malloc_async, or was "
+                          "freed already",
+                          ptr);
     weft__cuda_known_remove(ptr);
     cudaError_t e = cudaFreeAsync(ptr, s->handle);
     return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaFreeAsync", e);
@@ -404,16 +429,16 @@ static int cuda_host_alloc(weft__device *d, void **ptr, size_t n, bool mapped, v
     if (rc == WEFT_OK && mapped) {
         cudaError_t e = cudaHostGetDevicePointer(device_ptr, *ptr, 0);
         if (e != cudaSuccess) {
-            weft__cuda_host_pool_put(&dev->host_pool, *ptr);
+            weft__cuda_host_pool_put(&dev->host_pool, *ptr, "weft_mapped_alloc");
             return weft__cuda_fail(dev, "cudaHostGetDevicePointer", e);
         }
     }
     return rc;
 }
 
-static int cuda_host_free(weft__device *d, void *ptr)
+static int cuda_host_free(weft__device *d, void *ptr, const char *call)
 {
-    return weft__cuda_host_pool_put(&cuda_of(d)->host_pool, ptr);
+    return weft__cuda_host_pool_put(&cuda_of(d)->host_pool, ptr, call);
 }
 
 /* ---- life cycle -------------------------------------------------------- */

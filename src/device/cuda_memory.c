@@ -5,9 +5,14 @@
  * pooled) in the first HEADER bytes, so the caller's pointer keeps a 256-byte
  * alignment. Blocks of a class are 2^class bytes plus the header; the pool
  * keeps at most CACHE_MAX bytes of free blocks and frees the rest.
+ *
+ * A block handed out is in the pool's set of live blocks until it comes
+ * back, so a put of anything else - a foreign pointer, the middle of a
+ * block, a block put already - is refused before its header is read.
  */
 #ifdef WEFT_HAVE_CUDA
 
+#include <assert.h>
 #include <cuda_runtime_api.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -19,10 +24,8 @@
 
 enum { HEADER = 256, MIN_CLASS = 12 }; /* 4 KiB */
 #define CACHE_MAX ((size_t)1 << 30)
-#define MAGIC 0x77656674686f7374ull
 
 typedef struct header {
-    uint64_t magic;
     unsigned class_;
     void *next; /* free list, while pooled */
 } header;
@@ -125,7 +128,10 @@ void weft__cuda_host_pool_destroy(weft__cuda_host_pool *pool)
             cudaFreeHost(h);
         }
     pool->cached = 0;
+    weft__addrset_fini(&pool->live);
 }
+
+static bool keep(weft__cuda_host_pool *pool, header *h, bool force);
 
 int weft__cuda_host_pool_get(weft__cuda_host_pool *pool, size_t n, void **ptr)
 {
@@ -148,9 +154,12 @@ int weft__cuda_host_pool_get(weft__cuda_host_pool *pool, size_t n, void **ptr)
                               "weft_host_alloc: cudaHostAlloc of %zu bytes: %s", n,
                               cudaGetErrorName(e));
         }
-        h->magic = MAGIC;
         h->class_ = c;
         weft__cuda_known_add(h, HEADER + ((size_t)1 << c));
+    }
+    if (weft__addrset_add(&pool->live, (uintptr_t)h + HEADER) != WEFT_OK) {
+        keep(pool, h, true);
+        return weft__fail(WEFT_ENOMEM, "weft_host_alloc: out of memory");
     }
     *ptr = (char *)h + HEADER;
     return WEFT_OK;
@@ -171,11 +180,13 @@ static bool keep(weft__cuda_host_pool *pool, header *h, bool force)
     return kept;
 }
 
-int weft__cuda_host_pool_put(weft__cuda_host_pool *pool, void *ptr)
+int weft__cuda_host_pool_put(weft__cuda_host_pool *pool, void *ptr, const char *call)
 {
+    if (!weft__addrset_take(&pool->live, (uintptr_t)ptr))
+        return weft__fail(WEFT_EINVAL,
+                          "%s: %p is not a block this runtime handed out, or was freed already",
+                          call, ptr);
     header *h = header_of(ptr);
-    if (h->magic != MAGIC)
-        return weft__fail(WEFT_EINVAL, "weft_host_free: %p was not allocated by weft", ptr);
     if (!keep(pool, h, false)) {
         weft__cuda_known_remove(h);
         cudaFreeHost(h);
@@ -185,6 +196,9 @@ int weft__cuda_host_pool_put(weft__cuda_host_pool *pool, void *ptr)
 
 void weft__cuda_host_pool_put_cached(weft__cuda_host_pool *pool, void *ptr)
 {
+    bool live = weft__addrset_take(&pool->live, (uintptr_t)ptr);
+    assert(live); /* only weft's own staging buffers come back this way */
+    (void)live;
     keep(pool, header_of(ptr), true);
 }
 

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "core/addrset.h"
 #include "core/lock.h"
 
 #define WEFT__HOST_CLASSES 40
@@ -19,12 +20,15 @@ typedef struct weft__cuda_host_pool {
     weft__lock lock;
     void *free[WEFT__HOST_CLASSES]; /* free blocks per class, linked through their headers */
     size_t cached;                  /* bytes held in free lists */
+    weft__addrset live;             /* blocks handed out: the caller's pointers */
 } weft__cuda_host_pool;
 
 void weft__cuda_host_pool_init(weft__cuda_host_pool *pool);
 void weft__cuda_host_pool_destroy(weft__cuda_host_pool *pool);
 int weft__cuda_host_pool_get(weft__cuda_host_pool *pool, size_t n, void **ptr);
-int weft__cuda_host_pool_put(weft__cuda_host_pool *pool, void *ptr);
+/* Give back a block of this pool; anything else is refused with WEFT_EINVAL
+ * (a message naming call), nothing read or freed. */
+int weft__cuda_host_pool_put(weft__cuda_host_pool *pool, void *ptr, const char *call);
 /* Give a block back without ever freeing it (no CUDA call): safe from a
  * host function running in a stream. */
 void weft__cuda_host_pool_put_cached(weft__cuda_host_pool *pool, void *ptr);

@@ -83,9 +83,12 @@ typedef struct weft__device_ops {
     void *(*native)(weft__stream *s);
 
     /* Host memory for fast transfers; mapped: also addressable by the
-     * device at *device_ptr. */
+     * device at *device_ptr. host_free (and free_async) give back only what
+     * the backend handed out and has not taken back, and refuse anything
+     * else with WEFT_EINVAL, a message naming call, without reading the
+     * memory ptr points at: it need not be mapped. */
     int (*host_alloc)(weft__device *dev, void **ptr, size_t n, bool mapped, void **device_ptr);
-    int (*host_free)(weft__device *dev, void *ptr);
+    int (*host_free)(weft__device *dev, void *ptr, const char *call);
 
     /* Graph mode (NULL: the backend runs regions eagerly). region_begin
      * gives a stream that records instead of running: the region's work

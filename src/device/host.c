@@ -32,6 +32,10 @@
  *    the batch that leaves it empty.
  *  - Operation records come from a per-stream cache: no malloc per operation
  *    once warm, and no cross-stream contention on a shared freelist.
+ *  - Memory is freed only if this backend handed it out and has not taken
+ *    it back: host blocks are in their device's set, weft_malloc_async's in
+ *    one set for the process (a task of any runtime may free them, as with
+ *    CUDA), from allocation to the free call (core/addrset.h).
  */
 #include <assert.h>
 #include <pthread.h>
@@ -42,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/addrset.h"
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/lock.h"
@@ -121,7 +126,12 @@ struct host_device {
     weft__stream **heap;
     unsigned nstreams;
     atomic_uint leased; /* leases held now */
+
+    weft__addrset host_blocks; /* weft_host_alloc's and weft_mapped_alloc's */
 };
+
+/* weft_malloc_async's blocks not yet given to weft_free_async. */
+static weft__addrset device_blocks = WEFT__ADDRSET_INIT;
 
 static host_device *host_of(weft__device *dev)
 {
@@ -442,15 +452,28 @@ static int host_launch(weft__stream *s, const void *kernel, weft_dim3 grid, weft
  * free is queued behind the work that may still use the block. */
 static int host_malloc_async(weft__stream *s, void **ptr, size_t n)
 {
+    void *p = malloc(n);
+
     (void)s;
-    if (!(*ptr = malloc(n)))
-        return weft__fail(WEFT_ENOMEM, "weft_malloc_async: no memory for %zu bytes", n);
-    return WEFT_OK;
+    if (p && weft__addrset_add(&device_blocks, (uintptr_t)p) == WEFT_OK) {
+        *ptr = p;
+        return WEFT_OK;
+    }
+    free(p);
+    return weft__fail(WEFT_ENOMEM, "weft_malloc_async: no memory for %zu bytes", n);
 }
 
 static int host_free_async(weft__stream *s, void *ptr)
 {
-    return host_host_fn(s, free, ptr);
+    if (!weft__addrset_take(&device_blocks, (uintptr_t)ptr))
+        return weft__fail(WEFT_EINVAL,
+                          "weft_free_async: %p is not a block of weft_malloc_async, or was "
+                          "freed already",
+                          ptr);
+    int rc = host_host_fn(s, free, ptr);
+    if (rc != WEFT_OK) /* not queued: still the caller's (if listing fails, leaked) */
+        weft__addrset_add(&device_blocks, (uintptr_t)ptr);
+    return rc;
 }
 
 /* Every operation counts, so the point after the last one is its count. */
@@ -497,17 +520,24 @@ static void *host_native(weft__stream *s)
 
 static int host_host_alloc(weft__device *d, void **ptr, size_t n, bool mapped, void **device_ptr)
 {
-    (void)d;
-    if (!(*ptr = malloc(n)))
+    void *p = malloc(n);
+
+    if (!p || weft__addrset_add(&host_of(d)->host_blocks, (uintptr_t)p) != WEFT_OK) {
+        free(p);
         return weft__fail(WEFT_ENOMEM, "host memory: no memory for %zu bytes", n);
+    }
+    *ptr = p;
     if (mapped)
-        *device_ptr = *ptr;
+        *device_ptr = p;
     return WEFT_OK;
 }
 
-static int host_host_free(weft__device *d, void *ptr)
+static int host_host_free(weft__device *d, void *ptr, const char *call)
 {
-    (void)d;
+    if (!weft__addrset_take(&host_of(d)->host_blocks, (uintptr_t)ptr))
+        return weft__fail(WEFT_EINVAL,
+                          "%s: %p is not a block this runtime handed out, or was freed already",
+                          call, ptr);
     free(ptr);
     return WEFT_OK;
 }
@@ -681,6 +711,7 @@ static void host_free(host_device *dev)
         stream_free(dev->heap[i]);
     free(dev->heap);
     free(dev->threads);
+    weft__addrset_fini(&dev->host_blocks);
     pthread_cond_destroy(&dev->ready_cv);
     pthread_mutex_destroy(&dev->ready_mu);
     free(dev);
