@@ -238,7 +238,7 @@ def checked(lib, fn):
 # LayerNorm bf16 at 1024x65536 run back to back held 1980 MHz for 200 ms,
 # then medians of 1785-1905 and 2-9% less bandwidth; softmax timed after
 # SwiGLU read 3-7% below itself timed after LayerNorm, at clocks down to
-# 1500 MHz (bench/RESULTS.md, 2026-12-02 17:01 and 17:10). Running the
+# 1500 MHz (bench/history/2026-12-02.md, 17:01 and 17:10). Running the
 # kernel 20 ms before timing it did not remove that; 200 ms of rest kept
 # every timing at 1980 MHz (18:12), each kernel starting from one state.
 REST_MS = 0.0
@@ -812,7 +812,7 @@ def run(torch, lib, args):
                                  must_apply=True)
                 # The queued kernels, round k of n starting k/n of the way down
                 # the list: where a kernel is timed in a shape's run has moved
-                # its figure by 3-7% (bench/RESULTS.md, 2026-12-02 15:33), so
+                # its figure by 3-7% (bench/history/2026-12-02.md, 15:33), so
                 # over rounds each takes other places.
                 turn = rnd * len(queued) // max(args.rounds, 1)
                 for kern, v, fn, nbytes, tag in queued[turn:] + queued[:turn]:
