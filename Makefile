@@ -13,6 +13,9 @@
 #                   examples/consumer against it (CMake and pkg-config)
 #   make images-bench  weft-images against a thread pool on the GPU
 #   make gpu-bench-ops  the operators against PyTorch eager and torch.compile
+# A benchmark writes its rows (JSON lines) under build-release/bench/ and
+# changes nothing tracked; RECORD=1 (make bench RECORD=1) appends them to
+# bench/results.jsonl and regenerates bench/RESULTS.md from it.
 JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 PYTHON ?= python3
 CMAKE  ?= cmake
@@ -59,33 +62,44 @@ check-tsan: deps
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	  $(CTEST) --test-dir build-tsan --output-on-failure -j $(JOBS)
 
+# record ROWS: with RECORD=1, the run's rows into the record; else where
+# they are.
+RECORD ?=
+ROWS_DIR = build-release/bench
+record = $(if $(filter 1 yes,$(RECORD)),$(PYTHON) bench/results.py record $(1),\
+  @echo "make: this run's rows are in $(1); RECORD=1 records them (bench/results.jsonl, bench/RESULTS.md)")
+
 bench: deps
 	$(CMAKE) -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DWEFT_TESTS=OFF
 	$(CMAKE) --build build-release -j $(JOBS)
-	build-release/bench/bench_core
+	build-release/bench/bench_core --rows $(ROWS_DIR)/bench_core.rows.jsonl
+	$(call record,$(ROWS_DIR)/bench_core.rows.jsonl)
 
-# weft and its raw-CUDA peers in one run; appends to bench/RESULTS.md.
+# weft and its raw-CUDA peers in one run.
 gpu-bench: deps
 	$(CMAKE) -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DWEFT_TESTS=OFF
 	$(CMAKE) --build build-release -j $(JOBS)
-	scripts/gpu-bench
+	scripts/gpu-bench --rows $(ROWS_DIR)/gpu-bench.rows.jsonl
+	$(call record,$(ROWS_DIR)/gpu-bench.rows.jsonl)
 
-# weft-images against its thread-pool peer on the GPU; appended to
-# bench/RESULTS.md.
+# weft-images against its thread-pool peer on the GPU.
 .PHONY: images-bench
 images-bench: deps
 	$(CMAKE) -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DWEFT_TESTS=OFF
 	$(CMAKE) --build build-release -j $(JOBS)
-	scripts/images-bench
+	scripts/images-bench --rows $(ROWS_DIR)/images-bench.rows.jsonl
+	$(call record,$(ROWS_DIR)/images-bench.rows.jsonl)
 
 # weft's operators, PyTorch eager and torch.compile on the same tensors in
-# one process (PyTorch and a GPU needed); appends to bench/RESULTS.md.
+# one process (PyTorch and a GPU needed).
 # BENCH_OPS_ARGS passes options: bench/ops/bench_ops.py --help.
 .PHONY: gpu-bench-ops
 gpu-bench-ops: deps
 	$(CMAKE) -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DWEFT_TESTS=OFF
 	$(CMAKE) --build build-release -j $(JOBS) --target weft_ops_bench
-	$(PYTHON) bench/ops/bench_ops.py --lib build-release/bench/ops/libweft_ops_bench.so $(BENCH_OPS_ARGS)
+	$(PYTHON) bench/ops/bench_ops.py --lib build-release/bench/ops/libweft_ops_bench.so \
+	  --rows $(ROWS_DIR)/ops.rows.jsonl $(BENCH_OPS_ARGS)
+	$(call record,$(ROWS_DIR)/ops.rows.jsonl)
 
 # The GPU suite (CTest label `gpu`); scripts/gpu-check runs it under
 # compute-sanitizer.

@@ -14,14 +14,20 @@
  *
  * Every figure is measured on a warmed-up run, repeated, and reported as the
  * median with min and max. Output: a table, one `BENCH <name> <value> <unit>`
- * line per figure, and a section appended to bench/RESULTS.md.
+ * line per figure, a line per target saying what it was compared against and
+ * the figure it needed, and the run's rows (JSON lines, one per figure, with
+ * the peer measured in the same run: bench/results.py) written to a file in
+ * the build tree. Recording them in bench/results.jsonl, from which
+ * bench/RESULTS.md is made, is a separate choice: `make bench RECORD=1`.
  *
- * Usage: bench_core [--quick] [--no-append] [--results PATH] [--only TEXT]
- *   --quick      a short smoke run: fewer repetitions, shorter ones
- *   --no-append  leave RESULTS.md alone
- *   --results    append to PATH instead of the RESULTS.md beside this file
+ * Usage: bench_core [--quick] [--no-rows] [--rows PATH] [--only TEXT]
+ *   --quick      a short smoke run: fewer repetitions, shorter ones (its rows
+ *                are marked quick, and results.py refuses to record them)
+ *   --no-rows    write no rows
+ *   --rows       write the rows to PATH (default bench_core.rows.jsonl beside
+ *                the executable)
  *   --only       run only the figures whose BENCH name contains TEXT (for
- *                profiling one of them); implies --no-append
+ *                profiling one of them); implies --no-rows
  *
  * The memory figure is taken first, in a forked child, so that no earlier
  * benchmark has already made pages resident that the tasks would reuse.
@@ -51,8 +57,8 @@
 #define MAX_RESULTS 64
 
 static struct {
-    bool quick, append;
-    const char *results;
+    bool quick, write_rows;
+    const char *rows;
     const char *only;
     int reps;        /* measured repetitions (odd: the median is a sample) */
     uint64_t rep_ns; /* aimed duration of one repetition */
@@ -807,6 +813,67 @@ static void bench_memory(void)
 
 /* ---- report ------------------------------------------------------------ */
 
+/* What each target is against: every one is a goal of the design, not a
+ * peer's figure, so the line says which. */
+static const char *goal_of(const result *r)
+{
+    if (!strncmp(r->name, "fiber_switch", 12))
+        return "the design's goal for one switch";
+    if (!strncmp(r->name, "spawn_join_", 11))
+        return "the design's goal with 2 workers (Taskflow publishes 2.2-2.8 M/s on 2 vCPUs)";
+    if (!strncmp(r->name, "mem_rss", 7))
+        return "the design's goal for a suspended task";
+    return "a goal";
+}
+
+static const result *find(const char *name)
+{
+    for (int i = 0; i < nresults; i++)
+        if (!strcmp(results[i].name, name) && !results[i].failed)
+            return &results[i];
+    return NULL;
+}
+
+/* The peer measured in the same run, where one does the same work another
+ * way: its label and its figure in r's unit; false where there is none. */
+static bool peer_of(const result *r, const char **label, double *value)
+{
+    static const struct {
+        const char *prefix, *peer, *label;
+        double factor; /* peer's figure times this: the same unit of work */
+    } peers[] = {
+        {"fiber_switch_ns", "condvar_handoff_ns", "pthread cond-var hand-off (one way)", 1},
+        {"chan_rtt_ns", "condvar_handoff_ns", "pthread cond-var round trip (2 hand-offs)", 2},
+        {"fib30_cut12_ms", "fib30_seq_ms", "fib(30), plain recursion", 1},
+    };
+    for (size_t i = 0; i < sizeof peers / sizeof peers[0]; i++) {
+        const result *p = find(peers[i].peer);
+        if (p && !strncmp(r->name, peers[i].prefix, strlen(peers[i].prefix))) {
+            *label = peers[i].label;
+            *value = p->med * peers[i].factor;
+            return true;
+        }
+    }
+    return false;
+}
+
+static void print_targets(FILE *f)
+{
+    for (int i = 0; i < nresults; i++) {
+        const result *r = &results[i];
+        if (!r->target[0])
+            continue;
+        char med[32] = "failed";
+        if (!r->failed)
+            fmt_value(med, sizeof med, r->med);
+        fprintf(f, "target: %s, %s: %s %s against %s %s, %s: %s\n", r->what, r->config, med,
+                r->unit, r->target, r->unit, goal_of(r),
+                r->failed  ? "not measured"
+                : meets(r) ? "met"
+                           : "MISSED");
+    }
+}
+
 static void print_table(FILE *f, bool markdown)
 {
     const char *fmt = markdown ? "| %s | %s | %s | %s | %s | %s | %s |\n"
@@ -823,10 +890,10 @@ static void print_table(FILE *f, bool markdown)
             fmt_value(hi, sizeof hi, r->max);
         }
         if (r->target[0])
-            snprintf(target, sizeof target, "%s%s", r->target,
-                     r->failed  ? ""
-                     : meets(r) ? " ok"
-                                : " MISSED");
+            snprintf(target, sizeof target, "%s %s: %s", r->target, r->unit,
+                     r->failed  ? "not measured"
+                     : meets(r) ? "met"
+                                : "MISSED");
         fprintf(f, fmt, r->what, r->config, med, lo, hi, r->unit, target);
     }
 }
@@ -874,19 +941,32 @@ static void git_describe(char *buf, size_t n)
     pclose(p);
 }
 
-static void append_results(void)
+/* s as a JSON string (quotes, backslashes and control characters escaped). */
+static void json_str(FILE *f, const char *s)
 {
-    FILE *f = fopen(opt.results, "a+");
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+/* One JSON line per figure, in bench/results.py's form; the file holds this
+ * run alone (recording appends it elsewhere). */
+static void write_rows(void)
+{
+    FILE *f = fopen(opt.rows, "w");
     if (!f) {
-        fprintf(stderr, "bench_core: cannot open %s; results not appended\n", opt.results);
+        fprintf(stderr, "bench_core: cannot write %s; no rows written\n", opt.rows);
         return;
     }
-    fseek(f, 0, SEEK_END);
-    if (ftell(f) == 0)
-        fprintf(f, "# weft CPU benchmark results\n\nAppended by `bench/bench_core` "
-                   "(`make bench`); one section per run.\n");
-
-    char date[64], cpu[256], commit[64];
+    char date[64], cpu[256], commit[64], machine[1024], compiler[160], conditions[160];
     time_t now = time(NULL);
     struct tm tm;
     gmtime_r(&now, &tm);
@@ -896,28 +976,68 @@ static void append_results(void)
     struct utsname u;
     if (uname(&u) != 0)
         memset(&u, 0, sizeof u);
-
-    fprintf(f, "\n## %s%s\n\n", date, opt.quick ? " (--quick)" : "");
-    fprintf(f, "- machine: %s, %u CPUs online, %s %s %s\n", cpu, opt.ncpu, u.sysname, u.release,
-            u.machine);
 #if defined(__clang__)
-    fprintf(f, "- compiler: clang %s", __clang_version__);
+    snprintf(compiler, sizeof compiler, "clang %s", __clang_version__);
 #elif defined(__GNUC__)
-    fprintf(f, "- compiler: gcc %s", __VERSION__);
+    snprintf(compiler, sizeof compiler, "gcc %s", __VERSION__);
 #else
-    fprintf(f, "- compiler: unknown");
+    snprintf(compiler, sizeof compiler, "unknown compiler");
 #endif
 #ifdef NDEBUG
-    fprintf(f, ", NDEBUG\n");
+    const char *asserts = "NDEBUG";
 #else
-    fprintf(f, ", assertions on\n");
+    const char *asserts = "assertions on";
 #endif
-    fprintf(f, "- commit: %s\n", commit);
-    fprintf(f, "- load average before the run (1, 5, 15 min): %s\n", opt.loadavg);
-    fprintf(f, "- %d repetitions each, median [min, max]\n\n", opt.reps);
-    print_table(f, true);
-    fclose(f);
-    printf("appended to %s\n", opt.results);
+    snprintf(machine, sizeof machine, "%s, %u CPUs online, %s %s %s; %s, %s", cpu, opt.ncpu,
+             u.sysname, u.release, u.machine, compiler, asserts);
+    snprintf(conditions, sizeof conditions,
+             "%d repetitions each after a warm-up; load average before the run %s", opt.reps,
+             opt.loadavg);
+
+    for (int i = 0; i < nresults; i++) {
+        const result *r = &results[i];
+        if (r->failed)
+            continue; /* a figure not measured is no row */
+        char v[32], lo[32], hi[32];
+        fmt_value(lo, sizeof lo, r->min);
+        fmt_value(hi, sizeof hi, r->max);
+        snprintf(v, sizeof v, "%.6g", r->med);
+        fputs("{\"benchmark\": \"cpu\", \"case\": ", f);
+        json_str(f, r->what);
+        fputs(", \"config\": ", f);
+        json_str(f, r->config);
+        fprintf(f, ", \"metric\": \"median\", \"value\": %s, \"unit\": ", v);
+        json_str(f, r->unit);
+        fprintf(f, ", \"detail\": \"min %s, max %s\"", lo, hi);
+        const char *peer;
+        double pv;
+        if (peer_of(r, &peer, &pv)) {
+            fputs(", \"peer\": ", f);
+            json_str(f, peer);
+            fprintf(f, ", \"peer_value\": %.6g", pv);
+        }
+        if (r->target[0]) {
+            /* met from the value as written, so that the row agrees with
+             * itself when read back */
+            result w = *r;
+            w.med = atof(v);
+            fprintf(f, ", \"targets\": [{\"goal\": ");
+            json_str(f, goal_of(r));
+            fprintf(f, ", \"op\": \"%.2s\", \"needed\": %s, \"met\": %s}]", r->target,
+                    r->target + 3, meets(&w) ? "true" : "false");
+        }
+        fputs(", \"machine\": ", f);
+        json_str(f, machine);
+        fprintf(f, ", \"date\": \"%s\", \"commit\": ", date);
+        json_str(f, commit);
+        fputs(", \"conditions\": ", f);
+        json_str(f, conditions);
+        fprintf(f, "%s}\n", opt.quick ? ", \"quick\": true" : "");
+    }
+    if (fclose(f) != 0)
+        fprintf(stderr, "bench_core: writing %s failed\n", opt.rows);
+    else
+        printf("rows in %s (bench/results.py record %s: into the record)\n", opt.rows, opt.rows);
 }
 
 /* ---- main -------------------------------------------------------------- */
@@ -934,33 +1054,34 @@ static void read_loadavg(char *buf, size_t n)
         fclose(f);
 }
 
-static const char *default_results(void)
+/* bench_core.rows.jsonl beside the executable: in the build tree, which git
+ * ignores, so that a run changes nothing tracked unless recorded. */
+static const char *default_rows(void)
 {
     static char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s", __FILE__);
+    ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+    path[n > 0 ? n : 0] = 0;
     char *slash = strrchr(path, '/');
-    if (slash)
-        snprintf(slash + 1, sizeof path - (size_t)(slash + 1 - path), "RESULTS.md");
-    else
-        snprintf(path, sizeof path, "RESULTS.md");
+    size_t at = slash ? (size_t)(slash + 1 - path) : 0;
+    snprintf(path + at, sizeof path - at, "bench_core.rows.jsonl");
     return path;
 }
 
 int main(int argc, char **argv)
 {
-    opt.append = true;
-    opt.results = default_results();
+    opt.write_rows = true;
+    opt.rows = default_rows();
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) {
             opt.quick = true;
-        } else if (!strcmp(argv[i], "--no-append")) {
-            opt.append = false;
-        } else if (!strcmp(argv[i], "--results") && i + 1 < argc) {
-            opt.results = argv[++i];
+        } else if (!strcmp(argv[i], "--no-rows")) {
+            opt.write_rows = false;
+        } else if (!strcmp(argv[i], "--rows") && i + 1 < argc) {
+            opt.rows = argv[++i];
         } else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
             opt.only = argv[++i];
         } else {
-            fprintf(stderr, "usage: %s [--quick] [--no-append] [--results PATH] [--only TEXT]\n",
+            fprintf(stderr, "usage: %s [--quick] [--no-rows] [--rows PATH] [--only TEXT]\n",
                     argv[0]);
             return 2;
         }
@@ -988,9 +1109,10 @@ int main(int argc, char **argv)
 
     printf("\n");
     print_table(stdout, false);
+    print_targets(stdout);
     printf("\nbench_core: %.1f s%s\n", (double)(now_ns() - t0) / 1e9,
            opt.quick ? " (--quick)" : "");
-    if (opt.append && !opt.only)
-        append_results();
+    if (opt.write_rows && !opt.only)
+        write_rows();
     return 0;
 }

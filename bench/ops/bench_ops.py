@@ -15,8 +15,11 @@ weft in one shared object; see CMakeLists.txt here). That library holds a
 static CUDA runtime whose thread-local storage must be reserved at process
 start, so the script re-executes itself with the library in LD_PRELOAD.
 
-Prints a table and `BENCH <name> <value> <unit>` lines, and appends a
-section to bench/RESULTS.md. Exit status: 0, 1 on an error (PyTorch
+Prints a report and `BENCH <name> <value> <unit>` lines, and writes the
+headline's rows (JSON lines, one per figure with torch.compile's beside it:
+bench/results.py) to a file in the build tree; `make gpu-bench-ops
+RECORD=1` records them in bench/results.jsonl and bench/RESULTS.md. The
+tuning variants are in the report alone. Exit status: 0, 1 on an error (PyTorch
 missing, a weft call failing, results that disagree with PyTorch), 77 when
 there is no GPU. Usage: bench/ops/bench_ops.py --help; `make gpu-bench-ops`
 builds and runs it.
@@ -24,6 +27,7 @@ builds and runs it.
 import argparse
 import ctypes
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -122,8 +126,12 @@ def parse_args():
     ap.add_argument("--clocks", action="store_true",
                     help="read the SM clock (NVML) at the end of each variant's timing and "
                     "give its range beside the figure")
-    ap.add_argument("--no-append", action="store_true", help="leave RESULTS.md alone")
-    ap.add_argument("--results", default=os.path.join(ROOT, "bench", "RESULTS.md"))
+    ap.add_argument("--no-rows", "--no-append", dest="no_rows", action="store_true",
+                    help="write no rows")
+    ap.add_argument("--rows", default=os.path.join(ROOT, "build-release", "bench",
+                                                    "ops.rows.jsonl"),
+                    help="write the headline's rows (JSON lines) here, this run's alone "
+                    "(default %(default)s)")
     ap.add_argument("--check-symbols", action="store_true",
                     help="only check that the library defines every entry point called "
                     "here (needs no GPU or PyTorch)")
@@ -230,7 +238,7 @@ def checked(lib, fn):
 # LayerNorm bf16 at 1024x65536 run back to back held 1980 MHz for 200 ms,
 # then medians of 1785-1905 and 2-9% less bandwidth; softmax timed after
 # SwiGLU read 3-7% below itself timed after LayerNorm, at clocks down to
-# 1500 MHz (bench/RESULTS.md, 2026-12-02 17:01 and 17:10). Running the
+# 1500 MHz (bench/history/2026-12-02.md, 17:01 and 17:10). Running the
 # kernel 20 ms before timing it did not remove that; 200 ms of rest kept
 # every timing at 1980 MHz (18:12), each kernel starting from one state.
 REST_MS = 0.0
@@ -804,7 +812,7 @@ def run(torch, lib, args):
                                  must_apply=True)
                 # The queued kernels, round k of n starting k/n of the way down
                 # the list: where a kernel is timed in a shape's run has moved
-                # its figure by 3-7% (bench/RESULTS.md, 2026-12-02 15:33), so
+                # its figure by 3-7% (bench/history/2026-12-02.md, 15:33), so
                 # over rounds each takes other places.
                 turn = rnd * len(queued) // max(args.rounds, 1)
                 for kern, v, fn, nbytes, tag in queued[turn:] + queued[:turn]:
@@ -923,10 +931,10 @@ def run(torch, lib, args):
                      sorted(set(notes)))
     print()
     print(section)
-    if not args.no_append:
-        with open(args.results, "a") as f:
-            f.write("\n" + section)
-        progress("appended to %s" % args.results)
+    if not args.no_rows:
+        write_rows(torch, args, copy_tbps, rows_out, small_out)
+        progress("rows in %s (bench/results.py record %s: into the record)" %
+                 (args.rows, args.rows))
     if failures:
         for f in failures:
             print("bench_ops: FAILED: " + f, file=sys.stderr)
@@ -955,6 +963,63 @@ def machine(torch):
         except OSError:
             commit = "unknown"
     return gpu, smi.splitlines()[0] if smi else "unknown", commit
+
+
+# the headline's targets against torch.compile: op -> the ratio (bf16)
+COMPILE_TARGETS = (("gelu_layernorm", 1.5), ("softmax", 2.0))
+
+
+def write_rows(torch, args, copy_tbps, rows_out, small_out):
+    """The headline and the small inputs as rows (bench/results.py): each
+    large shape's bandwidth beside torch.compile's, with its targets; each
+    small input's time beside the empty kernel's."""
+    gpu, driver, commit = machine(torch)
+    common = {
+        "benchmark": "ops",
+        "machine": "%s, driver %s; PyTorch %s (CUDA %s); Python %s" % (
+            gpu, driver, torch.__version__, torch.version.cuda, platform.python_version()),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit,
+        "conditions": "Release build; median of %d runs of back-to-back calls, >= 10 ms each, "
+                      "after %swarm-up; torch.compile default mode, static shapes; effective "
+                      "bandwidth = bytes the op must move / time" % (
+                          3 if args.quick else 5, "%g ms idle and " % REST_MS if REST_MS else ""),
+    }
+    if args.quick:
+        common["quick"] = True
+    rows = [dict(common, case="copy ceiling: device-to-device copy of 512 MiB",
+                 metric="bandwidth", value=round(copy_tbps, 4), unit="TB/s",
+                 detail="read + write")]
+    want = dict(COMPILE_TARGETS)
+    for op, dt, (r, c), w, e, cmp_, err in rows_out:
+        w = round(w, 4)
+        targets = [{"goal": "90%% of the copy ceiling measured in the same run (%.2f TB/s)" %
+                    copy_tbps, "op": ">=", "needed": round(0.9 * copy_tbps, 4)}]
+        row = dict(common, case="%s %s %dx%d" % (op, dt, r, c), metric="bandwidth", value=w,
+                   unit="TB/s", detail="%.0f%% of copy; eager %.2f TB/s; error vs eager %.1e" %
+                   (100 * w / copy_tbps, e, err))
+        if cmp_:
+            row.update(peer="torch.compile", peer_value=round(cmp_, 4))
+            if dt == "bf16" and op in want:
+                targets.append({"goal": "%.1f × torch.compile" % want[op], "op": ">=",
+                                "needed": round(want[op] * cmp_, 4)})
+        for t in targets:
+            t["met"] = w >= t["needed"]
+        row["targets"] = targets
+        rows.append(row)
+    for name, n, t_us, empty_us in small_out:
+        words = name.split()
+        if words[0] not in OPS or len(words) > 2 or (len(words) == 2 and words[1][0] != "("):
+            continue  # a tuning variant's: in the report alone
+        dt = words[1].strip("()") if len(words) == 2 else "bf16"
+        rows.append(dict(common, case="small: %s, %d row%s of 4096 %s" % (
+            words[0], n, "" if n == 1 else "s", dt), metric="time per call",
+            value=round(t_us, 4), unit="µs", detail="in a CUDA graph", peer="empty kernel",
+            peer_value=round(empty_us, 4)))
+    os.makedirs(os.path.dirname(os.path.abspath(args.rows)), exist_ok=True)
+    with open(args.rows, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, notes):
@@ -998,8 +1063,10 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
     below = [(op, dt, s, w) for op, dt, s, w, _, _, _ in rows_out if w < 0.9 * copy_tbps]
     if rows_out:
         verdict = "met" if not below else "missed"
-        line = "- target, every op ≥ 90%% of copy at the large shapes: **%s** (%d of %d)" % (
-            verdict, len(rows_out) - len(below), len(rows_out))
+        line = ("- target, every op ≥ 90%% of the copy at the large shapes (≥ %.2f TB/s, "
+                "against this run's copy of %.2f): **%s** (%d of %d)" % (
+                    0.9 * copy_tbps, copy_tbps, verdict, len(rows_out) - len(below),
+                    len(rows_out)))
         if below:
             line += "; below: " + ", ".join("%s %s %dx%d %.0f%%" % (op, dt, s[0], s[1],
                                                                   100 * w / copy_tbps)
@@ -1007,12 +1074,14 @@ def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, 
             if len(below) > 16:
                 line += ", and %d more" % (len(below) - 16)
         out.append(line)
-    for op, want in (("gelu_layernorm", 1.5), ("softmax", 2.0)):
+    for op, want in COMPILE_TARGETS:
         for o, dt, (r, c), w, _, cmp_, _ in rows_out:
             if o == op and dt == "bf16" and cmp_:
                 need = want * cmp_
-                line = "- target, %s bf16 %dx%d ≥ %.1f× torch.compile: **%s** (%.2f×)" % (
-                    op, r, c, want, "met" if w >= need else "missed", w / cmp_)
+                line = ("- target, %s bf16 %dx%d ≥ %.1f× torch.compile (≥ %.2f TB/s, against "
+                        "its %.2f in this run): **%s** (%.2f TB/s, %.2f×)" % (
+                            op, r, c, want, need, cmp_, "met" if w >= need else "missed", w,
+                            w / cmp_))
                 if w < need:  # how far, against the copy
                     line += "; it needs %.2f TB/s, %.0f%% of the copy" % (
                         need, 100 * need / copy_tbps)
