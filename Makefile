@@ -5,7 +5,7 @@
 #   make check-asan the same suite under AddressSanitizer + UBSan
 #   make check-tsan the same suite under ThreadSanitizer
 #   make bench      build optimized and run the CPU benchmarks
-#   make gpu-test   build, then run the GPU test suite (tests/gpu/; skipped without a GPU)
+#   make gpu-test   build, then run the GPU test suite (ctest -L gpu: tests/*/test_*_gpu.c; skipped without a GPU)
 #   make gpu-bench  build optimized and run the GPU benchmarks (nvcc and a GPU)
 #   make install    build, then install into PREFIX (default /usr/local):
 #                   libraries, headers, CMake package, pkg-config file

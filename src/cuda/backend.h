@@ -12,7 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include "core/lock.h"
-#include "device/cuda_memory.h"
+#include "cuda/memory.h"
 #include "device/device.h"
 
 enum {

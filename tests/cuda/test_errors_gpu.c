@@ -12,7 +12,7 @@
  */
 #include <limits.h>
 
-#include "gpu_test.h"
+#include "gpu_support/gpu_test.h"
 
 static weft_dim3 dim(unsigned x, unsigned y, unsigned z)
 {

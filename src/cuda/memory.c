@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "device/cuda_memory.h"
+#include "cuda/memory.h"
 
 enum { HEADER = 256, MIN_CLASS = 12 }; /* 4 KiB */
 #define CACHE_MAX ((size_t)1 << 30)

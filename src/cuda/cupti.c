@@ -36,7 +36,7 @@
 #include <string.h>
 
 #include "core/clock.h"
-#include "device/cuda_internal.h"
+#include "cuda/backend.h"
 
 enum {
     TAGS = 1 << 16,         /* operations between enqueue and record (a power of two) */

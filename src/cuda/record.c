@@ -26,7 +26,7 @@
 
 #include "core/error.h"
 #include "core/lock.h"
-#include "device/cuda_internal.h"
+#include "cuda/backend.h"
 
 /* ---- kernel parameter tables ------------------------------------------- */
 

@@ -10,7 +10,7 @@
  * The work awaited is mostly a kernel that reads, spins, then writes into
  * mapped memory (gk_spin_affine): an await that returns early sees poison.
  */
-#include "gpu_test.h"
+#include "gpu_support/gpu_test.h"
 
 enum { GUARD = 16 }; /* poisoned words past every output */
 

@@ -8,7 +8,7 @@
  * and when the completion was found on the wait's fast path); overlapping
  * streams count once.
  */
-#include "gpu_test.h"
+#include "gpu_support/gpu_test.h"
 
 #define SPIN_NS 30000000ull /* 30 ms */
 

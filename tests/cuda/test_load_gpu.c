@@ -13,7 +13,7 @@
  * lasts about a second, the high-priority task's work a few milliseconds),
  * not a speed; under compute-sanitizer only its correctness is checked.
  */
-#include "gpu_test.h"
+#include "gpu_support/gpu_test.h"
 
 enum { GUARD = 16, MAX_WORDS = 4096 };
 

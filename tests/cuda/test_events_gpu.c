@@ -12,7 +12,7 @@
  * anyone who starts too early reads stale input. Results are in mapped
  * memory, so a waiter checks them with plain loads right after its wait.
  */
-#include "gpu_test.h"
+#include "gpu_support/gpu_test.h"
 
 enum { WORDS = 40000 };
 #define SPIN_NS 50000000ull /* 50 ms */

@@ -27,7 +27,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "gpu_test.h"
+#include "gpu_support/gpu_test.h"
 #include "ops/ops_internal.h"
 #include "weft/ops.h"
 

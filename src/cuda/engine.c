@@ -44,7 +44,7 @@
 
 #include "core/clock.h"
 #include "core/error.h"
-#include "device/cuda_internal.h"
+#include "cuda/backend.h"
 #include "task/task.h"
 
 enum {

@@ -32,8 +32,8 @@ int weft__cuda_devices_create(weft__device ***devs, unsigned *count, unsigned gr
 #include <string.h>
 
 #include "core/error.h"
-#include "device/cuda_internal.h"
-#include "device/cuda_status.h"
+#include "cuda/backend.h"
+#include "cuda/status.h"
 
 typedef weft__cuda_device cuda_device;
 

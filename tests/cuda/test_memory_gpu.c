@@ -12,7 +12,7 @@
  * misplaced or missing write fails. Data are random each run (see
  * gpu_test.h for the seed).
  */
-#include "gpu_test.h"
+#include "gpu_support/gpu_test.h"
 
 enum {
     BUF_CAP = 4 << 20,   /* bytes of each heap, pinned, device, mapped buffer */

@@ -44,7 +44,7 @@
 #include <string.h>
 
 #include "core/clock.h"
-#include "device/cuda_internal.h"
+#include "cuda/backend.h"
 
 enum {
     COLLECT_BATCH = 32,

@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu_kernels.h"
-#include "gpu_test.h"
+#include "gpu_support/gpu_kernels.h"
+#include "gpu_support/gpu_test.h"
 #include "weft.h"
 
 enum { N = 1 << 16 };

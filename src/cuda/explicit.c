@@ -22,7 +22,7 @@
 #ifdef WEFT_HAVE_CUDA
 
 #include "core/lock.h"
-#include "device/cuda_internal.h"
+#include "cuda/backend.h"
 #include "runtime.h"
 #include "task/task.h"
 #include "trace/trace.h"

@@ -13,8 +13,8 @@
  * the launch would last microseconds), inside the session, and ending
  * before the task's GPU wait ends (the conversion to host time holds).
  */
-#include "gpu_test.h"
-#include "../trace/trace_check.h" /* after cmocka: trace_load_checked */
+#include "gpu_support/gpu_test.h"
+#include "trace_check.h" /* after cmocka: trace_load_checked */
 
 enum { TASKS = 8, WORDS = 4096 };
 #define SPIN_NS 200000ull

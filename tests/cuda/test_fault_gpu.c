@@ -15,7 +15,7 @@
  * what must still work. Under compute-sanitizer's memcheck the fault is
  * the sanitizer's to report (scripts/gpu-check leaves this program out).
  */
-#include "gpu_test.h"
+#include "gpu_support/gpu_test.h"
 
 enum { HOST_TASKS = 32, HOST_ROUNDS = 40 };
 /* Half a second: running when the fault happens. CUDA reports a fault only

@@ -38,7 +38,7 @@
 #include <stdlib.h>
 
 #include "core/error.h"
-#include "device/cuda_internal.h"
+#include "cuda/backend.h"
 
 typedef struct weft__cuda_graph {
     uint64_t key;

@@ -7,7 +7,7 @@
  * page-locked, disjoint, never a block given to two tasks at once. Mapped
  * memory: the alias CUDA reports, read and written by kernels directly.
  */
-#include "gpu_test.h"
+#include "gpu_support/gpu_test.h"
 
 /* ---- device memory ----------------------------------------------------- */
 

@@ -11,7 +11,7 @@
  */
 #include <math.h>
 
-#include "gpu_test.h"
+#include "gpu_support/gpu_test.h"
 
 enum { GUARD = 16 }; /* poisoned words past every output */
 
