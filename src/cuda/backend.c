@@ -1,7 +1,7 @@
 /*
- * cuda.c - the CUDA backend: one weft device per GPU.
+ * backend.c - the CUDA backend: one weft device per GPU.
  *
- * This half opens GPUs, pools streams and enqueues work; cuda_engine.c
+ * This half opens GPUs, pools streams and enqueues work; engine.c
  * decides when the work is complete. Streams are non-blocking CUDA streams
  * from a pool per priority class (high, and the rest); past
  * WEFT__CUDA_MAX_STREAMS a class's streams are shared in turn. Every
@@ -12,20 +12,6 @@
  * cudaGetDriverEntryPointByVersion, so the library links the CUDA runtime
  * only and loads on machines without a GPU driver (and then finds no GPU).
  */
-#include "device/device.h"
-
-#ifndef WEFT_HAVE_CUDA
-
-int weft__cuda_devices_create(weft__device ***devs, unsigned *count, unsigned graph_cache)
-{
-    (void)graph_cache;
-    *devs = NULL;
-    *count = 0;
-    return WEFT_OK;
-}
-
-#else
-
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,7 +88,7 @@ __attribute__((noinline)) int weft__cuda_use_device(weft__cuda_device *dev)
 
 int weft__cuda_enter(weft__stream *s, const char *call)
 {
-    s->timing_chain = false; /* the newest timed end is no longer the stream's last */
+    s->timing.timing_chain = false; /* the newest timed end is no longer the stream's last */
     int rc = weft__cuda_check_failed(s->dev, call);
     return rc ? rc : weft__cuda_use_device(s->dev);
 }
@@ -164,9 +150,9 @@ static int cuda_copy(weft__stream *s, void *dst, const void *src, size_t n)
         return rc;
     weft__cuda_note_work(s);
     bool from_pageable = weft__cuda_pageable(src), to_pageable = weft__cuda_pageable(dst);
-    if (s->recording) { /* graph mode: record what a graph node can copy */
+    if (s->graph.recording) { /* graph mode: record what a graph node can copy */
         if (!from_pageable && !to_pageable)
-            return weft__cuda_record_copy(s->record, dst, src, n);
+            return weft__cuda_record_copy(s->graph.record, dst, src, n);
         if ((rc = weft__cuda_region_capture(s)))
             return rc;
     }
@@ -215,9 +201,9 @@ static int cuda_fill(weft__stream *s, void *dst, int value, size_t n)
     weft__cuda_note_work(s);
     cudaError_t e;
     bool host_side = weft__cuda_pageable(dst);
-    if (s->recording) {
+    if (s->graph.recording) {
         if (!host_side)
-            return weft__cuda_record_fill(s->record, dst, value, n);
+            return weft__cuda_record_fill(s->graph.record, dst, value, n);
         if ((rc = weft__cuda_region_capture(s)))
             return rc;
     }
@@ -239,7 +225,7 @@ static int cuda_fill(weft__stream *s, void *dst, int value, size_t n)
 static int cuda_host_fn(weft__stream *s, void (*fn)(void *arg), void *arg)
 {
     int rc = weft__cuda_enter(s, "weft_host_async");
-    if (rc || (s->recording && (rc = weft__cuda_region_capture(s))))
+    if (rc || (s->graph.recording && (rc = weft__cuda_region_capture(s))))
         return rc;
     weft__cuda_note_work(s);
     cudaError_t e = cudaLaunchHostFunc(s->handle, fn, arg);
@@ -253,8 +239,8 @@ static int cuda_launch(weft__stream *s, const void *kernel, weft_dim3 grid, weft
     if (rc)
         return rc;
     weft__cuda_note_work(s);
-    if (s->recording) {
-        rc = weft__cuda_record_launch(s->record, kernel, grid, block, shared_bytes, args);
+    if (s->graph.recording) {
+        rc = weft__cuda_record_launch(s->graph.record, kernel, grid, block, shared_bytes, args);
         if (rc != WEFT__CUDA_NOT_RECORDED || (rc = weft__cuda_region_capture(s)))
             return rc;
     }
@@ -266,7 +252,7 @@ static int cuda_launch(weft__stream *s, const void *kernel, weft_dim3 grid, weft
 static int cuda_malloc_async(weft__stream *s, void **ptr, size_t n)
 {
     int rc = weft__cuda_enter(s, "weft_malloc_async");
-    if (rc || (s->recording && (rc = weft__cuda_region_capture(s))))
+    if (rc || (s->graph.recording && (rc = weft__cuda_region_capture(s))))
         return rc;
     cudaError_t e = cudaMallocAsync(ptr, n, s->handle);
     if (e != cudaSuccess)
@@ -278,7 +264,7 @@ static int cuda_malloc_async(weft__stream *s, void **ptr, size_t n)
 static int cuda_free_async(weft__stream *s, void *ptr)
 {
     int rc = weft__cuda_enter(s, "weft_free_async");
-    if (rc || (s->recording && (rc = weft__cuda_region_capture(s))))
+    if (rc || (s->graph.recording && (rc = weft__cuda_region_capture(s))))
         return rc;
     weft__cuda_known_remove(ptr);
     cudaError_t e = cudaFreeAsync(ptr, s->handle);
@@ -291,9 +277,9 @@ static int cuda_free_async(weft__stream *s, void *ptr)
  * start, the region's end reports it). */
 static void *cuda_native(weft__stream *s)
 {
-    s->timing_chain = false; /* its work comes after the newest timed end */
+    s->timing.timing_chain = false; /* its work comes after the newest timed end */
     weft__cuda_note_work(s);
-    if (s->recording)
+    if (s->graph.recording)
         weft__cuda_region_capture(s);
     return s->handle;
 }
@@ -339,7 +325,7 @@ int weft__cuda_stream_create_bare(weft__cuda_device *dev, weft__stream **out)
         return rc;
     }
     s->dev = dev;
-    s->capture = true;
+    s->graph.capture = true;
     *out = s;
     return WEFT_OK;
 }
@@ -435,8 +421,8 @@ static void cuda_destroy(weft__device *d)
     weft__cuda_graph_fini(dev);
     weft__cuda_trace_fini(dev);
     weft__cuda_host_pool_destroy(&dev->host_pool);
-    if (dev->flags)
-        cudaFreeHost(dev->flags);
+    if (dev->engine.flags)
+        cudaFreeHost(dev->engine.flags);
     cudaGetLastError();
     free(dev);
 }
@@ -504,7 +490,7 @@ static int device_create(int ordinal, unsigned graph_cache, weft__device **out)
         return weft__fail(WEFT_ENOMEM, "weft: out of memory for a device");
     dev->base.ops = &cuda_ops;
     dev->ordinal = ordinal;
-    dev->completion = completion_mode();
+    dev->engine.completion = completion_mode();
     cudaError_t e;
     size_t flags_bytes = 2 * WEFT__CUDA_MAX_STREAMS * WEFT__CUDA_FLAG_STRIDE * sizeof(uint32_t);
     int least, greatest;
@@ -514,14 +500,15 @@ static int device_create(int ordinal, unsigned graph_cache, weft__device **out)
     if ((e = cudaSetDevice(ordinal)) != cudaSuccess ||
         (e = cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync)) != cudaSuccess ||
         (e = cudaDeviceGetStreamPriorityRange(&least, &greatest)) != cudaSuccess ||
-        (e = cudaHostAlloc((void **)&dev->flags, flags_bytes,
+        (e = cudaHostAlloc((void **)&dev->engine.flags, flags_bytes,
                            cudaHostAllocMapped | cudaHostAllocPortable)) != cudaSuccess ||
-        (e = cudaHostGetDevicePointer((void **)&dev->flags_device, dev->flags, 0)) != cudaSuccess) {
+        (e = cudaHostGetDevicePointer((void **)&dev->engine.flags_device, dev->engine.flags, 0)) !=
+            cudaSuccess) {
         int rc = weft__cuda_fail(dev, "weft: opening the GPU", e);
         cuda_destroy(&dev->base);
         return rc;
     }
-    memset(dev->flags, 0, flags_bytes);
+    memset(dev->engine.flags, 0, flags_bytes);
     dev->priority[0] = least;
     dev->priority[1] = greatest;
     current_ordinal = ordinal;
@@ -593,5 +580,3 @@ int weft__cuda_devices_create(weft__device ***out, unsigned *count, unsigned gra
     *count = (unsigned)n;
     return WEFT_OK;
 }
-
-#endif

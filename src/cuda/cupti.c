@@ -1,5 +1,5 @@
 /*
- * cuda_cupti.c - timing GPU operations for the timeline with CUPTI's
+ * cupti.c - timing GPU operations for the timeline with CUPTI's
  * activity records, in place of CUDA events (the default; WEFT_TRACE_GPU=
  * events or off turns it off).
  *
@@ -25,8 +25,6 @@
  * depend on it; without it, or when a profiler holds CUPTI, operations are
  * timed with events.
  */
-#ifdef WEFT_HAVE_CUDA
-
 #include <cupti.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -374,5 +372,3 @@ void weft__cupti_flush(weft__trace *tr)
     if (atomic_load(&weft__trace_live) <= 1) /* tr is the last recording */
         stop();
 }
-
-#endif

@@ -1,5 +1,5 @@
 /*
- * cuda_engine.c - the completion engine of the CUDA backend.
+ * engine.c - the completion engine of the CUDA backend.
  *
  * A marker is a point in a stream, numbered in order (1, 2, ...); a wait is
  * a waiter parked on the stream's FIFO until the stream's "done" number
@@ -35,8 +35,6 @@
  * wait with WEFT_EDEVICE. (A stream still running can answer "not ready"
  * for seconds after another faulted, which is why it queries several.)
  */
-#ifdef WEFT_HAVE_CUDA
-
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,20 +85,21 @@ int weft__cuda_engine_load(void)
 void weft__cuda_engine_stream_init(weft__stream *s, unsigned slot)
 {
     weft__cuda_device *dev = s->dev;
-    s->flag = dev->flags + slot * WEFT__CUDA_FLAG_STRIDE;
-    s->flag_device = dev->flags_device + slot * WEFT__CUDA_FLAG_STRIDE * sizeof(uint32_t);
-    atomic_init(&s->done, 0);
-    atomic_init(&s->flag_marked, 0);
+    s->engine.flag = dev->engine.flags + slot * WEFT__CUDA_FLAG_STRIDE;
+    s->engine.flag_device =
+        dev->engine.flags_device + slot * WEFT__CUDA_FLAG_STRIDE * sizeof(uint32_t);
+    atomic_init(&s->engine.done, 0);
+    atomic_init(&s->engine.flag_marked, 0);
 }
 
 void weft__cuda_engine_stream_fini(weft__stream *s)
 {
-    for (unsigned i = 0; i < s->ev_count; i++)
-        cudaEventDestroy(s->events[(s->ev_head + i) % s->ev_cap].event);
-    for (unsigned i = 0; i < s->nspare; i++)
-        cudaEventDestroy(s->spare[i]);
-    free(s->events);
-    free(s->spare);
+    for (unsigned i = 0; i < s->engine.ev_count; i++)
+        cudaEventDestroy(s->engine.events[(s->engine.ev_head + i) % s->engine.ev_cap].event);
+    for (unsigned i = 0; i < s->engine.nspare; i++)
+        cudaEventDestroy(s->engine.spare[i]);
+    free(s->engine.events);
+    free(s->engine.spare);
 }
 
 /* ---- how far a stream has got ------------------------------------------ */
@@ -109,20 +108,20 @@ void weft__cuda_engine_stream_fini(weft__stream *s)
  * own waits do. */
 static bool flag_reached(const weft__stream *s, uint64_t seq)
 {
-    uint32_t done = __atomic_load_n(s->flag, __ATOMIC_ACQUIRE);
+    uint32_t done = __atomic_load_n(s->engine.flag, __ATOMIC_ACQUIRE);
     return (int32_t)(done - (uint32_t)seq) >= 0;
 }
 
 /* AUTO: has a flag marker at or after seq completed? */
 static bool flag_covers(const weft__stream *s, uint64_t seq)
 {
-    return seq <= atomic_load_explicit(&s->flag_marked, memory_order_acquire) &&
+    return seq <= atomic_load_explicit(&s->engine.flag_marked, memory_order_acquire) &&
            flag_reached(s, seq);
 }
 
 bool weft__cuda_reached(weft__stream *s, uint64_t seq)
 {
-    switch (s->dev->completion) {
+    switch (s->dev->engine.completion) {
     case WEFT__CUDA_FLAG:
         return flag_reached(s, seq);
     case WEFT__CUDA_AUTO:
@@ -133,7 +132,7 @@ bool weft__cuda_reached(weft__stream *s, uint64_t seq)
     case WEFT__CUDA_CALLBACK:
         break;
     }
-    return atomic_load_explicit(&s->done, memory_order_acquire) >= seq;
+    return atomic_load_explicit(&s->engine.done, memory_order_acquire) >= seq;
 }
 
 /* EVENT, AUTO: query the oldest recorded markers and move "done" past those
@@ -145,9 +144,9 @@ bool weft__cuda_reached(weft__stream *s, uint64_t seq)
  * it). Call with s->lock held; false when it could not be taken back. */
 static bool query_events(weft__stream *s)
 {
-    bool flags = s->dev->completion == WEFT__CUDA_AUTO;
-    while (s->ev_count > 0) {
-        weft__cuda_mark_event m = s->events[s->ev_head];
+    bool flags = s->dev->engine.completion == WEFT__CUDA_AUTO;
+    while (s->engine.ev_count > 0) {
+        weft__cuda_mark_event m = s->engine.events[s->engine.ev_head];
         if (!(flags && flag_covers(s, m.seq))) {
             weft__lock_release(&s->lock);
             cudaError_t e = cudaEventQuery(m.event);
@@ -158,10 +157,10 @@ static bool query_events(weft__stream *s)
             if (e != cudaSuccess)
                 break;
         }
-        atomic_store_explicit(&s->done, m.seq, memory_order_release);
-        s->spare[s->nspare++] = m.event; /* room: spare_cap >= ev_cap */
-        s->ev_head = (s->ev_head + 1) % s->ev_cap;
-        s->ev_count--;
+        atomic_store_explicit(&s->engine.done, m.seq, memory_order_release);
+        s->engine.spare[s->engine.nspare++] = m.event; /* room: spare_cap >= ev_cap */
+        s->engine.ev_head = (s->engine.ev_head + 1) % s->engine.ev_cap;
+        s->engine.ev_count--;
     }
     return true;
 }
@@ -185,15 +184,15 @@ static unsigned fire_reached(weft__stream *s, int status)
     idle_if_done(s, status); /* before anyone woken below can look */
     unsigned fired = 0;
     weft__waiter *w;
-    while ((w = s->pending.head) != NULL) {
+    while ((w = s->engine.pending.head) != NULL) {
         marker *m = (marker *)((char *)w - offsetof(marker, w));
         if (status == WEFT_OK && !weft__cuda_reached(s, m->seq))
             break;
-        weft__waitq_pop(&s->pending);
+        weft__waitq_pop(&s->engine.pending);
         weft__waiter_fire(w, status); /* not cancellable: always taken */
         fired++;
     }
-    atomic_fetch_sub(&s->dev->npending, fired);
+    atomic_fetch_sub(&s->dev->engine.npending, fired);
     return fired;
 }
 
@@ -202,26 +201,26 @@ static unsigned fire_reached(weft__stream *s, int status)
 /* EVENT, AUTO: make room for one more recorded marker. Call with s->lock held. */
 static int reserve_event(weft__stream *s, cudaEvent_t *ev)
 {
-    if (s->ev_count == s->ev_cap) {
-        unsigned cap = s->ev_cap ? 2 * s->ev_cap : 16;
+    if (s->engine.ev_count == s->engine.ev_cap) {
+        unsigned cap = s->engine.ev_cap ? 2 * s->engine.ev_cap : 16;
         weft__cuda_mark_event *ring = malloc(cap * sizeof *ring);
-        cudaEvent_t *spare = realloc(s->spare, cap * sizeof *spare);
+        cudaEvent_t *spare = realloc(s->engine.spare, cap * sizeof *spare);
         if (!ring || !spare) {
             free(ring);
             if (spare)
-                s->spare = spare;
+                s->engine.spare = spare;
             return weft__fail(WEFT_ENOMEM, "weft_await: out of memory for events");
         }
-        for (unsigned i = 0; i < s->ev_count; i++)
-            ring[i] = s->events[(s->ev_head + i) % s->ev_cap];
-        free(s->events);
-        s->events = ring;
-        s->ev_head = 0;
-        s->ev_cap = s->spare_cap = cap;
-        s->spare = spare;
+        for (unsigned i = 0; i < s->engine.ev_count; i++)
+            ring[i] = s->engine.events[(s->engine.ev_head + i) % s->engine.ev_cap];
+        free(s->engine.events);
+        s->engine.events = ring;
+        s->engine.ev_head = 0;
+        s->engine.ev_cap = s->engine.spare_cap = cap;
+        s->engine.spare = spare;
     }
-    if (s->nspare > 0) {
-        *ev = s->spare[--s->nspare];
+    if (s->engine.nspare > 0) {
+        *ev = s->engine.spare[--s->engine.nspare];
         return WEFT_OK;
     }
     cudaError_t e = cudaEventCreateWithFlags(ev, cudaEventDisableTiming);
@@ -239,7 +238,7 @@ static void CUDART_CB marker_reached(void *arg)
     callback_mark *cm = arg;
     weft__stream *s = cm->stream;
     weft__lock_acquire(&s->lock);
-    atomic_store_explicit(&s->done, cm->seq, memory_order_release);
+    atomic_store_explicit(&s->engine.done, cm->seq, memory_order_release);
     fire_reached(s, WEFT_OK);
     weft__lock_release(&s->lock);
     free(cm);
@@ -247,11 +246,11 @@ static void CUDART_CB marker_reached(void *arg)
 
 static int mark_flag(weft__stream *s, uint64_t seq)
 {
-    CUresult r = write_value((CUstream)s->handle, s->flag_device, (cuuint32_t)seq, 0);
+    CUresult r = write_value((CUstream)s->handle, s->engine.flag_device, (cuuint32_t)seq, 0);
     if (r != CUDA_SUCCESS)
         return weft__fail(WEFT_EDEVICE, "cuStreamWriteValue32: driver error %d on GPU %d", (int)r,
                           s->dev->ordinal);
-    atomic_store_explicit(&s->flag_marked, seq, memory_order_release);
+    atomic_store_explicit(&s->engine.flag_marked, seq, memory_order_release);
     return WEFT_OK;
 }
 
@@ -263,10 +262,11 @@ static int mark_event(weft__stream *s, uint64_t seq)
         return rc;
     cudaError_t e = cudaEventRecord(ev, s->handle);
     if (e != cudaSuccess) {
-        s->spare[s->nspare++] = ev;
+        s->engine.spare[s->engine.nspare++] = ev;
         return weft__cuda_fail(s->dev, "cudaEventRecord", e);
     }
-    s->events[(s->ev_head + s->ev_count++) % s->ev_cap] = (weft__cuda_mark_event){seq, ev};
+    s->engine.events[(s->engine.ev_head + s->engine.ev_count++) % s->engine.ev_cap] =
+        (weft__cuda_mark_event){seq, ev};
     return WEFT_OK;
 }
 
@@ -289,15 +289,15 @@ static int mark_callback(weft__stream *s, uint64_t seq)
  * verdict from a crowded past would make the next burst events. */
 static bool crowded(weft__cuda_device *dev)
 {
-    return atomic_load_explicit(&dev->crowded, memory_order_relaxed) &&
-           weft__now_ns() - atomic_load_explicit(&dev->rate_start, memory_order_relaxed) <
+    return atomic_load_explicit(&dev->engine.crowded, memory_order_relaxed) &&
+           weft__now_ns() - atomic_load_explicit(&dev->engine.rate_start, memory_order_relaxed) <
                2 * RATE_WINDOW_NS;
 }
 
 /* Enqueue marker seq on s. Call with s->lock held. */
 static int enqueue_marker(weft__stream *s, uint64_t seq)
 {
-    switch (s->dev->completion) {
+    switch (s->dev->engine.completion) {
     case WEFT__CUDA_FLAG:
         return mark_flag(s, seq);
     case WEFT__CUDA_EVENT:
@@ -333,12 +333,12 @@ int weft__cuda_mark(weft__stream *s, uint64_t *seq)
  * stream, then active_lock (the engine only try-locks streams). */
 static void activate(weft__cuda_device *dev, weft__stream *s)
 {
-    if (s->active)
+    if (s->engine.active)
         return;
-    weft__lock_acquire(&dev->active_lock);
-    s->active = true;
-    dev->active[dev->nactive++] = s;
-    weft__lock_release(&dev->active_lock);
+    weft__lock_acquire(&dev->engine.active_lock);
+    s->engine.active = true;
+    dev->engine.active[dev->engine.nactive++] = s;
+    weft__lock_release(&dev->engine.active_lock);
 }
 
 int weft__cuda_wait(weft__stream *s, uint64_t seq)
@@ -356,8 +356,8 @@ int weft__cuda_wait(weft__stream *s, uint64_t seq)
         weft__lock_release(&s->lock);
         return WEFT_OK;
     }
-    weft__waitq_push(&s->pending, &m.w); /* markers complete in order: FIFO */
-    bool first = atomic_fetch_add(&dev->npending, 1) == 0;
+    weft__waitq_push(&s->engine.pending, &m.w); /* markers complete in order: FIFO */
+    bool first = atomic_fetch_add(&dev->engine.npending, 1) == 0;
     activate(dev, s);
     if (first && dev->base.kick) /* nobody may be polling */
         dev->base.kick(dev->base.kick_ctx);
@@ -371,8 +371,9 @@ int weft__cuda_wait(weft__stream *s, uint64_t seq)
  * waiting. Call with s->lock held. */
 static cudaEvent_t marker_event(const weft__stream *s, uint64_t seq)
 {
-    for (unsigned i = 0; i < s->ev_count; i++) {
-        const weft__cuda_mark_event *m = &s->events[(s->ev_head + i) % s->ev_cap];
+    for (unsigned i = 0; i < s->engine.ev_count; i++) {
+        const weft__cuda_mark_event *m =
+            &s->engine.events[(s->engine.ev_head + i) % s->engine.ev_cap];
         if (m->seq == seq)
             return m->event;
     }
@@ -389,9 +390,9 @@ static cudaEvent_t marker_event(const weft__stream *s, uint64_t seq)
 int weft__cuda_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq)
 {
     int rc = weft__cuda_enter(s, "weft_stream_wait");
-    if (rc || (s->recording && (rc = weft__cuda_region_capture(s))))
+    if (rc || (s->graph.recording && (rc = weft__cuda_region_capture(s))))
         return rc;
-    weft__cuda_completion mode = s->dev->completion;
+    weft__cuda_completion mode = s->dev->engine.completion;
     enum { BY_WORD, BY_EVENT, REACHED, BY_TASK } how = mode == WEFT__CUDA_FLAG ? BY_WORD : BY_TASK;
     cudaError_t e = cudaSuccess;
     if (mode == WEFT__CUDA_EVENT || mode == WEFT__CUDA_AUTO) {
@@ -399,7 +400,7 @@ int weft__cuda_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq)
         cudaEvent_t ev = marker_event(other, seq);
         if (weft__cuda_reached(other, seq))
             how = REACHED;
-        else if (ev && !s->capture) {
+        else if (ev && !s->graph.capture) {
             e = cudaStreamWaitEvent(s->handle, ev, 0);
             how = BY_EVENT;
         } else if (!ev && mode == WEFT__CUDA_AUTO)
@@ -408,7 +409,7 @@ int weft__cuda_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq)
     }
     switch (how) {
     case BY_WORD: {
-        CUresult r = wait_value((CUstream)s->handle, other->flag_device, (cuuint32_t)seq,
+        CUresult r = wait_value((CUstream)s->handle, other->engine.flag_device, (cuuint32_t)seq,
                                 CU_STREAM_WAIT_VALUE_GEQ);
         if (r != CUDA_SUCCESS)
             return weft__fail(WEFT_EDEVICE, "cuStreamWaitValue32: driver error %d on GPU %d",
@@ -431,9 +432,9 @@ int weft__cuda_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq)
  * active_lock held. */
 static void backstop(weft__cuda_device *dev)
 {
-    unsigned n = dev->nactive < BACKSTOP_QUERIES ? dev->nactive : BACKSTOP_QUERIES;
+    unsigned n = dev->engine.nactive < BACKSTOP_QUERIES ? dev->engine.nactive : BACKSTOP_QUERIES;
     for (unsigned i = 0; i < n && !atomic_load(&dev->failed); i++) {
-        weft__stream *s = dev->active[dev->next_query++ % dev->nactive];
+        weft__stream *s = dev->engine.active[dev->engine.next_query++ % dev->engine.nactive];
         cudaError_t e = cudaStreamQuery(s->handle);
         if (e != cudaSuccess && e != cudaErrorNotReady)
             weft__cuda_fail(dev, "cudaStreamQuery", e);
@@ -444,72 +445,73 @@ static void backstop(weft__cuda_device *dev)
  * whether the next markers are events. Call with active_lock held. */
 static void count_completions(weft__cuda_device *dev, unsigned fired, uint64_t now)
 {
-    uint64_t start = atomic_load_explicit(&dev->rate_start, memory_order_relaxed);
-    dev->rate_fired += fired;
+    uint64_t start = atomic_load_explicit(&dev->engine.rate_start, memory_order_relaxed);
+    dev->engine.rate_fired += fired;
     if (now - start < RATE_WINDOW_NS)
         return;
-    bool many = dev->nactive >= CROWD_STREAMS &&
-                (uint64_t)dev->rate_fired * 1000000000u >= (uint64_t)CROWD_RATE * (now - start);
-    atomic_store_explicit(&dev->crowded, many, memory_order_relaxed);
-    atomic_store_explicit(&dev->rate_start, now, memory_order_relaxed);
-    dev->rate_fired = 0;
+    bool many =
+        dev->engine.nactive >= CROWD_STREAMS &&
+        (uint64_t)dev->engine.rate_fired * 1000000000u >= (uint64_t)CROWD_RATE * (now - start);
+    atomic_store_explicit(&dev->engine.crowded, many, memory_order_relaxed);
+    atomic_store_explicit(&dev->engine.rate_start, now, memory_order_relaxed);
+    dev->engine.rate_fired = 0;
 }
 
 unsigned weft__cuda_poll(weft__device *d)
 {
     weft__cuda_device *dev = (weft__cuda_device *)d;
-    if (atomic_load_explicit(&dev->npending, memory_order_relaxed) == 0 ||
-        !weft__lock_try(&dev->active_lock)) /* someone else is polling */
+    if (atomic_load_explicit(&dev->engine.npending, memory_order_relaxed) == 0 ||
+        !weft__lock_try(&dev->engine.active_lock)) /* someone else is polling */
         return 0;
     uint64_t now = weft__now_ns();
-    if (now - dev->last_backstop >= BACKSTOP_NS) {
-        dev->last_backstop = now;
+    if (now - dev->engine.last_backstop >= BACKSTOP_NS) {
+        dev->engine.last_backstop = now;
         if (weft__cuda_use_device(dev) == WEFT_OK)
             backstop(dev);
     }
     int status = atomic_load(&dev->failed) ? WEFT_EDEVICE : WEFT_OK;
-    bool events = dev->completion == WEFT__CUDA_EVENT || dev->completion == WEFT__CUDA_AUTO;
-    unsigned misses = UINT_MAX, n = dev->nactive, start = 0;
+    bool events =
+        dev->engine.completion == WEFT__CUDA_EVENT || dev->engine.completion == WEFT__CUDA_AUTO;
+    unsigned misses = UINT_MAX, n = dev->engine.nactive, start = 0;
     if (events && status == WEFT_OK && n > 0) {
-        start = dev->next_poll % n;
-        if (now - dev->last_sweep < SWEEP_NS)
+        start = dev->engine.next_poll % n;
+        if (now - dev->engine.last_sweep < SWEEP_NS)
             misses = EVENT_MISSES;
         else
-            dev->last_sweep = now;
+            dev->engine.last_sweep = now;
     }
     unsigned fired = 0, k = 0;
     for (; k < n && misses > 0; k++) {
-        weft__stream *s = dev->active[(start + k) % n];
+        weft__stream *s = dev->engine.active[(start + k) % n];
         if (!weft__lock_try(&s->lock)) /* a waiter is linking in: next round */
             continue;
-        if (status == WEFT_OK && s->ev_count > 0 && !query_events(s)) {
+        if (status == WEFT_OK && s->engine.ev_count > 0 && !query_events(s)) {
             misses--; /* its query spent, the lock lost to a waiter */
             continue;
         }
-        if (dev->completion != WEFT__CUDA_CALLBACK || status != WEFT_OK)
+        if (dev->engine.completion != WEFT__CUDA_CALLBACK || status != WEFT_OK)
             fired += fire_reached(s, status);
-        if (s->pending.head == NULL)
-            s->active = false;    /* dropped from the list below */
-        else if (s->ev_count > 0) /* it took a query that said "not yet" */
+        if (s->engine.pending.head == NULL)
+            s->engine.active = false;    /* dropped from the list below */
+        else if (s->engine.ev_count > 0) /* it took a query that said "not yet" */
             misses--;
         weft__lock_release(&s->lock);
     }
-    dev->next_poll = start + k;
-    if (dev->completion == WEFT__CUDA_AUTO)
+    dev->engine.next_poll = start + k;
+    if (dev->engine.completion == WEFT__CUDA_AUTO)
         count_completions(dev, fired, now);
-    for (unsigned i = 0; i < dev->nactive;) {
-        if (dev->active[i]->active)
+    for (unsigned i = 0; i < dev->engine.nactive;) {
+        if (dev->engine.active[i]->engine.active)
             i++;
         else
-            dev->active[i] = dev->active[--dev->nactive];
+            dev->engine.active[i] = dev->engine.active[--dev->engine.nactive];
     }
-    weft__lock_release(&dev->active_lock);
+    weft__lock_release(&dev->engine.active_lock);
     return fired;
 }
 
 bool weft__cuda_pending(weft__device *d)
 {
-    return atomic_load_explicit(&((weft__cuda_device *)d)->npending, memory_order_relaxed) > 0;
+    return atomic_load_explicit(&((weft__cuda_device *)d)->engine.npending, memory_order_relaxed) >
+           0;
 }
-
-#endif

@@ -1,11 +1,11 @@
 /*
- * cuda_graph.c - graph mode for the CUDA backend: a task's region of GPU
+ * graph.c - graph mode for the CUDA backend: a task's region of GPU
  * work, launched as one CUDA graph and cached under the region's key.
  *
  * A region's work goes to a stream of its own (a capture stream, never
  * shared, so no other task's work can slip in; nothing runs there). It
  * starts out recording: its kernel launches, memsets and copies are kept
- * as data (cuda_record.c). At weft_region_end an idle executable graph of
+ * as data (record.c). At weft_region_end an idle executable graph of
  * the same key recorded from the same operations is brought up to date by
  * setting the nodes whose parameters changed, and launched; otherwise one
  * is built from the record and instantiated. Work that cannot be recorded
@@ -33,8 +33,6 @@
  *  - graph_lock guards the cache and the stats; instantiating, updating and
  *    launching happen outside it, on a graph taken (marked busy) under it.
  */
-#ifdef WEFT_HAVE_CUDA
-
 #include <stdlib.h>
 
 #include "core/error.h"
@@ -54,9 +52,9 @@ typedef struct weft__cuda_graph {
 
 int weft__cuda_graph_init(weft__cuda_device *dev, unsigned cap)
 {
-    dev->graph_cap = cap;
-    dev->graphs = calloc(cap, sizeof *dev->graphs);
-    return dev->graphs ? WEFT_OK : weft__fail(WEFT_ENOMEM, "weft: out of memory for graphs");
+    dev->graph.graph_cap = cap;
+    dev->graph.graphs = calloc(cap, sizeof *dev->graph.graphs);
+    return dev->graph.graphs ? WEFT_OK : weft__fail(WEFT_ENOMEM, "weft: out of memory for graphs");
 }
 
 /* Free what a slot held (a copy of it, taken under graph_lock). */
@@ -72,29 +70,29 @@ static void release(const cuda_graph *g)
 
 void weft__cuda_graph_fini(weft__cuda_device *dev)
 {
-    for (unsigned i = 0; i < dev->ngraphs; i++)
-        release(&dev->graphs[i]);
-    while (dev->captures) {
-        weft__stream *c = dev->captures;
-        dev->captures = c->next_capture;
-        weft__cuda_record_free(c->record);
+    for (unsigned i = 0; i < dev->graph.ngraphs; i++)
+        release(&dev->graph.graphs[i]);
+    while (dev->graph.captures) {
+        weft__stream *c = dev->graph.captures;
+        dev->graph.captures = c->graph.next_capture;
+        weft__cuda_record_free(c->graph.record);
         weft__cuda_stream_destroy_bare(c);
     }
-    free(dev->graphs);
-    dev->graphs = NULL;
-    dev->ngraphs = 0;
+    free(dev->graph.graphs);
+    dev->graph.graphs = NULL;
+    dev->graph.ngraphs = 0;
 }
 
 void weft__cuda_graph_stats(weft__device *d, weft_graph_stats *sum)
 {
     weft__cuda_device *dev = (weft__cuda_device *)d;
-    weft__lock_acquire(&dev->graph_lock);
-    sum->launches += dev->graph_stats.launches;
-    sum->updates += dev->graph_stats.updates;
-    sum->instantiations += dev->graph_stats.instantiations;
-    sum->evictions += dev->graph_stats.evictions;
-    sum->hits += dev->graph_stats.hits;
-    weft__lock_release(&dev->graph_lock);
+    weft__lock_acquire(&dev->graph.graph_lock);
+    sum->launches += dev->graph.graph_stats.launches;
+    sum->updates += dev->graph.graph_stats.updates;
+    sum->instantiations += dev->graph.graph_stats.instantiations;
+    sum->evictions += dev->graph.graph_stats.evictions;
+    sum->hits += dev->graph.graph_stats.hits;
+    weft__lock_release(&dev->graph.graph_lock);
 }
 
 /* ---- recording --------------------------------------------------------- */
@@ -105,19 +103,19 @@ int weft__cuda_region_begin(weft__stream *s, weft__stream **capture)
     int rc = weft__cuda_enter(s, "weft_region_begin");
     if (rc)
         return rc;
-    weft__lock_acquire(&dev->graph_lock);
-    weft__stream *c = dev->captures;
+    weft__lock_acquire(&dev->graph.graph_lock);
+    weft__stream *c = dev->graph.captures;
     if (c)
-        dev->captures = c->next_capture;
-    weft__lock_release(&dev->graph_lock);
+        dev->graph.captures = c->graph.next_capture;
+    weft__lock_release(&dev->graph.graph_lock);
     if (!c && (rc = weft__cuda_stream_create_bare(dev, &c)))
         return rc;
-    if (!c->record && !(c->record = weft__cuda_record_new())) {
+    if (!c->graph.record && !(c->graph.record = weft__cuda_record_new())) {
         weft__cuda_stream_destroy_bare(c);
         return weft__fail(WEFT_ENOMEM, "weft_region_begin: out of memory");
     }
-    weft__cuda_record_reset(c->record);
-    c->recording = true;
+    weft__cuda_record_reset(c->graph.record);
+    c->graph.recording = true;
     *capture = c;
     return WEFT_OK;
 }
@@ -125,24 +123,24 @@ int weft__cuda_region_begin(weft__stream *s, weft__stream **capture)
 static void give_back(weft__stream *c)
 {
     weft__cuda_device *dev = c->dev;
-    c->recording = false;
-    weft__lock_acquire(&dev->graph_lock);
-    c->next_capture = dev->captures;
-    dev->captures = c;
-    weft__lock_release(&dev->graph_lock);
+    c->graph.recording = false;
+    weft__lock_acquire(&dev->graph.graph_lock);
+    c->graph.next_capture = dev->graph.captures;
+    dev->graph.captures = c;
+    weft__lock_release(&dev->graph.graph_lock);
 }
 
 int weft__cuda_region_capture(weft__stream *c)
 {
-    if (!c->recording)
+    if (!c->graph.recording)
         return WEFT_OK;
-    c->recording = false;
+    c->graph.recording = false;
     /* Thread-local mode: only this thread's unsafe calls break the capture,
      * and the task cannot move to another thread inside the region. */
     cudaError_t e = cudaStreamBeginCapture(c->handle, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess)
         return weft__cuda_fail(c->dev, "weft_region: cudaStreamBeginCapture", e);
-    if ((e = weft__cuda_record_enqueue(c->record, c->handle)) != cudaSuccess)
+    if ((e = weft__cuda_record_enqueue(c->graph.record, c->handle)) != cudaSuccess)
         return weft__cuda_fail(c->dev, "weft_region: enqueueing the recorded work", e);
     return WEFT_OK;
 }
@@ -160,7 +158,7 @@ static cudaError_t stop_capture(weft__stream *c, cudaGraph_t *graph)
 void weft__cuda_region_abandon(weft__stream *capture)
 {
     cudaGraph_t graph;
-    if (capture->recording) {
+    if (capture->graph.recording) {
         give_back(capture);
         return;
     }
@@ -191,15 +189,15 @@ static bool idle(cuda_graph *g, weft__stream *s)
 static cuda_graph *take(weft__cuda_device *dev, uint64_t key, weft__stream *s)
 {
     cuda_graph *best = NULL;
-    for (unsigned i = 0; i < dev->ngraphs; i++) {
-        cuda_graph *g = &dev->graphs[i];
+    for (unsigned i = 0; i < dev->graph.ngraphs; i++) {
+        cuda_graph *g = &dev->graph.graphs[i];
         if (g->exec && g->key == key && idle(g, s) && (!best || g->last_used > best->last_used))
             best = g;
     }
     if (best) {
         best->busy_stream = s;
         best->launched = false;
-        best->last_used = ++dev->graph_clock;
+        best->last_used = ++dev->graph.graph_clock;
     }
     return best;
 }
@@ -210,21 +208,21 @@ static cuda_graph *take(weft__cuda_device *dev, uint64_t key, weft__stream *s)
 static cuda_graph *make_room(weft__cuda_device *dev, weft__stream *s, cuda_graph *evicted)
 {
     *evicted = (cuda_graph){0};
-    for (unsigned i = 0; i < dev->ngraphs; i++)
-        if (!dev->graphs[i].exec && !dev->graphs[i].busy_stream)
-            return &dev->graphs[i];
-    if (dev->ngraphs < dev->graph_cap)
-        return &dev->graphs[dev->ngraphs++];
+    for (unsigned i = 0; i < dev->graph.ngraphs; i++)
+        if (!dev->graph.graphs[i].exec && !dev->graph.graphs[i].busy_stream)
+            return &dev->graph.graphs[i];
+    if (dev->graph.ngraphs < dev->graph.graph_cap)
+        return &dev->graph.graphs[dev->graph.ngraphs++];
     cuda_graph *lru = NULL;
-    for (unsigned i = 0; i < dev->ngraphs; i++) {
-        cuda_graph *g = &dev->graphs[i];
+    for (unsigned i = 0; i < dev->graph.ngraphs; i++) {
+        cuda_graph *g = &dev->graph.graphs[i];
         if (g->exec && idle(g, s) && (!lru || g->last_used < lru->last_used))
             lru = g;
     }
     if (lru) {
         *evicted = *lru;
         *lru = (cuda_graph){0};
-        dev->graph_stats.evictions++;
+        dev->graph.graph_stats.evictions++;
     }
     return lru;
 }
@@ -239,15 +237,15 @@ static int launch(weft__stream *s, cuda_graph *g, cudaGraphExec_t exec, bool hit
     weft__cuda_note_work(s);
     weft__lock_acquire(&s->lock);
     cudaError_t e = cudaGraphLaunch(exec, s->handle);
-    weft__lock_acquire(&dev->graph_lock);
+    weft__lock_acquire(&dev->graph.graph_lock);
     if (g) {
         g->busy_until = s->marked + 1;
         g->launched = true;
     }
-    dev->graph_stats.launches++;
-    dev->graph_stats.hits += hit;
-    dev->graph_stats.updates += updated;
-    weft__lock_release(&dev->graph_lock);
+    dev->graph.graph_stats.launches++;
+    dev->graph.graph_stats.hits += hit;
+    dev->graph.graph_stats.updates += updated;
+    weft__lock_release(&dev->graph.graph_lock);
     weft__lock_release(&s->lock);
     return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(dev, "weft_region_end: cudaGraphLaunch", e);
 }
@@ -259,8 +257,8 @@ static cuda_graph *store(weft__stream *s, cuda_graph *g, uint64_t key, cuda_grap
 {
     weft__cuda_device *dev = s->dev;
     cuda_graph old = {0};
-    weft__lock_acquire(&dev->graph_lock);
-    dev->graph_stats.instantiations++;
+    weft__lock_acquire(&dev->graph.graph_lock);
+    dev->graph.graph_stats.instantiations++;
     if (g)
         old = *g;
     else
@@ -268,10 +266,10 @@ static cuda_graph *store(weft__stream *s, cuda_graph *g, uint64_t key, cuda_grap
     if (g) {
         made.key = key;
         made.busy_stream = s;
-        made.last_used = ++dev->graph_clock;
+        made.last_used = ++dev->graph.graph_clock;
         *g = made;
     }
-    weft__lock_release(&dev->graph_lock);
+    weft__lock_release(&dev->graph.graph_lock);
     release(&old);
     return g;
 }
@@ -280,9 +278,9 @@ static cuda_graph *store(weft__stream *s, cuda_graph *g, uint64_t key, cuda_grap
 static void drop(weft__cuda_device *dev, cuda_graph *g)
 {
     cuda_graph old = *g;
-    weft__lock_acquire(&dev->graph_lock);
+    weft__lock_acquire(&dev->graph.graph_lock);
     *g = (cuda_graph){0};
-    weft__lock_release(&dev->graph_lock);
+    weft__lock_release(&dev->graph.graph_lock);
     release(&old);
 }
 
@@ -300,21 +298,21 @@ static int finish(weft__stream *s, cuda_graph *g, cuda_graph *made, bool hit, bo
 static int end_recorded(weft__stream *s, weft__stream *c, uint64_t key)
 {
     weft__cuda_device *dev = s->dev;
-    weft__cuda_record *r = c->record;
+    weft__cuda_record *r = c->graph.record;
     int rc = weft__cuda_enter(s, "weft_region_end");
     if (rc || weft__cuda_record_length(r) == 0) { /* nothing to launch */
         give_back(c);
         return rc;
     }
-    weft__lock_acquire(&dev->graph_lock);
+    weft__lock_acquire(&dev->graph.graph_lock);
     cuda_graph *g = take(dev, key, s);
-    weft__lock_release(&dev->graph_lock);
+    weft__lock_release(&dev->graph.graph_lock);
 
     if (g && g->record && weft__cuda_record_same_shape(g->record, r)) {
         unsigned changed;
         cudaError_t e = weft__cuda_record_apply(g->exec, g->nodes, g->record, r, &changed);
         if (e == cudaSuccess) { /* the slot's record now says what its nodes hold */
-            c->record = g->record;
+            c->graph.record = g->record;
             g->record = r;
             give_back(c);
             return finish(s, g, NULL, true, changed > 0);
@@ -334,7 +332,7 @@ static int end_recorded(weft__stream *s, weft__stream *c, uint64_t key)
         return weft__cuda_fail(dev, "weft_region_end: building the graph", e);
     }
     made.record = r; /* the graph keeps the record; the capture stream gets a new one */
-    c->record = NULL;
+    c->graph.record = NULL;
     give_back(c);
     g = store(s, g, key, made);
     return finish(s, g, &made, false, false);
@@ -355,9 +353,9 @@ static int end_captured(weft__stream *s, weft__stream *c, uint64_t key)
         return rc;
     }
 
-    weft__lock_acquire(&dev->graph_lock);
+    weft__lock_acquire(&dev->graph.graph_lock);
     cuda_graph *g = take(dev, key, s);
-    weft__lock_release(&dev->graph_lock);
+    weft__lock_release(&dev->graph.graph_lock);
 
     if (g) {
         cudaGraphExecUpdateResultInfo info;
@@ -388,7 +386,5 @@ static int end_captured(weft__stream *s, weft__stream *c, uint64_t key)
 
 int weft__cuda_region_end(weft__stream *s, weft__stream *capture, uint64_t key)
 {
-    return capture->recording ? end_recorded(s, capture, key) : end_captured(s, capture, key);
+    return capture->graph.recording ? end_recorded(s, capture, key) : end_captured(s, capture, key);
 }
-
-#endif

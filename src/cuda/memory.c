@@ -1,13 +1,11 @@
 /*
- * cuda_memory.c - page-locked host memory, pooled by size class.
+ * memory.c - page-locked host memory, pooled by size class.
  *
  * Each block starts with a header (its class, and the free-list link while
  * pooled) in the first HEADER bytes, so the caller's pointer keeps a 256-byte
  * alignment. Blocks of a class are 2^class bytes plus the header; the pool
  * keeps at most CACHE_MAX bytes of free blocks and frees the rest.
  */
-#ifdef WEFT_HAVE_CUDA
-
 #include <cuda_runtime_api.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -187,5 +185,3 @@ void weft__cuda_host_pool_put_cached(weft__cuda_host_pool *pool, void *ptr)
 {
     keep(pool, header_of(ptr), true);
 }
-
-#endif

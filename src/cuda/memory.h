@@ -1,5 +1,5 @@
 /*
- * cuda_memory.h - a pool of page-locked host memory for the CUDA backend.
+ * memory.h - a pool of page-locked host memory for the CUDA backend.
  *
  * cudaHostAlloc and cudaFreeHost cost milliseconds and synchronize the
  * device, so freed blocks are kept by size class (powers of two) and handed

@@ -1,5 +1,5 @@
 /*
- * cuda_record.c - graph mode's fast path: a region's operations kept as
+ * record.c - graph mode's fast path: a region's operations kept as
  * data rather than captured, so that a region that repeats is compared with
  * its cached graph and replayed without being captured again.
  *
@@ -11,15 +11,13 @@
  * only the nodes whose parameters differ set anew - usually none, or a
  * pointer or two - which costs far less than capturing and updating the
  * whole graph. Otherwise a graph is built from the record, one node after
- * the other, and instantiated (cuda_graph.c decides which).
+ * the other, and instantiated (graph.c decides which).
  *
  * Anything else inside a region (host functions, allocation, pageable host
  * memory, the raw stream handed to a library) turns the region into a
  * stream capture: what was recorded so far is enqueued on the capture
  * stream, and the capture records the rest.
  */
-#ifdef WEFT_HAVE_CUDA
-
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -436,5 +434,3 @@ cudaError_t weft__cuda_record_apply(cudaGraphExec_t exec, const cudaGraphNode_t 
     }
     return e;
 }
-
-#endif

@@ -1,7 +1,7 @@
 /*
- * cuda_status.h - the weft status a CUDA error becomes: one list for the
- * CUDA backend (cuda.c) and the operators (src/ops/), so that the same
- * error reads the same from both. Only compiled with CUDA.
+ * status.h - the weft status a CUDA error becomes: one list for the
+ * CUDA backend (src/cuda/) and the operators (src/ops/), so that the same
+ * error reads the same from both. Built with CUDA only.
  */
 #ifndef WEFT_CUDA_STATUS_H
 #define WEFT_CUDA_STATUS_H

@@ -1,5 +1,5 @@
 /*
- * cuda_trace.c - timing GPU operations for the timeline, with CUDA events.
+ * timing.c - timing GPU operations for the timeline, with CUDA events.
  *
  * While a trace records, each operation a task enqueues is bracketed by two
  * timing events recorded on its stream (trace_begin, trace_end), and queued
@@ -29,13 +29,11 @@
  * (REANCHOR_MS) the anchor is measured anew instead.
  *
  * That is the way with WEFT_TRACE_GPU=events. By default CUPTI's records
- * time the copies, memsets, kernels and graphs (cuda_cupti.c), costing a
+ * time the copies, memsets, kernels and graphs (cupti.c), costing a
  * pipeline about half as much, and events only host functions, which leave
  * no record; with WEFT_TRACE_GPU=off no operation is timed, and the trace
  * holds the tasks and their waits.
  */
-#ifdef WEFT_HAVE_CUDA
-
 #include <assert.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -86,23 +84,23 @@ weft__gpu_timing weft__cuda_gpu_timing(void)
 /* A spare event of s, or NULL. Call with s->lock held. */
 static cudaEvent_t spare_take(weft__stream *s)
 {
-    return s->ntiming_spare > 0 ? s->timing_spare[--s->ntiming_spare] : NULL;
+    return s->timing.ntiming_spare > 0 ? s->timing.timing_spare[--s->timing.ntiming_spare] : NULL;
 }
 
 /* Keep ev for recording again. Call with s->lock held. */
 static void spare_give(weft__stream *s, cudaEvent_t ev)
 {
-    if (s->ntiming_spare == s->timing_spare_cap) {
-        unsigned cap = s->timing_spare_cap ? 2 * s->timing_spare_cap : 16;
-        cudaEvent_t *spare = realloc(s->timing_spare, cap * sizeof *spare);
+    if (s->timing.ntiming_spare == s->timing.timing_spare_cap) {
+        unsigned cap = s->timing.timing_spare_cap ? 2 * s->timing.timing_spare_cap : 16;
+        cudaEvent_t *spare = realloc(s->timing.timing_spare, cap * sizeof *spare);
         if (!spare) {
             cudaEventDestroy(ev);
             return;
         }
-        s->timing_spare = spare;
-        s->timing_spare_cap = cap;
+        s->timing.timing_spare = spare;
+        s->timing.timing_spare_cap = cap;
     }
-    s->timing_spare[s->ntiming_spare++] = ev;
+    s->timing.timing_spare[s->timing.ntiming_spare++] = ev;
 }
 
 static void event_put(weft__stream *s, cudaEvent_t ev)
@@ -133,9 +131,10 @@ static cudaEvent_t record(weft__stream *s, cudaEvent_t ev)
 /* The newest timed operation's end, or NULL. Call with s->lock held. */
 static cudaEvent_t newest_end(const weft__stream *s)
 {
-    if (s->timed_count == 0)
+    if (s->timing.timed_count == 0)
         return NULL;
-    return s->timed[(s->timed_head + s->timed_count - 1) % s->timed_cap].end;
+    return s->timing.timed[(s->timing.timed_head + s->timing.timed_count - 1) % s->timing.timed_cap]
+        .end;
 }
 
 /* What trace_begin hands trace_end: the event the operation starts from,
@@ -156,7 +155,7 @@ void *weft__cuda_trace_begin(weft__stream *s, weft__op_kind kind)
     if (kind != WEFT__OP_HOST_FN && timing == WEFT__TIMING_CUPTI && weft__cupti_tag(&tag))
         return (void *)((uintptr_t)tag << 2 | TAGGED);
     weft__lock_acquire(&s->lock);
-    cudaEvent_t chained = s->timing_chain ? newest_end(s) : NULL;
+    cudaEvent_t chained = s->timing.timing_chain ? newest_end(s) : NULL;
     cudaEvent_t spare = chained ? NULL : spare_take(s);
     weft__lock_release(&s->lock);
     if (chained)
@@ -169,18 +168,18 @@ void *weft__cuda_trace_begin(weft__stream *s, weft__op_kind kind)
 /* Room for one more timed operation. Call with s->lock held. */
 static bool timed_reserve(weft__stream *s)
 {
-    if (s->timed_count < s->timed_cap)
+    if (s->timing.timed_count < s->timing.timed_cap)
         return true;
-    unsigned cap = s->timed_cap ? 2 * s->timed_cap : 32;
+    unsigned cap = s->timing.timed_cap ? 2 * s->timing.timed_cap : 32;
     timed *ring = malloc(cap * sizeof *ring);
     if (!ring)
         return false;
-    for (unsigned i = 0; i < s->timed_count; i++)
-        ring[i] = s->timed[(s->timed_head + i) % s->timed_cap];
-    free(s->timed);
-    s->timed = ring;
-    s->timed_head = 0;
-    s->timed_cap = cap;
+    for (unsigned i = 0; i < s->timing.timed_count; i++)
+        ring[i] = s->timing.timed[(s->timing.timed_head + i) % s->timing.timed_cap];
+    free(s->timing.timed);
+    s->timing.timed = ring;
+    s->timing.timed_head = 0;
+    s->timing.timed_cap = cap;
     return true;
 }
 
@@ -204,7 +203,7 @@ void weft__cuda_trace_end(weft__stream *s, void *begin, const weft__op_info *op)
      * back. */
     bool queued = end && (!chained || start == newest_end(s)) && timed_reserve(s);
     if (queued) /* markers after this one are enqueued after both events */
-        s->timed[(s->timed_head + s->timed_count++) % s->timed_cap] =
+        s->timing.timed[(s->timing.timed_head + s->timing.timed_count++) % s->timing.timed_cap] =
             (timed){.start = chained ? NULL : start, .end = end, .seq = s->marked + 1, .op = *op};
     else {
         if (!chained)
@@ -212,7 +211,7 @@ void weft__cuda_trace_end(weft__stream *s, void *begin, const weft__op_info *op)
         if (end)
             spare_give(s, end);
     }
-    s->timing_chain = queued;
+    s->timing.timing_chain = queued;
     weft__lock_release(&s->lock);
 }
 
@@ -223,7 +222,7 @@ void weft__cuda_trace_end(weft__stream *s, void *begin, const weft__op_info *op)
 static bool anchor_try(weft__cuda_device *dev, cudaEvent_t ev, uint64_t *before, uint64_t *seen)
 {
     *before = weft__now_ns();
-    cudaError_t e = cudaEventRecord(ev, dev->anchor_stream);
+    cudaError_t e = cudaEventRecord(ev, dev->timing.anchor_stream);
     if (e == cudaSuccess) /* poll until it is done (or, improbably, the time is up) */
         while ((e = cudaEventQuery(ev)) == cudaErrorNotReady &&
                weft__now_ns() - *before < ANCHOR_WAIT_NS)
@@ -242,15 +241,16 @@ static bool anchor_try(weft__cuda_device *dev, cudaEvent_t ev, uint64_t *before,
 static bool anchor_create(weft__cuda_device *dev)
 {
     cudaEvent_t ev[2];
-    if (dev->anchor) {
-        cudaEventDestroy(dev->anchor);
-        dev->anchor = NULL;
+    if (dev->timing.anchor) {
+        cudaEventDestroy(dev->timing.anchor);
+        dev->timing.anchor = NULL;
     }
     if (weft__cuda_use_device(dev) != WEFT_OK)
         return false;
-    if (!dev->anchor_stream &&
-        cudaStreamCreateWithFlags(&dev->anchor_stream, cudaStreamNonBlocking) != cudaSuccess) {
-        dev->anchor_stream = NULL;
+    if (!dev->timing.anchor_stream &&
+        cudaStreamCreateWithFlags(&dev->timing.anchor_stream, cudaStreamNonBlocking) !=
+            cudaSuccess) {
+        dev->timing.anchor_stream = NULL;
         cudaGetLastError();
         return false;
     }
@@ -280,8 +280,8 @@ static bool anchor_create(weft__cuda_device *dev)
         cudaEventDestroy(ev[kept]);
         return false;
     }
-    dev->anchor = ev[kept];
-    dev->anchor_ns = best_ns;
+    dev->timing.anchor = ev[kept];
+    dev->timing.anchor_ns = best_ns;
     return true;
 }
 
@@ -289,47 +289,47 @@ static bool anchor_create(weft__cuda_device *dev)
  * with anchor_lock held. */
 static bool from_anchor(weft__cuda_device *dev, cudaEvent_t ev, float *ms)
 {
-    if (!dev->anchor && !anchor_create(dev))
+    if (!dev->timing.anchor && !anchor_create(dev))
         return false;
-    if (cudaEventElapsedTime(ms, dev->anchor, ev) != cudaSuccess)
+    if (cudaEventElapsedTime(ms, dev->timing.anchor, ev) != cudaSuccess)
         return false;
     if (fabsf(*ms) <= REANCHOR_MS) /* farther, floats are coarse */
         return true;
-    return anchor_create(dev) && cudaEventElapsedTime(ms, dev->anchor, ev) == cudaSuccess;
+    return anchor_create(dev) && cudaEventElapsedTime(ms, dev->timing.anchor, ev) == cudaSuccess;
 }
 
 static uint64_t host_time(const weft__cuda_device *dev, float ms)
 {
-    return dev->anchor_ns + (uint64_t)llround((double)ms * 1e6);
+    return dev->timing.anchor_ns + (uint64_t)llround((double)ms * 1e6);
 }
 
 /* Host times of op, in stream order: a chained op starts at the host time
- * its predecessor's end was given (s->timed_end_ns). *ok: the times are
+ * its predecessor's end was given (s->timing.timed_end_ns). *ok: the times are
  * known. Returns true when op->end became the new anchor: then the caller
  * must not reuse it. Call with s->lock and anchor_lock held. */
 static bool host_times(weft__stream *s, const timed *op, uint64_t *start, uint64_t *end, bool *ok)
 {
     weft__cuda_device *dev = s->dev;
     float ms_start = 0, ms_end;
-    bool after_known = s->timed_end_known;
-    bool measured =
-        from_anchor(dev, op->end, &ms_end) &&
-        (!op->start || cudaEventElapsedTime(&ms_start, dev->anchor, op->start) == cudaSuccess);
+    bool after_known = s->timing.timed_end_known;
+    bool measured = from_anchor(dev, op->end, &ms_end) &&
+                    (!op->start ||
+                     cudaEventElapsedTime(&ms_start, dev->timing.anchor, op->start) == cudaSuccess);
     cudaGetLastError();
     *ok = measured && (op->start || after_known);
-    s->timed_end_known = measured;
+    s->timing.timed_end_known = measured;
     if (!measured)
         return false;
     *end = host_time(dev, ms_end);
-    *start = op->start ? host_time(dev, ms_start) : s->timed_end_ns;
+    *start = op->start ? host_time(dev, ms_start) : s->timing.timed_end_ns;
     if (*start > *end)
         *start = *end;
-    s->timed_end_ns = *end;
+    s->timing.timed_end_ns = *end;
     if (fabsf(ms_end) <= ANCHOR_MS)
         return false;
-    cudaEventDestroy(dev->anchor);
-    dev->anchor = op->end;
-    dev->anchor_ns = *end;
+    cudaEventDestroy(dev->timing.anchor);
+    dev->timing.anchor = op->end;
+    dev->timing.anchor_ns = *end;
     return true;
 }
 
@@ -429,9 +429,9 @@ static unsigned read_batch(weft__stream *s, bool recording, read_back *done, uns
     *n = 0;
     weft__lock_acquire(&s->lock);
     if (recording)
-        weft__lock_acquire(&dev->anchor_lock);
-    while (taken < COLLECT_BATCH && s->timed_count > 0) {
-        timed *op = &s->timed[s->timed_head];
+        weft__lock_acquire(&dev->timing.anchor_lock);
+    while (taken < COLLECT_BATCH && s->timing.timed_count > 0) {
+        timed *op = &s->timing.timed[s->timing.timed_head];
         if (!weft__cuda_reached(s, op->seq))
             break;
         read_back *r = &done[*n];
@@ -439,17 +439,17 @@ static unsigned read_batch(weft__stream *s, bool recording, read_back *done, uns
         if (ok)
             r->op = *op, ++*n;
         if (!recording)
-            s->timed_end_known = false;
+            s->timing.timed_end_known = false;
         if (op->start)
             spare_give(s, op->start);
         if (!kept)
             spare_give(s, op->end);
-        s->timed_head = (s->timed_head + 1) % s->timed_cap;
-        s->timed_count--;
+        s->timing.timed_head = (s->timing.timed_head + 1) % s->timing.timed_cap;
+        s->timing.timed_count--;
         taken++;
     }
     if (recording)
-        weft__lock_release(&dev->anchor_lock);
+        weft__lock_release(&dev->timing.anchor_lock);
     weft__lock_release(&s->lock);
     return taken;
 }
@@ -468,19 +468,19 @@ void weft__cuda_trace_collect(weft__stream *s)
 
 void weft__cuda_trace_stream_fini(weft__stream *s)
 {
-    for (unsigned i = 0; i < s->timed_count; i++) {
-        timed *op = &s->timed[(s->timed_head + i) % s->timed_cap];
+    for (unsigned i = 0; i < s->timing.timed_count; i++) {
+        timed *op = &s->timing.timed[(s->timing.timed_head + i) % s->timing.timed_cap];
         if (op->start) /* else it is the previous one's end */
             cudaEventDestroy(op->start);
         cudaEventDestroy(op->end);
     }
-    for (unsigned i = 0; i < s->ntiming_spare; i++)
-        cudaEventDestroy(s->timing_spare[i]);
-    free(s->timed);
-    free(s->timing_spare);
-    s->timed = NULL;
-    s->timing_spare = NULL;
-    s->timed_count = s->ntiming_spare = 0;
+    for (unsigned i = 0; i < s->timing.ntiming_spare; i++)
+        cudaEventDestroy(s->timing.timing_spare[i]);
+    free(s->timing.timed);
+    free(s->timing.timing_spare);
+    s->timing.timed = NULL;
+    s->timing.timing_spare = NULL;
+    s->timing.timed_count = s->timing.ntiming_spare = 0;
 }
 
 void weft__cuda_trace_prepare(weft__device *dev)
@@ -499,12 +499,10 @@ void weft__cuda_trace_flush(weft__device *dev)
 void weft__cuda_trace_fini(weft__cuda_device *dev)
 {
     weft__cuda_trace_flush(&dev->base);
-    if (dev->anchor)
-        cudaEventDestroy(dev->anchor);
-    if (dev->anchor_stream)
-        cudaStreamDestroy(dev->anchor_stream);
-    dev->anchor = NULL;
-    dev->anchor_stream = NULL;
+    if (dev->timing.anchor)
+        cudaEventDestroy(dev->timing.anchor);
+    if (dev->timing.anchor_stream)
+        cudaStreamDestroy(dev->timing.anchor_stream);
+    dev->timing.anchor = NULL;
+    dev->timing.anchor_stream = NULL;
 }
-
-#endif

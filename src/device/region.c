@@ -3,7 +3,7 @@
  * recorded once and replayed.
  *
  * The backend does the recording and the replaying (for CUDA,
- * cuda_graph.c beside this file); here are the task's side of it: which
+ * src/cuda/graph.c); here are the task's side of it: which
  * stream the region's work goes to, the rules (no nesting, no suspending
  * inside: see weft__task_may_suspend), and dropping a region that broke
  * them or that its task returned from.
