@@ -20,6 +20,11 @@ CTEST  ?= ctest
 
 .PHONY: all deps test check-asan check-tsan bench gpu-bench clean
 
+# The benchmarks' build (build-release/): optimized, no tests, and the modes
+# that exist only to be measured (WEFT_MEASURE_MODES: the CUDA completion by
+# callbacks, WEFT_CUDA_COMPLETION=callback), which the shipped library lacks.
+BENCH_CONFIG = -DCMAKE_BUILD_TYPE=Release -DWEFT_TESTS=OFF -DWEFT_MEASURE_MODES=ON
+
 all: deps
 	$(CMAKE) -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	$(CMAKE) --build build -j $(JOBS)
@@ -60,13 +65,13 @@ check-tsan: deps
 	  $(CTEST) --test-dir build-tsan --output-on-failure -j $(JOBS)
 
 bench: deps
-	$(CMAKE) -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DWEFT_TESTS=OFF
+	$(CMAKE) -S . -B build-release $(BENCH_CONFIG)
 	$(CMAKE) --build build-release -j $(JOBS)
 	build-release/bench/bench_core
 
 # weft and its raw-CUDA peers in one run; appends to bench/RESULTS.md.
 gpu-bench: deps
-	$(CMAKE) -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DWEFT_TESTS=OFF
+	$(CMAKE) -S . -B build-release $(BENCH_CONFIG)
 	$(CMAKE) --build build-release -j $(JOBS)
 	scripts/gpu-bench
 
@@ -74,7 +79,7 @@ gpu-bench: deps
 # bench/RESULTS.md.
 .PHONY: images-bench
 images-bench: deps
-	$(CMAKE) -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DWEFT_TESTS=OFF
+	$(CMAKE) -S . -B build-release $(BENCH_CONFIG)
 	$(CMAKE) --build build-release -j $(JOBS)
 	scripts/images-bench
 
@@ -83,7 +88,7 @@ images-bench: deps
 # BENCH_OPS_ARGS passes options: bench/ops/bench_ops.py --help.
 .PHONY: gpu-bench-ops
 gpu-bench-ops: deps
-	$(CMAKE) -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DWEFT_TESTS=OFF
+	$(CMAKE) -S . -B build-release $(BENCH_CONFIG)
 	$(CMAKE) --build build-release -j $(JOBS) --target weft_ops_bench
 	$(PYTHON) bench/ops/bench_ops.py --lib build-release/bench/ops/libweft_ops_bench.so $(BENCH_OPS_ARGS)
 
