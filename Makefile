@@ -5,7 +5,7 @@
 #   make check-asan the same suite under AddressSanitizer + UBSan
 #   make check-tsan the same suite under ThreadSanitizer
 #   make bench      build optimized and run the CPU benchmarks
-#   make gpu-test   build, then run the GPU test suite (tests/gpu/; skipped without a GPU)
+#   make gpu-test   build, then run the GPU test suite (ctest -L gpu: tests/*/test_*_gpu.c; skipped without a GPU)
 #   make gpu-bench  build optimized and run the GPU benchmarks (nvcc and a GPU)
 #   make install    build, then install into PREFIX (default /usr/local):
 #                   libraries, headers, CMake package, pkg-config file
@@ -22,6 +22,11 @@ CMAKE  ?= cmake
 CTEST  ?= ctest
 
 .PHONY: all deps test check-asan check-tsan bench gpu-bench clean
+
+# The benchmarks' build (build-release/): optimized, no tests, and the modes
+# that exist only to be measured (WEFT_MEASURE_MODES: the CUDA completion by
+# callbacks, WEFT_CUDA_COMPLETION=callback), which the shipped library lacks.
+BENCH_CONFIG = -DCMAKE_BUILD_TYPE=Release -DWEFT_TESTS=OFF -DWEFT_MEASURE_MODES=ON
 
 all: deps
 	$(CMAKE) -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo
@@ -70,14 +75,14 @@ record = $(if $(filter 1 yes,$(RECORD)),$(PYTHON) bench/results.py record $(1),\
   @echo "make: this run's rows are in $(1); RECORD=1 records them (bench/results.jsonl, bench/RESULTS.md)")
 
 bench: deps
-	$(CMAKE) -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DWEFT_TESTS=OFF
+	$(CMAKE) -S . -B build-release $(BENCH_CONFIG)
 	$(CMAKE) --build build-release -j $(JOBS)
 	build-release/bench/bench_core --rows $(ROWS_DIR)/bench_core.rows.jsonl
 	$(call record,$(ROWS_DIR)/bench_core.rows.jsonl)
 
 # weft and its raw-CUDA peers in one run.
 gpu-bench: deps
-	$(CMAKE) -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DWEFT_TESTS=OFF
+	$(CMAKE) -S . -B build-release $(BENCH_CONFIG)
 	$(CMAKE) --build build-release -j $(JOBS)
 	scripts/gpu-bench --rows $(ROWS_DIR)/gpu-bench.rows.jsonl
 	$(call record,$(ROWS_DIR)/gpu-bench.rows.jsonl)
@@ -85,7 +90,7 @@ gpu-bench: deps
 # weft-images against its thread-pool peer on the GPU.
 .PHONY: images-bench
 images-bench: deps
-	$(CMAKE) -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DWEFT_TESTS=OFF
+	$(CMAKE) -S . -B build-release $(BENCH_CONFIG)
 	$(CMAKE) --build build-release -j $(JOBS)
 	scripts/images-bench --rows $(ROWS_DIR)/images-bench.rows.jsonl
 	$(call record,$(ROWS_DIR)/images-bench.rows.jsonl)
@@ -95,7 +100,7 @@ images-bench: deps
 # BENCH_OPS_ARGS passes options: bench/ops/bench_ops.py --help.
 .PHONY: gpu-bench-ops
 gpu-bench-ops: deps
-	$(CMAKE) -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DWEFT_TESTS=OFF
+	$(CMAKE) -S . -B build-release $(BENCH_CONFIG)
 	$(CMAKE) --build build-release -j $(JOBS) --target weft_ops_bench
 	$(PYTHON) bench/ops/bench_ops.py --lib build-release/bench/ops/libweft_ops_bench.so \
 	  --rows $(ROWS_DIR)/ops.rows.jsonl $(BENCH_OPS_ARGS)

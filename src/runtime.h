@@ -77,7 +77,7 @@ void weft__device_task_exit(weft__task *t);
  * if needed (device/api.c). */
 int weft__task_stream(const char *fn, weft__task **tp, struct weft__stream **sp);
 
-/* Stop a task's open region and drop its work (graph/region.c). */
+/* Stop a task's open region and drop its work (device/region.c). */
 void weft__region_drop(weft__task *t);
 
 #endif

@@ -5,8 +5,8 @@
  * host functions, and for GPUs kernels). A task leases a stream on its first
  * enqueue and gives it back once that work has completed, so independent
  * tasks do not queue behind each other while the pool lasts. Backends:
- * host.c (host threads) and, with CUDA, cuda.c. The core never branches on
- * the backend; it calls through weft__device_ops.
+ * host.c (host threads) and, with CUDA, src/cuda/backend.c. The core never
+ * branches on the backend; it calls through weft__device_ops.
  *
  * Backends know nothing of tasks' internals: to wait, they use the waiter
  * protocol of task/wait.h, which suspends a task or blocks a thread alike,

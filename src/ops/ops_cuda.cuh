@@ -27,7 +27,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "device/cuda_status.h"
+#include "cuda/status.h"
 #include "ops/ops_internal.h"
 
 extern "C" {

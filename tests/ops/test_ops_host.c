@@ -800,7 +800,7 @@ static void expect_einval(int rc, const char *op, const char *what)
 }
 
 /* A stream with otherwise good arguments: refused by a library built without
- * CUDA; with CUDA it would launch (tests/gpu/test_ops.c covers that). */
+ * CUDA; with CUDA it would launch (tests/ops/test_ops_gpu.c covers that). */
 #ifdef WEFT_HAVE_CUDA
 #define expect_no_kernels(call, op, what) ((void)sizeof(call), (void)(op), (void)(what))
 #else
