@@ -15,6 +15,18 @@
  *  - Suspension points (join, when_all, when_any, yield, sleep, await, and the
  *    waits of the synchronization objects) return WEFT_ECANCELED once the
  *    calling task has been cancelled.
+ *  - Timed waits are the _until forms of join, event await and the waits of
+ *    the synchronization objects. They take an absolute deadline in
+ *    nanoseconds of CLOCK_MONOTONIC, the clock of weft_now_ns(). When the
+ *    deadline passes first the call returns WEFT_ETIMEDOUT having done
+ *    nothing: no item sent or received, no permit taken, no lock held (a
+ *    cond wait holds its mutex again, as always). A deadline already past
+ *    makes the call a try: it succeeds if it can without waiting, else
+ *    returns WEFT_ETIMEDOUT. WEFT_FOREVER never passes: the plain call is
+ *    the _until form with WEFT_FOREVER. Inside a task the wait suspends
+ *    (the runtime's timer thread ends it); in a plain thread it blocks. A
+ *    timed wait may end a little after its deadline, never before it.
+ *    Cancellation still ends a timed wait with WEFT_ECANCELED.
  */
 #ifndef WEFT_H
 #define WEFT_H
@@ -43,6 +55,17 @@ enum {
     WEFT_EPERM = -11,     /* not the owner (unlocking a mutex held by another) */
     WEFT_ESYS = -12       /* the operating system refused (threads, memory maps) */
 };
+
+/* ---- time -------------------------------------------------------------- */
+
+/* A deadline that never passes. */
+#define WEFT_FOREVER UINT64_MAX
+
+/* Now, in nanoseconds of CLOCK_MONOTONIC: the clock deadlines are on. */
+uint64_t weft_now_ns(void);
+
+/* The deadline ns nanoseconds from now; WEFT_FOREVER if that does not fit. */
+uint64_t weft_deadline_in_ns(uint64_t ns);
 
 /* A short constant description of a status code ("invalid argument"). */
 const char *weft_strerror(int status);
@@ -180,6 +203,10 @@ int weft_spawn(weft_runtime *rt, weft_task **t, void *(*fn)(void *), void *arg,
  * WEFT_ECANCELED, at once or when the cancellation ends its wait, and t
  * stays joinable (weft_detach lets it go). */
 int weft_join(weft_task *t, void **result);
+
+/* weft_join until deadline_ns: WEFT_ETIMEDOUT if t has not finished by then
+ * (t then stays joinable and runs on). */
+int weft_join_until(weft_task *t, void **result, uint64_t deadline_ns);
 
 /* Let t run to completion on its own: its handle is released when it ends.
  * A detached handle must not be used again. */
@@ -363,6 +390,10 @@ typedef struct weft_event weft_event;
 int weft_event_record(weft_event **ev);
 /* Suspend until ev's work has completed (from a thread: block). */
 int weft_event_await(weft_event *ev);
+/* weft_event_await until deadline_ns: WEFT_ETIMEDOUT if ev's work is not
+ * complete by then (the work itself goes on; ev may be awaited again). Not
+ * ended by cancellation, like weft_event_await. */
+int weft_event_await_until(weft_event *ev, uint64_t deadline_ns);
 /* Make the calling task's later work wait for ev on the device, without
  * suspending the task. Task only. */
 int weft_stream_wait(weft_event *ev);
@@ -410,6 +441,8 @@ int weft_mutex_create(weft_mutex **m);
 int weft_mutex_destroy(weft_mutex *m); /* ESTATE when held or waited on */
 /* ECANCELED: not acquired. EDEADLK: the caller holds it already. */
 int weft_mutex_lock(weft_mutex *m);
+/* ETIMEDOUT: not acquired by deadline_ns. */
+int weft_mutex_lock_until(weft_mutex *m, uint64_t deadline_ns);
 int weft_mutex_trylock(weft_mutex *m); /* EAGAIN when held (by anyone) */
 int weft_mutex_unlock(weft_mutex *m);  /* EPERM when not the holder */
 
@@ -421,6 +454,9 @@ int weft_cond_destroy(weft_cond *c); /* ESTATE when waited on */
  * done). "Atomically": whoever takes m after the release and then signals
  * or broadcasts is sure to wake this waiter. */
 int weft_cond_wait(weft_cond *c, weft_mutex *m);
+/* ETIMEDOUT: no wake-up by deadline_ns; m is held again, as on any return.
+ * A signal that came while the wait was timing out goes to another waiter. */
+int weft_cond_wait_until(weft_cond *c, weft_mutex *m, uint64_t deadline_ns);
 int weft_cond_signal(weft_cond *c);    /* wake the longest waiter, if any */
 int weft_cond_broadcast(weft_cond *c); /* wake everyone waiting now */
 
@@ -428,6 +464,8 @@ int weft_cond_broadcast(weft_cond *c); /* wake everyone waiting now */
 int weft_sem_create(weft_sem **s, uint64_t initial);
 int weft_sem_destroy(weft_sem *s); /* ESTATE when waited on */
 int weft_sem_wait(weft_sem *s);    /* take one permit, waiting for it */
+/* ETIMEDOUT: no permit by deadline_ns (none taken). */
+int weft_sem_wait_until(weft_sem *s, uint64_t deadline_ns);
 int weft_sem_trywait(weft_sem *s); /* EAGAIN when none is free */
 /* Give one permit back. ESTATE (nothing done): the count is UINT64_MAX. */
 int weft_sem_post(weft_sem *s);
@@ -442,10 +480,15 @@ int weft_chan_destroy(weft_chan *ch);
  * receiver has taken it. ECLOSED if the channel is closed, before or while
  * waiting: the item was not sent. */
 int weft_chan_send(weft_chan *ch, const void *item);
+/* ETIMEDOUT: no room (no receiver took it) by deadline_ns; the item was not
+ * sent. */
+int weft_chan_send_until(weft_chan *ch, const void *item, uint64_t deadline_ns);
 /* Wait for an item and copy it to *item. ECLOSED once the channel is closed
  * and drained. *item holds an item on WEFT_OK only; after any other result
  * its contents are unspecified. */
 int weft_chan_recv(weft_chan *ch, void *item);
+/* ETIMEDOUT: no item by deadline_ns; none was taken from the channel. */
+int weft_chan_recv_until(weft_chan *ch, void *item, uint64_t deadline_ns);
 /* EAGAIN: full (unbuffered: no receiver waiting). ECLOSED: closed. */
 int weft_chan_trysend(weft_chan *ch, const void *item);
 /* EAGAIN: empty (unbuffered: no sender waiting). ECLOSED: closed and

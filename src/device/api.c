@@ -295,12 +295,18 @@ int weft_event_record(weft_event **out)
 
 int weft_event_await(weft_event *ev)
 {
+    return weft_event_await_until(ev, WEFT_FOREVER);
+}
+
+int weft_event_await_until(weft_event *ev, uint64_t deadline)
+{
     if (!ev)
         return weft__fail(WEFT_EINVAL, "weft_event_await: ev is NULL");
     int rc = weft__task_may_suspend("weft_event_await");
     if (rc)
         return rc;
-    return ev->dev->ops->wait(ev->stream, ev->seq);
+    rc = ev->dev->ops->wait(ev->stream, ev->seq, deadline);
+    return weft__wait_withdrawn(rc) ? weft__wait_fail(rc, "weft_event_await_until") : rc;
 }
 
 int weft_stream_wait(weft_event *ev)
@@ -315,7 +321,7 @@ int weft_stream_wait(weft_event *ev)
     if (ev->dev != t->stream_device) { /* another device: the task waits itself */
         if ((rc = weft__task_may_suspend("weft_stream_wait")))
             return rc;
-        return ev->dev->ops->wait(ev->stream, ev->seq);
+        return ev->dev->ops->wait(ev->stream, ev->seq, WEFT_FOREVER);
     }
     return ops_of(t)->stream_wait(s, ev->stream, ev->seq);
 }

@@ -462,8 +462,9 @@ static int host_mark(weft__stream *s, uint64_t *seq)
     return WEFT_OK;
 }
 
-/* Host operations cannot fail once enqueued, so a wait only ever waits. */
-static int host_wait(weft__stream *s, uint64_t seq)
+/* Host operations cannot fail once enqueued, so a wait only ever waits
+ * (or times out: then its marker leaves the queue, which stays in order). */
+static int host_wait(weft__stream *s, uint64_t seq, uint64_t deadline)
 {
     marker m;
 
@@ -477,7 +478,7 @@ static int host_wait(weft__stream *s, uint64_t seq)
     weft__waiter_init(&m.w, WEFT__WAITS_HOST_DEVICE);
     m.target = seq;
     weft__waitq_push(&s->pending, &m.w);
-    return weft__waiter_wait(&m.w, &s->lock, false);
+    return weft__waitq_park_until(&s->pending, &m.w, &s->lock, false, deadline);
 }
 
 /* Executors take no dependencies between streams, so the enqueuing task
@@ -486,7 +487,7 @@ static int host_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq)
 {
     (void)s;
     int rc = weft__task_may_suspend("weft_stream_wait");
-    return rc ? rc : host_wait(other, seq);
+    return rc ? rc : host_wait(other, seq, WEFT_FOREVER);
 }
 
 static void *host_native(weft__stream *s)
