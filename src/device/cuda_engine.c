@@ -430,7 +430,9 @@ int weft__cuda_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq)
     case BY_TASK:
         break;
     }
-    return (rc = weft__task_may_suspend("weft_stream_wait")) ? rc : weft__cuda_wait(other, seq, WEFT_FOREVER);
+    return (rc = weft__task_may_suspend("weft_stream_wait"))
+               ? rc
+               : weft__cuda_wait(other, seq, WEFT_FOREVER);
 }
 
 /* ---- polling ----------------------------------------------------------- */

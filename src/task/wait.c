@@ -168,8 +168,7 @@ int weft__waiter_wait(weft__waiter *w, weft__lock *lock, bool cancellable)
     return weft__parker_park(w->parker, lock);
 }
 
-int weft__waiter_wait_until(weft__waiter *w, weft__lock *lock, bool cancellable,
-                            uint64_t deadline)
+int weft__waiter_wait_until(weft__waiter *w, weft__lock *lock, bool cancellable, uint64_t deadline)
 {
     weft__parker_arm(w->parker, cancellable, w->waits_on);
     return weft__parker_park_until(w->parker, lock, deadline);

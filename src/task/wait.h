@@ -70,8 +70,7 @@ int weft__waiter_wait(weft__waiter *w, weft__lock *lock, bool cancellable);
  * nanoseconds; WEFT_FOREVER: never) with WEFT_ETIMEDOUT, whether or not it
  * is cancellable. WEFT_ENOMEM: the deadline could not be set up (the wait
  * ended at once). */
-int weft__waiter_wait_until(weft__waiter *w, weft__lock *lock, bool cancellable,
-                            uint64_t deadline);
+int weft__waiter_wait_until(weft__waiter *w, weft__lock *lock, bool cancellable, uint64_t deadline);
 
 /* Did the wait end other than by a list firer (cancelled, timed out, no
  * memory for its deadline)? Then w may still be linked. */
