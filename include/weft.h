@@ -91,6 +91,7 @@ typedef struct weft_config {
     weft_backend backend;   /* which devices back weft streams */
     unsigned host_threads;  /* host backend executor threads; 0: 2 */
     unsigned graph_cache;   /* executable graphs kept per GPU (graph mode); 0: 256 */
+    unsigned blocking_threads; /* bound on weft_blocking's threads; 0: 16 */
 } weft_config;
 
 /* Start a runtime: worker threads, stack pool, devices. cfg NULL: defaults. */
@@ -238,6 +239,27 @@ int weft_sleep_ns(uint64_t ns);
 
 /* The calling task's handle, or NULL outside tasks. */
 weft_task *weft_task_current(void);
+
+/* ---- blocking work ------------------------------------------------------ */
+/*
+ * A task must not block its worker: no blocking system calls (read, write,
+ * fread on a slow disk, waitpid, connect), no sleep/usleep/nanosleep, no
+ * pthread_mutex_lock or pthread_cond_wait that may wait long, no lock of
+ * any kind held across a weft wait. Such calls go through weft_blocking.
+ */
+
+/* Run fn(arg) on one of the runtime's threads that may block, suspend the
+ * calling task meanwhile, then store fn's return value in *result (if
+ * result is not NULL). The runtime keeps at most weft_config's
+ * blocking_threads such threads, started as needed and kept until it is
+ * destroyed; calls beyond the bound wait in arrival order. fn runs on a
+ * plain thread: weft calls it makes behave as from a thread (they block).
+ * Cancellation: a call of a cancelled task, or one cancelled before fn
+ * started, returns WEFT_ECANCELED and fn never runs; once fn runs it is not
+ * interrupted - the task waits for it (arg may point into its stack) and
+ * the call returns WEFT_OK with the result. From a plain thread it simply
+ * calls fn. */
+int weft_blocking(void *(*fn)(void *arg), void *arg, void **result);
 
 /* ---- device work from a task ------------------------------------------- */
 /*
