@@ -432,9 +432,10 @@ const char *weft_backend_name(weft_runtime *rt);
  * a NULL object or item pointer.
  *
  * Waiting and cancellation. The calls that may wait (mutex_lock, cond_wait,
- * sem_wait, chan_send, chan_recv) return WEFT_ECANCELED once the calling
- * task has been cancelled, also when they would not have had to wait; the
- * operation then did not happen (no lock taken, no permit, no item sent or
+ * sem_wait, chan_send, chan_recv, and their _until forms, which also end
+ * with WEFT_ETIMEDOUT as the conventions at the top say) return
+ * WEFT_ECANCELED once the calling task has been cancelled, also when they
+ * would not have had to wait; the operation then did not happen (no lock taken, no permit, no item sent or
  * received). A call that returns WEFT_OK did all of it, even if the task was
  * cancelled meanwhile: an item is never lost or delivered twice, a lock or a
  * permit never leaks. The try-calls and the calls that never wait (unlock,
