@@ -190,7 +190,7 @@ static unsigned fire_reached(weft__stream *s, int status)
         if (status == WEFT_OK && !weft__cuda_reached(s, m->seq))
             break;
         weft__waitq_pop(&s->pending);
-        weft__waiter_fire(w, status); /* not cancellable: always taken */
+        weft__waiter_fire(w, status); /* refused only by a timed-out wait, leaving */
         fired++;
     }
     atomic_fetch_sub(&s->dev->npending, fired);

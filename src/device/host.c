@@ -214,7 +214,7 @@ static void fire_reached(weft__stream *s)
 
     while ((w = s->pending.head) != NULL && marker_of(w)->target <= s->completed) {
         weft__waitq_pop(&s->pending);
-        weft__waiter_fire(w, WEFT_OK); /* non-cancellable: it always takes it */
+        weft__waiter_fire(w, WEFT_OK); /* refused only by a timed-out wait, leaving */
     }
 }
 
@@ -280,7 +280,8 @@ static void batch_recycle(batch *b, op *o)
 /* Run the batch's operations in order. A marker fires as soon as the
  * operations before it are done, not at the end of the batch: only markers
  * linked before batch_take can fall inside it (later ones wait for at least
- * b->end), so the head target snapshot stays valid between checks. */
+ * b->end), so the head target snapshot stays valid between checks (a marker
+ * that timed out and left only makes it early; fire_reached checks). */
 static void batch_run(weft__stream *s, batch *b)
 {
     op *o = b->ops, *next;

@@ -595,6 +595,18 @@ static void test_event_await_until_times_out_then_completes(void **state)
     both(*state, event_times_out_then_completes);
 }
 
+/* The same on the default backend: a GPU's completion engine where there is
+ * one (its waiter leaves the stream's queue on timeout), else the host. */
+static void test_event_await_until_on_default_backend(void **state)
+{
+    (void)state;
+    weft_config cfg = {.workers = 2};
+    weft_runtime *rt;
+    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
+    both(rt, event_times_out_then_completes);
+    assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
+}
+
 /* ---- many timed waiters racing posts and sends -------------------------- */
 
 enum { RACERS = 8, ROUNDS = 300 };
@@ -701,6 +713,7 @@ int main(void)
         T(test_join_until_times_out),
         T(test_join_until_succeeds_in_time),
         T(test_event_await_until_times_out_then_completes),
+        T(test_event_await_until_on_default_backend),
         T(test_timeouts_racing_posts_lose_nothing),
         T(test_deadline_saturates),
     };
