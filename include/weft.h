@@ -86,11 +86,11 @@ typedef enum weft_backend {
 } weft_backend;
 
 typedef struct weft_config {
-    unsigned workers;       /* worker threads; 0: one per online CPU */
-    size_t stack_size;      /* default task stack; 0: 256 KiB */
-    weft_backend backend;   /* which devices back weft streams */
-    unsigned host_threads;  /* host backend executor threads; 0: 2 */
-    unsigned graph_cache;   /* executable graphs kept per GPU (graph mode); 0: 256 */
+    unsigned workers;          /* worker threads; 0: one per online CPU */
+    size_t stack_size;         /* default task stack; 0: 256 KiB */
+    weft_backend backend;      /* which devices back weft streams */
+    unsigned host_threads;     /* host backend executor threads; 0: 2 */
+    unsigned graph_cache;      /* executable graphs kept per GPU (graph mode); 0: 256 */
     unsigned blocking_threads; /* bound on weft_blocking's threads; 0: 16 */
 } weft_config;
 
@@ -435,12 +435,12 @@ const char *weft_backend_name(weft_runtime *rt);
  * sem_wait, chan_send, chan_recv, and their _until forms, which also end
  * with WEFT_ETIMEDOUT as the conventions at the top say) return
  * WEFT_ECANCELED once the calling task has been cancelled, also when they
- * would not have had to wait; the operation then did not happen (no lock taken, no permit, no item sent or
- * received). A call that returns WEFT_OK did all of it, even if the task was
- * cancelled meanwhile: an item is never lost or delivered twice, a lock or a
- * permit never leaks. The try-calls and the calls that never wait (unlock,
- * signal, broadcast, post, close) keep working in a cancelled task, so that
- * it can clean up.
+ * would not have had to wait; the operation then did not happen (no lock
+ * taken, no permit, no item sent or received). A call that returns WEFT_OK
+ * did all of it, even if the task was cancelled meanwhile: an item is never
+ * lost or delivered twice, a lock or a permit never leaks. The try-calls and
+ * the calls that never wait (unlock, signal, broadcast, post, close) keep
+ * working in a cancelled task, so that it can clean up.
  *
  * Fairness. Waiters are served in arrival order, and unlock, post and send
  * hand the lock, the permit or the item straight to the longest-waiting live

@@ -34,7 +34,7 @@ struct weft_runtime {
     weft_config cfg;          /* with defaults filled in */
     weft__sched *sched;
     weft__timers *timers;
-    weft__blocking blocking;  /* threads for weft_blocking, started on demand */
+    weft__blocking blocking; /* threads for weft_blocking, started on demand */
     weft__stack_pool *stacks;
     weft__trace *trace;        /* the timeline; recording or not */
 
