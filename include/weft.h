@@ -15,6 +15,18 @@
  *  - Suspension points (join, when_all, when_any, yield, sleep, await, and the
  *    waits of the synchronization objects) return WEFT_ECANCELED once the
  *    calling task has been cancelled.
+ *  - Timed waits are the _until forms of join, event await and the waits of
+ *    the synchronization objects. They take an absolute deadline in
+ *    nanoseconds of CLOCK_MONOTONIC, the clock of weft_now_ns(). When the
+ *    deadline passes first the call returns WEFT_ETIMEDOUT having done
+ *    nothing: no item sent or received, no permit taken, no lock held (a
+ *    cond wait holds its mutex again, as always). A deadline already past
+ *    makes the call a try: it succeeds if it can without waiting, else
+ *    returns WEFT_ETIMEDOUT. WEFT_FOREVER never passes: the plain call is
+ *    the _until form with WEFT_FOREVER. Inside a task the wait suspends
+ *    (the runtime's timer thread ends it); in a plain thread it blocks. A
+ *    timed wait may end a little after its deadline, never before it.
+ *    Cancellation still ends a timed wait with WEFT_ECANCELED.
  */
 #ifndef WEFT_H
 #define WEFT_H
@@ -44,6 +56,17 @@ enum {
     WEFT_ESYS = -12       /* the operating system refused (threads, memory maps) */
 };
 
+/* ---- time -------------------------------------------------------------- */
+
+/* A deadline that never passes. */
+#define WEFT_FOREVER UINT64_MAX
+
+/* Now, in nanoseconds of CLOCK_MONOTONIC: the clock deadlines are on. */
+uint64_t weft_now_ns(void);
+
+/* The deadline ns nanoseconds from now; WEFT_FOREVER if that does not fit. */
+uint64_t weft_deadline_in_ns(uint64_t ns);
+
 /* A short constant description of a status code ("invalid argument"). */
 const char *weft_strerror(int status);
 
@@ -63,11 +86,12 @@ typedef enum weft_backend {
 } weft_backend;
 
 typedef struct weft_config {
-    unsigned workers;       /* worker threads; 0: one per online CPU */
-    size_t stack_size;      /* default task stack; 0: 256 KiB */
-    weft_backend backend;   /* which devices back weft streams */
-    unsigned host_threads;  /* host backend executor threads; 0: 2 */
-    unsigned graph_cache;   /* executable graphs kept per GPU (graph mode); 0: 256 */
+    unsigned workers;          /* worker threads; 0: one per online CPU */
+    size_t stack_size;         /* default task stack; 0: 256 KiB */
+    weft_backend backend;      /* which devices back weft streams */
+    unsigned host_threads;     /* host backend executor threads; 0: 2 */
+    unsigned graph_cache;      /* executable graphs kept per GPU (graph mode); 0: 256 */
+    unsigned blocking_threads; /* bound on weft_blocking's threads; 0: 16 */
 } weft_config;
 
 /* Start a runtime: worker threads, stack pool, devices. cfg NULL: defaults. */
@@ -181,6 +205,10 @@ int weft_spawn(weft_runtime *rt, weft_task **t, void *(*fn)(void *), void *arg,
  * stays joinable (weft_detach lets it go). */
 int weft_join(weft_task *t, void **result);
 
+/* weft_join until deadline_ns: WEFT_ETIMEDOUT if t has not finished by then
+ * (t then stays joinable and runs on). */
+int weft_join_until(weft_task *t, void **result, uint64_t deadline_ns);
+
 /* Let t run to completion on its own: its handle is released when it ends.
  * A detached handle must not be used again. */
 int weft_detach(weft_task *t);
@@ -211,6 +239,27 @@ int weft_sleep_ns(uint64_t ns);
 
 /* The calling task's handle, or NULL outside tasks. */
 weft_task *weft_task_current(void);
+
+/* ---- blocking work ------------------------------------------------------ */
+/*
+ * A task must not block its worker: no blocking system calls (read, write,
+ * fread on a slow disk, waitpid, connect), no sleep/usleep/nanosleep, no
+ * pthread_mutex_lock or pthread_cond_wait that may wait long, no lock of
+ * any kind held across a weft wait. Such calls go through weft_blocking.
+ */
+
+/* Run fn(arg) on one of the runtime's threads that may block, suspend the
+ * calling task meanwhile, then store fn's return value in *result (if
+ * result is not NULL). The runtime keeps at most weft_config's
+ * blocking_threads such threads, started as needed and kept until it is
+ * destroyed; calls beyond the bound wait in arrival order. fn runs on a
+ * plain thread: weft calls it makes behave as from a thread (they block).
+ * Cancellation: a call of a cancelled task, or one cancelled before fn
+ * started, returns WEFT_ECANCELED and fn never runs; once fn runs it is not
+ * interrupted - the task waits for it (arg may point into its stack) and
+ * the call returns WEFT_OK with the result. From a plain thread it simply
+ * calls fn. */
+int weft_blocking(void *(*fn)(void *arg), void *arg, void **result);
 
 /* ---- device work from a task ------------------------------------------- */
 /*
@@ -367,6 +416,10 @@ typedef struct weft_event weft_event;
 int weft_event_record(weft_event **ev);
 /* Suspend until ev's work has completed (from a thread: block). */
 int weft_event_await(weft_event *ev);
+/* weft_event_await until deadline_ns: WEFT_ETIMEDOUT if ev's work is not
+ * complete by then (the work itself goes on; ev may be awaited again). Not
+ * ended by cancellation, like weft_event_await. */
+int weft_event_await_until(weft_event *ev, uint64_t deadline_ns);
 /* Make the calling task's later work wait for ev on the device, without
  * suspending the task. Task only. */
 int weft_stream_wait(weft_event *ev);
@@ -386,14 +439,15 @@ const char *weft_backend_name(weft_runtime *rt);
  * a NULL object or item pointer.
  *
  * Waiting and cancellation. The calls that may wait (mutex_lock, cond_wait,
- * sem_wait, chan_send, chan_recv) return WEFT_ECANCELED once the calling
- * task has been cancelled, also when they would not have had to wait; the
- * operation then did not happen (no lock taken, no permit, no item sent or
- * received). A call that returns WEFT_OK did all of it, even if the task was
- * cancelled meanwhile: an item is never lost or delivered twice, a lock or a
- * permit never leaks. The try-calls and the calls that never wait (unlock,
- * signal, broadcast, post, close) keep working in a cancelled task, so that
- * it can clean up.
+ * sem_wait, chan_send, chan_recv, and their _until forms, which also end
+ * with WEFT_ETIMEDOUT as the conventions at the top say) return
+ * WEFT_ECANCELED once the calling task has been cancelled, also when they
+ * would not have had to wait; the operation then did not happen (no lock
+ * taken, no permit, no item sent or received). A call that returns WEFT_OK
+ * did all of it, even if the task was cancelled meanwhile: an item is never
+ * lost or delivered twice, a lock or a permit never leaks. The try-calls and
+ * the calls that never wait (unlock, signal, broadcast, post, close) keep
+ * working in a cancelled task, so that it can clean up.
  *
  * Fairness. Waiters are served in arrival order, and unlock, post and send
  * hand the lock, the permit or the item straight to the longest-waiting live
@@ -417,6 +471,8 @@ int weft_mutex_create(weft_mutex **m);
 int weft_mutex_destroy(weft_mutex *m); /* ESTATE when held or waited on */
 /* ECANCELED: not acquired. EDEADLK: the caller holds it already. */
 int weft_mutex_lock(weft_mutex *m);
+/* ETIMEDOUT: not acquired by deadline_ns. */
+int weft_mutex_lock_until(weft_mutex *m, uint64_t deadline_ns);
 int weft_mutex_trylock(weft_mutex *m); /* EAGAIN when held (by anyone) */
 int weft_mutex_unlock(weft_mutex *m);  /* EPERM when not the holder */
 
@@ -428,6 +484,9 @@ int weft_cond_destroy(weft_cond *c); /* ESTATE when waited on */
  * done). "Atomically": whoever takes m after the release and then signals
  * or broadcasts is sure to wake this waiter. */
 int weft_cond_wait(weft_cond *c, weft_mutex *m);
+/* ETIMEDOUT: no wake-up by deadline_ns; m is held again, as on any return.
+ * A signal that came while the wait was timing out goes to another waiter. */
+int weft_cond_wait_until(weft_cond *c, weft_mutex *m, uint64_t deadline_ns);
 int weft_cond_signal(weft_cond *c);    /* wake the longest waiter, if any */
 int weft_cond_broadcast(weft_cond *c); /* wake everyone waiting now */
 
@@ -435,6 +494,8 @@ int weft_cond_broadcast(weft_cond *c); /* wake everyone waiting now */
 int weft_sem_create(weft_sem **s, uint64_t initial);
 int weft_sem_destroy(weft_sem *s); /* ESTATE when waited on */
 int weft_sem_wait(weft_sem *s);    /* take one permit, waiting for it */
+/* ETIMEDOUT: no permit by deadline_ns (none taken). */
+int weft_sem_wait_until(weft_sem *s, uint64_t deadline_ns);
 int weft_sem_trywait(weft_sem *s); /* EAGAIN when none is free */
 /* Give one permit back. ESTATE (nothing done): the count is UINT64_MAX. */
 int weft_sem_post(weft_sem *s);
@@ -449,10 +510,15 @@ int weft_chan_destroy(weft_chan *ch);
  * receiver has taken it. ECLOSED if the channel is closed, before or while
  * waiting: the item was not sent. */
 int weft_chan_send(weft_chan *ch, const void *item);
+/* ETIMEDOUT: no room (no receiver took it) by deadline_ns; the item was not
+ * sent. */
+int weft_chan_send_until(weft_chan *ch, const void *item, uint64_t deadline_ns);
 /* Wait for an item and copy it to *item. ECLOSED once the channel is closed
  * and drained. *item holds an item on WEFT_OK only; after any other result
  * its contents are unspecified. */
 int weft_chan_recv(weft_chan *ch, void *item);
+/* ETIMEDOUT: no item by deadline_ns; none was taken from the channel. */
+int weft_chan_recv_until(weft_chan *ch, void *item, uint64_t deadline_ns);
 /* EAGAIN: full (unbuffered: no receiver waiting). ECLOSED: closed. */
 int weft_chan_trysend(weft_chan *ch, const void *item);
 /* EAGAIN: empty (unbuffered: no sender waiting). ECLOSED: closed and

@@ -63,6 +63,9 @@ static int fill_config(weft_config *cfg, const weft_config *given)
     if (cfg->host_threads > MAX_WORKERS)
         return weft__fail(WEFT_EINVAL, "weft_runtime_create: %u host threads is more than %d",
                           cfg->host_threads, MAX_WORKERS);
+    if (cfg->blocking_threads > MAX_WORKERS)
+        return weft__fail(WEFT_EINVAL, "weft_runtime_create: %u blocking threads is more than %d",
+                          cfg->blocking_threads, MAX_WORKERS);
     if (!cfg->workers) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         cfg->workers = n > 0 ? (unsigned)n : 1;
@@ -243,6 +246,7 @@ int weft_runtime_create(weft_runtime **out, const weft_config *given)
     pthread_cond_init(&rt->idle, NULL);
     pthread_mutex_init(&rt->pool_lock, NULL);
     pthread_mutex_init(&rt->device_lock, NULL);
+    weft__blocking_init(&rt->blocking, cfg.blocking_threads);
 
     if (weft__trace_create(&rt->trace) != WEFT_OK) {
         rc = weft__fail(WEFT_ENOMEM, "weft_runtime_create: out of memory");
@@ -289,6 +293,7 @@ fail_locks:
     pthread_cond_destroy(&rt->idle);
     pthread_mutex_destroy(&rt->pool_lock);
     pthread_mutex_destroy(&rt->device_lock);
+    weft__blocking_fini(&rt->blocking);
     record_put(rt);
     return rc;
 }
@@ -349,6 +354,7 @@ int weft_runtime_destroy(weft_runtime *rt)
     /* Top-down: device executors and the timer thread may still be waking
      * the last tasks, so they stop before the workers they wake. */
     devices_destroy(rt);
+    weft__blocking_fini(&rt->blocking); /* idle: every task that used it ended */
     weft__timers_destroy(rt->timers);
     weft__sched_destroy(rt->sched);
     weft__trace_destroy(rt->trace); /* every thread that records has stopped */

@@ -2,7 +2,8 @@
  * runtime.h - the runtime record that ties the layers together.
  *
  * A runtime owns a scheduler (workers), a timer thread, a stack pool, a pool
- * of task records and, created on first use, its device. Runtime records are
+ * of task records and, created on first use, its device and the threads of
+ * weft_blocking. Runtime records are
  * never returned to malloc: a destroyed one is marked dead and kept for the
  * next weft_runtime_create, so that calls on a destroyed runtime fail with
  * WEFT_ESTATE instead of touching freed memory.
@@ -17,6 +18,7 @@
 #include "fiber/fiber.h"
 #include "sched/sched.h"
 #include "sched/timer.h"
+#include "task/blocking.h"
 #include "task/task.h"
 #include "trace/trace.h"
 #include "weft.h"
@@ -32,6 +34,7 @@ struct weft_runtime {
     weft_config cfg;          /* with defaults filled in */
     weft__sched *sched;
     weft__timers *timers;
+    weft__blocking blocking; /* threads for weft_blocking, started on demand */
     weft__stack_pool *stacks;
     weft__trace *trace;        /* the timeline; recording or not */
 

@@ -189,7 +189,7 @@ static unsigned fire_reached(weft__stream *s, int status)
         if (status == WEFT_OK && !weft__cuda_reached(s, m->seq))
             break;
         weft__waitq_pop(&s->engine.pending);
-        weft__waiter_fire(w, status); /* not cancellable: always taken */
+        weft__waiter_fire(w, status); /* refused only by a timed-out wait, leaving */
         fired++;
     }
     atomic_fetch_sub(&s->dev->engine.npending, fired);
@@ -341,7 +341,7 @@ static void activate(weft__cuda_device *dev, weft__stream *s)
     weft__lock_release(&dev->engine.active_lock);
 }
 
-int weft__cuda_wait(weft__stream *s, uint64_t seq)
+int weft__cuda_wait(weft__stream *s, uint64_t seq, uint64_t deadline)
 {
     weft__cuda_device *dev = s->dev;
     int rc = weft__cuda_check_failed(dev, "weft_await");
@@ -361,7 +361,15 @@ int weft__cuda_wait(weft__stream *s, uint64_t seq)
     activate(dev, s);
     if (first && dev->base.kick) /* nobody may be polling */
         dev->base.kick(dev->base.kick_ctx);
-    rc = weft__waiter_wait(&m.w, &s->lock, false);
+    rc = weft__waiter_wait_until(&m.w, &s->lock, false, deadline);
+    if (weft__wait_withdrawn(rc)) { /* timed out: leave, as the poller would have popped it */
+        weft__lock_acquire(&s->lock);
+        if (m.w.linked) {
+            weft__waitq_remove(&s->engine.pending, &m.w);
+            atomic_fetch_sub(&dev->engine.npending, 1);
+        }
+        weft__lock_release(&s->lock);
+    }
     if (rc == WEFT_EDEVICE)
         return weft__cuda_check_failed(dev, "weft_await");
     return rc;
@@ -423,7 +431,9 @@ int weft__cuda_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq)
     case BY_TASK:
         break;
     }
-    return (rc = weft__task_may_suspend("weft_stream_wait")) ? rc : weft__cuda_wait(other, seq);
+    return (rc = weft__task_may_suspend("weft_stream_wait"))
+               ? rc
+               : weft__cuda_wait(other, seq, WEFT_FOREVER);
 }
 
 /* ---- polling ----------------------------------------------------------- */

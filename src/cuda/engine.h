@@ -83,7 +83,7 @@ void weft__cuda_engine_stream_init(weft__stream *s, unsigned slot);
 void weft__cuda_engine_stream_fini(weft__stream *s);
 
 int weft__cuda_mark(weft__stream *s, uint64_t *seq);
-int weft__cuda_wait(weft__stream *s, uint64_t seq);
+int weft__cuda_wait(weft__stream *s, uint64_t seq, uint64_t deadline);
 int weft__cuda_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq);
 bool weft__cuda_reached(weft__stream *s, uint64_t seq); /* has s reached seq? */
 unsigned weft__cuda_poll(weft__device *d);

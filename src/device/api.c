@@ -284,11 +284,17 @@ int weft_event_record(weft_event **out)
 
 int weft_event_await(weft_event *ev)
 {
+    return weft_event_await_until(ev, WEFT_FOREVER);
+}
+
+int weft_event_await_until(weft_event *ev, uint64_t deadline)
+{
     weft__event_point p;
     int rc = weft__event_point_of(ev, "weft_event_await", &p);
     if (rc || (rc = weft__task_may_suspend("weft_event_await")))
         return rc;
-    return p.dev->ops->wait(p.stream, p.seq);
+    rc = p.dev->ops->wait(p.stream, p.seq, deadline);
+    return weft__wait_withdrawn(rc) ? weft__wait_fail(rc, "weft_event_await_until") : rc;
 }
 
 int weft_stream_wait(weft_event *ev)
@@ -302,7 +308,7 @@ int weft_stream_wait(weft_event *ev)
     if (p.dev != t->stream_device) { /* another device: the task waits itself */
         if ((rc = weft__task_may_suspend("weft_stream_wait")))
             return rc;
-        return p.dev->ops->wait(p.stream, p.seq);
+        return p.dev->ops->wait(p.stream, p.seq, WEFT_FOREVER);
     }
     return ops_of(t)->stream_wait(s, p.stream, p.seq);
 }

@@ -71,10 +71,12 @@ typedef struct weft__device_ops {
     int (*mark)(weft__stream *s, uint64_t *seq);
 
     /* Suspend the calling task (or block the calling thread) until s has
-     * reached seq. Not cancellable: work in flight may point into the
-     * caller's stack. Returns WEFT_OK, or WEFT_EDEVICE (message set) if the
-     * device failed. */
-    int (*wait)(weft__stream *s, uint64_t seq);
+     * reached seq, or deadline (WEFT_FOREVER: none) has passed. Not
+     * cancellable: work in flight may point into the caller's stack.
+     * Returns WEFT_OK, WEFT_EDEVICE (message set) if the device failed, or
+     * WEFT_ETIMEDOUT / WEFT_ENOMEM (no message) when the wait was withdrawn
+     * (weft__wait_withdrawn): its waiter is unlinked again before return. */
+    int (*wait)(weft__stream *s, uint64_t seq, uint64_t deadline);
 
     /* Make work enqueued on s from now on wait until other reaches seq. */
     int (*stream_wait)(weft__stream *s, weft__stream *other, uint64_t seq);
@@ -194,7 +196,7 @@ static inline int weft__stream_sync(const weft__device_ops *ops, weft__stream *s
 {
     uint64_t seq;
     int rc = ops->mark(s, &seq);
-    return rc ? rc : ops->wait(s, seq);
+    return rc ? rc : ops->wait(s, seq, WEFT_FOREVER);
 }
 
 /* The CUDA backend: one device per GPU. *count receives how many were

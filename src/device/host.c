@@ -224,7 +224,7 @@ static void fire_reached(weft__stream *s)
 
     while ((w = s->pending.head) != NULL && marker_of(w)->target <= s->completed) {
         weft__waitq_pop(&s->pending);
-        weft__waiter_fire(w, WEFT_OK); /* non-cancellable: it always takes it */
+        weft__waiter_fire(w, WEFT_OK); /* refused only by a timed-out wait, leaving */
     }
 }
 
@@ -290,7 +290,8 @@ static void batch_recycle(batch *b, op *o)
 /* Run the batch's operations in order. A marker fires as soon as the
  * operations before it are done, not at the end of the batch: only markers
  * linked before batch_take can fall inside it (later ones wait for at least
- * b->end), so the head target snapshot stays valid between checks. */
+ * b->end), so the head target snapshot stays valid between checks (a marker
+ * that timed out and left only makes it early; fire_reached checks). */
 static void batch_run(weft__stream *s, batch *b)
 {
     op *o = b->ops, *next;
@@ -485,8 +486,9 @@ static int host_mark(weft__stream *s, uint64_t *seq)
     return WEFT_OK;
 }
 
-/* Host operations cannot fail once enqueued, so a wait only ever waits. */
-static int host_wait(weft__stream *s, uint64_t seq)
+/* Host operations cannot fail once enqueued, so a wait only ever waits
+ * (or times out: then its marker leaves the queue, which stays in order). */
+static int host_wait(weft__stream *s, uint64_t seq, uint64_t deadline)
 {
     marker m;
 
@@ -500,7 +502,7 @@ static int host_wait(weft__stream *s, uint64_t seq)
     weft__waiter_init(&m.w, WEFT__WAITS_HOST_DEVICE);
     m.target = seq;
     weft__waitq_push(&s->pending, &m.w);
-    return weft__waiter_wait(&m.w, &s->lock, false);
+    return weft__waitq_park_until(&s->pending, &m.w, &s->lock, false, deadline);
 }
 
 /* Executors take no dependencies between streams, so the enqueuing task
@@ -509,7 +511,7 @@ static int host_stream_wait(weft__stream *s, weft__stream *other, uint64_t seq)
 {
     (void)s;
     int rc = weft__task_may_suspend("weft_stream_wait");
-    return rc ? rc : host_wait(other, seq);
+    return rc ? rc : host_wait(other, seq, WEFT_FOREVER);
 }
 
 static void *host_native(weft__stream *s)

@@ -1,11 +1,19 @@
 /*
  * timer.c - a deadline heap served by one thread.
  *
- * Sleep entries live on the sleepers' stacks; the heap holds pointers to
- * them and each entry knows its heap index, so a cancelled sleeper removes
- * itself in O(log n). The heap and every entry in it are guarded by `lock`;
- * the thread sleeps on `wakeup` (a futex word bumped whenever the earliest
+ * Entries (weft__timer) live on the waiters' stacks: sleepers, and the
+ * deadlines of timed waits. The heap holds pointers to them and each entry
+ * knows its heap index, so a cancelled sleeper, or a timed wait that ended
+ * some other way, removes itself in O(log n). The heap and every entry in
+ * it are guarded by `lock`, and an entry is fired only under it, so once
+ * weft__timers_remove returns the entry is the waiter's again. A timed
+ * wait's entry fires the same parker as the waiter linked on the object:
+ * one more firer racing for the parker's CAS (task/wait.h).
+ *
+ * The thread sleeps on `wakeup` (a futex word bumped whenever the earliest
  * deadline moves earlier, or on shutdown).
+ *
+ * This file also gives the public clock of deadlines: weft_now_ns.
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -21,11 +29,7 @@
 
 #define NOT_QUEUED ((size_t)-1)
 
-typedef struct sleep_entry {
-    uint64_t deadline; /* CLOCK_MONOTONIC nanoseconds */
-    size_t index;      /* position in the heap, or NOT_QUEUED */
-    weft__waiter waiter;
-} sleep_entry;
+typedef weft__timer sleep_entry;
 
 struct weft__timers {
     weft__lock lock;
@@ -113,7 +117,7 @@ static void *timer_main(void *arg)
         while (tm->len > 0 && tm->heap[0]->deadline <= now) {
             sleep_entry *e = tm->heap[0];
             heap_remove(tm, e);
-            weft__waiter_fire(&e->waiter, WEFT_OK); /* a cancelled one is leaving anyway */
+            weft__waiter_fire(&e->waiter, e->status); /* a refusal: it is leaving anyway */
         }
         if (tm->len > 0)
             next = tm->heap[0]->deadline;
@@ -159,9 +163,29 @@ void weft__timers_destroy(weft__timers *tm)
     free(tm);
 }
 
+int weft__timers_add(weft__timers *tm, weft__timer *t)
+{
+    weft__lock_acquire(&tm->lock);
+    int rc = heap_push(tm, t);
+    if (rc == WEFT_OK && t->index == 0)
+        poke(tm); /* the earliest deadline moved: the thread must re-arm */
+    if (rc != WEFT_OK)
+        t->index = NOT_QUEUED;
+    weft__lock_release(&tm->lock);
+    return rc;
+}
+
+void weft__timers_remove(weft__timers *tm, weft__timer *t)
+{
+    weft__lock_acquire(&tm->lock);
+    if (t->index != NOT_QUEUED)
+        heap_remove(tm, t);
+    weft__lock_release(&tm->lock);
+}
+
 int weft__timers_sleep(weft__timers *tm, uint64_t ns)
 {
-    sleep_entry e = {.deadline = weft__now_ns() + ns, .index = NOT_QUEUED};
+    sleep_entry e = {.deadline = weft__now_ns() + ns, .index = NOT_QUEUED, .status = WEFT_OK};
     weft__waiter_init(&e.waiter, WEFT__WAITS_SLEEP);
 
     weft__lock_acquire(&tm->lock);
@@ -180,4 +204,15 @@ int weft__timers_sleep(weft__timers *tm, uint64_t ns)
         weft__lock_release(&tm->lock);
     }
     return rc;
+}
+
+uint64_t weft_now_ns(void)
+{
+    return weft__now_ns();
+}
+
+uint64_t weft_deadline_in_ns(uint64_t ns)
+{
+    uint64_t now = weft__now_ns();
+    return ns >= WEFT_FOREVER - now ? WEFT_FOREVER : now + ns;
 }

@@ -17,9 +17,9 @@
  *  - An item moves exactly once. A firer copies before it fires, because a
  *    fired waiter may vanish at once; if the fire fails (the waiter was
  *    cancelled and is leaving) the copy is dropped: the ring slot is not
- *    committed, or the next waiter's copy overwrites it. A cancelled
- *    sender's item was therefore never sent, and a cancelled receiver got
- *    nothing, whatever its buffer now holds.
+ *    committed, or the next waiter's copy overwrites it. A cancelled or
+ *    timed-out sender's item was therefore never sent, and such a receiver
+ *    got nothing, whatever its buffer now holds.
  *  - closed never goes back to false. Once closed, no waiter is linked
  *    except cancelled ones on their way out: close fires every sender and,
  *    the ring being empty whenever a live receiver waits, every receiver.
@@ -152,18 +152,18 @@ int weft_chan_destroy(weft_chan *ch)
     return WEFT_OK;
 }
 
-int weft_chan_send(weft_chan *ch, const void *item)
+static int chan_send(weft_chan *ch, const void *item, uint64_t deadline, const char *fn)
 {
     weft__waiter w;
     int status;
 
     if (ch == NULL)
-        return weft__fail(WEFT_EINVAL, "weft_chan_send: ch is NULL");
+        return weft__fail(WEFT_EINVAL, "%s: ch is NULL", fn);
     if (item == NULL)
-        return weft__fail(WEFT_EINVAL, "weft_chan_send: item is NULL");
+        return weft__fail(WEFT_EINVAL, "%s: item is NULL", fn);
     if (weft_cancelled())
-        return weft__fail(WEFT_ECANCELED, "weft_chan_send: task cancelled");
-    if ((status = weft__task_may_suspend("weft_chan_send")))
+        return weft__fail(WEFT_ECANCELED, "%s: task cancelled", fn);
+    if ((status = weft__task_may_suspend(fn)))
         return status;
     weft__lock_acquire(&ch->lock);
     status = send_locked(ch, item);
@@ -172,29 +172,39 @@ int weft_chan_send(weft_chan *ch, const void *item)
         w.data = (void *)item; /* only ever read */
         weft__waitq_push(&ch->senders, &w);
         /* WEFT_OK: a receiver took the item; ECLOSED: closed meanwhile. */
-        status = weft__waitq_park(&ch->senders, &w, &ch->lock, true);
+        status = weft__waitq_park_until(&ch->senders, &w, &ch->lock, true, deadline);
     } else {
         weft__lock_release(&ch->lock);
     }
     if (status == WEFT_ECLOSED)
-        return weft__fail(status, "weft_chan_send: channel is closed");
+        return weft__fail(status, "%s: channel is closed", fn);
     if (status != WEFT_OK)
-        return weft__fail(status, "weft_chan_send: task cancelled while waiting");
+        return weft__wait_fail(status, fn);
     return WEFT_OK;
 }
 
-int weft_chan_recv(weft_chan *ch, void *item)
+int weft_chan_send(weft_chan *ch, const void *item)
+{
+    return chan_send(ch, item, WEFT_FOREVER, "weft_chan_send");
+}
+
+int weft_chan_send_until(weft_chan *ch, const void *item, uint64_t deadline_ns)
+{
+    return chan_send(ch, item, deadline_ns, "weft_chan_send_until");
+}
+
+static int chan_recv(weft_chan *ch, void *item, uint64_t deadline, const char *fn)
 {
     weft__waiter w;
     int status;
 
     if (ch == NULL)
-        return weft__fail(WEFT_EINVAL, "weft_chan_recv: ch is NULL");
+        return weft__fail(WEFT_EINVAL, "%s: ch is NULL", fn);
     if (item == NULL)
-        return weft__fail(WEFT_EINVAL, "weft_chan_recv: item is NULL");
+        return weft__fail(WEFT_EINVAL, "%s: item is NULL", fn);
     if (weft_cancelled())
-        return weft__fail(WEFT_ECANCELED, "weft_chan_recv: task cancelled");
-    if ((status = weft__task_may_suspend("weft_chan_recv")))
+        return weft__fail(WEFT_ECANCELED, "%s: task cancelled", fn);
+    if ((status = weft__task_may_suspend(fn)))
         return status;
     weft__lock_acquire(&ch->lock);
     status = recv_locked(ch, item);
@@ -203,15 +213,25 @@ int weft_chan_recv(weft_chan *ch, void *item)
         w.data = item;
         weft__waitq_push(&ch->receivers, &w);
         /* WEFT_OK: a sender copied its item in; ECLOSED: closed meanwhile. */
-        status = weft__waitq_park(&ch->receivers, &w, &ch->lock, true);
+        status = weft__waitq_park_until(&ch->receivers, &w, &ch->lock, true, deadline);
     } else {
         weft__lock_release(&ch->lock);
     }
     if (status == WEFT_ECLOSED)
-        return weft__fail(status, "weft_chan_recv: channel is closed and drained");
+        return weft__fail(status, "%s: channel is closed and drained", fn);
     if (status != WEFT_OK)
-        return weft__fail(status, "weft_chan_recv: task cancelled while waiting");
+        return weft__wait_fail(status, fn);
     return WEFT_OK;
+}
+
+int weft_chan_recv(weft_chan *ch, void *item)
+{
+    return chan_recv(ch, item, WEFT_FOREVER, "weft_chan_recv");
+}
+
+int weft_chan_recv_until(weft_chan *ch, void *item, uint64_t deadline_ns)
+{
+    return chan_recv(ch, item, deadline_ns, "weft_chan_recv_until");
 }
 
 int weft_chan_trysend(weft_chan *ch, const void *item)

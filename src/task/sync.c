@@ -15,10 +15,11 @@
  *  - cond: no state but its queue. A waiter is linked before it releases the
  *    mutex, so a signal sent by anyone who takes the mutex after that
  *    release finds it.
- *  - A queue may still hold a waiter whose wait ended by cancellation: it
- *    unlinks itself once it retakes the lock. weft__waiter_fire refuses it,
- *    and the firer passes what it carried (ownership, a permit, a wake-up)
- *    on to the next waiter.
+ *  - A queue may still hold a waiter whose wait ended by cancellation or by
+ *    its deadline: it unlinks itself once it retakes the lock.
+ *    weft__waiter_fire refuses it, and the firer passes what it carried
+ *    (ownership, a permit, a wake-up) on to the next waiter. So a timed-out
+ *    wait took nothing, and nothing it was offered is lost.
  *
  * The caller's identity (mutex ownership) is its task handle inside a task,
  * so a task may lock on one worker and unlock on another, and its pthread
@@ -94,9 +95,10 @@ int weft_mutex_destroy(weft_mutex *m)
     return WEFT_OK;
 }
 
-/* Take m for self, waiting behind earlier waiters. Returns WEFT_OK (held),
- * WEFT_EDEADLK (self holds it already) or WEFT_ECANCELED (not held). */
-static int mutex_acquire(weft_mutex *m, uintptr_t self, bool cancellable)
+/* Take m for self, waiting behind earlier waiters until deadline. Returns
+ * WEFT_OK (held), WEFT_EDEADLK (self holds it already), or WEFT_ECANCELED,
+ * WEFT_ETIMEDOUT, WEFT_ENOMEM (not held). */
+static int mutex_acquire(weft_mutex *m, uintptr_t self, bool cancellable, uint64_t deadline)
 {
     weft__waiter w;
 
@@ -114,7 +116,7 @@ static int mutex_acquire(weft_mutex *m, uintptr_t self, bool cancellable)
     w.data = (void *)self;
     weft__waitq_push(&m->waiters, &w);
     /* WEFT_OK: the unlocker made us the owner before firing. */
-    return weft__waitq_park(&m->waiters, &w, &m->lock, cancellable);
+    return weft__waitq_park_until(&m->waiters, &w, &m->lock, cancellable, deadline);
 }
 
 /* Give m up, handing it to the first live waiter. Call with m->lock held. */
@@ -146,22 +148,32 @@ static int mutex_release(weft_mutex *m, uintptr_t self)
     return status;
 }
 
-int weft_mutex_lock(weft_mutex *m)
+static int mutex_lock(weft_mutex *m, uint64_t deadline, const char *fn)
 {
     int status;
 
     if (m == NULL)
-        return weft__fail(WEFT_EINVAL, "weft_mutex_lock: m is NULL");
+        return weft__fail(WEFT_EINVAL, "%s: m is NULL", fn);
     if (weft_cancelled())
-        return weft__fail(WEFT_ECANCELED, "weft_mutex_lock: task cancelled");
-    if ((status = weft__task_may_suspend("weft_mutex_lock")))
+        return weft__fail(WEFT_ECANCELED, "%s: task cancelled", fn);
+    if ((status = weft__task_may_suspend(fn)))
         return status;
-    status = mutex_acquire(m, caller_identity(), true);
+    status = mutex_acquire(m, caller_identity(), true, deadline);
     if (status == WEFT_EDEADLK)
-        return weft__fail(status, "weft_mutex_lock: caller already holds the mutex");
+        return weft__fail(status, "%s: caller already holds the mutex", fn);
     if (status != WEFT_OK)
-        return weft__fail(status, "weft_mutex_lock: task cancelled while waiting");
+        return weft__wait_fail(status, fn);
     return WEFT_OK;
+}
+
+int weft_mutex_lock(weft_mutex *m)
+{
+    return mutex_lock(m, WEFT_FOREVER, "weft_mutex_lock");
+}
+
+int weft_mutex_lock_until(weft_mutex *m, uint64_t deadline_ns)
+{
+    return mutex_lock(m, deadline_ns, "weft_mutex_lock_until");
 }
 
 int weft_mutex_trylock(weft_mutex *m)
@@ -233,23 +245,23 @@ static bool mutex_held_by(weft_mutex *m, uintptr_t self)
     return held;
 }
 
-int weft_cond_wait(weft_cond *c, weft_mutex *m)
+static int cond_wait(weft_cond *c, weft_mutex *m, uint64_t deadline, const char *fn)
 {
     weft__waiter w;
     uintptr_t self;
     int status, relock;
 
     if (c == NULL)
-        return weft__fail(WEFT_EINVAL, "weft_cond_wait: c is NULL");
+        return weft__fail(WEFT_EINVAL, "%s: c is NULL", fn);
     if (m == NULL)
-        return weft__fail(WEFT_EINVAL, "weft_cond_wait: m is NULL");
-    if ((status = weft__task_may_suspend("weft_cond_wait")))
+        return weft__fail(WEFT_EINVAL, "%s: m is NULL", fn);
+    if ((status = weft__task_may_suspend(fn)))
         return status;
     self = caller_identity();
     if (!mutex_held_by(m, self))
-        return weft__fail(WEFT_EPERM, "weft_cond_wait: caller does not hold the mutex");
+        return weft__fail(WEFT_EPERM, "%s: caller does not hold the mutex", fn);
     if (weft_cancelled())
-        return weft__fail(WEFT_ECANCELED, "weft_cond_wait: task cancelled");
+        return weft__fail(WEFT_ECANCELED, "%s: task cancelled", fn);
 
     /* Lock order: cond, then mutex. Linking before the release is what
      * makes "release m and wait" atomic for anyone who signals under m. */
@@ -260,15 +272,26 @@ int weft_cond_wait(weft_cond *c, weft_mutex *m)
     relock = mutex_release_locked(m, self);
     weft__lock_release(&m->lock);
     assert(relock == WEFT_OK);
-    status = weft__waitq_park(&c->waiters, &w, &c->lock, true);
+    status = weft__waitq_park_until(&c->waiters, &w, &c->lock, true, deadline);
 
-    /* Not cancellable: the caller holds m on return, whatever happened. */
-    relock = mutex_acquire(m, self, false);
+    /* Neither cancellable nor timed: the caller holds m on return, whatever
+     * happened. */
+    relock = mutex_acquire(m, self, false, WEFT_FOREVER);
     assert(relock == WEFT_OK);
     (void)relock;
     if (status != WEFT_OK)
-        return weft__fail(status, "weft_cond_wait: task cancelled while waiting");
+        return weft__wait_fail(status, fn);
     return WEFT_OK;
+}
+
+int weft_cond_wait(weft_cond *c, weft_mutex *m)
+{
+    return cond_wait(c, m, WEFT_FOREVER, "weft_cond_wait");
+}
+
+int weft_cond_wait_until(weft_cond *c, weft_mutex *m, uint64_t deadline_ns)
+{
+    return cond_wait(c, m, deadline_ns, "weft_cond_wait_until");
 }
 
 int weft_cond_signal(weft_cond *c)
@@ -323,16 +346,16 @@ int weft_sem_destroy(weft_sem *s)
     return WEFT_OK;
 }
 
-int weft_sem_wait(weft_sem *s)
+static int sem_wait(weft_sem *s, uint64_t deadline, const char *fn)
 {
     weft__waiter w;
     int status;
 
     if (s == NULL)
-        return weft__fail(WEFT_EINVAL, "weft_sem_wait: s is NULL");
+        return weft__fail(WEFT_EINVAL, "%s: s is NULL", fn);
     if (weft_cancelled())
-        return weft__fail(WEFT_ECANCELED, "weft_sem_wait: task cancelled");
-    if ((status = weft__task_may_suspend("weft_sem_wait")))
+        return weft__fail(WEFT_ECANCELED, "%s: task cancelled", fn);
+    if ((status = weft__task_may_suspend(fn)))
         return status;
     weft__lock_acquire(&s->lock);
     if (s->count > 0) {
@@ -343,10 +366,20 @@ int weft_sem_wait(weft_sem *s)
     weft__waiter_init(&w, WEFT__WAITS_SEM);
     weft__waitq_push(&s->waiters, &w);
     /* WEFT_OK: a post handed us its permit. */
-    status = weft__waitq_park(&s->waiters, &w, &s->lock, true);
+    status = weft__waitq_park_until(&s->waiters, &w, &s->lock, true, deadline);
     if (status != WEFT_OK)
-        return weft__fail(status, "weft_sem_wait: task cancelled while waiting");
+        return weft__wait_fail(status, fn);
     return WEFT_OK;
+}
+
+int weft_sem_wait(weft_sem *s)
+{
+    return sem_wait(s, WEFT_FOREVER, "weft_sem_wait");
+}
+
+int weft_sem_wait_until(weft_sem *s, uint64_t deadline_ns)
+{
+    return sem_wait(s, deadline_ns, "weft_sem_wait_until");
 }
 
 int weft_sem_trywait(weft_sem *s)

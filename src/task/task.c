@@ -322,7 +322,7 @@ void weft__task_finish(weft__worker *w, weft__task *t)
 /* ---- waiting for tasks ------------------------------------------------- */
 
 /* Like every suspension point, fails at once in a cancelled task. */
-static int wait_done(weft__task *t)
+static int wait_done_until(weft__task *t, uint64_t deadline)
 {
     if (weft_cancelled())
         return WEFT_ECANCELED;
@@ -335,7 +335,13 @@ static int wait_done(weft__task *t)
         weft__lock_release(&t->lock);
         return WEFT_OK;
     }
-    return weft__waitq_wait(&t->joiners, &w, &t->lock, true);
+    weft__waitq_push(&t->joiners, &w);
+    return weft__waitq_park_until(&t->joiners, &w, &t->lock, true, deadline);
+}
+
+static int wait_done(weft__task *t)
+{
+    return wait_done_until(t, WEFT_FOREVER);
 }
 
 static int join_failure(const weft__task *t)
@@ -351,6 +357,11 @@ static int join_failure(const weft__task *t)
 
 int weft_join(weft_task *h, void **result)
 {
+    return weft_join_until(h, result, WEFT_FOREVER);
+}
+
+int weft_join_until(weft_task *h, void **result, uint64_t deadline)
+{
     weft__task *t = NULL;
     int rc = task_of(h, "weft_join", &t);
     if (rc)
@@ -361,9 +372,12 @@ int weft_join(weft_task *h, void **result)
         return rc;
     if (atomic_exchange(&t->join_claimed, true))
         return weft__fail(WEFT_ESTATE, "weft_join: task is being joined elsewhere or was detached");
-    if ((rc = wait_done(t))) {
+    if ((rc = wait_done_until(t, deadline))) {
         atomic_store(&t->join_claimed, false);
-        return weft__fail(rc, "weft_join: cancelled while waiting; the task is still joinable");
+        return weft__fail(rc, "weft_join: %s; the task is still joinable",
+                          rc == WEFT_ETIMEDOUT ? "the deadline passed first"
+                          : rc == WEFT_ENOMEM  ? "no memory to set up the deadline"
+                                               : "cancelled while waiting");
     }
     if (result)
         *result = t->result;

@@ -123,6 +123,10 @@ void weft__parker_arm(weft__parker *p, bool cancellable, unsigned waits_on);
  * with. A cancellable wait of a cancelled task returns WEFT_ECANCELED. */
 int weft__parker_park(weft__parker *p, weft__lock *lock);
 
+/* weft__parker_park that also ends at deadline (WEFT_FOREVER: never) with
+ * WEFT_ETIMEDOUT; see weft__waiter_wait_until. */
+int weft__parker_park_until(weft__parker *p, weft__lock *lock, uint64_t deadline);
+
 /* Try to end p's wait with status. cancel: only if the wait is cancellable.
  * Returns true if this call ended it. */
 bool weft__parker_notify(weft__parker *p, int status, bool cancel);

@@ -25,6 +25,13 @@
  *    owner may only touch it while holding L, and only until it fires it. A
  *    cancelled waiter takes L before leaving, so a firer holding L may still
  *    write into w->data before trying to fire it.
+ *  - A timed wait (weft__waiter_wait_until) has one more firer: its deadline,
+ *    which fires the same parker with WEFT_ETIMEDOUT (the runtime's timer
+ *    thread for a task, the futex timeout for a thread). It races like
+ *    cancel and leaves like cancel: a waiter whose wait was withdrawn
+ *    (weft__wait_withdrawn) takes L and unlinks itself, and a firer that
+ *    loses to it passes what it carried on. A deadline already past makes
+ *    the wait a try: it ends at once, unless a firer won first.
  */
 #ifndef WEFT_WAIT_H
 #define WEFT_WAIT_H
@@ -58,6 +65,23 @@ void weft__waiter_init(weft__waiter *w, unsigned waits_on);
  * task is cancelled (returning WEFT_ECANCELED; see the protocol above); a
  * non-cancellable one ignores cancellation. Returns the fired status. */
 int weft__waiter_wait(weft__waiter *w, weft__lock *lock, bool cancellable);
+
+/* weft__waiter_wait that also ends at deadline (CLOCK_MONOTONIC
+ * nanoseconds; WEFT_FOREVER: never) with WEFT_ETIMEDOUT, whether or not it
+ * is cancellable. WEFT_ENOMEM: the deadline could not be set up (the wait
+ * ended at once). */
+int weft__waiter_wait_until(weft__waiter *w, weft__lock *lock, bool cancellable, uint64_t deadline);
+
+/* Did the wait end other than by a list firer (cancelled, timed out, no
+ * memory for its deadline)? Then w may still be linked. */
+static inline bool weft__wait_withdrawn(int status)
+{
+    return status == WEFT_ECANCELED || status == WEFT_ETIMEDOUT || status == WEFT_ENOMEM;
+}
+
+/* Report a wait that ended with a withdrawn status (or any failure) as
+ * fn's failure, with a message saying why; returns status. */
+int weft__wait_fail(int status, const char *fn);
 
 /* End w's wait with status. Returns false if w's wait already ended because
  * its task was cancelled. Call with the list's lock held. */
@@ -103,19 +127,25 @@ static inline weft__waiter *weft__waitq_pop(weft__waitq *q)
     return w;
 }
 
-/* Wait with w already linked on q, as the protocol above says. Call with
- * lock held; returns with it released. */
-static inline int weft__waitq_park(weft__waitq *q, weft__waiter *w, weft__lock *lock,
-                                   bool cancellable)
+/* Wait with w already linked on q, as the protocol above says, until
+ * deadline at the latest. Call with lock held; returns with it released. */
+static inline int weft__waitq_park_until(weft__waitq *q, weft__waiter *w, weft__lock *lock,
+                                         bool cancellable, uint64_t deadline)
 {
-    int status = weft__waiter_wait(w, lock, cancellable);
-    if (status == WEFT_ECANCELED) {
+    int status = weft__waiter_wait_until(w, lock, cancellable, deadline);
+    if (weft__wait_withdrawn(status)) {
         weft__lock_acquire(lock);
         if (w->linked)
             weft__waitq_remove(q, w);
         weft__lock_release(lock);
     }
     return status;
+}
+
+static inline int weft__waitq_park(weft__waitq *q, weft__waiter *w, weft__lock *lock,
+                                   bool cancellable)
+{
+    return weft__waitq_park_until(q, w, lock, cancellable, WEFT_FOREVER);
 }
 
 /* Link w at the tail of q, then weft__waitq_park. */

@@ -121,6 +121,7 @@ static const char *const waits_on_names[WEFT__WAITS_COUNT] = {
     [WEFT__WAITS_SLEEP] = "wait: sleep",
     [WEFT__WAITS_GPU] = "wait: GPU",
     [WEFT__WAITS_HOST_DEVICE] = "wait: host device",
+    [WEFT__WAITS_BLOCKING] = "wait: blocking call",
 };
 
 static const char *const op_names[WEFT__OP_COUNT] = {

@@ -46,6 +46,7 @@ typedef enum weft__waits_on {
     WEFT__WAITS_SLEEP,
     WEFT__WAITS_GPU,         /* weft_await, weft_event_await on a GPU */
     WEFT__WAITS_HOST_DEVICE, /* ... on the host backend */
+    WEFT__WAITS_BLOCKING,    /* weft_blocking */
     WEFT__WAITS_COUNT
 } weft__waits_on;
 
