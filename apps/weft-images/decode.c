@@ -106,10 +106,20 @@ static const char *truncated(format fmt, const uint8_t *p, size_t n)
     }
 }
 
-/* stb_image's terse reason in words; it gives none for some failures. */
-static const char *stb_reason(void)
+/* stb_image keeps its last reason (per thread) and some failures set none,
+ * so a stale reason from an earlier file could show: before a call that
+ * may fail, set the reason a known format can never get. */
+#define RESET_REASON "unknown image type"
+
+static void stb_reset(void)
 {
-    const char *r = stbi_failure_reason();
+    int w, h, c;
+    stbi_info_from_memory((const stbi_uc *)"", 1, &w, &h, &c);
+}
+
+/* stb_image's terse reason in words; it gives none for some failures. */
+static const char *stb_reason(const char *r)
+{
     if (!r || !*r)
         return "it gave no reason";
     if (!strcmp(r, "outofmem"))
@@ -241,16 +251,17 @@ int wi_image_probe(const char *path, uint64_t max_pixels, wi_probe *pr, char *wh
     uint64_t dw, dh;
     if (!ok) {
         const char *r = stbi_failure_reason();
-        if (r && !strcmp(r, "too large") && header_dims(fmt, head, head_n, &dw, &dh) &&
-            bad_dims(dw, dh, max_pixels, why, why_len))
-            ; /* a valid header declaring more than stb_image takes */
+        if (header_dims(fmt, head, head_n, &dw, &dh) && bad_dims(dw, dh, max_pixels, why, why_len))
+            ; /* a valid header declaring more than we take: stb_image calls it corrupt */
         else if (r && !strcmp(r, "too large"))
             snprintf(why, why_len, "%s declares more pixels than stb_image takes",
                      fmt == FMT_UNKNOWN ? "image" : format_names[fmt]);
         else if (fmt == FMT_UNKNOWN)
-            snprintf(why, why_len, "not an image (stb_image: %s)", stb_reason());
+            snprintf(why, why_len, "not an image (stb_image: %s)",
+                     stb_reason(stbi_failure_reason()));
         else
-            snprintf(why, why_len, "corrupt %s (stb_image: %s)", format_names[fmt], stb_reason());
+            snprintf(why, why_len, "corrupt %s (stb_image: %s)", format_names[fmt],
+                     r && !strcmp(r, RESET_REASON) ? "its header is not valid" : stb_reason(r));
         close(fd);
         return -1;
     }
@@ -379,13 +390,17 @@ int wi_image_decode(wi_probe *pr, wi_image *img, char *why, size_t why_len)
     } else if ((cut = truncated(fmt, buf, n)) != NULL ||
                (fmt == FMT_JPEG && (cut = jpeg_unscanned(buf, n)) != NULL)) {
         snprintf(why, why_len, "%s", cut);
-    } else if (!(img->rgb = stbi_load_from_memory(buf, (int)n, &w, &h, &comp, 3))) {
+    } else if (stb_reset(), !(img->rgb = stbi_load_from_memory(buf, (int)n, &w, &h, &comp, 3))) {
         const char *r = stbi_failure_reason();
+        if (r && !strcmp(r, RESET_REASON))
+            r = NULL; /* a known format failed without saying why */
         if (r && !strcmp(r, "outofmem"))
             snprintf(why, why_len, "out of memory decoding %d x %d pixels", w, h);
+        else if (fmt == FMT_GIF && (!r || !*r)) /* stb_image's GIF reader stops at the trailer */
+            snprintf(why, why_len, "corrupt GIF: no image in it, only a header");
         else
             snprintf(why, why_len, "corrupt or truncated %s (stb_image: %s)",
-                     fmt == FMT_UNKNOWN ? "image" : format_names[fmt], stb_reason());
+                     fmt == FMT_UNKNOWN ? "image" : format_names[fmt], stb_reason(r));
     } else {
         img->width = (uint32_t)w;
         img->height = (uint32_t)h;

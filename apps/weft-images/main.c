@@ -124,8 +124,8 @@ static int budget_take(budget *b, uint64_t need)
 
 static void budget_give(budget *b, uint64_t need)
 {
-    while (weft_mutex_lock(b->lock) != WEFT_OK)
-        ; /* only cancellation fails it: giving back must happen */
+    if (weft_mutex_lock(b->lock) != WEFT_OK)
+        return; /* cancelled: so is every task, and none takes from it again */
     b->used -= need;
     b->holders--;
     weft_cond_broadcast(b->freed);
