@@ -265,22 +265,20 @@ static int run_all(run *r, job *jobs, size_t *spawned)
 }
 
 /* Wait until every task spawned has ended; on a signal, cancel those still
- * running or waiting to start first. */
+ * running or waiting to start first (one that never started never counts
+ * as done, so the joins are what wait for it). */
 static void wait_all(run *r, job *jobs, size_t spawned)
 {
-    bool cancelled = false;
-    while (atomic_load(&r->done) < spawned) {
-        if (atomic_load(&r->stop) && !cancelled) {
-            for (size_t i = 0; i < spawned; i++)
-                weft_cancel(jobs[i].task);
-            cancelled = true;
-            break; /* tasks that never start never count as done: join them */
-        }
+    while (atomic_load(&r->done) < spawned && !atomic_load(&r->stop)) {
         wi_report_progress(atomic_load(&r->done));
         usleep(10000);
     }
+    if (atomic_load(&r->stop))
+        for (size_t i = 0; i < spawned; i++)
+            weft_cancel(jobs[i].task);
     for (size_t i = 0; i < spawned; i++)
-        weft_join(jobs[i].task, NULL); /* WEFT_ECANCELED for those cancelled */
+        weft_join(jobs[i].task,
+                  NULL); /* a thread's join waits for the end; ECANCELED if cancelled */
     wi_report_progress(atomic_load(&r->done));
     wi_report_end();
 }
