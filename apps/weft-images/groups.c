@@ -7,9 +7,13 @@
  * more. Linking is transitive, as a user deduplicating a folder expects:
  * a resized copy of a cropped copy lands in the original's group.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "images.h"
 
@@ -93,24 +97,70 @@ static uint64_t pairs(uint64_t k)
     return k * (k - 1) / 2;
 }
 
-int wi_score_truth(const char *truth_path, const char *const *rel, const long *group, size_t n,
-                   wi_score *out, char *why, size_t why_len)
+int wi_truth_load(const char *path, wi_truth *t, char *why, size_t why_len)
 {
-    FILE *f = fopen(truth_path, "r");
-    if (!f) {
-        snprintf(why, why_len, "%s: cannot open: %m", truth_path);
+    *t = (wi_truth){0};
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC); /* a FIFO must not hang */
+    if (fd < 0) {
+        snprintf(why, why_len, "%s: cannot open: %s", path, strerror(errno));
         return -1;
     }
+    struct stat st;
+    int rc = -1;
+    if (fstat(fd, &st) != 0) {
+        snprintf(why, why_len, "%s: cannot stat: %s", path, strerror(errno));
+    } else if (!S_ISREG(st.st_mode)) {
+        snprintf(why, why_len, "%s: %s, not a regular file", path,
+                 S_ISDIR(st.st_mode) ? "a folder" : "a device, FIFO or socket");
+    } else if ((uint64_t)st.st_size > WI_TRUTH_MAX_BYTES) {
+        snprintf(why, why_len, "%s: %llu bytes, more than a truth file takes (%d)", path,
+                 (unsigned long long)st.st_size, WI_TRUTH_MAX_BYTES);
+    } else if (!(t->text = malloc((size_t)st.st_size + 1))) {
+        snprintf(why, why_len, "%s: out of memory", path);
+    } else {
+        size_t n = (size_t)st.st_size, got = 0;
+        ssize_t r = 1;
+        while (got < n && (r = read(fd, t->text + got, n - got)) != 0)
+            if (r > 0)
+                got += (size_t)r;
+            else if (errno != EINTR && errno != EAGAIN)
+                break;
+        t->len = got;
+        t->text[got] = '\0';
+        const char *nul = memchr(t->text, '\0', got);
+        if (got < n && r < 0)
+            snprintf(why, why_len, "%s: cannot read: %s", path, strerror(errno));
+        else if (nul)
+            snprintf(why, why_len, "%s: not text (a NUL byte at offset %zu)", path,
+                     (size_t)(nul - t->text));
+        else
+            rc = 0;
+    }
+    close(fd);
+    if (rc)
+        wi_truth_free(t);
+    return rc;
+}
+
+void wi_truth_free(wi_truth *t)
+{
+    free(t->text);
+    *t = (wi_truth){0};
+}
+
+int wi_score_truth(const wi_truth *t, const char *const *rel, const long *group, size_t n,
+                   wi_score *out, char *why, size_t why_len)
+{
     named *names = malloc((n ? n : 1) * sizeof *names);
     long *truth = malloc((n ? n : 1) * sizeof *truth);
     pair_count *pc = malloc((n ? n : 1) * sizeof *pc);
-    char *line = NULL;
-    size_t cap = 0;
+    char *text = malloc(t->len + 1); /* strtok_r cuts it */
     int rc = -1;
-    if (!names || !truth || !pc) {
+    if (!names || !truth || !pc || !text) {
         snprintf(why, why_len, "out of memory");
         goto out;
     }
+    memcpy(text, t->text, t->len + 1);
     for (size_t i = 0; i < n; i++) {
         names[i] = (named){rel[i], i};
         truth[i] = -1;
@@ -120,8 +170,11 @@ int wi_score_truth(const char *truth_path, const char *const *rel, const long *g
     /* Truth groups: count their pairs, and label the images we have. */
     *out = (wi_score){0};
     long id = 0;
-    while (getline(&line, &cap, f) >= 0) {
-        line[strcspn(line, "\r\n")] = '\0';
+    for (char *line = text, *next; line; line = next) {
+        next = strchr(line, '\n');
+        if (next)
+            *next++ = '\0';
+        line[strcspn(line, "\r")] = '\0';
         if (line[0] == '#' || line[0] == '\0')
             continue;
         uint64_t members = 0;
@@ -162,10 +215,9 @@ int wi_score_truth(const char *truth_path, const char *const *rel, const long *g
     out->recall = out->truth ? (double)out->both / (double)out->truth : 1.0;
     rc = 0;
 out:
-    free(line);
+    free(text);
     free(names);
     free(truth);
     free(pc);
-    fclose(f);
     return rc;
 }

@@ -17,20 +17,29 @@
 /* ---- finding files (scan.c) --------------------------------------------- */
 
 typedef struct wi_file {
-    char *path;      /* as given, joined with the path below the root */
-    const char *rel; /* points into path: below the root folder */
+    char *path;        /* as given, joined with the path below the root */
+    const char *rel;   /* points into path: below the root folder */
+    uint64_t dev, ino; /* what it names (0, 0: could not be told) */
 } wi_file;
 
 typedef struct wi_files {
     wi_file *v;
     size_t n, cap;
+    size_t skipped;    /* not regular files, unreadable folders, paths too long */
+    size_t duplicates; /* second names of a file already in the list */
 } wi_files;
 
 /* Add every regular file under root (recursively; names starting with a
  * dot are skipped, symbolic links to folders not followed), or root itself
- * if it is a file. Returns 0, or -1 with a message in why (root missing or
- * unreadable). Call wi_files_sort once all roots are in. */
+ * if it is a file. What is not a regular file, a sub-folder that cannot be
+ * read and a path longer than PATH_MAX are reported on stderr, counted in
+ * skipped, and the walk goes on; at most one folder is open at a time.
+ * Returns 0, or -1 with a message in why (root missing or unreadable, out
+ * of memory). Call wi_files_sort once all roots are in. */
 int wi_files_add(wi_files *fs, const char *root, char *why, size_t why_len);
+/* Sort by path and keep one name of each file (device and inode), the
+ * first in path order; each other name is reported and counted in
+ * duplicates. */
 void wi_files_sort(wi_files *fs);
 void wi_files_free(wi_files *fs);
 
@@ -42,9 +51,32 @@ typedef struct wi_image {
     uint64_t file_bytes;
 } wi_image;
 
-/* Read and decode path into RGB. Returns 0, or -1 with a one-line reason
- * in why ("empty file", "truncated GIF: no trailer", "not an image
- * (stb_image: unknown image type)", a system error). */
+enum {
+    WI_MAX_PIXELS = 1 << 28,         /* the most --max-pixels allows */
+    WI_DEFAULT_MAX_PIXELS = 1 << 26, /* 64 Mpixels: about 1 GiB while decoding */
+    WI_DECODE_BYTES_PER_PIXEL = 16,  /* stb_image's peak: a 16-bit RGBA PNG, two copies */
+};
+
+/* A file opened and its header read, not yet decoded. */
+typedef struct wi_probe {
+    int fd;
+    uint64_t file_bytes;
+    uint32_t width, height;
+    uint64_t need; /* memory its decoding may take at its peak: file and pixels */
+} wi_probe;
+
+/* Open path without blocking, check that it is a regular file of a size
+ * stb_image reads, and read its declared size from the header alone
+ * (nothing is decoded). Images of more than max_pixels are refused.
+ * Returns 0, or -1 with a one-line reason in why ("empty file", "a FIFO,
+ * not a regular file: skipped", "not an image (stb_image: unknown image
+ * type)", a system error). */
+int wi_image_probe(const char *path, uint64_t max_pixels, wi_probe *pr, char *why, size_t why_len);
+/* Read and decode a probed file into RGB, closing it. Returns 0, or -1
+ * with a reason ("truncated GIF: no trailer", "out of memory decoding ..."). */
+int wi_image_decode(wi_probe *pr, wi_image *img, char *why, size_t why_len);
+void wi_probe_close(wi_probe *pr);
+/* Both, with the default pixel limit. */
 int wi_image_load(const char *path, wi_image *img, char *why, size_t why_len);
 void wi_image_free(wi_image *img);
 
@@ -60,6 +92,10 @@ size_t wi_json_string(char *buf, size_t len, const char *s);
  * (wi_json_put_string) to f with one fputs, so that lines from several
  * threads do not interleave. Return 0, or -1 when out of memory for a very
  * long path or when f failed. */
+/* s for a message on stderr, into buf: control characters and bytes that
+ * are not UTF-8 as \xNN, a backslash doubled; cut with "..." when longer
+ * than buf. Returns buf. */
+const char *wi_shown(const char *s, char *buf, size_t len);
 int wi_json_write(FILE *f, const char *path, const wi_image *img, const wi_result *r);
 int wi_json_put_string(FILE *f, const char *s);
 
@@ -80,10 +116,23 @@ typedef struct wi_score {
     double precision, recall;
 } wi_score;
 
-/* truth_path: one line per true group, its member paths relative to the
- * folder, separated by tabs. rel[i] names image i (NULL: not an image);
- * group[i] as from wi_group. Returns 0, or -1 with a message in why. */
-int wi_score_truth(const char *truth_path, const char *const *rel, const long *group, size_t n,
+/* A truth file, read whole: one line per true group, its member paths
+ * relative to the folder, separated by tabs; '#' starts a comment line. */
+typedef struct wi_truth {
+    char *text; /* the lines, each NUL-terminated in place */
+    size_t len;
+} wi_truth;
+
+enum { WI_TRUTH_MAX_BYTES = 1 << 28 };
+
+/* Read path (a regular file of at most WI_TRUTH_MAX_BYTES, text without
+ * NUL bytes) before the run starts. Returns 0, or -1 with a message. */
+int wi_truth_load(const char *path, wi_truth *t, char *why, size_t why_len);
+void wi_truth_free(wi_truth *t);
+
+/* rel[i] names image i (NULL: not an image); group[i] as from wi_group.
+ * Returns 0, or -1 with a message in why (out of memory). */
+int wi_score_truth(const wi_truth *t, const char *const *rel, const long *group, size_t n,
                    wi_score *out, char *why, size_t why_len);
 
 #endif

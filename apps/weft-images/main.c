@@ -16,15 +16,32 @@
  *
  * Exit status: 0 when every file was looked at (files that are not
  * readable images are reported and counted, and do not stop the run); 1
- * when the device or the output failed; 2 for a bad command line or a
- * missing folder.
+ * when the device or writing the output failed; 2 for a bad command line,
+ * a missing folder, a --truth file that cannot be read or an -o that
+ * cannot be opened or is one of the inputs; 130 or 143 when SIGINT or
+ * SIGTERM stopped the run (the lines written are whole, the summary says
+ * what was done).
+ *
+ * Memory: each task reserves what its image may take at the decoder's
+ * peak (from the header, before decoding) against --memory, so that many
+ * large images never decode at once; one image always may, alone.
+ *
+ * Signals: SIGINT and SIGTERM are blocked in every thread and taken by a
+ * thread of ours in sigwait, which only records the signal and wakes the
+ * main thread; the main thread stops spawning, cancels the tasks in flight
+ * (weft_cancel: one that has not started never will, one decoding drops
+ * its image) and waits for them before writing the summary.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <weft.h>
@@ -37,9 +54,20 @@ enum { EXIT_RUN = 1, EXIT_USAGE = 2, DEFAULT_THRESHOLD = 10, SHOWN_GROUPS = 5 };
 typedef struct options {
     const char *output, *truth, *trace, *bench;
     unsigned threshold, workers, inflight;
+    uint64_t max_pixels, memory; /* memory in bytes; 0: a quarter of the RAM */
     weft_backend backend;
     bool quiet;
 } options;
+
+/* Bytes of memory the images in flight may take, reserved before each
+ * decodes: a task waits (suspended) until its image fits, or until no
+ * other image holds any. */
+typedef struct budget {
+    weft_mutex *lock;
+    weft_cond *freed;
+    uint64_t limit, used;
+    unsigned holders;
+} budget;
 
 /* What one file gave. */
 typedef struct outcome {
@@ -56,16 +84,53 @@ typedef struct run {
     FILE *out;
     outcome *outcomes;
     weft_sem *slots; /* images in flight */
+    budget memory;
     wi_activity activity;
-    atomic_size_t done, failed, device_failed;
+    atomic_size_t done, failed, device_failed, dropped;
     atomic_ullong pixel_bytes; /* decoded RGB bytes */
-    atomic_bool write_failed;
+    atomic_int write_errno;    /* the first failed write's errno, or 0 */
+    atomic_int stop;           /* the signal that stops the run, or 0 */
 } run;
 
 typedef struct job {
     run *run;
     size_t index;
+    weft_task *task;
 } job;
+
+static void write_failed(run *r)
+{
+    int none = 0;
+    atomic_compare_exchange_strong(&r->write_errno, &none, errno ? errno : EIO);
+}
+
+/* ---- the memory budget ------------------------------------------------------ */
+
+/* Reserve need bytes; WEFT_ECANCELED when the task was cancelled waiting. */
+static int budget_take(budget *b, uint64_t need)
+{
+    int rc = weft_mutex_lock(b->lock);
+    if (rc)
+        return rc;
+    while (rc == WEFT_OK && b->holders > 0 && b->used + need > b->limit)
+        rc = weft_cond_wait(b->freed, b->lock); /* re-takes the lock, also when cancelled */
+    if (rc == WEFT_OK) {
+        b->used += need;
+        b->holders++;
+    }
+    weft_mutex_unlock(b->lock);
+    return rc;
+}
+
+static void budget_give(budget *b, uint64_t need)
+{
+    if (weft_mutex_lock(b->lock) != WEFT_OK)
+        return; /* cancelled: so is every task, and none takes from it again */
+    b->used -= need;
+    b->holders--;
+    weft_cond_broadcast(b->freed);
+    weft_mutex_unlock(b->lock);
+}
 
 /* ---- one image ------------------------------------------------------------ */
 
@@ -125,64 +190,117 @@ static void *image_task(void *arg)
     job *j = arg;
     run *r = j->run;
     const wi_file *file = &r->files.v[j->index];
-    char why[256];
-    wi_image img;
+    char why[256], shown[1024];
+    wi_image img = {0};
+    wi_probe pr;
     wi_result res;
 
     wi_activity_add(&r->activity, +1, 0);
-    int rc = wi_image_load(file->path, &img, why, sizeof why);
+    int rc = wi_image_probe(file->path, r->opt.max_pixels, &pr, why, sizeof why);
     wi_activity_add(&r->activity, -1, 0);
-    if (rc) {
-        wi_report_msg("%s: %s", file->path, why);
+    bool held = false;
+    if (rc == 0) { /* reserve before decoding: the decoder's peak is the big one */
+        if (budget_take(&r->memory, pr.need) == WEFT_OK)
+            held = true;
+        else
+            wi_probe_close(&pr), rc = WEFT_ECANCELED;
+    }
+    if (rc == 0) {
+        wi_activity_add(&r->activity, +1, 0);
+        rc = wi_image_decode(&pr, &img, why, sizeof why);
+        wi_activity_add(&r->activity, -1, 0);
+    }
+    if (rc == WEFT_ECANCELED || (rc == 0 && weft_cancelled())) {
+        atomic_fetch_add(&r->dropped, 1);
+    } else if (rc) {
+        wi_report_msg("%s: %s", wi_shown(file->path, shown, sizeof shown), why);
         atomic_fetch_add(&r->failed, 1);
     } else if ((rc = device_pass(r, &img, &res)) != WEFT_OK) {
-        wi_report_msg("%s: device work failed: %s", file->path, weft_last_error());
-        atomic_fetch_add(&r->device_failed, 1);
+        if (rc == WEFT_ECANCELED) {
+            atomic_fetch_add(&r->dropped, 1);
+        } else {
+            wi_report_msg("%s: device work failed: %s", wi_shown(file->path, shown, sizeof shown),
+                          weft_last_error());
+            atomic_fetch_add(&r->device_failed, 1);
+        }
     } else {
         wi_activity_add(&r->activity, +1, 0);
         r->outcomes[j->index] = (outcome){true, res.hash};
         atomic_fetch_add(&r->pixel_bytes, (unsigned long long)img.width * img.height * 3);
         if (wi_json_write(r->out, file->path, &img, &res))
-            atomic_store(&r->write_failed, true);
+            write_failed(r);
         wi_activity_add(&r->activity, -1, 0);
     }
     wi_image_free(&img);
+    if (held)
+        budget_give(&r->memory, pr.need);
     atomic_fetch_add(&r->done, 1);
     weft_sem_post(r->slots);
     return NULL;
 }
 
 /* Spawn a task per file, never more than inflight at once, drawing the
- * progress bar meanwhile. */
-static int run_all(run *r, job *jobs)
+ * progress bar meanwhile; stop early on a signal. *spawned receives the
+ * number of tasks started. */
+static int run_all(run *r, job *jobs, size_t *spawned)
 {
-    for (size_t i = 0; i < r->files.n; i++) {
-        int rc = weft_sem_wait(r->slots); /* a plain thread: blocks */
-        jobs[i] = (job){r, i};
-        if (rc == WEFT_OK && (rc = weft_spawn(r->rt, NULL, image_task, &jobs[i], NULL)))
+    static const weft_task_opts opts = {.name = "image"};
+    for (size_t i = 0; i < r->files.n && !atomic_load(&r->stop); i++) {
+        int rc = weft_sem_wait(r->slots); /* a plain thread: blocks; a signal posts too */
+        if (rc == WEFT_OK && atomic_load(&r->stop)) {
+            weft_sem_post(r->slots);
+            break;
+        }
+        jobs[i] = (job){r, i, NULL};
+        if (rc == WEFT_OK && (rc = weft_spawn(r->rt, &jobs[i].task, image_task, &jobs[i], &opts)))
             weft_sem_post(r->slots); /* the slot it would have given back */
         if (rc) {                    /* those started still finish; the rest are not looked at */
             wi_report_msg("cannot start a task: %s", weft_last_error());
             return rc;
         }
+        *spawned = i + 1;
         wi_report_progress(atomic_load(&r->done));
     }
     return WEFT_OK;
 }
 
-/* Wait until every task has given its slot back. */
-static void wait_all(run *r)
+/* Wait until every task spawned has ended; on a signal, cancel those still
+ * running or waiting to start first (one that never started never counts
+ * as done, so the joins are what wait for it). */
+static void wait_all(run *r, job *jobs, size_t spawned)
 {
-    for (unsigned held = 0; held < r->opt.inflight;) {
-        if (weft_sem_trywait(r->slots) == WEFT_OK) {
-            held++;
-            continue;
-        }
+    while (atomic_load(&r->done) < spawned && !atomic_load(&r->stop)) {
         wi_report_progress(atomic_load(&r->done));
         usleep(10000);
     }
+    if (atomic_load(&r->stop))
+        for (size_t i = 0; i < spawned; i++)
+            weft_cancel(jobs[i].task);
+    for (size_t i = 0; i < spawned; i++)
+        weft_join(jobs[i].task,
+                  NULL); /* a thread's join waits for the end; ECANCELED if cancelled */
     wi_report_progress(atomic_load(&r->done));
     wi_report_end();
+}
+
+/* ---- signals ---------------------------------------------------------------- */
+
+static sigset_t stop_signals;
+
+/* Takes SIGINT and SIGTERM (blocked everywhere else): records the first
+ * and wakes the main thread, wherever it waits. */
+static void *signal_thread(void *arg)
+{
+    run *r = arg;
+    for (;;) {
+        int sig;
+        if (sigwait(&stop_signals, &sig) != 0)
+            continue;
+        int none = 0;
+        if (atomic_compare_exchange_strong(&r->stop, &none, sig))
+            weft_sem_post(r->slots);
+    }
+    return NULL;
 }
 
 /* ---- groups ----------------------------------------------------------------- */
@@ -196,6 +314,7 @@ static size_t write_groups(run *r, long *group, size_t *grouped)
     size_t *index = malloc((n ? n : 1) * sizeof *index);
     long *g = malloc((n ? n : 1) * sizeof *g);
     size_t groups = 0;
+    char shown[1024];
     *grouped = 0;
     for (size_t i = 0; i < n; i++)
         group[i] = -1;
@@ -212,7 +331,8 @@ static size_t write_groups(run *r, long *group, size_t *grouped)
     for (size_t k = 0; k < m; k++)
         group[index[k]] = g[k];
     for (size_t id = 0; id < groups; id++) {
-        fprintf(r->out, "{\"group\":%zu,\"images\":[", id + 1);
+        if (fprintf(r->out, "{\"group\":%zu,\"images\":[", id + 1) < 0)
+            write_failed(r);
         bool first = true;
         if (id < SHOWN_GROUPS)
             fprintf(stderr, "group %zu:", id + 1);
@@ -221,13 +341,14 @@ static size_t write_groups(run *r, long *group, size_t *grouped)
                 if (!first)
                     fputc(',', r->out);
                 if (wi_json_put_string(r->out, r->files.v[i].path))
-                    atomic_store(&r->write_failed, true);
+                    write_failed(r);
                 if (id < SHOWN_GROUPS)
-                    fprintf(stderr, " %s", r->files.v[i].path);
+                    fprintf(stderr, " %s", wi_shown(r->files.v[i].path, shown, sizeof shown));
                 first = false;
                 ++*grouped;
             }
-        fputs("]}\n", r->out);
+        if (fputs("]}\n", r->out) == EOF)
+            write_failed(r);
         if (id < SHOWN_GROUPS)
             fputc('\n', stderr);
     }
@@ -244,8 +365,8 @@ out:
 
 static void summary(run *r, const char *backend, double wall, double cpu, const weft_stats *st)
 {
-    size_t images =
-        atomic_load(&r->done) - atomic_load(&r->failed) - atomic_load(&r->device_failed);
+    size_t images = atomic_load(&r->done) - atomic_load(&r->failed) -
+                    atomic_load(&r->device_failed) - atomic_load(&r->dropped);
     double busy = 0;
     for (unsigned d = 0; d < st->devices && d < WEFT_STATS_DEVICES; d++)
         busy += (double)st->device_busy_ns[d] / 1e9;
@@ -255,6 +376,17 @@ static void summary(run *r, const char *backend, double wall, double cpu, const 
             images, atomic_load(&r->failed));
     if (atomic_load(&r->device_failed))
         fprintf(stderr, ", %zu failed on the device", atomic_load(&r->device_failed));
+    if (r->files.skipped)
+        fprintf(stderr, ", %zu skipped (not regular files, unreadable folders, paths too long)",
+                r->files.skipped);
+    if (r->files.duplicates)
+        fprintf(stderr, ", %zu second names of files already counted", r->files.duplicates);
+    int sig = atomic_load(&r->stop);
+    if (sig) {
+        size_t looked = atomic_load(&r->done) - atomic_load(&r->dropped);
+        fprintf(stderr, "\n  stopped by %s: %zu of %zu files looked at, %zu dropped in flight",
+                sig == SIGINT ? "SIGINT" : "SIGTERM", looked, r->files.n, atomic_load(&r->dropped));
+    }
     unsigned workers = weft_runtime_workers(r->rt);
     fprintf(stderr, "\n  backend %s (%u device%s, %s), %u worker%s\n", backend, devices,
             devices > 1 ? "s" : "", r->kernels ? "CUDA kernels" : "host versions of the kernels",
@@ -290,6 +422,10 @@ static void usage(FILE *f)
           "                        default 10\n"
           "  -j, --workers N       worker threads (default: one per CPU)\n"
           "      --inflight N      images in flight at once (default: 8 per worker)\n"
+          "      --memory MIB      memory the images in flight may take while decoding\n"
+          "                        (default: a quarter of the RAM); one image always may\n"
+          "      --max-pixels N    refuse images of more than N pixels (default 67108864,\n"
+          "                        8192 x 8192; at most 268435456)\n"
           "      --backend NAME    auto (default), cuda or host\n"
           "      --truth FILE      score the groups against FILE: one line per true group,\n"
           "                        its paths relative to the folder, separated by tabs\n"
@@ -315,14 +451,38 @@ static int parse_uint(const char *arg, const char *what, unsigned lo, unsigned h
     return 0;
 }
 
+static int parse_u64(const char *arg, const char *what, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(arg, &end, 10);
+    if (errno || end == arg || *end || arg[0] == '-' || v < lo || v > hi) {
+        fprintf(stderr, "weft-images: %s must be a whole number from %llu to %llu, not '%s'\n",
+                what, (unsigned long long)lo, (unsigned long long)hi, arg);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
 static int parse_options(int argc, char **argv, options *o)
 {
-    enum { OPT_INFLIGHT = 256, OPT_BACKEND, OPT_TRUTH, OPT_TRACE, OPT_BENCH };
+    enum {
+        OPT_INFLIGHT = 256,
+        OPT_BACKEND,
+        OPT_TRUTH,
+        OPT_TRACE,
+        OPT_BENCH,
+        OPT_MEMORY,
+        OPT_PIXELS
+    };
     static const struct option longs[] = {
         {"output", required_argument, NULL, 'o'},
         {"threshold", required_argument, NULL, 't'},
         {"workers", required_argument, NULL, 'j'},
         {"inflight", required_argument, NULL, OPT_INFLIGHT},
+        {"memory", required_argument, NULL, OPT_MEMORY},
+        {"max-pixels", required_argument, NULL, OPT_PIXELS},
         {"backend", required_argument, NULL, OPT_BACKEND},
         {"truth", required_argument, NULL, OPT_TRUTH},
         {"trace", required_argument, NULL, OPT_TRACE},
@@ -331,7 +491,7 @@ static int parse_options(int argc, char **argv, options *o)
         {"help", no_argument, NULL, 'h'},
         {0},
     };
-    *o = (options){.threshold = DEFAULT_THRESHOLD};
+    *o = (options){.threshold = DEFAULT_THRESHOLD, .max_pixels = WI_DEFAULT_MAX_PIXELS};
     int c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":o:t:j:qh", longs, NULL)) != -1) {
@@ -349,6 +509,15 @@ static int parse_options(int argc, char **argv, options *o)
             break;
         case OPT_INFLIGHT:
             if (parse_uint(optarg, "--inflight", 1, 1u << 20, &o->inflight))
+                return -1;
+            break;
+        case OPT_MEMORY:
+            if (parse_u64(optarg, "--memory", 1, (uint64_t)1 << 40, &o->memory))
+                return -1;
+            o->memory <<= 20;
+            break;
+        case OPT_PIXELS:
+            if (parse_u64(optarg, "--max-pixels", 1, WI_MAX_PIXELS, &o->max_pixels))
                 return -1;
             break;
         case OPT_BACKEND:
@@ -424,11 +593,57 @@ static int start_runtime(run *r, const char **backend)
         r->opt.workers = weft_runtime_workers(r->rt);
     if (!r->opt.inflight)
         r->opt.inflight = 8 * r->opt.workers;
-    if (weft_sem_create(&r->slots, r->opt.inflight) != WEFT_OK) {
+    if (!r->opt.memory) {
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        r->opt.memory = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 4 : 1u << 30;
+    }
+    r->memory.limit = r->opt.memory;
+    if (weft_sem_create(&r->slots, r->opt.inflight) != WEFT_OK ||
+        weft_mutex_create(&r->memory.lock) != WEFT_OK ||
+        weft_cond_create(&r->memory.freed) != WEFT_OK) {
         fprintf(stderr, "weft-images: %s\n", weft_last_error());
         return -1;
     }
     return 0;
+}
+
+/* Open -o without truncating it, and refuse it when it is one of the
+ * inputs (by device and inode: any spelling, any hard link), before a byte
+ * of it changes. NULL with a message when it cannot be used. */
+static FILE *open_output(const run *r)
+{
+    const char *path = r->opt.output;
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0666);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        fprintf(stderr, "weft-images: -o %s: cannot open for writing: %s\n", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return NULL;
+    }
+    for (size_t i = 0; i < r->files.n; i++)
+        if (r->files.v[i].dev == (uint64_t)st.st_dev && r->files.v[i].ino == (uint64_t)st.st_ino) {
+            char shown[1024];
+            fprintf(stderr,
+                    "weft-images: -o %s is the input file %s: refusing to overwrite it (left "
+                    "as it was)\n",
+                    path, wi_shown(r->files.v[i].path, shown, sizeof shown));
+            close(fd);
+            return NULL;
+        }
+    int flags = fcntl(fd, F_GETFL);
+    if ((S_ISREG(st.st_mode) && ftruncate(fd, 0) != 0) ||
+        (flags >= 0 && fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0)) {
+        fprintf(stderr, "weft-images: -o %s: %s\n", path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        fprintf(stderr, "weft-images: -o %s: %s\n", path, strerror(errno));
+        close(fd);
+    }
+    return f;
 }
 
 int main(int argc, char **argv)
@@ -439,6 +654,17 @@ int main(int argc, char **argv)
         fputs("Try 'weft-images --help'.\n", stderr);
         return EXIT_USAGE;
     }
+    /* Before any thread exists, so that every thread inherits the mask and
+     * only signal_thread takes them. */
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+    wi_truth truth = {0};
+    if (r.opt.truth && wi_truth_load(r.opt.truth, &truth, why, sizeof why)) {
+        fprintf(stderr, "weft-images: --truth %s\n", why);
+        return EXIT_USAGE;
+    }
     for (int i = optind; i < argc; i++)
         if (wi_files_add(&r.files, argv[i], why, sizeof why)) {
             fprintf(stderr, "weft-images: %s\n", why);
@@ -446,10 +672,8 @@ int main(int argc, char **argv)
         }
     wi_files_sort(&r.files);
     r.out = stdout;
-    if (r.opt.output && !(r.out = fopen(r.opt.output, "w"))) {
-        fprintf(stderr, "weft-images: %s: %s\n", r.opt.output, strerror(errno));
+    if (r.opt.output && !(r.out = open_output(&r)))
         return EXIT_USAGE;
-    }
     wi_basis_init(&r.basis);
     r.outcomes = calloc(r.files.n ? r.files.n : 1, sizeof *r.outcomes);
     job *jobs = calloc(r.files.n ? r.files.n : 1, sizeof *jobs);
@@ -461,6 +685,11 @@ int main(int argc, char **argv)
     }
     if (start_runtime(&r, &backend))
         return EXIT_RUN;
+    pthread_t signals;
+    if (pthread_create(&signals, NULL, signal_thread, &r) != 0) {
+        fprintf(stderr, "weft-images: cannot start the signal thread\n");
+        return EXIT_RUN;
+    }
 
     wi_activity_init(&r.activity);
     /* The bar only on a terminal, and not when the JSON lines scroll past on it */
@@ -468,16 +697,19 @@ int main(int argc, char **argv)
     wi_report_start(r.files.n, bar);
     double cpu0 = wi_cpu_seconds();
     uint64_t t0 = wi_now_ns();
-    int started = run_all(&r, jobs);
-    wait_all(&r);
+    size_t spawned = 0;
+    int started = run_all(&r, jobs, &spawned);
+    wait_all(&r, jobs, spawned);
     double wall = (double)(wi_now_ns() - t0) / 1e9, cpu = wi_cpu_seconds() - cpu0;
     wi_activity_settle(&r.activity);
     weft_stats st;
     weft_stats_get(r.rt, &st);
 
     size_t grouped, groups = write_groups(&r, group, &grouped);
-    bool out_failed = atomic_load(&r.write_failed) || fflush(r.out) != 0 || ferror(r.out) ||
-                      (r.out != stdout && fclose(r.out) != 0);
+    if (fflush(r.out) != 0 || ferror(r.out))
+        write_failed(&r);
+    if (r.out != stdout && fclose(r.out) != 0)
+        write_failed(&r);
     summary(&r, backend, wall, cpu, &st);
     fprintf(stderr, "  %zu near-duplicate groups holding %zu images (threshold %u bits)\n", groups,
             grouped, r.opt.threshold);
@@ -487,9 +719,9 @@ int main(int argc, char **argv)
         wi_score sc;
         for (size_t i = 0; rel && i < r.files.n; i++)
             rel[i] = r.files.v[i].rel;
-        if (!rel || wi_score_truth(r.opt.truth, rel, group, r.files.n, &sc, why, sizeof why)) {
+        if (!rel || wi_score_truth(&truth, rel, group, r.files.n, &sc, why, sizeof why)) {
             fprintf(stderr, "weft-images: --truth: %s\n", rel ? why : "out of memory");
-            status = EXIT_USAGE;
+            status = EXIT_RUN;
         } else {
             fprintf(stderr,
                     "  against the truth: precision %.3f, recall %.3f (pairs: %llu found, %llu "
@@ -499,18 +731,28 @@ int main(int argc, char **argv)
         }
         free(rel);
     }
-    if (out_failed) {
-        fprintf(stderr, "weft-images: writing %s failed\n", r.opt.output ? r.opt.output : "stdout");
+    int werr = atomic_load(&r.write_errno);
+    if (werr) {
+        fprintf(stderr, "weft-images: writing %s failed: %s\n",
+                r.opt.output ? r.opt.output : "stdout", strerror(werr));
         status = EXIT_RUN;
     }
     if (atomic_load(&r.device_failed) || started != WEFT_OK)
         status = EXIT_RUN;
+    int sig = atomic_load(&r.stop);
+    if (sig)
+        status = 128 + sig;
 
+    pthread_cancel(signals); /* sigwait is a cancellation point */
+    pthread_join(signals, NULL);
     weft_sem_destroy(r.slots);
+    weft_cond_destroy(r.memory.freed);
+    weft_mutex_destroy(r.memory.lock);
     weft_runtime_destroy(r.rt);
     free(r.outcomes);
     free(jobs);
     free(group);
+    wi_truth_free(&truth);
     wi_files_free(&r.files);
     return status;
 }
