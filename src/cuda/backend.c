@@ -59,17 +59,26 @@ int weft__cuda_fail(weft__cuda_device *dev, const char *call, cudaError_t e)
         int healthy = 0;
         atomic_compare_exchange_strong(&dev->failed, &healthy, (int)e);
     }
-    /* A kernel this runtime does not know: most often the program's own,
-     * registered with the CUDA runtime nvcc links statically by default
-     * while libweft.so launches through the shared one. The message has
-     * room for the cause or CUDA's wording, not both (WEFT__ERRMSG_SIZE). */
-    if (e == cudaErrorInvalidDeviceFunction)
-        return weft__fail(WEFT_EINVAL,
-                          "%s: %s on GPU %d: kernel unknown to weft's CUDA runtime; build "
-                          "with nvcc -cudart shared, or link libweft.a",
-                          call, cudaGetErrorName(e), dev->ordinal);
     return weft__fail(weft__cuda_status(e), "%s: %s (%s) on GPU %d", call, cudaGetErrorName(e),
                       cudaGetErrorString(e), dev->ordinal);
+}
+
+int weft__cuda_launch_fail(weft__cuda_device *dev, cudaError_t e)
+{
+    /* A kernel this runtime does not know: most often the program's own,
+     * registered with the CUDA runtime nvcc links statically by default
+     * while libweft.so launches through the shared one. CUDA 13 calls it an
+     * invalid resource handle (the stream is weft's own and valid, so the
+     * handle is the function's), earlier runtimes an invalid device
+     * function. The message has room for the cause or CUDA's wording, not
+     * both (WEFT__ERRMSG_SIZE). */
+    if (e != cudaErrorInvalidDeviceFunction && e != cudaErrorInvalidResourceHandle)
+        return weft__cuda_fail(dev, "cudaLaunchKernel", e);
+    cudaGetLastError(); /* neither is sticky: clear the thread's record */
+    return weft__fail(WEFT_EINVAL,
+                      "cudaLaunchKernel: %s on GPU %d: kernel unknown to weft's CUDA runtime; "
+                      "build with nvcc -cudart shared, or link libweft.a",
+                      cudaGetErrorName(e), dev->ordinal);
 }
 
 int weft__cuda_check_failed(weft__cuda_device *dev, const char *call)
@@ -256,7 +265,7 @@ static int cuda_launch(weft__stream *s, const void *kernel, weft_dim3 grid, weft
     }
     dim3 g = {grid.x, grid.y, grid.z}, b = {block.x, block.y, block.z};
     cudaError_t e = cudaLaunchKernel(kernel, g, b, args, shared_bytes, s->handle);
-    return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaLaunchKernel", e);
+    return e == cudaSuccess ? WEFT_OK : weft__cuda_launch_fail(s->dev, e);
 }
 
 /* weft_malloc_async's blocks not yet given to weft_free_async, of every

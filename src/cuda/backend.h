@@ -64,6 +64,9 @@ struct weft__cuda_device {
 /* Turn a CUDA error from call into a weft status with the error's name in
  * the message; a sticky one marks the device failed. */
 int weft__cuda_fail(weft__cuda_device *dev, const char *call, cudaError_t e);
+/* The same for a refused cudaLaunchKernel of a task's own kernel: a kernel
+ * unknown to weft's CUDA runtime gets a message naming the likely cause. */
+int weft__cuda_launch_fail(weft__cuda_device *dev, cudaError_t e);
 
 /* WEFT_EDEVICE (message set) once the device has failed. */
 int weft__cuda_check_failed(weft__cuda_device *dev, const char *call);
