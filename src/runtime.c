@@ -341,12 +341,18 @@ void weft__runtime_leave(weft_runtime *rt)
     if (own_task(rt))
         return;
     /* Release: destroy sees everything the call did before it frees. */
-    if (atomic_fetch_sub_explicit(&rt->calls, 1, memory_order_release) == 1) {
-        /* the last call after destroy closed the runtime: it waits */
-        pthread_mutex_lock(&rt->idle_lock);
-        pthread_cond_broadcast(&rt->idle);
-        pthread_mutex_unlock(&rt->idle_lock);
-    }
+    unsigned calls = atomic_load_explicit(&rt->calls, memory_order_relaxed);
+    while (calls != 1)
+        if (atomic_compare_exchange_weak_explicit(&rt->calls, &calls, calls - 1,
+                                                  memory_order_release, memory_order_relaxed))
+            return;
+    /* Closed, and this is the last call: destroy waits for it. It reads the
+     * count under idle_lock, so it cannot see zero and go on to destroy the
+     * lock before we are done with it. */
+    pthread_mutex_lock(&rt->idle_lock);
+    atomic_fetch_sub_explicit(&rt->calls, 1, memory_order_release);
+    pthread_cond_broadcast(&rt->idle);
+    pthread_mutex_unlock(&rt->idle_lock);
 }
 
 void weft__runtime_task_ended(weft_runtime *rt)

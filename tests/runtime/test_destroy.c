@@ -24,13 +24,14 @@
 
 /* ---- destroy racing calls from many threads ------------------------------ */
 
-enum { SPAWNERS = 12, OTHERS = 6, ROUNDS = 20 };
+enum { SPAWNERS = 12, OTHERS = 6, ROUNDS = 20, BACKLOG = 256 };
 
 static weft_runtime *racing_rt;
 static atomic_bool go;
 static atomic_long ran;      /* tasks that ran to their end */
 static atomic_long accepted; /* spawns that returned WEFT_OK */
-static atomic_int started;   /* threads that made their first call */
+static atomic_uint started;  /* threads that made their first call */
+static bool with_joins;      /* spawners also join and detach */
 static atomic_int wrong;     /* results the rules rule out (cmocka asserts
                                 only on the test's own thread) */
 #define EXPECT(cond) ((cond) ? (void)0 : (void)atomic_fetch_add(&wrong, 1))
@@ -67,8 +68,11 @@ static void *spawner(void *arg)
     while (!atomic_load(&go))
         sched_yield(); /* two cores may be shared by all the threads */
     for (bool first = true;; first = false, n++) {
+        /* spawns from 12 threads outpace 2 workers: keep the queue short */
+        while (atomic_load(&accepted) - atomic_load(&ran) > BACKLOG)
+            sched_yield();
         weft_task *t = NULL;
-        bool joinable = n % 4 == 1;
+        bool joinable = with_joins && n % 4 == 1;
         void *(*fn)(void *) = (n + id) % 3 == 0 ? parent : leaf;
         int rc = weft_spawn(racing_rt, joinable ? &t : NULL, fn, NULL, NULL);
         if (first)
@@ -149,9 +153,11 @@ static void *other_calls(void *arg)
     return NULL;
 }
 
-static void test_calls_racing_destroy_complete_or_are_refused(void **state)
+/* Rounds of threads calling while the main thread destroys the runtime:
+ * spawners, and `others` threads making the other calls. */
+static void race_destroy(unsigned others, bool joins)
 {
-    (void)state;
+    with_joins = joins;
     for (int round = 0; round < ROUNDS; round++) {
         weft_config cfg = {.workers = 2, .backend = WEFT_BACKEND_HOST};
         assert_int_equal(weft_runtime_create(&racing_rt, &cfg), WEFT_OK);
@@ -160,26 +166,38 @@ static void test_calls_racing_destroy_complete_or_are_refused(void **state)
         atomic_store(&accepted, 0);
         atomic_store(&started, 0);
         atomic_store(&wrong, 0);
-        pthread_t th[SPAWNERS + OTHERS];
-        for (unsigned i = 0; i < SPAWNERS + OTHERS; i++)
+        pthread_t th[SPAWNERS + others];
+        for (unsigned i = 0; i < SPAWNERS + others; i++)
             assert_int_equal(pthread_create(&th[i], NULL, i < SPAWNERS ? spawner : other_calls,
                                             (void *)(uintptr_t)i),
                              0);
         atomic_store(&go, true);
-        while (atomic_load(&started) < SPAWNERS + OTHERS)
+        while (atomic_load(&started) < SPAWNERS + others)
             sched_yield();
         if (round % 2)
             sleep_ms(1);
 
         assert_int_equal(weft_runtime_destroy(racing_rt), WEFT_OK);
         long ran_by_destroy = atomic_load(&ran);
-        for (unsigned i = 0; i < SPAWNERS + OTHERS; i++)
+        for (unsigned i = 0; i < SPAWNERS + others; i++)
             pthread_join(th[i], NULL);
         /* every accepted spawn ran to its end before destroy returned */
         assert_int_equal(ran_by_destroy, atomic_load(&accepted));
         assert_int_equal(atomic_load(&wrong), 0);
         assert_int_equal(weft_spawn(racing_rt, NULL, leaf, NULL, NULL), WEFT_ESTATE);
     }
+}
+
+static void test_spawns_racing_destroy_run_or_are_refused(void **state)
+{
+    (void)state;
+    race_destroy(0, false);
+}
+
+static void test_calls_racing_destroy_complete_or_are_refused(void **state)
+{
+    (void)state;
+    race_destroy(OTHERS, true);
 }
 
 /* Several threads destroying one runtime: one succeeds, the others are
@@ -339,6 +357,7 @@ static void test_join_in_progress_completes_before_destroy(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_spawns_racing_destroy_run_or_are_refused),
         cmocka_unit_test(test_calls_racing_destroy_complete_or_are_refused),
         cmocka_unit_test(test_concurrent_destroys_one_wins),
         cmocka_unit_test(test_handles_of_a_destroyed_runtime_are_refused),
