@@ -24,7 +24,7 @@
 
 /* ---- destroy racing calls from many threads ------------------------------ */
 
-enum { SPAWNERS = 12, OTHERS = 6, ROUNDS = 20, BACKLOG = 256 };
+enum { SPAWNERS = 12, OTHERS = 6, ROUNDS = 20, BACKLOG = 32 };
 
 static weft_runtime *racing_rt;
 static atomic_bool go;
@@ -155,10 +155,10 @@ static void *other_calls(void *arg)
 
 /* Rounds of threads calling while the main thread destroys the runtime:
  * spawners, and `others` threads making the other calls. */
-static void race_destroy(unsigned others, bool joins)
+static void race_destroy(unsigned others, bool joins, int rounds)
 {
     with_joins = joins;
-    for (int round = 0; round < ROUNDS; round++) {
+    for (int round = 0; round < rounds; round++) {
         weft_config cfg = {.workers = 2, .backend = WEFT_BACKEND_HOST};
         assert_int_equal(weft_runtime_create(&racing_rt, &cfg), WEFT_OK);
         atomic_store(&go, false);
@@ -191,13 +191,13 @@ static void race_destroy(unsigned others, bool joins)
 static void test_spawns_racing_destroy_run_or_are_refused(void **state)
 {
     (void)state;
-    race_destroy(0, false);
+    race_destroy(0, false, 2 * ROUNDS);
 }
 
 static void test_calls_racing_destroy_complete_or_are_refused(void **state)
 {
     (void)state;
-    race_destroy(OTHERS, true);
+    race_destroy(OTHERS, true, ROUNDS);
 }
 
 /* Several threads destroying one runtime: one succeeds, the others are
