@@ -98,8 +98,13 @@ typedef struct weft_config {
 int weft_runtime_create(weft_runtime **rt, const weft_config *cfg);
 
 /* Wait until every task (joined, unjoined or detached) has finished, then
- * stop the workers and free everything. Handles of unjoined tasks become
- * invalid. Must not be called from one of rt's own tasks (WEFT_EDEADLK).
+ * stop the workers and free everything. Safe against calls on rt from other
+ * threads at the same time: each such call either completes before destroy
+ * goes on or returns WEFT_ESTATE, and a spawn that returned WEFT_OK runs to
+ * its end before destroy returns. rt's own tasks keep working (they may
+ * spawn, join, allocate) until they end. Handles of unjoined tasks become
+ * stale: calls with them return WEFT_ESTATE. Must not be called from one of
+ * rt's own tasks (WEFT_EDEADLK); a second destroy returns WEFT_ESTATE.
  * Later calls with rt return WEFT_ESTATE until the address is reused by
  * another weft_runtime_create. */
 int weft_runtime_destroy(weft_runtime *rt);
@@ -200,7 +205,9 @@ int weft_spawn(weft_runtime *rt, weft_task **t, void *(*fn)(void *), void *arg,
  * suspends; in a thread it blocks. Returns WEFT_OK, or the task's own
  * failure: WEFT_ECANCELED if it was cancelled, WEFT_EDEVICE if its device
  * work failed. A second join of the same handle returns WEFT_ESTATE; a task
- * joining itself WEFT_EDEADLK. A cancelled task's join returns
+ * joining itself WEFT_EDEADLK. A handle whose runtime is being destroyed or
+ * was destroyed returns WEFT_ESTATE (so do the other calls taking handles);
+ * a join that began before the destroy completes first. A cancelled task's join returns
  * WEFT_ECANCELED, at once or when the cancellation ends its wait, and t
  * stays joinable (weft_detach lets it go). */
 int weft_join(weft_task *t, void **result);
@@ -234,7 +241,9 @@ int weft_cancelled(void);
 int weft_yield(void);
 
 /* Suspend the calling task for at least ns nanoseconds without blocking its
- * worker. Task only. */
+ * worker. Task only. A deadline past the clock's range (UINT64_MAX, say) is
+ * never reached: such a sleep ends only when the task is cancelled
+ * (WEFT_ECANCELED). */
 int weft_sleep_ns(uint64_t ns);
 
 /* The calling task's handle, or NULL outside tasks. */

@@ -2,11 +2,13 @@
  * runtime.c - creating and destroying runtimes.
  *
  * Creation starts the layers bottom-up (stacks, timers, workers); the device
- * waits for the first device call. Destruction waits until no task is left,
- * then stops them top-down. Dead runtime records are kept on a list and
- * reused, so a stale weft_runtime * is recognized rather than dereferenced
- * after free.
+ * waits for the first device call. Destruction closes the runtime to calls
+ * from outside its tasks, waits until no such call is in progress and no
+ * task is left, then stops the layers top-down. Dead runtime records are
+ * kept on a list and reused, so a stale weft_runtime * is recognized rather
+ * than dereferenced after free.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,8 +32,9 @@ static weft_runtime *record_get(void)
     pthread_mutex_unlock(&dead_lock);
     if (!rt && !(rt = calloc(1, sizeof *rt)))
         return NULL;
-    /* Keep state DEAD while we build: a stale handle must not see LIVE yet. */
-    memset((char *)rt + sizeof rt->state, 0, sizeof *rt - sizeof rt->state);
+    /* Keep state DEAD and calls closed while we build: a stale handle must
+     * not get in yet. The task records stay for this life. */
+    memset(&rt->cfg, 0, sizeof *rt - offsetof(weft_runtime, cfg));
     return rt;
 }
 
@@ -218,14 +221,22 @@ static void report_device_timings(void *rt)
 
 int weft_trace_start(weft_runtime *rt, const char *path)
 {
-    int rc = weft__runtime_check(rt, "weft_trace_start");
-    return rc ? rc : weft__trace_start(rt->trace, path, "weft_trace_start");
+    int rc = weft__runtime_enter(rt, "weft_trace_start");
+    if (rc)
+        return rc;
+    rc = weft__trace_start(rt->trace, path, "weft_trace_start");
+    weft__runtime_leave(rt);
+    return rc;
 }
 
 int weft_trace_stop(weft_runtime *rt)
 {
-    int rc = weft__runtime_check(rt, "weft_trace_stop");
-    return rc ? rc : weft__trace_stop(rt->trace, "weft_trace_stop");
+    int rc = weft__runtime_enter(rt, "weft_trace_stop");
+    if (rc)
+        return rc;
+    rc = weft__trace_stop(rt->trace, "weft_trace_stop");
+    weft__runtime_leave(rt);
+    return rc;
 }
 
 /* ---- creating and destroying --------------------------------------------- */
@@ -277,6 +288,8 @@ int weft_runtime_create(weft_runtime **out, const weft_config *given)
     }
     trace_from_environment(rt);
     atomic_store(&rt->state, WEFT__RT_LIVE);
+    /* Release: a call let in sees the runtime built. */
+    atomic_fetch_or_explicit(&rt->calls, WEFT__RT_OPEN, memory_order_release);
     *out = rt;
     return WEFT_OK;
 
@@ -298,20 +311,53 @@ fail_locks:
     return rc;
 }
 
-int weft__runtime_check(weft_runtime *rt, const char *fn)
+static int refused(weft_runtime *rt, const char *fn)
+{
+    if (atomic_load_explicit(&rt->state, memory_order_relaxed) == WEFT__RT_DYING)
+        return weft__fail(WEFT_ESTATE, "%s: the runtime is being destroyed", fn);
+    return weft__fail(WEFT_ESTATE, "%s: the runtime was destroyed", fn);
+}
+
+static bool own_task(weft_runtime *rt)
+{
+    weft__task *self = weft__task_self();
+    return self && self->rt == rt;
+}
+
+int weft__runtime_enter(weft_runtime *rt, const char *fn)
 {
     if (!rt)
         return weft__fail(WEFT_EINVAL, "%s: runtime is NULL", fn);
-    unsigned state = atomic_load_explicit(&rt->state, memory_order_acquire);
-    if (state == WEFT__RT_LIVE)
-        return WEFT_OK;
-    if (state == WEFT__RT_DYING) {
-        weft__task *self = weft__task_self();
-        if (self && self->rt == rt)
-            return WEFT_OK;
-        return weft__fail(WEFT_ESTATE, "%s: the runtime is being destroyed", fn);
-    }
-    return weft__fail(WEFT_ESTATE, "%s: the runtime was destroyed", fn);
+    if (own_task(rt))
+        return WEFT_OK; /* rt lives at least as long as the caller */
+    /* Counted only while open: destroy clears OPEN, so the count it then
+     * waits for can only fall, however many callers keep trying. */
+    unsigned calls = atomic_load_explicit(&rt->calls, memory_order_relaxed);
+    do {
+        if (!(calls & WEFT__RT_OPEN))
+            return refused(rt, fn);
+    } while (!atomic_compare_exchange_weak_explicit(&rt->calls, &calls, calls + 1,
+                                                    memory_order_acquire, memory_order_relaxed));
+    return WEFT_OK;
+}
+
+void weft__runtime_leave(weft_runtime *rt)
+{
+    if (own_task(rt))
+        return;
+    /* Release: destroy sees everything the call did before it frees. */
+    unsigned calls = atomic_load_explicit(&rt->calls, memory_order_relaxed);
+    while (calls != 1)
+        if (atomic_compare_exchange_weak_explicit(&rt->calls, &calls, calls - 1,
+                                                  memory_order_release, memory_order_relaxed))
+            return;
+    /* Closed, and this is the last call: destroy waits for it. It reads the
+     * count under idle_lock, so it cannot see zero and go on to destroy the
+     * lock before we are done with it. */
+    pthread_mutex_lock(&rt->idle_lock);
+    atomic_fetch_sub_explicit(&rt->calls, 1, memory_order_release);
+    pthread_cond_broadcast(&rt->idle);
+    pthread_mutex_unlock(&rt->idle_lock);
 }
 
 void weft__runtime_task_ended(weft_runtime *rt)
@@ -333,13 +379,19 @@ int weft_runtime_destroy(weft_runtime *rt)
                           "weft_runtime_destroy: called from a task of the same runtime");
     unsigned live = WEFT__RT_LIVE;
     if (!atomic_compare_exchange_strong(&rt->state, &live, WEFT__RT_DYING))
-        return weft__fail(WEFT_ESTATE, "weft_runtime_destroy: the runtime was destroyed");
+        return weft__fail(WEFT_ESTATE, live == WEFT__RT_DYING
+                                           ? "weft_runtime_destroy: the runtime is being destroyed"
+                                           : "weft_runtime_destroy: the runtime was destroyed");
+    atomic_fetch_and(&rt->calls, ~WEFT__RT_OPEN); /* from now on only rt's tasks get in */
 
-    /* Tasks are counted per worker (no shared counter on the hot path): look
-     * again whenever one ends, and every few milliseconds in case an end
-     * came just before we started to look. */
+    /* Calls from outside first: a spawn among them is counted before it
+     * leaves, so once none is left the live count below includes its task.
+     * Tasks are counted per worker (no shared counter on the hot path): look
+     * again whenever a call or a task ends, and every few milliseconds in
+     * case an end came just before we started to look. */
     pthread_mutex_lock(&rt->idle_lock);
-    while (weft__sched_live(rt->sched) > 0) {
+    while (atomic_load_explicit(&rt->calls, memory_order_acquire) != 0 ||
+           weft__sched_live(rt->sched) > 0) {
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
         until.tv_nsec += 5000000;
@@ -358,7 +410,7 @@ int weft_runtime_destroy(weft_runtime *rt)
     weft__timers_destroy(rt->timers);
     weft__sched_destroy(rt->sched);
     weft__trace_destroy(rt->trace); /* every thread that records has stopped */
-    weft__task_pool_destroy(rt);
+    weft__task_pool_retire(rt);
     weft__stack_pool_destroy(rt->stacks);
     pthread_mutex_destroy(&rt->idle_lock);
     pthread_cond_destroy(&rt->idle);
@@ -378,7 +430,7 @@ int weft_stats_get(weft_runtime *rt, weft_stats *stats)
 {
     if (!stats)
         return weft__fail(WEFT_EINVAL, "weft_stats_get: stats is NULL");
-    int rc = weft__runtime_check(rt, "weft_stats_get");
+    int rc = weft__runtime_enter(rt, "weft_stats_get");
     if (rc != WEFT_OK)
         return rc;
     weft__sched_stats(rt->sched, stats);
@@ -394,12 +446,17 @@ int weft_stats_get(weft_runtime *rt, weft_stats *stats)
                 dev->ops->graph_stats(dev, &stats->graph);
         }
     }
+    weft__runtime_leave(rt);
     return WEFT_OK;
 }
 
-unsigned weft_runtime_workers(const weft_runtime *rt)
+unsigned weft_runtime_workers(const weft_runtime *crt)
 {
-    if (!rt || atomic_load(&((weft_runtime *)rt)->state) != WEFT__RT_LIVE)
+    weft_runtime *rt = (weft_runtime *)crt; /* entering counts the call in it */
+    if (!rt || atomic_load(&rt->state) != WEFT__RT_LIVE ||
+        weft__runtime_enter(rt, "weft_runtime_workers"))
         return 0;
-    return weft__sched_workers(rt->sched);
+    unsigned n = weft__sched_workers(rt->sched);
+    weft__runtime_leave(rt);
+    return n;
 }

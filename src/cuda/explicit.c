@@ -43,14 +43,20 @@ int weft_graph_create(weft_runtime *rt, weft_graph **out)
     if (!out)
         return weft__fail(WEFT_EINVAL, "weft_graph_create: g is NULL");
     *out = NULL;
-    int rc = weft__runtime_check(rt, "weft_graph_create");
+    weft__device **devs;
+    unsigned n;
+    int rc = weft__runtime_enter(rt, "weft_graph_create");
     if (rc)
         return rc;
-    if (strcmp(weft_backend_name(rt), "cuda") != 0)
-        return weft__fail(WEFT_EINVAL,
-                          "weft_graph_create: explicit graphs need the CUDA "
-                          "backend; this runtime runs on %s",
-                          weft_backend_name(rt));
+    if ((rc = weft__runtime_devices(rt, &devs, &n)) == WEFT_OK &&
+        strcmp(devs[0]->ops->name, "cuda") != 0)
+        rc = weft__fail(WEFT_EINVAL,
+                        "weft_graph_create: explicit graphs need the CUDA "
+                        "backend; this runtime runs on %s",
+                        devs[0]->ops->name);
+    weft__runtime_leave(rt);
+    if (rc)
+        return rc;
     weft_graph *g = calloc(1, sizeof *g);
     if (!g)
         return weft__fail(WEFT_ENOMEM, "weft_graph_create: out of memory");

@@ -321,13 +321,19 @@ int weft_event_destroy(weft_event *ev)
 
 /* ---- host memory and devices ------------------------------------------- */
 
+/* Enter rt (weft__runtime_leave must follow on WEFT_OK) and get its first
+ * device. */
 static int first_device(weft_runtime *rt, const char *fn, weft__device **dev)
 {
     weft__device **devs;
     unsigned n;
-    int rc = weft__runtime_check(rt, fn);
-    if (rc == WEFT_OK && (rc = weft__runtime_devices(rt, &devs, &n)) == WEFT_OK)
+    int rc = weft__runtime_enter(rt, fn);
+    if (rc)
+        return rc;
+    if ((rc = weft__runtime_devices(rt, &devs, &n)) == WEFT_OK)
         *dev = devs[0];
+    else
+        weft__runtime_leave(rt);
     return rc;
 }
 
@@ -337,14 +343,23 @@ int weft_host_alloc(weft_runtime *rt, void **ptr, size_t n)
     if (!ptr || !n)
         return weft__fail(WEFT_EINVAL, "weft_host_alloc: %s", ptr ? "n is 0" : "ptr is NULL");
     int rc = first_device(rt, "weft_host_alloc", &dev);
-    return rc ? rc : dev->ops->host_alloc(dev, ptr, n, false, NULL);
+    if (rc)
+        return rc;
+    rc = dev->ops->host_alloc(dev, ptr, n, false, NULL);
+    weft__runtime_leave(rt);
+    return rc;
 }
 
 static int host_free(weft_runtime *rt, void *ptr, const char *fn)
 {
     weft__device *dev;
     int rc = first_device(rt, fn, &dev);
-    return rc || !ptr ? rc : dev->ops->host_free(dev, ptr, fn);
+    if (rc)
+        return rc;
+    if (ptr)
+        rc = dev->ops->host_free(dev, ptr, fn);
+    weft__runtime_leave(rt);
+    return rc;
 }
 
 int weft_host_free(weft_runtime *rt, void *ptr)
@@ -359,7 +374,11 @@ int weft_mapped_alloc(weft_runtime *rt, void **host, void **device, size_t n)
         return weft__fail(WEFT_EINVAL, "weft_mapped_alloc: %s",
                           n ? "host or device is NULL" : "n is 0");
     int rc = first_device(rt, "weft_mapped_alloc", &dev);
-    return rc ? rc : dev->ops->host_alloc(dev, host, n, true, device);
+    if (rc)
+        return rc;
+    rc = dev->ops->host_alloc(dev, host, n, true, device);
+    weft__runtime_leave(rt);
+    return rc;
 }
 
 int weft_mapped_free(weft_runtime *rt, void *host)
@@ -371,13 +390,20 @@ unsigned weft_device_count(weft_runtime *rt)
 {
     weft__device **devs;
     unsigned n;
-    if (weft__runtime_check(rt, "weft_device_count") || weft__runtime_devices(rt, &devs, &n))
+    if (weft__runtime_enter(rt, "weft_device_count"))
         return 0;
+    if (weft__runtime_devices(rt, &devs, &n))
+        n = 0;
+    weft__runtime_leave(rt);
     return n;
 }
 
 const char *weft_backend_name(weft_runtime *rt)
 {
     weft__device *dev;
-    return first_device(rt, "weft_backend_name", &dev) ? "none" : dev->ops->name;
+    if (first_device(rt, "weft_backend_name", &dev))
+        return "none";
+    const char *name = dev->ops->name; /* static: outlives the device */
+    weft__runtime_leave(rt);
+    return name;
 }

@@ -79,12 +79,15 @@ int weft_graph_stats_get(weft_runtime *rt, weft_graph_stats *stats)
     unsigned n;
     if (!stats)
         return weft__fail(WEFT_EINVAL, "weft_graph_stats_get: stats is NULL");
-    int rc = weft__runtime_check(rt, "weft_graph_stats_get");
-    if (rc || (rc = weft__runtime_devices(rt, &devs, &n)))
+    int rc = weft__runtime_enter(rt, "weft_graph_stats_get");
+    if (rc)
         return rc;
-    *stats = (weft_graph_stats){0};
-    for (unsigned i = 0; i < n; i++)
-        if (devs[i]->ops->graph_stats)
-            devs[i]->ops->graph_stats(devs[i], stats);
-    return WEFT_OK;
+    if ((rc = weft__runtime_devices(rt, &devs, &n)) == WEFT_OK) {
+        *stats = (weft_graph_stats){0};
+        for (unsigned i = 0; i < n; i++)
+            if (devs[i]->ops->graph_stats)
+                devs[i]->ops->graph_stats(devs[i], stats);
+    }
+    weft__runtime_leave(rt);
+    return rc;
 }

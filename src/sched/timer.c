@@ -185,7 +185,11 @@ void weft__timers_remove(weft__timers *tm, weft__timer *t)
 
 int weft__timers_sleep(weft__timers *tm, uint64_t ns)
 {
-    sleep_entry e = {.deadline = weft__now_ns() + ns, .index = NOT_QUEUED, .status = WEFT_OK};
+    /* Saturated: a deadline past the clock's range is never reached, and
+     * such a sleep ends only by cancellation. */
+    uint64_t now = weft__now_ns();
+    uint64_t deadline = ns > UINT64_MAX - now ? UINT64_MAX : now + ns;
+    sleep_entry e = {.deadline = deadline, .index = NOT_QUEUED, .status = WEFT_OK};
     weft__waiter_init(&e.waiter, WEFT__WAITS_SLEEP);
 
     weft__lock_acquire(&tm->lock);

@@ -6,11 +6,20 @@
  * handle - joined twice, used after detach - is recognized and refused with
  * WEFT_ESTATE rather than acting on whatever task reuses the record.
  *
+ * Records belong to one runtime record for good: they are allocated in
+ * chunks kept by it, t->rt is written once, and destroying the runtime
+ * bumps every generation and keeps the chunks for the record's next life.
+ * So any handle ever returned points at a task record, its runtime is read
+ * without a race, and a handle call enters that runtime (as every call on a
+ * runtime does) and checks the generation again once inside: a handle of a
+ * destroyed runtime is refused, even after its records were reused.
+ *
  * Life of a record: spawned (queued) -> started (has a stack) -> done (stack
  * given back, joiners woken) -> released by join, or at the end of a
  * detached task. `done` is set under the record's lock; a releaser takes
  * that lock once, so it never frees a record the finisher still holds.
  */
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -87,6 +96,7 @@ static weft__task *pool_take(weft_runtime *rt, weft__task_cache *cache)
         c->next = rt->task_chunks;
         rt->task_chunks = c;
         for (int i = CHUNK_TASKS - 1; i >= 0; i--) {
+            c->tasks[i].rt = rt; /* for good: see the top */
             c->tasks[i].next = rt->free_tasks;
             rt->free_tasks = &c->tasks[i];
         }
@@ -142,14 +152,20 @@ static void task_free(weft_runtime *rt, weft__task *t)
     pthread_mutex_unlock(&rt->pool_lock);
 }
 
-void weft__task_pool_destroy(weft_runtime *rt)
+/* No task of rt is left and no call is inside it, so every record is free
+ * or done and unjoined (or in a worker's cache, which is gone): all go back
+ * on the free list, each with a new generation, which makes the unjoined
+ * handles stale. The chunks are never freed: a stale handle may be read. */
+void weft__task_pool_retire(weft_runtime *rt)
 {
-    for (task_chunk *c = rt->task_chunks, *next; c; c = next) {
-        next = c->next;
-        free(c);
-    }
-    rt->task_chunks = NULL;
     rt->free_tasks = NULL;
+    for (task_chunk *c = rt->task_chunks; c; c = c->next)
+        for (int i = CHUNK_TASKS - 1; i >= 0; i--) {
+            weft__task *t = &c->tasks[i];
+            atomic_fetch_add_explicit(&t->generation, 1, memory_order_relaxed);
+            t->next = rt->free_tasks;
+            rt->free_tasks = t;
+        }
 }
 
 /* Wait out a finisher that may still hold t's lock, then recycle t. */
@@ -184,7 +200,27 @@ static int task_of(weft_task *h, const char *fn, weft__task **out)
         return weft__fail(WEFT_EINVAL, "%s: %p is not a task handle", fn, (void *)h);
     if ((uint16_t)(v >> HANDLE_SHIFT) !=
         atomic_load_explicit(&t->generation, memory_order_relaxed))
-        return weft__fail(WEFT_ESTATE, "%s: task handle was already joined or detached", fn);
+        return weft__fail(WEFT_ESTATE,
+                          "%s: task handle was already joined or detached, or its runtime "
+                          "destroyed",
+                          fn);
+    *out = t;
+    return WEFT_OK;
+}
+
+/* task_of, then enter h's runtime (weft__runtime_leave(t->rt) must follow
+ * on WEFT_OK). Checked again inside: the runtime may have been destroyed,
+ * and its record reused, between the first check and the entry. */
+static int task_enter(weft_task *h, const char *fn, weft__task **out)
+{
+    weft__task *t = NULL;
+    int rc = task_of(h, fn, &t);
+    if (rc || (rc = weft__runtime_enter(t->rt, fn)))
+        return rc;
+    if ((rc = task_of(h, fn, &t))) {
+        weft__runtime_leave(t->rt);
+        return rc;
+    }
     *out = t;
     return WEFT_OK;
 }
@@ -225,12 +261,10 @@ static int check_opts(weft_runtime *rt, const weft_task_opts *opts)
     return WEFT_OK;
 }
 
-int weft_spawn(weft_runtime *rt, weft_task **out, void *(*fn)(void *), void *arg,
-               const weft_task_opts *opts)
+static int spawn_in(weft_runtime *rt, weft_task **out, void *(*fn)(void *), void *arg,
+                    const weft_task_opts *opts)
 {
-    int rc = weft__runtime_check(rt, "weft_spawn");
-    if (rc)
-        return rc;
+    int rc;
     if (!fn)
         return weft__fail(WEFT_EINVAL, "weft_spawn: fn is NULL");
     if ((rc = check_opts(rt, opts)))
@@ -238,12 +272,12 @@ int weft_spawn(weft_runtime *rt, weft_task **out, void *(*fn)(void *), void *arg
     weft__task *t = weft__task_alloc(rt);
     if (!t)
         return weft__fail(WEFT_ENOMEM, "weft_spawn: no memory for a task record");
+    assert(t->rt == rt);
 
     t->next = NULL;
     atomic_store_explicit(&t->parker.state, WEFT__PARK_RUNNING, memory_order_relaxed);
     t->parker.task = t;
     t->worker = NULL;
-    t->rt = rt;
     t->fn = fn;
     t->arg = arg;
     t->result = NULL;
@@ -273,6 +307,18 @@ int weft_spawn(weft_runtime *rt, weft_task **out, void *(*fn)(void *), void *arg
         *out = handle_of(t);
     weft__sched_spawn(rt->sched, t);
     return WEFT_OK;
+}
+
+/* Counted in the runtime until queued: destroy then waits for the task. */
+int weft_spawn(weft_runtime *rt, weft_task **out, void *(*fn)(void *), void *arg,
+               const weft_task_opts *opts)
+{
+    int rc = weft__runtime_enter(rt, "weft_spawn");
+    if (rc)
+        return rc;
+    rc = spawn_in(rt, out, fn, arg, opts);
+    weft__runtime_leave(rt);
+    return rc;
 }
 
 bool weft__task_start(weft__worker *w, weft__task *t)
@@ -355,17 +401,9 @@ static int join_failure(const weft__task *t)
     }
 }
 
-int weft_join(weft_task *h, void **result)
+static int join(weft__task *t, void **result, uint64_t deadline)
 {
-    return weft_join_until(h, result, WEFT_FOREVER);
-}
-
-int weft_join_until(weft_task *h, void **result, uint64_t deadline)
-{
-    weft__task *t = NULL;
-    int rc = task_of(h, "weft_join", &t);
-    if (rc)
-        return rc;
+    int rc;
     if (t == weft__task_self())
         return weft__fail(WEFT_EDEADLK, "weft_join: a task cannot join itself");
     if ((rc = weft__task_may_suspend("weft_join")))
@@ -387,12 +425,25 @@ int weft_join_until(weft_task *h, void **result, uint64_t deadline)
     return rc;
 }
 
-int weft_detach(weft_task *h)
+int weft_join_until(weft_task *h, void **result, uint64_t deadline)
 {
     weft__task *t = NULL;
-    int rc = task_of(h, "weft_detach", &t);
+    int rc = task_enter(h, "weft_join", &t);
     if (rc)
         return rc;
+    weft_runtime *rt = t->rt;
+    rc = join(t, result, deadline);
+    weft__runtime_leave(rt);
+    return rc;
+}
+
+int weft_join(weft_task *h, void **result)
+{
+    return weft_join_until(h, result, WEFT_FOREVER);
+}
+
+static int detach(weft__task *t)
+{
     if (atomic_exchange(&t->join_claimed, true))
         return weft__fail(WEFT_ESTATE, "weft_detach: task is being joined or was detached");
     weft__lock_acquire(&t->lock);
@@ -401,6 +452,53 @@ int weft_detach(weft_task *h)
     weft__lock_release(&t->lock);
     if (done)
         task_release(t);
+    return WEFT_OK;
+}
+
+int weft_detach(weft_task *h)
+{
+    weft__task *t = NULL;
+    int rc = task_enter(h, "weft_detach", &t);
+    if (rc)
+        return rc;
+    weft_runtime *rt = t->rt;
+    rc = detach(t);
+    weft__runtime_leave(rt);
+    return rc;
+}
+
+/* Leave the runtimes of ts[0..n) that group_enter entered: each that
+ * differs from the one before. */
+static void group_leave(weft_task *const *ts, size_t n)
+{
+    for (size_t i = 0; ts && i < n; i++) {
+        weft_runtime *rt = record_of(ts[i])->rt;
+        if (i == 0 || rt != record_of(ts[i - 1])->rt)
+            weft__runtime_leave(rt);
+    }
+}
+
+/* Enter the runtimes of every handle in ts (see task_enter), each run of
+ * handles of one runtime once. On failure nothing stays entered. */
+static int group_enter(weft_task *const *ts, size_t n, const char *fn)
+{
+    weft__task *t = NULL;
+    for (size_t i = 0; ts && i < n; i++) {
+        int rc = task_of(ts[i], fn, &t);
+        if (rc == WEFT_OK && (i == 0 || t->rt != record_of(ts[i - 1])->rt))
+            rc = weft__runtime_enter(t->rt, fn);
+        if (rc) {
+            group_leave(ts, i);
+            return rc;
+        }
+    }
+    for (size_t i = 0; ts && i < n; i++) {
+        int rc = task_of(ts[i], fn, &t);
+        if (rc) {
+            group_leave(ts, n);
+            return rc;
+        }
+    }
     return WEFT_OK;
 }
 
@@ -420,7 +518,7 @@ static int check_group(weft_task *const *ts, size_t n, const char *fn)
     return WEFT_OK;
 }
 
-int weft_when_all(weft_task *const *ts, size_t n)
+static int when_all(weft_task *const *ts, size_t n)
 {
     int rc = check_group(ts, n, "weft_when_all");
     if (rc == WEFT_OK)
@@ -428,6 +526,16 @@ int weft_when_all(weft_task *const *ts, size_t n)
     for (size_t i = 0; rc == WEFT_OK && i < n; i++)
         if ((rc = wait_done(record_of(ts[i]))))
             weft__fail(rc, "weft_when_all: cancelled while waiting");
+    return rc;
+}
+
+int weft_when_all(weft_task *const *ts, size_t n)
+{
+    int rc = group_enter(ts, n, "weft_when_all");
+    if (rc)
+        return rc;
+    rc = when_all(ts, n);
+    group_leave(ts, n);
     return rc;
 }
 
@@ -441,7 +549,7 @@ static bool first_done(weft_task *const *ts, size_t n, size_t *first)
     return false;
 }
 
-int weft_when_any(weft_task *const *ts, size_t n, size_t *first)
+static int when_any(weft_task *const *ts, size_t n, size_t *first)
 {
     int rc = check_group(ts, n, "weft_when_any");
     if (rc || (rc = weft__task_may_suspend("weft_when_any")))
@@ -487,16 +595,27 @@ int weft_when_any(weft_task *const *ts, size_t n, size_t *first)
     return WEFT_OK;
 }
 
+int weft_when_any(weft_task *const *ts, size_t n, size_t *first)
+{
+    int rc = group_enter(ts, n, "weft_when_any");
+    if (rc)
+        return rc;
+    rc = when_any(ts, n, first);
+    group_leave(ts, n);
+    return rc;
+}
+
 /* ---- cancellation, yielding, sleeping ---------------------------------- */
 
 int weft_cancel(weft_task *h)
 {
     weft__task *t = NULL;
-    int rc = task_of(h, "weft_cancel", &t);
+    int rc = task_enter(h, "weft_cancel", &t);
     if (rc)
         return rc;
     atomic_store(&t->cancelled, true);
     weft__parker_notify(&t->parker, WEFT_ECANCELED, true);
+    weft__runtime_leave(t->rt);
     return WEFT_OK;
 }
 
