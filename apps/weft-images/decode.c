@@ -497,8 +497,10 @@ size_t wi_json_line(char *buf, size_t len, const char *path, uint32_t w, uint32_
     size_t at = 0;
     PUT("{\"path\":");
     at += wi_json_string(buf + (at < len ? at : len), at < len ? len - at : 0, path);
-    PUT(",\"width\":%u,\"height\":%u,\"bytes\":%llu,\"hash\":\"%016llx\",\"histogram\":[", w, h,
-        (unsigned long long)file_bytes, (unsigned long long)r->hash);
+    PUT(",\"width\":%u,\"height\":%u,\"bytes\":%llu,\"hash\":\"%016llx\",\"detail\":%.3f,"
+        "\"histogram\":[",
+        w, h, (unsigned long long)file_bytes, (unsigned long long)r->hash,
+        wi_detail_levels(r->detail));
     for (unsigned i = 0; i < WI_HIST_BINS; i++)
         PUT(i ? ",%u" : "%u", r->histogram[i]);
     PUT("]}\n");

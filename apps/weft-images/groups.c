@@ -2,10 +2,12 @@
  * groups.c - near-duplicate groups, and how well they match a truth.
  *
  * Every pair of hashes is compared (a popcount each: 50 million pairs take
- * about a tenth of a second for 10 000 images) and pairs within the
- * threshold are joined in a union-find; groups are its sets of two or
- * more. Linking is transitive, as a user deduplicating a folder expects:
- * a resized copy of a cropped copy lands in the original's group.
+ * about a tenth of a second for 10 000 images); a pair within the
+ * threshold is a candidate, confirmed (unless the caller asks for the hash
+ * alone) when the two details agree, and confirmed pairs are joined in a
+ * union-find; groups are its sets of two or more. Linking is transitive,
+ * as a user deduplicating a folder expects: a resized copy of a cropped
+ * copy lands in the original's group.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -34,7 +36,16 @@ static void join(size_t *parent, size_t a, size_t b)
         parent[a > b ? a : b] = a < b ? a : b;
 }
 
-size_t wi_group(const uint64_t *hash, size_t n, unsigned threshold, long *group)
+bool wi_confirmed(uint64_t detail_a, uint64_t detail_b)
+{
+    uint64_t lo = detail_a < detail_b ? detail_a : detail_b;
+    uint64_t hi = detail_a < detail_b ? detail_b : detail_a;
+    return hi <= WI_DETAIL_RATIO *
+                     (lo > WI_DETAIL_FLOOR ? lo : WI_DETAIL_FLOOR); /* < 2^58: no overflow */
+}
+
+size_t wi_group(const wi_features *f, size_t n, unsigned threshold, bool confirm, long *group,
+                wi_refused_fn *refused, void *arg)
 {
     size_t *parent = malloc((n ? n : 1) * sizeof *parent);
     size_t *size = calloc(n ? n : 1, sizeof *size);
@@ -48,9 +59,14 @@ size_t wi_group(const uint64_t *hash, size_t n, unsigned threshold, long *group)
     for (size_t i = 0; i < n; i++)
         parent[i] = i;
     for (size_t i = 0; i < n; i++)
-        for (size_t j = i + 1; j < n; j++)
-            if ((unsigned)__builtin_popcountll(hash[i] ^ hash[j]) <= threshold)
+        for (size_t j = i + 1; j < n; j++) {
+            if ((unsigned)__builtin_popcountll(f[i].hash ^ f[j].hash) > threshold)
+                continue;
+            if (!confirm || wi_confirmed(f[i].detail, f[j].detail))
                 join(parent, i, j);
+            else if (refused)
+                refused(arg, i, j);
+        }
     for (size_t i = 0; i < n; i++)
         size[find(parent, i)]++;
     size_t groups = 0;

@@ -101,11 +101,37 @@ int wi_json_put_string(FILE *f, const char *s);
 
 /* ---- grouping (groups.c) ------------------------------------------------ */
 
+/* What grouping looks at, per image: from wi_result. */
+typedef struct wi_features {
+    uint64_t hash, detail;
+} wi_features;
+
+/* The second signal. The hash keeps only the signs of the low
+ * frequencies, so a faint pattern (a smooth wallpaper) and a strong one
+ * (a picture) with the same signs collide; their detail (the summed
+ * magnitude of the same frequencies) differs by the ratio of their
+ * contrasts. Two images are confirmed when the larger detail is at most
+ * WI_DETAIL_RATIO times the smaller, a detail under WI_DETAIL_FLOOR
+ * (one luminance level: as flat as the hash can see) counting as the
+ * floor. Grey-scale conversion keeps the luminance, hence the detail. The
+ * ratio sits between what a contrast change does to a copy (under 2x) and
+ * what a faint shading is to the picture it follows (5x and more). */
+enum { WI_DETAIL_RATIO = 3 };
+#define WI_DETAIL_FLOOR ((uint64_t)1 << 42)
+bool wi_confirmed(uint64_t detail_a, uint64_t detail_b);
+
+/* Called for each pair within the threshold that the confirmation refused
+ * (a < b, indices into the features). */
+typedef void wi_refused_fn(void *arg, size_t a, size_t b);
+
 /* Near-duplicate groups: images whose hashes are within threshold bits of
- * each other are linked, and groups are the connected sets of two or more.
- * group[i] receives image i's group number (0-based, in order of each
- * group's first image) or -1; returns the number of groups. */
-size_t wi_group(const uint64_t *hash, size_t n, unsigned threshold, long *group);
+ * each other, and with confirm whose details also agree (wi_confirmed),
+ * are linked, and groups are the connected sets of two or more. group[i]
+ * receives image i's group number (0-based, in order of each group's first
+ * image) or -1; returns the number of groups. refused (may be NULL) hears
+ * of each pair the confirmation refused. */
+size_t wi_group(const wi_features *f, size_t n, unsigned threshold, bool confirm, long *group,
+                wi_refused_fn *refused, void *arg);
 
 /* Pairwise agreement with a ground truth: a pair of images is "predicted"
  * when they share a group and "true" when they share a truth group.

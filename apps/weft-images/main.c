@@ -10,9 +10,11 @@
  * the stages are CUDA kernels; on the host backend their host versions run
  * in stream order instead, with bit-identical results.
  *
- * At the end, images whose hashes differ in at most --threshold bits are
- * grouped, the groups are written after the image lines, and a summary
- * goes to stderr. Only weft's public API is used here.
+ * At the end, images whose hashes differ in at most --threshold bits, and
+ * whose details (the magnitude of the frequencies the hash keeps only the
+ * signs of) agree, are grouped; the groups are written after the image
+ * lines, then the pairs the detail kept apart, and a summary goes to
+ * stderr. Only weft's public API is used here.
  *
  * Exit status: 0 when every file was looked at (files that are not
  * readable images are reported and counted, and do not stop the run); 1
@@ -56,7 +58,7 @@ typedef struct options {
     unsigned threshold, workers, inflight;
     uint64_t max_pixels, memory; /* memory in bytes; 0: a quarter of the RAM */
     weft_backend backend;
-    bool quiet;
+    bool quiet, hash_only;
 } options;
 
 /* Bytes of memory the images in flight may take, reserved before each
@@ -72,7 +74,7 @@ typedef struct budget {
 /* What one file gave. */
 typedef struct outcome {
     bool ok;
-    uint64_t hash;
+    wi_features features;
 } outcome;
 
 typedef struct run {
@@ -225,7 +227,7 @@ static void *image_task(void *arg)
         }
     } else {
         wi_activity_add(&r->activity, +1, 0);
-        r->outcomes[j->index] = (outcome){true, res.hash};
+        r->outcomes[j->index] = (outcome){true, {res.hash, res.detail}};
         atomic_fetch_add(&r->pixel_bytes, (unsigned long long)img.width * img.height * 3);
         if (wi_json_write(r->out, file->path, &img, &res))
             write_failed(r);
@@ -305,31 +307,105 @@ static void *signal_thread(void *arg)
 
 /* ---- groups ----------------------------------------------------------------- */
 
-/* Group the hashes, write one JSON line per group, show the first few on
- * stderr. group[] receives each file's group (or -1). */
-static size_t write_groups(run *r, long *group, size_t *grouped)
+/* Pairs within the threshold that the detail refused, as file indices. */
+typedef struct refusals {
+    size_t (*v)[2];
+    size_t n, cap;
+    const size_t *file; /* feature index -> file index */
+    bool short_of_memory;
+} refusals;
+
+static void note_refused(void *arg, size_t a, size_t b)
+{
+    refusals *rf = arg;
+    if (rf->n == rf->cap) {
+        size_t cap = rf->cap ? 2 * rf->cap : 64;
+        void *v = realloc(rf->v, cap * sizeof *rf->v);
+        if (!v) {
+            rf->short_of_memory = true;
+            return;
+        }
+        rf->v = v;
+        rf->cap = cap;
+    }
+    rf->v[rf->n][0] = rf->file[a];
+    rf->v[rf->n++][1] = rf->file[b];
+}
+
+/* Group the images that were read, with or without the confirmation by
+ * detail: group[] receives each file's group (or -1); refusals, when not
+ * NULL, the pairs it refused. Returns the number of groups, or -1 when
+ * out of memory. */
+static long group_files(const run *r, bool confirm, long *group, refusals *rf)
 {
     size_t n = r->files.n, m = 0;
-    uint64_t *hash = malloc((n ? n : 1) * sizeof *hash);
+    wi_features *f = calloc(n ? n : 1, sizeof *f); /* calloc: gcc cannot tell only m are read */
     size_t *index = malloc((n ? n : 1) * sizeof *index);
     long *g = malloc((n ? n : 1) * sizeof *g);
-    size_t groups = 0;
-    char shown[1024];
-    *grouped = 0;
+    long groups = -1;
     for (size_t i = 0; i < n; i++)
         group[i] = -1;
-    if (!hash || !index || !g) {
-        wi_report_msg("out of memory for grouping");
-        goto out;
+    if (f && index && g) {
+        for (size_t i = 0; i < n; i++)
+            if (r->outcomes[i].ok) {
+                f[m] = r->outcomes[i].features;
+                index[m++] = i;
+            }
+        if (rf)
+            rf->file = index;
+        groups = (long)wi_group(f, m, r->opt.threshold, confirm, g, rf ? note_refused : NULL, rf);
+        for (size_t k = 0; k < m; k++)
+            group[index[k]] = g[k];
     }
-    for (size_t i = 0; i < n; i++)
-        if (r->outcomes[i].ok) {
-            hash[m] = r->outcomes[i].hash;
-            index[m++] = i;
-        }
-    groups = wi_group(hash, m, r->opt.threshold, g);
-    for (size_t k = 0; k < m; k++)
-        group[index[k]] = g[k];
+    if (rf)
+        rf->file = NULL;
+    free(f);
+    free(index);
+    free(g);
+    return groups;
+}
+
+/* One line per refused pair whose images the groups keep apart: where the
+ * second signal changed the answer. Returns how many. */
+static size_t write_refused(run *r, const refusals *rf, const long *group)
+{
+    size_t shown = 0;
+    for (size_t k = 0; k < rf->n; k++) {
+        size_t a = rf->v[k][0], b = rf->v[k][1];
+        if (group[a] >= 0 && group[a] == group[b])
+            continue; /* joined through others all the same */
+        const wi_features *fa = &r->outcomes[a].features, *fb = &r->outcomes[b].features;
+        int bad = fputs("{\"unconfirmed\":[", r->out) == EOF;
+        bad |= wi_json_put_string(r->out, r->files.v[a].path);
+        bad |= fputc(',', r->out) == EOF;
+        bad |= wi_json_put_string(r->out, r->files.v[b].path);
+        bad |= fprintf(r->out, "],\"bits\":%d,\"detail\":[%.3f,%.3f]}\n",
+                       __builtin_popcountll(fa->hash ^ fb->hash), wi_detail_levels(fa->detail),
+                       wi_detail_levels(fb->detail)) < 0;
+        if (bad)
+            write_failed(r);
+        shown++;
+    }
+    return shown;
+}
+
+/* Group the images, write one JSON line per group and per pair the
+ * detail kept apart, show the first few groups on stderr. group[]
+ * receives each file's group (or -1); *refused the number of pairs kept
+ * apart. */
+static size_t write_groups(run *r, long *group, size_t *grouped, size_t *refused)
+{
+    size_t n = r->files.n;
+    refusals rf = {0};
+    char shown[1024];
+    *grouped = *refused = 0;
+    long found = group_files(r, !r->opt.hash_only, group, &rf);
+    if (found < 0 || rf.short_of_memory) {
+        wi_report_msg("out of memory for grouping");
+        free(rf.v);
+        return found < 0 ? 0 : (size_t)found;
+    }
+    size_t groups = (size_t)found;
     for (size_t id = 0; id < groups; id++) {
         if (fprintf(r->out, "{\"group\":%zu,\"images\":[", id + 1) < 0)
             write_failed(r);
@@ -354,11 +430,49 @@ static size_t write_groups(run *r, long *group, size_t *grouped)
     }
     if (groups > SHOWN_GROUPS)
         fprintf(stderr, "... and %zu more groups (all in the output)\n", groups - SHOWN_GROUPS);
-out:
-    free(hash);
-    free(index);
-    free(g);
+    *refused = write_refused(r, &rf, group);
+    free(rf.v);
     return groups;
+}
+
+/* Score groups against the truth and say so on stderr; how is what
+ * grouped them. Returns 0, or -1 with a message. */
+static int score(const run *r, const wi_truth *truth, const long *group, const char *how)
+{
+    const char **rel = malloc((r->files.n ? r->files.n : 1) * sizeof *rel);
+    char why[256];
+    wi_score sc;
+    for (size_t i = 0; rel && i < r->files.n; i++)
+        rel[i] = r->files.v[i].rel;
+    if (!rel || wi_score_truth(truth, rel, group, r->files.n, &sc, why, sizeof why)) {
+        fprintf(stderr, "weft-images: --truth: %s\n", rel ? why : "out of memory");
+        free(rel);
+        return -1;
+    }
+    fprintf(stderr,
+            "  against the truth, %-16s precision %.3f, recall %.3f (pairs: %llu found, %llu "
+            "true, %llu both)\n",
+            how, sc.precision, sc.recall, (unsigned long long)sc.predicted,
+            (unsigned long long)sc.truth, (unsigned long long)sc.both);
+    free(rel);
+    return 0;
+}
+
+/* Both ways of grouping, the one written first. */
+static int score_both(const run *r, const wi_truth *truth, const long *group)
+{
+    long *other = malloc((r->files.n ? r->files.n : 1) * sizeof *other);
+    bool confirm = !r->opt.hash_only;
+    if (!other || group_files(r, !confirm, other, NULL) < 0) {
+        fprintf(stderr, "weft-images: --truth: out of memory\n");
+        free(other);
+        return -1;
+    }
+    int rc = score(r, truth, group, confirm ? "hash and detail:" : "hash alone:");
+    if (rc == 0)
+        rc = score(r, truth, other, confirm ? "hash alone:" : "hash and detail:");
+    free(other);
+    return rc;
 }
 
 /* ---- the summary ------------------------------------------------------------ */
@@ -420,6 +534,8 @@ static void usage(FILE *f)
           "  -o, --output FILE     JSON lines to FILE instead of stdout\n"
           "  -t, --threshold BITS  hashes at most BITS apart (0-64) are near-duplicates;\n"
           "                        default 10\n"
+          "      --hash-only       group on the hash alone, not confirming a pair by its\n"
+          "                        detail (how strong the pattern the hash sees is)\n"
           "  -j, --workers N       worker threads (default: one per CPU)\n"
           "      --inflight N      images in flight at once (default: 8 per worker)\n"
           "      --memory MIB      memory the images in flight may take while decoding\n"
@@ -474,11 +590,13 @@ static int parse_options(int argc, char **argv, options *o)
         OPT_TRACE,
         OPT_BENCH,
         OPT_MEMORY,
-        OPT_PIXELS
+        OPT_PIXELS,
+        OPT_HASH_ONLY
     };
     static const struct option longs[] = {
         {"output", required_argument, NULL, 'o'},
         {"threshold", required_argument, NULL, 't'},
+        {"hash-only", no_argument, NULL, OPT_HASH_ONLY},
         {"workers", required_argument, NULL, 'j'},
         {"inflight", required_argument, NULL, OPT_INFLIGHT},
         {"memory", required_argument, NULL, OPT_MEMORY},
@@ -506,6 +624,9 @@ static int parse_options(int argc, char **argv, options *o)
         case 'j':
             if (parse_uint(optarg, "--workers", 1, 4096, &o->workers))
                 return -1;
+            break;
+        case OPT_HASH_ONLY:
+            o->hash_only = true;
             break;
         case OPT_INFLIGHT:
             if (parse_uint(optarg, "--inflight", 1, 1u << 20, &o->inflight))
@@ -705,32 +826,24 @@ int main(int argc, char **argv)
     weft_stats st;
     weft_stats_get(r.rt, &st);
 
-    size_t grouped, groups = write_groups(&r, group, &grouped);
+    size_t grouped, refused, groups = write_groups(&r, group, &grouped, &refused);
     if (fflush(r.out) != 0 || ferror(r.out))
         write_failed(&r);
     if (r.out != stdout && fclose(r.out) != 0)
         write_failed(&r);
     summary(&r, backend, wall, cpu, &st);
-    fprintf(stderr, "  %zu near-duplicate groups holding %zu images (threshold %u bits)\n", groups,
+    fprintf(stderr, "  %zu near-duplicate groups holding %zu images (threshold %u bits, ", groups,
             grouped, r.opt.threshold);
+    if (r.opt.hash_only)
+        fprintf(stderr, "hash alone)\n");
+    else
+        fprintf(stderr,
+                "details within %dx)\n  %zu pairs within the threshold kept apart by their "
+                "detail (\"unconfirmed\" lines)\n",
+                WI_DETAIL_RATIO, refused);
     int status = 0;
-    if (r.opt.truth) {
-        const char **rel = malloc((r.files.n ? r.files.n : 1) * sizeof *rel);
-        wi_score sc;
-        for (size_t i = 0; rel && i < r.files.n; i++)
-            rel[i] = r.files.v[i].rel;
-        if (!rel || wi_score_truth(&truth, rel, group, r.files.n, &sc, why, sizeof why)) {
-            fprintf(stderr, "weft-images: --truth: %s\n", rel ? why : "out of memory");
-            status = EXIT_RUN;
-        } else {
-            fprintf(stderr,
-                    "  against the truth: precision %.3f, recall %.3f (pairs: %llu found, %llu "
-                    "true, %llu both)\n",
-                    sc.precision, sc.recall, (unsigned long long)sc.predicted,
-                    (unsigned long long)sc.truth, (unsigned long long)sc.both);
-        }
-        free(rel);
-    }
+    if (r.opt.truth && score_both(&r, &truth, group))
+        status = EXIT_RUN;
     int werr = atomic_load(&r.write_errno);
     if (werr) {
         fprintf(stderr, "weft-images: writing %s failed: %s\n",

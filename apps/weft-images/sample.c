@@ -6,11 +6,20 @@
  * Writes COUNT images into DIR: original scenes (a gradient and a few
  * blended shapes, with a little noise), and for about a third of them one
  * to three near-duplicates made by resizing, cropping a few percent off
- * the edges, changing brightness and re-encoding (another format, or JPEG
- * at another quality). Originals are 48 to 400 pixels a side; formats
- * are PNG, JPEG, BMP, GIF (with giflib), PPM and PGM. File names are
- * shuffled, so a group is not told by its names. TRUTH gets one line per
- * group of near-duplicates: its file names, separated by tabs.
+ * the edges, changing brightness, turning grey (Rec. 709 weights, not the
+ * hash's BT.601: another program's grey) and re-encoding (another format,
+ * or JPEG at another quality). Originals are 48 to 400 pixels a side;
+ * formats are PNG, JPEG, BMP, GIF (with giflib), PPM and PGM (PGM: a grey
+ * copy too). File names are shuffled, so a group is not told by its
+ * names. TRUTH gets one line per group of near-duplicates: its file
+ * names, separated by tabs.
+ *
+ * About one scene in forty instead gives a decoy pair, in no group: a
+ * heavily blurred grey picture of the scene, and a smooth field of one
+ * colour shaded by a faint copy of that picture's light and dark (a few
+ * levels), as a wallpaper is. The hash keeps only the signs of the low
+ * frequencies, and those of the pair agree, so their hashes are close;
+ * they are what a second signal must tell apart.
  *
  * N more files (default 5) are broken on purpose: empty, truncated PNG,
  * JPEG, BMP, GIF and PPM, random bytes, plain text. They are in no group.
@@ -206,6 +215,48 @@ static void brighten(picture *p, double gain, double offset)
         p->rgb[i] = clamp8(p->rgb[i] * gain + offset);
 }
 
+/* Grey with Rec. 709 weights, as many editors make it. */
+static void to_grey(picture *p)
+{
+    for (size_t i = 0; i < (size_t)p->w * p->h; i++) {
+        uint8_t *px = p->rgb + 3 * i;
+        memset(px, clamp8(0.2126 * px[0] + 0.7152 * px[1] + 0.0722 * px[2]), 3);
+    }
+}
+
+/* Three passes of a box of 2 radius + 1 along rows, then columns (close
+ * to a Gaussian of sigma radius), edges clamped. */
+static void blur(picture *p, int radius)
+{
+    int n = 2 * radius + 1;
+    size_t len = (size_t)(p->w > p->h ? p->w : p->h);
+    double *line = malloc(len * sizeof *line);
+    if (!line) {
+        fprintf(stderr, "weft-images-sample: out of memory\n");
+        exit(1);
+    }
+    for (int pass = 0; pass < 6; pass++) {
+        bool rows = pass % 2 == 0;
+        int count = rows ? p->h : p->w, along = rows ? p->w : p->h;
+        size_t step = rows ? 3 : (size_t)p->w * 3;
+        for (int k = 0; k < count; k++)
+            for (int c = 0; c < 3; c++) {
+                uint8_t *at = p->rgb + (rows ? (size_t)k * p->w * 3 : (size_t)k * 3) + c;
+                for (int i = 0; i < along; i++)
+                    line[i] = at[(size_t)i * step];
+                double sum = 0;
+                for (int i = -radius - 1; i < radius; i++)
+                    sum += line[i < 0 ? 0 : i >= along ? along - 1 : i];
+                for (int i = 0; i < along; i++) {
+                    int in = i + radius, out = i - radius - 1;
+                    sum += line[in >= along ? along - 1 : in] - line[out < 0 ? 0 : out];
+                    at[(size_t)i * step] = clamp8(sum / n);
+                }
+            }
+    }
+    free(line);
+}
+
 /* ---- files ------------------------------------------------------------------ */
 
 typedef enum format { PNG, JPEG, BMP, GIF, PPM, PGM, FORMATS } format;
@@ -303,10 +354,17 @@ static int write_picture(const char *path, const picture *p, format f, int quali
 
 /* ---- the plan ---------------------------------------------------------------- */
 
-/* One output image: an original, or with copy a near-duplicate of one. */
+typedef enum kind {
+    ORIGINAL,
+    COPY,      /* a near-duplicate of the original */
+    DECOY,     /* the scene blurred and grey: no original, no group */
+    WALLPAPER, /* a smooth field of colour shaded by a faint DECOY */
+} kind;
+
+/* One output image. */
 typedef struct item {
-    long base;   /* the original scene's number */
-    bool copy;   /* a near-duplicate of it */
+    long base;   /* the scene's number */
+    kind kind;   /* what is made of it */
     unsigned id; /* the file's number: names are shuffled */
     char name[32];
 } item;
@@ -332,6 +390,42 @@ static picture original(uint64_t seed, long b)
     return scene_draw(&s, w, h);
 }
 
+/* The decoy of base b: its scene blurred away to a few soft patches of
+ * light and dark, grey. */
+static picture decoy(uint64_t seed, long b)
+{
+    picture p = original(seed, b);
+    blur(&p, (p.w > p.h ? p.w : p.h) / 40);
+    to_grey(&p);
+    return p;
+}
+
+/* The wallpaper beside the decoy of base b: a colour whose luminance
+ * follows the decoy's, scaled down to a few levels either side, at
+ * another size. Every step keeps the signs of the low frequencies, which
+ * are all the hash keeps. */
+static picture wallpaper(uint64_t seed, long b, rng *r)
+{
+    picture grey = decoy(seed, b);
+    size_t n = (size_t)grey.w * grey.h;
+    double mean = 0, colour[3];
+    for (size_t i = 0; i < n; i++)
+        mean += grey.rgb[3 * i];
+    mean /= (double)n;
+    for (int c = 0; c < 3; c++)
+        colour[c] = uniform(r, 60, 200);
+    colour[between(r, 0, 2)] = uniform(r, 20, 60); /* a colour, not a grey */
+    double faint = uniform(r, 0.15, 0.3);
+    for (size_t i = 0; i < n; i++)
+        for (int c = 0; c < 3; c++)
+            grey.rgb[3 * i + c] = clamp8(colour[c] + faint * (grey.rgb[3 * i] - mean));
+    double s = uniform(r, 0.7, 1.4);
+    picture p = resize(&grey, (int)(grey.w * s) < 32 ? 32 : (int)(grey.w * s),
+                       (int)(grey.h * s) < 32 ? 32 : (int)(grey.h * s));
+    free(grey.rgb);
+    return p;
+}
+
 /* A near-duplicate: at least one edit, each with some probability. */
 static picture near_copy(picture base, rng *r, int *quality)
 {
@@ -354,6 +448,10 @@ static picture near_copy(picture base, rng *r, int *quality)
             brighten(&p, uniform(r, 0.8, 1.2), uniform(r, -25, 25));
             edited = true;
         }
+        if (next(r) % 5 == 0) { /* grey */
+            to_grey(&p);
+            edited = true;
+        }
         if (next(r) % 3 == 0) { /* re-encoded harder */
             *quality = between(r, 35, 70);
             edited = true;
@@ -369,12 +467,19 @@ static void *render(void *arg)
     char path[4096];
     while ((i = atomic_fetch_add(&pl->next, 1)) < pl->n) {
         item *it = &pl->items[i];
-        picture p = original(pl->seed, it->base);
         rng edit = stream(pl->seed, it->id, 2);
         int quality = between(&edit, 75, 95);
-        if (it->copy)
-            p = near_copy(p, &edit, &quality);
-        format f = pick_format(&edit);
+        picture p;
+        format f;
+        if (it->kind == WALLPAPER) {
+            p = wallpaper(pl->seed, it->base, &edit);
+            f = next(&edit) % 2 ? PNG : BMP; /* lossless: JPEG would block a faint shading */
+        } else {
+            p = it->kind == DECOY ? decoy(pl->seed, it->base) : original(pl->seed, it->base);
+            if (it->kind == COPY)
+                p = near_copy(p, &edit, &quality);
+            f = pick_format(&edit);
+        }
         snprintf(it->name + strlen(it->name), sizeof it->name - strlen(it->name), ".%s",
                  extension[f]);
         snprintf(path, sizeof path, "%s/%s", pl->dir, it->name);
@@ -537,18 +642,26 @@ int main(int argc, char **argv)
     }
     stbi_write_png_compression_level = 6; /* quicker; the files are still real PNGs */
 
-    /* Originals, each followed by its copies: about a third get 1 to 3. */
+    /* Originals, each followed by its copies: about a third get 1 to 3;
+     * one scene in forty gives a decoy pair instead. */
     pl.items = calloc(count ? count : 1, sizeof *pl.items);
     unsigned *ids = calloc(count ? count : 1, sizeof *ids);
     if (!pl.items || !ids)
         return 1;
     rng r = stream(seed, 0, 0);
     long base = 0;
+    size_t decoys = 0;
     for (size_t i = 0; i < count; base++) {
+        if (next(&r) % 40 == 0 && i + 2 <= count) {
+            pl.items[i++] = (item){.base = base, .kind = DECOY};
+            pl.items[i++] = (item){.base = base, .kind = WALLPAPER};
+            decoys++;
+            continue;
+        }
         pl.items[i++] = (item){.base = base};
         int copies = next(&r) % 3 == 0 ? between(&r, 1, 3) : 0;
         for (int k = 0; k < copies && i < count; k++)
-            pl.items[i++] = (item){.base = base, .copy = true};
+            pl.items[i++] = (item){.base = base, .kind = COPY};
     }
     for (size_t i = 0; i < count; i++)
         ids[i] = (unsigned)i + 1;
@@ -593,7 +706,7 @@ int main(int argc, char **argv)
         size_t j = i + 1;
         while (j < count && pl.items[j].base == pl.items[i].base)
             j++;
-        if (j - i > 1) {
+        if (j - i > 1 && pl.items[i].kind == ORIGINAL) {
             for (size_t k = i; k < j; k++)
                 fprintf(f, "%s%c", pl.items[k].name, k + 1 < j ? '\t' : '\n');
             groups++;
@@ -605,9 +718,9 @@ int main(int argc, char **argv)
         return 1;
     }
     fprintf(stderr,
-            "weft-images-sample: %zu images (%zu groups of near-duplicates) and %lu broken files "
-            "in %s\n",
-            (size_t)count, groups, broken, pl.dir);
+            "weft-images-sample: %zu images (%zu groups of near-duplicates, %zu decoy pairs) and "
+            "%lu broken files in %s\n",
+            (size_t)count, groups, decoys, broken, pl.dir);
     free(pl.items);
     free(ids);
     return 0;

@@ -80,17 +80,18 @@ __global__ void dct_hash(wi_frame f, wi_basis basis)
     __shared__ uint32_t small[WI_SIDE * WI_SIDE];
     __shared__ int64_t rowpass[WI_FREQS * WI_SIDE];
     __shared__ int64_t coef[WI_FREQS * WI_FREQS];
-    __shared__ unsigned long long mid2, hash;
+    __shared__ unsigned long long mid2, hash, detail;
     unsigned t = threadIdx.x;
     for (unsigned i = t; i < WI_SIDE * WI_SIDE; i += blockDim.x)
         small[i] = f.small[i];
     if (t == 0)
-        mid2 = hash = 0;
+        mid2 = hash = detail = 0;
     __syncthreads();
     for (unsigned i = t; i < WI_FREQS * WI_SIDE; i += blockDim.x)
         rowpass[i] = wi_dct_row(&basis, small, i / WI_SIDE, i % WI_SIDE);
     __syncthreads();
     coef[t] = wi_dct_coef(&basis, rowpass, t / WI_FREQS, t % WI_FREQS);
+    atomicAdd(&detail, (unsigned long long)wi_detail_term(coef[t])); /* integers: any order */
     __syncthreads();
     unsigned r = wi_rank(coef, t);
     if (r == WI_FREQS * WI_FREQS / 2 - 1 || r == WI_FREQS * WI_FREQS / 2)
@@ -100,8 +101,10 @@ __global__ void dct_hash(wi_frame f, wi_basis basis)
     if (bit)
         atomicOr(&hash, (unsigned long long)bit);
     __syncthreads();
-    if (t == 0)
+    if (t == 0) {
         f.result->hash = hash;
+        f.result->detail = detail;
+    }
 }
 
 unsigned blocks_for(size_t n)

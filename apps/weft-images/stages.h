@@ -10,7 +10,10 @@
  *   blur_cols   the same along columns: a Gaussian of sigma 1
  *   shrink      area average down to 32x32 (every source pixel counts once)
  *   dct_hash    2-D DCT-II of the 32x32 block, the 8x8 frequencies (1..8,
- *               1..8) compared with their median: one bit each
+ *               1..8) compared with their median: one bit each; and the
+ *               sum of their magnitudes (the detail), which the hash
+ *               throws away: a faint pattern and a strong one with the
+ *               same signs have the same hash, not the same detail
  *
  * Every stage is integer arithmetic (fixed-point weights, exact sums), and
  * the per-element functions below are the same code on both sides: the
@@ -46,9 +49,13 @@ enum {
     WI_BASIS_ONE = 4096, /* the fixed-point 1.0 of the DCT basis */
 };
 
-/* What the device work produces for one image; downloaded in one copy. */
+/* What the device work produces for one image; downloaded in one copy.
+ * detail is sum |C(u, v)| over the hashed coefficients in the raw fixed
+ * point (< 64 * 2^50: the bound above is loose by 2^10); wi_detail_levels
+ * turns it into luminance levels. */
 typedef struct wi_result {
     uint64_t hash;
+    uint64_t detail;
     uint32_t histogram[WI_HIST_BINS];
 } wi_result;
 
@@ -170,6 +177,20 @@ WI_HD unsigned wi_rank(const int64_t *coef, unsigned i)
 WI_HD uint64_t wi_hash_bit(int64_t c, int64_t mid2, unsigned i)
 {
     return 2 * c > mid2 ? (uint64_t)1 << (WI_FREQS * WI_FREQS - 1 - i) : 0;
+}
+
+/* What coefficient c adds to the detail: its magnitude. */
+WI_HD uint64_t wi_detail_term(int64_t c)
+{
+    return c < 0 ? (uint64_t)0 - (uint64_t)c : (uint64_t)c;
+}
+
+/* A raw coefficient is 4096^2 (basis) x 256 (blur) x 16 (the orthonormal
+ * DCT's 2/32 per direction) = 2^36 times its orthonormal value in
+ * luminance levels; over 64 of them the mean magnitude is detail / 2^42. */
+static inline double wi_detail_levels(uint64_t detail)
+{
+    return (double)detail / 4398046511104.0; /* 2^42 */
 }
 
 /* ---- running the stages ------------------------------------------------- */

@@ -118,10 +118,13 @@ void wi_host_dct_hash(void *arg)
         if (r == WI_FREQS * WI_FREQS / 2 - 1 || r == WI_FREQS * WI_FREQS / 2)
             mid2 += coef[i];
     }
-    uint64_t hash = 0;
-    for (unsigned i = 0; i < WI_FREQS * WI_FREQS; i++)
+    uint64_t hash = 0, detail = 0;
+    for (unsigned i = 0; i < WI_FREQS * WI_FREQS; i++) {
         hash |= wi_hash_bit(coef[i], mid2, i);
+        detail += wi_detail_term(coef[i]);
+    }
     f->result->hash = hash;
+    f->result->detail = detail;
 }
 
 #ifndef WI_HAVE_KERNELS

@@ -33,7 +33,7 @@ typedef struct peer {
     wi_files files;
     wi_basis basis;
     FILE *out;
-    uint64_t *hash;
+    wi_features *features;
     bool *ok;
     atomic_size_t next, images, failed;
     atomic_ullong pixel_bytes;
@@ -130,7 +130,7 @@ static void *work(void *arg)
         if (device_pass(w, &img, &res)) {
             atomic_store(&p->cuda_failed, 1);
         } else {
-            p->hash[i] = res.hash;
+            p->features[i] = (wi_features){res.hash, res.detail};
             p->ok[i] = true;
             atomic_fetch_add(&p->images, 1);
             atomic_fetch_add(&p->pixel_bytes, (unsigned long long)img.width * img.height * 3);
@@ -220,11 +220,11 @@ int main(int argc, char **argv)
         threads = n > 0 ? (unsigned long)n : 1;
     }
     p.out = output ? fopen(output, "w") : stdout;
-    p.hash = calloc(p.files.n + 1, sizeof *p.hash);
+    p.features = calloc(p.files.n + 1, sizeof *p.features);
     p.ok = calloc(p.files.n + 1, sizeof *p.ok);
     worker *ws = calloc(threads, sizeof *ws);
     pthread_t *ts = calloc(threads, sizeof *ts);
-    if (!p.out || !p.hash || !p.ok || !ws || !ts) {
+    if (!p.out || !p.features || !p.ok || !ws || !ts) {
         fprintf(stderr, "weft-images-threads: %s\n", p.out ? "out of memory" : strerror(errno));
         return 1;
     }
@@ -249,11 +249,12 @@ int main(int argc, char **argv)
     /* The same grouping as weft-images, on the images in file order. */
     size_t m = 0;
     long *group = calloc(p.files.n + 1, sizeof *group);
-    uint64_t *hash = calloc(p.files.n + 1, sizeof *hash);
-    for (size_t i = 0; hash && i < p.files.n; i++)
+    wi_features *features = calloc(p.files.n + 1, sizeof *features);
+    for (size_t i = 0; features && i < p.files.n; i++)
         if (p.ok[i])
-            hash[m++] = p.hash[i];
-    size_t groups = group && hash ? wi_group(hash, m, (unsigned)threshold, group) : 0;
+            features[m++] = p.features[i];
+    size_t groups =
+        group && features ? wi_group(features, m, (unsigned)threshold, true, group, NULL, NULL) : 0;
     fflush(p.out);
 
     size_t images = atomic_load(&p.images);
