@@ -77,16 +77,22 @@ static int run_task(weft_runtime *rt, void *(*fn)(void *), layer *l)
     return r != NULL;
 }
 
+/* A value in [0, 1], from rand(): the same on every run. */
+static float uniform(void)
+{
+    return (float)rand() / (float)RAND_MAX;
+}
+
 int main(void)
 {
     srand(1);
     for (int c = 0; c < COLS; c++) {
-        bias1[c] = (float)rand() / RAND_MAX - 0.5f;
-        weight[c] = 0.5f + (float)rand() / RAND_MAX;
-        bias2[c] = (float)rand() / RAND_MAX - 0.5f;
+        bias1[c] = uniform() - 0.5f;
+        weight[c] = 0.5f + uniform();
+        bias2[c] = uniform() - 0.5f;
         for (int r = 0; r < ROWS; r++) {
-            in[r][c] = 4.0f * (float)rand() / RAND_MAX - 2.0f;
-            residual[r][c] = (float)rand() / RAND_MAX - 0.5f;
+            in[r][c] = 4.0f * uniform() - 2.0f;
+            residual[r][c] = uniform() - 0.5f;
         }
     }
     /* the host reference, called directly */
