@@ -12,7 +12,7 @@
 #   make install    build, then install into PREFIX (default /usr/local):
 #                   libraries, headers, CMake package, pkg-config file
 #   make check-install  install into a temporary prefix and build and run
-#                   examples/consumer against it (CMake and pkg-config)
+#                   examples/consumer, kernel and guide against it (CMake and pkg-config)
 #   make images-bench  weft-images against a thread pool on the GPU
 #   make gpu-bench-ops  the operators against PyTorch eager and torch.compile
 # A benchmark writes its rows (JSON lines) under build-release/bench/ and
