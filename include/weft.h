@@ -38,6 +38,19 @@
 extern "C" {
 #endif
 
+/* ---- version ----------------------------------------------------------- */
+
+/* The version of this header; CMake's project(VERSION) must say the same
+ * (the configure step refuses a mismatch). weft_version() is the version of
+ * the library the program runs with, "MAJOR.MINOR.PATCH", which differs from
+ * the header's when a program built against one libweft.so runs with
+ * another. */
+#define WEFT_VERSION_MAJOR 0
+#define WEFT_VERSION_MINOR 1
+#define WEFT_VERSION_PATCH 0
+
+const char *weft_version(void);
+
 /* ---- status codes ------------------------------------------------------ */
 
 enum {
