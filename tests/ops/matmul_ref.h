@@ -28,7 +28,7 @@
 
 static uint64_t mm_rng_state;
 
-static uint64_t mm_rng(void)
+static inline uint64_t mm_rng(void)
 {
     uint64_t z = (mm_rng_state += 0x9e3779b97f4a7c15ull); /* splitmix64 */
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -37,7 +37,7 @@ static uint64_t mm_rng(void)
 }
 
 /* Uniform in [-1, 1). */
-static double mm_uniform(void)
+static inline double mm_uniform(void)
 {
     return (double)(mm_rng() >> 11) * 0x1p-52 - 1.0;
 }
@@ -49,12 +49,12 @@ typedef struct mm_geom {
     weft_dtype in_type;
 } mm_geom;
 
-static size_t mm_span(size_t batch, size_t stride, size_t rows, size_t ld, size_t cols)
+static inline size_t mm_span(size_t batch, size_t stride, size_t rows, size_t ld, size_t cols)
 {
     return (batch - 1) * stride + (rows - 1) * ld + cols;
 }
 
-static mm_geom mm_geometry(const weft_matmul_desc *d)
+static inline mm_geom mm_geometry(const weft_matmul_desc *d)
 {
     mm_geom g;
     g.batch = d->batch ? d->batch : 1;
@@ -74,7 +74,7 @@ static mm_geom mm_geometry(const weft_matmul_desc *d)
 }
 
 /* n random elements of dtype in [-scale, scale). */
-static void *mm_random(weft_dtype t, size_t n, double scale)
+static inline void *mm_random(weft_dtype t, size_t n, double scale)
 {
     void *p = malloc(n * weft__dtype_size(t) + 1);
     for (size_t i = 0; i < n; i++)
@@ -82,14 +82,14 @@ static void *mm_random(weft_dtype t, size_t n, double scale)
     return p;
 }
 
-static void *mm_poisoned(weft_dtype t, size_t n)
+static inline void *mm_poisoned(weft_dtype t, size_t n)
 {
     void *p = malloc(n * weft__dtype_size(t) + 1);
     memset(p, 0xff, n * weft__dtype_size(t));
     return p;
 }
 
-static double mm_act(weft_matmul_act act, double x)
+static inline double mm_act(weft_matmul_act act, double x)
 {
     switch (act) {
     case WEFT_MATMUL_ACT_RELU:
@@ -110,8 +110,8 @@ typedef struct mm_ref {
     double p, y, s;
 } mm_ref;
 
-static mm_ref mm_reference(const weft_matmul_desc *d, const mm_geom *g, const void *a,
-                           const void *b, const void *c, size_t bt, size_t i, size_t j)
+static inline mm_ref mm_reference(const weft_matmul_desc *d, const mm_geom *g, const void *a,
+                                  const void *b, const void *c, size_t bt, size_t i, size_t j)
 {
     double alpha = d->alpha != 0.0f ? d->alpha : 1.0;
     double beta = d->beta != 0.0f ? d->beta : 1.0;
@@ -137,12 +137,12 @@ static mm_ref mm_reference(const weft_matmul_desc *d, const mm_geom *g, const vo
     return r;
 }
 
-static double mm_half_ulp(weft_dtype t)
+static inline double mm_half_ulp(weft_dtype t)
 {
     return t == WEFT_DTYPE_BF16 ? 0x1p-8 : t == WEFT_DTYPE_F16 ? 0x1p-11 : 0x1p-24;
 }
 
-static int mm_poison_kept(weft_dtype t, const void *p, size_t i)
+static inline int mm_poison_kept(weft_dtype t, const void *p, size_t i)
 {
     size_t es = weft__dtype_size(t);
     const unsigned char *q = (const unsigned char *)p + i * es;
@@ -156,9 +156,9 @@ static int mm_poison_kept(weft_dtype t, const void *p, size_t i)
  * and c (c the residual as it was before an in-place call). Returns the
  * number of failing elements, printing the first few under name.
  * check_padding: D was poisoned before the call (not so in place). */
-static size_t mm_check(const char *name, const weft_matmul_desc *d, const void *a, const void *b,
-                       const void *c, const void *out, const void *aux, double slack,
-                       int check_padding)
+static inline size_t mm_check(const char *name, const weft_matmul_desc *d, const void *a,
+                              const void *b, const void *c, const void *out, const void *aux,
+                              double slack, int check_padding)
 {
     mm_geom g = mm_geometry(d);
     size_t bad = 0;
