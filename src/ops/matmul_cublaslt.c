@@ -481,10 +481,12 @@ int weft__matmul_cuda(void *stream_arg, const weft__matmul_args *a)
     if ((rc = fill_desc(&md, a, &k)) != WEFT_OK || (rc = get_plan(h, a, &k, &md, &p)) != WEFT_OK)
         return rc;
 
-    /* cuBLASLt reads C even when beta is 0: without a C, D stands in. */
+    /* cuBLASLt reads C even when beta is 0: without a C, D stands in. In
+     * place it wants one layout for both. */
     const void *c = a->c ? a->c : a->d;
+    cublasLtMatrixLayout_t lc = c == a->d ? &p->ld : &p->lc;
     cublasStatus_t s = cublasLtMatmul(h, &md, &a->alpha, a->b, &p->la, a->a, &p->lb, &a->beta, c,
-                                      &p->lc, a->d, &p->ld, &p->algo, ws, ws_size, stream);
+                                      lc, a->d, &p->ld, &p->algo, ws, ws_size, stream);
     if (s != CUBLAS_STATUS_SUCCESS)
         return lt_fail("cublasLtMatmul", s);
     if (a->act == WEFT_MATMUL_ACT_GELU_ERF)
