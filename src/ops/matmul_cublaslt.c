@@ -33,9 +33,12 @@
  *    runtime, so their number is bounded; past MAX_WORKSPACES streams
  *    (streams of the caller's, made and destroyed in a loop) further
  *    streams run with no workspace, which cuBLASLt allows, on the
- *    algorithms that need none.
- * Allocation (workspace, handle) switches the thread to relaxed stream
- * capture, so a first call inside a captured region (graph mode) works.
+ *    algorithms that need none. So do calls captured into a graph (graph
+ *    mode's regions, explicit graphs): a graph runs on whatever stream it
+ *    is launched on, perhaps beside another captured on the same stream,
+ *    so no stream's workspace is safe to hand it.
+ * Creating a handle switches the thread to relaxed stream capture, so a
+ * first call inside a captured region works.
  */
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
@@ -150,10 +153,7 @@ static int get_workspace(cudaStream_t stream, int device, void **ptr, size_t *si
     if (full) {
         nw->size = 0;
     } else {
-        enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-        cudaThreadExchangeStreamCaptureMode(&mode);
-        e = cudaMalloc(&nw->ptr, nw->size);
-        cudaThreadExchangeStreamCaptureMode(&mode);
+        e = cudaMalloc(&nw->ptr, nw->size); /* never under capture: see the call */
         if (e != cudaSuccess) {
             free(nw);
             cudaGetLastError();
@@ -470,7 +470,15 @@ int weft__matmul_cuda(void *stream_arg, const weft__matmul_args *a)
     if (device < 0 || device >= MAX_DEVICES)
         return weft__fail(WEFT_EINVAL, "%s: device %d is beyond the %d this build knows", OP,
                           device, MAX_DEVICES);
-    if ((rc = get_handle(device, &h)) != WEFT_OK ||
+    if ((rc = get_handle(device, &h)) != WEFT_OK)
+        return rc;
+    /* A captured matmul runs when its graph is launched, on whatever stream
+     * that is, perhaps beside another graph captured on the same stream:
+     * no workspace is safe to share then, so captured calls take none. */
+    enum cudaStreamCaptureStatus capture;
+    if ((e = cudaStreamIsCapturing(stream, &capture)) != cudaSuccess)
+        return cuda_fail("cudaStreamIsCapturing", e);
+    if (capture == cudaStreamCaptureStatusNone &&
         (rc = get_workspace(stream, device, &ws, &ws_size)) != WEFT_OK)
         return rc;
 

@@ -4,9 +4,9 @@
  * every type pair and activation with bias and residual, transposes,
  * batches, padded leading dimensions, in place, aux; which GELU cuBLASLt's
  * epilogue computes (the tanh form, as the host reference says); a plan
- * made once and found on repeat (and what the first call costs); many
- * tasks calling at once on their own streams; bad arguments refused before
- * anything is enqueued.
+ * made once and found on repeat (and what the first call costs); a call
+ * captured into a CUDA graph and replayed; many tasks calling at once on their own streams; bad
+ * arguments refused before anything is enqueued.
  *
  * Bounds, as ||got - ref|| / ||ref|| over the whole output against the
  * float64 reference: fp32 2e-6 (2e-4 with a GELU, whose fast tanh on the
@@ -322,6 +322,47 @@ static void test_a_plan_is_made_once_and_found_on_repeat(void **state)
     cudaFree(da), cudaFree(db), cudaFree(dbias), cudaFree(dbias2), cudaFree(dd);
 }
 
+/* A matmul captured into a CUDA graph (no workspace then) computes the
+ * same when the graph is launched, twice. */
+static void test_a_captured_matmul_replays_right(void **state)
+{
+    (void)state;
+    weft_matmul_desc d = {.m = 200,
+                          .n = 384,
+                          .k = 520,
+                          .type = WEFT_DTYPE_BF16,
+                          .trans_b = 1,
+                          .act = WEFT_MATMUL_ACT_GELU_TANH};
+    mm_geom g = mm_geometry(&d);
+    void *a = mm_random(d.type, g.na, 1), *b = mm_random(d.type, g.nb, 1);
+    void *bias = mm_random(d.type, d.n, 1), *pd = mm_poisoned(d.type, g.nd);
+    void *da = upload(a, g.na * 2), *db = upload(b, g.nb * 2), *dbias = upload(bias, d.n * 2);
+    void *dd = upload(pd, g.nd * 2);
+    weft_matmul_desc gd = d;
+    gd.bias = dbias;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    assert_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    int rc = weft_matmul(stream, &gd, dd, da, db, NULL);
+    assert_cuda(cudaStreamEndCapture(stream, &graph));
+    assert_ok(rc);
+    assert_cuda(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < 2; i++) {
+        assert_cuda(cudaMemcpy(dd, pd, g.nd * 2, cudaMemcpyHostToDevice));
+        assert_cuda(cudaGraphLaunch(exec, stream));
+        assert_cuda(cudaStreamSynchronize(stream));
+        void *got = download(dd, g.nd * 2);
+        d.bias = bias;
+        double e = rel_error(&d, a, b, NULL, got, 0, 1, "captured");
+        if (!(e <= bound(&d)))
+            fail_msg("replay %d: error %.3g", i, e);
+        free(got);
+    }
+    cudaGraphExecDestroy(exec), cudaGraphDestroy(graph);
+    free(a), free(b), free(bias), free(pd);
+    cudaFree(da), cudaFree(db), cudaFree(dbias), cudaFree(dd);
+}
+
 /* ---- many tasks at once ------------------------------------------------- */
 
 enum { TASKS = 24, ROUNDS = 4 };
@@ -448,6 +489,7 @@ int main(void)
         cmocka_unit_test(test_residual_in_place_and_aux_match),
         cmocka_unit_test(test_cublaslt_gelu_is_the_tanh_form),
         cmocka_unit_test(test_a_plan_is_made_once_and_found_on_repeat),
+        cmocka_unit_test(test_a_captured_matmul_replays_right),
         cmocka_unit_test(test_many_tasks_on_their_own_streams_at_once),
         cmocka_unit_test(test_bad_arguments_are_refused_before_launch),
     };
