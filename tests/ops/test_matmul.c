@@ -20,6 +20,8 @@
 #include "weft/ops.h"
 #include "ops/matmul_ref.h"
 
+#ifdef WEFT_HAVE_HOST_BLAS /* the cases that need the host reference to run */
+
 /* Runs desc on fresh operands (with C when with_c, in place when
  * in_place) and checks D and aux; fails the test on any bad element. */
 static void run_case(const char *name, weft_matmul_desc desc, int with_c, int in_place,
@@ -192,6 +194,8 @@ static void test_aux_keeps_the_pre_activation(void **state)
             run_case(name, desc, 1, 0, 1, 1);
         }
 }
+
+#endif
 
 /* ---- bad arguments ----------------------------------------------------- */
 
