@@ -10,7 +10,7 @@ against and the figure it needed. The notebook the record replaced, and
 the prose of the runs, are under bench/history/.
 
 A row:
-  benchmark  "cpu", "gpu", "images" or "ops" (BENCHMARKS below)
+  benchmark  "cpu", "gpu", "images", "ops" or "matmul" (BENCHMARKS below)
   case       what was measured, e.g. "fiber switch (one way)"
   metric     which figure of the case, e.g. "median", "jobs/s"
   value      a number; unit: its unit
@@ -63,6 +63,11 @@ BENCHMARKS = {
     "ops": ("Operators: bench_ops headline", "`make gpu-bench-ops` (bench/ops/bench_ops.py)",
             "weft's kernels against torch.compile on the same tensors; the tuning "
             "variants: bench/ops/README.md"),
+    "matmul": ("Matrix multiply: bench_matmul", "`make gpu-bench-matmul` "
+               "(bench/matmul/bench_matmul.py)",
+               "weft_matmul (cuBLASLt) against torch.matmul and torch eager on the same "
+               "tensors and stream; what the rows measure: bench/matmul/bench_matmul.py's "
+               "opening comment"),
 }
 REQUIRED = {"benchmark": str, "case": str, "metric": str, "value": (int, float), "unit": str,
             "machine": str, "date": str, "commit": str}

@@ -34,8 +34,11 @@ install(FILES ${PROJECT_BINARY_DIR}/weftConfig.cmake ${PROJECT_BINARY_DIR}/weftC
 
 # pkg-config: the static library's own dependencies go to Libs.private.
 set(WEFT_PC_PRIVATE "-lpthread -lm")
+if(WEFT_HAVE_HOST_BLAS)
+  string(APPEND WEFT_PC_PRIVATE " -ldl") # OpenBLAS is opened at run time
+endif()
 if(WEFT_HAVE_CUDA)
-  string(APPEND WEFT_PC_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -ldl -lrt -lstdc++")
+  string(APPEND WEFT_PC_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcublasLt -lcudart_static -ldl -lrt -lstdc++")
 endif()
 configure_file(cmake/weft.pc.in ${PROJECT_BINARY_DIR}/weft.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/weft.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -1,6 +1,7 @@
 /*
  * weft/ops.h - fused memory-bound operators: bias+GELU+residual, LayerNorm,
- * RMSNorm, bias+GELU+residual+LayerNorm, softmax, RoPE, SwiGLU/GeGLU.
+ * RMSNorm, bias+GELU+residual+LayerNorm, softmax, RoPE, SwiGLU/GeGLU, and
+ * the matrix multiply with its fused epilogues (bias, ReLU/GELU, residual).
  *
  * Each call does in one pass what a framework does in several, so that the
  * intermediates (the biased input, the residual sum, the scores) never make
@@ -217,6 +218,95 @@ typedef enum weft_glu_kind {
  * act(NaN) = NaN (so act(-Inf) * Inf is NaN). */
 int weft_glu(void *stream, weft_dtype dtype, weft_glu_kind kind, void *out, const void *in,
              size_t rows, size_t cols, size_t in_stride, size_t out_stride);
+
+/* ---- matrix multiply -------------------------------------------------- */
+
+/* The activation at the end of a matmul's epilogue. */
+typedef enum weft_matmul_act {
+    WEFT_MATMUL_ACT_NONE = 0,
+    WEFT_MATMUL_ACT_RELU = 1, /* max(x, 0); ReLU(NaN) = NaN */
+    /* GELU in the forms of weft_gelu_form. cuBLASLt's GELU epilogue is the
+     * tanh form, so that one is fused into the matmul on the GPU; the erf
+     * form runs weft_bias_gelu_residual's kernel over D after it. */
+    WEFT_MATMUL_ACT_GELU_TANH = 2,
+    WEFT_MATMUL_ACT_GELU_ERF = 3
+} weft_matmul_act;
+
+/* What weft_matmul computes, for each batch index b < batch:
+ *   P = alpha op(A_b) op(B_b) + beta C_b + bias      (m x n, fp32)
+ *   aux_b = P                          (when aux is given: the pre-activation)
+ *   D_b = act(P)
+ * op(A) is m x k: A itself (m x k) or, with trans_a, A transposed (A is
+ * k x m); op(B) is k x n: B (k x n) or, with trans_b, B transposed (B is
+ * n x k, the layout of a Linear layer's weight [out][in]). Every matrix is
+ * row-major: element (i, j) of X is at X + i * ldx + j (in elements), and
+ * batch b's matrix at X + b * stride_x.
+ *
+ * The one call whose operands may have another type than its output
+ * (in_type), and whose kernels (cuBLASLt's) sum in another order than the
+ * host: see weft_matmul for what agrees.
+ *
+ * Zero means the default in every field, so a zeroed struct with m, n, k
+ * and type set is a plain D = A B. reserved must stay zero: later fields
+ * (FP8 and INT8 operand types with their scales per tensor, row or column,
+ * D's scale and amax) are taken from it with zero meaning "off", so a
+ * struct built for this version keeps its meaning and its size. */
+typedef struct weft_matmul_desc {
+    size_t m, n, k;  /* each >= 1 */
+    weft_dtype type; /* of C, D, bias and aux */
+    /* of A and B; WEFT_DTYPE_F32 (zero) means type. fp32 operands need an
+     * fp32 D, bf16 or fp16 ones a D of their type or fp32. */
+    weft_dtype in_type;
+    int trans_a, trans_b; /* nonzero: op() transposes */
+    /* Leading dimensions, each >= the row of its matrix as stored (0 means
+     * exactly that: packed rows). ldc is C's, ldaux aux's. */
+    size_t lda, ldb, ldc, ldd, ldaux;
+    /* Strided batches: batch matrices (0 means 1). stride_* is in elements;
+     * for A, B and C 0 reuses one matrix for every batch (shared weights);
+     * D and aux need a stride that keeps batches apart. bias is shared. */
+    size_t batch;
+    size_t stride_a, stride_b, stride_c, stride_d, stride_aux;
+    float alpha; /* 0 means 1 */
+    float beta;  /* with C given: 0 means 1 (pass C = NULL for none) */
+    weft_matmul_act act;
+    const void *bias; /* n elements of type, added to every row; NULL = none */
+    /* The pre-activation P, m x n of type: with a GELU act only (ReLU's
+     * gradient reads from D itself). On the GPU ldaux and stride_aux must
+     * be multiples of 8, which cuBLASLt requires; the host asks the same so
+     * a call valid on one backend is valid on the other. */
+    void *aux;
+    /* Let fp32 operands go through the matrix units' TF32 mode (10-bit
+     * mantissas, ~3e-4 relative) on the GPU; the host computes fp32. */
+    int allow_tf32;
+    uint64_t reserved[16];
+} weft_matmul_desc;
+
+/* D = act(alpha op(A) op(B) + beta C + bias), as weft_matmul_desc says.
+ * C is optional (NULL = no residual) and may be D itself (in place) when it
+ * has D's layout (ldc = ldd, stride_c = stride_d); no other overlap of D
+ * or aux with an input is allowed.
+ * Arithmetic: the operands are converted to fp32 and products summed in
+ * fp32 (bf16/fp16 in blocks, as the matrix units do; TF32 only when asked),
+ * the epilogue is fp32 and D and aux are rounded to type once. The host
+ * reference runs on a BLAS (OpenBLAS's cblas_sgemm); the GPU on cuBLASLt,
+ * whose sums run in another order, so results agree to the types'
+ * rounding and the sums' length (~1e-5 relative for fp32, ~1e-2 for
+ * bf16), not bit for bit.
+ * GPU: operand pointers aligned to 16 bytes and leading dimensions and
+ * strides that keep rows 16-byte aligned get the fastest kernels; anything
+ * aligned to its element size works. Plans (cuBLASLt's heuristic answer)
+ * are cached per shape, types, layout, epilogue and alignment, and each
+ * stream gets a workspace of weft's the first time it runs a matmul, so a
+ * first call costs more than the next.
+ * Bad arguments (sizes, leading dimensions below the row, NULL operands,
+ * misaligned pointers, aux without GELU, type combinations cuBLASLt lacks)
+ * return WEFT_EINVAL before anything is enqueued. A host reference in a
+ * library built without a BLAS returns WEFT_EINVAL ("built without a host
+ * BLAS").
+ * NaN/Inf: IEEE arithmetic; a NaN in a row of op(A) or a column of op(B)
+ * may reach every element it meets. */
+int weft_matmul(void *stream, const weft_matmul_desc *desc, void *d, const void *a, const void *b,
+                const void *c);
 
 #ifdef __cplusplus
 }

@@ -75,7 +75,29 @@ static int rope_call(void *stream, float *in, float *out)
                      ROWS, HEAD, POSITIONS, 10000.0f);
 }
 
+#ifdef WEFT_HAVE_HOST_BLAS /* (a build without one refuses host matmuls) */
+/* D (3 x 4, rows COLS apart) = GELU(A B + bias): A 3 x 20 (rows COLS
+ * apart), B 20 x 4 and the bias read from in; the descriptor lives on this
+ * frame only. */
+static int matmul_call(void *stream, float *in, float *out)
+{
+    weft_matmul_desc desc = {.m = ROWS,
+                             .n = 4,
+                             .k = HEAD,
+                             .type = WEFT_DTYPE_F32,
+                             .lda = COLS,
+                             .ldd = COLS,
+                             .act = WEFT_MATMUL_ACT_GELU_TANH,
+                             .bias = in + N - 4};
+    return weft_matmul(stream, &desc, out, in, in + HEAD, NULL);
+}
+
+#endif
+
 static const op_case CASES[] = {
+#ifdef WEFT_HAVE_HOST_BLAS
+    {"matmul", matmul_call},
+#endif
     {"bias_gelu_residual", gelu_call},
     {"layernorm", layernorm_call},
     {"rmsnorm", rmsnorm_call},

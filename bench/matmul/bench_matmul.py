@@ -1,0 +1,338 @@
+#!/usr/bin/env python3
+"""bench_matmul.py - weft_matmul against torch.matmul and torch eager, in one process.
+
+Cases (bf16, on PyTorch's current stream, the same tensors for both sides):
+  matmul 8192^3               weft_matmul vs torch.matmul: TFLOP/s
+  decode m=16 k=4096 n=14336  x W^T vs torch.matmul(x, W.t()): time and the
+                              weight bytes' bandwidth, beside the copy ceiling
+  linear+bias+GELU m=4096 k=4096 n=14336
+                              weft_matmul with the fused bias + tanh GELU vs
+                              torch eager F.gelu(F.linear(x, W, b), 'tanh'),
+                              and vs weft's own matmul alone (the epilogue's
+                              cost)
+  first call / next call      host time of a call whose plan is new (the
+                              heuristic query) and of one that finds it
+weft is loaded through ctypes from libweft.so (the shared library, which
+exports weft_matmul) and called on the tensors' data_ptr() and torch's
+current stream, so both sides run on the same stream. Each result is
+checked against torch's before it is timed. Rows (bench/results.py) go to
+--rows; `make gpu-bench-matmul RECORD=1` records them.
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_LIB = os.path.join(ROOT, "build-release", "libweft.so")
+
+F32, BF16, F16 = 0, 1, 2
+ACT_NONE, ACT_RELU, ACT_GELU_TANH, ACT_GELU_ERF = 0, 1, 2, 3
+
+
+class MatmulDesc(ctypes.Structure):
+    """weft_matmul_desc (include/weft/ops.h), field for field."""
+    Z, I = ctypes.c_size_t, ctypes.c_int
+    _fields_ = [("m", Z), ("n", Z), ("k", Z), ("type", I), ("in_type", I),
+                ("trans_a", I), ("trans_b", I),
+                ("lda", Z), ("ldb", Z), ("ldc", Z), ("ldd", Z), ("ldaux", Z),
+                ("batch", Z), ("stride_a", Z), ("stride_b", Z), ("stride_c", Z),
+                ("stride_d", Z), ("stride_aux", Z),
+                ("alpha", ctypes.c_float), ("beta", ctypes.c_float), ("act", I),
+                ("bias", ctypes.c_void_p), ("aux", ctypes.c_void_p), ("allow_tf32", I),
+                ("reserved", ctypes.c_uint64 * 16)]
+
+
+def load_weft(path):
+    lib = ctypes.CDLL(path)
+    P = ctypes.c_void_p
+    lib.weft_matmul.argtypes = [P, ctypes.POINTER(MatmulDesc), P, P, P, P]
+    lib.weft_matmul.restype = ctypes.c_int
+    lib.weft_last_error.argtypes = []
+    lib.weft_last_error.restype = ctypes.c_char_p
+    return lib
+
+
+def die(msg):
+    print("bench_matmul: " + msg, file=sys.stderr)
+    sys.exit(1)
+
+
+def time_per_call(torch, fn, reps=5, min_ms=20.0):
+    """Median seconds per call over reps runs of back-to-back calls, timed
+    with events after a warm-up."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    iters = int(min(max(min_ms / max(start.elapsed_time(end), 1e-3), 3), 1000))
+    times = []
+    for _ in range(reps):
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / iters * 1e-3)
+    return statistics.median(times)
+
+
+def machine(torch):
+    gpu = torch.cuda.get_device_name()
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
+                                 "--format=csv,noheader"], capture_output=True, text=True,
+                                timeout=20).stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        driver = "unknown"
+    commit = os.environ.get("WEFT_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                                    capture_output=True, text=True).stdout.strip() or "unknown"
+            if subprocess.run(["git", "-C", ROOT, "status", "--porcelain",
+                               "--untracked-files=no"], capture_output=True,
+                              text=True).stdout.strip():
+                commit += " (modified)"
+        except OSError:
+            commit = "unknown"
+    return "%s, driver %s; PyTorch %s (CUDA %s); Python %s" % (
+        gpu, driver, torch.__version__, torch.version.cuda, platform.python_version()), commit
+
+
+class Weft:
+    def __init__(self, torch, lib):
+        self.torch, self.lib = torch, lib
+
+    def matmul(self, out, a, b, bias=None, act=ACT_NONE, trans_b=0):
+        """A closure that runs out = act(a op(b) + bias) through weft."""
+        m, k = a.shape
+        n = out.shape[1]
+        desc = MatmulDesc(m=m, n=n, k=k, type=BF16, trans_b=trans_b, act=act,
+                          bias=bias.data_ptr() if bias is not None else None)
+        args = (ctypes.byref(desc), out.data_ptr(), a.data_ptr(), b.data_ptr(), None)
+        lib, torch = self.lib, self.torch
+
+        def call():
+            s = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+            rc = lib.weft_matmul(s, *args)
+            if rc != 0:
+                raise RuntimeError("weft_matmul: %d: %s" % (rc, lib.weft_last_error().decode()))
+        call.desc = desc  # kept alive with the closure
+        return call
+
+
+def rel_err(torch, got, want):
+    got, want = got.double(), want.double()
+    return (torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want)).item()
+
+
+def check_layout(lib):
+    """One host call (NULL stream) through MatmulDesc, with the fields past
+    the first ones set, so that a struct that drifted from the C one is
+    caught here rather than on the GPU machine: D (2 x 2, ldd 3) =
+    ReLU(alpha A B^T + bias) with A 2 x 3 (lda 4), B 2 x 3."""
+    fa = ctypes.c_float
+    A = (fa * 8)(1, 2, 3, 0, -1, 0.5, 2, 0)
+    B = (fa * 6)(1, 0, 1, 0, 2, -1)
+    bias = (fa * 2)(0.5, -4)
+    D = (fa * 6)(*([7.0] * 6))
+    desc = MatmulDesc(m=2, n=2, k=3, type=F32, trans_b=1, lda=4, ldd=3, alpha=2.0, act=ACT_RELU,
+                      bias=ctypes.addressof(bias))
+    rc = lib.weft_matmul(None, ctypes.byref(desc), D, A, B, None)
+    if rc != 0:
+        die("the host call failed: %d: %s" % (rc, lib.weft_last_error().decode()))
+    want = []
+    for i in range(2):
+        for j in range(2):
+            v = 2.0 * sum(A[i * 4 + p] * B[j * 3 + p] for p in range(3)) + bias[j]
+            want.append(max(v, 0.0))
+    got = [D[0], D[1], D[3], D[4]]
+    if got != want or D[2] != 7.0 or D[5] != 7.0:
+        die("MatmulDesc does not match weft_matmul_desc: got %s, want %s" % (got, want))
+    print("bench_matmul: MatmulDesc matches weft_matmul_desc (%d bytes)" %
+          ctypes.sizeof(MatmulDesc))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lib", default=DEFAULT_LIB, help="libweft.so to load")
+    ap.add_argument("--rows", default=os.path.join(ROOT, "build-release", "bench",
+                                                    "matmul.rows.jsonl"))
+    ap.add_argument("--no-rows", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="smaller shapes; rows marked quick")
+    ap.add_argument("--check-layout", action="store_true",
+                    help="without a GPU or PyTorch: MatmulDesc is the C struct (a host call)")
+    args = ap.parse_args()
+    if args.check_layout:
+        check_layout(load_weft(args.lib))
+        return
+
+    import torch
+    import torch.nn.functional as F
+    if not torch.cuda.is_available():
+        die("no GPU")
+    lib = load_weft(args.lib)
+    weft = Weft(torch, lib)
+    # A stream of torch's own: its default stream's handle is 0 (NULL), which
+    # weft reads as "the host reference".
+    with torch.cuda.stream(torch.cuda.Stream()):
+        run(torch, F, weft, args)
+
+
+def run(torch, F, weft, args):
+    dev, bf = "cuda", torch.bfloat16
+    torch.manual_seed(0)
+    results = []  # (case, metric, value, unit, peer, peer_value, detail, targets)
+
+    def randn(*shape):
+        return torch.randn(*shape, device=dev, dtype=bf)
+
+    # ---- copy ceiling (for the decode shape's bandwidth) ----
+    src = torch.empty(256 << 20, device=dev, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    t = time_per_call(torch, lambda: dst.copy_(src))
+    copy_tbps = 2 * src.numel() / t / 1e12
+    results.append(("copy ceiling: device-to-device copy of 256 MiB", "bandwidth",
+                    copy_tbps, "TB/s", None, None, "read + write", []))
+    del src, dst
+
+    # ---- bf16 large square ----
+    n = 2048 if args.quick else 8192
+    a, b = randn(n, n), randn(n, n)
+    out = torch.empty(n, n, device=dev, dtype=bf)
+    w = weft.matmul(out, a, b)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    w()  # the process's first: the cuBLASLt handle, the stream's workspace and the plan
+    very_first = (time.perf_counter() - t0) * 1e6
+    err = rel_err(torch, out, torch.matmul(a, b))
+    if err > 1e-2:
+        die("matmul %d^3: weft differs from torch by %.2e" % (n, err))
+    tw = time_per_call(torch, w)
+    tt = time_per_call(torch, lambda: torch.matmul(a, b))
+    flop = 2.0 * n ** 3
+    results.append(("matmul bf16 %d^3" % n, "throughput", flop / tw / 1e12, "TFLOP/s",
+                    "torch.matmul", flop / tt / 1e12, "error vs torch %.1e" % err,
+                    [("0.99 x torch.matmul (cuBLASLt) in the same run", ">=",
+                      0.99 * flop / tt / 1e12)]))
+    del a, b, out
+
+    # ---- decode: m = 16 against a Llama-3-8B up projection ----
+    m, k, n = 16, 4096, 14336
+    x, W = randn(m, k), randn(n, k)
+    out = torch.empty(m, n, device=dev, dtype=bf)
+    w = weft.matmul(out, x, W, trans_b=1)
+    w()
+    err = rel_err(torch, out, torch.matmul(x, W.t()))
+    if err > 1e-2:
+        die("decode: weft differs from torch by %.2e" % err)
+    tw = time_per_call(torch, w)
+    tt = time_per_call(torch, lambda: torch.matmul(x, W.t()))
+    wbytes = 2.0 * n * k
+    results.append(("decode bf16 m=16 k=4096 n=14336", "weight bandwidth", wbytes / tw / 1e12,
+                    "TB/s", "torch.matmul", wbytes / tt / 1e12,
+                    "%.1f us (torch %.1f us); %.0f%% of copy" % (tw * 1e6, tt * 1e6,
+                                                                   100 * wbytes / tw / 1e12 /
+                                                                   copy_tbps),
+                    [("85% of the copy ceiling", ">=", 0.85 * copy_tbps)]))
+    del x, W, out
+
+    # ---- linear + bias + GELU (tanh) ----
+    m = 1024 if args.quick else 4096
+    k, n = 4096, 14336
+    x, W, bias = randn(m, k), randn(n, k) * 0.02, randn(n)
+    out = torch.empty(m, n, device=dev, dtype=bf)
+    plain = torch.empty_like(out)
+    fused = weft.matmul(out, x, W, bias=bias, act=ACT_GELU_TANH, trans_b=1)
+    alone = weft.matmul(plain, x, W, trans_b=1)
+    eager = lambda: F.gelu(F.linear(x, W, bias), approximate="tanh")  # noqa: E731
+    fused()
+    err = rel_err(torch, out, eager())
+    if err > 2e-2:
+        die("linear+bias+GELU: weft differs from torch by %.2e" % err)
+    tf = time_per_call(torch, fused)
+    ta = time_per_call(torch, alone)
+    te = time_per_call(torch, eager)
+    results.append(("linear+bias+GELU(tanh) bf16 m=%d k=4096 n=14336" % m, "time", tf * 1e6,
+                    "us", "torch eager", te * 1e6,
+                    "weft's matmul alone %.1f us (+%.1f%%); error vs torch %.1e" % (
+                        ta * 1e6, 100 * (tf / ta - 1), err),
+                    [("1.03 x weft's matmul alone in the same run", "<=", 1.03 * ta * 1e6)]))
+    erf = weft.matmul(out, x, W, bias=bias, act=ACT_GELU_ERF, trans_b=1)
+    erf()
+    err = rel_err(torch, out, F.gelu(F.linear(x, W, bias)))
+    tr = time_per_call(torch, erf)
+    te2 = time_per_call(torch, lambda: F.gelu(F.linear(x, W, bias)))
+    results.append(("linear+bias+GELU(erf) bf16 m=%d k=4096 n=14336" % m, "time", tr * 1e6,
+                    "us", "torch eager", te2 * 1e6,
+                    "erf: the matmul with bias, then weft's GELU kernel; error vs torch %.1e" %
+                    err, []))
+    del x, W, bias, out, plain
+
+    # ---- first call (plan made) against the next (plan found) ----
+    x, W = randn(96, 1000), randn(1000, 1000)  # a shape no case above used
+    out = torch.empty(96, 1000, device=dev, dtype=bf)
+    w = weft.matmul(out, x, W)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    w()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    host = []
+    for _ in range(200):
+        s = time.perf_counter()
+        w()
+        host.append(time.perf_counter() - s)
+        torch.cuda.synchronize()
+    first, nxt = (t1 - t0) * 1e6, statistics.median(host) * 1e6
+    results.append(("first call of the process (host time)", "time", very_first, "us",
+                    None, None, "cuBLASLt's handle, the stream's 32 MiB workspace and the plan",
+                    []))
+    results.append(("first call of a new shape (host time)", "time", first, "us",
+                    None, None, "cuBLASLt's heuristic query and the plan's insertion", []))
+    results.append(("call with the plan cached (host time, through ctypes)", "time", nxt, "us",
+                    None, None, "median of 200; includes Python's ctypes call", []))
+
+    # ---- report ----
+    print("\n| case | metric | weft | peer |\n| --- | --- | --- | --- |")
+    for case, metric, v, unit, peer, pv, detail, _ in results:
+        print("| %s | %s | %.4g %s | %s |" % (case, metric, v, unit,
+                                             "%s %.4g" % (peer, pv) if peer else ""))
+    if args.no_rows:
+        return
+    mach, commit = machine(torch)
+    common = {"benchmark": "matmul", "machine": mach, "commit": commit,
+              "date": datetime.datetime.now(datetime.timezone.utc).strftime(
+                  "%Y-%m-%d %H:%M UTC"),
+              "conditions": "Release build; median of 5 runs of back-to-back calls, >= 20 ms "
+                            "each, after warm-up, on PyTorch's current stream"}
+    if args.quick:
+        common["quick"] = True
+    os.makedirs(os.path.dirname(args.rows), exist_ok=True)
+    with open(args.rows, "w") as f:
+        for case, metric, v, unit, peer, pv, detail, targets in results:
+            row = dict(common, case=case, metric=metric, value=round(v, 4), unit=unit,
+                       detail=detail)
+            if peer:
+                row.update(peer=peer, peer_value=round(pv, 4))
+            if targets:
+                row["targets"] = [{"goal": g, "op": op, "needed": round(need, 4),
+                                   "met": (v <= need if op == "<=" else v >= need)}
+                                  for g, op, need in targets]
+            f.write(json.dumps(row) + "\n")
+    print("bench_matmul: rows in %s" % args.rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+/*
+ * matmul.h - what weft_matmul's files share: the checked arguments, the
+ * host reference (matmul_host.c on a BLAS, or matmul_no_blas.c in a build
+ * without one) and the GPU path (matmul_cublaslt.c, with CUDA only).
+ *
+ * matmul.c fills weft__matmul_args from the caller's descriptor with every
+ * default resolved (leading dimensions, batch, alpha, beta, the operand
+ * type), so the backends read plain values and never a zero that means
+ * something else.
+ */
+#ifndef WEFT_OPS_MATMUL_H
+#define WEFT_OPS_MATMUL_H
+
+#include <stddef.h>
+
+#include "weft/ops.h"
+
+/* Checked and resolved; sizes in elements. */
+typedef struct weft__matmul_args {
+    size_t m, n, k, batch;
+    weft_dtype type, in_type;
+    int trans_a, trans_b, allow_tf32;
+    weft_matmul_act act;
+    size_t lda, ldb, ldc, ldd, ldaux;
+    size_t stride_a, stride_b, stride_c, stride_d, stride_aux;
+    float alpha, beta; /* beta 0 when there is no C */
+    void *d, *aux;
+    const void *a, *b, *c, *bias;
+    void *host_ws; /* the host reference's panels (weft__matmul_host_prepare) */
+} weft__matmul_args;
+
+/* The host reference, in two steps so that its memory is taken (and can
+ * fail) at the call, before anything is enqueued:
+ * prepare allocates a->host_ws, or fails with WEFT_ENOMEM, or WEFT_EINVAL
+ * in a build without a BLAS; run computes the product and frees it. */
+int weft__matmul_host_prepare(const char *op, weft__matmul_args *a);
+void weft__matmul_host_run(weft__matmul_args *a);
+
+/* GELU or ReLU of an epilogue's pre-activation, as the host computes it. */
+float weft__matmul_act(weft_matmul_act act, float x);
+
+#ifdef WEFT_HAVE_CUDA
+/* Enqueues the product on stream (a cudaStream_t) through cuBLASLt; the
+ * arguments have been checked. WEFT_OK, or WEFT_EINVAL when cuBLASLt has
+ * no algorithm for the call (the message names shape and types),
+ * WEFT_ENOMEM when a workspace cannot be had, WEFT_EDEVICE for the rest,
+ * each before anything is enqueued. */
+int weft__matmul_cuda(void *stream, const weft__matmul_args *a);
+
+/* How many calls found their plan cached, and how many made one. */
+void weft__matmul_cuda_plan_stats(unsigned long long *hits, unsigned long long *misses);
+#endif
+
+#endif

@@ -1,0 +1,503 @@
+/*
+ * matmul_cublaslt.c - weft_matmul on the GPU, through cuBLASLt.
+ *
+ * Layout: cuBLASLt is column-major, weft row-major. A row-major m x n
+ * matrix with leading dimension ld is the column-major n x m matrix with
+ * the same ld, so D^T = op(B)^T op(A)^T is computed: cuBLASLt's A is our B
+ * (with our trans_b), its B our A, its m our n. The bias, which cuBLASLt
+ * adds per row of its D, is then per column of ours: one per output
+ * feature, as a Linear layer wants.
+ *
+ * Epilogues: cuBLASLt's DEFAULT, BIAS, RELU(_BIAS), GELU(_BIAS) and
+ * GELU_AUX(_BIAS); its GELU is the tanh form (so the host reference uses
+ * that form for WEFT_MATMUL_ACT_GELU_TANH). The erf form has no epilogue:
+ * the product is computed with the bias (into D), copied to aux when asked,
+ * and weft_bias_gelu_residual's kernel turns D into GELU(D) in place.
+ *
+ * What is kept, all of it for the process's life (a handful per shape and
+ * per stream; nothing here is freed or changed once published, so lookups
+ * take no lock and only inserts do):
+ *  - one cuBLASLt handle per device;
+ *  - plans: per (device, shape, types, transposes, leading dimensions,
+ *    batch strides, epilogue, which of C/bias/aux are given, operand
+ *    alignments, workspace), the matrix layouts and the algorithm the
+ *    heuristic chose - the heuristic query is the cost of a first call
+ *    (bench/matmul measures it). The matmul descriptor itself is built on
+ *    the stack each call (cublasLtMatmulDescInit, a few stores): it holds
+ *    the call's bias and aux pointers, and sharing one across threads
+ *    would need a lock around the launch;
+ *  - workspaces: WORKSPACE bytes per stream, keyed by CUDA's process-wide
+ *    unique stream id (cudaStreamGetId), so a stream handle reused after
+ *    cudaStreamDestroy never inherits a workspace another stream's work may
+ *    still be using. weft's own streams are pooled and live as long as the
+ *    runtime, so their number is bounded; past MAX_WORKSPACES streams
+ *    (streams of the caller's, made and destroyed in a loop) further
+ *    streams run with no workspace, which cuBLASLt allows, on the
+ *    algorithms that need none. So do calls captured into a graph (graph
+ *    mode's regions, explicit graphs): a graph runs on whatever stream it
+ *    is launched on, perhaps beside another captured on the same stream,
+ *    so no stream's workspace is safe to hand it.
+ * Creating a handle switches the thread to relaxed stream capture, so a
+ * first call inside a captured region works.
+ */
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/lock.h"
+#include "cuda/status.h"
+#include "ops/matmul.h"
+#include "ops/ops_internal.h"
+
+static const char OP[] = "weft_matmul";
+
+/* cuBLASLt's advice for Hopper: 32 MiB lets it pick split-K and stream-K
+ * algorithms for any shape. */
+enum { WORKSPACE = 32 << 20, MAX_DEVICES = 64, MAX_WORKSPACES = 256, BUCKETS = 512 };
+
+static int lt_fail(const char *what, cublasStatus_t s)
+{
+    int rc = s == CUBLAS_STATUS_ALLOC_FAILED                                        ? WEFT_ENOMEM
+             : s == CUBLAS_STATUS_INVALID_VALUE || s == CUBLAS_STATUS_NOT_SUPPORTED ? WEFT_EINVAL
+                                                                                    : WEFT_EDEVICE;
+    return weft__fail(rc, "%s: %s failed: %s (%s)", OP, what, cublasLtGetStatusName(s),
+                      cublasLtGetStatusString(s));
+}
+
+static int cuda_fail(const char *what, cudaError_t e)
+{
+    cudaGetLastError(); /* a refused call is not sticky: clear it */
+    return weft__fail(weft__cuda_status(e), "%s: %s failed: %s (%s)", OP, what, cudaGetErrorName(e),
+                      cudaGetErrorString(e));
+}
+
+/* ---- handles, one per device ------------------------------------------- */
+
+static _Atomic(cublasLtHandle_t) handles[MAX_DEVICES];
+static weft__lock handle_lock = WEFT__LOCK_INIT;
+
+static int get_handle(int device, cublasLtHandle_t *out)
+{
+    cublasLtHandle_t h = atomic_load_explicit(&handles[device], memory_order_acquire);
+    if (h) {
+        *out = h;
+        return WEFT_OK;
+    }
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    cublasStatus_t s = cublasLtCreate(&h);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return lt_fail("cublasLtCreate", s);
+    weft__lock_acquire(&handle_lock);
+    cublasLtHandle_t had = atomic_load_explicit(&handles[device], memory_order_relaxed);
+    if (!had)
+        atomic_store_explicit(&handles[device], h, memory_order_release);
+    weft__lock_release(&handle_lock);
+    if (had) { /* another thread made one first: keep that one */
+        cublasLtDestroy(h);
+        h = had;
+    }
+    *out = h;
+    return WEFT_OK;
+}
+
+/* ---- workspaces, one per stream ---------------------------------------- */
+
+typedef struct workspace {
+    unsigned long long stream_id;
+    int device;
+    void *ptr;
+    size_t size;
+    struct workspace *next;
+} workspace;
+
+static _Atomic(workspace *) ws_buckets[BUCKETS];
+static weft__lock ws_lock = WEFT__LOCK_INIT;
+static unsigned ws_count; /* guarded by ws_lock */
+
+static workspace *ws_find(workspace *w, unsigned long long id, int device)
+{
+    for (; w; w = w->next)
+        if (w->stream_id == id && w->device == device)
+            return w;
+    return NULL;
+}
+
+static int get_workspace(cudaStream_t stream, int device, void **ptr, size_t *size)
+{
+    unsigned long long id;
+    cudaError_t e = cudaStreamGetId(stream, &id);
+    if (e != cudaSuccess)
+        return cuda_fail("cudaStreamGetId", e);
+    _Atomic(workspace *) *bucket = &ws_buckets[(id * 0x9e3779b97f4a7c15ull) >> 55];
+    workspace *w = ws_find(atomic_load_explicit(bucket, memory_order_acquire), id, device);
+    if (w) {
+        *ptr = w->ptr, *size = w->size;
+        return WEFT_OK;
+    }
+
+    /* First matmul on this stream: its own workspace, unless too many
+     * streams have one already. */
+    workspace *nw = calloc(1, sizeof *nw);
+    if (!nw)
+        return weft__fail(WEFT_ENOMEM, "%s: out of memory for a workspace record", OP);
+    nw->stream_id = id, nw->device = device, nw->size = WORKSPACE;
+    weft__lock_acquire(&ws_lock);
+    int full = ws_count >= MAX_WORKSPACES;
+    weft__lock_release(&ws_lock);
+    if (full) {
+        nw->size = 0;
+    } else {
+        e = cudaMalloc(&nw->ptr, nw->size); /* never under capture: see the call */
+        if (e != cudaSuccess) {
+            free(nw);
+            cudaGetLastError();
+            return weft__fail(WEFT_ENOMEM, "%s: no memory for a %d MiB workspace: %s", OP,
+                              WORKSPACE >> 20, cudaGetErrorName(e));
+        }
+    }
+    weft__lock_acquire(&ws_lock);
+    w = ws_find(atomic_load_explicit(bucket, memory_order_relaxed), id, device);
+    if (!w) {
+        nw->next = atomic_load_explicit(bucket, memory_order_relaxed);
+        atomic_store_explicit(bucket, nw, memory_order_release);
+        ws_count += nw->size != 0;
+        w = nw, nw = NULL;
+    }
+    weft__lock_release(&ws_lock);
+    if (nw) { /* the same stream raced us here: keep the first */
+        cudaFree(nw->ptr);
+        free(nw);
+    }
+    *ptr = w->ptr, *size = w->size;
+    return WEFT_OK;
+}
+
+/* ---- plans ---------------------------------------------------------------- */
+
+/* Everything the heuristic's answer depends on; compared bytewise, so it
+ * is zeroed before it is filled. */
+typedef struct plan_key {
+    int device;
+    int in_type, type, trans_a, trans_b, tf32, epilogue, has_c, has_bias, has_aux;
+    uint64_t m, n, k, batch, lda, ldb, ldc, ldd, ldaux;
+    uint64_t stride_a, stride_b, stride_c, stride_d, stride_aux;
+    uint32_t align_a, align_b, align_c, align_d, align_bias, align_aux;
+    uint64_t workspace;
+} plan_key;
+
+typedef struct plan {
+    plan_key key;
+    cublasLtMatrixLayoutOpaque_t la, lb, lc, ld; /* cuBLASLt's A (our B), B (our A), C, D */
+    cublasLtMatmulAlgo_t algo;
+    struct plan *next;
+} plan;
+
+static _Atomic(plan *) plan_buckets[BUCKETS];
+static weft__lock plan_lock = WEFT__LOCK_INIT;
+static atomic_ullong plan_hits, plan_misses;
+
+void weft__matmul_cuda_plan_stats(unsigned long long *hits, unsigned long long *misses)
+{
+    *hits = atomic_load(&plan_hits);
+    *misses = atomic_load(&plan_misses);
+}
+
+static unsigned key_hash(const plan_key *k)
+{
+    const unsigned char *p = (const unsigned char *)k;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < sizeof *k; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return (unsigned)(h % BUCKETS);
+}
+
+static plan *plan_find(plan *p, const plan_key *k)
+{
+    for (; p; p = p->next)
+        if (memcmp(&p->key, k, sizeof *k) == 0)
+            return p;
+    return NULL;
+}
+
+/* The largest power of two (up to 256, cuBLASLt's default assumption)
+ * dividing the address of every batch's matrix. */
+static uint32_t alignment(const void *p, size_t stride, size_t elem)
+{
+    uintptr_t v = (uintptr_t)p | (uintptr_t)(stride * elem) | 256u;
+    return (uint32_t)(v & -v);
+}
+
+static cudaDataType_t cuda_type(weft_dtype t)
+{
+    return t == WEFT_DTYPE_BF16 ? CUDA_R_16BF : t == WEFT_DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+static cublasLtEpilogue_t epilogue_of(const weft__matmul_args *a)
+{
+    int bias = a->bias != NULL;
+    switch (a->act) {
+    case WEFT_MATMUL_ACT_RELU:
+        return bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+    case WEFT_MATMUL_ACT_GELU_TANH:
+        if (a->aux)
+            return bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+        return bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+    default: /* none, or the erf GELU, applied after */
+        return bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    }
+}
+
+static void fill_key(plan_key *k, const weft__matmul_args *a, int device, size_t ws)
+{
+    size_t ei = weft__dtype_size(a->in_type), eo = weft__dtype_size(a->type);
+    memset(k, 0, sizeof *k);
+    k->device = device;
+    k->in_type = a->in_type, k->type = a->type;
+    k->trans_a = a->trans_a, k->trans_b = a->trans_b, k->tf32 = a->allow_tf32;
+    k->epilogue = (int)epilogue_of(a);
+    k->has_c = a->c != NULL, k->has_bias = a->bias != NULL;
+    /* The erf GELU's aux is a copy made after the product. */
+    k->has_aux = a->aux != NULL && a->act == WEFT_MATMUL_ACT_GELU_TANH;
+    k->m = a->m, k->n = a->n, k->k = a->k, k->batch = a->batch;
+    k->lda = a->lda, k->ldb = a->ldb, k->ldc = a->c ? a->ldc : a->ldd, k->ldd = a->ldd;
+    k->ldaux = k->has_aux ? a->ldaux : 0;
+    k->stride_a = a->stride_a, k->stride_b = a->stride_b;
+    k->stride_c = a->c ? a->stride_c : a->stride_d, k->stride_d = a->stride_d;
+    k->stride_aux = k->has_aux ? a->stride_aux : 0;
+    k->align_a = alignment(a->a, a->stride_a, ei);
+    k->align_b = alignment(a->b, a->stride_b, ei);
+    k->align_c = a->c ? alignment(a->c, a->stride_c, eo) : 0;
+    k->align_d = alignment(a->d, a->stride_d, eo);
+    k->align_bias = a->bias ? alignment(a->bias, 0, eo) : 0;
+    k->align_aux = k->has_aux ? alignment(a->aux, a->stride_aux, eo) : 0;
+    k->workspace = ws;
+}
+
+#define SET(desc, attr, value)                                                                     \
+    do {                                                                                           \
+        __typeof__(value) v_ = (value);                                                            \
+        cublasStatus_t s_ = cublasLtMatmulDescSetAttribute(desc, attr, &v_, sizeof v_);            \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                           \
+            return lt_fail("cublasLtMatmulDescSetAttribute(" #attr ")", s_);                       \
+    } while (0)
+
+/* The call's matmul descriptor (on the caller's stack). */
+static int fill_desc(cublasLtMatmulDescOpaque_t *md, const weft__matmul_args *a, const plan_key *k)
+{
+    cublasComputeType_t compute = a->in_type == WEFT_DTYPE_F32 && a->allow_tf32
+                                      ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                      : CUBLAS_COMPUTE_32F;
+    cublasStatus_t s = cublasLtMatmulDescInit(md, compute, CUDA_R_32F);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return lt_fail("cublasLtMatmulDescInit", s);
+    SET(md, CUBLASLT_MATMUL_DESC_TRANSA, (int32_t)(a->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
+    SET(md, CUBLASLT_MATMUL_DESC_TRANSB, (int32_t)(a->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N));
+    SET(md, CUBLASLT_MATMUL_DESC_EPILOGUE, (uint32_t)k->epilogue);
+    if (a->bias) {
+        SET(md, CUBLASLT_MATMUL_DESC_BIAS_POINTER, a->bias);
+        SET(md, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, (int32_t)cuda_type(a->type));
+    }
+    if (k->has_aux) {
+        SET(md, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, a->aux);
+        SET(md, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, (int64_t)a->ldaux);
+        if (a->batch > 1)
+            SET(md, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, (int64_t)a->stride_aux);
+    }
+    return WEFT_OK;
+}
+
+static int layout(cublasLtMatrixLayoutOpaque_t *l, weft_dtype t, size_t rows, size_t cols,
+                  size_t ld, size_t batch, size_t stride)
+{
+    cublasStatus_t s = cublasLtMatrixLayoutInit(l, cuda_type(t), rows, cols, (int64_t)ld);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return lt_fail("cublasLtMatrixLayoutInit", s);
+    if (batch > 1) {
+        int32_t count = (int32_t)batch;
+        int64_t offset = (int64_t)stride;
+        if ((s = cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                  sizeof count)) != CUBLAS_STATUS_SUCCESS ||
+            (s = cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                  &offset, sizeof offset)) != CUBLAS_STATUS_SUCCESS)
+            return lt_fail("cublasLtMatrixLayoutSetAttribute", s);
+    }
+    return WEFT_OK;
+}
+
+static const char *type_name(weft_dtype t)
+{
+    return t == WEFT_DTYPE_BF16 ? "bf16" : t == WEFT_DTYPE_F16 ? "fp16" : "fp32";
+}
+
+/* A new plan: layouts and the heuristic's first choice. */
+static int make_plan(cublasLtHandle_t h, const weft__matmul_args *a, const plan_key *k,
+                     const cublasLtMatmulDescOpaque_t *md, plan **out)
+{
+    plan *p = calloc(1, sizeof *p);
+    int rc;
+    if (!p)
+        return weft__fail(WEFT_ENOMEM, "%s: out of memory for a plan", OP);
+    p->key = *k;
+    size_t bt = a->batch;
+    if ((rc = layout(&p->la, a->in_type, a->trans_b ? a->k : a->n, a->trans_b ? a->n : a->k, a->ldb,
+                     bt, a->stride_b)) != WEFT_OK ||
+        (rc = layout(&p->lb, a->in_type, a->trans_a ? a->m : a->k, a->trans_a ? a->k : a->m, a->lda,
+                     bt, a->stride_a)) != WEFT_OK ||
+        (rc = layout(&p->lc, a->type, a->n, a->m, k->ldc, bt, k->stride_c)) != WEFT_OK ||
+        (rc = layout(&p->ld, a->type, a->n, a->m, a->ldd, bt, a->stride_d)) != WEFT_OK)
+        goto fail;
+
+    cublasLtMatmulPreferenceOpaque_t pref;
+    cublasStatus_t s = cublasLtMatmulPreferenceInit(&pref);
+    uint64_t ws = k->workspace;
+    /* cuBLASLt's A is our B and so on. */
+    uint32_t al[4] = {k->align_b, k->align_a, k->has_c ? k->align_c : k->align_d, k->align_d};
+    static const cublasLtMatmulPreferenceAttributes_t which[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                 &ws, sizeof ws);
+    for (int i = 0; i < 4 && s == CUBLAS_STATUS_SUCCESS; i++)
+        s = cublasLtMatmulPreferenceSetAttribute(&pref, which[i], &al[i], sizeof al[i]);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        rc = lt_fail("cublasLtMatmulPreferenceSetAttribute", s);
+        goto fail;
+    }
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    s = cublasLtMatmulAlgoGetHeuristic(h, (cublasLtMatmulDesc_t)md, &p->la, &p->lb, &p->lc, &p->ld,
+                                       &pref, 1, &result, &found);
+    if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
+        rc =
+            weft__fail(WEFT_EINVAL,
+                       "%s: cuBLASLt has no algorithm for %zu x %zu x %zu (batch %zu), %s x %s "
+                       "-> %s, trans_a %d trans_b %d, epilogue %d: %s",
+                       OP, a->m, a->n, a->k, a->batch, type_name(a->in_type), type_name(a->in_type),
+                       type_name(a->type), a->trans_a, a->trans_b, k->epilogue,
+                       s != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusName(s) : "none found");
+        goto fail;
+    }
+    p->algo = result.algo;
+    *out = p;
+    return WEFT_OK;
+fail:
+    free(p);
+    return rc;
+}
+
+static int get_plan(cublasLtHandle_t h, const weft__matmul_args *a, const plan_key *k,
+                    const cublasLtMatmulDescOpaque_t *md, plan **out)
+{
+    _Atomic(plan *) *bucket = &plan_buckets[key_hash(k)];
+    plan *p = plan_find(atomic_load_explicit(bucket, memory_order_acquire), k);
+    if (p) {
+        atomic_fetch_add_explicit(&plan_hits, 1, memory_order_relaxed);
+        *out = p;
+        return WEFT_OK;
+    }
+    /* The heuristic runs outside the lock; two threads asking for the same
+     * new plan both ask, and the first to publish wins. */
+    plan *np = NULL;
+    int rc = make_plan(h, a, k, md, &np);
+    if (rc != WEFT_OK)
+        return rc;
+    atomic_fetch_add_explicit(&plan_misses, 1, memory_order_relaxed);
+    weft__lock_acquire(&plan_lock);
+    p = plan_find(atomic_load_explicit(bucket, memory_order_relaxed), k);
+    if (!p) {
+        np->next = atomic_load_explicit(bucket, memory_order_relaxed);
+        atomic_store_explicit(bucket, np, memory_order_release);
+        p = np, np = NULL;
+    }
+    weft__lock_release(&plan_lock);
+    free(np);
+    *out = p;
+    return WEFT_OK;
+}
+
+/* ---- the erf GELU, after the product ----------------------------------- */
+
+/* D holds P (rounded): copy it to aux when asked, then D := GELU_erf(D). */
+static int erf_after(cudaStream_t stream, const weft__matmul_args *a)
+{
+    size_t es = weft__dtype_size(a->type);
+    int rc;
+    for (size_t bt = 0; bt < a->batch; bt++) {
+        char *d = (char *)a->d + bt * a->stride_d * es;
+        if (a->aux) {
+            char *aux = (char *)a->aux + bt * a->stride_aux * es;
+            cudaError_t e = cudaMemcpy2DAsync(aux, a->ldaux * es, d, a->ldd * es, a->n * es, a->m,
+                                              cudaMemcpyDeviceToDevice, stream);
+            if (e != cudaSuccess)
+                return cuda_fail("cudaMemcpy2DAsync (aux)", e);
+        }
+        /* Batches packed back to back are one call of batch * m rows. */
+        size_t rows = a->m;
+        if (a->batch > 1 && a->stride_d == a->m * a->ldd && !a->aux) {
+            rows *= a->batch;
+            bt = a->batch;
+        }
+        weft__gelu_args g = {a->type, WEFT_GELU_ERF, d, d, NULL, NULL, rows, a->n, a->ldd};
+        if ((rc = weft__gelu_cuda(stream, &g)) != WEFT_OK)
+            return rc;
+    }
+    return WEFT_OK;
+}
+
+/* ---- the call ------------------------------------------------------------ */
+
+int weft__matmul_cuda(void *stream_arg, const weft__matmul_args *a)
+{
+    cudaStream_t stream = stream_arg;
+    cublasLtHandle_t h = NULL;
+    void *ws = NULL;
+    size_t ws_size = 0;
+    int device, rc;
+    cudaError_t e;
+
+    if ((e = cudaGetDevice(&device)) != cudaSuccess)
+        return cuda_fail("cudaGetDevice", e);
+    if (a->batch > INT32_MAX)
+        return weft__fail(WEFT_EINVAL, "%s: cuBLASLt counts batches in int32: %zu is too many", OP,
+                          a->batch);
+    if (device < 0 || device >= MAX_DEVICES)
+        return weft__fail(WEFT_EINVAL, "%s: device %d is beyond the %d this build knows", OP,
+                          device, MAX_DEVICES);
+    if ((rc = get_handle(device, &h)) != WEFT_OK)
+        return rc;
+    /* A captured matmul runs when its graph is launched, on whatever stream
+     * that is, perhaps beside another graph captured on the same stream:
+     * no workspace is safe to share then, so captured calls take none. */
+    enum cudaStreamCaptureStatus capture;
+    if ((e = cudaStreamIsCapturing(stream, &capture)) != cudaSuccess)
+        return cuda_fail("cudaStreamIsCapturing", e);
+    if (capture == cudaStreamCaptureStatusNone &&
+        (rc = get_workspace(stream, device, &ws, &ws_size)) != WEFT_OK)
+        return rc;
+
+    plan_key k;
+    cublasLtMatmulDescOpaque_t md;
+    plan *p = NULL; /* cuBLASLt takes the layouts by non-const pointer; it reads them only */
+    fill_key(&k, a, device, ws_size);
+    if ((rc = fill_desc(&md, a, &k)) != WEFT_OK || (rc = get_plan(h, a, &k, &md, &p)) != WEFT_OK)
+        return rc;
+
+    /* cuBLASLt reads C even when beta is 0: without a C, D stands in. In
+     * place it wants one layout for both. */
+    const void *c = a->c ? a->c : a->d;
+    cublasLtMatrixLayout_t lc = c == a->d ? &p->ld : &p->lc;
+    cublasStatus_t s = cublasLtMatmul(h, &md, &a->alpha, a->b, &p->la, a->a, &p->lb, &a->beta, c,
+                                      lc, a->d, &p->ld, &p->algo, ws, ws_size, stream);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return lt_fail("cublasLtMatmul", s);
+    if (a->act == WEFT_MATMUL_ACT_GELU_ERF)
+        return erf_after(stream, a);
+    return WEFT_OK;
+}

@@ -1,0 +1,183 @@
+/*
+ * matmul_host.c - weft_matmul's host reference, on OpenBLAS's cblas_sgemm.
+ *
+ * D is computed in tiles of TILE_M x TILE_N. For each tile the product
+ * goes into an fp32 tile (acc) and the epilogue reads acc once, adding
+ * beta C and the bias, keeping the pre-activation in aux, and writing
+ * act() of it to D: the tile is the host's registers. fp32 operands go to
+ * sgemm as they lie (sgemm does the transposes); bf16 and fp16 operands
+ * are converted to fp32 in panels of TILE_K, op() applied while converting,
+ * and the panels' products summed into acc, so the products are summed in
+ * fp32 in blocks of TILE_K like the matrix units' sums and no fp32 copy of
+ * a whole operand is ever made.
+ *
+ * In place (C = D): each element of C is read just before the same element
+ * of D is written, and tiles do not overlap, so the residual is read
+ * before it is overwritten.
+ *
+ * OpenBLAS is opened (dlopen) at the first host matmul rather than linked:
+ * it starts its worker threads when loaded, and a program that never
+ * multiplies on the host should not get threads it did not ask for (they
+ * would start before its main() could block signals for them). Opened
+ * from a weft thread, its workers inherit that thread's signal mask.
+ */
+#include <cblas.h>
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "ops/matmul.h"
+#include "ops/ops_internal.h"
+
+enum { TILE_M = 256, TILE_N = 256, TILE_K = 512 };
+
+/* The panels: acc (TILE_M x TILE_N), and for 16-bit operands op(A)'s
+ * TILE_M x TILE_K and op(B)'s TILE_K x TILE_N. */
+static size_t ws_floats(const weft__matmul_args *x)
+{
+    size_t n = (size_t)TILE_M * TILE_N;
+    if (x->in_type != WEFT_DTYPE_F32)
+        n += (size_t)TILE_M * TILE_K + (size_t)TILE_K * TILE_N;
+    return n;
+}
+
+/* ---- the BLAS, opened once ------------------------------------------- */
+
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static __typeof__(&cblas_sgemm) sgemm; /* set once, under blas_once */
+static char blas_error[384];
+
+static void open_blas(void)
+{
+    /* The run-time package's name first, then the library the build found. */
+    static const char *const names[] = {"libopenblas.so.0", WEFT_OPENBLAS_PATH};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            snprintf(blas_error, sizeof blas_error, "%s", dlerror());
+            continue;
+        }
+        void *f = dlsym(h, "cblas_sgemm");
+        if (f) {
+            memcpy(&sgemm, &f, sizeof sgemm); /* a data pointer to a function's */
+            return;
+        }
+        snprintf(blas_error, sizeof blas_error, "%s has no cblas_sgemm", names[i]);
+        dlclose(h);
+    }
+}
+
+int weft__matmul_host_prepare(const char *op, weft__matmul_args *x)
+{
+    pthread_once(&blas_once, open_blas);
+    if (!sgemm)
+        return weft__fail(WEFT_EINVAL, "%s: the host BLAS (OpenBLAS) cannot be opened: %s", op,
+                          blas_error);
+    /* The BLAS counts in int. */
+    if (x->k > INT_MAX || x->lda > INT_MAX || x->ldb > INT_MAX)
+        return weft__fail(WEFT_EINVAL, "%s: k, lda and ldb must be at most %d for the host BLAS",
+                          op, INT_MAX);
+    x->host_ws = malloc(ws_floats(x) * sizeof(float));
+    if (!x->host_ws)
+        return weft__fail(WEFT_ENOMEM, "%s: out of memory for the host's panels", op);
+    return WEFT_OK;
+}
+
+static size_t min_size(size_t a, size_t b)
+{
+    return a < b ? a : b;
+}
+
+/* Rows [i0, i0+mb) x columns [p0, p0+kb) of op(A), as packed fp32 rows. */
+static void pack_a(const weft__matmul_args *x, const void *a, size_t i0, size_t mb, size_t p0,
+                   size_t kb, float *out)
+{
+    for (size_t i = 0; i < mb; i++)
+        for (size_t p = 0; p < kb; p++) {
+            size_t at = x->trans_a ? (p0 + p) * x->lda + i0 + i : (i0 + i) * x->lda + p0 + p;
+            out[i * kb + p] = weft__load(x->in_type, a, at);
+        }
+}
+
+/* Rows [p0, p0+kb) x columns [j0, j0+nb) of op(B), as packed fp32 rows. */
+static void pack_b(const weft__matmul_args *x, const void *b, size_t p0, size_t kb, size_t j0,
+                   size_t nb, float *out)
+{
+    for (size_t p = 0; p < kb; p++)
+        for (size_t j = 0; j < nb; j++) {
+            size_t at = x->trans_b ? (j0 + j) * x->ldb + p0 + p : (p0 + p) * x->ldb + j0 + j;
+            out[p * nb + j] = weft__load(x->in_type, b, at);
+        }
+}
+
+/* acc (mb x nb, packed) := op(A) op(B) over rows i0.., columns j0... */
+static void product(const weft__matmul_args *x, const void *a, const void *b, size_t i0, size_t mb,
+                    size_t j0, size_t nb, float *acc, float *pa, float *pb)
+{
+    int m = (int)mb, n = (int)nb;
+
+    if (x->in_type == WEFT_DTYPE_F32) {
+        const float *fa = (const float *)a + (x->trans_a ? i0 : i0 * x->lda);
+        const float *fb = (const float *)b + (x->trans_b ? j0 * x->ldb : j0);
+        sgemm(CblasRowMajor, x->trans_a ? CblasTrans : CblasNoTrans,
+              x->trans_b ? CblasTrans : CblasNoTrans, m, n, (int)x->k, 1.0f, fa, (int)x->lda, fb,
+              (int)x->ldb, 0.0f, acc, n);
+        return;
+    }
+    for (size_t p0 = 0; p0 < x->k; p0 += TILE_K) {
+        size_t kb = min_size(TILE_K, x->k - p0);
+        pack_a(x, a, i0, mb, p0, kb, pa);
+        pack_b(x, b, p0, kb, j0, nb, pb);
+        sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, (int)kb, 1.0f, pa, (int)kb, pb, n,
+              p0 ? 1.0f : 0.0f, acc, n);
+    }
+}
+
+/* D, aux := the epilogue of acc over the tile at (i0, j0). */
+static void epilogue(const weft__matmul_args *x, void *d, const void *c, void *aux, size_t i0,
+                     size_t mb, size_t j0, size_t nb, const float *acc)
+{
+    for (size_t i = 0; i < mb; i++)
+        for (size_t j = 0; j < nb; j++) {
+            float v = x->alpha * acc[i * nb + j];
+            if (c)
+                v += x->beta * weft__load(x->type, c, (i0 + i) * x->ldc + j0 + j);
+            if (x->bias)
+                v += weft__load(x->type, x->bias, j0 + j);
+            if (aux)
+                weft__store(x->type, aux, (i0 + i) * x->ldaux + j0 + j, v);
+            weft__store(x->type, d, (i0 + i) * x->ldd + j0 + j, weft__matmul_act(x->act, v));
+        }
+}
+
+static const void *at(const void *p, size_t b, size_t stride, weft_dtype t)
+{
+    return p ? (const char *)p + b * stride * weft__dtype_size(t) : NULL;
+}
+
+void weft__matmul_host_run(weft__matmul_args *x)
+{
+    float *acc = x->host_ws;
+    float *pa = acc + (size_t)TILE_M * TILE_N, *pb = pa + (size_t)TILE_M * TILE_K;
+
+    for (size_t bt = 0; bt < x->batch; bt++) {
+        const void *a = at(x->a, bt, x->stride_a, x->in_type);
+        const void *b = at(x->b, bt, x->stride_b, x->in_type);
+        const void *c = at(x->c, bt, x->stride_c, x->type);
+        void *d = (void *)at(x->d, bt, x->stride_d, x->type);
+        void *aux = (void *)at(x->aux, bt, x->stride_aux, x->type);
+        for (size_t j0 = 0; j0 < x->n; j0 += TILE_N) {
+            size_t nb = min_size(TILE_N, x->n - j0);
+            for (size_t i0 = 0; i0 < x->m; i0 += TILE_M) {
+                size_t mb = min_size(TILE_M, x->m - i0);
+                product(x, a, b, i0, mb, j0, nb, acc, pa, pb);
+                epilogue(x, d, c, aux, i0, mb, j0, nb, acc);
+            }
+        }
+    }
+    free(x->host_ws);
+    x->host_ws = NULL;
+}
