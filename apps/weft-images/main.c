@@ -56,7 +56,7 @@ typedef struct options {
     unsigned threshold, workers, inflight;
     uint64_t max_pixels, memory; /* memory in bytes; 0: a quarter of the RAM */
     weft_backend backend;
-    bool quiet;
+    bool quiet, stats;
 } options;
 
 /* Bytes of memory the images in flight may take, reserved before each
@@ -409,6 +409,20 @@ static void summary(run *r, const char *backend, double wall, double cpu, const 
     }
 }
 
+/* --stats: weft's diagnosis of the run, which is empty when it found
+ * nothing to say; say so, since the user asked. */
+static void print_diagnosis(weft_runtime *rt)
+{
+    char text[8192];
+    int len = weft_stats_report(rt, text, sizeof text);
+    if (len < 0)
+        fprintf(stderr, "weft-images: --stats: %s\n", weft_last_error());
+    else if (len == 0)
+        fputs("  weft: none of the symptoms it diagnoses in this run\n", stderr);
+    else
+        fputs(text, stderr);
+}
+
 /* ---- the command line ----------------------------------------------------- */
 
 static void usage(FILE *f)
@@ -432,6 +446,7 @@ static void usage(FILE *f)
           "      --trace FILE      write a timeline of the run (as WEFT_TRACE=FILE)\n"
           "      --bench NAME      print BENCH lines (images/s, cores, busy shares) on\n"
           "                        stdout; needs -o\n"
+          "      --stats           diagnose the run: what held it back, and the remedy\n"
           "  -q, --quiet           no progress bar\n"
           "  -h, --help            this text\n",
           f);
@@ -474,7 +489,8 @@ static int parse_options(int argc, char **argv, options *o)
         OPT_TRACE,
         OPT_BENCH,
         OPT_MEMORY,
-        OPT_PIXELS
+        OPT_PIXELS,
+        OPT_STATS
     };
     static const struct option longs[] = {
         {"output", required_argument, NULL, 'o'},
@@ -487,6 +503,7 @@ static int parse_options(int argc, char **argv, options *o)
         {"truth", required_argument, NULL, OPT_TRUTH},
         {"trace", required_argument, NULL, OPT_TRACE},
         {"bench", required_argument, NULL, OPT_BENCH},
+        {"stats", no_argument, NULL, OPT_STATS},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
         {0},
@@ -541,6 +558,9 @@ static int parse_options(int argc, char **argv, options *o)
             break;
         case OPT_BENCH:
             o->bench = optarg;
+            break;
+        case OPT_STATS:
+            o->stats = true;
             break;
         case 'q':
             o->quiet = true;
@@ -713,6 +733,8 @@ int main(int argc, char **argv)
     summary(&r, backend, wall, cpu, &st);
     fprintf(stderr, "  %zu near-duplicate groups holding %zu images (threshold %u bits)\n", groups,
             grouped, r.opt.threshold);
+    if (r.opt.stats)
+        print_diagnosis(r.rt);
     int status = 0;
     if (r.opt.truth) {
         const char **rel = malloc((r.files.n ? r.files.n : 1) * sizeof *rel);
