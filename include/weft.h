@@ -154,9 +154,10 @@ typedef struct weft_stats {
      * and no device had work outstanding from the sleep's start to its
      * end: neither the CPU nor the device had anything to do. */
     uint64_t stalled_ns;
-    unsigned streams_max; /* most streams leased at once on one device */
+    unsigned streams_max; /* most stream leases held at once on one device */
     uint64_t launches;    /* kernels launched outside graph regions */
-    /* Bytes weft_memcpy_async copied, by the memory on either side. */
+    /* Bytes weft_memcpy_async copied outside graph regions, by the memory
+     * on either side. */
     uint64_t copy_bytes[WEFT_COPY_KINDS];
     /* Time the device spent running copies, where the backend times them
      * (the host backend does); 0 otherwise. */

@@ -169,7 +169,7 @@ static inline uint64_t weft__busy_read(weft__busy *b)
     return ns;
 }
 
-/* A device's counters for the run's diagnosis (runtime/report.c). Each
+/* A device's counters for the run's diagnosis (src/report.c). Each
  * stream keeps its own (weft__stream_counts), written by the one task that
  * leases it and by the thread running its work: no counter is shared
  * between streams on the enqueue path. */
