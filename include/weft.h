@@ -127,6 +127,15 @@ weft_runtime *weft_runtime_current(void);
 
 #define WEFT_STATS_DEVICES 16
 
+/* The memory on either side of a copy. */
+typedef enum weft_copy_kind {
+    WEFT_COPY_PAGEABLE = 0, /* plain (pageable) host memory and the device: staged */
+    WEFT_COPY_PINNED = 1,   /* pinned or mapped host memory and the device */
+    WEFT_COPY_DEVICE = 2,   /* device to device */
+    WEFT_COPY_HOST = 3,     /* host to host: every copy of the host backend */
+    WEFT_COPY_KINDS = 4
+} weft_copy_kind;
+
 /* What graph mode did so far, summed over a runtime's GPUs (see the graph
  * calls below). */
 typedef struct weft_graph_stats {
@@ -156,8 +165,36 @@ typedef struct weft_stats {
     unsigned devices;
     uint64_t device_busy_ns[WEFT_STATS_DEVICES];
     weft_graph_stats graph; /* graph mode, as weft_graph_stats_get gives it */
+    /* What weft_stats_report diagnoses from (docs/guide.md, "Reading a
+     * run"). */
+    uint64_t elapsed_ns; /* since weft_runtime_create */
+    /* Worker time (summed over workers) asleep while some task was alive
+     * and no device had work outstanding from the sleep's start to its
+     * end: neither the CPU nor the device had anything to do. */
+    uint64_t stalled_ns;
+    unsigned streams_max; /* most stream leases held at once on one device */
+    uint64_t launches;    /* kernels launched outside graph regions */
+    /* Bytes weft_memcpy_async copied outside graph regions, by the memory
+     * on either side. */
+    uint64_t copy_bytes[WEFT_COPY_KINDS];
+    /* Time the device spent running copies, where the backend times them
+     * (the host backend does); 0 otherwise. */
+    uint64_t copy_ns;
 } weft_stats;
 int weft_stats_get(weft_runtime *rt, weft_stats *stats);
+
+/* Diagnose the run so far from rt's counters: one paragraph per symptom
+ * found - GPU and CPU idle together, device work that never overlapped,
+ * copies that dominate, kernels too short for their launch cost - each
+ * with the figure that shows it and the remedy; nothing at all for a
+ * healthy run. Written to buf as snprintf does (NUL-terminated, cut to
+ * size; buf may be NULL when size is 0). Returns the length of the whole
+ * report (0: healthy), or a negative status. WEFT_REPORT=1 in the
+ * environment prints the report of every runtime to stderr as it is
+ * destroyed (WEFT_REPORT=FILE: appended to FILE), together with what was
+ * left behind: tasks never joined, events never destroyed, memory never
+ * freed. */
+int weft_stats_report(weft_runtime *rt, char *buf, size_t size);
 
 /* Number of worker threads of rt (0 if rt is not a live runtime). */
 unsigned weft_runtime_workers(const weft_runtime *rt);

@@ -280,6 +280,8 @@ int weft_runtime_create(weft_runtime **out, const weft_config *given)
         weft__fail(rc, "weft_runtime_create: cannot start %u workers", cfg.workers);
         goto fail_timers;
     }
+    rt->created_ns = weft__now_ns();
+    weft__sched_set_idle_probe(rt->sched, weft__runtime_busy_ns, rt);
     if (cfg.backend == WEFT_BACKEND_CUDA) { /* asked for GPUs: fail now if there are none */
         weft__device **devs;
         unsigned n;
@@ -402,6 +404,7 @@ int weft_runtime_destroy(weft_runtime *rt)
         pthread_cond_timedwait(&rt->idle, &rt->idle_lock, &until);
     }
     pthread_mutex_unlock(&rt->idle_lock);
+    weft__report_at_destroy(rt); /* WEFT_REPORT: the run's diagnosis */
 
     /* Top-down: device executors and the timer thread may still be waking
      * the last tasks, so they stop before the workers they wake. */
@@ -433,6 +436,13 @@ int weft_stats_get(weft_runtime *rt, weft_stats *stats)
     int rc = weft__runtime_enter(rt, "weft_stats_get");
     if (rc != WEFT_OK)
         return rc;
+    weft__stats_read(rt, stats);
+    weft__runtime_leave(rt);
+    return WEFT_OK;
+}
+
+void weft__stats_read(weft_runtime *rt, weft_stats *stats)
+{
     weft__sched_stats(rt->sched, stats);
     stats->devices = 0;
     stats->graph = (weft_graph_stats){0};
@@ -446,8 +456,7 @@ int weft_stats_get(weft_runtime *rt, weft_stats *stats)
                 dev->ops->graph_stats(dev, &stats->graph);
         }
     }
-    weft__runtime_leave(rt);
-    return WEFT_OK;
+    weft__stats_devices(rt, stats);
 }
 
 unsigned weft_runtime_workers(const weft_runtime *crt)

@@ -57,6 +57,7 @@ struct weft_runtime {
     weft__blocking blocking; /* threads for weft_blocking, started on demand */
     weft__stack_pool *stacks;
     weft__trace *trace;        /* the timeline; recording or not */
+    uint64_t created_ns;       /* for weft_stats.elapsed_ns */
 
     pthread_mutex_t idle_lock;
     pthread_cond_t idle;      /* while dying: a task ended */
@@ -92,6 +93,9 @@ void weft__runtime_task_ended(weft_runtime *rt);
  * handle of rt's tasks stale and frees every record for rt's next life. */
 weft__task *weft__task_alloc(weft_runtime *rt);
 void weft__task_pool_retire(weft_runtime *rt);
+/* Tasks of rt that ended with their handle neither joined nor detached.
+ * Call once no task is running. */
+uint64_t weft__task_unjoined(weft_runtime *rt);
 
 /* Device work left unawaited when a task returns (device/api.c). */
 void weft__device_task_exit(weft__task *t);
@@ -102,5 +106,17 @@ int weft__task_stream(const char *fn, weft__task **tp, struct weft__stream **sp)
 
 /* Stop a task's open region and drop its work (device/region.c). */
 void weft__region_drop(weft__task *t);
+
+/* weft_stats_get without the check of rt's state: the destroyer reads a
+ * dying runtime's counters (runtime.c). */
+void weft__stats_read(weft_runtime *rt, weft_stats *stats);
+
+/* The diagnosis (report.c): the fields of weft_stats that the devices'
+ * counters and the clock give; the scheduler's probe of the devices' busy
+ * time; the report of
+ * WEFT_REPORT, made by weft_runtime_destroy once no task is left. */
+void weft__stats_devices(weft_runtime *rt, weft_stats *stats);
+uint64_t weft__runtime_busy_ns(void *rt);
+void weft__report_at_destroy(weft_runtime *rt);
 
 #endif

@@ -58,7 +58,7 @@ typedef struct options {
     unsigned threshold, workers, inflight;
     uint64_t max_pixels, memory; /* memory in bytes; 0: a quarter of the RAM */
     weft_backend backend;
-    bool quiet, hash_only;
+    bool quiet, hash_only, stats;
 } options;
 
 /* Bytes of memory the images in flight may take, reserved before each
@@ -523,6 +523,20 @@ static void summary(run *r, const char *backend, double wall, double cpu, const 
     }
 }
 
+/* --stats: weft's diagnosis of the run, which is empty when it found
+ * nothing to say; say so, since the user asked. */
+static void print_diagnosis(weft_runtime *rt)
+{
+    char text[8192];
+    int len = weft_stats_report(rt, text, sizeof text);
+    if (len < 0)
+        fprintf(stderr, "weft-images: --stats: %s\n", weft_last_error());
+    else if (len == 0)
+        fputs("  weft: none of the symptoms it diagnoses in this run\n", stderr);
+    else
+        fputs(text, stderr);
+}
+
 /* ---- the command line ----------------------------------------------------- */
 
 static void usage(FILE *f)
@@ -548,6 +562,7 @@ static void usage(FILE *f)
           "      --trace FILE      write a timeline of the run (as WEFT_TRACE=FILE)\n"
           "      --bench NAME      print BENCH lines (images/s, cores, busy shares) on\n"
           "                        stdout; needs -o\n"
+          "      --stats           diagnose the run: what held it back, and the remedy\n"
           "  -q, --quiet           no progress bar\n"
           "  -h, --help            this text\n",
           f);
@@ -591,7 +606,8 @@ static int parse_options(int argc, char **argv, options *o)
         OPT_BENCH,
         OPT_MEMORY,
         OPT_PIXELS,
-        OPT_HASH_ONLY
+        OPT_HASH_ONLY,
+        OPT_STATS
     };
     static const struct option longs[] = {
         {"output", required_argument, NULL, 'o'},
@@ -605,6 +621,7 @@ static int parse_options(int argc, char **argv, options *o)
         {"truth", required_argument, NULL, OPT_TRUTH},
         {"trace", required_argument, NULL, OPT_TRACE},
         {"bench", required_argument, NULL, OPT_BENCH},
+        {"stats", no_argument, NULL, OPT_STATS},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
         {0},
@@ -662,6 +679,9 @@ static int parse_options(int argc, char **argv, options *o)
             break;
         case OPT_BENCH:
             o->bench = optarg;
+            break;
+        case OPT_STATS:
+            o->stats = true;
             break;
         case 'q':
             o->quiet = true;
@@ -841,6 +861,8 @@ int main(int argc, char **argv)
                 "details within %dx)\n  %zu pairs within the threshold kept apart by their "
                 "detail (\"unconfirmed\" lines)\n",
                 WI_DETAIL_RATIO, refused);
+    if (r.opt.stats)
+        print_diagnosis(r.rt);
     int status = 0;
     if (r.opt.truth && score_both(&r, &truth, group))
         status = EXIT_RUN;

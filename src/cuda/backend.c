@@ -114,16 +114,44 @@ int weft__cuda_enter(weft__stream *s, const char *call)
 
 /* ---- operations -------------------------------------------------------- */
 
-bool weft__cuda_pageable(const void *p)
+/* The memory at p: weft's own blocks without asking CUDA. */
+typedef enum mem_kind { MEM_PAGEABLE, MEM_PINNED, MEM_DEVICE } mem_kind;
+
+static mem_kind memory_kind(const void *p)
 {
-    if (weft__cuda_known(p))
-        return false;
+    int known = weft__cuda_known_kind(p);
+    if (known)
+        return known == WEFT__CUDA_KNOWN_HOST ? MEM_PINNED : MEM_DEVICE;
     struct cudaPointerAttributes attr;
     if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
         cudaGetLastError();
-        return true;
+        return MEM_PAGEABLE;
     }
-    return attr.type == cudaMemoryTypeUnregistered;
+    switch (attr.type) {
+    case cudaMemoryTypeUnregistered:
+        return MEM_PAGEABLE;
+    case cudaMemoryTypeHost:
+        return MEM_PINNED;
+    default:
+        return MEM_DEVICE;
+    }
+}
+
+bool weft__cuda_pageable(const void *p)
+{
+    return memory_kind(p) == MEM_PAGEABLE;
+}
+
+/* What a copy between the two kinds counts as (weft_stats.copy_bytes). */
+static weft_copy_kind copy_kind(mem_kind from, mem_kind to)
+{
+    if (from == MEM_PAGEABLE && to == MEM_PAGEABLE)
+        return WEFT_COPY_HOST;
+    if (from == MEM_PAGEABLE || to == MEM_PAGEABLE)
+        return WEFT_COPY_PAGEABLE;
+    if (from == MEM_DEVICE && to == MEM_DEVICE)
+        return WEFT_COPY_DEVICE;
+    return WEFT_COPY_PINNED;
 }
 
 /* A host-side copy run in stream order by a host function; when stage is
@@ -168,7 +196,9 @@ static int cuda_copy(weft__stream *s, void *dst, const void *src, size_t n)
     if (rc)
         return rc;
     weft__cuda_note_work(s);
-    bool from_pageable = weft__cuda_pageable(src), to_pageable = weft__cuda_pageable(dst);
+    mem_kind from = memory_kind(src), to = memory_kind(dst);
+    bool from_pageable = from == MEM_PAGEABLE, to_pageable = to == MEM_PAGEABLE;
+    weft__tally(&s->counts.copy_bytes[copy_kind(from, to)], n);
     if (s->graph.recording) { /* graph mode: record what a graph node can copy */
         if (!from_pageable && !to_pageable)
             return weft__cuda_record_copy(s->graph.record, dst, src, n);
@@ -265,7 +295,10 @@ static int cuda_launch(weft__stream *s, const void *kernel, weft_dim3 grid, weft
     }
     dim3 g = {grid.x, grid.y, grid.z}, b = {block.x, block.y, block.z};
     cudaError_t e = cudaLaunchKernel(kernel, g, b, args, shared_bytes, s->handle);
-    return e == cudaSuccess ? WEFT_OK : weft__cuda_launch_fail(s->dev, e);
+    if (e != cudaSuccess)
+        return weft__cuda_launch_fail(s->dev, e);
+    weft__tally(&s->counts.launches, 1); /* a capture stream's counts are never summed */
+    return WEFT_OK;
 }
 
 /* weft_malloc_async's blocks not yet given to weft_free_async, of every
@@ -284,7 +317,8 @@ static int cuda_malloc_async(weft__stream *s, void **ptr, size_t n)
         cudaFreeAsync(*ptr, s->handle);
         return weft__fail(WEFT_ENOMEM, "weft_malloc_async: out of memory");
     }
-    weft__cuda_known_add(*ptr, n);
+    weft__cuda_known_add(*ptr, n, false);
+    weft__tally(&s->counts.allocs, 1);
     return WEFT_OK;
 }
 
@@ -301,6 +335,7 @@ static int cuda_free_async(weft__stream *s, void *ptr)
                           "freed already",
                           ptr);
     weft__cuda_known_remove(ptr);
+    weft__tally(&s->counts.frees, 1);
     cudaError_t e = cudaFreeAsync(ptr, s->handle);
     return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaFreeAsync", e);
 }
@@ -394,7 +429,8 @@ static int cuda_stream_lease(weft__device *d, int priority, weft__stream **out)
     weft__lock_release(&dev->pool_lock);
     if (!s)
         return rc;
-    atomic_fetch_add_explicit(&dev->leased, 1, memory_order_relaxed);
+    unsigned now = atomic_fetch_add_explicit(&dev->leased, 1, memory_order_relaxed) + 1;
+    weft__leases_note(&dev->leased_max, now);
     *out = s;
     return WEFT_OK;
 }
@@ -411,6 +447,24 @@ static void cuda_stream_return(weft__device *d, weft__stream *s)
 static unsigned cuda_load(weft__device *d)
 {
     return atomic_load_explicit(&cuda_of(d)->leased, memory_order_relaxed);
+}
+
+/* The diagnosis counters (device.h): copies are not timed here (that takes
+ * events, which the timeline pays for only while recording). */
+static void cuda_stats(weft__device *d, weft__device_stats *sum)
+{
+    cuda_device *dev = cuda_of(d);
+    weft__lock_acquire(&dev->pool_lock);
+    for (int c = 0; c < 2; c++)
+        for (unsigned i = 0; i < dev->nstreams[c]; i++)
+            weft__stream_counts_add(&dev->streams[c][i]->counts, sum);
+    weft__lock_release(&dev->pool_lock);
+    unsigned max = atomic_load_explicit(&dev->leased_max, memory_order_relaxed);
+    if (max > sum->leases_max)
+        sum->leases_max = max;
+    weft__lock_acquire(&dev->host_pool.live.lock);
+    sum->host_blocks += dev->host_pool.live.count;
+    weft__lock_release(&dev->host_pool.live.lock);
 }
 
 /* ---- host memory ------------------------------------------------------- */
@@ -483,6 +537,7 @@ static const weft__device_ops cuda_ops = {
     .region_end = weft__cuda_region_end,
     .region_abandon = weft__cuda_region_abandon,
     .graph_stats = weft__cuda_graph_stats,
+    .stats = cuda_stats,
     .poll = weft__cuda_poll,
     .pending = weft__cuda_pending,
     .trace_prepare = weft__cuda_trace_prepare,

@@ -39,6 +39,7 @@ struct weft__stream {
     weft__cuda_engine_stream engine; /* completion (engine.c) */
     weft__cuda_graph_stream graph;   /* graph mode (graph.c, record.c) */
     weft__cuda_timing_stream timing; /* tracing (timing.c, cupti.c) */
+    weft__stream_counts counts;      /* for the run's diagnosis (device.h) */
 };
 
 struct weft__cuda_device {
@@ -51,6 +52,7 @@ struct weft__cuda_device {
     unsigned nstreams[2];
     unsigned next_shared[2];
     atomic_uint leased;
+    atomic_uint leased_max;
     atomic_int failed; /* the sticky cudaError_t, 0 while healthy */
 
     weft__cuda_host_pool host_pool;  /* memory.c */

@@ -45,6 +45,7 @@ static unsigned class_of(size_t n)
 
 typedef struct range {
     uintptr_t start, end;
+    bool host; /* a pinned block of the pool, else device memory */
 } range;
 
 static weft__lock known_lock;
@@ -65,7 +66,7 @@ static size_t known_upper(uintptr_t p)
     return lo;
 }
 
-int weft__cuda_known_add(const void *start, size_t n)
+int weft__cuda_known_add(const void *start, size_t n, bool host)
 {
     uintptr_t a = (uintptr_t)start;
     weft__lock_acquire(&known_lock);
@@ -81,7 +82,7 @@ int weft__cuda_known_add(const void *start, size_t n)
     }
     size_t i = known_upper(a);
     memmove(&known[i + 1], &known[i], (nknown - i) * sizeof *known);
-    known[i] = (range){a, a + n};
+    known[i] = (range){a, a + n, host};
     nknown++;
     weft__lock_release(&known_lock);
     return WEFT_OK;
@@ -99,14 +100,21 @@ void weft__cuda_known_remove(const void *start)
     weft__lock_release(&known_lock);
 }
 
-bool weft__cuda_known(const void *p)
+int weft__cuda_known_kind(const void *p)
 {
     uintptr_t a = (uintptr_t)p;
     weft__lock_acquire(&known_lock);
     size_t i = known_upper(a);
-    bool in = i > 0 && a < known[i - 1].end;
+    int kind = i > 0 && a < known[i - 1].end
+                   ? (known[i - 1].host ? WEFT__CUDA_KNOWN_HOST : WEFT__CUDA_KNOWN_DEVICE)
+                   : 0;
     weft__lock_release(&known_lock);
-    return in;
+    return kind;
+}
+
+bool weft__cuda_known(const void *p)
+{
+    return weft__cuda_known_kind(p) != 0;
 }
 
 /* ---- the pinned pool ---------------------------------------------------- */
@@ -153,7 +161,7 @@ int weft__cuda_host_pool_get(weft__cuda_host_pool *pool, size_t n, void **ptr)
                               cudaGetErrorName(e));
         }
         h->class_ = c;
-        weft__cuda_known_add(h, HEADER + ((size_t)1 << c));
+        weft__cuda_known_add(h, HEADER + ((size_t)1 << c), true);
     }
     if (weft__addrset_add(&pool->live, (uintptr_t)h + HEADER) != WEFT_OK) {
         keep(pool, h, true);

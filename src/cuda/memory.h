@@ -37,8 +37,11 @@ void weft__cuda_host_pool_put_cached(weft__cuda_host_pool *pool, void *ptr);
  * the pool, device blocks of weft_malloc_async): copies need not ask CUDA
  * what kind of memory it is, a call that takes the driver's lock. Process
  * wide, thread-safe. */
-int weft__cuda_known_add(const void *start, size_t n);
+int weft__cuda_known_add(const void *start, size_t n, bool host);
 void weft__cuda_known_remove(const void *start);
 bool weft__cuda_known(const void *p);
+/* As weft__cuda_known, telling the kind: 0 not known, else one of these. */
+enum { WEFT__CUDA_KNOWN_DEVICE = 1, WEFT__CUDA_KNOWN_HOST = 2 };
+int weft__cuda_known_kind(const void *p);
 
 #endif

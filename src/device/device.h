@@ -16,6 +16,7 @@
 #ifndef WEFT_DEVICE_H
 #define WEFT_DEVICE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -28,6 +29,7 @@
 
 typedef struct weft__device weft__device;
 typedef struct weft__stream weft__stream;
+typedef struct weft__device_stats weft__device_stats;
 
 /* An operation as the timeline names it (trace/trace.h has the kinds). */
 typedef struct weft__op_info {
@@ -101,6 +103,10 @@ typedef struct weft__device_ops {
     void (*region_abandon)(weft__stream *capture);
     void (*graph_stats)(weft__device *dev, weft_graph_stats *sum);
 
+    /* Add the device's counters for the run's diagnosis to *sum
+     * (weft__device_stats below). NULL: it keeps none. */
+    void (*stats)(weft__device *dev, weft__device_stats *sum);
+
     /* Completion engine, for backends whose work completes without a
      * thread of theirs noticing (NULL otherwise). poll fires what has
      * completed and returns how many waits it ended; it is cheap when
@@ -161,6 +167,55 @@ static inline uint64_t weft__busy_read(weft__busy *b)
     uint64_t ns = b->total_ns + (b->streams ? weft__now_ns() - b->since_ns : 0);
     weft__lock_release(&b->lock);
     return ns;
+}
+
+/* A device's counters for the run's diagnosis (src/report.c). Each
+ * stream keeps its own (weft__stream_counts), written by the one task that
+ * leases it and by the thread running its work: no counter is shared
+ * between streams on the enqueue path. */
+struct weft__device_stats {
+    unsigned leases_max; /* most streams leased at once */
+    uint64_t launches;   /* eager kernel launches */
+    uint64_t copy_bytes[WEFT_COPY_KINDS];
+    uint64_t copy_ns;       /* time copies ran, where the backend times them */
+    uint64_t host_blocks;   /* pinned or mapped blocks not given back */
+    uint64_t device_blocks; /* weft_malloc_async blocks on its streams, not freed */
+};
+
+typedef struct weft__stream_counts {
+    atomic_uint_least64_t launches, copy_ns, allocs, frees;
+    atomic_uint_least64_t copy_bytes[WEFT_COPY_KINDS];
+} weft__stream_counts;
+
+/* Add n to a counter of a stream: a relaxed load and store, no locked
+ * instruction. Two tasks sharing a stream (the pool exhausted) may lose a
+ * count; a figure for diagnosis tolerates that. */
+static inline void weft__tally(atomic_uint_least64_t *c, uint64_t n)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
+                          memory_order_relaxed);
+}
+
+/* Add a stream's counts to a device's sum. */
+static inline void weft__stream_counts_add(weft__stream_counts *c, weft__device_stats *sum)
+{
+    sum->launches += atomic_load_explicit(&c->launches, memory_order_relaxed);
+    sum->copy_ns += atomic_load_explicit(&c->copy_ns, memory_order_relaxed);
+    for (int k = 0; k < WEFT_COPY_KINDS; k++)
+        sum->copy_bytes[k] += atomic_load_explicit(&c->copy_bytes[k], memory_order_relaxed);
+    uint64_t allocs = atomic_load_explicit(&c->allocs, memory_order_relaxed);
+    uint64_t frees = atomic_load_explicit(&c->frees, memory_order_relaxed);
+    sum->device_blocks += allocs - frees; /* a block freed on another device's stream wraps */
+}
+
+/* Keep the most leases held at once, given the count just after a lease.
+ * Written only when a new most is reached. */
+static inline void weft__leases_note(atomic_uint *max, unsigned now)
+{
+    unsigned seen = atomic_load_explicit(max, memory_order_relaxed);
+    while (now > seen && !atomic_compare_exchange_weak_explicit(
+                             max, &seen, now, memory_order_relaxed, memory_order_relaxed))
+        ;
 }
 
 struct weft__device {

@@ -132,3 +132,15 @@ int weft__event_free(weft_event *ev, const char *fn)
     weft__lock_release(&pool.lock);
     return rc;
 }
+
+uint64_t weft__events_live(const weft__device *dev)
+{
+    uint64_t n = 0;
+    weft__lock_acquire(&pool.lock);
+    for (uint32_t i = 0; i < pool.nslots; i++) {
+        const slot *s = slot_at(i);
+        n += s->live && s->point.dev == dev;
+    }
+    weft__lock_release(&pool.lock);
+    return n;
+}

@@ -32,4 +32,8 @@ int weft__event_point_of(weft_event *ev, const char *fn, weft__event_point *poin
 /* Destroy ev (same answers as weft__event_point_of). */
 int weft__event_free(weft_event *ev, const char *fn);
 
+/* Events not destroyed yet that mark points on dev: a scan of the pool,
+ * for the report of what a runtime left behind at its destroy. */
+uint64_t weft__events_live(const weft__device *dev);
+
 #endif

@@ -106,6 +106,7 @@ struct weft__stream {
     unsigned heap_pos;        /* guarded by dev->pool_lock */
     unsigned id;              /* its place in the pool: the timeline's track */
     host_device *dev;
+    weft__stream_counts counts; /* for the run's diagnosis (device.h) */
 };
 
 struct host_device {
@@ -126,6 +127,7 @@ struct host_device {
     weft__stream **heap;
     unsigned nstreams;
     atomic_uint leased; /* leases held now */
+    atomic_uint leased_max;
 
     weft__addrset host_blocks; /* weft_host_alloc's and weft_mapped_alloc's */
 };
@@ -242,12 +244,17 @@ static void batch_take(weft__stream *s, batch *b)
     b->kept = 0;
 }
 
-static void op_run(const op *o)
+static void op_run(weft__stream *s, const op *o)
 {
+    uint64_t start;
     switch (o->kind) {
     case OP_COPY:
-        /* memmove: overlapping ranges get a defined result at no real cost. */
+        /* memmove: overlapping ranges get a defined result at no real cost.
+         * Timed for the diagnosis of copies that dominate: two clock reads
+         * on the executor, beside a copy of some size. */
+        start = weft__now_ns();
         memmove(o->u.copy.dst, o->u.copy.src, o->u.copy.n);
+        weft__tally(&s->counts.copy_ns, weft__now_ns() - start);
         break;
     case OP_FILL:
         memset(o->u.fill.dst, o->u.fill.value, o->u.fill.n);
@@ -259,13 +266,13 @@ static void op_run(const op *o)
 }
 
 /* op_run, reported to the timeline from the executor that runs it. */
-__attribute__((noinline)) static void op_run_traced(const weft__stream *s, const op *o)
+__attribute__((noinline)) static void op_run_traced(weft__stream *s, const op *o)
 {
     static const weft__op_kind kinds[] = {
         [OP_COPY] = WEFT__OP_COPY, [OP_FILL] = WEFT__OP_FILL, [OP_CALL] = WEFT__OP_HOST_FN};
     weft__trace *tr = s->dev->base.trace;
     uint64_t start = weft__now_ns();
-    op_run(o);
+    op_run(s, o);
     if (tr && weft__trace_recording(tr))
         weft__trace_op(tr, s->dev->base.index, s->id, kinds[o->kind], NULL,
                        o->kind == OP_COPY ? o->u.copy.n : o->kind == OP_FILL ? o->u.fill.n : 0,
@@ -301,7 +308,7 @@ static void batch_run(weft__stream *s, batch *b)
         if (weft__trace_on())
             op_run_traced(s, o);
         else
-            op_run(o);
+            op_run(s, o);
         b->done++;
         batch_recycle(b, o);
         if (b->done >= b->fire_at && b->done < b->end) {
@@ -413,7 +420,10 @@ static int host_copy(weft__stream *s, void *dst, const void *src, size_t n)
         return WEFT_OK;
     if (!dst || !src)
         return weft__fail(WEFT_EINVAL, "host copy: %s is NULL (n = %zu)", dst ? "src" : "dst", n);
-    return stream_push(s, &o, "host copy");
+    int rc = stream_push(s, &o, "host copy");
+    if (rc == WEFT_OK)
+        weft__tally(&s->counts.copy_bytes[WEFT_COPY_HOST], n);
+    return rc;
 }
 
 static int host_fill(weft__stream *s, void *dst, int value, size_t n)
@@ -458,6 +468,7 @@ static int host_malloc_async(weft__stream *s, void **ptr, size_t n)
     (void)s;
     if (p && weft__addrset_add(&device_blocks, (uintptr_t)p) == WEFT_OK) {
         *ptr = p;
+        weft__tally(&s->counts.allocs, 1);
         return WEFT_OK;
     }
     free(p);
@@ -474,6 +485,8 @@ static int host_free_async(weft__stream *s, void *ptr)
     int rc = host_host_fn(s, free, ptr);
     if (rc != WEFT_OK) /* not queued: still the caller's (if listing fails, leaked) */
         weft__addrset_add(&device_blocks, (uintptr_t)ptr);
+    else
+        weft__tally(&s->counts.frees, 1);
     return rc;
 }
 
@@ -646,7 +659,8 @@ static int host_stream_lease(weft__device *d, int priority, weft__stream **out)
     if (fresh)
         stream_free(fresh);
     (void)priority; /* executors serve streams in turn */
-    atomic_fetch_add_explicit(&dev->leased, 1, memory_order_relaxed);
+    unsigned now = atomic_fetch_add_explicit(&dev->leased, 1, memory_order_relaxed) + 1;
+    weft__leases_note(&dev->leased_max, now);
     *out = s;
     return WEFT_OK;
 }
@@ -666,6 +680,22 @@ static void host_stream_return(weft__device *d, weft__stream *s)
 static unsigned host_load(weft__device *d)
 {
     return atomic_load_explicit(&host_of(d)->leased, memory_order_relaxed);
+}
+
+static void host_stats(weft__device *d, weft__device_stats *sum)
+{
+    host_device *dev = host_of(d);
+
+    weft__lock_acquire(&dev->pool_lock);
+    for (unsigned i = 0; i < dev->nstreams; i++)
+        weft__stream_counts_add(&dev->heap[i]->counts, sum);
+    weft__lock_release(&dev->pool_lock);
+    unsigned max = atomic_load_explicit(&dev->leased_max, memory_order_relaxed);
+    if (max > sum->leases_max)
+        sum->leases_max = max;
+    weft__lock_acquire(&dev->host_blocks.lock);
+    sum->host_blocks += dev->host_blocks.count;
+    weft__lock_release(&dev->host_blocks.lock);
 }
 
 /* ---- creating and destroying the device ------------------------------- */
@@ -749,6 +779,7 @@ static const weft__device_ops host_ops = {
     .native = host_native,
     .host_alloc = host_host_alloc,
     .host_free = host_host_free,
+    .stats = host_stats,
 };
 
 int weft__host_device_create(weft__device **out, unsigned threads)

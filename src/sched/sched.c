@@ -83,6 +83,9 @@ struct weft__sched {
     unsigned (*poll)(void *ctx);
     bool (*pending)(void *ctx);
     void *poll_ctx;
+    atomic_bool probing; /* the two below are set */
+    uint64_t (*busy_ns)(void *ctx);
+    void *probe_ctx;
 };
 
 void weft__sched_set_poller(weft__sched *s, unsigned (*poll)(void *ctx),
@@ -94,8 +97,16 @@ void weft__sched_set_poller(weft__sched *s, unsigned (*poll)(void *ctx),
     atomic_store_explicit(&s->polling, true, memory_order_release);
 }
 
+void weft__sched_set_idle_probe(weft__sched *s, uint64_t (*busy_ns)(void *ctx), void *ctx)
+{
+    s->busy_ns = busy_ns;
+    s->probe_ctx = ctx;
+    atomic_store_explicit(&s->probing, true, memory_order_release);
+}
+
 void weft__sched_clear_poller(weft__sched *s)
 {
+    atomic_store(&s->probing, false);
     atomic_store(&s->polling, false);
     while (atomic_load(&s->polls_in_flight) != 0)
         sched_yield(); /* a worker is inside poll or pending */
@@ -121,6 +132,32 @@ static bool devices_pending(weft__sched *s)
     bool pending = atomic_load(&s->polling) && s->pending(s->poll_ctx);
     atomic_fetch_sub_explicit(&s->polls_in_flight, 1, memory_order_release);
     return pending;
+}
+
+/* The devices' busy time (weft__sched_set_idle_probe); false when not
+ * probing. Counted in flight like a poll. */
+static bool devices_busy_ns(weft__sched *s, uint64_t *ns)
+{
+    if (!atomic_load_explicit(&s->probing, memory_order_relaxed))
+        return false;
+    atomic_fetch_add(&s->polls_in_flight, 1);
+    bool probing = atomic_load(&s->probing);
+    if (probing)
+        *ns = s->busy_ns(s->probe_ctx);
+    atomic_fetch_sub_explicit(&s->polls_in_flight, 1, memory_order_release);
+    return probing;
+}
+
+/* A sleep from slept_ns with the devices busy busy_ns then: count what of
+ * it was a stall (weft__sched_set_idle_probe). */
+static void count_stall(weft__worker *w, uint64_t slept_ns, uint64_t busy_ns)
+{
+    uint64_t busy_now, now = weft__now_ns();
+    if (weft__sched_live(w->sched) <= 0 || !devices_busy_ns(w->sched, &busy_now))
+        return;
+    uint64_t asleep = now - slept_ns, busy = busy_now - busy_ns;
+    if (asleep > busy)
+        weft__count(&w->stats.stalled_ns, asleep - busy);
 }
 
 static _Thread_local weft__worker *self;
@@ -159,6 +196,7 @@ void weft__sched_stats(weft__sched *s, weft_stats *out)
         out->steals += atomic_load_explicit(&st->steals, memory_order_relaxed);
         out->parks += atomic_load_explicit(&st->parks, memory_order_relaxed);
         out->awaits += atomic_load_explicit(&st->awaits, memory_order_relaxed);
+        out->stalled_ns += atomic_load_explicit(&st->stalled_ns, memory_order_relaxed);
         await_ns += atomic_load_explicit(&st->await_ns, memory_order_relaxed);
     }
     out->await_mean_us = out->awaits ? (double)await_ns / (double)out->awaits / 1e3 : 0.0;
@@ -464,12 +502,19 @@ static weft__task *idle(weft__worker *w)
             return NULL;
         }
         weft__count(&w->stats.parks, 1);
+        /* A stall: tasks alive, none ready, the devices idle. */
+        uint64_t busy_ns = 0, slept_ns = 0;
+        bool stall = weft__sched_live(s) > 0 && devices_busy_ns(s, &busy_ns);
+        if (stall)
+            slept_ns = weft__now_ns();
         if (watch) {
             watch_devices(w, key);
         } else {
             while (atomic_load(&s->epoch) == key)
                 weft__futex_wait(&s->epoch, key, NULL);
         }
+        if (stall)
+            count_stall(w, slept_ns, busy_ns);
         atomic_fetch_sub(&s->sleepers, 1);
     }
 found:

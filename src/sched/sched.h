@@ -44,7 +44,15 @@ unsigned weft__sched_workers(const weft__sched *s);
 void weft__sched_set_poller(weft__sched *s, unsigned (*poll)(void *ctx),
                             bool (*pending)(void *ctx), void *ctx);
 
-/* Stop polling; returns once no worker is inside poll or pending. */
+/* For the count of stalled time (weft_stats.stalled_ns): busy_ns gives the
+ * devices' busy time so far. A worker's sleep with tasks alive at both its
+ * ends is a stall for as long as it lasted less the busy time that grew
+ * meanwhile: the worker had nothing to run and the devices nothing to do.
+ * Set once, before any task runs; cleared with the poller. */
+void weft__sched_set_idle_probe(weft__sched *s, uint64_t (*busy_ns)(void *ctx), void *ctx);
+
+/* Stop polling (and probing); returns once no worker is inside poll,
+ * pending or the probe. */
 void weft__sched_clear_poller(weft__sched *s);
 
 /* Get a worker polling: a device wait started and every worker may be
@@ -72,6 +80,7 @@ weft__sched *weft__worker_sched(weft__worker *w);
  * (relaxed load and store: no locked instruction on the hot path). */
 typedef struct weft__worker_stats {
     atomic_uint_least64_t spawned, finished, switches, steals, parks, awaits, await_ns;
+    atomic_uint_least64_t stalled_ns; /* asleep with tasks alive and the devices idle */
 } weft__worker_stats;
 
 /* Release order: weft__sched_live reads finishes before spawns, and a

@@ -168,6 +168,22 @@ void weft__task_pool_retire(weft_runtime *rt)
         }
 }
 
+/* A released record had its join claimed (join, detach, or spawned
+ * detached), and a record never used is not done: an ended task whose
+ * claim is still open is one nobody joined. */
+uint64_t weft__task_unjoined(weft_runtime *rt)
+{
+    uint64_t n = 0;
+    pthread_mutex_lock(&rt->pool_lock);
+    for (task_chunk *c = rt->task_chunks; c; c = c->next)
+        for (int i = 0; i < CHUNK_TASKS; i++) {
+            weft__task *t = &c->tasks[i];
+            n += atomic_load(&t->done) && !atomic_load(&t->join_claimed);
+        }
+    pthread_mutex_unlock(&rt->pool_lock);
+    return n;
+}
+
 /* Wait out a finisher that may still hold t's lock, then recycle t. */
 static void task_release(weft__task *t)
 {

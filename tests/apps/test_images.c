@@ -500,6 +500,44 @@ static void test_bad_command_lines_exit_2_with_a_message(void **state)
     free(dir);
 }
 
+/* ---- --stats ------------------------------------------------------------------ */
+
+/* One image at a time on one worker: every image's device work waits for
+ * the one before, and --stats says so, with the figure; the default run
+ * overlaps its images and --stats finds nothing to report. */
+static void test_stats_names_work_that_never_overlapped(void **state)
+{
+    (void)state;
+    char *dir = tmp_dir();
+    assert_non_null(dir);
+    char *images = join(dir, "images"), *truth = join(dir, "truth.txt"),
+         *out_path = join(dir, "out.jsonl");
+    char *gen[] = {WI_SAMPLE_BIN, "-n", "40", "--broken", "0", "-t", truth, images, NULL};
+    ran r = run_program(dir, gen);
+    assert_int_equal(r.status, 0);
+    ran_free(&r);
+
+    char *serial[] = {WI_BIN,       "--backend", "host", "-q",     "--stats", "-j", "1",
+                      "--inflight", "1",         "-o",   out_path, images,    NULL};
+    r = run_program(dir, serial);
+    assert_int_equal(r.status, 0);
+    assert_non_null(line_with(r.err, "never overlapped"));
+    assert_non_null(strstr(r.err, "at most 1 stream in use at once over "));
+    ran_free(&r);
+
+    char *overlapped[] = {WI_BIN, "--backend", "host",   "-q",   "--stats", "-j",
+                          "2",    "-o",        out_path, images, NULL};
+    r = run_program(dir, overlapped);
+    assert_int_equal(r.status, 0);
+    assert_null(line_with(r.err, "never overlapped"));
+    ran_free(&r);
+    free(images);
+    free(truth);
+    free(out_path);
+    remove_tree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -508,6 +546,7 @@ int main(void)
         cmocka_unit_test(test_sample_set_with_broken_files_runs_to_the_end),
         cmocka_unit_test(test_progress_bar_only_on_a_terminal),
         cmocka_unit_test(test_bad_command_lines_exit_2_with_a_message),
+        cmocka_unit_test(test_stats_names_work_that_never_overlapped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
