@@ -22,7 +22,8 @@ namespace weft_ops
  * slot counts in, so that while a block works on one row its next
  * slots - 1 rows are on their way. Each thread reads its vectors of the
  * slot into registers, in the held layout, and from there the row is the
- * held kernels' (the same code: norm_held_row, softmax_held_row); the
+ * held kernels' (held_lab.cuh's lab_held_row, softmax_lab.cuh's lab_softmax_row:
+ * the library's held rows with a Row parameter); the
  * slot is refilled as soon as the row's first reduction shows that every
  * thread of the row has read it.
  *

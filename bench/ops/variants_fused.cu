@@ -77,8 +77,8 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
             if (!plan_packed(cols, V, 32, &packed) || packed.tpr * packed.rpb > 256)
                 return WEFT_EINVAL;
             auto kernel = variant[8] == '6'
-                              ? norm_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 6>(packed.vpt)
-                              : norm_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 5>(packed.vpt);
+                              ? lab::lab_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 6>(packed.vpt)
+                              : lab::lab_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 5>(packed.vpt);
             return run_held("gelu_layernorm variant", s, packed, p, kernel);
         }
         return WEFT_EINVAL;
@@ -90,7 +90,7 @@ int gelu_layernorm_variant(cudaStream_t s, const char *variant, void *out, const
                 return WEFT_EINVAL;
             return run_held(
                 "gelu_layernorm variant", s, packed, p,
-                norm_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 0, GELU_FIT_HALF>(packed.vpt));
+                lab::lab_packed_for<T, M, IO, EXCHANGE_PUSH, 1, 0, GELU_FIT_HALF>(packed.vpt));
         }
         return WEFT_EINVAL;
     }

@@ -53,8 +53,9 @@
 #include <type_traits>
 
 #include "ops/norm_launch.cuh"
-#include "ops/softmax.cuh"
+#include "held_lab.cuh"
 #include "ring.cuh"
+#include "softmax_lab.cuh"
 
 namespace weft_ops::variants
 {
@@ -164,7 +165,7 @@ __global__ void __launch_bounds__(512) norm_ring_kernel(norm_params<T> p, ring_p
     ring_rows(ring, p.rows, cluster, fill, [&](size_t row, unsigned s, auto read) {
         at.row = row;
         const slot_row<T, V> in = {ring.segment(s), first};
-        norm_held_row<T, VPT, MODE, IO, PACKED>(p, at, in, in, read, scratch, cluster);
+        lab::lab_held_row<T, VPT, MODE, IO, PACKED>(p, at, in, in, read, scratch, cluster);
     });
 }
 
@@ -212,7 +213,7 @@ __global__ void __launch_bounds__(512) softmax_ring_kernel(softmax_params<T> p, 
     ring_rows(ring, p.rows, cluster, fill, [&](size_t row, unsigned s, auto read) {
         at.row = row;
         const slot_row<T, V> in = {ring.segment(s), first};
-        softmax_held_row<T, VPT, FORM, STATS, false>(p, at, in, read, scratch, cluster);
+        lab::lab_softmax_row<T, VPT, FORM, STATS, false>(p, at, in, read, scratch, cluster);
     });
 }
 
@@ -245,7 +246,7 @@ int run_ring(const char *op, cudaStream_t s, size_t cols, int V, size_t elem_siz
 {
     row_plan blocks;
     ring_plan ring;
-    if (!plan_held(cols, V, values, &blocks, true))
+    if (!lab::lab_plan_held(cols, V, values, &blocks, true))
         return WEFT_EINVAL;
     auto kernel = kernel_for(blocks.vpt);
     if (!kernel || !plan_ring(kernel, blocks, cols, p.rows, V, elem_size, slots, &ring))
@@ -265,7 +266,7 @@ int run_ring_packed(const char *op, cudaStream_t s, size_t cols, int V, size_t e
 {
     row_plan blocks;
     ring_plan ring;
-    if (!plan_held(cols, V, PACKED_MAX_VALUES, &blocks, true, PACKED_MAX_VALUES, 256))
+    if (!lab::lab_plan_held(cols, V, PACKED_MAX_VALUES, &blocks, true, PACKED_MAX_VALUES, 256))
         return WEFT_EINVAL;
     auto kernel = kernel_for(blocks.vpt);
     if (!kernel || !plan_ring(kernel, blocks, cols, p.rows, V, elem_size, 2, &ring))
@@ -292,13 +293,13 @@ int run_held(const char *op, cudaStream_t s, const row_plan &plan, const Params 
 inline bool packed_plan(const char *variant, size_t cols, int V, row_plan *p)
 {
     if (strcmp(variant, "held_packed32") == 0)
-        return plan_held(cols, V, 32, p, false, 32, 512);
+        return plan_held(cols, V, 32, p, 32, 512);
     if (strcmp(variant, "held_packed_pairs") == 0)
-        return plan_held(cols, V, PACKED_MAX_VALUES, p, false, PACKED_MAX_VALUES, 512);
+        return plan_held(cols, V, PACKED_MAX_VALUES, p, PACKED_MAX_VALUES, 512);
     if (strcmp(variant, "held_packed_quads") == 0)
-        return plan_held(cols, V, PACKED_MAX_VALUES, p, false, PACKED_MAX_VALUES, 256);
+        return plan_held(cols, V, PACKED_MAX_VALUES, p, PACKED_MAX_VALUES, 256);
     if (strcmp(variant, "held_packed_eights") == 0)
-        return plan_held(cols, V, PACKED_MAX_VALUES, p, false, PACKED_MAX_VALUES, 128);
+        return plan_held(cols, V, PACKED_MAX_VALUES, p, PACKED_MAX_VALUES, 128);
     unsigned values = strcmp(variant, "held_packed") == 0     ? 32
                       : strcmp(variant, "held_packed16") == 0 ? 16
                       : strcmp(variant, "held_packed64") == 0 ? 64
@@ -335,8 +336,8 @@ int run_packed_resident(const char *op, cudaStream_t s, const char *variant,
         if (!packed_plan("held_packed_quads", p.cols, vec16<T>(), &plan))
             return WEFT_EINVAL;
         constexpr unsigned FEWEST = PACKED_MAX_VALUES;
-        auto kernel = b3 ? norm_packed_for<T, MODE, IO, EXCHANGE_PUSH, FEWEST, 3>(plan.vpt)
-                         : norm_packed_for<T, MODE, IO, EXCHANGE_PUSH, FEWEST, 2>(plan.vpt);
+        auto kernel = b3 ? lab::lab_packed_for<T, MODE, IO, EXCHANGE_PUSH, FEWEST, 3>(plan.vpt)
+                         : lab::lab_packed_for<T, MODE, IO, EXCHANGE_PUSH, FEWEST, 2>(plan.vpt);
         return run_held(op, s, plan, p, kernel);
     }
     return WEFT_EINVAL;
@@ -367,8 +368,8 @@ int run_packed_tpr(const char *op, cudaStream_t s, const char *variant, const no
             return WEFT_EINVAL;
         auto run = [&](auto tpr) {
             return run_held(op, s, plan, p,
-                            norm_held_kernel<T, VPT, MODE, IO, EXCHANGE_PUSH, true, 0,
-                                             gelu_fit_for<T>(), decltype(tpr)::value>);
+                            lab::lab_held_kernel<T, VPT, MODE, IO, EXCHANGE_PUSH, true, 0,
+                                                 gelu_fit_for<T>(), decltype(tpr)::value>);
         };
         switch (plan.tpr) {
         case 128:
@@ -474,7 +475,7 @@ inline bool split_plan(unsigned values, const row_plan &held, int V, row_plan *p
 }
 
 /* The library's launch of a call of IO (norm_launch.cuh's launch_held_io:
- * its plans and kernels) with the statistics the variant forces:
+ * its plans and kernels, held_lab.cuh's copy) with the statistics the variant forces:
  * lib_moments (LayerNorm's modes), lib_passes, lib_tensor (RMSNorm in
  * half types); or with rows asked of L2 ahead, never (lib_no_ahead),
  * always, as many as fill N MiB of the inputs (lib_aheadN), or 4 MiB on
@@ -488,11 +489,12 @@ int run_lib(const char *op, cudaStream_t s, const char *variant, const norm_para
     if (strncmp(variant, "lib_", 4) != 0 || !plan_held(p.cols, vec16<T>(), 16, &held))
         return WEFT_EINVAL;
     if (strcmp(variant, "lib_no_ahead") == 0)
-        return launch_held_io<T, MODE, IO, STATS_TUNED, AHEAD_OFF>(s, op, p, held);
+        return lab::lab_launch_held_io<T, MODE, IO, STATS_TUNED, AHEAD_OFF>(s, op, p, held);
     if (strcmp(variant, "lib_short_ahead") == 0)
-        return p.cols < AHEAD_SHORTEST ? launch_held_io<T, MODE, IO, STATS_TUNED, AHEAD_ON>(
-                                             s, op, p, held, ahead_reach{AHEAD_WINDOW, 0})
-                                       : WEFT_EINVAL;
+        return p.cols < AHEAD_SHORTEST
+                   ? lab::lab_launch_held_io<T, MODE, IO, STATS_TUNED, AHEAD_ON>(
+                         s, op, p, held, lab::ahead_reach{AHEAD_WINDOW, 0})
+                   : WEFT_EINVAL;
     unsigned values;
     bool ahead;
     if (split_variant(variant, &values, &ahead)) {
@@ -503,25 +505,25 @@ int run_lib(const char *op, cudaStream_t s, const char *variant, const norm_para
         if (own || (norm_gelu(MODE) && values >= 16) ||
             !split_plan(values, held, vec16<T>(), &split))
             return WEFT_EINVAL;
-        return ahead ? launch_held_io<T, MODE, IO, STATS_TUNED, AHEAD_ON>(
-                           s, op, p, split, ahead_reach{AHEAD_WINDOW, 0})
+        return ahead ? lab::lab_launch_held_io<T, MODE, IO, STATS_TUNED, AHEAD_ON>(
+                           s, op, p, split, lab::ahead_reach{AHEAD_WINDOW, 0})
                      : launch_held_io<T, MODE, IO>(s, op, p, split);
     }
     size_t window;
     if (ahead_variant(variant, &window))
-        return window ? launch_held_io<T, MODE, IO, STATS_TUNED, AHEAD_ON>(
-                            s, op, p, held, ahead_reach{window, AHEAD_SHORTEST})
+        return window ? lab::lab_launch_held_io<T, MODE, IO, STATS_TUNED, AHEAD_ON>(
+                            s, op, p, held, lab::ahead_reach{window, AHEAD_SHORTEST})
                       : WEFT_EINVAL;
     switch (stats_variant(variant)) {
     case STATS_THREAD_MOMENTS:
         if constexpr (MODE != NORM_RMS)
-            return launch_held_io<T, MODE, IO, STATS_THREAD_MOMENTS>(s, op, p, held);
+            return lab::lab_launch_held_io<T, MODE, IO, STATS_THREAD_MOMENTS>(s, op, p, held);
         return WEFT_EINVAL;
     case STATS_WARP_PASSES:
-        return launch_held_io<T, MODE, IO, STATS_WARP_PASSES>(s, op, p, held);
+        return lab::lab_launch_held_io<T, MODE, IO, STATS_WARP_PASSES>(s, op, p, held);
     case STATS_TENSOR_SQUARES:
         if constexpr (sizeof(T) == 2 && MODE == NORM_RMS)
-            return launch_held_io<T, MODE, IO, STATS_TENSOR_SQUARES>(s, op, p, held);
+            return lab::lab_launch_held_io<T, MODE, IO, STATS_TENSOR_SQUARES>(s, op, p, held);
         return WEFT_EINVAL;
     default:
         return WEFT_EINVAL;
@@ -552,7 +554,7 @@ int run_stats(const char *op, cudaStream_t s, const char *variant, const norm_pa
             if (is("held_packed_pairs") || is("held_packed_quads"))
                 return run_packed<T>(
                     op, s, is("held_packed_pairs") ? "held_packed_pairs" : "held_packed_quads", p,
-                    norm_packed_for<T, MODE, IO, X, PACKED_MAX_VALUES, 0, gelu_fit_for<T>(), S>);
+                    norm_packed_for<T, MODE, IO, X, PACKED_MAX_VALUES, S>);
         }
     }
     return WEFT_EINVAL;

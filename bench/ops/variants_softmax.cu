@@ -108,7 +108,7 @@ int softmax_variant(cudaStream_t s, const char *variant, void *out, const void *
         if constexpr (sizeof(T) == 2)
             return run_packed<T>(
                 "softmax variant", s, variant, p,
-                softmax_packed_for<T, SOFTMAX_PLAIN, SOFTMAX_ONLINE, EXCHANGE_PUSH>);
+                lab::lab_softmax_packed_for<T, SOFTMAX_PLAIN, SOFTMAX_ONLINE, EXCHANGE_PUSH>);
         return WEFT_EINVAL;
     }
     unsigned slots, values;

@@ -6,11 +6,10 @@
  * copy rate, and a bf16 op at that rate leaves a budget of about 50
  * instructions an element: the loop is kept lean to stay memory-bound.
  * Each thread takes a 16-byte chunk (8 bf16/fp16 or 4 fp32 elements) of a
- * grid that covers the tensor (chunk_once): 7-9% faster in bf16 and fp32,
- * 2-5% in fp16, than one wave of resident blocks walking it
- * (bench/RESULTS.md, 2026-12-02 08:31). Tensors past chunk_once's 32-bit
- * offsets keep the wave (row_walk; the adds-only tensor_walk measured
- * slower). The loads of in, residual and the bias are independent and
+ * grid that covers the tensor (chunk_once), faster in every dtype than one
+ * wave of resident blocks walking it. Tensors past chunk_once's 32-bit
+ * offsets keep the wave (row_walk, faster here than the adds-only
+ * tensor_walk). The loads of in, residual and the bias are independent and
  * issued together. Whether there is a bias and a residual is decided once
  * per thread, not per element. A row's last partial chunk is done element
  * by element after the chunks, so any row length works; when a pointer or

@@ -1,7 +1,7 @@
 /*
  * gelu.cuh - the bias + GELU + residual kernel, apart from its launcher
- * (gelu.cu), which says what it computes and why, so that bench/ops/ can
- * time other grids of the same kernel side by side.
+ * (gelu.cu), which says what it computes and why, so that the kernel can
+ * be launched on other grids (bench/ops times them).
  */
 #ifndef WEFT_OPS_GELU_CUH
 #define WEFT_OPS_GELU_CUH
@@ -18,7 +18,7 @@ template <typename T> struct gelu_params {
 };
 
 /* The whole chunks, with a bias and a residual or without, in the order
- * of Walk (row_walk; bench/ops/ times tensor_walk too). */
+ * of Walk (walks.cuh). */
 template <typename T, int V, weft_gelu_form FORM, typename Walk, bool BIAS, bool RESIDUAL>
 __device__ __forceinline__ void gelu_chunks(const gelu_params<T> &p)
 {
@@ -59,9 +59,8 @@ __device__ void gelu_row_ends(const gelu_params<T> &p, int v)
 }
 
 /* The form is a template parameter: one GELU's registers per kernel.
- * (Bounded to 32 registers, so that 8 blocks stay resident an SM where
- * ptxas's 40 in bf16 leave room for 6, it ran no faster: bench/RESULTS.md,
- * 2026-11-30 22:47.) */
+ * The registers are left to ptxas: more resident blocks than its choice
+ * leaves room for are no faster. */
 template <typename T, int V, weft_gelu_form FORM, typename Walk>
 __global__ void __launch_bounds__(256) bias_gelu_residual_kernel(gelu_params<T> p)
 {

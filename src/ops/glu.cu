@@ -6,10 +6,10 @@
  * 16-byte chunk j of the output row and reads the matching chunks of both
  * halves of the input row (a at j, b at cols + j), so each input byte is
  * read once and the activated half never leaves registers. The grid has a
- * thread a chunk (chunk_once), where SwiGLU runs 3-7% faster than one wave
- * of blocks walking the tensor; tensors past chunk_once's 32-bit offsets
+ * thread a chunk (chunk_once), faster than one wave of blocks walking the
+ * tensor; tensors past chunk_once's 32-bit offsets
  * keep the wave, whose walk keeps the output's and the input's offsets
- * (tensor_walk; bench/ops/ times GELU's row_walk beside it). The
+ * (tensor_walk). The
  * activation is a template parameter, so the loop holds nothing but loads,
  * the arithmetic and a store. Vector access needs cols, both strides and
  * both pointers to keep every chunk 16-byte aligned; otherwise one element

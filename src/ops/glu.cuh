@@ -1,6 +1,6 @@
 /*
  * glu.cuh - the SwiGLU/GeGLU kernel, apart from its launcher (glu.cu),
- * which says what it computes and why, so that bench/ops/ can time it on
+ * which says what it computes and why, so that it can be timed on
  * other walks side by side.
  */
 #ifndef WEFT_OPS_GLU_CUH

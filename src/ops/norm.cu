@@ -69,10 +69,8 @@ template <typename T> int launch(cudaStream_t stream, const char *op, const weft
 
     row_plan staged, held;
 
-    /* Measured best: 16 values a thread; on calls of few rows (few_rows) 8,
-     * in twice the threads: on 1 to 132 rows of 4096, LayerNorm in bf16
-     * took 17-23% less time a call (0.6 us), the others and fp32 up to 12%
-     * less, none more (bench/RESULTS.md, 2026-12-03 12:13 to 13:18). */
+    /* 16 values a thread; on calls of few rows (few_rows) 8, in twice the
+     * threads, as a row's latency is then the whole call. */
     const unsigned values = few_rows(a->rows) ? 8 : 16;
     if (vec && plan_held(a->cols, V, values, &held)) {
         return by_mode(a, [&](auto mode) {

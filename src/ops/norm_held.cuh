@@ -3,9 +3,8 @@
  * registers, the main path: what they form and how (norm_mode), their
  * statistics (norm_stats), what a call reads and writes (norm_io), the
  * held row itself, the kernels by values a thread, and the plans of rows
- * kept packed in half types. Rows come straight from global memory, or
- * in bench/ops/ through a ring in shared memory. norm_launch.cuh
- * launches them.
+ * kept packed in half types. Rows come straight from global memory.
+ * norm_launch.cuh launches them.
  */
 #ifndef WEFT_OPS_NORM_HELD_CUH
 #define WEFT_OPS_NORM_HELD_CUH
@@ -37,42 +36,37 @@ using norm_stat = typename std::conditional<MODE == NORM_RMS, float, moments>::t
  * - STATS_THREAD_MOMENTS: each thread's moments, merged from the first
  *   butterfly step on (five merges a warp, each about 10 instructions and
  *   3 shuffles where a plain sum's step takes 2).
- * The two are as exact as a two-pass variance over the row (bench/ops/'s
- * norm_stats_accuracy: at most 1.9e-6 of it on rows of 65536). RMSNorm's
+ * The two are as exact as a two-pass variance over the row (to 2e-6 of it
+ * on rows of 65536, bench/ops/norm_stats_accuracy.c). RMSNorm's
  * sum of squares:
  * - STATS_TENSOR_SQUARES (half types): by the tensor cores, from the row
  *   as kept (reduce.cuh's tensor_squares);
  * - STATS_WARP_PASSES: by the FMA pipe, in the pass that forms s (the
  *   only other form RMSNorm has: held_stats_as names it so).
- * STATS_TUNED is whichever held_stats picks for the kernel, the library's
- * choice (bench/ops/'s variants *_passes, *_moments and *_tensor force
- * the others). */
+ * STATS_TUNED is whichever held_stats picks for the kernel; the library
+ * names another only for calls of few rows (norm_launch.cuh). */
 enum norm_stats { STATS_TUNED, STATS_WARP_PASSES, STATS_THREAD_MOMENTS, STATS_TENSOR_SQUARES };
 
-/* The statistics of the library's held kernels (bench/RESULTS.md,
- * 2026-12-01 22:24 to 22:59). The warps' passes issue fewer instructions
- * but put a warp's sum on the critical path before the squared
- * deviations: they win where the kernel is bound by what it issues, and
- * lose where the row's reduction is its latency or where their registers
- * spill. So:
- * - the fused op in half types, its GELU issuing most: passes, 1.3-3%
- *   faster in bf16 and 4-7% in fp16 at 32 values a thread; but fp16's
- *   kernel at 64 values, whose GELU fit is longer, spills 880 bytes with
- *   them where it spilled 48 (2.4x slower): moments;
- * - the fused op in fp32: moments (passes 10% slower on rows a block of
- *   1024 holds alone, 2-6% faster on rows of 4096);
- * - LayerNorm's packed rows: moments (passes 3-5% slower on long rows);
- *   its other rows: passes (level to 3% faster);
+/* The statistics of the library's held kernels. The warps' passes issue
+ * fewer instructions but put a warp's sum on the critical path before the
+ * squared deviations: they win where the kernel is bound by what it
+ * issues, and lose where the row's reduction is its latency or where
+ * their registers spill. So:
+ * - the fused op in half types, its GELU issuing most: passes at 32
+ *   values a thread; but fp16's kernel at 64 values, whose GELU fit is
+ *   longer, spills with them: moments;
+ * - the fused op in fp32: moments (passes lose on rows a block of 1024
+ *   holds alone);
+ * - LayerNorm's packed rows: moments (passes lose on long rows); its
+ *   other rows: passes;
  * - RMSNorm in half types at up to 16 values a thread, unpacked: the
- *   tensor cores' squares (2026-12-02 00:36 and 00:54: 17-20% faster on
- *   rows of 8192, 1-3% on rows of 2048 and 4096, 0.5-1.8% slower on rows
- *   of 512, a warp each). Their mma chain, two a vector, is the longest
- *   on the row's critical path: packed at 64 values they ran 7-9% slower
- *   on rows of 65536, and at 32 level; calls of few rows, bound by that
- *   path, keep the FMA pipe (norm_launch.cuh's launch_held_io).
- *   (LayerNorm's sums and squares so, its variance E[s^2] - E[s]^2
- *   checked for cancellation, ran level to 2% slower in bf16, the fused
- *   op 4-13%: their registers spill.) */
+ *   tensor cores' squares, the more so the longer the row (on rows of 512,
+ *   a warp each, they are slightly behind). Their mma chain, two a
+ *   vector, is the longest on the row's critical path: packed rows keep
+ *   the FMA pipe, and so do calls of few rows, bound by that path
+ *   (norm_launch.cuh's launch_held_io).
+ * LayerNorm's variance as E[s^2] - E[s]^2 (checked for cancellation) is
+ * no form here: its registers spill. */
 template <typename T, int VPT, norm_mode MODE, bool PACKED>
 __host__ __device__ constexpr norm_stats held_stats()
 {
@@ -123,25 +117,22 @@ template <unsigned IO> __device__ __forceinline__ bool io_has(const void *ptr, u
 
 /* Whether a held kernel asks L2 for a row ahead of the one it holds
  * (norm_held_kernel's AHEAD; norm_launch.cuh's launch_held_rows says how
- * far): AHEAD_TUNED where it measured faster, AHEAD_OFF and AHEAD_ON
- * force it (bench/ops/'s lib_no_ahead and lib_ahead*). */
+ * far): AHEAD_TUNED where that is faster (held_ahead), AHEAD_OFF and
+ * AHEAD_ON for the calls that norm_launch.cuh decides apart. */
 enum norm_ahead { AHEAD_TUNED, AHEAD_OFF, AHEAD_ON };
 
-/* The library's (bench/RESULTS.md, 2026-12-02 05:36: rows of 4096 to
- * 65536 held ahead by 4 MiB of their inputs, against none, in one run):
- * - RMSNorm: 1-6% faster in bf16 and fp32;
- * - add+LayerNorm: 2-8% in fp32, 2-6% in bf16 where the row is not
- *   packed, 1% slower packed (rows over 32768);
- * - LayerNorm: 0-4.5% faster in bf16; in fp32 5% on rows a block holds,
- *   11-19% slower on rows over a cluster, one kernel for both: off;
- * - the fused op: 5-8% faster in fp32, 5-11% slower in bf16, whose GELU
- *   issues most of its instructions.
- * - fp16 (2026-12-02 15:01): add+LayerNorm 2-6% faster; RMSNorm level to
- *   1.6% faster, but 4.7% slower packed (rows over 16384): off there;
- *   LayerNorm of one input level (-0.8 to +1%): off; the fused op 8-15%
- *   slower.
- * Calls whose inputs are tested at run time (NORM_IO_CHECKED) were not
- * timed: off. */
+/* Which held kernels ask L2 ahead (rows of 4096 and more, 4 MiB of their
+ * inputs ahead): a kernel bound by its loads gains, one bound by what it
+ * issues (the fused op's GELU in half types) loses, and a packed row,
+ * whose kernel holds more of the row a thread, loses. So:
+ * - RMSNorm: on, but fp16's packed rows;
+ * - add+LayerNorm: on in fp32 and where the row is not packed;
+ * - LayerNorm of one input: on in bf16; off in fp32 (one kernel takes
+ *   rows a block holds, where it gains, and rows over a cluster, where it
+ *   loses more) and in fp16 (level);
+ * - the fused op: on in fp32 only.
+ * Calls whose inputs are tested at run time (NORM_IO_CHECKED): off, as
+ * nothing shows they gain. */
 template <typename T, norm_mode MODE, unsigned IO, bool PACKED, norm_ahead A>
 __host__ __device__ constexpr bool held_ahead()
 {
@@ -162,11 +153,9 @@ __host__ __device__ constexpr bool held_ahead()
 
 /* Whether rows shorter than AHEAD_SHORTEST ask L2 ahead too, where their
  * inputs fill AHEAD_SHORT_BYTES a row (norm_launch.cuh's launch_held_io),
- * as measured faster (bench/RESULTS.md, 2026-12-02 10:23 and 10:31, rows
- * of 256 to 2048): the norms in fp32 by 2-5%, RMSNorm and add+LayerNorm
- * in half types by 1-5.5% from rows of 1 KiB (rows of 512 bytes 6-10%
- * slower). LayerNorm of one input in half types ran level to 5% slower,
- * the fused op 14% slower to 3% faster: those not. */
+ * which is faster for the norms in fp32 and for RMSNorm and add+LayerNorm
+ * in half types (rows of 512 bytes lose); not LayerNorm of one input in
+ * half types, nor the fused op, which gain nothing. */
 template <typename T, norm_mode MODE, unsigned IO> constexpr bool short_rows_ahead()
 {
     if constexpr ((IO & NORM_IO_CHECKED) != 0 || norm_gelu(MODE))
@@ -234,24 +223,19 @@ __device__ __forceinline__ moments warp_moments(const float (&x)[VPT][V], const 
 
 /*
  * One row of the held kernels (rows.cuh): each thread loads its VPT
- * vectors of in and the residual when there is one (from global memory,
- * or from shared memory in bench/ops/: Row) and of the per-column biases
- * and weights at once, forms s in registers, and takes the statistics and
- * writes the output from there. Elements past the row's end load as 0 and form
- * s = 0 (GELU(0) = 0), so the sums need no mask. LayerNorm's statistics
- * are one reduction of moments over the row, RMSNorm's of its sum of
- * squares (STATS says whose: norm_stats). read() runs once every
- * thread of the row has read its vectors. FIT is the erf form's fit
- * (bench/ops/ times another). bench/ops/ also times TPR, the threads of a
- * row fixed at compile time (rows.cuh's held_at): no faster (the variants
- * tpr_*, bench/RESULTS.md).
+ * vectors of in and the residual when there is one, and of the per-column
+ * biases and weights, at once, forms s in registers, and takes the
+ * statistics and writes the output from there. Elements past the row's
+ * end load as 0 and form s = 0 (GELU(0) = 0), so the sums need no mask.
+ * LayerNorm's statistics are one reduction of moments over the row,
+ * RMSNorm's of its sum of squares (STATS says whose: norm_stats).
  */
-template <typename T, int VPT, norm_mode MODE, unsigned IO, bool PACKED,
-          gelu_fit FIT = gelu_fit_for<T>(), unsigned TPR = 0, norm_stats STATS = STATS_TUNED,
-          typename Row, typename Read, cluster_exchange X>
+template <typename T, int VPT, norm_mode MODE, unsigned IO, bool PACKED, norm_stats STATS,
+          cluster_exchange X>
 __device__ __forceinline__ void
-norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const Row &res,
-              Read read, reduce_scratch<norm_stat<MODE>, X> &scratch, unsigned cluster)
+norm_held_row(const norm_params<T> &p, const row_place &at, const global_row<T, vec16<T>()> &in,
+              const global_row<T, vec16<T>()> &res, reduce_scratch<norm_stat<MODE>, X> &scratch,
+              unsigned cluster)
 {
     constexpr int V = vec16<T>();
     constexpr norm_stats S = held_stats_as<T, VPT, MODE, PACKED, STATS>();
@@ -262,7 +246,7 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
     const bool has_w = io_has<IO>(p.weight, NORM_IO_WEIGHT);
     const bool has_b = io_has<IO>(p.bias, NORM_IO_BIAS);
     const bool has_sum = io_has<IO>(p.sum_out, NORM_IO_SUM_OUT);
-    using Index = decltype(held_at<V, VPT, TPR>(at, 0));
+    using Index = decltype(held_at<V, VPT>(at, 0));
     const Index cols = (Index)p.cols;
     Index j[VPT];
     int part[VPT];
@@ -270,7 +254,7 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
 
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
-        j[k] = held_at<V, VPT, TPR>(at, k);
+        j[k] = held_at<V, VPT>(at, k);
         part[k] = IO & NORM_IO_CHECKED ? part_of<V>(j[k], cols) : j[k] < cols ? V : 0;
         raw_in[k] = raw_res[k] = raw_gb[k] = make_uint4(0, 0, 0, 0);
         if (part[k] == 0)
@@ -302,14 +286,13 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
             for (int e = 0; e < V; e++) {
                 float h = x[k][e];
                 if (GELU)
-                    h = gelu<T, FIT>(FORM, has_gb ? h + g[e] : h);
+                    h = gelu<T>(FORM, has_gb ? h + g[e] : h);
                 /* the host's rounding of the add: never fused into GELU's
                  * last multiply; then to T, as the host rounds s */
                 x[k][e] = round_to<T>(has_res ? __fadd_rn(h, r[e]) : h);
             }
-            /* Rounding element by element ran 1-4% faster in bf16 than
-             * packing and unpacking s to round it (bench/RESULTS.md,
-             * 2026-12-01 00:02, the fused op's former variant round_each). */
+            /* s rounded element by element (round_to), which is faster
+             * than packing and unpacking s to round it */
             if (KEEPS)
                 kept[k] = pack<T, V>(x[k]);
         }
@@ -330,7 +313,6 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
         }
         rstd = rms_rstd(row_reduce(squares, op_sum(), scratch, cluster) * inv_n, p.eps);
         mean = 0.0f;
-        read();
     } else {
         if constexpr (PACKED)
             unpack_kept<T, V, VPT>(x, kept);
@@ -338,7 +320,6 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
             S == STATS_WARP_PASSES
                 ? warps_reduce(warp_moments<V, VPT>(x, part, acc), op_merge(), scratch, cluster)
                 : row_reduce(part_moments<V, VPT>(x, part, acc), op_merge(), scratch, cluster);
-        read();
         mean = m.mean;
         rstd = rsqrtf(m.m2 * inv_n + p.eps);
     }
@@ -384,38 +365,35 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const Row &in, const
 }
 
 /* norm_held_kernel's launch bounds: threads a block, blocks resident an SM. */
-__host__ __device__ constexpr unsigned held_threads(bool packed, unsigned resident)
+__host__ __device__ constexpr unsigned held_threads(bool packed)
 {
-    return resident ? 256 : packed ? 1024 : 512;
+    return packed ? 1024 : 512;
 }
-__host__ __device__ constexpr unsigned held_resident(bool packed, int vpt, int v, unsigned resident)
+__host__ __device__ constexpr unsigned held_resident(bool packed, int vpt, int v)
 {
-    return resident ? resident : !packed && vpt * v <= 16 ? 2 : 1;
+    return !packed && vpt * v <= 16 ? 2 : 1;
 }
 
 /* The held kernel: a row a block (or a cluster, or a warp), straight from
  * global memory. At 16 values a thread or fewer, at most 64 registers:
- * four blocks of 256 threads stay resident (left to itself, ptxas gave the
- * fp32 GELU form 102 registers, two blocks, and the fused op lost 25%).
- * PACKED (half types) keeps the row as T, up to 64 values a thread in 64
- * registers, in blocks of up to 1024 threads: a row of 65536 in one block,
- * or twice the resident blocks of the fp32 form. RESIDENT, where set,
- * bounds blocks to 256 threads and asks for that many resident an SM, in
- * fewer registers (bench/ops/ times it); FIT, TPR and STATS are
- * norm_held_row's. AHEAD (held_ahead) has each warp ask L2 for its share
- * of the row `lead` rows on, before it loads its own (lead 0: none). */
+ * four blocks of 256 threads stay resident (left to itself, ptxas gives
+ * the fp32 GELU form more registers, two blocks, and the fused op runs a
+ * quarter slower). PACKED (half types) keeps the row as T, up to 64 values
+ * a thread in 64 registers, in blocks of up to 1024 threads: a row of
+ * 65536 in one block, or twice the resident blocks of the fp32 form.
+ * STATS is norm_held_row's. AHEAD (held_ahead) has each warp ask L2 for
+ * its share of the row `lead` rows on, before it loads its own (lead 0:
+ * none). */
 template <typename T, int VPT, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
-          bool PACKED = false, unsigned RESIDENT = 0, gelu_fit FIT = gelu_fit_for<T>(),
-          unsigned TPR = 0, norm_stats STATS = STATS_TUNED, bool AHEAD = false>
-__global__ void __launch_bounds__(held_threads(PACKED, RESIDENT),
-                                  held_resident(PACKED, VPT, vec16<T>(), RESIDENT))
+          bool PACKED = false, norm_stats STATS = STATS_TUNED, bool AHEAD = false>
+__global__ void __launch_bounds__(held_threads(PACKED), held_resident(PACKED, VPT, vec16<T>()))
     norm_held_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t lead)
 {
     constexpr int V = vec16<T>();
     __shared__ reduce_scratch<norm_stat<MODE>, X> scratch;
     if constexpr (pushes(X))
         push_setup(cluster, scratch);
-    const row_place at = place_row<V, TPR>(row0, cluster, 1, VPT);
+    const row_place at = place_row<V>(row0, cluster, 1, VPT);
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
         return;
     if (AHEAD && lead != 0 && at.row + lead < p.rows) {
@@ -426,8 +404,7 @@ __global__ void __launch_bounds__(held_threads(PACKED, RESIDENT),
     }
     const global_row<T, V> in = {p.in + at.row * p.stride};
     const global_row<T, V> res = {p.residual ? p.residual + at.row * p.stride : nullptr};
-    norm_held_row<T, VPT, MODE, IO, PACKED, FIT, TPR, STATS>(
-        p, at, in, res, [] {}, scratch, cluster);
+    norm_held_row<T, VPT, MODE, IO, PACKED, STATS>(p, at, in, res, scratch, cluster);
 }
 
 /* The held kernel for plan.vpt, or NULL when there is none. */
@@ -437,7 +414,7 @@ static void (*norm_held_for(unsigned vpt))(norm_params<T>, size_t, unsigned, siz
 {
     return held_vpt<vec16<T>()>(vpt, [](auto k) {
         constexpr int VPT = decltype(k)::value;
-        return norm_held_kernel<T, VPT, MODE, IO, X, false, 0, gelu_fit_for<T>(), 0,
+        return norm_held_kernel<T, VPT, MODE, IO, X, false,
                                 held_stats_as<T, VPT, MODE, false, STATS>(),
                                 held_ahead<T, MODE, IO, false, A>()>;
     });
@@ -446,8 +423,7 @@ static void (*norm_held_for(unsigned vpt))(norm_params<T>, size_t, unsigned, siz
 /* The packed held kernel (half types) for plan.vpt, or NULL when there is
  * none; instantiated from FEWEST values a thread up. */
 template <typename T, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
-          unsigned FEWEST = 1, unsigned RESIDENT = 0, gelu_fit FIT = gelu_fit_for<T>(),
-          norm_stats STATS = STATS_TUNED, norm_ahead A = AHEAD_TUNED>
+          unsigned FEWEST = 1, norm_stats STATS = STATS_TUNED, norm_ahead A = AHEAD_TUNED>
 static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, size_t)
 {
     static_assert(sizeof(T) == 2, "a packed row is of a half type");
@@ -459,7 +435,7 @@ static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, s
             if constexpr (VPT * vec16<T>() < FEWEST)
                 return nullptr;
             else
-                return norm_held_kernel<T, VPT, MODE, IO, X, true, RESIDENT, FIT, 0,
+                return norm_held_kernel<T, VPT, MODE, IO, X, true,
                                         held_stats_as<T, VPT, MODE, true, STATS>(),
                                         held_ahead<T, MODE, IO, true, A>()>;
         },
@@ -467,8 +443,7 @@ static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, s
 }
 
 /* Whether the library keeps a row of a half type packed
- * (norm_held_row's PACKED; the held_packed variants in bench/RESULTS.md),
- * and its plan:
+ * (norm_held_row's PACKED), and its plan:
  * - the fused op, whose GELU's registers cost occupancy as fp32: at 32
  *   values a thread, 64 on rows longer than 8192 (+43% at 4096x16384),
  *   unless the call's rows are few (few_rows), where the latency of a row
@@ -492,7 +467,7 @@ static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, s
  * the checked LayerNorm pack only rows over 16384, where the fp32 plan
  * takes a cluster (there packing makes the checked LayerNorm 3-25% faster
  * in bf16). The checked RMSNorm never packs: packed it ran 1.2-1.7x slower
- * on rows of 32768 and 65536 (bench/RESULTS.md). norm_packs says which
+ * on rows of 32768 and 65536. norm_packs says which
  * never pack, whose packed kernels are so not compiled.
  */
 template <typename T, norm_mode MODE> constexpr bool norm_packs(bool checked)
@@ -516,9 +491,9 @@ static bool norm_packed_plan(size_t rows, size_t cols, bool residual, bool check
     constexpr unsigned VALUES = PACKED_MAX_VALUES;
     if (cols <= (checked || FP16 ? 16384u : residual ? 32768u : 8192u))
         return false;
-    if (plan_held(cols, V, VALUES, packed, false, VALUES, 512) && packed->cluster == 1)
+    if (plan_held(cols, V, VALUES, packed, VALUES, 512) && packed->cluster == 1)
         return true;
-    return plan_held(cols, V, VALUES, packed, false, VALUES, 256);
+    return plan_held(cols, V, VALUES, packed, VALUES, 256);
 }
 
 } // namespace weft_ops

@@ -2,8 +2,7 @@
  * norm_launch.cuh - norm.cu's held path for one mode (launch_held), apart
  * so that each mode's kernels compile in a translation unit of their own
  * (norm_layer.cu, norm_rms.cu, norm_fused_erf.cu, norm_fused_tanh.cu), in
- * parallel: together in norm.cu they were the longest compile of the
- * library.
+ * parallel: the held kernels are most of the library's compile.
  */
 #ifndef WEFT_OPS_NORM_LAUNCH_CUH
 #define WEFT_OPS_NORM_LAUNCH_CUH
@@ -30,14 +29,10 @@ template <unsigned... FIXED, typename F> int pick_io(unsigned io, F f)
  * written - and for the fused op's with its weight and bias: with the
  * residual, the GELU bias given or not (a GEMM's epilogue may have added
  * it); without it (BERT's prediction head: dense, GELU, LayerNorm), the
- * GELU bias given; x written or not. Checked at run time otherwise. (The
- * fused op in fp32 once ran faster checked; since LayerNorm's statistics
- * became one reduction, fixed wins there too. The checked kernels take
- * more registers, the packed ones spill, and they ran the norms' calls
- * 1.2-2.6x slower than the fixed ones on rows of 4096 to 65536 in half
- * types, up to 1.5x in fp32, the fused op's without the GELU bias up to
- * 2.8x and without the residual up to 3.4x:
- * bench/RESULTS.md.) */
+ * GELU bias given; x written or not. Checked at run time otherwise. The
+ * checked kernels take more registers and their packed ones spill: a call
+ * fixed at compile time runs faster, in every mode and dtype, the more so
+ * in half types. */
 template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_args *a, F f)
 {
     constexpr unsigned W = NORM_IO_WEIGHT, B = NORM_IO_BIAS, WB = W | B;
@@ -59,12 +54,6 @@ template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_arg
                        WB | GB | NORM_IO_SUM_OUT>(io, f);
 }
 
-/* How far a held launch asks L2 ahead: rows.cuh's held_lead. */
-struct ahead_reach {
-    size_t window = AHEAD_WINDOW;     /* bytes of the inputs */
-    size_t shortest = AHEAD_SHORTEST; /* rows under this ask for none */
-};
-
 /* The bytes of a row's inputs that a held kernel asks L2 for ahead. */
 template <typename T> static size_t ahead_row_bytes(const norm_params<T> &p)
 {
@@ -72,65 +61,69 @@ template <typename T> static size_t ahead_row_bytes(const norm_params<T> &p)
 }
 
 /* launch_rows for the held kernel, with its lead where it asks L2 for
- * rows ahead (AHEAD). */
+ * rows ahead (AHEAD): AHEAD_WINDOW bytes of the inputs, on rows of at
+ * least `shortest` elements (rows.cuh's held_lead). */
 template <bool AHEAD, typename T, typename K>
 static int launch_held_rows(const char *op, cudaStream_t stream, const row_plan &plan, K kernel,
-                            const norm_params<T> &p, ahead_reach reach)
+                            const norm_params<T> &p, size_t shortest)
 {
     const size_t lead =
-        AHEAD ? held_lead(plan, p.rows, p.cols, ahead_row_bytes(p), reach.window, reach.shortest)
-              : 0;
+        AHEAD ? held_lead(plan, p.rows, p.cols, ahead_row_bytes(p), AHEAD_WINDOW, shortest) : 0;
     return launch_rows(op, stream, plan, p.rows, kernel, p, lead);
 }
 
+/* Which of launch_held_io's paths a call takes: the tuned one; a call of
+ * few rows of RMSNorm in half types (few_rows), whose squares stay on the
+ * FMA pipe and which asks L2 for nothing ahead; short rows that ask L2
+ * ahead (short_rows_ahead), which no packed plan takes. */
+enum held_call { HELD_TUNED, HELD_FEW_ROWS, HELD_SHORT_ROWS };
+
 /* The call's rows, held in registers under `held` (plan_held at 16 values
- * a thread) or the plans below, for mode MODE, in the kernels for IO;
- * bench/ops/ forces their statistics (STATS), whether they ask L2 for
- * rows ahead (A) and how far (reach). */
-template <typename T, norm_mode MODE, unsigned IO, norm_stats STATS = STATS_TUNED,
-          norm_ahead A = AHEAD_TUNED>
+ * a thread) or the plans below, for mode MODE, in the kernels for IO. */
+template <typename T, norm_mode MODE, unsigned IO, held_call CALL = HELD_TUNED>
 int launch_held_io(cudaStream_t stream, const char *op, const norm_params<T> &p,
-                   const row_plan &held, ahead_reach reach = {})
+                   const row_plan &held)
 {
     constexpr int V = vec16<T>();
+    constexpr norm_stats STATS = CALL == HELD_FEW_ROWS ? STATS_WARP_PASSES : STATS_TUNED;
+    constexpr norm_ahead A = CALL == HELD_FEW_ROWS     ? AHEAD_OFF
+                             : CALL == HELD_SHORT_ROWS ? AHEAD_ON
+                                                       : AHEAD_TUNED;
+    constexpr size_t SHORTEST = CALL == HELD_SHORT_ROWS ? 0 : AHEAD_SHORTEST;
     /* RMSNorm's squares by the tensor cores (norm_held.cuh's held_stats)
      * make a row's critical path longer: calls of few rows (few_rows),
-     * where one row's latency is the whole time, keep the FMA pipe's,
-     * 0.2 us a call faster (4 to 64 rows of 4096: bench/RESULTS.md,
-     * 2026-12-02 01:05), and in the kernels that ask L2 for nothing ahead,
-     * as those calls have no rows to wait. */
-    if constexpr (MODE == NORM_RMS && STATS == STATS_TUNED && sizeof(T) == 2) {
-        constexpr norm_ahead FEW = A == AHEAD_TUNED ? AHEAD_OFF : A;
+     * where one row's latency is the whole time, keep the FMA pipe's, in
+     * the kernels that ask L2 for nothing ahead, as those calls have no
+     * rows to wait. */
+    if constexpr (CALL == HELD_TUNED && MODE == NORM_RMS && sizeof(T) == 2)
         if (few_rows(p.rows))
-            return launch_held_io<T, MODE, IO, STATS_WARP_PASSES, FEW>(stream, op, p, held, reach);
-    }
-    /* Short rows ask L2 ahead where that measured faster (short_rows_ahead) */
-    if constexpr (A == AHEAD_TUNED && short_rows_ahead<T, MODE, IO>())
+            return launch_held_io<T, MODE, IO, HELD_FEW_ROWS>(stream, op, p, held);
+    /* Short rows ask L2 ahead where that is faster (short_rows_ahead) */
+    if constexpr (CALL == HELD_TUNED && short_rows_ahead<T, MODE, IO>())
         if (p.cols < AHEAD_SHORTEST && ahead_row_bytes(p) >= AHEAD_SHORT_BYTES)
-            return launch_held_io<T, MODE, IO, STATS, AHEAD_ON>(stream, op, p, held,
-                                                                ahead_reach{reach.window, 0});
-    /* Half types kept packed where norm_packed_plan says */
-    if constexpr (norm_packs<T, MODE>(IO == NORM_IO_CHECKED)) {
+            return launch_held_io<T, MODE, IO, HELD_SHORT_ROWS>(stream, op, p, held);
+    /* Half types kept packed where norm_packed_plan says (never rows as
+     * short as HELD_SHORT_ROWS's) */
+    if constexpr (CALL != HELD_SHORT_ROWS && norm_packs<T, MODE>(IO == NORM_IO_CHECKED)) {
         constexpr unsigned FEWEST = norm_gelu(MODE) ? 1u : (unsigned)PACKED_MAX_VALUES;
         row_plan packed;
         if (norm_packed_plan<T, MODE>(p.rows, p.cols, p.residual != nullptr, IO == NORM_IO_CHECKED,
                                       &packed))
-            if (auto kernel = norm_packed_for<T, MODE, IO, EXCHANGE_PUSH, FEWEST, 0,
-                                              gelu_fit_for<T>(), STATS, A>(packed.vpt))
+            if (auto kernel =
+                    norm_packed_for<T, MODE, IO, EXCHANGE_PUSH, FEWEST, STATS, A>(packed.vpt))
                 return launch_held_rows<held_ahead<T, MODE, IO, true, A>()>(op, stream, packed,
-                                                                            kernel, p, reach);
+                                                                            kernel, p, SHORTEST);
     }
     row_plan plan = held;
     /* The fused op's GELU takes registers: rows a warp would hold at 32
      * values a thread run faster over more warps at 16, at twice the
-     * occupancy (bench/RESULTS.md). */
+     * occupancy. */
     if constexpr (norm_gelu(MODE))
         plan_held_split_warp_rows(&plan, V, 16);
     /* LayerNorm with one input of half types, the fewest bytes an element:
      * at 32 values a thread where that takes fewer than 512 threads a row,
-     * as measured fastest (bench/RESULTS.md), but for calls of few rows,
-     * which norm.cu spreads thinner. RMSNorm runs 3% faster at 16 values
-     * (16384x4096). */
+     * which is faster, but for calls of few rows, which norm.cu spreads
+     * thinner. RMSNorm is faster at 16 values. */
     row_plan wide;
     if (MODE == NORM_LAYER && sizeof(T) == 2 && !p.residual && !few_rows(p.rows) &&
         plan_held(p.cols, V, 32, &wide) && wide.tpr < 512)
@@ -139,7 +132,7 @@ int launch_held_io(cudaStream_t stream, const char *op, const norm_params<T> &p,
     if (!kernel)
         return weft__fail(WEFT_EINVAL, "%s: no kernel for %u vectors a thread", op, plan.vpt);
     return launch_held_rows<held_ahead<T, MODE, IO, false, A>()>(op, stream, plan, kernel, p,
-                                                                 reach);
+                                                                 SHORTEST);
 }
 
 /* launch_held_io for what the args' call reads and writes (by_io). */

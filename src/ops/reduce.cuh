@@ -97,8 +97,7 @@ struct op_merge {
 
 /*
  * How the blocks of a cluster share their results in row_reduce:
- *  - BARRIERS (the staged and register-tile kernels; bench/ops/'s ring
- *    kernels and the held kernels' variants `held`, `held_online`): each
+ *  - BARRIERS (the staged and register-tile kernels): each
  *    block writes its result to its slot; a cluster barrier; every block
  *    reads every slot; a second barrier keeps the slots until all have
  *    read. A cluster barrier's arrive orders memory at the GPU's scope
@@ -111,17 +110,12 @@ struct op_merge {
  *    any block stores to it: push_setup, at the kernel's start, with one
  *    relaxed cluster barrier. A PUSH scratch serves one reduction a launch
  *    (its mbarrier's first phase), so only kernels that reduce a row once
- *    per scratch take it: the held kernels, a row a block (over BARRIERS
- *    at 1024x65536: LayerNorm +15% in bf16 and +16% in fp32, softmax +27%
- *    and +19%; bench/RESULTS.md). One warp polls the mbarrier while the
- *    others wait at the block's barrier, which issues nothing: the SM's
- *    other blocks keep its issue slots (with every thread polling,
- *    LayerNorm's bf16 rows of 65536 over a cluster issued 13% more
- *    instructions an element than rows a block holds; one warp polling
- *    ran softmax 3% faster on bf16 rows of 32768, LayerNorm 1% on rows
- *    of 65536, the rest level).
- *  - PUSH_POLLED: PUSH with every thread polling the mbarrier, as the
- *    library did before (bench/ops/'s variants `*_polled`).
+ *    per scratch take it: the held kernels, a row a block, where it is
+ *    faster than BARRIERS on rows over a cluster. One warp polls the
+ *    mbarrier while the others wait at the block's barrier, which issues
+ *    nothing: the SM's other blocks keep its issue slots.
+ *  - PUSH_POLLED: PUSH with every thread polling the mbarrier, which
+ *    issues more instructions an element (bench/ops times it).
  */
 enum cluster_exchange { EXCHANGE_BARRIERS, EXCHANGE_PUSH, EXCHANGE_PUSH_POLLED };
 

@@ -51,8 +51,8 @@ __device__ __forceinline__ void pair_angle(int32_t pos, double inv_freq, float &
  * elements, pair m = (x[2m], x[2m + 1]). V = 1 is the element-by-element
  * path (CP = 1), held as fp32. 16-byte chunks are held as loaded and
  * converted only to turn (RAW): a bf16 head in flight then takes 8
- * registers, not 16; held as fp32 the kernel spilled at two heads a step
- * and ran 4-8% slower (bench/RESULTS.md, the rope variant `floats`). */
+ * registers, not 16; held as fp32 the kernel spills at two heads a step,
+ * and is slower. */
 template <typename T, int V, int CP, bool HALVES, bool RAW = true, bool STREAMED = false>
 struct rope_chunk {
     static constexpr int N = HALVES ? 2 * V : 2 * CP;
@@ -174,7 +174,7 @@ enum : unsigned { ROPE_TABLE_PAIRS = 512 };
 
 /*
  * How rope_kernel walks and computes: the library's choice, from which
- * bench/ops/ derives the forms it times beside it.
+ * other forms derive (bench/ops times them beside it).
  *   min_blocks  blocks an SM, as __launch_bounds__ takes it
  *   heads       heads a step, all loaded before any is stored, so that
  *               each thread has their loads in flight together (the
@@ -186,9 +186,8 @@ enum : unsigned { ROPE_TABLE_PAIRS = 512 };
  *   dealt       the heads dealt to the slices in turn - slice s takes
  *               heads s, s + slices, ... - so that a warp's slices of a
  *               token step through neighbouring heads together; false
- *               gives each slice a run of heads_per_slice heads. Dealt ran
- *               up to 5% faster in bf16 with many heads a token
- *               (bench/RESULTS.md, 2026-12-01 00:02).
+ *               gives each slice a run of heads_per_slice heads. Dealt is
+ *               faster in bf16 with many heads a token.
  *   early       the first step's loads issued before the angles are
  *               computed, so that they are in flight meanwhile
  *   streamed    loads and stores marked evict-first
@@ -210,11 +209,9 @@ struct rope_tuning {
      * sine and cosine applied to 12 / esize heads), more where those are
      * too few to fill the GPU. Each slice pays the sines and cosines again,
      * but small work items even out the threads' shares, and a warp's
-     * slices of a token walk neighbouring heads. 24 bytes an angle ran
-     * 2-8% faster than the fewest slices; against 16 bytes it ran 3%
-     * faster in bf16 at 16384x4096 and within 1% elsewhere; 8 or 12 bytes
-     * in bf16 ran 8-17% slower (bench/RESULTS.md, 2026-12-01 00:19 to
-     * 01:24). */
+     * slices of a token walk neighbouring heads. 24 bytes an angle is
+     * faster than the fewest slices, and than 16 bytes or fewer, whose
+     * extra sines and cosines cost more than the evener shares gain. */
     static constexpr size_t angle_bytes = 24;
 
     static size_t slices(size_t all, size_t items, size_t fill, size_t esize)

@@ -17,14 +17,12 @@
  *    template parameter, and keeps them as fp32 (up to 32 values) or, in
  *    half types, packed as T (up to 64 values, blocks of up to 1024
  *    threads; unpacked again for each pass). The main path, for 16-byte
- *    aligned tensors and rows up to 131072 elements. (bench/ops/ring.cuh
- *    feeds it through a ring of rows in shared memory, the library's path
- *    for some long rows until the held kernels beat it.)
+ *    aligned tensors and rows up to 131072 elements.
  *  - staged: the row goes to shared memory with cp.async. Loads in flight
  *    cost no registers, but every pass re-reads and converts shared memory
- *    in run-time loops, and it lost to held by 1.5-2x (bench/ops/ keeps it
- *    as a variant); it takes the aligned rows too long to hold that still
- *    fit 8 blocks of STAGED_BLOCK_BYTES (half types to 262144 elements).
+ *    in run-time loops, and it is slower than held; it takes the aligned
+ *    rows too long to hold that still fit 8 blocks of STAGED_BLOCK_BYTES
+ *    (half types to 262144 elements).
  *  - register tiles: each thread holds VPT vectors as fp32 (at most 16
  *    values). For unaligned tensors (one element a vector) and rows too
  *    long to hold; there a row's blocks loop over tiles of their segment
@@ -71,11 +69,9 @@ struct row_place {
     unsigned rank; /* block within the cluster */
 };
 
-/* TPR, where set, is the threads of a row fixed at compile time, a row a
- * block (blockDim (TPR, 1)): the row is then the same for every thread,
- * and what is computed from it alone (its pointers) lives in uniform
- * registers, not in each thread's. */
-template <int V, unsigned TPR = 0>
+/* Where this thread's block and row lie: a row a block, a cluster of
+ * blocks (along x), or a warp (blockDim.y rows a block). */
+template <int V>
 __device__ __forceinline__ row_place place_row(size_t row0, unsigned cluster, size_t tiles,
                                                unsigned vpt)
 {
@@ -86,7 +82,7 @@ __device__ __forceinline__ row_place place_row(size_t row0, unsigned cluster, si
     const unsigned group = cluster == 1 ? blockIdx.x : __clusterIdx().x;
     p.tid = threadIdx.x;
     p.rank = cluster == 1 ? 0 : __clusterRelativeBlockRank();
-    p.row = TPR ? row0 + group : row0 + (size_t)group * blockDim.y + threadIdx.y;
+    p.row = row0 + (size_t)group * blockDim.y + threadIdx.y;
     p.tile = (size_t)blockDim.x * vpt * V;
     p.first = (size_t)p.rank * tiles;
     return p;
@@ -219,21 +215,19 @@ static inline void set_cluster(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *att
 enum : unsigned { HELD_MAX_VALUES = 32, PACKED_MAX_VALUES = 64 };
 
 /* The held plan for `values` a thread (16 or 32); false when the row is too
- * long to hold. Rows that a warp holds take a warp each unless
- * `block_rows` (bench/ops/'s ring kernels' plan: a block per row). `most`
- * values a thread and `max_tpr` threads a block bound it: HELD_MAX_VALUES
- * and 512 for rows held as fp32, PACKED_MAX_VALUES and 1024 packed. */
+ * long to hold. Rows that a warp holds take a warp each. `most` values a
+ * thread and `max_tpr` threads a block bound it: HELD_MAX_VALUES and 512
+ * for rows held as fp32, PACKED_MAX_VALUES and 1024 packed. */
 static inline bool plan_held(size_t cols, int V, unsigned values, row_plan *p,
-                             bool block_rows = false, unsigned most_values = HELD_MAX_VALUES,
-                             unsigned max_tpr = 512)
+                             unsigned most_values = HELD_MAX_VALUES, unsigned max_tpr = 512)
 {
     const size_t nvec = (cols + V - 1) / V;
     const size_t want = values / V; /* vectors a thread, as asked */
     const size_t most = most_values / V;
 
     *p = {32, 8, 1, 1, 1, 0};
-    if (nvec <= 32 * (block_rows ? want : most)) { /* a warp per row */
-        p->rpb = block_rows ? 1 : 8;
+    if (nvec <= 32 * most) { /* a warp per row */
+        p->rpb = 8;
         p->vpt = (unsigned)pow2_at_least((nvec + 31) / 32);
         return true;
     }
@@ -263,13 +257,13 @@ static inline bool plan_held(size_t cols, int V, unsigned values, row_plan *p,
  * up to 64 values a thread, blocks of up to 1024 threads. */
 static inline bool plan_packed(size_t cols, int V, unsigned values, row_plan *p)
 {
-    return plan_held(cols, V, values, p, false, PACKED_MAX_VALUES, 1024);
+    return plan_held(cols, V, values, p, PACKED_MAX_VALUES, 1024);
 }
 
 /* A plan of a warp a row holding more than `values` a thread, made to hold
  * `values` with a block of as many warps a row: for kernels whose
  * registers at the larger count would cost occupancy (the fused
- * GELU+LayerNorm; bench/ops/ times it unsplit as held_warp). */
+ * GELU+LayerNorm). */
 static inline void plan_held_split_warp_rows(row_plan *p, int V, unsigned values)
 {
     if (p->tpr != 32)
@@ -283,9 +277,9 @@ static inline void plan_held_split_warp_rows(row_plan *p, int V, unsigned values
 }
 
 /* How many bytes of its inputs a call of the held kernels asks L2 for
- * ahead of the rows it holds: 4 MiB measured faster than 8, and a wave of
- * resident rows (16-33 MB on rows of 65536) 5-23% slower than none
- * (bench/RESULTS.md, 2026-12-02 05:28 and 05:36). */
+ * ahead of the rows it holds: a few MiB; asking for more (a wave of
+ * resident rows) evicts the rows being held and is slower than asking for
+ * none. */
 static constexpr size_t AHEAD_WINDOW = (size_t)4 << 20;
 
 /* Rows shorter than AHEAD_SHORTEST elements ask L2 for nothing ahead but
@@ -404,17 +398,10 @@ __device__ __forceinline__ void store_part(T *p, const float (&x)[V], int n)
 }
 
 /* Where this thread's vector k lies in its row (elements), for the held
- * layout: vector k of thread t of block `rank` at ((rank * VPT + k) * TPR + t) * V. */
-template <int V, int VPT, unsigned TPR = 0>
-__device__ __forceinline__ auto held_at(const row_place &at, int k)
+ * layout: vector k of thread t of block `rank` at ((rank * VPT + k) * blockDim.x + t) * V. */
+template <int V, int VPT> __device__ __forceinline__ auto held_at(const row_place &at, int k)
 {
-    if constexpr (TPR != 0) {
-        /* signed, so that the compiler may take k's part out of the sum
-         * into each access's immediate offset */
-        return (((int)at.rank * VPT + k) * (int)TPR + (int)at.tid) * V;
-    } else {
-        return ((at.rank * VPT + k) * blockDim.x + at.tid) * V;
-    }
+    return ((at.rank * VPT + k) * blockDim.x + at.tid) * V;
 }
 
 /* Asks L2 for this warp's share of the elements its block holds of a
@@ -442,10 +429,8 @@ __device__ __forceinline__ void prefetch_held_share(const T *row, unsigned rank,
 #endif
 }
 
-/* Where a held row's vectors come from (the held rows' Row parameter):
- * global memory, for the library's held kernels; bench/ops/ring.cuh feeds
- * them from shared memory. at(j, part) is the 16 bytes of elements j..,
- * the first `part` of them (0 to V), the rest 0. */
+/* A held row's vectors in global memory: at(j, part) is the 16 bytes of
+ * elements j.., the first `part` of them (0 to V), the rest 0. */
 template <typename T, int V> struct global_row {
     const T *row;
     template <typename Index> __device__ __forceinline__ uint4 at(Index j, int part) const

@@ -14,10 +14,9 @@
  * Philox words as the host's. Masked columns are never read, and whole masked
  * vectors cost no load at all. A row held by a cluster has its blocks push
  * their statistics into each other's shared memory (reduce.cuh's
- * EXCHANGE_PUSH): +27% in bf16 and +19% in fp32 at 1024x65536 over
- * meeting at cluster barriers, and in bf16 13% faster than streaming the
- * rows through a ring in shared memory, as the library did before
- * (bench/RESULTS.md, 2026-12-01 01:44). Held whole rows ask L2 for the
+ * EXCHANGE_PUSH), faster than meeting at cluster barriers and than
+ * streaming the rows through a ring in shared memory. Held whole rows ask
+ * L2 for the
  * rows ahead, as the held norms do. Rows longer than 8 blocks hold read
  * their tiles again in each of the three passes.
  */
@@ -39,20 +38,19 @@ template <typename T> int launch(cudaStream_t stream, const weft__softmax_args *
 
     row_plan staged, held;
 
-    /* measured best: 32 values a thread; on calls of few rows 16: on 1 to
-     * 64 rows of 4096, 3-4% less time a call in bf16, where 8 was level with
-     * 32, and 7-11% in fp32 (bench/RESULTS.md, 2026-12-03 12:13 to 12:26) */
+    /* 32 values a thread; on calls of few rows 16, as a row's latency is
+     * then the whole call */
     if (vec && plan_held(a->cols, V, few_rows(a->rows) ? 16 : 32, &held)) {
         const bool whole = !p.causal_q && a->cols % V == 0;
-        /* the unmasked rows' statistics (bench/RESULTS.md, the softmax variants) */
+        /* the unmasked rows' statistics: one online reduction where the
+         * row is of a half type, two in fp32 (softmax.cuh's softmax_stats) */
         constexpr softmax_stats STATS = sizeof(T) == 2 ? SOFTMAX_ONLINE : SOFTMAX_MAX_THEN_SUM;
         constexpr softmax_stats TWO = SOFTMAX_MAX_THEN_SUM;
         constexpr cluster_exchange X = EXCHANGE_PUSH;
         /* whole rows without dropout ask L2 for the rows 4 MiB on
-         * (rows.cuh's held_lead; the other kernels ignore the lead): up
-         * to 5% faster at rows of 4096 and more (bench/RESULTS.md,
-         * 2026-12-02 07:38 and 08:10), and in fp32 3-4% on rows of 256 to
-         * 2048, where half types ran 5% slower to 3% faster (10:23, 10:31) */
+         * (rows.cuh's held_lead; the other kernels ignore the lead), which
+         * is faster on rows of 4096 and more, and in fp32 on shorter rows
+         * too (half types gain nothing there) */
         auto kernel = p.p > 0.0f ? softmax_held_for<T, SOFTMAX_DROPOUT, TWO, X>(held.vpt)
                       : !whole   ? softmax_held_for<T, SOFTMAX_CHECKED, TWO, X>(held.vpt)
                       : p.scale == 1.0f

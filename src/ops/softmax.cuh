@@ -1,7 +1,7 @@
 /*
  * softmax.cuh - the softmax kernels: held in registers (the main path,
- * rows loaded straight from global memory or, in bench/ops/, fed through a
- * ring in shared memory), staged in shared memory, and in register tiles
+ * rows loaded straight from global memory), staged in shared memory, and
+ * in register tiles
  * (unaligned tensors, rows too long to hold), with the register kernel's
  * launch by plan. Apart from the launcher (softmax.cu), which says what
  * they compute and why, so that bench/ops/ can time other plans of the
@@ -243,10 +243,9 @@ enum softmax_form { SOFTMAX_PLAIN, SOFTMAX_SCALED, SOFTMAX_CHECKED, SOFTMAX_DROP
 /* How a held row takes its max and sum: MAX_THEN_SUM, two reductions (the
  * library's in fp32 and on masked rows); ONLINE, one reduction of each
  * thread's max and its sum of exponents relative to that max, rescaled to
- * each group's max (the library's on unmasked rows of half types;
- * bench/ops/ times each against the other as the `online` variants);
- * ONLINE_PAIRS, that with the sums merged pairwise at every step, as the
- * library did before (bench/ops/'s `lib_pairs`). */
+ * each group's max (the library's on unmasked rows of half types);
+ * ONLINE_PAIRS, that with the sums merged pairwise at every step, which
+ * issues more (bench/ops times it). */
 enum softmax_stats { SOFTMAX_MAX_THEN_SUM, SOFTMAX_ONLINE, SOFTMAX_ONLINE_PAIRS };
 
 /* A part of a row: its max, and the sum of 2^((v - max) log2 e) over it. */
@@ -293,8 +292,8 @@ struct op_online_pairs {
  * every lane gets exactly, then each part's sum rescaled to it once, then
  * the sums. Merging pairs rescales both sums at every step - two ex2 and
  * some 20 instructions a step, where this takes four - and the pairwise
- * reductions were some 30% of the instructions softmax issued on bf16
- * rows of 65536 (4% faster so there, bench/RESULTS.md 2026-12-02 18:12). */
+ * reductions are some 30% of the instructions softmax issues on bf16
+ * rows of 65536. */
 __device__ __forceinline__ max_sum butterfly(max_sum v, op_online, unsigned top)
 {
     const float max = butterfly(v.max, op_max(), top);
@@ -336,8 +335,7 @@ template <cluster_exchange X> struct softmax_scratch<SOFTMAX_MAX_THEN_SUM, X> {
 
 /*
  * One row of the held kernels (rows.cuh): each thread loads its VPT
- * vectors of the visible row at once (from global memory, or from shared
- * memory in bench/ops/: Row) and keeps them in registers: scaled (rounded
+ * vectors of the visible row at once and keeps them in registers: scaled (rounded
  * as the host rounds scale * x), then exponentiated in place, then written
  * as e * (1 / sum). exp(v - max) is 2^(v log2 e - max log2 e), one fma and
  * one ex2 (relative error ~1e-6 over the range that matters, where expf
@@ -345,16 +343,13 @@ template <cluster_exchange X> struct softmax_scratch<SOFTMAX_MAX_THEN_SUM, X> {
  * flush to 0). Invisible and past-the-end elements are -Inf, so they
  * neither win the max nor add to the sum (2^-Inf = 0). ONLINE: each
  * thread exponentiates from its own max, and its factor rescales to the
- * row's. read() runs once every thread of the row has read its vectors.
- * PACKED (half types) keeps the row as loaded and forms x again for each
- * pass, exponentiating from the row's max for the output: bench/ops/
- * times it (held_packed); it was no faster than the library's kernels.
+ * row's.
  */
-template <typename T, int VPT, softmax_form FORM, softmax_stats STATS, bool PACKED, typename Row,
-          typename Read, cluster_exchange X>
-__device__ __forceinline__ void
-softmax_held_row(const softmax_params<T> &p, const row_place &at, const Row &in, Read read,
-                 softmax_scratch<STATS, X> &scratch, unsigned cluster)
+template <typename T, int VPT, softmax_form FORM, softmax_stats STATS, cluster_exchange X>
+__device__ __forceinline__ void softmax_held_row(const softmax_params<T> &p, const row_place &at,
+                                                 const global_row<T, vec16<T>()> &in,
+                                                 softmax_scratch<STATS, X> &scratch,
+                                                 unsigned cluster)
 {
     constexpr int V = vec16<T>();
     constexpr float LOG2E = 1.4426950408889634f;
@@ -398,7 +393,6 @@ softmax_held_row(const softmax_params<T> &p, const row_place &at, const Row &in,
     }
     if constexpr (STATS == SOFTMAX_MAX_THEN_SUM) {
         max = row_reduce(max, op_max(), scratch.max, cluster, true); /* the sum's follows */
-        read();
     }
 
     /* a row of -Inf has max -Inf: a finite offset keeps its exponents 0
@@ -408,8 +402,6 @@ softmax_held_row(const softmax_params<T> &p, const row_place &at, const Row &in,
     float sum = 0.0f;
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
-        if (PACKED)
-            form(k, opaque(raw[k]));
 #pragma unroll
         for (int e = 0; e < V; e++) {
             x[k][e] = exp2_approx(fmaf(x[k][e], LOG2E, -shift));
@@ -422,21 +414,9 @@ softmax_held_row(const softmax_params<T> &p, const row_place &at, const Row &in,
     } else {
         using merge = std::conditional_t<STATS == SOFTMAX_ONLINE, op_online, op_online_pairs>;
         max_sum row = row_reduce(max_sum{max, sum}, merge(), scratch.both, cluster);
-        read();
-        inv = (PACKED ? 1.0f : rescale(max, row.max)) / row.sum;
+        inv = rescale(max, row.max) / row.sum;
         max = row.max;
     }
-    if constexpr (PACKED) { /* the exponents again, from the row's max */
-        const float row_shift = max == -INFINITY ? 0.0f : max * LOG2E;
-#pragma unroll
-        for (int k = 0; k < VPT; k++) {
-            form(k, opaque(raw[k]));
-#pragma unroll
-            for (int e = 0; e < V; e++)
-                x[k][e] = exp2_approx(fmaf(x[k][e], LOG2E, -row_shift));
-        }
-    }
-
     T *out = p.out + at.row * p.stride;
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
@@ -465,14 +445,12 @@ softmax_held_row(const softmax_params<T> &p, const row_place &at, const Row &in,
 }
 
 /* The held kernel: a row a block (or a cluster, or a warp), straight from
- * global memory. PACKED (half types): up to 64 values a thread in blocks
- * of up to 1024 threads, as norm_held_kernel. X: how a cluster's blocks
+ * global memory. X: how a cluster's blocks
  * share their statistics (reduce.cuh). AHEAD has each warp ask L2 for its
- * share of the row `lead` rows on, as norm_held_kernel's (bench/ops/
- * times it: lib_ahead*). */
+ * share of the row `lead` rows on, as norm_held_kernel's. */
 template <typename T, int VPT, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM,
-          bool PACKED = false, cluster_exchange X = EXCHANGE_BARRIERS, bool AHEAD = false>
-__global__ void __launch_bounds__(PACKED ? 1024 : 512)
+          cluster_exchange X = EXCHANGE_BARRIERS, bool AHEAD = false>
+__global__ void __launch_bounds__(512)
     softmax_held_kernel(softmax_params<T> p, size_t row0, unsigned cluster, size_t lead)
 {
     constexpr int V = vec16<T>();
@@ -485,8 +463,7 @@ __global__ void __launch_bounds__(PACKED ? 1024 : 512)
     if (AHEAD && lead != 0 && at.row + lead < p.rows)
         prefetch_held_share<T, V, VPT>(p.in + (at.row + lead) * p.stride, at.rank, p.cols);
     const global_row<T, V> in = {p.in + at.row * p.stride};
-    softmax_held_row<T, VPT, FORM, STATS, PACKED>(
-        p, at, in, [] {}, scratch, cluster);
+    softmax_held_row<T, VPT, FORM, STATS>(p, at, in, scratch, cluster);
 }
 
 /* The held kernel for plan.vpt, or NULL when there is none. */
@@ -495,21 +472,8 @@ template <typename T, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_
 static void (*softmax_held_for(unsigned vpt))(softmax_params<T>, size_t, unsigned, size_t)
 {
     return held_vpt<vec16<T>()>(vpt, [](auto k) {
-        return softmax_held_kernel<T, decltype(k)::value, FORM, STATS, false, X, AHEAD>;
+        return softmax_held_kernel<T, decltype(k)::value, FORM, STATS, X, AHEAD>;
     });
-}
-
-/* The packed held kernel (half types) for plan.vpt, or NULL when there is
- * none. */
-template <typename T, softmax_form FORM, softmax_stats STATS = SOFTMAX_MAX_THEN_SUM,
-          cluster_exchange X = EXCHANGE_BARRIERS>
-static void (*softmax_packed_for(unsigned vpt))(softmax_params<T>, size_t, unsigned, size_t)
-{
-    static_assert(sizeof(T) == 2, "a packed row is of a half type");
-    return by_vpt<PACKED_MAX_VALUES / vec16<T>()>(
-        vpt,
-        [](auto k) { return softmax_held_kernel<T, decltype(k)::value, FORM, STATS, true, X>; },
-        [] { return nullptr; });
 }
 
 template <typename T, int V>

@@ -91,27 +91,25 @@ static void test_plan_held_covers_every_length_it_takes(void **state)
     (void)state;
     for (int V : HELD_WIDTHS)
         for (unsigned values : {8u, 16u, 32u})
-            for (bool block_rows : {false, true})
-                for_each_cols([&](size_t cols) {
-                    row_plan p;
-                    bool taken = plan_held(cols, V, values, &p, block_rows);
-                    if (taken != (cols <= (size_t)8 * 512 * HELD_MAX_VALUES))
-                        fail_msg("plan_held, %zu columns of V = %d: %s", cols, V,
-                                 taken ? "taken" : "refused");
-                    if (!taken)
-                        return;
-                    check_common(p, cols, V, "plan_held");
-                    if (!pow2(p.vpt) || p.vpt * (unsigned)V > HELD_MAX_VALUES || p.tiles != 1 ||
-                        (block_rows && p.rpb != 1))
-                        fail_msg("plan_held, %zu columns of V = %d at %u values: vpt %u, tiles "
-                                 "%zu, rpb %u",
-                                 cols, V, values, p.vpt, p.tiles, p.rpb);
-                    /* a block or cluster a row takes no more threads than it needs
-                     * at up to `values` a thread */
-                    if (p.tpr > 32 && p.cluster == 1 && p.tpr / 2 * values >= cols)
-                        fail_msg("plan_held, %zu columns at %u values: %u threads", cols, values,
-                                 p.tpr);
-                });
+            for_each_cols([&](size_t cols) {
+                row_plan p;
+                bool taken = plan_held(cols, V, values, &p);
+                if (taken != (cols <= (size_t)8 * 512 * HELD_MAX_VALUES))
+                    fail_msg("plan_held, %zu columns of V = %d: %s", cols, V,
+                             taken ? "taken" : "refused");
+                if (!taken)
+                    return;
+                check_common(p, cols, V, "plan_held");
+                if (!pow2(p.vpt) || p.vpt * (unsigned)V > HELD_MAX_VALUES || p.tiles != 1)
+                    fail_msg("plan_held, %zu columns of V = %d at %u values: vpt %u, tiles "
+                             "%zu, rpb %u",
+                             cols, V, values, p.vpt, p.tiles, p.rpb);
+                /* a block or cluster a row takes no more threads than it needs
+                 * at up to `values` a thread */
+                if (p.tpr > 32 && p.cluster == 1 && p.tpr / 2 * values >= cols)
+                    fail_msg("plan_held, %zu columns at %u values: %u threads", cols, values,
+                             p.tpr);
+            });
 }
 
 /* The packed held kernels (half types): at most PACKED_MAX_VALUES a

@@ -1,0 +1,176 @@
+/*
+ * launch.cuh - what the operators' launchers share: the device's SMs, what
+ * counts as a call of few rows, launch errors as weft statuses, the
+ * answers CUDA gives the same every time kept per kernel (kept_answers,
+ * wave_blocks), a grid-stride kernel's grid, and the dispatch on dtype.
+ */
+#ifndef WEFT_OPS_LAUNCH_CUH
+#define WEFT_OPS_LAUNCH_CUH
+
+#include <string.h>
+
+#include <atomic>
+#include <mutex>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "cuda/status.h"
+#include "ops/ops_internal.h"
+
+extern "C" {
+#include "core/error.h"
+}
+
+namespace weft_ops
+{
+
+/* The multiprocessors of the calling thread's current device, asked of
+ * CUDA once per device (launches inside graph capture ask nothing). */
+static inline int sm_count()
+{
+    static std::atomic<int> known[64];
+    int dev = 0, n = 0;
+
+    if (cudaGetDevice(&dev) != cudaSuccess)
+        return 1;
+    if (dev >= 0 && dev < 64 && (n = known[dev].load(std::memory_order_relaxed)) > 0)
+        return n;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1)
+        return 1;
+    if (dev >= 0 && dev < 64)
+        known[dev].store(n, std::memory_order_relaxed);
+    return n;
+}
+
+/* Whether a call's rows are few enough that a row's latency is the whole
+ * call: no more than twice the SMs, which the row kernels then hold in one
+ * wave while spreading each row over more threads than they would for
+ * throughput (two blocks of 512 an SM). Up to twice the SMs that is
+ * faster than the throughput plans; beyond, slower. */
+static inline bool few_rows(size_t rows)
+{
+    return rows <= (size_t)2 * sm_count();
+}
+
+/* WEFT_OK, or the launch's error as a weft status with CUDA's name for it. */
+static inline int launch_status(const char *op, cudaError_t e)
+{
+    if (e == cudaSuccess)
+        return WEFT_OK;
+    cudaGetLastError(); /* a refused launch is not sticky: clear it */
+    return weft__fail(weft__cuda_status(e), "%s: kernel launch failed: %s (%s)", op,
+                      cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+/* After a <<<>>> launch. */
+static inline int launched(const char *op)
+{
+    return launch_status(op, cudaGetLastError());
+}
+
+/*
+ * Answers CUDA gives the same every time - occupancy, what a kernel was
+ * given - kept per key (a struct of plain fields, compared bytewise: zero
+ * it before filling), so that a launch asks once per kernel and device.
+ * Published entries never change, so finding one takes no lock; a full
+ * table just stops keeping.
+ */
+template <typename Key, typename Value, unsigned N> struct kept_answers {
+    struct entry {
+        Key key;
+        Value value;
+    };
+    entry entries[N];
+    std::atomic<unsigned> published{0};
+    std::mutex writer;
+
+    bool find(const Key &key, Value *value)
+    {
+        const unsigned n = published.load(std::memory_order_acquire);
+        for (unsigned i = 0; i < n; i++)
+            if (memcmp(&entries[i].key, &key, sizeof key) == 0) {
+                *value = entries[i].value;
+                return true;
+            }
+        return false;
+    }
+
+    void keep(const Key &key, const Value &value)
+    {
+        std::lock_guard<std::mutex> hold(writer);
+        const unsigned n = published.load(std::memory_order_relaxed);
+        if (n < N) {
+            entries[n] = {key, value};
+            published.store(n + 1, std::memory_order_release);
+        }
+    }
+};
+
+/* Blocks of `threads` threads (no dynamic shared memory) that the current
+ * device keeps resident for kernel at once, one wave: its SMs times what
+ * an SM holds (1 an SM if CUDA cannot say). Kept per kernel, device and
+ * block size: one lookup a launch. */
+static inline unsigned wave_blocks(const void *kernel, unsigned threads)
+{
+    struct key {
+        const void *kernel;
+        int dev;
+        unsigned threads;
+    };
+    static kept_answers<key, unsigned, 64> kept;
+    key k;
+    memset(&k, 0, sizeof k);
+    k.kernel = kernel;
+    k.threads = threads;
+    unsigned blocks = 0;
+    int n = 0;
+
+    if (cudaGetDevice(&k.dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 1;
+    }
+    if (kept.find(k, &blocks))
+        return blocks;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, (int)threads, 0) != cudaSuccess ||
+        n < 1) {
+        cudaGetLastError();
+        return (unsigned)sm_count();
+    }
+    blocks = (unsigned)n * (unsigned)sm_count();
+    kept.keep(k, blocks);
+    return blocks;
+}
+
+/* Blocks for `work` items of `threads` threads each of a grid-stride
+ * kernel: at most the blocks the GPU keeps resident, one wave (the
+ * kernels walk the rest). A fixed number of blocks an SM left kernels of
+ * many registers a second, partial wave, whose SMs end the op with a
+ * fraction of the loads in flight. */
+template <typename K> static unsigned grid_for(K kernel, size_t work, unsigned threads)
+{
+    size_t want = (work + threads - 1) / threads;
+    size_t cap = wave_blocks((const void *)kernel, threads);
+    if (want > cap)
+        want = cap;
+    return want ? (unsigned)want : 1u;
+}
+
+/* launch_as(T{}) with T the element type of dtype: each operator's entry
+ * point picks its kernels' instantiation this way. */
+template <typename F> static inline int by_dtype(weft_dtype dtype, F launch_as)
+{
+    switch (dtype) {
+    case WEFT_DTYPE_BF16:
+        return launch_as(__nv_bfloat16{});
+    case WEFT_DTYPE_F16:
+        return launch_as(__half{});
+    default:
+        return launch_as(float{});
+    }
+}
+
+} // namespace weft_ops
+
+#endif
