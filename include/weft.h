@@ -26,7 +26,8 @@
  *    the _until form with WEFT_FOREVER. Inside a task the wait suspends
  *    (the runtime's timer thread ends it); in a plain thread it blocks. A
  *    timed wait may end a little after its deadline, never before it.
- *    Cancellation still ends a timed wait with WEFT_ECANCELED.
+ *    Cancellation still ends a timed wait with WEFT_ECANCELED, except
+ *    weft_event_await_until's, which (like weft_await) is not cut short.
  */
 #ifndef WEFT_H
 #define WEFT_H
@@ -64,7 +65,8 @@ enum {
     WEFT_EAGAIN = -7,     /* a try-call would have had to wait */
     WEFT_EDEADLK = -8,    /* the wait could never end (a task joining itself) */
     WEFT_EDEVICE = -9,    /* the device failed or reported an error */
-    WEFT_ETIMEDOUT = -10, /* a timed wait ran out */
+    WEFT_ETIMEDOUT = -10, /* an _until wait's deadline passed first: join, event await, mutex
+                             lock, cond wait, sem wait, chan send and recv */
     WEFT_EPERM = -11,     /* not the owner (unlocking a mutex held by another) */
     WEFT_ESYS = -12       /* the operating system refused (threads, memory maps) */
 };
@@ -84,7 +86,8 @@ uint64_t weft_deadline_in_ns(uint64_t ns);
 const char *weft_strerror(int status);
 
 /* The detailed message of the last call that failed in the calling task (or
- * thread, outside tasks), e.g. "weft_join: task already joined". Valid until
+ * thread, outside tasks), e.g. "weft_join: task handle was already joined or
+ * detached, or its runtime destroyed". Valid until
  * the next failing call from the same task or thread. Never NULL. */
 const char *weft_last_error(void);
 
@@ -207,10 +210,16 @@ unsigned weft_runtime_workers(const weft_runtime *rt);
  * mutex, channel, sleep, GPU, ...) and the time the task then waited for a
  * worker, on a track of the task's own; and device operations (copies,
  * memsets, host functions, kernels, graph launches) on a track per stream,
- * timed on the GPU with CUDA events. A program need not call anything:
- * WEFT_TRACE=FILE in the environment traces every runtime from its creation
- * to its destruction (the second runtime of a process writes FILE.2, and so
- * on). Recording costs a few percent; not recording costs one branch.
+ * each with the id of the task that enqueued it. A GPU's operations are
+ * timed on the GPU: by CUPTI's activity records (host functions, which
+ * leave none, by CUDA events), or by CUDA events with WEFT_TRACE_GPU=events
+ * (also when libcupti cannot be used); WEFT_TRACE_GPU=off leaves them out.
+ * The host backend's are timed by the thread that runs them. A program need
+ * not call anything: WEFT_TRACE=FILE in the environment traces every runtime
+ * from its creation to its destruction (the second runtime of a process
+ * writes trace.2.json for trace.json - the number goes before the extension
+ * - the third trace.3.json, and so on). Recording costs a few percent; not
+ * recording costs one branch.
  * With CUDA and a profiler attached (Nsight Systems), tasks, waits and
  * operations also appear as NVTX ranges in the domain "weft".
  */
@@ -237,7 +246,7 @@ typedef enum weft_priority {
 typedef struct weft_task_opts {
     weft_priority priority;
     size_t stack_size; /* 0: the runtime's default */
-    const char *name;  /* shown in reports and traces; must outlive the task */
+    const char *name;  /* shown in traces and a stack overflow's report; must outlive the task */
     unsigned device;   /* 0: the least loaded device; WEFT_DEVICE(i): device i */
 } weft_task_opts;
 
@@ -257,9 +266,9 @@ int weft_spawn(weft_runtime *rt, weft_task **t, void *(*fn)(void *), void *arg,
  * work failed. A second join of the same handle returns WEFT_ESTATE; a task
  * joining itself WEFT_EDEADLK. A handle whose runtime is being destroyed or
  * was destroyed returns WEFT_ESTATE (so do the other calls taking handles);
- * a join that began before the destroy completes first. A cancelled task's join returns
- * WEFT_ECANCELED, at once or when the cancellation ends its wait, and t
- * stays joinable (weft_detach lets it go). */
+ * a join that began before the destroy completes first. A join made by a
+ * cancelled task returns WEFT_ECANCELED, at once or when the cancellation
+ * ends its wait, and t stays joinable (weft_detach lets it go). */
 int weft_join(weft_task *t, void **result);
 
 /* weft_join until deadline_ns: WEFT_ETIMEDOUT if t has not finished by then
@@ -406,7 +415,8 @@ int weft_mapped_free(weft_runtime *rt, void *host);
  * returns WEFT_ESTATE too). Calls CUDA forbids during capture (cudaMalloc,
  * synchronizing calls) make weft_region_end fail with the CUDA error's name;
  * the stream stays usable. Allocate inside a region with weft_malloc_async.
- * Regions do not nest, and events are recorded outside them. Task only. */
+ * Regions do not nest, and weft_event_record inside one returns
+ * WEFT_ESTATE (the recorded work has no point in time yet). Task only. */
 int weft_region_begin(uint64_t key);
 int weft_region_end(void);
 
@@ -473,21 +483,24 @@ typedef struct weft_event weft_event;
 
 /* Mark everything the calling task has enqueued so far. Task only. */
 int weft_event_record(weft_event **ev);
-/* Suspend until ev's work has completed (from a thread: block). */
+/* Suspend until ev's work has completed (from a thread: block). Not cut
+ * short by cancellation, like weft_await. */
 int weft_event_await(weft_event *ev);
 /* weft_event_await until deadline_ns: WEFT_ETIMEDOUT if ev's work is not
- * complete by then (the work itself goes on; ev may be awaited again). Not
- * ended by cancellation, like weft_event_await. */
+ * complete by then (the work itself goes on; ev may be awaited again). */
 int weft_event_await_until(weft_event *ev, uint64_t deadline_ns);
 /* Make the calling task's later work wait for ev on the device, without
- * suspending the task. Task only. */
+ * suspending the task. An event of another device than the task's is
+ * waited for by the task itself: it suspends until ev completes. Task
+ * only. */
 int weft_stream_wait(weft_event *ev);
 /* Release ev (NULL: a no-op). A destroyed event is refused by every call
  * with WEFT_ESTATE, as a joined task's handle is; a pointer that never was
  * an event with WEFT_EINVAL. */
 int weft_event_destroy(weft_event *ev);
 
-/* Devices of rt and the backend behind them ("cuda" or "host"). */
+/* Devices of rt and the backend behind them ("cuda" or "host"); 0 and
+ * "none" when rt is not a live runtime or its devices cannot start. */
 unsigned weft_device_count(weft_runtime *rt);
 const char *weft_backend_name(weft_runtime *rt);
 

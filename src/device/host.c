@@ -81,6 +81,7 @@ typedef struct op {
             void *arg;
         } call;
     } u;
+    uint64_t task; /* the enqueuing task's trace id; 0 unless recording */
 } op;
 
 /* A sync's completion marker; lives on the syncing task's stack. */
@@ -276,7 +277,7 @@ __attribute__((noinline)) static void op_run_traced(weft__stream *s, const op *o
     if (tr && weft__trace_recording(tr))
         weft__trace_op(tr, s->dev->base.index, s->id, kinds[o->kind], NULL,
                        o->kind == OP_COPY ? o->u.copy.n : o->kind == OP_FILL ? o->u.fill.n : 0,
-                       0, start, weft__now_ns());
+                       o->task, start, weft__now_ns());
 }
 
 /* Keep o for the stream's cache, or free it if the cache is full. The cache
@@ -374,11 +375,24 @@ static void *executor_main(void *arg)
 
 /* ---- enqueue and sync ------------------------------------------------- */
 
+/* The trace id of the task enqueueing on s, for the timeline to tie the
+ * operation to it as the CUDA backend does; 0 while s's runtime does not
+ * record (no id is handed out then). */
+static uint64_t enqueuer(const weft__stream *s)
+{
+    weft__trace *tr = s->dev->base.trace;
+    weft__task *t;
+    if (!weft__trace_on() || !tr || !weft__trace_recording(tr) || !(t = weft__task_self()))
+        return 0;
+    return weft__trace_task_id(tr, &t->trace_id);
+}
+
 /* Append a copy of *proto to s and make sure an executor will run it. */
 static int stream_push(weft__stream *s, const op *proto, const char *what)
 {
     op *o;
     bool wake;
+    uint64_t task = enqueuer(s);
 
     weft__lock_acquire(&s->lock);
     o = s->cache;
@@ -394,6 +408,7 @@ static int stream_push(weft__stream *s, const op *proto, const char *what)
     }
     *o = *proto;
     o->next = NULL;
+    o->task = task;
     if (s->tail)
         s->tail->next = o;
     else

@@ -340,6 +340,9 @@ static void test_bad_arguments_are_refused_with_a_message(void **state)
     assert_int_equal(weft_spawn(rt, &t, identity, NULL, NULL), WEFT_OK);
     assert_int_equal(weft_join(t, NULL), WEFT_OK);
     assert_int_equal(weft_join(t, NULL), WEFT_ESTATE);
+    /* the message weft.h and docs/guide.md quote */
+    assert_string_equal(weft_last_error(), "weft_join: task handle was already joined or detached, "
+                                           "or its runtime destroyed");
     assert_int_equal(weft_cancel(t), WEFT_ESTATE);
     weft_task *stale[1] = {t};
     assert_int_equal(weft_when_all(stale, 1), WEFT_ESTATE);

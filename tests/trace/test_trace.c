@@ -181,6 +181,46 @@ static size_t worker_names(const json *doc)
     return n;
 }
 
+/* The task id of the runs named name, which must all carry the same one. */
+static const char *task_id_of(const json *doc, const char *name)
+{
+    const json *events = trace_events(doc);
+    const char *id = NULL;
+    for (size_t i = 0; i < events->n; i++) {
+        const json *e = events->items[i];
+        if (strcmp(json_str(e, "ph"), "X") || strcmp(json_str(e, "cat"), "task") ||
+            strcmp(json_str(e, "name"), name))
+            continue;
+        const char *mine = json_str(json_get(e, "args"), "task");
+        assert_non_null(mine);
+        if (id)
+            assert_string_equal(id, mine);
+        id = mine;
+    }
+    assert_non_null(id);
+    return id;
+}
+
+/* Every device operation names the task that enqueued it: in this work,
+ * only the task named "device" enqueues any. */
+static void expect_ops_carry_their_task(const json *doc)
+{
+    const json *events = trace_events(doc);
+    const char *id = task_id_of(doc, "device");
+    size_t n = 0;
+    for (size_t i = 0; i < events->n; i++) {
+        const json *e = events->items[i];
+        if (strcmp(json_str(e, "ph"), "X") || strcmp(json_str(e, "cat"), "device"))
+            continue;
+        const char *task = json_str(json_get(e, "args"), "task");
+        if (!task)
+            fail_msg("device operation \"%s\" carries no task id", json_str(e, "name"));
+        assert_string_equal(task, id);
+        n++;
+    }
+    assert_true(n >= 3); /* the copy, the memset, the host function */
+}
+
 static void expect_the_work(const json *doc, unsigned workers)
 {
     assert_int_equal(runs_named(doc, "root") >= 2, 1); /* it runs, joins, runs again */
@@ -202,26 +242,66 @@ static void expect_the_work(const json *doc, unsigned workers)
     assert_true(trace_count(doc, "X", "memset", "device") >= 1);
     assert_true(trace_count(doc, "X", "host function", "device") >= 1);
     assert_true(trace_count(doc, "M", "process_name", NULL) >= 2); /* weft, host device 0 */
+    expect_ops_carry_their_task(doc);
 }
 
 /* ---- tests ----------------------------------------------------------------- */
 
+/* The runtimes of a process that WEFT_TRACE traces are numbered: the n-th
+ * writes x.n.json for x.json (the number before the extension, so that the
+ * file still opens as JSON), the first x.json. This counts them, so that a
+ * test knows which file its runtime writes whatever ran before it. */
+static unsigned env_traced;
+
+static weft_runtime *env_runtime(const char *path, unsigned workers, char *writes, size_t size)
+{
+    setenv("WEFT_TRACE", path, 1);
+    weft_runtime *rt = runtime(workers);
+    unsetenv("WEFT_TRACE");
+    size_t stem = strlen(path) - strlen(".json");
+    if (++env_traced == 1)
+        snprintf(writes, size, "%s", path);
+    else
+        snprintf(writes, size, "%.*s.%u.json", (int)stem, path, env_traced);
+    return rt;
+}
+
 static void test_weft_trace_env_records_runs_waits_and_device_ops(void **state)
 {
-    char path[256];
+    char path[256], writes[256];
     (void)state;
     trace_temp_path(path, sizeof path, "env");
-    setenv("WEFT_TRACE", path, 1);
-    weft_runtime *rt = runtime(2);
-    unsetenv("WEFT_TRACE");
+    weft_runtime *rt = env_runtime(path, 2, writes, sizeof writes);
     run_work(rt);
     assert_int_equal(weft_trace_start(rt, path), WEFT_ESTATE); /* recording already */
     assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
 
-    json *doc = trace_load_checked(path);
+    json *doc = trace_load_checked(writes);
     expect_the_work(doc, 2);
     json_free(doc);
-    remove(path);
+    remove(writes);
+}
+
+/* The runtime after another of the same process writes x.N.json, not
+ * x.json.N, and both files are complete. */
+static void test_weft_trace_env_numbers_a_second_runtime_before_the_extension(void **state)
+{
+    char path[256], first[256], second[256];
+    (void)state;
+    trace_temp_path(path, sizeof path, "numbered");
+    weft_runtime *a = env_runtime(path, 1, first, sizeof first);
+    weft_runtime *b = env_runtime(path, 1, second, sizeof second);
+    assert_true(strcmp(second, path) != 0);
+    run_work(b);
+    assert_int_equal(weft_runtime_destroy(b), WEFT_OK);
+    assert_int_equal(weft_runtime_destroy(a), WEFT_OK);
+
+    json *doc = trace_load_checked(second);
+    expect_the_work(doc, 1);
+    json_free(doc);
+    json_free(trace_load_checked(first)); /* no work, still valid JSON */
+    remove(first);
+    remove(second);
 }
 
 static void test_trace_start_and_stop_bound_the_recording(void **state)
@@ -512,6 +592,7 @@ int main(void)
         cmocka_unit_test(test_trace_start_and_stop_let_devices_prepare_and_report),
         cmocka_unit_test(test_trace_checker_refuses_broken_files),
         cmocka_unit_test(test_weft_trace_env_records_runs_waits_and_device_ops),
+        cmocka_unit_test(test_weft_trace_env_numbers_a_second_runtime_before_the_extension),
         cmocka_unit_test(test_trace_start_and_stop_bound_the_recording),
         cmocka_unit_test(test_trace_is_valid_json_when_tasks_fail),
         cmocka_unit_test(test_trace_stops_and_restarts_while_tasks_run),
