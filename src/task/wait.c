@@ -16,9 +16,9 @@
  */
 #include "core/clock.h"
 #include "core/futex.h"
-#include "runtime.h"
-#include "sched/sched.h"
+#include "task/sched.h"
 #include "task/task.h"
+#include "task/tasks.h"
 
 static _Thread_local weft__parker thread_parker;
 
@@ -116,7 +116,7 @@ int weft__parker_park_until(weft__parker *p, weft__lock *lock, uint64_t deadline
     if (!p->task)
         return park(p, lock, deadline);
 
-    weft__timers *timers = p->task->rt->timers;
+    weft__timers *timers = weft__tasks_of(p->task->rt)->timers;
     weft__timer timer = {.deadline = deadline,
                          .status = WEFT_ETIMEDOUT,
                          .waiter = {.parker = p, .waits_on = p->waits_on}};
