@@ -8,7 +8,7 @@
  * and publishes its status.
  *
  * A deadline is one more firer. A task's goes into its runtime's timer heap
- * (sched/timer.c) before the lock is released and comes out before the wait
+ * (timer.c) before the lock is released and comes out before the wait
  * returns, so it can never fire a later wait of the same parker; a thread
  * bounds its futex sleeps by the deadline and, once it has passed, fires
  * its own parker. Either way the CAS decides: a firer that got there first
