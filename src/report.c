@@ -220,7 +220,7 @@ static size_t report(weft_runtime *rt, char *buf, size_t size, bool at_destroy)
         buf[0] = '\0';
     weft__stats_read(rt, &st);
     if (st.devices) {
-        both_idle(&w, &st, weft__sched_workers(rt->sched));
+        both_idle(&w, &st, weft__sched_workers(rt->tasks.sched));
         never_overlapped(&w, &st);
         copies(&w, &st);
         launch_bound(&w, &st);

@@ -17,6 +17,9 @@
 
 #include "runtime.h"
 
+/* The task layer reaches its share by a cast (task/tasks.h). */
+_Static_assert(offsetof(weft_runtime, tasks) == 0, "a runtime begins with its tasks' share");
+
 #define DEFAULT_STACK (256 * 1024)
 #define MAX_WORKERS 4096
 
@@ -34,13 +37,14 @@ static weft_runtime *record_get(void)
         return NULL;
     /* Keep state DEAD and calls closed while we build: a stale handle must
      * not get in yet. The task records stay for this life. */
+    memset(&rt->tasks.sched, 0, sizeof rt->tasks - offsetof(weft__tasks, sched));
     memset(&rt->cfg, 0, sizeof *rt - offsetof(weft_runtime, cfg));
     return rt;
 }
 
 static void record_put(weft_runtime *rt)
 {
-    atomic_store(&rt->state, WEFT__RT_DEAD);
+    atomic_store(&rt->tasks.state, WEFT__RT_DEAD);
     pthread_mutex_lock(&dead_lock);
     rt->next_dead = dead_runtimes;
     dead_runtimes = rt;
@@ -127,24 +131,24 @@ static int devices_create(weft_runtime *rt)
     }
     bool polled = rt->devices[0]->ops->poll != NULL;
     if (polled)
-        weft__sched_set_poller(rt->sched, poll_devices, devices_pending, rt);
+        weft__sched_set_poller(rt->tasks.sched, poll_devices, devices_pending, rt);
     for (unsigned i = 0; i < rt->ndevices; i++) {
         weft__device *dev = rt->devices[i];
         char name[32];
         bool gpu = strcmp(dev->ops->name, "cuda") == 0;
         snprintf(name, sizeof name, gpu ? "GPU %u" : "host device %u", i);
-        weft__trace_name_device(rt->trace, i, name);
-        dev->trace = rt->trace;
+        weft__trace_name_device(rt->tasks.trace, i, name);
+        dev->trace = rt->tasks.trace;
         dev->index = i;
         if (polled) {
             dev->kick = kick_sched;
-            dev->kick_ctx = rt->sched;
+            dev->kick_ctx = rt->tasks.sched;
         }
     }
     return WEFT_OK;
 }
 
-int weft__runtime_devices(weft_runtime *rt, weft__device ***devs, unsigned *n)
+static int runtime_devices(weft_runtime *rt, weft__device ***devs, unsigned *n)
 {
     int rc = WEFT_OK;
     if (!atomic_load_explicit(&rt->devices_ready, memory_order_acquire)) {
@@ -162,7 +166,7 @@ int weft__runtime_devices(weft_runtime *rt, weft__device ***devs, unsigned *n)
 
 static void devices_destroy(weft_runtime *rt)
 {
-    weft__sched_clear_poller(rt->sched); /* idle workers poll the devices */
+    weft__sched_clear_poller(rt->tasks.sched); /* idle workers poll the devices */
     for (unsigned i = 0; i < rt->ndevices; i++)
         rt->devices[i]->ops->destroy(rt->devices[i]);
     free(rt->devices);
@@ -189,7 +193,7 @@ static void trace_from_environment(weft_runtime *rt)
         snprintf(numbered, sizeof numbered, "%.*s.%u%s", stem, path, n, path + stem);
         path = numbered;
     }
-    if (weft__trace_start(rt->trace, path, "WEFT_TRACE") != WEFT_OK)
+    if (weft__trace_start(rt->tasks.trace, path, "WEFT_TRACE") != WEFT_OK)
         fprintf(stderr, "weft: %s; not tracing\n", weft_last_error());
 }
 
@@ -224,7 +228,7 @@ int weft_trace_start(weft_runtime *rt, const char *path)
     int rc = weft__runtime_enter(rt, "weft_trace_start");
     if (rc)
         return rc;
-    rc = weft__trace_start(rt->trace, path, "weft_trace_start");
+    rc = weft__trace_start(rt->tasks.trace, path, "weft_trace_start");
     weft__runtime_leave(rt);
     return rc;
 }
@@ -234,7 +238,7 @@ int weft_trace_stop(weft_runtime *rt)
     int rc = weft__runtime_enter(rt, "weft_trace_stop");
     if (rc)
         return rc;
-    rc = weft__trace_stop(rt->trace, "weft_trace_stop");
+    rc = weft__trace_stop(rt->tasks.trace, "weft_trace_stop");
     weft__runtime_leave(rt);
     return rc;
 }
@@ -244,6 +248,7 @@ int weft_trace_stop(weft_runtime *rt)
 int weft_runtime_create(weft_runtime **out, const weft_config *given)
 {
     weft_config cfg;
+    weft__error_set_lookup(weft__task_errbuf); /* messages of tasks go to the task */
     if (!out)
         return weft__fail(WEFT_EINVAL, "weft_runtime_create: rt is NULL");
     int rc = fill_config(&cfg, given);
@@ -253,35 +258,38 @@ int weft_runtime_create(weft_runtime **out, const weft_config *given)
     if (!rt)
         return weft__fail(WEFT_ENOMEM, "weft_runtime_create: out of memory");
     rt->cfg = cfg;
-    pthread_mutex_init(&rt->idle_lock, NULL);
-    pthread_cond_init(&rt->idle, NULL);
-    pthread_mutex_init(&rt->pool_lock, NULL);
+    rt->tasks.stack_size = cfg.stack_size;
+    rt->tasks.devices = runtime_devices;
+    rt->tasks.task_exit = weft__device_task_exit;
+    pthread_mutex_init(&rt->tasks.idle_lock, NULL);
+    pthread_cond_init(&rt->tasks.idle, NULL);
+    pthread_mutex_init(&rt->tasks.pool_lock, NULL);
     pthread_mutex_init(&rt->device_lock, NULL);
-    weft__blocking_init(&rt->blocking, cfg.blocking_threads);
+    weft__blocking_init(&rt->tasks.blocking, cfg.blocking_threads);
 
-    if (weft__trace_create(&rt->trace) != WEFT_OK) {
+    if (weft__trace_create(&rt->tasks.trace) != WEFT_OK) {
         rc = weft__fail(WEFT_ENOMEM, "weft_runtime_create: out of memory");
         goto fail_locks;
     }
-    weft__trace_hooks(rt->trace, prepare_device_timings, report_device_timings, rt);
+    weft__trace_hooks(rt->tasks.trace, prepare_device_timings, report_device_timings, rt);
     if (weft__overflow_install() != 0) {
         rc = weft__fail(WEFT_ESYS, "weft_runtime_create: cannot install the overflow handler");
         goto fail_locks;
     }
-    if (weft__stack_pool_create(&rt->stacks, cfg.stack_size) != 0) {
+    if (weft__stack_pool_create(&rt->tasks.stacks, cfg.stack_size) != 0) {
         rc = weft__fail(WEFT_ENOMEM, "weft_runtime_create: no memory for the stack pool");
         goto fail_locks;
     }
-    if ((rc = weft__timers_create(&rt->timers))) {
+    if ((rc = weft__timers_create(&rt->tasks.timers))) {
         weft__fail(rc, "weft_runtime_create: cannot start the timer thread");
         goto fail_stacks;
     }
-    if ((rc = weft__sched_create(&rt->sched, cfg.workers, rt->stacks))) {
+    if ((rc = weft__sched_create(&rt->tasks.sched, cfg.workers, rt->tasks.stacks))) {
         weft__fail(rc, "weft_runtime_create: cannot start %u workers", cfg.workers);
         goto fail_timers;
     }
     rt->created_ns = weft__now_ns();
-    weft__sched_set_idle_probe(rt->sched, weft__runtime_busy_ns, rt);
+    weft__sched_set_idle_probe(rt->tasks.sched, weft__runtime_busy_ns, rt);
     if (cfg.backend == WEFT_BACKEND_CUDA) { /* asked for GPUs: fail now if there are none */
         weft__device **devs;
         unsigned n;
@@ -289,86 +297,28 @@ int weft_runtime_create(weft_runtime **out, const weft_config *given)
             goto fail_sched;
     }
     trace_from_environment(rt);
-    atomic_store(&rt->state, WEFT__RT_LIVE);
+    atomic_store(&rt->tasks.state, WEFT__RT_LIVE);
     /* Release: a call let in sees the runtime built. */
-    atomic_fetch_or_explicit(&rt->calls, WEFT__RT_OPEN, memory_order_release);
+    atomic_fetch_or_explicit(&rt->tasks.calls, WEFT__RT_OPEN, memory_order_release);
     *out = rt;
     return WEFT_OK;
 
 fail_sched:
-    weft__sched_destroy(rt->sched);
+    weft__sched_destroy(rt->tasks.sched);
 
 fail_timers:
-    weft__timers_destroy(rt->timers);
+    weft__timers_destroy(rt->tasks.timers);
 fail_stacks:
-    weft__stack_pool_destroy(rt->stacks);
+    weft__stack_pool_destroy(rt->tasks.stacks);
 fail_locks:
-    weft__trace_destroy(rt->trace);
-    pthread_mutex_destroy(&rt->idle_lock);
-    pthread_cond_destroy(&rt->idle);
-    pthread_mutex_destroy(&rt->pool_lock);
+    weft__trace_destroy(rt->tasks.trace);
+    pthread_mutex_destroy(&rt->tasks.idle_lock);
+    pthread_cond_destroy(&rt->tasks.idle);
+    pthread_mutex_destroy(&rt->tasks.pool_lock);
     pthread_mutex_destroy(&rt->device_lock);
-    weft__blocking_fini(&rt->blocking);
+    weft__blocking_fini(&rt->tasks.blocking);
     record_put(rt);
     return rc;
-}
-
-static int refused(weft_runtime *rt, const char *fn)
-{
-    if (atomic_load_explicit(&rt->state, memory_order_relaxed) == WEFT__RT_DYING)
-        return weft__fail(WEFT_ESTATE, "%s: the runtime is being destroyed", fn);
-    return weft__fail(WEFT_ESTATE, "%s: the runtime was destroyed", fn);
-}
-
-static bool own_task(weft_runtime *rt)
-{
-    weft__task *self = weft__task_self();
-    return self && self->rt == rt;
-}
-
-int weft__runtime_enter(weft_runtime *rt, const char *fn)
-{
-    if (!rt)
-        return weft__fail(WEFT_EINVAL, "%s: runtime is NULL", fn);
-    if (own_task(rt))
-        return WEFT_OK; /* rt lives at least as long as the caller */
-    /* Counted only while open: destroy clears OPEN, so the count it then
-     * waits for can only fall, however many callers keep trying. */
-    unsigned calls = atomic_load_explicit(&rt->calls, memory_order_relaxed);
-    do {
-        if (!(calls & WEFT__RT_OPEN))
-            return refused(rt, fn);
-    } while (!atomic_compare_exchange_weak_explicit(&rt->calls, &calls, calls + 1,
-                                                    memory_order_acquire, memory_order_relaxed));
-    return WEFT_OK;
-}
-
-void weft__runtime_leave(weft_runtime *rt)
-{
-    if (own_task(rt))
-        return;
-    /* Release: destroy sees everything the call did before it frees. */
-    unsigned calls = atomic_load_explicit(&rt->calls, memory_order_relaxed);
-    while (calls != 1)
-        if (atomic_compare_exchange_weak_explicit(&rt->calls, &calls, calls - 1,
-                                                  memory_order_release, memory_order_relaxed))
-            return;
-    /* Closed, and this is the last call: destroy waits for it. It reads the
-     * count under idle_lock, so it cannot see zero and go on to destroy the
-     * lock before we are done with it. */
-    pthread_mutex_lock(&rt->idle_lock);
-    atomic_fetch_sub_explicit(&rt->calls, 1, memory_order_release);
-    pthread_cond_broadcast(&rt->idle);
-    pthread_mutex_unlock(&rt->idle_lock);
-}
-
-void weft__runtime_task_ended(weft_runtime *rt)
-{
-    if (atomic_load(&rt->state) != WEFT__RT_DYING)
-        return; /* nobody waits: no shared counter to touch */
-    pthread_mutex_lock(&rt->idle_lock);
-    pthread_cond_broadcast(&rt->idle);
-    pthread_mutex_unlock(&rt->idle_lock);
 }
 
 int weft_runtime_destroy(weft_runtime *rt)
@@ -380,20 +330,20 @@ int weft_runtime_destroy(weft_runtime *rt)
         return weft__fail(WEFT_EDEADLK,
                           "weft_runtime_destroy: called from a task of the same runtime");
     unsigned live = WEFT__RT_LIVE;
-    if (!atomic_compare_exchange_strong(&rt->state, &live, WEFT__RT_DYING))
+    if (!atomic_compare_exchange_strong(&rt->tasks.state, &live, WEFT__RT_DYING))
         return weft__fail(WEFT_ESTATE, live == WEFT__RT_DYING
                                            ? "weft_runtime_destroy: the runtime is being destroyed"
                                            : "weft_runtime_destroy: the runtime was destroyed");
-    atomic_fetch_and(&rt->calls, ~WEFT__RT_OPEN); /* from now on only rt's tasks get in */
+    atomic_fetch_and(&rt->tasks.calls, ~WEFT__RT_OPEN); /* from now on only rt's tasks get in */
 
     /* Calls from outside first: a spawn among them is counted before it
      * leaves, so once none is left the live count below includes its task.
      * Tasks are counted per worker (no shared counter on the hot path): look
      * again whenever a call or a task ends, and every few milliseconds in
      * case an end came just before we started to look. */
-    pthread_mutex_lock(&rt->idle_lock);
-    while (atomic_load_explicit(&rt->calls, memory_order_acquire) != 0 ||
-           weft__sched_live(rt->sched) > 0) {
+    pthread_mutex_lock(&rt->tasks.idle_lock);
+    while (atomic_load_explicit(&rt->tasks.calls, memory_order_acquire) != 0 ||
+           weft__sched_live(rt->tasks.sched) > 0) {
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
         until.tv_nsec += 5000000;
@@ -401,23 +351,23 @@ int weft_runtime_destroy(weft_runtime *rt)
             until.tv_sec++;
             until.tv_nsec -= 1000000000;
         }
-        pthread_cond_timedwait(&rt->idle, &rt->idle_lock, &until);
+        pthread_cond_timedwait(&rt->tasks.idle, &rt->tasks.idle_lock, &until);
     }
-    pthread_mutex_unlock(&rt->idle_lock);
+    pthread_mutex_unlock(&rt->tasks.idle_lock);
     weft__report_at_destroy(rt); /* WEFT_REPORT: the run's diagnosis */
 
     /* Top-down: device executors and the timer thread may still be waking
      * the last tasks, so they stop before the workers they wake. */
     devices_destroy(rt);
-    weft__blocking_fini(&rt->blocking); /* idle: every task that used it ended */
-    weft__timers_destroy(rt->timers);
-    weft__sched_destroy(rt->sched);
-    weft__trace_destroy(rt->trace); /* every thread that records has stopped */
+    weft__blocking_fini(&rt->tasks.blocking); /* idle: every task that used it ended */
+    weft__timers_destroy(rt->tasks.timers);
+    weft__sched_destroy(rt->tasks.sched);
+    weft__trace_destroy(rt->tasks.trace); /* every thread that records has stopped */
     weft__task_pool_retire(rt);
-    weft__stack_pool_destroy(rt->stacks);
-    pthread_mutex_destroy(&rt->idle_lock);
-    pthread_cond_destroy(&rt->idle);
-    pthread_mutex_destroy(&rt->pool_lock);
+    weft__stack_pool_destroy(rt->tasks.stacks);
+    pthread_mutex_destroy(&rt->tasks.idle_lock);
+    pthread_cond_destroy(&rt->tasks.idle);
+    pthread_mutex_destroy(&rt->tasks.pool_lock);
     pthread_mutex_destroy(&rt->device_lock);
     record_put(rt);
     return WEFT_OK;
@@ -443,7 +393,7 @@ int weft_stats_get(weft_runtime *rt, weft_stats *stats)
 
 void weft__stats_read(weft_runtime *rt, weft_stats *stats)
 {
-    weft__sched_stats(rt->sched, stats);
+    weft__sched_stats(rt->tasks.sched, stats);
     stats->devices = 0;
     stats->graph = (weft_graph_stats){0};
     if (atomic_load_explicit(&rt->devices_ready, memory_order_acquire)) {
@@ -462,10 +412,10 @@ void weft__stats_read(weft_runtime *rt, weft_stats *stats)
 unsigned weft_runtime_workers(const weft_runtime *crt)
 {
     weft_runtime *rt = (weft_runtime *)crt; /* entering counts the call in it */
-    if (!rt || atomic_load(&rt->state) != WEFT__RT_LIVE ||
+    if (!rt || atomic_load(&rt->tasks.state) != WEFT__RT_LIVE ||
         weft__runtime_enter(rt, "weft_runtime_workers"))
         return 0;
-    unsigned n = weft__sched_workers(rt->sched);
+    unsigned n = weft__sched_workers(rt->tasks.sched);
     weft__runtime_leave(rt);
     return n;
 }

@@ -12,13 +12,20 @@
 
 /* Record "fmt ..." as the caller's last error and return status, so that a
  * failure reads: return weft__fail(WEFT_EINVAL, "weft_join: t is NULL"); */
-int weft__fail(int status, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-/* Where the message of the current context is kept: the running task's
- * buffer, or the thread's. Provided by the task layer. */
-char *weft__error_buffer(size_t *size);
+int weft__fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #define WEFT__ERRMSG_SIZE 160
+
+/* A last-error message. The task layer keeps one in each task record. */
+typedef struct weft__errbuf {
+    char msg[WEFT__ERRMSG_SIZE];
+} weft__errbuf;
+
+/* Where the message of the current context is kept: lookup returns the
+ * running task's buffer, or NULL outside tasks (the thread's own buffer is
+ * then used). The composition root sets the task layer's lookup when it
+ * creates a runtime (no task runs before that); until then every message
+ * goes to the thread's buffer. */
+void weft__error_set_lookup(weft__errbuf *(*lookup)(void));
 
 #endif

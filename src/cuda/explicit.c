@@ -19,7 +19,7 @@
 #include "core/error.h"
 #include "core/lock.h"
 #include "cuda/backend.h"
-#include "runtime.h"
+#include "task/tasks.h"
 #include "task/task.h"
 #include "trace/trace.h"
 #include "weft.h"

@@ -15,7 +15,7 @@
 #include "core/clock.h"
 #include "device/device.h"
 #include "device/event.h"
-#include "runtime.h"
+#include "task/tasks.h"
 #include "task/task.h"
 #include "trace/nvtx.h"
 
@@ -96,7 +96,7 @@ weft__op_bracket weft__op_bracket_open(weft__task *t, weft__stream *s, const cha
                                        weft__op_kind kind)
 {
     const weft__device_ops *ops = t->stream_device->ops;
-    weft__trace *tr = t->rt->trace;
+    weft__trace *tr = weft__tasks_of(t->rt)->trace;
     weft__op_bracket b = {.timed =
                               ops->trace_begin && !t->region_stream && weft__trace_recording(tr),
                           .nvtx = weft__trace_nvtx(tr)};
@@ -110,7 +110,7 @@ weft__op_bracket weft__op_bracket_open(weft__task *t, weft__stream *s, const cha
 void weft__op_bracket_close(weft__task *t, weft__stream *s, weft__op_bracket b, weft__op_info op)
 {
     if (b.timed) {
-        op.task = weft__trace_task_id(t->rt->trace, &t->trace_id);
+        op.task = weft__trace_task_id(weft__tasks_of(t->rt)->trace, &t->trace.id);
         t->stream_device->ops->trace_end(s, b.mark, &op);
     }
     if (b.nvtx)

@@ -246,6 +246,17 @@ weft__op_bracket weft__op_bracket_open(struct weft__task *t, weft__stream *s, co
 void weft__op_bracket_close(struct weft__task *t, weft__stream *s, weft__op_bracket b,
                             weft__op_info op);
 
+/* The calling task and the stream its device work goes to now, leasing one
+ * if needed (api.c). */
+int weft__task_stream(const char *fn, struct weft__task **tp, weft__stream **sp);
+
+/* Device work left unawaited when a task returns (api.c); the composition
+ * root sets it as the task layer's task_exit hook. */
+void weft__device_task_exit(struct weft__task *t);
+
+/* Stop a task's open region and drop its work (region.c). */
+void weft__region_drop(struct weft__task *t);
+
 /* Wait for everything enqueued on s so far. */
 static inline int weft__stream_sync(const weft__device_ops *ops, weft__stream *s)
 {

@@ -384,7 +384,7 @@ static uint64_t enqueuer(const weft__stream *s)
     weft__task *t;
     if (!weft__trace_on() || !tr || !weft__trace_recording(tr) || !(t = weft__task_self()))
         return 0;
-    return weft__trace_task_id(tr, &t->trace_id);
+    return weft__trace_task_id(tr, &t->trace.id);
 }
 
 /* Append a copy of *proto to s and make sure an executor will run it. */

@@ -9,7 +9,7 @@
  * them or that its task returned from.
  */
 #include "device/device.h"
-#include "runtime.h"
+#include "task/tasks.h"
 #include "task/task.h"
 
 static void region_close(weft__task *t)

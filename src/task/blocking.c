@@ -25,9 +25,9 @@
 #include <stdlib.h>
 
 #include "core/error.h"
-#include "runtime.h"
 #include "task/blocking.h"
 #include "task/task.h"
+#include "task/tasks.h"
 #include "task/wait.h"
 #include "weft.h"
 
@@ -198,7 +198,7 @@ int weft_blocking(void *(*fn)(void *arg), void *arg, void **result)
 
     job j = {.fn = fn, .arg = arg};
     weft__waiter_init(&j.waiter, WEFT__WAITS_BLOCKING);
-    rc = run_on_pool(&t->rt->blocking, &j);
+    rc = run_on_pool(&weft__tasks_of(t->rt)->blocking, &j);
     if (rc == WEFT_ECANCELED)
         return weft__fail(rc, "weft_blocking: task cancelled before fn started; fn not run");
     if (rc)

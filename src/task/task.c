@@ -23,9 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime.h"
-#include "sched/sched.h"
+#include "task/sched.h"
 #include "task/task.h"
+#include "task/tasks.h"
 
 enum {
     HANDLE_SHIFT = 48,
@@ -41,18 +41,10 @@ weft__task *weft__task_self(void)
     return w ? weft__worker_current(w) : NULL;
 }
 
-static _Thread_local char thread_errmsg[WEFT__ERRMSG_SIZE];
-
-__attribute__((noinline)) static char *thread_error_buffer(void)
-{
-    return thread_errmsg;
-}
-
-char *weft__error_buffer(size_t *size)
+weft__errbuf *weft__task_errbuf(void)
 {
     weft__task *t = weft__task_self();
-    *size = WEFT__ERRMSG_SIZE;
-    return t ? t->errmsg : thread_error_buffer();
+    return t ? &t->errmsg : NULL;
 }
 
 int weft__task_may_suspend(const char *fn)
@@ -76,41 +68,42 @@ typedef struct task_chunk {
 static weft__task_cache *local_cache(weft_runtime *rt)
 {
     weft__worker *w = weft__worker_self();
-    return w && weft__worker_sched(w) == rt->sched ? weft__worker_tasks(w) : NULL;
+    return w && weft__worker_sched(w) == weft__tasks_of(rt)->sched ? weft__worker_tasks(w) : NULL;
 }
 
 /* Refill cache (or get one record) from the shared pool, allocating a new
  * chunk when it is empty. Returns one record, the rest go to cache. */
 static weft__task *pool_take(weft_runtime *rt, weft__task_cache *cache)
 {
-    pthread_mutex_lock(&rt->pool_lock);
-    if (!rt->free_tasks) {
+    weft__tasks *tk = weft__tasks_of(rt);
+    pthread_mutex_lock(&tk->pool_lock);
+    if (!tk->free_tasks) {
         task_chunk *c = NULL;
         if (posix_memalign((void **)&c, 64, sizeof *c) || (uintptr_t)c >> HANDLE_SHIFT) {
             /* (handles need the top bits free) */
             free(c);
-            pthread_mutex_unlock(&rt->pool_lock);
+            pthread_mutex_unlock(&tk->pool_lock);
             return NULL;
         }
         memset(c, 0, sizeof *c);
-        c->next = rt->task_chunks;
-        rt->task_chunks = c;
+        c->next = tk->task_chunks;
+        tk->task_chunks = c;
         for (int i = CHUNK_TASKS - 1; i >= 0; i--) {
             c->tasks[i].rt = rt; /* for good: see the top */
-            c->tasks[i].next = rt->free_tasks;
-            rt->free_tasks = &c->tasks[i];
+            c->tasks[i].next = tk->free_tasks;
+            tk->free_tasks = &c->tasks[i];
         }
     }
-    weft__task *t = rt->free_tasks;
-    rt->free_tasks = t->next;
-    for (unsigned n = 0; cache && rt->free_tasks && n < CHUNK_TASKS; n++) {
-        weft__task *extra = rt->free_tasks;
-        rt->free_tasks = extra->next;
+    weft__task *t = tk->free_tasks;
+    tk->free_tasks = t->next;
+    for (unsigned n = 0; cache && tk->free_tasks && n < CHUNK_TASKS; n++) {
+        weft__task *extra = tk->free_tasks;
+        tk->free_tasks = extra->next;
         extra->next = cache->head;
         cache->head = extra;
         cache->count++;
     }
-    pthread_mutex_unlock(&rt->pool_lock);
+    pthread_mutex_unlock(&tk->pool_lock);
     return t;
 }
 
@@ -128,6 +121,7 @@ weft__task *weft__task_alloc(weft_runtime *rt)
 
 static void task_free(weft_runtime *rt, weft__task *t)
 {
+    weft__tasks *tk = weft__tasks_of(rt);
     weft__task_cache *cache = local_cache(rt);
     if (cache) {
         t->next = cache->head;
@@ -140,16 +134,16 @@ static void task_free(weft_runtime *rt, weft__task *t)
             last = last->next;
         cache->head = last->next;
         cache->count -= CACHE_MAX / 2;
-        pthread_mutex_lock(&rt->pool_lock);
-        last->next = rt->free_tasks;
-        rt->free_tasks = first;
-        pthread_mutex_unlock(&rt->pool_lock);
+        pthread_mutex_lock(&tk->pool_lock);
+        last->next = tk->free_tasks;
+        tk->free_tasks = first;
+        pthread_mutex_unlock(&tk->pool_lock);
         return;
     }
-    pthread_mutex_lock(&rt->pool_lock);
-    t->next = rt->free_tasks;
-    rt->free_tasks = t;
-    pthread_mutex_unlock(&rt->pool_lock);
+    pthread_mutex_lock(&tk->pool_lock);
+    t->next = tk->free_tasks;
+    tk->free_tasks = t;
+    pthread_mutex_unlock(&tk->pool_lock);
 }
 
 /* No task of rt is left and no call is inside it, so every record is free
@@ -158,13 +152,14 @@ static void task_free(weft_runtime *rt, weft__task *t)
  * handles stale. The chunks are never freed: a stale handle may be read. */
 void weft__task_pool_retire(weft_runtime *rt)
 {
-    rt->free_tasks = NULL;
-    for (task_chunk *c = rt->task_chunks; c; c = c->next)
+    weft__tasks *tk = weft__tasks_of(rt);
+    tk->free_tasks = NULL;
+    for (task_chunk *c = tk->task_chunks; c; c = c->next)
         for (int i = CHUNK_TASKS - 1; i >= 0; i--) {
             weft__task *t = &c->tasks[i];
             atomic_fetch_add_explicit(&t->generation, 1, memory_order_relaxed);
-            t->next = rt->free_tasks;
-            rt->free_tasks = t;
+            t->next = tk->free_tasks;
+            tk->free_tasks = t;
         }
 }
 
@@ -173,14 +168,15 @@ void weft__task_pool_retire(weft_runtime *rt)
  * claim is still open is one nobody joined. */
 uint64_t weft__task_unjoined(weft_runtime *rt)
 {
+    weft__tasks *tk = weft__tasks_of(rt);
     uint64_t n = 0;
-    pthread_mutex_lock(&rt->pool_lock);
-    for (task_chunk *c = rt->task_chunks; c; c = c->next)
+    pthread_mutex_lock(&tk->pool_lock);
+    for (task_chunk *c = tk->task_chunks; c; c = c->next)
         for (int i = 0; i < CHUNK_TASKS; i++) {
             weft__task *t = &c->tasks[i];
             n += atomic_load(&t->done) && !atomic_load(&t->join_claimed);
         }
-    pthread_mutex_unlock(&rt->pool_lock);
+    pthread_mutex_unlock(&tk->pool_lock);
     return n;
 }
 
@@ -247,8 +243,8 @@ static void task_entry(void *arg)
 {
     weft__task *t = arg;
     t->result = t->fn(t->arg);
-    if (t->stream)
-        weft__device_task_exit(t);
+    if (t->stream) /* device work left unawaited: the device layer drains it */
+        weft__tasks_of(t->rt)->task_exit(t);
     weft__sched_leave(t, WEFT__LEAVE_EXIT);
 }
 
@@ -265,7 +261,7 @@ static int check_opts(weft_runtime *rt, const weft_task_opts *opts)
         return weft__fail(WEFT_EINVAL, "weft_spawn: stack_size %zu is outside [%zu, %zu]",
                           opts->stack_size, WEFT__STACK_MIN, WEFT__STACK_MAX);
     if (opts->device) {
-        weft__device **devs;
+        struct weft__device **devs;
         unsigned n;
         int rc = weft__runtime_devices(rt, &devs, &n);
         if (rc)
@@ -314,14 +310,14 @@ static int spawn_in(weft_runtime *rt, weft_task **out, void *(*fn)(void *), void
     t->device_status = WEFT_OK;
     t->region_open = t->region_broken = false;
     t->region_stream = NULL;
-    t->errmsg[0] = '\0';
-    t->trace_id = 0;
-    t->trace_parked = 0;
-    t->nvtx_wait = 0;
+    t->errmsg.msg[0] = '\0';
+    t->trace.id = 0;
+    t->trace.parked = 0;
+    t->trace.nvtx_wait = 0;
 
     if (out)
         *out = handle_of(t);
-    weft__sched_spawn(rt->sched, t);
+    weft__sched_spawn(weft__tasks_of(rt)->sched, t);
     return WEFT_OK;
 }
 
@@ -343,10 +339,11 @@ bool weft__task_start(weft__worker *w, weft__task *t)
         weft__task_finish(w, t); /* dropped before it ever ran */
         return false;
     }
-    if (weft__stack_get(t->rt->stacks, weft__worker_stacks(w), t->stack_size, &t->stack)) {
+    if (weft__stack_get(weft__tasks_of(t->rt)->stacks, weft__worker_stacks(w), t->stack_size,
+                        &t->stack)) {
         t->status = WEFT_ENOMEM;
         weft__fail(WEFT_ENOMEM, "task: no memory for a stack of %zu bytes",
-                   t->stack_size ? t->stack_size : t->rt->cfg.stack_size);
+                   t->stack_size ? t->stack_size : weft__tasks_of(t->rt)->stack_size);
         weft__task_finish(w, t);
         return false;
     }
@@ -361,7 +358,7 @@ void weft__task_finish(weft__worker *w, weft__task *t)
     weft_runtime *rt = t->rt;
     if (t->stack) {
         weft__fiber_release(&t->fiber);
-        weft__stack_put(rt->stacks, weft__worker_stacks(w), t->stack);
+        weft__stack_put(weft__tasks_of(rt)->stacks, weft__worker_stacks(w), t->stack);
         t->stack = NULL;
     }
     if (atomic_load(&t->cancelled))
@@ -413,7 +410,7 @@ static int join_failure(const weft__task *t)
         return weft__fail(WEFT_ECANCELED, "weft_join: the task was cancelled");
     default:
         return weft__fail(t->status, "weft_join: the task failed: %s",
-                          t->errmsg[0] ? t->errmsg : weft_strerror(t->status));
+                          t->errmsg.msg[0] ? t->errmsg.msg : weft_strerror(t->status));
     }
 }
 
@@ -673,6 +670,6 @@ int weft_sleep_ns(uint64_t ns)
         return weft__fail(WEFT_ECANCELED, "weft_sleep_ns: the task was cancelled");
     if (ns == 0)
         return weft_yield();
-    rc = weft__timers_sleep(t->rt->timers, ns);
+    rc = weft__timers_sleep(weft__tasks_of(t->rt)->timers, ns);
     return rc ? weft__fail(rc, "weft_sleep_ns: %s", weft_strerror(rc)) : WEFT_OK;
 }

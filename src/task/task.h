@@ -24,6 +24,7 @@
 #include "core/lock.h"
 #include "fiber/fiber.h"
 #include "task/wait.h"
+#include "trace/trace.h"
 #include "weft.h"
 
 struct weft__worker;
@@ -76,12 +77,8 @@ typedef struct weft__task {
     struct weft__stream *region_stream; /* records the region's work, or NULL */
     bool region_broken;       /* it tried to suspend: the region is dropped */
     uint64_t region_key;
-    char errmsg[WEFT__ERRMSG_SIZE];
-    /* the timeline (trace/hooks.c); only written while a trace is on */
-    uint64_t trace_id;              /* 0 until first seen by a trace */
-    uint64_t trace_parked;          /* when it last parked, 0: it did not */
-    _Atomic uint64_t trace_woken;   /* when that wait was ended */
-    uint64_t nvtx_wait;             /* the NVTX range of that wait */
+    weft__errbuf errmsg;    /* its last error (core/error.h) */
+    weft__trace_task trace; /* the timeline's record (trace_hooks.c) */
 } weft__task;
 
 /* Task records a worker keeps for reuse without locking. */
@@ -104,10 +101,26 @@ bool weft__task_start(struct weft__worker *w, weft__task *t);
 /* t has returned from its function and switched away for good. */
 void weft__task_finish(struct weft__worker *w, weft__task *t);
 
+/* The running task's last-error buffer, or NULL outside tasks: the lookup
+ * the composition root registers with core (weft__error_set_lookup). */
+weft__errbuf *weft__task_errbuf(void);
+
 /* Every public call that may suspend the calling task asks first: inside a
  * graph region it may not (the capture belongs to this thread), so the
  * call fails with WEFT_ESTATE and the region is dropped. */
 int weft__task_may_suspend(const char *fn);
+
+/* ---- what tasks report to the timeline (trace_hooks.c) ----------------- */
+/* Behind weft__trace_on(): the callers test it (one branch) and call in. */
+
+/* A worker is about to switch into t: reports the wait t comes back from;
+ * returns the time, to pass to weft__trace_leave. */
+uint64_t weft__trace_resume(weft__task *t);
+/* t switched back to its worker after running since start; parked: it
+ * is suspended in a wait (not yielding, not finished). */
+void weft__trace_leave(weft__task *t, uint64_t start, bool parked);
+/* t's wait was just ended (by a firer or by cancellation). */
+void weft__trace_woken(weft__task *t);
 
 /* ---- parking: the primitive under weft__waiter_wait ---------------------- */
 

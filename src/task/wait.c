@@ -8,7 +8,7 @@
  * and publishes its status.
  *
  * A deadline is one more firer. A task's goes into its runtime's timer heap
- * (sched/timer.c) before the lock is released and comes out before the wait
+ * (timer.c) before the lock is released and comes out before the wait
  * returns, so it can never fire a later wait of the same parker; a thread
  * bounds its futex sleeps by the deadline and, once it has passed, fires
  * its own parker. Either way the CAS decides: a firer that got there first
@@ -16,9 +16,9 @@
  */
 #include "core/clock.h"
 #include "core/futex.h"
-#include "runtime.h"
-#include "sched/sched.h"
+#include "task/sched.h"
 #include "task/task.h"
+#include "task/tasks.h"
 
 static _Thread_local weft__parker thread_parker;
 
@@ -116,7 +116,7 @@ int weft__parker_park_until(weft__parker *p, weft__lock *lock, uint64_t deadline
     if (!p->task)
         return park(p, lock, deadline);
 
-    weft__timers *timers = p->task->rt->timers;
+    weft__timers *timers = weft__tasks_of(p->task->rt)->timers;
     weft__timer timer = {.deadline = deadline,
                          .status = WEFT_ETIMEDOUT,
                          .waiter = {.parker = p, .waits_on = p->waits_on}};

@@ -129,18 +129,15 @@ bool weft__trace_recording(const weft__trace *tr);
 /* Does tr make NVTX ranges (a profiler is attached)? */
 bool weft__trace_nvtx(const weft__trace *tr);
 
-/* ---- hooks (hooks.c): what the layers report, behind weft__trace_on() ----- */
-
-struct weft__task;
-
-/* A worker is about to switch into t: reports the wait t comes back from;
- * returns the time, to pass to weft__trace_leave. */
-uint64_t weft__trace_resume(struct weft__task *t);
-/* t switched back to its worker after running since start; parked: it
- * is suspended in a wait (not yielding, not finished). */
-void weft__trace_leave(struct weft__task *t, uint64_t start, bool parked);
-/* t's wait was just ended (by a firer or by cancellation). */
-void weft__trace_woken(struct weft__task *t);
+/* What the timeline keeps of one task: the task record embeds it (the task
+ * layer sits above this one), and only the task's reports (task/
+ * trace_hooks.c) write it, while a trace is on. */
+typedef struct weft__trace_task {
+    uint64_t id;            /* 0 until first seen by a trace */
+    uint64_t parked;        /* when it last parked, 0: it did not */
+    _Atomic uint64_t woken; /* when that wait was ended */
+    uint64_t nvtx_wait;     /* the NVTX range of that wait */
+} weft__trace_task;
 
 const char *weft__waits_on_name(weft__waits_on what);
 const char *weft__op_kind_name(weft__op_kind kind);

@@ -28,8 +28,8 @@
 #include "core/clock.h"
 #include "core/futex.h"
 #include "core/lock.h"
-#include "sched/deque.h"
-#include "sched/sched.h"
+#include "task/deque.h"
+#include "task/sched.h"
 #include "trace/trace.h"
 
 enum {

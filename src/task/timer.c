@@ -23,7 +23,7 @@
 #include "core/clock.h"
 #include "core/futex.h"
 #include "core/lock.h"
-#include "sched/timer.h"
+#include "task/timer.h"
 #include "task/wait.h"
 #include "weft.h"
 
