@@ -62,6 +62,10 @@ static void test_gpu_report_names_kernels_dominated_by_launch_cost(void **state)
     assert_ok(weft_stats_get(rt, &st));
     assert_int_equal(st.launches, TINY_TASKS * TINY_ROUNDS * TINY_PER_AWAIT);
     const char *text = report_of(rt);
+    if (gt_sanitizer()) { /* its kernels take far over the 10 us that makes them tiny */
+        gt_runtime_destroy(rt);
+        return;
+    }
     assert_non_null(strstr(text, "launch cost"));
     snprintf(figure, sizeof figure, "%d kernels launched one by one",
              TINY_TASKS * TINY_ROUNDS * TINY_PER_AWAIT);
