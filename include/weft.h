@@ -58,7 +58,7 @@ enum {
     WEFT_OK = 0,
     WEFT_EINVAL = -1,     /* an argument is NULL, out of range or malformed */
     WEFT_ENOMEM = -2,     /* out of memory (host or device) */
-    WEFT_ECANCELED = -3,  /* the task was cancelled */
+    WEFT_ECANCELED = -3,  /* the calling task was cancelled */
     WEFT_ENOTASK = -4,    /* a task-only call made outside a task */
     WEFT_ESTATE = -5,     /* wrong state: joined twice, runtime destroyed, ... */
     WEFT_ECLOSED = -6,    /* the channel is closed */
@@ -68,7 +68,9 @@ enum {
     WEFT_ETIMEDOUT = -10, /* an _until wait's deadline passed first: join, event await, mutex
                              lock, cond wait, sem wait, chan send and recv */
     WEFT_EPERM = -11,     /* not the owner (unlocking a mutex held by another) */
-    WEFT_ESYS = -12       /* the operating system refused (threads, memory maps) */
+    WEFT_ESYS = -12,      /* the operating system refused (threads, memory maps) */
+    /* weft_join: the task joined was cancelled (its handle is released) */
+    WEFT_ETASKCANCELED = -13
 };
 
 /* ---- time -------------------------------------------------------------- */
@@ -262,24 +264,30 @@ int weft_spawn(weft_runtime *rt, weft_task **t, void *(*fn)(void *), void *arg,
 /* Wait for t to finish, store fn's return value in *result (if result is not
  * NULL; NULL when the task never ran) and release the handle. In a task it
  * suspends; in a thread it blocks. Returns WEFT_OK, or the task's own
- * failure: WEFT_ECANCELED if it was cancelled, WEFT_EDEVICE if its device
- * work failed. A second join of the same handle returns WEFT_ESTATE; a task
- * joining itself WEFT_EDEADLK. A handle whose runtime is being destroyed or
- * was destroyed returns WEFT_ESTATE (so do the other calls taking handles);
- * a join that began before the destroy completes first. A join made by a
- * cancelled task returns WEFT_ECANCELED, at once or when the cancellation
- * ends its wait, and t stays joinable (weft_detach lets it go). */
+ * failure: WEFT_ETASKCANCELED if t was cancelled, WEFT_EDEVICE if its device
+ * work failed; each of these releases the handle. A second join of the same
+ * handle returns WEFT_ESTATE; a task joining itself WEFT_EDEADLK. A handle
+ * whose runtime is being destroyed or was destroyed returns WEFT_ESTATE (so
+ * do the other calls taking handles); a join that began before the destroy
+ * completes first. A join made by a cancelled task returns WEFT_ECANCELED,
+ * as every wait of a cancelled task does, at once or when the cancellation
+ * ends its wait, and t stays joinable (weft_detach lets it go): so
+ * WEFT_ECANCELED always speaks of the caller, WEFT_ETASKCANCELED of t. */
 int weft_join(weft_task *t, void **result);
 
 /* weft_join until deadline_ns: WEFT_ETIMEDOUT if t has not finished by then
- * (t then stays joinable and runs on). */
+ * (t then stays joinable and runs on). The other results are weft_join's:
+ * WEFT_ETASKCANCELED for a cancelled t, WEFT_ECANCELED for a cancelled
+ * caller. */
 int weft_join_until(weft_task *t, void **result, uint64_t deadline_ns);
 
 /* Let t run to completion on its own: its handle is released when it ends.
  * A detached handle must not be used again. */
 int weft_detach(weft_task *t);
 
-/* Wait until every task in ts has finished. Handles stay joinable. */
+/* Wait until every task in ts has finished. Handles stay joinable, and a
+ * task's own outcome (cancelled or failed) is left to its join:
+ * WEFT_ECANCELED here means the caller was cancelled. */
 int weft_when_all(weft_task *const *ts, size_t n);
 
 /* Wait until at least one task in ts has finished; *first receives the
@@ -290,7 +298,7 @@ int weft_when_any(weft_task *const *ts, size_t n, size_t *first);
 /* Ask t to stop. Cooperative: from now on every suspension point in t
  * returns WEFT_ECANCELED (and a wait it is suspended in ends with it); if t
  * has not started it never will. weft_join still waits for t to end and then
- * returns WEFT_ECANCELED. Cancelling a finished task is a no-op. */
+ * returns WEFT_ETASKCANCELED. Cancelling a finished task is a no-op. */
 int weft_cancel(weft_task *t);
 
 /* Has the calling task been cancelled? 0 outside tasks. */

@@ -406,8 +406,8 @@ static int wait_done(weft__task *t)
 static int join_failure(const weft__task *t)
 {
     switch (t->status) {
-    case WEFT_ECANCELED:
-        return weft__fail(WEFT_ECANCELED, "weft_join: the task was cancelled");
+    case WEFT_ECANCELED: /* t's own cancellation: a code apart from the caller's */
+        return weft__fail(WEFT_ETASKCANCELED, "weft_join: the task joined was cancelled");
     default:
         return weft__fail(t->status, "weft_join: the task failed: %s",
                           t->errmsg.msg[0] ? t->errmsg.msg : weft_strerror(t->status));
