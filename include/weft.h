@@ -103,7 +103,28 @@ typedef enum weft_backend {
     WEFT_BACKEND_CUDA = 2  /* NVIDIA GPUs through CUDA */
 } weft_backend;
 
+/* weft_config, weft_task_opts and weft_stats open with size, the sizeof
+ * the caller's header gave: start each from its WEFT_*_INIT, which sets it,
+ * and then set the fields wanted:
+ *     weft_config cfg = WEFT_CONFIG_INIT;
+ *     cfg.workers = 4;
+ * The library reads only the fields size covers and takes the others as
+ * their defaults (zero), and fills a weft_stats only as far as its size
+ * holds, so a program built against this header keeps working with a later
+ * weft whose structs have grown. size 0 means the layout of weft 0.1 (the
+ * first with a size field), so a zeroed struct is all defaults and
+ * {.workers = 4} still means what it says. A size beyond what the library
+ * knows (a program built against a later header) is accepted when the
+ * fields the library does not know are zero, and refused with WEFT_EINVAL
+ * otherwise; a size smaller than the size field itself is WEFT_EINVAL. */
+/* clang-format off */
+#define WEFT_CONFIG_INIT {.size = sizeof(weft_config)}
+#define WEFT_TASK_OPTS_INIT {.size = sizeof(weft_task_opts)}
+#define WEFT_STATS_INIT {.size = sizeof(weft_stats)}
+/* clang-format on */
+
 typedef struct weft_config {
+    size_t size;               /* sizeof(weft_config): WEFT_CONFIG_INIT sets it */
     unsigned workers;          /* worker threads; 0: one per online CPU */
     size_t stack_size;         /* default task stack; 0: 256 KiB */
     weft_backend backend;      /* which devices back weft streams */
@@ -155,6 +176,9 @@ typedef struct weft_graph_stats {
  * when read, so reading costs nothing on the hot paths; the sum is a
  * snapshot, not taken at a single instant. */
 typedef struct weft_stats {
+    /* sizeof(weft_stats) (WEFT_STATS_INIT): weft_stats_get writes no byte
+     * past it, and sets it to the bytes it filled. */
+    size_t size;
     uint64_t spawned;        /* tasks spawned */
     uint64_t finished;       /* tasks that ended (ran to the end or were dropped) */
     uint64_t switches;       /* times a worker switched into a task */
@@ -186,6 +210,8 @@ typedef struct weft_stats {
      * (the host backend does); 0 otherwise. */
     uint64_t copy_ns;
 } weft_stats;
+/* Fill *stats as far as stats->size holds (size 0: weft 0.1's layout);
+ * bytes of a larger struct past what this weft knows are zeroed. */
 int weft_stats_get(weft_runtime *rt, weft_stats *stats);
 
 /* Diagnose the run so far from rt's counters: one paragraph per symptom
@@ -246,6 +272,7 @@ typedef enum weft_priority {
 } weft_priority;
 
 typedef struct weft_task_opts {
+    size_t size; /* sizeof(weft_task_opts): WEFT_TASK_OPTS_INIT sets it */
     weft_priority priority;
     size_t stack_size; /* 0: the runtime's default */
     const char *name;  /* shown in traces and a stack overflow's report; must outlive the task */

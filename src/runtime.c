@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "runtime.h"
+#include "core/sized.h"
 
 /* The task layer reaches its share by a cast (task/tasks.h). */
 _Static_assert(offsetof(weft_runtime, tasks) == 0, "a runtime begins with its tasks' share");
@@ -51,12 +52,19 @@ static void record_put(weft_runtime *rt)
     pthread_mutex_unlock(&dead_lock);
 }
 
+/* The first sized layouts (weft 0.1), which size 0 stands for: fixed for
+ * good, however the structs grow. */
+#define CONFIG_SIZE_0_1 (offsetof(weft_config, blocking_threads) + sizeof(unsigned))
+#define STATS_SIZE_0_1 (offsetof(weft_stats, copy_ns) + sizeof(uint64_t))
+
 static int fill_config(weft_config *cfg, const weft_config *given)
 {
-    if (given)
-        *cfg = *given;
-    else
+    int rc;
+    if (!given)
         memset(cfg, 0, sizeof *cfg);
+    else if ((rc = weft__sized_in(cfg, sizeof *cfg, given, CONFIG_SIZE_0_1,
+                                  "weft_runtime_create", "cfg")))
+        return rc;
     if (cfg->workers > MAX_WORKERS)
         return weft__fail(WEFT_EINVAL, "weft_runtime_create: %u workers is more than %d",
                           cfg->workers, MAX_WORKERS);
@@ -386,9 +394,10 @@ int weft_stats_get(weft_runtime *rt, weft_stats *stats)
     int rc = weft__runtime_enter(rt, "weft_stats_get");
     if (rc != WEFT_OK)
         return rc;
-    weft__stats_read(rt, stats);
+    weft_stats all = {0};
+    weft__stats_read(rt, &all);
     weft__runtime_leave(rt);
-    return WEFT_OK;
+    return weft__sized_out(stats, &all, sizeof all, STATS_SIZE_0_1, "weft_stats_get", "stats");
 }
 
 void weft__stats_read(weft_runtime *rt, weft_stats *stats)
