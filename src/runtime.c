@@ -62,8 +62,8 @@ static int fill_config(weft_config *cfg, const weft_config *given)
     int rc;
     if (!given)
         memset(cfg, 0, sizeof *cfg);
-    else if ((rc = weft__sized_in(cfg, sizeof *cfg, given, CONFIG_SIZE_0_1,
-                                  "weft_runtime_create", "cfg")))
+    else if ((rc = weft__sized_in(cfg, sizeof *cfg, given, CONFIG_SIZE_0_1, "weft_runtime_create",
+                                  "cfg")))
         return rc;
     if (cfg->workers > MAX_WORKERS)
         return weft__fail(WEFT_EINVAL, "weft_runtime_create: %u workers is more than %d",

@@ -33,8 +33,8 @@ static inline int weft__sized_in(void *dst, size_t have, const void *src, size_t
     if (size == 0)
         size = base;
     if (size < sizeof size)
-        return weft__fail(WEFT_EINVAL, "%s: %s->size is %zu, smaller than the size field", fn,
-                          what, size);
+        return weft__fail(WEFT_EINVAL, "%s: %s->size is %zu, smaller than the size field", fn, what,
+                          size);
     const unsigned char *extra = (const unsigned char *)src + have;
     for (size_t i = 0; size > have && i < size - have; i++)
         if (extra[i])
@@ -59,8 +59,8 @@ static inline int weft__sized_out(void *dst, const void *src, size_t have, size_
     if (size == 0)
         size = base;
     if (size < sizeof size)
-        return weft__fail(WEFT_EINVAL, "%s: %s->size is %zu, smaller than the size field", fn,
-                          what, size);
+        return weft__fail(WEFT_EINVAL, "%s: %s->size is %zu, smaller than the size field", fn, what,
+                          size);
     size_t filled = size < have ? size : have;
     memcpy(dst, src, filled);
     if (size > have)

@@ -332,8 +332,8 @@ int weft_spawn(weft_runtime *rt, weft_task **out, void *(*fn)(void *), void *arg
 {
     weft_task_opts known; /* the caller's fields, in this weft's layout */
     int rc;
-    if (opts && (rc = weft__sized_in(&known, sizeof known, opts, TASK_OPTS_SIZE_0_1,
-                                     "weft_spawn", "opts")))
+    if (opts &&
+        (rc = weft__sized_in(&known, sizeof known, opts, TASK_OPTS_SIZE_0_1, "weft_spawn", "opts")))
         return rc;
     if ((rc = weft__runtime_enter(rt, "weft_spawn")))
         return rc;
