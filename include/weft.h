@@ -103,15 +103,15 @@ typedef enum weft_backend {
     WEFT_BACKEND_CUDA = 2  /* NVIDIA GPUs through CUDA */
 } weft_backend;
 
-/* weft_config, weft_task_opts and weft_stats open with size, the sizeof
- * the caller's header gave: start each from its WEFT_*_INIT, which sets it,
- * and then set the fields wanted:
+/* weft_config and weft_task_opts open with size, the sizeof the caller's
+ * header gave: start each from its WEFT_*_INIT, which sets it, and then set
+ * the fields wanted:
  *     weft_config cfg = WEFT_CONFIG_INIT;
  *     cfg.workers = 4;
  * The library reads only the fields size covers and takes the others as
- * their defaults (zero), and fills a weft_stats only as far as its size
- * holds, so a program built against this header keeps working with a later
- * weft whose structs have grown. size 0 means the layout of weft 0.1 (the
+ * their defaults (zero), so a program built against this header keeps
+ * working with a later weft whose structs have grown (weft_stats_get passes
+ * the caller's sizeof itself: a weft_stats needs no initializing). size 0 means the layout of weft 0.1 (the
  * first with a size field), so a zeroed struct is all defaults and
  * {.workers = 4} still means what it says. A size beyond what the library
  * knows (a program built against a later header) is accepted when the
@@ -120,7 +120,6 @@ typedef enum weft_backend {
 /* clang-format off */
 #define WEFT_CONFIG_INIT {.size = sizeof(weft_config)}
 #define WEFT_TASK_OPTS_INIT {.size = sizeof(weft_task_opts)}
-#define WEFT_STATS_INIT {.size = sizeof(weft_stats)}
 /* clang-format on */
 
 typedef struct weft_config {
@@ -176,8 +175,8 @@ typedef struct weft_graph_stats {
  * when read, so reading costs nothing on the hot paths; the sum is a
  * snapshot, not taken at a single instant. */
 typedef struct weft_stats {
-    /* sizeof(weft_stats) (WEFT_STATS_INIT): weft_stats_get writes no byte
-     * past it, and sets it to the bytes it filled. */
+    /* Set by weft_stats_get: the bytes it filled (what both the caller's
+     * header and this weft know). */
     size_t size;
     uint64_t spawned;        /* tasks spawned */
     uint64_t finished;       /* tasks that ended (ran to the end or were dropped) */
@@ -210,9 +209,13 @@ typedef struct weft_stats {
      * (the host backend does); 0 otherwise. */
     uint64_t copy_ns;
 } weft_stats;
-/* Fill *stats as far as stats->size holds (size 0: weft 0.1's layout);
- * bytes of a larger struct past what this weft knows are zeroed. */
-int weft_stats_get(weft_runtime *rt, weft_stats *stats);
+/* Fill *stats, size bytes of it: the macro passes the caller's
+ * sizeof(weft_stats), so a struct needs no initializing, a program built
+ * against an older header gets the fields it knows and no byte more, and
+ * one built against a newer header gets zeros in the fields this weft does
+ * not know. Other languages call weft_stats_get_sized with their size. */
+int weft_stats_get_sized(weft_runtime *rt, weft_stats *stats, size_t size);
+#define weft_stats_get(rt, stats) weft_stats_get_sized((rt), (stats), sizeof *(stats))
 
 /* Diagnose the run so far from rt's counters: one paragraph per symptom
  * found - GPU and CPU idle together, device work that never overlapped,

@@ -52,10 +52,9 @@ static void record_put(weft_runtime *rt)
     pthread_mutex_unlock(&dead_lock);
 }
 
-/* The first sized layouts (weft 0.1), which size 0 stands for: fixed for
+/* The first sized layout (weft 0.1), which size 0 stands for: fixed for
  * good, however the structs grow. */
 #define CONFIG_SIZE_0_1 (offsetof(weft_config, blocking_threads) + sizeof(unsigned))
-#define STATS_SIZE_0_1 (offsetof(weft_stats, copy_ns) + sizeof(uint64_t))
 
 static int fill_config(weft_config *cfg, const weft_config *given)
 {
@@ -387,17 +386,21 @@ weft_runtime *weft_runtime_current(void)
     return t ? t->rt : NULL;
 }
 
-int weft_stats_get(weft_runtime *rt, weft_stats *stats)
+int weft_stats_get_sized(weft_runtime *rt, weft_stats *stats, size_t size)
 {
     if (!stats)
         return weft__fail(WEFT_EINVAL, "weft_stats_get: stats is NULL");
+    if (size < sizeof stats->size)
+        return weft__fail(WEFT_EINVAL, "weft_stats_get: %zu bytes is smaller than the size field",
+                          size);
     int rc = weft__runtime_enter(rt, "weft_stats_get");
     if (rc != WEFT_OK)
         return rc;
     weft_stats all = {0};
     weft__stats_read(rt, &all);
     weft__runtime_leave(rt);
-    return weft__sized_out(stats, &all, sizeof all, STATS_SIZE_0_1, "weft_stats_get", "stats");
+    weft__sized_out(stats, size, &all, sizeof all);
+    return WEFT_OK;
 }
 
 void weft__stats_read(weft_runtime *rt, weft_stats *stats)

@@ -842,7 +842,7 @@ int main(int argc, char **argv)
     wait_all(&r, jobs, spawned);
     double wall = (double)(wi_now_ns() - t0) / 1e9, cpu = wi_cpu_seconds() - cpu0;
     wi_activity_settle(&r.activity);
-    weft_stats st = WEFT_STATS_INIT;
+    weft_stats st;
     weft_stats_get(r.rt, &st);
 
     size_t grouped, refused, groups = write_groups(&r, group, &grouped, &refused);

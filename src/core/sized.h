@@ -1,11 +1,13 @@
 /*
  * sized.h - reading and writing the public structs that carry their size.
  *
- * weft_config, weft_task_opts and weft_stats open with a size_t size: the
- * sizeof the caller's header gave (WEFT_*_INIT sets it). The library reads
- * only the bytes that size covers and takes the rest as zero (the
- * defaults), and writes no byte past it, so a struct that grows keeps
- * working with callers built against an older header. Size 0 (a zeroed or
+ * weft_config and weft_task_opts open with a size_t size: the sizeof the
+ * caller's header gave (WEFT_*_INIT sets it). The library reads only the
+ * bytes that size covers and takes the rest as zero (the defaults), so a
+ * struct that grows keeps working with callers built against an older
+ * header. weft_stats, which the library writes, gets the caller's sizeof
+ * from the call itself (weft_stats_get is a macro), so that a struct left
+ * uninitialized is never written past its end. Size 0 (a zeroed or
  * designated-initializer struct without the macro) means the first sized
  * layout, `base`, which never changes. A size beyond what this library knows
  * is accepted when the bytes it does not know are zero (fields left at their
@@ -48,25 +50,18 @@ static inline int weft__sized_in(void *dst, size_t have, const void *src, size_t
     return WEFT_OK;
 }
 
-/* Copy the library's struct src (have bytes) into the caller's dst, as
- * much as dst's size holds; bytes of a larger dst past have are zeroed.
- * dst's size becomes the bytes that carry values: min(size, have). */
-static inline int weft__sized_out(void *dst, const void *src, size_t have, size_t base,
-                                  const char *fn, const char *what)
+/* Copy the library's struct src (have bytes) into the caller's dst of
+ * size bytes (the caller's sizeof, passed by the call, never read from dst:
+ * an output struct need not be initialized): as much as both hold, zeros
+ * in the bytes of a larger dst past have. dst's size field becomes the
+ * bytes that carry values, min(size, have). */
+static inline void weft__sized_out(void *dst, size_t size, const void *src, size_t have)
 {
-    size_t size;
-    memcpy(&size, dst, sizeof size);
-    if (size == 0)
-        size = base;
-    if (size < sizeof size)
-        return weft__fail(WEFT_EINVAL, "%s: %s->size is %zu, smaller than the size field", fn, what,
-                          size);
     size_t filled = size < have ? size : have;
     memcpy(dst, src, filled);
     if (size > have)
         memset((unsigned char *)dst + have, 0, size - have);
     memcpy(dst, &filled, sizeof filled);
-    return WEFT_OK;
 }
 
 #endif

@@ -41,7 +41,7 @@ static void *spin(void *arg)
 
 static uint64_t busy_ns(weft_runtime *rt)
 {
-    weft_stats st = WEFT_STATS_INIT;
+    weft_stats st;
     assert_ok(weft_stats_get(rt, &st));
     assert_true(st.devices >= 1);
     return st.device_busy_ns[0];

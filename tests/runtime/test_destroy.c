@@ -110,7 +110,7 @@ static void *other_calls(void *arg)
         int rc = WEFT_OK;
         switch (id % 6) {
         case 0: {
-            weft_stats st = WEFT_STATS_INIT;
+            weft_stats st;
             rc = weft_stats_get(racing_rt, &st);
             break;
         }

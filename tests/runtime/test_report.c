@@ -138,7 +138,7 @@ static void test_report_is_silent_for_a_healthy_run(void **state)
     assert_string_equal(text, "");
     assert_int_equal(len, 0);
     /* the figures were there to judge: work overlapped, time passed */
-    weft_stats st = WEFT_STATS_INIT;
+    weft_stats st;
     assert_int_equal(weft_stats_get(rt, &st), WEFT_OK);
     assert_true(st.streams_max > 1);
     assert_true(st.awaits == 16 * 20);
@@ -155,7 +155,7 @@ static void test_report_names_cpu_and_device_idle_together(void **state)
     (void)state;
     weft_runtime *rt = host_runtime();
     spawn_all(rt, ts, 4, mostly_asleep, NULL);
-    weft_stats st = WEFT_STATS_INIT;
+    weft_stats st;
     assert_int_equal(weft_stats_get(rt, &st), WEFT_OK);
     char *text = report_of(rt, &len);
     /* the figure: most of the workers' time was a stall */
@@ -189,7 +189,7 @@ static void test_report_names_copies_that_dominate(void **state)
     (void)state;
     weft_runtime *rt = host_runtime();
     spawn_all(rt, ts, COPY_TASKS, big_copies, NULL);
-    weft_stats st = WEFT_STATS_INIT;
+    weft_stats st;
     assert_int_equal(weft_stats_get(rt, &st), WEFT_OK);
     assert_int_equal(st.copy_bytes[WEFT_COPY_HOST],
                      (uint64_t)COPY_TASKS * COPY_ROUNDS * COPY_BYTES);

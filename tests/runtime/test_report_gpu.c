@@ -51,7 +51,7 @@ static void test_gpu_report_names_kernels_dominated_by_launch_cost(void **state)
 {
     weft_task *ts[TINY_TASKS];
     char figure[64];
-    weft_stats st = WEFT_STATS_INIT;
+    weft_stats st;
     (void)state;
     weft_runtime *rt = gt_runtime(4);
     for (int i = 0; i < TINY_TASKS; i++)
@@ -102,7 +102,7 @@ static void *copy_rounds(void *arg)
 
 static void test_gpu_report_names_copies_from_pageable_memory(void **state)
 {
-    weft_stats st = WEFT_STATS_INIT;
+    weft_stats st;
     (void)state;
     weft_runtime *rt = gt_runtime(2);
     copies c = {gt_xmalloc(COPY_BYTES)};
@@ -126,7 +126,7 @@ static void test_gpu_report_names_copies_from_pageable_memory(void **state)
 
 static void test_gpu_report_is_silent_about_copies_from_pinned_memory(void **state)
 {
-    weft_stats st = WEFT_STATS_INIT;
+    weft_stats st;
     (void)state;
     weft_runtime *rt = gt_runtime(2);
     copies c;
@@ -168,7 +168,7 @@ static void *long_kernels(void *arg)
 static void test_gpu_report_is_silent_for_a_healthy_run(void **state)
 {
     weft_task *ts[BUSY_TASKS];
-    weft_stats st = WEFT_STATS_INIT;
+    weft_stats st;
     (void)state;
     weft_runtime *rt = gt_runtime(4);
     for (int i = 0; i < BUSY_TASKS; i++)
