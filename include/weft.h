@@ -58,7 +58,7 @@ enum {
     WEFT_OK = 0,
     WEFT_EINVAL = -1,     /* an argument is NULL, out of range or malformed */
     WEFT_ENOMEM = -2,     /* out of memory (host or device) */
-    WEFT_ECANCELED = -3,  /* the task was cancelled */
+    WEFT_ECANCELED = -3,  /* the calling task was cancelled */
     WEFT_ENOTASK = -4,    /* a task-only call made outside a task */
     WEFT_ESTATE = -5,     /* wrong state: joined twice, runtime destroyed, ... */
     WEFT_ECLOSED = -6,    /* the channel is closed */
@@ -68,7 +68,9 @@ enum {
     WEFT_ETIMEDOUT = -10, /* an _until wait's deadline passed first: join, event await, mutex
                              lock, cond wait, sem wait, chan send and recv */
     WEFT_EPERM = -11,     /* not the owner (unlocking a mutex held by another) */
-    WEFT_ESYS = -12       /* the operating system refused (threads, memory maps) */
+    WEFT_ESYS = -12,      /* the operating system refused (threads, memory maps) */
+    /* weft_join: the task joined was cancelled (its handle is released) */
+    WEFT_ETASKCANCELED = -13
 };
 
 /* ---- time -------------------------------------------------------------- */
@@ -101,7 +103,27 @@ typedef enum weft_backend {
     WEFT_BACKEND_CUDA = 2  /* NVIDIA GPUs through CUDA */
 } weft_backend;
 
+/* weft_config and weft_task_opts open with size, the sizeof the caller's
+ * header gave: start each from its WEFT_*_INIT, which sets it, and then set
+ * the fields wanted:
+ *     weft_config cfg = WEFT_CONFIG_INIT;
+ *     cfg.workers = 4;
+ * The library reads only the fields size covers and takes the others as
+ * their defaults (zero), so a program built against this header keeps
+ * working with a later weft whose structs have grown (weft_stats_get passes
+ * the caller's sizeof itself: a weft_stats needs no initializing). size 0 means the layout of weft 0.1 (the
+ * first with a size field), so a zeroed struct is all defaults and
+ * {.workers = 4} still means what it says. A size beyond what the library
+ * knows (a program built against a later header) is accepted when the
+ * fields the library does not know are zero, and refused with WEFT_EINVAL
+ * otherwise; a size smaller than the size field itself is WEFT_EINVAL. */
+/* clang-format off */
+#define WEFT_CONFIG_INIT {.size = sizeof(weft_config)}
+#define WEFT_TASK_OPTS_INIT {.size = sizeof(weft_task_opts)}
+/* clang-format on */
+
 typedef struct weft_config {
+    size_t size;               /* sizeof(weft_config): WEFT_CONFIG_INIT sets it */
     unsigned workers;          /* worker threads; 0: one per online CPU */
     size_t stack_size;         /* default task stack; 0: 256 KiB */
     weft_backend backend;      /* which devices back weft streams */
@@ -153,6 +175,9 @@ typedef struct weft_graph_stats {
  * when read, so reading costs nothing on the hot paths; the sum is a
  * snapshot, not taken at a single instant. */
 typedef struct weft_stats {
+    /* Set by weft_stats_get: the bytes it filled (what both the caller's
+     * header and this weft know). */
+    size_t size;
     uint64_t spawned;        /* tasks spawned */
     uint64_t finished;       /* tasks that ended (ran to the end or were dropped) */
     uint64_t switches;       /* times a worker switched into a task */
@@ -184,7 +209,13 @@ typedef struct weft_stats {
      * (the host backend does); 0 otherwise. */
     uint64_t copy_ns;
 } weft_stats;
-int weft_stats_get(weft_runtime *rt, weft_stats *stats);
+/* Fill *stats, size bytes of it: the macro passes the caller's
+ * sizeof(weft_stats), so a struct needs no initializing, a program built
+ * against an older header gets the fields it knows and no byte more, and
+ * one built against a newer header gets zeros in the fields this weft does
+ * not know. Other languages call weft_stats_get_sized with their size. */
+int weft_stats_get_sized(weft_runtime *rt, weft_stats *stats, size_t size);
+#define weft_stats_get(rt, stats) weft_stats_get_sized((rt), (stats), sizeof *(stats))
 
 /* Diagnose the run so far from rt's counters: one paragraph per symptom
  * found - GPU and CPU idle together, device work that never overlapped,
@@ -244,6 +275,7 @@ typedef enum weft_priority {
 } weft_priority;
 
 typedef struct weft_task_opts {
+    size_t size; /* sizeof(weft_task_opts): WEFT_TASK_OPTS_INIT sets it */
     weft_priority priority;
     size_t stack_size; /* 0: the runtime's default */
     const char *name;  /* shown in traces and a stack overflow's report; must outlive the task */
@@ -262,24 +294,30 @@ int weft_spawn(weft_runtime *rt, weft_task **t, void *(*fn)(void *), void *arg,
 /* Wait for t to finish, store fn's return value in *result (if result is not
  * NULL; NULL when the task never ran) and release the handle. In a task it
  * suspends; in a thread it blocks. Returns WEFT_OK, or the task's own
- * failure: WEFT_ECANCELED if it was cancelled, WEFT_EDEVICE if its device
- * work failed. A second join of the same handle returns WEFT_ESTATE; a task
- * joining itself WEFT_EDEADLK. A handle whose runtime is being destroyed or
- * was destroyed returns WEFT_ESTATE (so do the other calls taking handles);
- * a join that began before the destroy completes first. A join made by a
- * cancelled task returns WEFT_ECANCELED, at once or when the cancellation
- * ends its wait, and t stays joinable (weft_detach lets it go). */
+ * failure: WEFT_ETASKCANCELED if t was cancelled, WEFT_EDEVICE if its device
+ * work failed; each of these releases the handle. A second join of the same
+ * handle returns WEFT_ESTATE; a task joining itself WEFT_EDEADLK. A handle
+ * whose runtime is being destroyed or was destroyed returns WEFT_ESTATE (so
+ * do the other calls taking handles); a join that began before the destroy
+ * completes first. A join made by a cancelled task returns WEFT_ECANCELED,
+ * as every wait of a cancelled task does, at once or when the cancellation
+ * ends its wait, and t stays joinable (weft_detach lets it go): so
+ * WEFT_ECANCELED always speaks of the caller, WEFT_ETASKCANCELED of t. */
 int weft_join(weft_task *t, void **result);
 
 /* weft_join until deadline_ns: WEFT_ETIMEDOUT if t has not finished by then
- * (t then stays joinable and runs on). */
+ * (t then stays joinable and runs on). The other results are weft_join's:
+ * WEFT_ETASKCANCELED for a cancelled t, WEFT_ECANCELED for a cancelled
+ * caller. */
 int weft_join_until(weft_task *t, void **result, uint64_t deadline_ns);
 
 /* Let t run to completion on its own: its handle is released when it ends.
  * A detached handle must not be used again. */
 int weft_detach(weft_task *t);
 
-/* Wait until every task in ts has finished. Handles stay joinable. */
+/* Wait until every task in ts has finished. Handles stay joinable, and a
+ * task's own outcome (cancelled or failed) is left to its join:
+ * WEFT_ECANCELED here means the caller was cancelled. */
 int weft_when_all(weft_task *const *ts, size_t n);
 
 /* Wait until at least one task in ts has finished; *first receives the
@@ -290,7 +328,7 @@ int weft_when_any(weft_task *const *ts, size_t n, size_t *first);
 /* Ask t to stop. Cooperative: from now on every suspension point in t
  * returns WEFT_ECANCELED (and a wait it is suspended in ends with it); if t
  * has not started it never will. weft_join still waits for t to end and then
- * returns WEFT_ECANCELED. Cancelling a finished task is a no-op. */
+ * returns WEFT_ETASKCANCELED. Cancelling a finished task is a no-op. */
 int weft_cancel(weft_task *t);
 
 /* Has the calling task been cancelled? 0 outside tasks. */

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "runtime.h"
+#include "core/sized.h"
 
 /* The task layer reaches its share by a cast (task/tasks.h). */
 _Static_assert(offsetof(weft_runtime, tasks) == 0, "a runtime begins with its tasks' share");
@@ -51,12 +52,18 @@ static void record_put(weft_runtime *rt)
     pthread_mutex_unlock(&dead_lock);
 }
 
+/* The first sized layout (weft 0.1), which size 0 stands for: fixed for
+ * good, however the structs grow. */
+#define CONFIG_SIZE_0_1 (offsetof(weft_config, blocking_threads) + sizeof(unsigned))
+
 static int fill_config(weft_config *cfg, const weft_config *given)
 {
-    if (given)
-        *cfg = *given;
-    else
+    int rc;
+    if (!given)
         memset(cfg, 0, sizeof *cfg);
+    else if ((rc = weft__sized_in(cfg, sizeof *cfg, given, CONFIG_SIZE_0_1, "weft_runtime_create",
+                                  "cfg")))
+        return rc;
     if (cfg->workers > MAX_WORKERS)
         return weft__fail(WEFT_EINVAL, "weft_runtime_create: %u workers is more than %d",
                           cfg->workers, MAX_WORKERS);
@@ -379,15 +386,20 @@ weft_runtime *weft_runtime_current(void)
     return t ? t->rt : NULL;
 }
 
-int weft_stats_get(weft_runtime *rt, weft_stats *stats)
+int weft_stats_get_sized(weft_runtime *rt, weft_stats *stats, size_t size)
 {
     if (!stats)
         return weft__fail(WEFT_EINVAL, "weft_stats_get: stats is NULL");
+    if (size < sizeof stats->size)
+        return weft__fail(WEFT_EINVAL, "weft_stats_get: %zu bytes is smaller than the size field",
+                          size);
     int rc = weft__runtime_enter(rt, "weft_stats_get");
     if (rc != WEFT_OK)
         return rc;
-    weft__stats_read(rt, stats);
+    weft_stats all = {0};
+    weft__stats_read(rt, &all);
     weft__runtime_leave(rt);
+    weft__sized_out(stats, size, &all, sizeof all);
     return WEFT_OK;
 }
 

@@ -279,8 +279,7 @@ static void wait_all(run *r, job *jobs, size_t spawned)
         for (size_t i = 0; i < spawned; i++)
             weft_cancel(jobs[i].task);
     for (size_t i = 0; i < spawned; i++)
-        weft_join(jobs[i].task,
-                  NULL); /* a thread's join waits for the end; ECANCELED if cancelled */
+        weft_join(jobs[i].task, NULL); /* waits for the end; ETASKCANCELED if cancelled */
     wi_report_progress(atomic_load(&r->done));
     wi_report_end();
 }

@@ -46,8 +46,9 @@ int main(void)
     weft_task *jobs[JOBS], *total;
     int64_t sum = 0;
     void *failed = NULL;
-    weft_task_opts named = {.name = "adder"};
+    weft_task_opts named = WEFT_TASK_OPTS_INIT;
 
+    named.name = "adder";
     if (weft_runtime_create(&rt, NULL) != WEFT_OK || weft_chan_create(&results, sizeof sum, 8)) {
         fprintf(stderr, "consumer: %s\n", weft_last_error());
         return 1;

@@ -141,7 +141,8 @@ int main(int argc, char **argv)
 
     item items[ITEMS];
     weft_task *tasks[ITEMS];
-    weft_task_opts opts = {.name = "item"};
+    weft_task_opts opts = WEFT_TASK_OPTS_INIT;
+    opts.name = "item";
     int failed = 0;
     if (trace_path && weft_trace_start(rt, trace_path) != WEFT_OK)
         fprintf(stderr, "%s\n", weft_last_error());

@@ -51,6 +51,7 @@ static const char *const messages[] = {
     [-WEFT_ETIMEDOUT] = "timed out",
     [-WEFT_EPERM] = "not the owner",
     [-WEFT_ESYS] = "system call failed",
+    [-WEFT_ETASKCANCELED] = "joined task was cancelled",
 };
 
 const char *weft_strerror(int status)

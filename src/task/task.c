@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/sized.h"
 #include "task/sched.h"
 #include "task/task.h"
 #include "task/tasks.h"
@@ -32,6 +33,10 @@ enum {
     CHUNK_TASKS = 64,  /* records allocated together */
     CACHE_MAX = 256,   /* records a worker keeps before returning half */
 };
+
+/* weft_task_opts as weft 0.1 laid it out, which size 0 stands for: fixed
+ * for good, however the struct grows (core/sized.h). */
+#define TASK_OPTS_SIZE_0_1 (offsetof(weft_task_opts, device) + sizeof(unsigned))
 
 /* ---- current task and error buffer ------------------------------------- */
 
@@ -325,10 +330,14 @@ static int spawn_in(weft_runtime *rt, weft_task **out, void *(*fn)(void *), void
 int weft_spawn(weft_runtime *rt, weft_task **out, void *(*fn)(void *), void *arg,
                const weft_task_opts *opts)
 {
-    int rc = weft__runtime_enter(rt, "weft_spawn");
-    if (rc)
+    weft_task_opts known; /* the caller's fields, in this weft's layout */
+    int rc;
+    if (opts &&
+        (rc = weft__sized_in(&known, sizeof known, opts, TASK_OPTS_SIZE_0_1, "weft_spawn", "opts")))
         return rc;
-    rc = spawn_in(rt, out, fn, arg, opts);
+    if ((rc = weft__runtime_enter(rt, "weft_spawn")))
+        return rc;
+    rc = spawn_in(rt, out, fn, arg, opts ? &known : NULL);
     weft__runtime_leave(rt);
     return rc;
 }
@@ -406,8 +415,8 @@ static int wait_done(weft__task *t)
 static int join_failure(const weft__task *t)
 {
     switch (t->status) {
-    case WEFT_ECANCELED:
-        return weft__fail(WEFT_ECANCELED, "weft_join: the task was cancelled");
+    case WEFT_ECANCELED: /* t's own cancellation: a code apart from the caller's */
+        return weft__fail(WEFT_ETASKCANCELED, "weft_join: the task joined was cancelled");
     default:
         return weft__fail(t->status, "weft_join: the task failed: %s",
                           t->errmsg.msg[0] ? t->errmsg.msg : weft_strerror(t->status));

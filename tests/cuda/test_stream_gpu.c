@@ -311,7 +311,7 @@ static void test_cancel_does_not_cut_an_await_short(void **state)
     assert_true(gt_wait_for(&c.awaiting, 1, 10));
     gt_sleep_ms(20); /* well inside the 300 ms kernel */
     assert_ok(weft_cancel(t));
-    assert_rc(weft_join(t, NULL), WEFT_ECANCELED);
+    assert_rc(weft_join(t, NULL), WEFT_ETASKCANCELED);
     gt_assert_passed();
     assert_int_equal(c.await_rc, WEFT_ECANCELED);
     assert_true(c.complete_at_return);

@@ -272,7 +272,7 @@ static void test_cancel_before_start_does_not_run_fn(void **state)
     wait_flag(&q.calling);
     sleep_ms(20); /* most likely queued by now; if not, cancelled on entry */
     assert_int_equal(weft_cancel(tq), WEFT_OK);
-    assert_int_equal(weft_join(tq, NULL), WEFT_ECANCELED);
+    assert_int_equal(weft_join(tq, NULL), WEFT_ETASKCANCELED);
     assert_int_equal(q.status, WEFT_ECANCELED);
     atomic_store(&g.gate, 1);
     assert_int_equal(weft_join(tb, NULL), WEFT_OK);
@@ -332,7 +332,7 @@ static void test_cancel_while_running_waits_for_fn(void **state)
     sleep_ms(20);
     assert_int_equal(weft_join_until(t, NULL, 0), WEFT_ETIMEDOUT); /* still waiting for fn */
     atomic_store(&s.gate, 1);
-    assert_int_equal(weft_join(t, NULL), WEFT_ECANCELED); /* the task was cancelled */
+    assert_int_equal(weft_join(t, NULL), WEFT_ETASKCANCELED); /* the task was cancelled */
     assert_int_equal(r.status, WEFT_OK);                  /* but the call was done */
     assert_ptr_equal(r.result, (void *)5);
     assert_int_equal(r.slot_seen, 99);
@@ -353,7 +353,7 @@ static void test_cancelled_task_does_not_run_fn(void **state)
     weft_runtime *rt = runtime(1, 0);
     queued q = {.status = 1};
     weft_task *t = spawn(rt, cancelled_first, &q);
-    assert_int_equal(weft_join(t, NULL), WEFT_ECANCELED);
+    assert_int_equal(weft_join(t, NULL), WEFT_ETASKCANCELED);
     assert_int_equal(q.status, WEFT_ECANCELED);
     assert_int_equal(atomic_load(&q.ran), 0);
     assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);

@@ -59,7 +59,7 @@ static void test_cancelled_before_start_never_runs_and_join_says_so(void **state
         void *r = (void *)99;
         int rc = weft_join(ts[i], &r);
         if (i % 2 == 0) {
-            assert_int_equal(rc, WEFT_ECANCELED);
+            assert_int_equal(rc, WEFT_ETASKCANCELED);
             assert_null(r); /* never ran */
         } else {
             assert_int_equal(rc, WEFT_OK);
@@ -97,7 +97,7 @@ static void test_cancelled_while_running_sees_the_flag_and_suspension_points_fai
         assert_int_equal(weft_cancel(ts[i]), WEFT_OK);
     for (int i = 0; i < N; i++) {
         void *r = NULL;
-        assert_int_equal(weft_join(ts[i], &r), WEFT_ECANCELED);
+        assert_int_equal(weft_join(ts[i], &r), WEFT_ETASKCANCELED);
         assert_true(r == (void *)1 || r == (void *)2);
     }
     assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
@@ -145,16 +145,70 @@ static void test_cancelled_while_suspended_wakes_with_ecanceled(void **state)
     }
     for (int i = 0; i < N; i++) {
         void *r;
-        assert_int_equal(weft_join(sleepers[i], &r), WEFT_ECANCELED);
+        assert_int_equal(weft_join(sleepers[i], &r), WEFT_ETASKCANCELED);
         assert_int_equal((intptr_t)r, WEFT_ECANCELED);
-        assert_int_equal(weft_join(joiners[i], &r), WEFT_ECANCELED);
+        assert_int_equal(weft_join(joiners[i], &r), WEFT_ETASKCANCELED);
         /* the cancelled joiner's wait ended, or it had not started waiting */
         assert_int_equal((intptr_t)r, WEFT_ECANCELED);
     }
     assert_true(now_ns() - t0 < 30ull * 1000000000u); /* not the 60 s sleep */
     /* target is still joinable by someone else after its joiners left */
     assert_int_equal(weft_cancel(target), WEFT_OK);
-    assert_int_equal(weft_join(target, NULL), WEFT_ECANCELED);
+    assert_int_equal(weft_join(target, NULL), WEFT_ETASKCANCELED);
+    assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
+}
+
+/* ---- whose cancellation a join reports ---------------------------------- */
+
+/* Cancels itself when asked, then joins its target and returns what the
+ * join said: the caller's own cancellation, whatever the target's state. */
+typedef struct joiner {
+    weft_task *target;
+    bool cancel_self;
+} joiner;
+
+static void *join_target(void *arg)
+{
+    joiner *j = arg;
+    atomic_fetch_add(&ran, 1);
+    if (j->cancel_self)
+        weft_cancel(weft_task_current());
+    return (void *)(intptr_t)weft_join(j->target, NULL);
+}
+
+static void test_join_tells_a_cancelled_caller_from_a_cancelled_task(void **state)
+{
+    (void)state;
+    weft_runtime *rt = start(2);
+    atomic_store(&ran, 0);
+    weft_task *target, *done_target, *t;
+    void *r = NULL;
+
+    /* the caller cancelled while it waits: ECANCELED, target still joinable */
+    assert_int_equal(weft_spawn(rt, &target, sleep_long, NULL, NULL), WEFT_OK);
+    joiner waiting = {.target = target};
+    assert_int_equal(weft_spawn(rt, &t, join_target, &waiting, NULL), WEFT_OK);
+    while (atomic_load(&ran) < 2)
+        ;
+    assert_int_equal(weft_cancel(t), WEFT_OK);
+    assert_int_equal(weft_join(t, &r), WEFT_ETASKCANCELED); /* t itself was cancelled */
+    assert_int_equal((intptr_t)r, WEFT_ECANCELED);          /* its join: the caller's */
+
+    /* the target cancelled: ETASKCANCELED, and the handle is gone */
+    assert_int_equal(weft_cancel(target), WEFT_OK);
+    assert_int_equal(weft_join_until(target, NULL, UINT64_MAX - 1), WEFT_ETASKCANCELED);
+    assert_string_equal(weft_strerror(WEFT_ETASKCANCELED), "joined task was cancelled");
+
+    /* both cancelled, target finished: the caller's cancellation wins and
+     * leaves the handle to a later join, which reports the target's */
+    assert_int_equal(weft_spawn(rt, &done_target, sleep_long, NULL, NULL), WEFT_OK);
+    assert_int_equal(weft_cancel(done_target), WEFT_OK);
+    assert_int_equal(weft_when_all(&done_target, 1), WEFT_OK);
+    joiner cancelled = {.target = done_target, .cancel_self = true};
+    assert_int_equal(weft_spawn(rt, &t, join_target, &cancelled, NULL), WEFT_OK);
+    assert_int_equal(weft_join(t, &r), WEFT_ETASKCANCELED);
+    assert_int_equal((intptr_t)r, WEFT_ECANCELED);
+    assert_int_equal(weft_join(done_target, NULL), WEFT_ETASKCANCELED);
     assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
 }
 
@@ -218,7 +272,7 @@ static void test_cancellation_storm_ends_every_task_and_loses_nothing(void **sta
             assert_int_equal((intptr_t)r, WEFT_OK);
         } else {
             /* cancelled, unless it had already finished */
-            assert_true(rc == WEFT_ECANCELED || (rc == WEFT_OK && (intptr_t)r == WEFT_OK));
+            assert_true(rc == WEFT_ETASKCANCELED || (rc == WEFT_OK && (intptr_t)r == WEFT_OK));
         }
     }
     assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
@@ -230,6 +284,7 @@ int main(void)
         cmocka_unit_test(test_cancelled_before_start_never_runs_and_join_says_so),
         cmocka_unit_test(test_cancelled_while_running_sees_the_flag_and_suspension_points_fail),
         cmocka_unit_test(test_cancelled_while_suspended_wakes_with_ecanceled),
+        cmocka_unit_test(test_join_tells_a_cancelled_caller_from_a_cancelled_task),
         cmocka_unit_test(test_cancellation_storm_ends_every_task_and_loses_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

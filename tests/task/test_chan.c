@@ -472,7 +472,7 @@ static void test_chan_cancelled_receiver_fails_and_item_goes_to_next(void **stat
     sleep_ms(10);
     assert_int_equal(weft_cancel(t1), WEFT_OK);
     st = weft_join(t1, NULL);
-    assert_int_equal(st, WEFT_ECANCELED);
+    assert_int_equal(st, WEFT_ETASKCANCELED);
     assert_int_equal(r1.status, WEFT_ECANCELED);
     assert_int_equal(weft_chan_send(ch, &x), WEFT_OK);
     assert_int_equal(weft_join(t2, NULL), WEFT_OK);
@@ -495,7 +495,7 @@ static void test_chan_cancelled_sender_fails_and_its_item_is_not_sent(void **sta
     wait_flag(&s.started);
     sleep_ms(10);
     assert_int_equal(weft_cancel(t), WEFT_OK);
-    assert_int_equal(weft_join(t, NULL), WEFT_ECANCELED);
+    assert_int_equal(weft_join(t, NULL), WEFT_ETASKCANCELED);
     assert_int_equal(s.status, WEFT_ECANCELED);
     assert_int_equal(weft_chan_recv(ch, &x), WEFT_OK);
     assert_int_equal(x, 1);
@@ -526,10 +526,10 @@ static void race_cancel(weft_runtime *rt, size_t capacity)
         if (i & 1)
             assert_int_equal(weft_cancel(ts), WEFT_OK);
         st = weft_join(tr, NULL);
-        assert_true(st == WEFT_OK || st == WEFT_ECANCELED);
+        assert_true(st == WEFT_OK || st == WEFT_ETASKCANCELED);
         assert_int_equal(weft_chan_close(ch), WEFT_OK); /* frees a blocked sender */
         st = weft_join(ts, NULL);
-        assert_true(st == WEFT_OK || st == WEFT_ECANCELED);
+        assert_true(st == WEFT_OK || st == WEFT_ETASKCANCELED);
 
         assert_true(r.status == NOT_RUN || r.status == WEFT_OK || r.status == WEFT_ECANCELED);
         if (r.status == WEFT_OK) {

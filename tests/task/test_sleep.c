@@ -35,7 +35,7 @@ static void check_sleeps_until_cancelled(weft_runtime *rt, uint64_t ns)
     sleep_ms(50);
     assert_int_equal(atomic_load(&woke), 0);
     assert_int_equal(weft_cancel(t), WEFT_OK);
-    assert_int_equal(weft_join(t, &rc), WEFT_ECANCELED);
+    assert_int_equal(weft_join(t, &rc), WEFT_ETASKCANCELED);
     assert_int_equal(atomic_load(&woke), 1);
     assert_int_equal((int)(intptr_t)rc, WEFT_ECANCELED);
 }
@@ -72,7 +72,7 @@ static void test_short_sleep_ends_beside_an_endless_one(void **state)
     assert_int_equal(weft_join(brief, &rc), WEFT_OK);
     assert_int_equal((int)(intptr_t)rc, WEFT_OK);
     assert_int_equal(weft_cancel(endless), WEFT_OK);
-    assert_int_equal(weft_join(endless, NULL), WEFT_ECANCELED);
+    assert_int_equal(weft_join(endless, NULL), WEFT_ETASKCANCELED);
 }
 
 int main(void)

@@ -548,7 +548,7 @@ static void test_mutex_cancelled_waiter_fails_and_lock_passes_on(void **state)
     wait_flag(&b.started);
     sleep_ms(10);
     assert_int_equal(weft_cancel(ta), WEFT_OK);
-    assert_int_equal(weft_join(ta, NULL), WEFT_ECANCELED);
+    assert_int_equal(weft_join(ta, NULL), WEFT_ETASKCANCELED);
     assert_int_equal(a.status, WEFT_ECANCELED);
     assert_int_equal(weft_mutex_unlock(m), WEFT_OK); /* goes to b, not to a */
     assert_int_equal(weft_join(tb, NULL), WEFT_OK);
@@ -571,7 +571,7 @@ static void test_sem_cancelled_waiter_fails_and_loses_no_permit(void **state)
     wait_flag(&o.started);
     sleep_ms(10);
     assert_int_equal(weft_cancel(t), WEFT_OK);
-    assert_int_equal(weft_join(t, NULL), WEFT_ECANCELED);
+    assert_int_equal(weft_join(t, NULL), WEFT_ETASKCANCELED);
     assert_int_equal(o.status, WEFT_ECANCELED);
     assert_int_equal(weft_sem_post(s), WEFT_OK);
     assert_int_equal(weft_sem_trywait(s), WEFT_OK);
@@ -599,7 +599,7 @@ static void test_cond_cancelled_waiter_fails_holding_the_mutex(void **state)
     sleep_ms(10); /* it cannot return before it has the mutex back */
     assert_int_equal(o.status, NOT_RUN);
     assert_int_equal(weft_mutex_unlock(m), WEFT_OK);
-    assert_int_equal(weft_join(t, NULL), WEFT_ECANCELED);
+    assert_int_equal(weft_join(t, NULL), WEFT_ETASKCANCELED);
     assert_int_equal(o.status, WEFT_ECANCELED);
     assert_int_equal(o.status2, WEFT_OK); /* it held the mutex on return */
     assert_int_equal(weft_cond_destroy(c), WEFT_OK);
@@ -645,7 +645,7 @@ static void test_sync_waits_in_a_cancelled_task_fail_at_once(void **state)
     assert_int_equal(weft_sem_create(&s, 1), WEFT_OK);
     op_init(&o, m, c, s);
     t = spawn(*state, cancelled_self_fn, &o);
-    assert_int_equal(weft_join(t, NULL), WEFT_ECANCELED);
+    assert_int_equal(weft_join(t, NULL), WEFT_ETASKCANCELED);
     assert_int_equal(o.rank, 0);
     assert_int_equal(weft_mutex_trylock(m), WEFT_OK);
     assert_int_equal(weft_mutex_unlock(m), WEFT_OK);
@@ -682,7 +682,7 @@ static void test_sync_cancel_racing_hand_off_loses_nothing(void **state)
             assert_int_equal(weft_cancel(t), WEFT_OK);
         }
         st = weft_join(t, NULL);
-        assert_true(st == WEFT_OK || st == WEFT_ECANCELED);
+        assert_true(st == WEFT_OK || st == WEFT_ETASKCANCELED);
         assert_true(o.status == NOT_RUN || o.status == WEFT_OK || o.status == WEFT_ECANCELED);
         if (o.status == WEFT_OK)
             assert_int_equal(o.status2, WEFT_OK);
@@ -696,7 +696,7 @@ static void test_sync_cancel_racing_hand_off_loses_nothing(void **state)
         assert_int_equal(weft_cancel(t), WEFT_OK);
         assert_int_equal(weft_sem_post(s), WEFT_OK);
         st = weft_join(t, NULL);
-        assert_true(st == WEFT_OK || st == WEFT_ECANCELED);
+        assert_true(st == WEFT_OK || st == WEFT_ETASKCANCELED);
         if (o.status == WEFT_OK) {
             assert_int_equal(weft_sem_trywait(s), WEFT_EAGAIN); /* it took the permit */
         } else {

@@ -181,7 +181,7 @@ static void test_when_any_returns_the_first_task_to_finish(void **state)
     assert_int_equal(weft_when_any(ts, 2, &first), WEFT_OK);
     assert_int_equal(first, 1);
     assert_int_equal(weft_cancel(ts[0]), WEFT_OK);
-    assert_int_equal(weft_join(ts[0], NULL), WEFT_ECANCELED);
+    assert_int_equal(weft_join(ts[0], NULL), WEFT_ETASKCANCELED);
     assert_int_equal(weft_join(ts[1], NULL), WEFT_OK);
     assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
 }

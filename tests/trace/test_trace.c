@@ -371,7 +371,7 @@ static void test_trace_is_valid_json_when_tasks_fail(void **state)
     for (int i = 0; i < 40; i++)
         weft_cancel(ts[i]);
     for (int i = 0; i < 40; i++)
-        assert_int_equal(weft_join(ts[i], NULL), WEFT_ECANCELED);
+        assert_int_equal(weft_join(ts[i], NULL), WEFT_ETASKCANCELED);
     for (int i = 0; i < 8; i++) /* still waiting as the runtime ends: the close ends them */
         assert_int_equal(weft_spawn(rt, NULL, wait_forever, ch, NULL), WEFT_OK);
     sleep_ms(5);
