@@ -59,10 +59,9 @@ static void record_put(weft_runtime *rt)
 static int fill_config(weft_config *cfg, const weft_config *given)
 {
     int rc;
-    if (!given)
-        memset(cfg, 0, sizeof *cfg);
-    else if ((rc = weft__sized_in(cfg, sizeof *cfg, given, CONFIG_SIZE_0_1, "weft_runtime_create",
-                                  "cfg")))
+    memset(cfg, 0, sizeof *cfg); /* the defaults, whatever given's size covers */
+    if (given && (rc = weft__sized_in(cfg, sizeof *cfg, given, CONFIG_SIZE_0_1,
+                                      "weft_runtime_create", "cfg")))
         return rc;
     if (cfg->workers > MAX_WORKERS)
         return weft__fail(WEFT_EINVAL, "weft_runtime_create: %u workers is more than %d",
