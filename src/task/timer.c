@@ -187,8 +187,7 @@ int weft__timers_sleep(weft__timers *tm, uint64_t ns)
 {
     /* Saturated: a deadline past the clock's range is never reached, and
      * such a sleep ends only by cancellation. */
-    uint64_t now = weft__now_ns();
-    uint64_t deadline = ns > UINT64_MAX - now ? UINT64_MAX : now + ns;
+    uint64_t deadline = weft_deadline_in_ns(ns);
     sleep_entry e = {.deadline = deadline, .index = NOT_QUEUED, .status = WEFT_OK};
     weft__waiter_init(&e.waiter, WEFT__WAITS_SLEEP);
 
