@@ -186,10 +186,10 @@ static int check_desc(const weft_matmul_desc *desc, void *d, const void *a, cons
  * be 16-byte aligned (a single row's stride is never used: m = 1 with any
  * lda, n = 1 with any ldb). It keeps m's rows in one pass of mma tiles of
  * 16 (m <= 16) and runs a block per 16 columns per batch (the grid's
- * second dimension holds 65535 batches). A block owns all of its columns'
- * k: with few blocks and a long k most SMs would idle where cuBLASLt
- * splits k, so a long k needs enough blocks (128, about the SMs of one
- * GPU) to go there. */
+ * second dimension holds 65535 batches), or a cluster of up to 8 sharing
+ * their columns' k: with few tiles and a k long past what 8 blocks take
+ * quickly most SMs would idle where cuBLASLt splits k further, so a long
+ * k needs enough tiles (128, about the SMs of one GPU) to go there. */
 int weft__matmul_skinny_fits(const weft__matmul_args *a)
 {
     size_t e = weft__dtype_size(a->in_type);

@@ -9,11 +9,15 @@
  * copy rate unused on these shapes (bench/matmul measures both).
  *
  * The plan:
- *  - A block owns a tile of 16 output columns (16 rows of B) and all of k;
- *    its 8 warps take the tile's k in turns of 128 (warp w the turns w,
- *    w + 8, ...), so one turn of the block reads 2 KiB of each of its 16
- *    rows, contiguous. Blocks are ceil(n / 16) per batch; the decode
- *    shapes' 256 to 896 blocks fill 132 SMs at two blocks an SM.
+ *  - A tile of 16 output columns (16 rows of B) belongs to one block, or
+ *    to a cluster of 2 to 8 when the tiles alone would leave SMs without
+ *    a block (n below 16 columns an SM); its warps take the tile's k in
+ *    turns of 128 (warp w of block r the turns 8r + w, 8r + w + 8 x
+ *    blocks, ...), so one turn of a block reads 2 KiB of each of its 16
+ *    rows, contiguous. The decode shapes' 256 to 896 tiles fill 132 SMs at
+ *    two blocks an SM without clusters; a cluster spreads a small n's
+ *    tiles over more SMs with no scratch in global memory (nothing to
+ *    allocate, so a call captures into a graph like any other).
  *  - Weights are read once, 16 bytes a load (ld.global.nc, not kept in
  *    L1), 8 loads in flight a thread: in a turn a thread loads 8
  *    consecutive k of two rows (g and g + 8 of the tile) at 4 places 32
@@ -34,9 +38,10 @@
  *  - k that ends within a turn is loaded with zeros past its end (weights
  *    and activations both, so nothing unwritten meets a NaN); rows past n
  *    or m read the last valid row, whose results are not stored.
- *  - The warps' partial sums meet in shared memory and are added in warp
- *    order (the same result every run); then each of the block's threads
- *    finishes one element: alpha, beta C (C may be D: read just before
+ *  - The warps' partial sums meet in shared memory (a cluster's in its
+ *    first block's, read across the cluster) and are added in block and
+ *    warp order (the same result every run); then each thread finishes
+ *    one element: alpha, beta C (C may be D: read just before
  *    it is written by the same thread), the bias, aux, ReLU or GELU
  *    (activations.cuh's, the fit of D's type, as the other kernels), D in
  *    the operand type or fp32.
@@ -44,6 +49,8 @@
  * B 16-byte aligned with rows and batch strides in whole 16 bytes, no
  * transposed A, m <= 16 - weft__matmul_skinny_fits (matmul.c) decides.
  */
+#include <cooperative_groups.h>
+
 #include "ops/matmul.h"
 #include "ops/ops_cuda.cuh"
 
@@ -68,6 +75,7 @@ template <typename O> struct skinny_params {
     size_t stride_a, stride_b, stride_c, stride_d, stride_aux;
     float alpha, beta;
     weft_matmul_act act;
+    unsigned split; /* blocks of a cluster on one tile (1: no cluster) */
 };
 
 /* 16 bytes of weights: read once, so kept out of L1, where the
@@ -161,14 +169,18 @@ __device__ __forceinline__ void finish(const skinny_params<O> &p, size_t bt, siz
     p.d[bt * p.stride_d + i * p.ldd + j] = from_f32<O>(y);
 }
 
-/* T the operands' type, O D's, H the 8-row halves of m (1 or 2). */
+/* T the operands' type, O D's, H the 8-row halves of m (1 or 2): 80 registers
+ * for H = 1 (three blocks an SM), 128 for H = 2 (two). */
 template <typename T, typename O, int H>
-__global__ void __launch_bounds__(THREADS, 2) skinny_kernel(skinny_params<O> p)
+__global__ void __launch_bounds__(THREADS, H == 1 ? 3 : 2) skinny_kernel(skinny_params<O> p)
 {
     __shared__ float partial[WARPS][H * 8][COLS];
     const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const unsigned g = lane / 4, t = lane % 4;
-    const size_t bt = blockIdx.y, n0 = (size_t)blockIdx.x * COLS;
+    /* A 1-dimensional cluster's blocks are consecutive: x % split is the
+     * block's rank in it. */
+    const unsigned split = p.split, rank = blockIdx.x % split;
+    const size_t bt = blockIdx.y, n0 = (size_t)(blockIdx.x / split) * COLS;
 
     const uint16_t *a = static_cast<const uint16_t *>(p.a) + bt * p.stride_a;
     const uint16_t *b = static_cast<const uint16_t *>(p.b) + bt * p.stride_b;
@@ -186,8 +198,9 @@ __global__ void __launch_bounds__(THREADS, 2) skinny_kernel(skinny_params<O> p)
 
     float acc[H][4] = {};
     uint4 w[2][PLACES], x[H][PLACES];
-    size_t kb = (size_t)warp * TURN;
-    for (; kb + TURN <= p.k; kb += WARPS * TURN) {
+    size_t kb = ((size_t)rank * WARPS + warp) * TURN;
+    const size_t step = (size_t)split * WARPS * TURN;
+    for (; kb + TURN <= p.k; kb += step) {
 #pragma unroll
         for (int q = 0; q < PLACES; q++) {
 #pragma unroll
@@ -224,16 +237,47 @@ __global__ void __launch_bounds__(THREADS, 2) skinny_kernel(skinny_params<O> p)
         partial[warp][i][g + 8] = acc[h][2];
         partial[warp][i + 1][g + 8] = acc[h][3];
     }
-    __syncthreads();
     /* One element a thread: row i, column j (16 threads a row's columns). */
     const unsigned i = threadIdx.x / COLS, jj = threadIdx.x % COLS;
-    if (i >= H * 8 || i >= p.m || n0 + jj >= p.n)
-        return;
+    const bool mine = i < H * 8 && i < p.m && n0 + jj < p.n;
     float s = 0.0f;
+    if (split == 1) {
+        __syncthreads();
+        if (!mine)
+            return;
 #pragma unroll
-    for (int v = 0; v < WARPS; v++)
-        s += partial[v][i][jj];
-    finish<O>(p, bt, i, n0 + jj, s);
+        for (int v = 0; v < WARPS; v++)
+            s += partial[v][i][jj];
+        finish<O>(p, bt, i, n0 + jj, s);
+        return;
+    }
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync(); /* every block's partials written */
+    if (rank == 0 && mine)
+        for (unsigned r = 0; r < split; r++) {
+            const float(*theirs)[H * 8][COLS] = cl.map_shared_rank(partial, r);
+#pragma unroll
+            for (int v = 0; v < WARPS; v++)
+                s += theirs[v][i][jj];
+        }
+    cl.sync(); /* no block leaves while the first reads its partials */
+    if (rank == 0 && mine)
+        finish<O>(p, bt, i, n0 + jj, s);
+}
+
+/* Blocks a tile gets: 1 while the tiles give every SM a block; else
+ * enough for two an SM, a power of two up to 8 (the portable cluster),
+ * and no more than leave each warp a whole turn of k. */
+static unsigned split_for(size_t blocks, size_t k)
+{
+    const size_t sms = (size_t)sm_count();
+    unsigned s = 1;
+    if (blocks >= sms)
+        return 1;
+    while (s < 8 && blocks * s < 2 * sms && (size_t)2 * s * WARPS * TURN <= k)
+        s *= 2;
+    return s;
 }
 
 template <typename T, typename O> int launch(cudaStream_t stream, const weft__matmul_args *a)
@@ -247,12 +291,24 @@ template <typename T, typename O> int launch(cudaStream_t stream, const weft__ma
     p.stride_a = a->stride_a, p.stride_b = a->stride_b, p.stride_c = a->stride_c;
     p.stride_d = a->stride_d, p.stride_aux = a->stride_aux;
     p.alpha = a->alpha, p.beta = a->beta, p.act = a->act;
-    dim3 grid((unsigned)((a->n + COLS - 1) / COLS), (unsigned)a->batch);
-    if (a->m <= 8)
-        skinny_kernel<T, O, 1><<<grid, THREADS, 0, stream>>>(p);
-    else
-        skinny_kernel<T, O, 2><<<grid, THREADS, 0, stream>>>(p);
-    return launched("weft_matmul");
+    const size_t tiles = (a->n + COLS - 1) / COLS;
+    p.split = split_for(tiles * a->batch, a->k);
+
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr;
+    cfg.gridDim = dim3((unsigned)(tiles * p.split), (unsigned)a->batch, 1);
+    cfg.blockDim = dim3(THREADS, 1, 1);
+    cfg.stream = stream;
+    if (p.split > 1) {
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = p.split;
+        attr.val.clusterDim.y = 1;
+        attr.val.clusterDim.z = 1;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+    }
+    auto kernel = a->m <= 8 ? skinny_kernel<T, O, 1> : skinny_kernel<T, O, 2>;
+    return launch_status("weft_matmul", cudaLaunchKernelEx(&cfg, kernel, p));
 }
 
 template <typename T> int launch_in(cudaStream_t stream, const weft__matmul_args *a)

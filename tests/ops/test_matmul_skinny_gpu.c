@@ -7,7 +7,10 @@
  * GELUs, aux); the residual in place; strided and shared batches; padded
  * rows whose padding holds NaN (never read); pointers, leading dimensions
  * and batch strides that break 16-byte loads, which must go to cuBLASLt
- * and still be right; a call captured into a CUDA graph and replayed.
+ * and still be right; calls captured into a CUDA graph and replayed. A
+ * small n with a long k (k >= 2048 over fewer tiles than SMs) runs as
+ * clusters of blocks sharing a tile's k: the n = 1, 13 and 256 cases at
+ * k = 4096 and 4100, the in-place ones, a batched one and a captured one.
  * Each call's path is asserted (weft__matmul_cuda_skinny_calls), so a
  * case meant for the kernel cannot pass on cuBLASLt.
  *
@@ -319,16 +322,17 @@ static void test_batches_match_float64(void **state)
     (void)state;
     char name[128];
     for (int t = 0; t < 2; t++)
-        for (int shared = 0; shared < 2; shared++) {
+        for (int shared = 0; shared < 3; shared++) {
+            size_t k = shared == 2 ? 4096 : 264; /* 4096: clusters of 4 on 7 tiles x 3 */
             weft_matmul_desc d = {.m = 7,
                                   .n = 100,
-                                  .k = 264,
+                                  .k = k,
                                   .type = TYPES[t],
                                   .trans_b = 1,
                                   .batch = 3,
-                                  .lda = 272,
-                                  .stride_a = 7 * 272 + 16,
-                                  .stride_b = shared ? 0 : 100 * 264 + 8,
+                                  .lda = k + 8,
+                                  .stride_a = 7 * (k + 8) + 16,
+                                  .stride_b = shared == 1 ? 0 : 100 * k + 8,
                                   .stride_c = 7 * 100,
                                   .stride_d = 7 * 104,
                                   .ldd = 104,
@@ -336,8 +340,8 @@ static void test_batches_match_float64(void **state)
                                   .stride_aux = 7 * 104 + 8,
                                   .act = WEFT_MATMUL_ACT_GELU_ERF};
             options o = {.with_c = 1, .with_bias = 1, .with_aux = 1, .skinny = 1};
-            snprintf(name, sizeof name, "%s batch 3%s", type_name(TYPES[t]),
-                     shared ? " B shared" : "");
+            snprintf(name, sizeof name, "%s batch 3 k %zu%s", type_name(TYPES[t]), k,
+                     shared == 1 ? " B shared" : "");
             run_case(name, d, o);
         }
     no_case_failed();
@@ -370,12 +374,12 @@ static void test_unaligned_calls_fall_back_and_match(void **state)
 }
 
 /* The kernel captured into a CUDA graph (nothing allocated at capture)
- * computes the same when the graph is launched, twice. */
-static void test_a_captured_call_replays_right(void **state)
+ * computes the same when the graph is launched, twice: n = 14336 as one
+ * block a tile, n = 256 as clusters. */
+static void captured_case(size_t n)
 {
-    (void)state;
     weft_matmul_desc d = {.m = 4,
-                          .n = 14336,
+                          .n = n,
                           .k = 4096,
                           .type = WEFT_DTYPE_BF16,
                           .trans_b = 1,
@@ -407,11 +411,18 @@ static void test_a_captured_call_replays_right(void **state)
         size_t bad = check("captured", &d, a, b, NULL, got, NULL, 1);
         free(got);
         if (bad)
-            fail_msg("replay %d: %zu bad elements", i, bad);
+            fail_msg("n %zu, replay %d: %zu bad elements", n, i, bad);
     }
     cudaGraphExecDestroy(exec), cudaGraphDestroy(graph);
     free(a), free(b), free(bias), free(pd);
     cudaFree(ba), cudaFree(bb), cudaFree(bbias), cudaFree(bd);
+}
+
+static void test_a_captured_call_replays_right(void **state)
+{
+    (void)state;
+    captured_case(14336);
+    captured_case(256);
 }
 
 /* ---- main ------------------------------------------------------------------ */
