@@ -3,7 +3,8 @@
 
 Cases (bf16, on PyTorch's current stream, the same tensors for both sides):
   matmul 8192^3               weft_matmul vs torch.matmul: TFLOP/s
-  decode m in {1, 4, 16}, (k, n) in {(4096, 14336), (14336, 4096), (4096, 4096)}
+  decode m in {1, 4, 16}, (k, n) in {(4096, 14336), (14336, 4096), (4096, 4096),
+                                    (4096, 1024)}
                               x W^T (bf16): the weight bytes' bandwidth of weft
                               (its skinny kernel), of F.linear and torch.matmul
                               on the same tensors, and of weft with the skinny
@@ -148,7 +149,9 @@ def rel_err(torch, got, want):
 
 
 DECODE_MS = (1, 4, 16)
-DECODE_KN = ((4096, 14336), (14336, 4096), (4096, 4096))
+# Llama-3-8B's up (and gate), down, query/output and key/value projections;
+# the last, 64 tiles of 16 columns, runs as clusters in weft's kernel.
+DECODE_KN = ((4096, 14336), (14336, 4096), (4096, 4096), (4096, 1024))
 
 
 def rotating(fns):
@@ -219,7 +222,10 @@ def decode(torch, F, weft, args, copy_tbps, results):
                 "cuBLASLt (WEFT_MATMUL_SKINNY=0) %.2f TB/s" % (
                     tw * 1e6, 100 * bw / copy_tbps, copy_tbps, wbytes / tm / 1e12,
                     wbytes / tc / 1e12),
-                [("85% of the copy ceiling", ">=", 0.85 * copy_tbps)]))
+                # An 8 MiB weight takes about 2 us, which launch gaps bound:
+                # the target is for the larger ones.
+                [("85% of the copy ceiling", ">=", 0.85 * copy_tbps)] if wbytes >= 32 << 20
+                else []))
 
 
 def check_layout(lib):
