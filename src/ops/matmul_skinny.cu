@@ -5,48 +5,46 @@
  *
  * Why a kernel of its own: with m this small every weight byte is used m
  * times at most, so the product is a stream over B and its speed is the
- * memory's. cuBLASLt's tiles are built for reuse and leave a third of the
- * copy rate unused on these shapes (bench/matmul measures both).
+ * memory's. cuBLASLt's tiles are built to reuse each loaded element, which
+ * decode has not to offer (bench/matmul compares the two paths).
  *
  * The plan:
- *  - A tile of 16 output columns (16 rows of B) belongs to one block, or
- *    to a cluster of 2 to 8 when the tiles alone would leave SMs without
- *    a block (n below 16 columns an SM); its warps take the tile's k in
- *    turns of 128 (warp w of block r the turns 8r + w, 8r + w + 8 x
- *    blocks, ...), so one turn of a block reads 2 KiB of each of its 16
- *    rows, contiguous. The decode shapes' 256 to 896 tiles fill 132 SMs at
- *    two blocks an SM without clusters; a cluster spreads a small n's
- *    tiles over more SMs with no scratch in global memory (nothing to
- *    allocate, so a call captures into a graph like any other).
- *  - Weights are read once, 16 bytes a load (ld.global.nc, not kept in
- *    L1), 8 loads in flight a thread: in a turn a thread loads 8
- *    consecutive k of two rows (g and g + 8 of the tile) at 4 places 32
- *    apart. The activations (m x k, a few KiB to 128 KiB) are read
- *    through L1 with the same 16-byte loads; the block's warps and the
- *    SM's blocks read the same ones, so L2 sees them a few times, not m.
+ *  - A tile of 16 output columns (16 rows of B) belongs to one block, or to a
+ *    cluster of 2 to 8 when the tiles alone would leave SMs without a block (n
+ *    below 16 columns an SM) and k is long enough to share (2048 and more);
+ *    its warps take the tile's k in turns of 128 (warp w of block r the turns
+ *    8r + w, 8r + w + 8 x blocks, ...), so one turn of a block reads 2 KiB of
+ *    each of its 16 rows, contiguous. The decode shapes' 256 to 896 tiles fill
+ *    132 SMs at two or three blocks an SM without clusters; a cluster spreads
+ *    a small n's tiles over more SMs with no scratch in global memory (nothing
+ *    to allocate, so a call captures into a graph like any other).
+ *  - Weights are read once, 16 bytes a load (ld.global.nc, not kept in L1),
+ *    8 loads in flight a thread: in a turn a thread loads 8 consecutive k of
+ *    two rows (g and g + 8 of the tile) at 4 places 32 apart. The
+ *    activations, small, are read through L1 with the same 16-byte loads:
+ *    every block of an SM reads the same ones.
  *  - The products go through the tensor cores (mma m16n8k16, fp32
  *    accumulators): at m = 16 sixteen fp32 multiply-adds a weight element
- *    would be more than the SM's CUDA cores can issue at the copy rate.
- *    The weight tile is mma's A (16 x 16), the activations its B (16 x 8,
- *    two of them past m = 8). A dot product does not care in which order
- *    its k are summed, so the 8 consecutive k a thread loads are placed
- *    in the fragments' k slots by one bijection for A and B alike: thread
- *    (g, t) = (lane / 4, lane % 4) holds k 8t..8t+7 of weight rows g and
- *    g + 8 and of activation row g, words 0-1 making mma step 0's slots
+ *    would be more than the SM's CUDA cores can issue at the copy rate. The
+ *    weight tile is mma's A (16 x 16), the activations its B (16 x 8, two of
+ *    them past m = 8). A dot product does not care in which order its k are
+ *    summed, so the 8 consecutive k a thread loads are placed in the
+ *    fragments' k slots by one bijection for A and B alike: of each 32 k,
+ *    thread (g, t) = (lane / 4, lane % 4) holds k 8t..8t+7 of weight rows g
+ *    and g + 8 and of activation row g, words 0-1 making mma step 0's slots
  *    (2t, 2t+1) and (2t+8, 2t+9), words 2-3 step 1's. No shuffles and no
  *    shared memory on the way in.
- *  - k that ends within a turn is loaded with zeros past its end (weights
- *    and activations both, so nothing unwritten meets a NaN); rows past n
- *    or m read the last valid row, whose results are not stored.
- *  - The warps' partial sums meet in shared memory (a cluster's in its
- *    first block's, read across the cluster) and are added in block and
- *    warp order (the same result every run); then each thread finishes
- *    one element: alpha, beta C (C may be D: read just before
- *    it is written by the same thread), the bias, aux, ReLU or GELU
- *    (activations.cuh's, the fit of D's type, as the other kernels), D in
- *    the operand type or fp32.
- * Batches are the grid's second dimension. What the kernel needs - A and
- * B 16-byte aligned with rows and batch strides in whole 16 bytes, no
+ *  - k that ends within a turn is loaded with zeros past its end (weights and
+ *    activations both, so nothing unwritten meets a NaN); rows past n or m
+ *    read the last valid row, whose results are not stored.
+ *  - The warps' partial sums meet in shared memory (a cluster's in its first
+ *    block's, read across the cluster) and are added in block and warp order
+ *    (the same result every run); then each thread finishes one element:
+ *    alpha, beta C (C may be D: read just before it is written by the same
+ *    thread), the bias, aux, ReLU or GELU (activations.cuh's, the fit of D's
+ *    type, as the other kernels), D in the operand type or fp32.
+ * Batches are the grid's second dimension. What the kernel needs - A and B
+ * 16-byte aligned with rows and batch strides in whole 16 bytes, no
  * transposed A, m <= 16 - weft__matmul_skinny_fits (matmul.c) decides.
  */
 #include <cooperative_groups.h>
