@@ -15,7 +15,8 @@
  * case meant for the kernel cannot pass on cuBLASLt.
  *
  * Bound, element by element (D and aux poisoned first: every element
- * written, the padding kept): the sum's error for fp32 sums of k terms
+ * written, the padding kept; the operands' row padding NaN where the
+ * kernel is meant to run): the sum's error for fp32 sums of k terms
  * in any order, 4 (k + 4) 2^-24 times the size of the terms (the tensor
  * cores' accumulation rounds less carefully than the host's), plus half
  * a unit of D's type at the result, plus the activation's own error on
@@ -164,8 +165,10 @@ static void run_case(const char *name, weft_matmul_desc desc, options o)
     /* Pre-activations near 1, where the GELUs bend. */
     double scale = 1.7 / pow((double)desc.k, 0.25);
     void *a = mm_random(g.in_type, g.na, scale), *b = mm_random(g.in_type, g.nb, scale);
-    nan_padding(g.in_type, a, g.na, g.lda, g.a_cols);
-    nan_padding(g.in_type, b, g.nb, g.ldb, g.b_cols);
+    if (o.skinny) { /* cuBLASLt's reads past a row are not this test's subject */
+        nan_padding(g.in_type, a, g.na, g.lda, g.a_cols);
+        nan_padding(g.in_type, b, g.nb, g.ldb, g.b_cols);
+    }
     size_t nc = o.in_place ? g.nd : g.nc;
     void *c = o.with_c ? mm_random(desc.type, nc, 1.0) : NULL;
     void *bias = o.with_bias ? mm_random(desc.type, desc.n, 1.0) : NULL;
