@@ -227,7 +227,8 @@ typedef enum weft_matmul_act {
     WEFT_MATMUL_ACT_RELU = 1, /* max(x, 0); ReLU(NaN) = NaN */
     /* GELU in the forms of weft_gelu_form. cuBLASLt's GELU epilogue is the
      * tanh form, so that one is fused into the matmul on the GPU; the erf
-     * form runs weft_bias_gelu_residual's kernel over D after it. */
+     * form runs weft_bias_gelu_residual's kernel over D after it (weft's
+     * decode kernel, see weft_matmul, fuses both). */
     WEFT_MATMUL_ACT_GELU_TANH = 2,
     WEFT_MATMUL_ACT_GELU_ERF = 3
 } weft_matmul_act;
@@ -288,16 +289,23 @@ typedef struct weft_matmul_desc {
  * Arithmetic: the operands are converted to fp32 and products summed in
  * fp32 (bf16/fp16 in blocks, as the matrix units do; TF32 only when asked),
  * the epilogue is fp32 and D and aux are rounded to type once. The host
- * reference runs on a BLAS (OpenBLAS's cblas_sgemm); the GPU on cuBLASLt,
- * whose sums run in another order, so results agree to the types'
- * rounding and the sums' length (~1e-5 relative for fp32, ~1e-2 for
- * bf16), not bit for bit.
+ * reference runs on a BLAS (OpenBLAS's cblas_sgemm); the GPU on cuBLASLt
+ * or weft's decode kernel (below), whose sums run in another order, so
+ * results agree to the types' rounding and the sums' length (~1e-5
+ * relative for fp32, ~1e-2 for bf16), not bit for bit.
  * GPU: operand pointers aligned to 16 bytes and leading dimensions and
  * strides that keep rows 16-byte aligned get the fastest kernels; anything
- * aligned to its element size works. Plans (cuBLASLt's heuristic answer)
- * are cached per shape, types, layout, epilogue and alignment, and each
- * stream gets a workspace of weft's the first time it runs a matmul, so a
- * first call costs more than the next.
+ * aligned to its element size works. Decode's shapes - m <= 16, bf16 or
+ * fp16 operands, A as stored and B transposed (a Linear weight, n x k), A
+ * and B 16-byte aligned with rows (where m or n > 1) and batch strides of
+ * whole 16 bytes, at most 65535 batches, and k <= 32768 unless
+ * ceil(n / 16) * batch >= 128 - run weft's own kernel, which reads the
+ * weights once for all m rows with the whole epilogue fused (the erf GELU
+ * too); its fp32 sums are the tensor cores'. Other calls go to cuBLASLt.
+ * Plans (cuBLASLt's heuristic answer) are cached per shape, types,
+ * layout, epilogue and alignment, and each stream gets a workspace of
+ * weft's the first time it runs a matmul, so a first call costs more than
+ * the next.
  * Bad arguments (sizes, leading dimensions below the row, NULL operands,
  * misaligned pointers, aux without GELU, type combinations cuBLASLt lacks)
  * return WEFT_EINVAL before anything is enqueued. A host reference in a

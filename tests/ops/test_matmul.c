@@ -6,7 +6,9 @@
  * operands, leading dimensions larger than the row, the residual in place,
  * the pre-activation kept in aux; and every bad argument refused with its
  * reason before anything is written. In a build without a BLAS the host
- * call must say so instead.
+ * call must say so instead. Also the rule that sends a GPU call to the
+ * skinny kernel or to cuBLASLt (weft__matmul_skinny_fits), which is plain
+ * C on the checked arguments.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +20,7 @@
 
 #include "weft.h"
 #include "weft/ops.h"
+#include "ops/matmul.h"
 #include "ops/matmul_ref.h"
 
 #ifdef WEFT_HAVE_HOST_BLAS /* the cases that need the host reference to run */
@@ -278,6 +281,64 @@ static void test_a_valid_call_is_not_refused(void **state)
 #endif
 }
 
+/* Decode's shapes go to the skinny kernel; a row more than 16, another
+ * layout or type, or anything that breaks its 16-byte loads goes to
+ * cuBLASLt. The pointers are never read. */
+static void test_the_skinny_kernel_takes_decode_shapes_only(void **state)
+{
+    (void)state;
+    const weft__matmul_args up = {.m = 16,
+                                  .n = 14336,
+                                  .k = 4096,
+                                  .batch = 1,
+                                  .type = WEFT_DTYPE_BF16,
+                                  .in_type = WEFT_DTYPE_BF16,
+                                  .trans_b = 1,
+                                  .lda = 4096,
+                                  .ldb = 4096,
+                                  .ldd = 14336,
+                                  .a = (const void *)(uintptr_t)0x10000,
+                                  .b = (const void *)(uintptr_t)0x20000,
+                                  .d = (void *)(uintptr_t)0x30002};
+    weft__matmul_args x = up;
+    assert_true(weft__matmul_skinny_fits(&x));
+    x.m = 1, x.k = x.lda = 4100; /* one row: its stride is never used */
+    assert_true(weft__matmul_skinny_fits(&x));
+    x = up, x.in_type = WEFT_DTYPE_F16, x.type = WEFT_DTYPE_F32, x.m = 3;
+    assert_true(weft__matmul_skinny_fits(&x));
+    x = up, x.batch = 7, x.stride_a = 16 * 4096, x.stride_b = 0, x.stride_d = 16 * 14336;
+    assert_true(weft__matmul_skinny_fits(&x));
+    x = up, x.k = 100000, x.lda = x.ldb = 100000; /* 896 blocks: enough for a long k */
+    assert_true(weft__matmul_skinny_fits(&x));
+    x = up, x.n = 1, x.ldb = 4100, x.k = 4100, x.lda = 4104; /* one column: ldb unused */
+    assert_true(weft__matmul_skinny_fits(&x));
+
+    x = up, x.m = 17;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.trans_b = 0;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.trans_a = 1;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.in_type = x.type = WEFT_DTYPE_F32;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.a = (const char *)x.a + 2;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.b = (const char *)x.b + 8;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.m = 2, x.k = 4100, x.lda = 4100, x.ldb = 4104;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.k = 4100, x.lda = 4104, x.ldb = 4100;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.batch = 2, x.stride_b = 4096 * 14336 + 4;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.batch = 2, x.stride_a = 4;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.batch = 65536;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.n = 13, x.k = x.lda = x.ldb = 40000; /* one block for a long k */
+    assert_false(weft__matmul_skinny_fits(&x));
+}
+
 int main(void)
 {
     mm_rng_state = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
@@ -285,6 +346,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_arguments_are_refused_with_the_reason),
         cmocka_unit_test(test_a_valid_call_is_not_refused),
+        cmocka_unit_test(test_the_skinny_kernel_takes_decode_shapes_only),
 #ifdef WEFT_HAVE_HOST_BLAS
         cmocka_unit_test(test_every_type_activation_bias_and_residual_matches_float64),
         cmocka_unit_test(test_transposes_and_leading_dimensions_larger_than_the_row),
