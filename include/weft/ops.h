@@ -361,7 +361,8 @@ typedef struct weft_moe_routing {
  * the logits. A NaN in a token's logits makes all its softmax weights NaN
  * (the sum is NaN); with sigmoid only a chosen NaN's weight is NaN, and
  * with renormalize all of that token's. +Inf: softmax weights NaN (Inf -
- * Inf); sigmoid gives 1. A renormalized token whose k sigmoid scores are
+ * Inf), as are those of a token whose logits are all -Inf; sigmoid gives
+ * 1 for +Inf and 0 for -Inf. A renormalized token whose k sigmoid scores are
  * all 0 (logits below ~-104) gets 0 / 0 = NaN. */
 int weft_moe_gate(void *stream, weft_dtype dtype, weft_moe_score score, int renormalize,
                   const void *logits, size_t tokens, size_t experts, size_t stride, size_t k,
