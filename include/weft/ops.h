@@ -372,8 +372,8 @@ int weft_moe_gate(void *stream, weft_dtype dtype, weft_moe_score score, int reno
  * the tokens * k rows p (cols elements; rows of in stride in_stride, of
  * out out_stride, both >= cols). perm is weft_moe_gate's table (device
  * memory with a stream); values outside [0, tokens k) are undefined
- * behaviour (the GPU cannot check them before it runs). A copy: exact on
- * every backend. */
+ * behaviour (the GPU cannot check them before it runs). out must not
+ * overlap in. A copy: exact on every backend. */
 int weft_moe_permute(void *stream, weft_dtype dtype, void *out, const void *in, const int32_t *perm,
                      size_t tokens, size_t k, size_t cols, size_t in_stride, size_t out_stride);
 
@@ -409,10 +409,14 @@ typedef struct weft_grouped_matmul_desc {
  * (G + 1 int32: weft_moe_gate's table) is read where the work runs - on
  * the GPU by the kernel itself, so the sizes of the groups never reach the
  * host and the call can be captured into a graph. It must be nondecreasing
- * with 0 <= offsets[0] and offsets[G] <= rows: the host reference refuses
- * other tables with WEFT_EINVAL; the kernel clamps them into [0, rows] so
- * that it never reads or writes outside X and Y. Rows outside [offsets[0],
- * offsets[G]) are not written. A group of no rows is skipped.
+ * with 0 <= offsets[0] and offsets[G] <= rows. A host call on the NULL
+ * stream refuses other tables with WEFT_EINVAL; where the table is read
+ * only when the work runs (the kernel, or the host reference in a task's
+ * stream order) each offset is clamped into [0, rows] and a group whose
+ * end is not past its start is skipped, so no table makes the call read or
+ * write outside X, W and Y (the rows a bad table names get unspecified
+ * values). Rows outside [offsets[0], offsets[G]) are not written. A group
+ * of no rows is skipped.
  * Arithmetic: products summed in fp32 (blocks of 16 on the GPU's tensor
  * cores, the host's BLAS in blocks of its own), the epilogue in fp32, Y
  * rounded once: results agree to the type's rounding and the sums' length
@@ -420,9 +424,11 @@ typedef struct weft_grouped_matmul_desc {
  * GPU: X, W and Y 16-byte aligned with k, ldx and ldy multiples of 8 get
  * the asynchronous-copy pipeline; anything aligned to its element works.
  * Bad arguments (sizes, a type other than bf16/fp16, leading dimensions
- * below the row, NULL or misaligned pointers, nonzero reserved) return
- * WEFT_EINVAL before anything is enqueued; a host call in a build without
- * a BLAS returns WEFT_EINVAL ("built without a host BLAS").
+ * below the row, NULL or misaligned pointers, Y the same buffer as X or W,
+ * nonzero reserved) return WEFT_EINVAL before anything is enqueued, as
+ * does a GPU call of more tiles than its grid holds (n or rows near 2^31);
+ * a host call in a build without a BLAS returns WEFT_EINVAL ("built
+ * without a host BLAS"). Y must not overlap X, W or the bias.
  * NaN/Inf: IEEE arithmetic, as weft_matmul. */
 int weft_grouped_matmul(void *stream, const weft_grouped_matmul_desc *desc, void *y, const void *x,
                         const void *w, const int32_t *offsets);

@@ -3,10 +3,11 @@
  * against the float64 loops of moe_ref.h, on fresh random data each run
  * (the seed is printed; WEFT_TEST_SEED replays it): the router with every
  * score function, renormalised or not, k of 1, 2 and 8, 8 to 256 experts,
- * 1 to 1000 tokens, with and without exact ties, and its NaN rules; the
- * tables' consistency; permute and combine as a round trip; the grouped
+ * 1 to 1000 tokens, with and without exact ties, its NaN and infinity
+ * rules; the tables' consistency; permute and combine as a round trip; the grouped
  * matmul with groups of no rows, one row and many, every activation, bias
- * and padded rows; the calls in a task's stream order; and every bad
+ * and padded rows; the calls in a task's stream order (the grouped
+ * matmul clamping a table it reads too late to refuse); and every bad
  * argument refused with its reason before anything is written.
  */
 #include <stdarg.h>
@@ -112,6 +113,34 @@ static void test_gate_nan_logits_rank_last_and_poison_softmax_weights(void **sta
             assert_int_equal(r.offsets[4], 9);
             moe_routing_free(&r);
         }
+}
+
+static void test_gate_infinities_follow_ieee(void **state)
+{
+    (void)state;
+    /* Token 0: +Inf among numbers; token 1: all -Inf; token 2: -Inf chosen. */
+    float logits[3][4] = {{1.0f, INFINITY, 0.0f, -1.0f},
+                          {-INFINITY, -INFINITY, -INFINITY, -INFINITY},
+                          {2.0f, -INFINITY, -INFINITY, -INFINITY}};
+    for (int score = 0; score < 2; score++) {
+        moe_host_routing r = moe_routing_poisoned(3, 4, 2);
+        weft_moe_routing o = moe_as_routing(&r);
+        assert_int_equal(
+            weft_moe_gate(NULL, WEFT_DTYPE_F32, (weft_moe_score)score, 0, logits, 3, 4, 4, 2, &o),
+            WEFT_OK);
+        int32_t want[6] = {1, 0, 0, 1, 0, 1};
+        for (int i = 0; i < 6; i++)
+            assert_int_equal(r.ids[i], want[i]);
+        if (score == WEFT_MOE_SOFTMAX) {
+            for (int i = 0; i < 4; i++) /* tokens 0 and 1: NaN */
+                assert_true(isnan(r.weights[i]));
+            assert_true(r.weights[4] == 1.0f && r.weights[5] == 0.0f);
+        } else {
+            assert_true(r.weights[0] == 1.0f && fabsf(r.weights[1] - 0.7310586f) < 1e-6f);
+            assert_true(r.weights[2] == 0.0f && r.weights[3] == 0.0f && r.weights[5] == 0.0f);
+        }
+        moe_routing_free(&r);
+    }
 }
 
 /* Permute, then "experts" that return their input, then combine: each
@@ -276,6 +305,51 @@ static void test_the_calls_run_in_a_tasks_stream_order(void **state)
     free(c.logits), free(c.x), free(c.y), free(c.out);
 }
 
+#ifdef WEFT_HAVE_HOST_BLAS
+/* The grouped matmul in a task's stream order reads its table when it
+ * runs, too late to refuse it: a bad table is clamped, a good one gives
+ * the product. */
+typedef struct grouped_job {
+    weft_grouped_matmul_desc d;
+    void *y, *x, *w;
+    const int32_t *offsets;
+    int rc;
+} grouped_job;
+
+static void *grouped_task(void *arg)
+{
+    grouped_job *j = arg;
+    if ((j->rc = weft_grouped_matmul(WEFT_TASK_STREAM, &j->d, j->y, j->x, j->w, j->offsets)) ==
+        WEFT_OK)
+        j->rc = weft_await();
+    return NULL;
+}
+
+static void test_grouped_matmul_in_a_tasks_stream_order(void **state)
+{
+    (void)state;
+    weft_grouped_matmul_desc d = {
+        .groups = 3, .rows = 50, .n = 24, .k = 32, .type = WEFT_DTYPE_BF16};
+    int32_t good[] = {0, 20, 20, 45}, bad[] = {-7, 30, 10, 999};
+    void *x = moe_random(d.type, 50 * 32, 1.0), *w = moe_random(d.type, 3 * 24 * 32, 1.0);
+    weft_runtime *rt;
+    weft_config cfg = {.workers = 1};
+    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
+    for (int i = 0; i < 2; i++) {
+        grouped_job j = {d, moe_poisoned(50 * 24 * 2), x, w, i ? bad : good, -1};
+        weft_task *task;
+        assert_int_equal(weft_spawn(rt, &task, grouped_task, &j, NULL), WEFT_OK);
+        assert_int_equal(weft_join(task, NULL), WEFT_OK);
+        assert_int_equal(j.rc, WEFT_OK);
+        if (i == 0)
+            assert_int_equal(moe_check_grouped("task", &d, j.y, x, w, good, 1.0), 0);
+        free(j.y);
+    }
+    assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
+    free(x), free(w);
+}
+#endif
+
 /* ---- bad arguments ------------------------------------------------------ */
 
 #define REFUSED(call, words)                                                                       \
@@ -379,10 +453,12 @@ int main(void)
         cmocka_unit_test(test_gate_matches_float64_for_every_score_k_and_size),
         cmocka_unit_test(test_gate_breaks_exact_ties_by_the_lower_expert),
         cmocka_unit_test(test_gate_nan_logits_rank_last_and_poison_softmax_weights),
+        cmocka_unit_test(test_gate_infinities_follow_ieee),
         cmocka_unit_test(test_permute_and_combine_round_trip),
 #ifdef WEFT_HAVE_HOST_BLAS
         cmocka_unit_test(test_grouped_matmul_matches_float64),
         cmocka_unit_test(test_grouped_matmul_refuses_a_bad_table_on_the_host),
+        cmocka_unit_test(test_grouped_matmul_in_a_tasks_stream_order),
 #endif
         cmocka_unit_test(test_the_calls_run_in_a_tasks_stream_order),
         cmocka_unit_test(test_bad_arguments_are_refused_before_anything_is_written),

@@ -4,12 +4,11 @@
  * the router for every score function, renormalised or not, k of 1, 2 and
  * 8, 8 to 256 experts, 1 to 8192 tokens, with exact ties and NaN logits,
  * its ids and tables equal to the host's bit for bit and its weights within
- * 2e-6 of them; permute and combine equal to the host's bit for bit; the
- * grouped matmul (both load paths) against float64 with groups of no rows,
- * one row and many, and a table out of range clamped without a fault; a
- * whole layer (router, permute, grouped matmul, combine) captured into a
- * CUDA graph and replayed on new inputs; bad arguments refused before
- * anything is enqueued. Outputs are poisoned first and must be completely
+ * 1e-5 of them (relative; the softmax's sum runs in another order); permute and combine equal to
+ * the host's bit for bit; the grouped matmul (both load paths) against float64 with groups of no
+ * rows, one row and many, and a table out of range clamped without a fault; a whole layer (router,
+ * permute, grouped matmul, combine) captured into a CUDA graph and replayed on new inputs; bad
+ * arguments refused before anything is enqueued. Outputs are poisoned first and must be completely
  * written. The router's time at 8192 tokens x 64 experts, k 8 is printed
  * (not asserted: bench/moe/ measures it).
  */
@@ -137,7 +136,7 @@ static void gate_case(weft_dtype t, weft_moe_score score, int renorm, size_t tok
              same_table(name, "inverse", g.inverse, h.inverse, pairs);
     for (size_t i = 0; ok && i < pairs; i++) {
         float a = g.weights[i], b = h.weights[i];
-        if (isnan(a) != isnan(b) || (!isnan(b) && !(fabsf(a - b) <= 2e-6f * fabsf(b) + 1e-30f))) {
+        if (isnan(a) != isnan(b) || (!isnan(b) && !(fabsf(a - b) <= 1e-5f * fabsf(b) + 1e-30f))) {
             printf("  %s: weight %zu is %.9g on the GPU, %.9g on the host\n", name, i, a, b);
             ok = 0;
         }
@@ -247,7 +246,7 @@ static void grouped_case(const char *name, weft_grouped_matmul_desc d, const int
     void *x = moe_random(d.type, nx, 1.0), *w = moe_random(d.type, nw, 1.0);
     void *bias = d.bias ? moe_random(d.type, d.groups * d.n, 1.0) : NULL;
     /* misalign: X one element into its buffer, which takes the plain loads. */
-    char *dxbuf = upload(x, nx * 2 + 2);
+    char *dxbuf = poisoned_dev(nx * 2 + 2);
     assert_cuda(cudaMemcpy(dxbuf + (misalign ? 2 : 0), x, nx * 2, cudaMemcpyHostToDevice));
     void *dw = upload(w, nw * 2), *dbias = bias ? upload(bias, d.groups * d.n * 2) : NULL;
     void *dy = poisoned_dev(ny * 2), *doff = upload(offsets, (d.groups + 1) * 4);
