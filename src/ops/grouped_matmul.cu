@@ -85,7 +85,7 @@ __device__ void find_tile(const int32_t *offsets, int groups, int rows, unsigned
             lo = clamp_row(offsets[g], rows);
             hi = clamp_row(offsets[g + 1], rows);
         }
-        const unsigned mine = hi > lo ? (unsigned)(hi - lo + BM - 1) / BM : 0u;
+        const unsigned mine = hi > lo ? ((unsigned)(hi - lo) + BM - 1) / BM : 0u;
         unsigned incl = mine;
         for (int o = 1; o < 32; o *= 2) {
             unsigned up = __shfl_up_sync(0xffffffffu, incl, o);
@@ -259,8 +259,9 @@ template <typename T> int launch(cudaStream_t stream, const weft__grouped_matmul
     p.ldx = a->ldx, p.ldy = a->ldy;
     p.act = a->act;
     const size_t row_tiles = (a->rows + BM - 1) / BM + a->groups, n_tiles = (a->n + BN - 1) / BN;
-    if (a->n > (size_t)INT32_MAX || a->k > (size_t)INT32_MAX ||
-        row_tiles * n_tiles > (size_t)INT32_MAX)
+    /* Rows and columns are int in the kernel, a tile past the last one too. */
+    if (a->rows > (size_t)INT32_MAX - BM || a->n > (size_t)INT32_MAX - BN ||
+        a->k > (size_t)INT32_MAX - BK || row_tiles * n_tiles > (size_t)INT32_MAX)
         return weft__fail(WEFT_EINVAL,
                           "weft_grouped_matmul: %zu x %zu tiles (rows %zu, groups %zu, n %zu) "
                           "are more than the GPU kernel's grid",

@@ -232,16 +232,21 @@ __global__ void unpermute_kernel(T *out, const T *y, const float *weights, const
                                  size_t out_stride)
 {
     const size_t t = blockIdx.x;
+    /* Loops over the most slots with j < k inside keep w and rows in
+     * registers. */
     float w[WEFT__MOE_MAX_K];
     size_t rows[WEFT__MOE_MAX_K];
-    for (int j = 0; j < k; j++) {
-        w[j] = weights[t * k + j];
-        rows[j] = (size_t)inverse[t * k + j] * y_stride;
+#pragma unroll
+    for (int j = 0; j < WEFT__MOE_MAX_K; j++) {
+        w[j] = j < k ? weights[t * k + j] : 0.0f;
+        rows[j] = j < k ? (size_t)inverse[t * k + j] * y_stride : 0;
     }
     for (size_t c = threadIdx.x; c < cols; c += blockDim.x) {
         float acc = 0.0f;
-        for (int j = 0; j < k; j++)
-            acc = __fadd_rn(acc, __fmul_rn(w[j], to_f32(y[rows[j] + c])));
+#pragma unroll
+        for (int j = 0; j < WEFT__MOE_MAX_K; j++)
+            if (j < k)
+                acc = __fadd_rn(acc, __fmul_rn(w[j], to_f32(y[rows[j] + c])));
         if (residual)
             acc = __fadd_rn(acc, to_f32(residual[t * out_stride + c]));
         out[t * out_stride + c] = from_f32<T>(acc);

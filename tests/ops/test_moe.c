@@ -2,13 +2,13 @@
  * test_moe.c - the mixture-of-experts calls' host references (NULL stream)
  * against the float64 loops of moe_ref.h, on fresh random data each run
  * (the seed is printed; WEFT_TEST_SEED replays it): the router with every
- * score function, renormalised or not, k of 1, 2 and 8, 8 to 256 experts,
- * 1 to 1000 tokens, with and without exact ties, its NaN and infinity
- * rules; the tables' consistency; permute and combine as a round trip; the grouped
+ * score function, renormalised or not, k of 1, 2 and 8, 8 to 256 experts, 1
+ * to 1000 tokens, with and without exact ties, its NaN and infinity rules;
+ * the tables' consistency; permute and combine as a round trip; the grouped
  * matmul with groups of no rows, one row and many, every activation, bias
- * and padded rows; the calls in a task's stream order (the grouped
- * matmul clamping a table it reads too late to refuse); and every bad
- * argument refused with its reason before anything is written.
+ * and padded rows; the calls in a task's stream order (the grouped matmul
+ * clamping a table it reads too late to refuse); and every bad argument
+ * refused with its reason before anything is written.
  */
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,16 +1,18 @@
 /*
- * test_moe_gpu.c - the mixture-of-experts calls on the GPU against the
- * host reference and the float64 loops of moe_ref.h, on fresh random data:
- * the router for every score function, renormalised or not, k of 1, 2 and
- * 8, 8 to 256 experts, 1 to 8192 tokens, with exact ties and NaN logits,
- * its ids and tables equal to the host's bit for bit and its weights within
- * 1e-5 of them (relative; the softmax's sum runs in another order); permute and combine equal to
- * the host's bit for bit; the grouped matmul (both load paths) against float64 with groups of no
- * rows, one row and many, and a table out of range clamped without a fault; a whole layer (router,
- * permute, grouped matmul, combine) captured into a CUDA graph and replayed on new inputs; bad
- * arguments refused before anything is enqueued. Outputs are poisoned first and must be completely
- * written. The router's time at 8192 tokens x 64 experts, k 8 is printed
- * (not asserted: bench/moe/ measures it).
+ * test_moe_gpu.c - the mixture-of-experts calls on the GPU against the host
+ * reference and the float64 loops of moe_ref.h, on fresh random data: the
+ * router for every score function, renormalised or not, k of 1, 2 and 8, 8
+ * to 256 experts, 1 to 8192 tokens, with exact ties and NaN logits, its ids
+ * and tables equal to the host's bit for bit and its weights within 1e-5 of
+ * them (relative; the softmax's sum runs in another order); permute and
+ * combine equal to the host's bit for bit; the grouped matmul (both load
+ * paths) against float64 with groups of no rows, one row and many, and a
+ * table out of range clamped without a fault; a whole layer (router,
+ * permute, grouped matmul, combine) captured into a CUDA graph and replayed
+ * on new inputs; bad arguments refused before anything is enqueued. Outputs
+ * are poisoned first and must be completely written. The router's time at
+ * 8192 tokens x 64 experts, k 8 is printed (not asserted: bench/moe/
+ * measures it).
  */
 #include "gpu_support/gpu_test.h"
 
