@@ -167,14 +167,19 @@ static void test_gate_equals_the_host_for_every_score_k_and_size(void **state)
     (void)state;
     static const weft_dtype TYPES[] = {WEFT_DTYPE_F32, WEFT_DTYPE_BF16, WEFT_DTYPE_F16};
     static const size_t EXPERTS[] = {8, 60, 64, 256}, TOKENS[] = {1, 17, 1000}, KS[] = {1, 2, 8};
+    /* Under compute-sanitizer every launch is far slower: a quarter of the
+     * cases, each size still met. */
+    const unsigned every = gt_sanitizer() ? 4 : 1;
+    unsigned n = 0;
     for (size_t ti = 0; ti < 3; ti++)
         for (int score = 0; score < 2; score++)
             for (int renorm = 0; renorm < 2; renorm++)
                 for (size_t ei = 0; ei < 4; ei++)
                     for (size_t ki = 0; ki < 3; ki++)
                         for (size_t ni = 0; ni < 3; ni++)
-                            gate_case(TYPES[ti], (weft_moe_score)score, renorm, TOKENS[ni],
-                                      EXPERTS[ei], KS[ki], (int)(ni + ki) % 2, 0);
+                            if (n++ % every == 0)
+                                gate_case(TYPES[ti], (weft_moe_score)score, renorm, TOKENS[ni],
+                                          EXPERTS[ei], KS[ki], (int)(ni + ki) % 2, 0);
     /* NaN logits: the same ids and tables, NaN weights where the host has them. */
     for (int score = 0; score < 2; score++)
         gate_case(WEFT_DTYPE_F32, (weft_moe_score)score, 1, 200, 64, 8, 1, 50);
