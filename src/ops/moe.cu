@@ -12,10 +12,11 @@
  *     in shared memory and added to the global counts, kept in
  *     offsets[1..E] (zeroed by the memset).
  *  2. scatter: a block an expert. It sums the counts below its expert (its
- *     first row), then walks the tokens in order, a block's worth at a
- *     time; the tokens that chose it get their rows by a block-wide prefix
- *     count of ballots, which is the stable (token-order) placement the
- *     host makes, whatever the blocks' timing. It stops at its count.
+ *     first row), then walks the tokens in order, 4 consecutive tokens a
+ *     thread and a block's worth at a time; the tokens that chose it get
+ *     their rows by a block-wide prefix sum of the threads' hits, which is
+ *     the stable (token-order) placement the host makes, whatever the
+ *     blocks' timing. It stops at its count.
  *  3. offsets: one block turns the counts into their exclusive prefix
  *     sums, in place, once every scatter block has read them.
  * For 8192 tokens, 64 experts and k = 8 the scatter reads the ids (256 KB)
@@ -33,7 +34,7 @@ namespace weft_ops
 namespace
 {
 
-constexpr int SELECT_THREADS = 256, SCATTER_THREADS = 512;
+constexpr int SELECT_THREADS = 256, SCATTER_THREADS = 512, TOKENS_A_THREAD = 4;
 constexpr int PER_LANE = WEFT__MOE_MAX_EXPERTS / 32;
 
 struct gate_params {
@@ -126,33 +127,44 @@ template <typename T> __global__ void __launch_bounds__(SELECT_THREADS) select_k
             atomicAdd(&p.offsets[e + 1], counts[e]);
 }
 
-/* Exclusive prefix count over the block of flag, and the block's total. */
-__device__ __forceinline__ int block_prefix(int flag, int *total, int *warp_sums)
+/* The exclusive prefix sum over the block's threads (in thread order) of
+ * v, and the block's total. */
+__device__ __forceinline__ int block_exclusive_sum(int v, int *total, int *warp_sums)
 {
+    constexpr int WARPS = SCATTER_THREADS / 32;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const unsigned ballot = __ballot_sync(0xffffffffu, flag);
-    if (lane == 0)
-        warp_sums[warp] = __popc(ballot);
+    int incl = v;
+    for (int o = 1; o < 32; o *= 2) {
+        const int up = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o)
+            incl += up;
+    }
+    if (lane == 31)
+        warp_sums[warp] = incl;
     __syncthreads();
     if (warp == 0) {
-        int s = lane < SCATTER_THREADS / 32 ? warp_sums[lane] : 0, incl = s;
+        const int s = lane < WARPS ? warp_sums[lane] : 0;
+        int x = s;
         for (int o = 1; o < 32; o *= 2) {
-            int up = __shfl_up_sync(0xffffffffu, incl, o);
+            const int up = __shfl_up_sync(0xffffffffu, x, o);
             if (lane >= o)
-                incl += up;
+                x += up;
         }
-        if (lane < SCATTER_THREADS / 32)
-            warp_sums[lane] = incl - s;
+        if (lane < WARPS)
+            warp_sums[lane] = x - s;
         if (lane == 31)
-            warp_sums[32] = incl;
+            warp_sums[32] = x;
     }
     __syncthreads();
-    const int before = warp_sums[warp] + __popc(ballot & ((1u << lane) - 1u));
+    const int before = warp_sums[warp] + incl - v;
     *total = warp_sums[32];
     __syncthreads(); /* warp_sums is reused by the next call */
     return before;
 }
 
+/* A block an expert. Thread i of a step takes TOKENS_A_THREAD consecutive
+ * tokens after those of threads < i, so the prefix sum over the threads
+ * of their hits is the token order. */
 __global__ void __launch_bounds__(SCATTER_THREADS) scatter_kernel(gate_params p)
 {
     __shared__ int warp_sums[33];
@@ -172,22 +184,30 @@ __global__ void __launch_bounds__(SCATTER_THREADS) scatter_kernel(gate_params p)
     }
     __syncthreads();
 
+    constexpr size_t STEP = (size_t)SCATTER_THREADS * TOKENS_A_THREAD;
     int placed = 0;
-    for (size_t t0 = 0; t0 < p.tokens && placed < count; t0 += SCATTER_THREADS) {
-        const size_t t = t0 + threadIdx.x;
-        int slot = -1;
-        if (t < p.tokens)
-            for (size_t j = 0; j < p.k; j++)
-                if (p.ids[t * p.k + j] == expert)
-                    slot = (int)j;
-        int total;
-        const int before = block_prefix(slot >= 0, &total, warp_sums);
-        if (slot >= 0) {
-            const int row = first + placed + before;
-            const int32_t pair = (int32_t)(t * p.k + (size_t)slot);
-            p.perm[row] = pair;
-            p.inverse[pair] = row;
+    for (size_t t0 = 0; t0 < p.tokens && placed < count; t0 += STEP) {
+        const size_t mine = t0 + (size_t)threadIdx.x * TOKENS_A_THREAD;
+        int slot[TOKENS_A_THREAD], hits = 0;
+#pragma unroll
+        for (int q = 0; q < TOKENS_A_THREAD; q++) {
+            slot[q] = -1;
+            if (mine + q < p.tokens)
+                for (size_t j = 0; j < p.k; j++)
+                    if (p.ids[(mine + q) * p.k + j] == expert)
+                        slot[q] = (int)j;
+            hits += slot[q] >= 0;
         }
+        int total;
+        int row = first + placed + block_exclusive_sum(hits, &total, warp_sums);
+#pragma unroll
+        for (int q = 0; q < TOKENS_A_THREAD; q++)
+            if (slot[q] >= 0) {
+                const int32_t pair = (int32_t)((mine + q) * p.k + (size_t)slot[q]);
+                p.perm[row] = pair;
+                p.inverse[pair] = row;
+                row++;
+            }
         placed += total;
     }
 }
