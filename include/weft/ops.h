@@ -352,7 +352,8 @@ typedef struct weft_moe_routing {
  * each divided by the sum of the token's k scores (Mixtral: softmax and
  * renormalize; Qwen-MoE: softmax, renormalize as its config says;
  * DeepSeek-style: sigmoid and renormalize). The host computes exp as the
- * other ops do (correctly rounded); kernels agree to ~1e-6 relative.
+ * other ops do (correctly rounded); the kernels' weights agree within
+ * 1e-5 relative (their softmax sums in another order).
  * Sizes: 1 <= k <= 8, k <= experts <= 256, tokens >= 1, tokens * k <
  * 2^31, stride >= experts.
  * NaN: a NaN logit ranks below every number (-Inf too; among NaNs the
@@ -362,8 +363,9 @@ typedef struct weft_moe_routing {
  * (the sum is NaN); with sigmoid only a chosen NaN's weight is NaN, and
  * with renormalize all of that token's. +Inf: softmax weights NaN (Inf -
  * Inf), as are those of a token whose logits are all -Inf; sigmoid gives
- * 1 for +Inf and 0 for -Inf. A renormalized token whose k sigmoid scores are
- * all 0 (logits below ~-104) gets 0 / 0 = NaN. */
+ * 1 for +Inf and 0 for -Inf. A renormalized token whose k sigmoid scores
+ * are all 0 (logits below ~-88.7, where exp(-x) overflows) gets 0 / 0 =
+ * NaN. */
 int weft_moe_gate(void *stream, weft_dtype dtype, weft_moe_score score, int renormalize,
                   const void *logits, size_t tokens, size_t experts, size_t stride, size_t k,
                   const weft_moe_routing *out);
@@ -421,8 +423,8 @@ typedef struct weft_grouped_matmul_desc {
  * cores, the host's BLAS in blocks of its own), the epilogue in fp32, Y
  * rounded once: results agree to the type's rounding and the sums' length
  * (~1e-2 relative for bf16), as weft_matmul's do.
- * GPU: X, W and Y 16-byte aligned with k, ldx and ldy multiples of 8 get
- * the asynchronous-copy pipeline; anything aligned to its element works.
+ * GPU: X and W 16-byte aligned with k and ldx multiples of 8 get the
+ * asynchronous-copy pipeline; anything aligned to its element works.
  * Bad arguments (sizes, a type other than bf16/fp16, leading dimensions
  * below the row, NULL or misaligned pointers, Y the same buffer as X or W,
  * nonzero reserved) return WEFT_EINVAL before anything is enqueued, as
