@@ -1,7 +1,9 @@
 /*
  * weft/ops.h - fused memory-bound operators: bias+GELU+residual, LayerNorm,
  * RMSNorm, bias+GELU+residual+LayerNorm, softmax, RoPE, SwiGLU/GeGLU, and
- * the matrix multiply with its fused epilogues (bias, ReLU/GELU, residual).
+ * the matrix multiply with its fused epilogues (bias, ReLU/GELU, residual),
+ * and the building blocks of a mixture-of-experts layer (router, permute,
+ * grouped matmul over the experts, combine).
  *
  * Each call does in one pass what a framework does in several, so that the
  * intermediates (the biased input, the residual sum, the scores) never make
@@ -315,6 +317,131 @@ typedef struct weft_matmul_desc {
  * may reach every element it meets. */
 int weft_matmul(void *stream, const weft_matmul_desc *desc, void *d, const void *a, const void *b,
                 const void *c);
+
+/* ---- mixture of experts ------------------------------------------------ */
+
+/* The router's score of a logit x. */
+typedef enum weft_moe_score {
+    WEFT_MOE_SOFTMAX = 0, /* exp(x - max) / sum over the token's experts */
+    WEFT_MOE_SIGMOID = 1  /* 1 / (1 + exp(-x)), each expert on its own */
+} weft_moe_score;
+
+/* What weft_moe_gate writes; every array is required, 4-byte aligned and
+ * memory of the call's backend. With tokens T, experts E and k slots:
+ *   weights [T][k] fp32, ids [T][k] int32: token t's slot j holds its j-th
+ *     largest expert (see weft_moe_gate) and that expert's weight;
+ *   offsets [E + 1] int32: offsets[e] = rows routed to experts < e, so
+ *     expert e's rows are [offsets[e], offsets[e+1]) and offsets[E] = T k;
+ *   perm [T k] int32: the routed rows in expert order: row p (in
+ *     [offsets[e], offsets[e+1])) is the pair perm[p] = t k + j with
+ *     ids[t][j] = e; within an expert the pairs are in token order (a
+ *     token picks an expert at most once, so the order is total);
+ *   inverse [T k] int32: inverse[t k + j] = the row p with perm[p] = t k + j.
+ * These are the tables weft_moe_permute, weft_grouped_matmul and
+ * weft_moe_unpermute read. */
+typedef struct weft_moe_routing {
+    float *weights;
+    int32_t *ids;
+    int32_t *offsets;
+    int32_t *perm;
+    int32_t *inverse;
+} weft_moe_routing;
+
+/* The router of a mixture-of-experts layer: logits [tokens][experts] (rows
+ * stride elements apart, of dtype) to each token's k experts, their
+ * weights and the routing tables of weft_moe_routing, on the device with
+ * no host round trip (so it can be captured into a CUDA graph).
+ * Selection: a token's k experts are those of its k largest logits (the
+ * scores are increasing in the logit, so these are its k largest scores,
+ * decided without rounding), ties broken by the lower expert index, in
+ * slot order largest first; -0 ties with +0. ids and the tables are
+ * therefore the same on every backend, bit for bit.
+ * Weights: score (above) of each chosen expert in fp32; with renormalize,
+ * each divided by the sum of the token's k scores (Mixtral: softmax and
+ * renormalize; Qwen-MoE: softmax, renormalize as its config says;
+ * DeepSeek-style: sigmoid and renormalize). The host computes exp as the
+ * other ops do (correctly rounded); the kernels' weights agree within
+ * 1e-5 relative (their softmax sums in another order).
+ * Sizes: 1 <= k <= 8, k <= experts <= 256, tokens >= 1, tokens * k <
+ * 2^31, stride >= experts.
+ * NaN: a NaN logit ranks below every number (-Inf too; among NaNs the
+ * lower index first), so it is chosen only when fewer than k experts have
+ * numbers; ids stay valid expert indices and the tables complete whatever
+ * the logits. A NaN in a token's logits makes all its softmax weights NaN
+ * (the sum is NaN); with sigmoid only a chosen NaN's weight is NaN, and
+ * with renormalize all of that token's. +Inf: softmax weights NaN (Inf -
+ * Inf), as are those of a token whose logits are all -Inf; sigmoid gives
+ * 1 for +Inf and 0 for -Inf. A renormalized token whose k sigmoid scores
+ * are all 0 (logits below ~-88.7, where exp(-x) overflows) gets 0 / 0 =
+ * NaN. */
+int weft_moe_gate(void *stream, weft_dtype dtype, weft_moe_score score, int renormalize,
+                  const void *logits, size_t tokens, size_t experts, size_t stride, size_t k,
+                  const weft_moe_routing *out);
+
+/* The experts' input in expert order: out row p = in row perm[p] / k, for
+ * the tokens * k rows p (cols elements; rows of in stride in_stride, of
+ * out out_stride, both >= cols). perm is weft_moe_gate's table (device
+ * memory with a stream); values outside [0, tokens k) are undefined
+ * behaviour (the GPU cannot check them before it runs). out must not
+ * overlap in. A copy: exact on every backend. */
+int weft_moe_permute(void *stream, weft_dtype dtype, void *out, const void *in, const int32_t *perm,
+                     size_t tokens, size_t k, size_t cols, size_t in_stride, size_t out_stride);
+
+/* The experts' outputs combined per token:
+ *   out[t] = sum over j < k of weights[t][j] * y[inverse[t k + j]]  (+ residual[t])
+ * summed in fp32 in slot order, the residual (optional, NULL = none; rows
+ * out_stride apart, like out) added last, rounded to dtype once. y has
+ * tokens * k rows of cols elements, y_stride apart. weights and inverse are
+ * weft_moe_gate's (fp32 and int32). out may be residual; it must not
+ * overlap y. Bit for bit the same on every backend (the kernels round each
+ * product and sum as the host does, no fused multiply-adds).
+ * NaN/Inf: IEEE arithmetic; a NaN weight or y row spreads to the row. */
+int weft_moe_unpermute(void *stream, weft_dtype dtype, void *out, const void *y,
+                       const float *weights, const int32_t *inverse, const void *residual,
+                       size_t tokens, size_t k, size_t cols, size_t y_stride, size_t out_stride);
+
+/* One call of weft_grouped_matmul: groups problems sharing n and k. */
+typedef struct weft_grouped_matmul_desc {
+    size_t groups;   /* G >= 1 (the experts) */
+    size_t rows;     /* X's and Y's rows, >= 1: the capacity, tokens * k */
+    size_t n, k;     /* each >= 1 */
+    weft_dtype type; /* of X, W, bias and Y: WEFT_DTYPE_BF16 or WEFT_DTYPE_F16 */
+    size_t ldx, ldy; /* leading dimensions in elements; 0 means k and n */
+    weft_matmul_act act;
+    const void *bias;     /* [G][n] of type, group g's row added to its rows; NULL = none */
+    uint64_t reserved[8]; /* must be zero */
+} weft_grouped_matmul_desc;
+
+/* For each group g, the rows r in [offsets[g], offsets[g+1]) of X:
+ *   Y[r] = act(X[r] W_g^T + bias_g)
+ * with W [G][n][k] row-major (W_g is group g's n x k matrix, the layout of
+ * a Linear layer's weight), X rows x k (ldx) and Y rows x n (ldy). offsets
+ * (G + 1 int32: weft_moe_gate's table) is read where the work runs - on
+ * the GPU by the kernel itself, so the sizes of the groups never reach the
+ * host and the call can be captured into a graph. It must be nondecreasing
+ * with 0 <= offsets[0] and offsets[G] <= rows. A host call on the NULL
+ * stream refuses other tables with WEFT_EINVAL; where the table is read
+ * only when the work runs (the kernel, or the host reference in a task's
+ * stream order) each offset is clamped into [0, rows] and a group whose
+ * end is not past its start is skipped, so no table makes the call read or
+ * write outside X, W and Y (the rows a bad table names get unspecified
+ * values). Rows outside [offsets[0], offsets[G]) are not written. A group
+ * of no rows is skipped.
+ * Arithmetic: products summed in fp32 (blocks of 16 on the GPU's tensor
+ * cores, the host's BLAS in blocks of its own), the epilogue in fp32, Y
+ * rounded once: results agree to the type's rounding and the sums' length
+ * (~1e-2 relative for bf16), as weft_matmul's do.
+ * GPU: X and W 16-byte aligned with k and ldx multiples of 8 get the
+ * asynchronous-copy pipeline; anything aligned to its element works.
+ * Bad arguments (sizes, a type other than bf16/fp16, leading dimensions
+ * below the row, NULL or misaligned pointers, Y the same buffer as X or W,
+ * nonzero reserved) return WEFT_EINVAL before anything is enqueued, as
+ * does a GPU call of more tiles than its grid holds (n or rows near 2^31);
+ * a host call in a build without a BLAS returns WEFT_EINVAL ("built
+ * without a host BLAS"). Y must not overlap X, W or the bias.
+ * NaN/Inf: IEEE arithmetic, as weft_matmul. */
+int weft_grouped_matmul(void *stream, const weft_grouped_matmul_desc *desc, void *y, const void *x,
+                        const void *w, const int32_t *offsets);
 
 #ifdef __cplusplus
 }

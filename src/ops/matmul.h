@@ -41,6 +41,10 @@ typedef struct weft__matmul_args {
  * in a build without a BLAS; run computes the product and frees it. */
 int weft__matmul_host_prepare(const char *op, weft__matmul_args *a);
 void weft__matmul_host_run(weft__matmul_args *a);
+/* run without the free: computes with a->host_ws and keeps it, so that one
+ * prepared workspace serves several products of the same operand type
+ * (weft_grouped_matmul's groups); the caller frees it. */
+void weft__matmul_host_compute(const weft__matmul_args *a);
 
 /* GELU or ReLU of an epilogue's pre-activation, as the host computes it. */
 float weft__matmul_act(weft_matmul_act act, float x);

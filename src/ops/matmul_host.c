@@ -160,6 +160,13 @@ static const void *at(const void *p, size_t b, size_t stride, weft_dtype t)
 
 void weft__matmul_host_run(weft__matmul_args *x)
 {
+    weft__matmul_host_compute(x);
+    free(x->host_ws);
+    x->host_ws = NULL;
+}
+
+void weft__matmul_host_compute(const weft__matmul_args *x)
+{
     float *acc = x->host_ws;
     float *pa = acc + (size_t)TILE_M * TILE_N, *pb = pa + (size_t)TILE_M * TILE_K;
 
@@ -178,6 +185,4 @@ void weft__matmul_host_run(weft__matmul_args *x)
             }
         }
     }
-    free(x->host_ws);
-    x->host_ws = NULL;
 }
