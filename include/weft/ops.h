@@ -362,14 +362,15 @@ int weft_conv2d_output_size(const weft_conv2d_desc *desc, size_t *oh, size_t *ow
  *   scale[o]    = gamma[o] / sqrt(var[o] + eps)
  *   w_out[o][.] = w[o][.] * scale[o]
  *   bias_out[o] = beta[o] + (conv_bias[o] - mean[o]) * scale[o]
- * each operation in fp32 and rounded to fp32 in that order (so the host and
- * the GPU agree bit for bit), w_out and bias_out rounded once to
- * desc->dtype. Only desc's k, r, s, c, groups and dtype are read: w and
- * w_out are KRSC of desc->dtype, conv_bias (optional: NULL = zero) and
- * bias_out k elements of desc->dtype; gamma, beta, mean and var are k
- * elements of bn_dtype (often fp32 beside 16-bit weights). eps > 0 and
- * finite. w_out may be w and bias_out conv_bias (in place); no other
- * overlap.
+ * each operation in fp32 and rounded to fp32 in that order, w_out and
+ * bias_out rounded once to desc->dtype; the host and the GPU agree bit for
+ * bit (NaNs aside, whose bits the GPU's arithmetic makes its own).
+ * desc is the convolution's, checked as weft_conv2d checks it; its k, r,
+ * s, c, groups and dtype give the tensors: w and w_out are KRSC of
+ * desc->dtype, conv_bias (optional: NULL = zero) and bias_out k elements
+ * of desc->dtype; gamma, beta, mean and var are k elements of bn_dtype
+ * (often fp32 beside 16-bit weights). eps > 0 and finite. w_out may be w
+ * and bias_out conv_bias (in place); no other overlap.
  * A negative variance is not checked (on a stream it is read when the
  * kernel runs): where var + eps is not > 0 (or is NaN) the channel's scale
  * is NaN, and so are its folded weights and bias, on both backends - a
@@ -398,8 +399,9 @@ int weft_conv2d_fold_bn(void *stream, const weft_conv2d_desc *desc, weft_dtype b
  * heuristic, ~100 us to ms) and kept; each stream gets a workspace of
  * weft's the first time it runs a convolution. Calls captured into a CUDA
  * graph run with no workspace (a graph may run beside another on the same
- * stream), on the algorithms that need none; make a shape's first call
- * outside the capture, as cuDNN may build its kernels then.
+ * stream), on the algorithms that need none (the one the shape's other
+ * calls take, when it needs none); make a shape's first call outside the
+ * capture, as cuDNN may build its kernels then.
  * Bad arguments (a zero size, an output size <= 0, groups that do not
  * divide c and k, NULL or misaligned pointers, an unknown dtype or
  * activation, TF32 asked of a 16-bit type, sizes that overflow, overlap of
@@ -408,7 +410,8 @@ int weft_conv2d_fold_bn(void *stream, const weft_conv2d_desc *desc, weft_dtype b
  * and cuDNN's status), and, in a library built with CUDA but without
  * cuDNN, every call on a stream ("built without cuDNN").
  * NaN/Inf: IEEE arithmetic; a NaN in the input reaches every output
- * element whose window holds it. */
+ * element whose window holds it, and ReLU keeps it (cuDNN is asked to
+ * propagate NaNs). */
 int weft_conv2d(void *stream, const weft_conv2d_desc *desc, void *out, const void *in,
                 const void *w, const void *bias);
 
