@@ -393,11 +393,15 @@ int weft_conv2d_fold_bn(void *stream, const weft_conv2d_desc *desc, weft_dtype b
  * intermediate tiles), so results agree to the type's rounding and the
  * sum's length (~1e-5 relative for fp32, ~1e-2 for bf16), not bit for bit.
  * GPU: channel counts c / groups and k / groups that are multiples of 8
- * and 16-byte aligned tensors get cuDNN's tensor-core kernels; cuDNN
- * refuses some other shapes (see below). cuDNN's plans are made per
- * device, shape, type and activation on a shape's first call (its
- * heuristic, ~100 us to ms) and kept; each stream gets a workspace of
- * weft's the first time it runs a convolution. Calls captured into a CUDA
+ * and 16-byte aligned tensors get cuDNN's tensor-core kernels. Where
+ * cuDNN's fused call refuses a shape (it covers fewer than its plain
+ * convolution), weft runs cuDNN's convolution and then the bias add and
+ * the ReLU as separate passes: the same result, slower; only a shape
+ * cuDNN cannot convolve at all is refused (below). cuDNN's plans are
+ * made per device, shape, type and activation on a shape's first call
+ * (its heuristic, ~100 us to ms) and kept; each stream gets a workspace
+ * of weft's the first time it runs a convolution, and each thread a cuDNN
+ * handle per device. Calls captured into a CUDA
  * graph run with no workspace (a graph may run beside another on the same
  * stream), on the algorithms that need none (the one the shape's other
  * calls take, when it needs none); make a shape's first call outside the
@@ -408,7 +412,9 @@ int weft_conv2d_fold_bn(void *stream, const weft_conv2d_desc *desc, weft_dtype b
  * out with an input) return WEFT_EINVAL before anything is enqueued; so
  * do shapes cuDNN does not support (the message names the shape, types
  * and cuDNN's status), and, in a library built with CUDA but without
- * cuDNN, every call on a stream ("built without cuDNN").
+ * cuDNN, every call on a stream ("built without cuDNN"). A split call
+ * whose bias add or ReLU fails after its convolution was enqueued returns
+ * WEFT_EDEVICE.
  * NaN/Inf: IEEE arithmetic; a NaN in the input reaches every output
  * element whose window holds it, and ReLU keeps it (cuDNN is asked to
  * propagate NaNs). */

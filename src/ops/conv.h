@@ -53,11 +53,14 @@ int weft__conv_fold_cuda(void *stream, const weft__conv_fold_args *a);
  * checked. WEFT_OK, or WEFT_EINVAL when cuDNN does not support the call
  * (the message names shape and types) or the build has no cuDNN,
  * WEFT_ENOMEM when a workspace cannot be had, WEFT_EDEVICE for the rest,
- * each before anything is enqueued. */
+ * each before anything is enqueued (but for a failure of the bias add or
+ * ReLU after a split call's convolution: WEFT_EDEVICE). */
 int weft__conv_cuda(void *stream, const weft__conv_args *a);
 
-/* How many calls found their plan cached, and how many made one. */
-void weft__conv_cuda_plan_stats(unsigned long long *hits, unsigned long long *misses);
+/* How many calls found their plan cached, how many made one, and how many
+ * ran split (cuDNN's fused call refused their shape: conv_cudnn.c). */
+void weft__conv_cuda_plan_stats(unsigned long long *hits, unsigned long long *misses,
+                                unsigned long long *split);
 #endif
 
 #ifdef __cplusplus

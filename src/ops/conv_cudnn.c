@@ -21,11 +21,8 @@
  *
  * What is kept, all of it for the process's life unless said (a handful
  * per shape and per stream; lookups take no lock, inserts do):
- *  - cuDNN handles: one per thread and device. A handle carries its
- *    stream (cudnnSetStream), so one shared by threads would race between
- *    setting the stream and the call; a task's call runs on one worker
- *    thread from start to end, so a thread's own handle is never shared.
- *    They go with their thread (a key's destructor).
+ *  - cuDNN handles (one per thread and device) and workspaces (one per
+ *    stream; none inside graph capture): cudnn_context.c.
  *  - plans: per (device, shape, type, activation, TF32), the descriptors
  *    and the algorithms cuDNN's heuristic ranks usable within WORKSPACE,
  *    best first, with the workspace each needs. The heuristic is a first
@@ -37,18 +34,19 @@
  *    the algorithms that need one, so a shape captured into a graph runs
  *    the algorithm its uncaptured calls run whenever that one needs none.
  *    Descriptors are only read once published.
- *  - workspaces: WORKSPACE bytes per stream, keyed by CUDA's process-wide
- *    unique stream id, as matmul_cublaslt.c keeps cuBLASLt's: past
- *    MAX_WORKSPACES streams, and inside graph capture, calls run with none
- *    (a captured graph may run beside another on the same stream, so no
- *    stream's workspace is safe to hand it), on algorithms that need none.
- * Creating a handle or a plan switches the thread to relaxed stream
- * capture, so a first call inside a captured region can make them (they
- * enqueue nothing; cuDNN may allocate).
+ *  - the split: where the fused call refuses every algorithm of a shape
+ *    (cuDNN's fused kernels cover fewer shapes than its convolutions), the
+ *    plan says so and its calls run cuDNN's convolution, then its bias add
+ *    (cudnnAddTensor) and ReLU (cudnnActivationForward, in place): two or
+ *    three passes instead of one, but the call works. Only when the
+ *    convolution too is refused does the call return WEFT_EINVAL naming
+ *    the shape. weft__conv_cuda_plan_stats counts split calls.
+ * Making a plan switches the thread to relaxed stream capture, so a first
+ * call inside a captured region can make one (it enqueues nothing; cuDNN
+ * may allocate).
  */
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,14 +56,13 @@
 #include "core/lock.h"
 #include "cuda/status.h"
 #include "ops/conv.h"
+#include "ops/cudnn_context.h"
 #include "ops/ops_internal.h"
 
 static const char OP[] = "weft_conv2d";
 
 enum {
-    WORKSPACE = 32 << 20,
-    MAX_DEVICES = 64,
-    MAX_WORKSPACES = 256,
+    WORKSPACE = WEFT__CUDNN_WORKSPACE,
     BUCKETS = 256,
     MAX_ALGOS = CUDNN_CONVOLUTION_FWD_ALGO_COUNT
 };
@@ -88,6 +85,21 @@ static int dnn_fail(const char *what, cudnnStatus_t s)
     cudnnGetLastErrorString(detail, sizeof detail);
     return weft__fail(rc, "%s: %s failed: %s (%d)%s%s", OP, what, cudnnGetErrorString(s), (int)s,
                       detail[0] ? ": " : "", detail);
+}
+
+/* A failure after the split path's convolution was enqueued: the output
+ * is not what was asked, and the cause is cuDNN's or the device's, not
+ * the arguments' (they passed the convolution). */
+static int dnn_fail_after(const char *what, cudnnStatus_t s)
+{
+    int rc = s == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED ||
+                     s == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED
+                 ? WEFT_ENOMEM
+                 : WEFT_EDEVICE;
+    char detail[256] = "";
+    cudnnGetLastErrorString(detail, sizeof detail);
+    return weft__fail(rc, "%s: %s failed after the convolution was enqueued: %s (%d)%s%s", OP, what,
+                      cudnnGetErrorString(s), (int)s, detail[0] ? ": " : "", detail);
 }
 
 static int cuda_fail(const char *what, cudaError_t e)
@@ -114,136 +126,6 @@ static void describe(char *buf, size_t size, const weft__conv_args *a)
              a->act == WEFT_CONV_ACT_RELU ? "relu" : "none");
 }
 
-/* ---- handles, one per thread and device -------------------------------- */
-
-typedef struct thread_handles {
-    cudnnHandle_t h[MAX_DEVICES];
-} thread_handles;
-
-static pthread_key_t handles_key;
-static pthread_once_t handles_once = PTHREAD_ONCE_INIT;
-static int handles_key_rc;
-static _Thread_local thread_handles *my_handles;
-
-static void drop_handles(void *p)
-{
-    thread_handles *t = p;
-    for (int d = 0; d < MAX_DEVICES; d++)
-        if (t->h[d]) {
-            /* its last stream may be gone already (a pooled one, at the
-             * runtime's end): off it, then away */
-            cudaSetDevice(d);
-            cudnnSetStream(t->h[d], NULL);
-            cudnnDestroy(t->h[d]);
-        }
-    free(t);
-}
-
-static void make_key(void)
-{
-    handles_key_rc = pthread_key_create(&handles_key, drop_handles);
-}
-
-static int get_handle(int device, cudnnHandle_t *out)
-{
-    if (my_handles && my_handles->h[device]) {
-        *out = my_handles->h[device];
-        return WEFT_OK;
-    }
-    pthread_once(&handles_once, make_key);
-    if (handles_key_rc != 0)
-        return weft__fail(WEFT_EDEVICE, "%s: pthread_key_create failed", OP);
-    if (!my_handles) {
-        thread_handles *t = calloc(1, sizeof *t);
-        if (!t)
-            return weft__fail(WEFT_ENOMEM, "%s: out of memory for cuDNN handles", OP);
-        if (pthread_setspecific(handles_key, t) != 0) {
-            free(t);
-            return weft__fail(WEFT_EDEVICE, "%s: pthread_setspecific failed", OP);
-        }
-        my_handles = t;
-    }
-    cudnnHandle_t h = NULL;
-    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    cudnnStatus_t s = cudnnCreate(&h);
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    if (s != CUDNN_STATUS_SUCCESS)
-        return dnn_fail("cudnnCreate", s);
-    my_handles->h[device] = h;
-    *out = h;
-    return WEFT_OK;
-}
-
-/* ---- workspaces, one per stream ---------------------------------------- */
-
-typedef struct workspace {
-    unsigned long long stream_id;
-    int device;
-    void *ptr;
-    size_t size;
-    struct workspace *next;
-} workspace;
-
-static _Atomic(workspace *) ws_buckets[BUCKETS];
-static weft__lock ws_lock = WEFT__LOCK_INIT;
-static unsigned ws_count; /* guarded by ws_lock */
-
-static workspace *ws_find(workspace *w, unsigned long long id, int device)
-{
-    for (; w; w = w->next)
-        if (w->stream_id == id && w->device == device)
-            return w;
-    return NULL;
-}
-
-static int get_workspace(cudaStream_t stream, int device, void **ptr, size_t *size)
-{
-    unsigned long long id;
-    cudaError_t e = cudaStreamGetId(stream, &id);
-    if (e != cudaSuccess)
-        return cuda_fail("cudaStreamGetId", e);
-    _Atomic(workspace *) *bucket = &ws_buckets[(id * 0x9e3779b97f4a7c15ull) >> 56];
-    workspace *w = ws_find(atomic_load_explicit(bucket, memory_order_acquire), id, device);
-    if (w) {
-        *ptr = w->ptr, *size = w->size;
-        return WEFT_OK;
-    }
-    workspace *nw = calloc(1, sizeof *nw);
-    if (!nw)
-        return weft__fail(WEFT_ENOMEM, "%s: out of memory for a workspace record", OP);
-    nw->stream_id = id, nw->device = device, nw->size = WORKSPACE;
-    weft__lock_acquire(&ws_lock);
-    int full = ws_count >= MAX_WORKSPACES;
-    weft__lock_release(&ws_lock);
-    if (full) {
-        nw->size = 0;
-    } else {
-        e = cudaMalloc(&nw->ptr, nw->size); /* never under capture: see the call */
-        if (e != cudaSuccess) {
-            free(nw);
-            cudaGetLastError();
-            return weft__fail(WEFT_ENOMEM, "%s: no memory for a %d MiB workspace: %s", OP,
-                              WORKSPACE >> 20, cudaGetErrorName(e));
-        }
-    }
-    weft__lock_acquire(&ws_lock);
-    w = ws_find(atomic_load_explicit(bucket, memory_order_relaxed), id, device);
-    if (!w) {
-        nw->next = atomic_load_explicit(bucket, memory_order_relaxed);
-        atomic_store_explicit(bucket, nw, memory_order_release);
-        ws_count += nw->size != 0;
-        w = nw, nw = NULL;
-    }
-    weft__lock_release(&ws_lock);
-    if (nw) { /* the same stream raced us here: keep the first */
-        cudaFree(nw->ptr);
-        free(nw);
-    }
-    *ptr = w->ptr, *size = w->size;
-    return WEFT_OK;
-}
-
 /* ---- plans ---------------------------------------------------------------- */
 
 /* Everything the descriptors and the heuristic depend on; compared
@@ -253,27 +135,37 @@ typedef struct plan_key {
     uint64_t n, h, w, c, k, r, s, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups;
 } plan_key;
 
+/* Algorithms, best first, with the workspace each needs; choice is the
+ * first not known to be refused. */
+typedef struct algo_list {
+    int n;
+    cudnnConvolutionFwdAlgo_t algo[MAX_ALGOS];
+    size_t ws[MAX_ALGOS];
+    atomic_int choice;
+} algo_list;
+
 typedef struct plan {
     plan_key key;
     cudnnTensorDescriptor_t x, y, bias;
     cudnnFilterDescriptor_t w;
     cudnnConvolutionDescriptor_t conv;
     cudnnActivationDescriptor_t act;
-    int n_algos;
-    cudnnConvolutionFwdAlgo_t algo[MAX_ALGOS];
-    size_t algo_ws[MAX_ALGOS];
-    atomic_int choice; /* the first of algo[] not known to be refused */
+    algo_list fused;  /* for cudnnConvolutionBiasActivationForward */
+    algo_list plain;  /* for cudnnConvolutionForward, the split path */
+    atomic_int split; /* the fused call refused every algorithm: split from now on */
     struct plan *next;
 } plan;
 
 static _Atomic(plan *) plan_buckets[BUCKETS];
 static weft__lock plan_lock = WEFT__LOCK_INIT;
-static atomic_ullong plan_hits, plan_misses;
+static atomic_ullong plan_hits, plan_misses, split_calls;
 
-void weft__conv_cuda_plan_stats(unsigned long long *hits, unsigned long long *misses)
+void weft__conv_cuda_plan_stats(unsigned long long *hits, unsigned long long *misses,
+                                unsigned long long *split)
 {
     *hits = atomic_load(&plan_hits);
     *misses = atomic_load(&plan_misses);
+    *split = atomic_load(&split_calls);
 }
 
 static unsigned key_hash(const plan_key *k)
@@ -381,12 +273,20 @@ fail:
     return rc;
 }
 
-static int has_algo(const plan *p, cudnnConvolutionFwdAlgo_t algo)
+static int has_algo(const algo_list *l, cudnnConvolutionFwdAlgo_t algo)
 {
-    for (int i = 0; i < p->n_algos; i++)
-        if (p->algo[i] == algo)
+    for (int i = 0; i < l->n; i++)
+        if (l->algo[i] == algo)
             return 1;
     return 0;
+}
+
+static void add_algo(algo_list *l, cudnnConvolutionFwdAlgo_t algo, size_t ws)
+{
+    if (l->n < MAX_ALGOS && !has_algo(l, algo)) {
+        l->algo[l->n] = algo;
+        l->ws[l->n++] = ws;
+    }
 }
 
 /* A new plan: descriptors and the algorithms the fused call may take, best
@@ -410,25 +310,22 @@ static int make_plan(cudnnHandle_t h, const weft__conv_args *a, const plan_key *
     for (int i = 0; i < returned; i++) {
         if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > WORKSPACE)
             continue;
+        add_algo(&p->plain, perf[i].algo, perf[i].memory);
         /* The identity activation is fused with IMPLICIT_PRECOMP_GEMM only. */
-        if (a->act != WEFT_CONV_ACT_RELU && perf[i].algo != precomp)
-            continue;
-        if (has_algo(p, perf[i].algo))
-            continue;
-        p->algo[p->n_algos] = perf[i].algo;
-        p->algo_ws[p->n_algos++] = perf[i].memory;
+        if (a->act == WEFT_CONV_ACT_RELU || perf[i].algo == precomp)
+            add_algo(&p->fused, perf[i].algo, perf[i].memory);
     }
     /* The heuristic may leave IMPLICIT_PRECOMP_GEMM out where it would
      * work: ask for it by name, last. */
     size_t need = 0;
-    if (!has_algo(p, precomp) && p->n_algos < MAX_ALGOS &&
+    if (!has_algo(&p->fused, precomp) &&
         cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->conv, p->y, precomp, &need) ==
             CUDNN_STATUS_SUCCESS &&
         need <= WORKSPACE) {
-        p->algo[p->n_algos] = precomp;
-        p->algo_ws[p->n_algos++] = need;
+        add_algo(&p->fused, precomp, need);
+        add_algo(&p->plain, precomp, need);
     }
-    if (p->n_algos == 0) {
+    if (p->fused.n == 0 && p->plain.n == 0) {
         describe(shape, sizeof shape, a);
         rc = weft__fail(WEFT_EINVAL,
                         "%s: cuDNN has no algorithm for %s within a workspace of %d MiB "
@@ -436,7 +333,9 @@ static int make_plan(cudnnHandle_t h, const weft__conv_args *a, const plan_key *
                         OP, shape, WORKSPACE >> 20);
         goto fail;
     }
-    atomic_init(&p->choice, 0);
+    atomic_init(&p->fused.choice, 0);
+    atomic_init(&p->plain.choice, 0);
+    atomic_init(&p->split, p->fused.n == 0);
     *out = p;
     return WEFT_OK;
 fail:
@@ -485,6 +384,53 @@ static int get_plan(cudnnHandle_t h, const weft__conv_args *a, const plan_key *k
 
 /* ---- the call ------------------------------------------------------------ */
 
+enum { REFUSED = 1 }; /* walk: every algorithm tried was NOT_SUPPORTED (or none fit) */
+
+/* Runs the convolution through list (fused: the fused call; else the plain
+ * convolution into out) with the first algorithm, from the list's choice
+ * on, that this call's workspace holds and cuDNN accepts. The choice moves
+ * past algorithms cuDNN refuses, but not past those skipped for want of a
+ * workspace (another call may have one); when the fused call refuses every
+ * algorithm with the full workspace, the plan splits from then on. cuDNN
+ * refuses before it enqueues anything. WEFT_OK, REFUSED (with *tried, the
+ * last refusal and its text), or the error. */
+static int walk(cudnnHandle_t h, plan *p, algo_list *l, int fused, const weft__conv_args *a,
+                void *ws, size_t ws_size, int *tried, cudnnStatus_t *refusal, char *why,
+                size_t why_size)
+{
+    const float one = 1.0f, zero = 0.0f;
+    int first = atomic_load_explicit(&l->choice, memory_order_relaxed);
+    int only_refused = 1;
+    for (int i = first; i < l->n; i++) {
+        if (l->ws[i] > ws_size) {
+            only_refused = 0;
+            continue;
+        }
+        (*tried)++;
+        cudnnStatus_t s =
+            fused ? cudnnConvolutionBiasActivationForward(
+                        h, &one, p->x, a->in, p->w, a->wt, p->conv, l->algo[i], ws, ws_size, &zero,
+                        p->y, a->out, p->bias, a->bias, p->act, p->y, a->out)
+                  : cudnnConvolutionForward(h, &one, p->x, a->in, p->w, a->wt, p->conv, l->algo[i],
+                                            ws, ws_size, &zero, p->y, a->out);
+        if (s == CUDNN_STATUS_SUCCESS) {
+            /* A racing call may have moved the choice already. */
+            int seen = first;
+            while (only_refused && seen < i && !atomic_compare_exchange_weak(&l->choice, &seen, i))
+                ;
+            return WEFT_OK;
+        }
+        if (!not_supported(s))
+            return dnn_fail(
+                fused ? "cudnnConvolutionBiasActivationForward" : "cudnnConvolutionForward", s);
+        *refusal = s;
+        cudnnGetLastErrorString(why, why_size);
+    }
+    if (fused && only_refused && *tried > 0)
+        atomic_store_explicit(&p->split, 1, memory_order_relaxed);
+    return REFUSED;
+}
+
 int weft__conv_cuda(void *stream_arg, const weft__conv_args *a)
 {
     cudaStream_t stream = stream_arg;
@@ -506,16 +452,13 @@ int weft__conv_cuda(void *stream_arg, const weft__conv_args *a)
     }
     if ((e = cudaGetDevice(&device)) != cudaSuccess)
         return cuda_fail("cudaGetDevice", e);
-    if (device < 0 || device >= MAX_DEVICES)
-        return weft__fail(WEFT_EINVAL, "%s: device %d is beyond the %d this build knows", OP,
-                          device, MAX_DEVICES);
-    if ((rc = get_handle(device, &h)) != WEFT_OK)
+    if ((rc = weft__cudnn_handle(OP, device, &h)) != WEFT_OK)
         return rc;
     enum cudaStreamCaptureStatus capture;
     if ((e = cudaStreamIsCapturing(stream, &capture)) != cudaSuccess)
         return cuda_fail("cudaStreamIsCapturing", e);
     if (capture == cudaStreamCaptureStatusNone &&
-        (rc = get_workspace(stream, device, &ws, &ws_size)) != WEFT_OK)
+        (rc = weft__cudnn_workspace(OP, stream, device, &ws, &ws_size)) != WEFT_OK)
         return rc;
 
     plan_key k;
@@ -527,48 +470,43 @@ int weft__conv_cuda(void *stream_arg, const weft__conv_args *a)
     if (s != CUDNN_STATUS_SUCCESS)
         return dnn_fail("cudnnSetStream", s);
 
-    /* From the plan's choice on, the algorithms this call's workspace
-     * holds; the choice moves past those cuDNN refuses, but not past those
-     * skipped for want of a workspace (another call may have one). */
-    const float one = 1.0f, zero = 0.0f;
-    int first = atomic_load_explicit(&p->choice, memory_order_relaxed);
-    int tried = 0, only_refused = 1;
     cudnnStatus_t refusal = CUDNN_STATUS_NOT_SUPPORTED;
     char why[256] = "";
-    for (int i = first; i < p->n_algos; i++) {
-        if (p->algo_ws[i] > ws_size) {
-            only_refused = 0;
-            continue;
-        }
-        tried++;
-        s = cudnnConvolutionBiasActivationForward(h, &one, p->x, a->in, p->w, a->wt, p->conv,
-                                                  p->algo[i], ws, ws_size, &zero, p->y, a->out,
-                                                  p->bias, a->bias, p->act, p->y, a->out);
-        if (s == CUDNN_STATUS_SUCCESS) {
-            /* A racing call may have moved the choice already. */
-            int seen = first;
-            while (only_refused && seen < i && !atomic_compare_exchange_weak(&p->choice, &seen, i))
-                ;
-            return WEFT_OK;
-        }
-        if (!not_supported(s))
-            return dnn_fail("cudnnConvolutionBiasActivationForward", s);
-        refusal = s;
-        cudnnGetLastErrorString(why, sizeof why);
+    int tried = 0;
+    if (!atomic_load_explicit(&p->split, memory_order_relaxed)) {
+        rc = walk(h, p, &p->fused, 1, a, ws, ws_size, &tried, &refusal, why, sizeof why);
+        if (rc != REFUSED)
+            return rc;
     }
-    if (tried == 0) {
-        describe(shape, sizeof shape, a);
+    /* The fused call refused this shape: cuDNN's convolution, then its bias
+     * add and ReLU, as separate passes over the output. */
+    int tried_plain = 0;
+    rc = walk(h, p, &p->plain, 0, a, ws, ws_size, &tried_plain, &refusal, why, sizeof why);
+    if (rc == WEFT_OK) {
+        atomic_fetch_add_explicit(&split_calls, 1, memory_order_relaxed);
+        const float one = 1.0f, zero = 0.0f;
+        /* Past this point the convolution is enqueued: a failure is the
+         * device's, not the arguments'. */
+        s = cudnnAddTensor(h, &one, p->bias, a->bias, &one, p->y, a->out);
+        if (s != CUDNN_STATUS_SUCCESS)
+            return dnn_fail_after("cudnnAddTensor (the bias)", s);
+        if (a->act == WEFT_CONV_ACT_RELU &&
+            (s = cudnnActivationForward(h, p->act, &one, p->y, a->out, &zero, p->y, a->out)) !=
+                CUDNN_STATUS_SUCCESS)
+            return dnn_fail_after("cudnnActivationForward (the ReLU)", s);
+        return WEFT_OK;
+    }
+    if (rc != REFUSED)
+        return rc;
+    describe(shape, sizeof shape, a);
+    if (tried + tried_plain == 0)
         return weft__fail(WEFT_EINVAL,
                           "%s: cuDNN has no algorithm for %s that runs without a workspace "
                           "(inside graph capture, or past %d streams with one)",
-                          OP, shape, MAX_WORKSPACES);
-    }
-    /* Every algorithm refused: the choice stays, so the next call of this
-     * shape says the same. */
-    describe(shape, sizeof shape, a);
+                          OP, shape, WEFT__CUDNN_MAX_WORKSPACES);
     return weft__fail(WEFT_EINVAL,
-                      "%s: cuDNN does not support %s: cudnnConvolutionBiasActivationForward "
-                      "refused each of the %d algorithms tried (last: %s (%d)%s%s)",
-                      OP, shape, tried, cudnnGetErrorString(refusal), (int)refusal,
+                      "%s: cuDNN does not support %s: its fused convolution-bias-activation "
+                      "refused %d algorithms and its convolution %d (last: %s (%d)%s%s)",
+                      OP, shape, tried, tried_plain, cudnnGetErrorString(refusal), (int)refusal,
                       why[0] ? ": " : "", why);
 }

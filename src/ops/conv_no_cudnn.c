@@ -16,7 +16,8 @@ int weft__conv_cuda(void *stream, const weft__conv_args *a)
                       "cudnn.h and libcudnn); install it and configure again");
 }
 
-void weft__conv_cuda_plan_stats(unsigned long long *hits, unsigned long long *misses)
+void weft__conv_cuda_plan_stats(unsigned long long *hits, unsigned long long *misses,
+                                unsigned long long *split)
 {
-    *hits = 0, *misses = 0;
+    *hits = 0, *misses = 0, *split = 0;
 }
