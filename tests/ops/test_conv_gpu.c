@@ -36,6 +36,14 @@
 static weft_runtime *runtime;
 static cudaStream_t stream;
 
+/* The tests of the convolution itself are skipped in a CUDA build without
+ * cuDNN, where test_without_cudnn_the_call_says_so runs instead. */
+#ifdef WEFT_HAVE_CUDNN
+#define NEEDS_CUDNN() ((void)0)
+#else
+#define NEEDS_CUDNN() skip()
+#endif
+
 #define assert_cuda(expr)                                                                          \
     do {                                                                                           \
         cudaError_t e_ = (expr);                                                                   \
@@ -167,6 +175,7 @@ static int gpu_case(const char *name, const weft_conv2d_desc *d, const void *in,
 static void test_every_case_type_and_activation_matches_the_reference(void **state)
 {
     (void)state;
+    NEEDS_CUDNN();
     char name[160];
     unsigned ran = 0;
     refusals = 0, splits = 0;
@@ -190,6 +199,7 @@ static void test_every_case_type_and_activation_matches_the_reference(void **sta
 static void test_resnet_shapes_and_tf32_match(void **state)
 {
     (void)state;
+    NEEDS_CUDNN();
     static const size_t SHAPES[][7] = {
         /* n, hw, c, k, r, stride, pad (n 1: the float64 reference runs on the host) */
         {1, 56, 64, 64, 3, 1, 1},   {1, 56, 64, 256, 1, 1, 0},   {1, 28, 128, 128, 3, 1, 1},
@@ -295,6 +305,7 @@ static void test_the_fold_kernel_equals_the_host_bit_for_bit(void **state)
 static void test_the_folded_conv_matches_conv_then_batchnorm(void **state)
 {
     (void)state;
+    NEEDS_CUDNN();
     static const size_t PICK[] = {1, 2, 3, 5, 8};
     char name[160];
     for (size_t pi = 0; pi < sizeof PICK / sizeof PICK[0]; pi++)
@@ -366,6 +377,7 @@ static void test_the_folded_conv_matches_conv_then_batchnorm(void **state)
 static void test_a_plan_is_made_once_and_found_on_repeat(void **state)
 {
     (void)state;
+    NEEDS_CUDNN();
     weft_conv2d_desc d = {.n = 4,
                           .h = 20,
                           .w = 20,
@@ -463,6 +475,7 @@ out:
 static void test_a_captured_conv_replays_right(void **state)
 {
     (void)state;
+    NEEDS_CUDNN();
     weft_conv2d_desc d3 = {.n = 2,
                            .h = 28,
                            .w = 28,
@@ -511,6 +524,7 @@ static void *job_main(void *arg)
 static void test_many_tasks_on_their_own_streams_at_once(void **state)
 {
     (void)state;
+    NEEDS_CUDNN();
     weft_config cfg = {.workers = 8, .backend = WEFT_BACKEND_CUDA};
     weft_runtime *rt = NULL;
     assert_ok(weft_runtime_create(&rt, &cfg));
@@ -564,6 +578,7 @@ static void test_many_tasks_on_their_own_streams_at_once(void **state)
 static void test_bad_arguments_are_refused_before_launch(void **state)
 {
     (void)state;
+    NEEDS_CUDNN();
     weft_conv2d_desc d = {.n = 1,
                           .h = 8,
                           .w = 8,
@@ -610,6 +625,27 @@ static void test_bad_arguments_are_refused_before_launch(void **state)
     cudaFree(buf);
 }
 
+/* A CUDA build without cuDNN: the stream call says so, before anything is
+ * enqueued, and the fold (a kernel of weft's) still runs. */
+static void test_without_cudnn_the_call_says_so(void **state)
+{
+    (void)state;
+#ifdef WEFT_HAVE_CUDNN
+    skip();
+#endif
+    weft_conv2d_desc d = {
+        .n = 1, .h = 4, .w = 4, .c = 8, .k = 8, .r = 1, .s = 1, .dtype = WEFT_DTYPE_F32};
+    float *buf = NULL;
+    assert_cuda(cudaMalloc((void **)&buf, 4 * 128 * sizeof *buf));
+    assert_rc(weft_conv2d(stream, &d, buf, buf + 128, buf + 256, buf + 384), WEFT_EINVAL);
+    assert_non_null(strstr(weft_last_error(), "built without cuDNN"));
+    assert_cuda(cudaMemset(buf, 0, 4 * 128 * sizeof *buf));
+    assert_ok(weft_conv2d_fold_bn(stream, &d, WEFT_DTYPE_F32, buf, buf + 64, buf + 128, NULL,
+                                  buf + 256, buf + 264, buf + 272, buf + 280, 1.0f));
+    assert_cuda(cudaStreamSynchronize(stream));
+    cudaFree(buf);
+}
+
 /* ---- main ------------------------------------------------------------------ */
 
 static int setup(void **state)
@@ -645,6 +681,7 @@ int main(void)
         cmocka_unit_test(test_a_captured_conv_replays_right),
         cmocka_unit_test(test_many_tasks_on_their_own_streams_at_once),
         cmocka_unit_test(test_bad_arguments_are_refused_before_launch),
+        cmocka_unit_test(test_without_cudnn_the_call_says_so),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
