@@ -61,6 +61,10 @@ int weft__conv_cuda(void *stream, const weft__conv_args *a);
  * ran split (cuDNN's fused call refused their shape: conv_cudnn.c). */
 void weft__conv_cuda_plan_stats(unsigned long long *hits, unsigned long long *misses,
                                 unsigned long long *split);
+
+/* cuDNN's reason when the fused call last refused a shape for good ("" if
+ * none has been). */
+const char *weft__conv_cuda_last_split_why(void);
 #endif
 
 #ifdef __cplusplus

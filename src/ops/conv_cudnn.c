@@ -40,7 +40,9 @@
  *    (cudnnAddTensor) and ReLU (cudnnActivationForward, in place): two or
  *    three passes instead of one, but the call works. Only when the
  *    convolution too is refused does the call return WEFT_EINVAL naming
- *    the shape. weft__conv_cuda_plan_stats counts split calls.
+ *    the shape. weft__conv_cuda_plan_stats counts split calls. (A fused
+ *    call refused for one call's pointers - their alignment is not in the
+ *    key - splits the shape's later calls too: slower, still right.)
  * Making a plan switches the thread to relaxed stream capture, so a first
  * call inside a captured region can make one (it enqueues nothing; cuDNN
  * may allocate).
@@ -150,15 +152,23 @@ typedef struct plan {
     cudnnFilterDescriptor_t w;
     cudnnConvolutionDescriptor_t conv;
     cudnnActivationDescriptor_t act;
-    algo_list fused;  /* for cudnnConvolutionBiasActivationForward */
-    algo_list plain;  /* for cudnnConvolutionForward, the split path */
-    atomic_int split; /* the fused call refused every algorithm: split from now on */
+    algo_list fused;     /* for cudnnConvolutionBiasActivationForward */
+    algo_list plain;     /* for cudnnConvolutionForward, the split path */
+    atomic_int split;    /* the fused call refused every algorithm: split from now on */
+    char split_why[256]; /* cuDNN's last refusal then: written once, before split */
     struct plan *next;
 } plan;
 
 static _Atomic(plan *) plan_buckets[BUCKETS];
 static weft__lock plan_lock = WEFT__LOCK_INIT;
 static atomic_ullong plan_hits, plan_misses, split_calls;
+static _Atomic(const char *) last_split_why;
+
+const char *weft__conv_cuda_last_split_why(void)
+{
+    const char *w = atomic_load_explicit(&last_split_why, memory_order_acquire);
+    return w ? w : "";
+}
 
 void weft__conv_cuda_plan_stats(unsigned long long *hits, unsigned long long *misses,
                                 unsigned long long *split)
@@ -420,14 +430,25 @@ static int walk(cudnnHandle_t h, plan *p, algo_list *l, int fused, const weft__c
                 ;
             return WEFT_OK;
         }
-        if (!not_supported(s))
+        /* The fused call's BAD_PARAM counts as a refusal too: its rules
+         * (types, layouts) are narrower than the convolution's, which
+         * checks the same arguments again on the split path. */
+        if (!not_supported(s) && !(fused && CUDNN_STATUS_CATEGORY(s) == CUDNN_STATUS_BAD_PARAM))
             return dnn_fail(
                 fused ? "cudnnConvolutionBiasActivationForward" : "cudnnConvolutionForward", s);
         *refusal = s;
         cudnnGetLastErrorString(why, why_size);
     }
-    if (fused && only_refused && *tried > 0)
-        atomic_store_explicit(&p->split, 1, memory_order_relaxed);
+    if (fused && only_refused && *tried > 0) {
+        weft__lock_acquire(&plan_lock);
+        if (!atomic_load_explicit(&p->split, memory_order_acquire)) {
+            snprintf(p->split_why, sizeof p->split_why, "%s (%d)%s%s",
+                     cudnnGetErrorString(*refusal), (int)*refusal, why[0] ? ": " : "", why);
+            atomic_store_explicit(&p->split, 1, memory_order_release);
+            atomic_store_explicit(&last_split_why, p->split_why, memory_order_release);
+        }
+        weft__lock_release(&plan_lock);
+    }
     return REFUSED;
 }
 
@@ -473,7 +494,7 @@ int weft__conv_cuda(void *stream_arg, const weft__conv_args *a)
     cudnnStatus_t refusal = CUDNN_STATUS_NOT_SUPPORTED;
     char why[256] = "";
     int tried = 0;
-    if (!atomic_load_explicit(&p->split, memory_order_relaxed)) {
+    if (!atomic_load_explicit(&p->split, memory_order_acquire)) {
         rc = walk(h, p, &p->fused, 1, a, ws, ws_size, &tried, &refusal, why, sizeof why);
         if (rc != REFUSED)
             return rc;

@@ -21,3 +21,8 @@ void weft__conv_cuda_plan_stats(unsigned long long *hits, unsigned long long *mi
 {
     *hits = 0, *misses = 0, *split = 0;
 }
+
+const char *weft__conv_cuda_last_split_why(void)
+{
+    return "";
+}

@@ -145,6 +145,8 @@ static int gpu_case(const char *name, const weft_conv2d_desc *d, const void *in,
         double e = cv_rel_error(d, in, w, bias, got, &nan_at);
         printf("  %-44s error %.2e (bound %.0e), first call %.0f us%s\n", name, e, lim,
                (t1 - t0) * 1e6, split ? ", SPLIT: cuDNN's fused call refused the shape" : "");
+        if (split)
+            printf("    (cuDNN: %s)\n", weft__conv_cuda_last_split_why());
         splits += (unsigned)split;
         if (split && must_run(d) && d->act == WEFT_CONV_ACT_RELU) {
             printf("  FAILED %s: a ResNet-like shape with ReLU did not run fused\n", name);
