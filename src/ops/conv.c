@@ -74,7 +74,8 @@ static int check_shape(const char *op, const weft_conv2d_desc *desc, weft__conv_
         return weft__fail(WEFT_EINVAL, "%s: groups (%zu) must divide c (%zu) and k (%zu)", op,
                           x->groups, x->c, x->k);
 
-    /* Every size below fits a size_t, and so every element count. */
+    /* No tensor has sizes this large; bounding them keeps the sums below
+     * (the padded input, the dilated filter) from wrapping. */
     const size_t lim = SIZE_MAX / 8;
     if (x->n > lim || x->h > lim || x->w > lim || x->c > lim || x->k > lim || x->r > lim ||
         x->s > lim || x->stride_h > lim || x->stride_w > lim || x->pad_h > lim / 4 ||
@@ -93,11 +94,11 @@ static int check_shape(const char *op, const weft_conv2d_desc *desc, weft__conv_
     x->oh = (ph - span_h) / x->stride_h + 1;
     x->ow = (pw - span_w) / x->stride_w + 1;
 
+    /* Each tensor's bytes must be addressable. */
     size_t es = weft__dtype_size(x->dtype);
-    size_t in_n = mul(mul(mul(mul(x->n, x->h, &ovf), x->w, &ovf), x->c, &ovf), es, &ovf);
-    size_t out_n = mul(mul(mul(mul(x->n, x->oh, &ovf), x->ow, &ovf), x->k, &ovf), es, &ovf);
-    size_t w_n = mul(mul(mul(mul(x->k, x->r, &ovf), x->s, &ovf), x->c / x->groups, &ovf), es, &ovf);
-    (void)in_n, (void)out_n, (void)w_n;
+    mul(mul(mul(mul(x->n, x->h, &ovf), x->w, &ovf), x->c, &ovf), es, &ovf);
+    mul(mul(mul(mul(x->n, x->oh, &ovf), x->ow, &ovf), x->k, &ovf), es, &ovf);
+    mul(mul(mul(mul(x->k, x->r, &ovf), x->s, &ovf), x->c / x->groups, &ovf), es, &ovf);
     if (ovf)
         return weft__fail(WEFT_EINVAL, "%s: the tensors' sizes overflow", op);
     return WEFT_OK;
