@@ -2,8 +2,9 @@
  * weft/ops.h - fused memory-bound operators: bias+GELU+residual, LayerNorm,
  * RMSNorm, bias+GELU+residual+LayerNorm, softmax, RoPE, SwiGLU/GeGLU, and
  * the matrix multiply with its fused epilogues (bias, ReLU/GELU, residual),
- * and the building blocks of a mixture-of-experts layer (router, permute,
- * grouped matmul over the experts, combine).
+ * the building blocks of a mixture-of-experts layer (router, permute,
+ * grouped matmul over the experts, combine), and the 2-D convolution with
+ * BatchNorm folded in and bias and ReLU fused.
  *
  * Each call does in one pass what a framework does in several, so that the
  * intermediates (the biased input, the residual sum, the scores) never make
@@ -442,6 +443,117 @@ typedef struct weft_grouped_matmul_desc {
  * NaN/Inf: IEEE arithmetic, as weft_matmul. */
 int weft_grouped_matmul(void *stream, const weft_grouped_matmul_desc *desc, void *y, const void *x,
                         const void *w, const int32_t *offsets);
+/* ---- 2-D convolution -------------------------------------------------- */
+
+/* The activation after a convolution's bias. */
+typedef enum weft_conv_act {
+    WEFT_CONV_ACT_NONE = 0,
+    WEFT_CONV_ACT_RELU = 1 /* max(x, 0); ReLU(NaN) = NaN */
+} weft_conv_act;
+
+/* A 2-D convolution (cross-correlation, as deep-learning frameworks mean
+ * it), all tensors packed, channels last:
+ *   in   n x h x w x c             (NHWC)
+ *   w    k x r x s x (c / groups)  (KRSC, also called OHWI: PyTorch's
+ *                                   weight [k][c/groups][r][s] in
+ *                                   channels_last memory order)
+ *   bias k
+ *   out  n x oh x ow x k           (NHWC)
+ * with oh = (h + 2 pad_h - dilation_h (r - 1) - 1) / stride_h + 1 (floor)
+ * and ow likewise, and, for output channel o of group g = o / (k / groups):
+ *   out[b][y][x][o] = act(bias[o] + sum over i < r, j < s, ci < c / groups
+ *       of in[b][y stride_h + i dilation_h - pad_h]
+ *              [x stride_w + j dilation_w - pad_w][g c / groups + ci]
+ *          * w[o][i][j][ci])
+ * where input positions outside h x w read zero (the padding).
+ * groups == c == k is the depthwise convolution.
+ *
+ * Zero means the default in stride, dilation and groups (1). reserved must
+ * stay zero (room for later fields, zero meaning "off"). */
+typedef struct weft_conv2d_desc {
+    size_t n, h, w, c; /* the input, each >= 1 */
+    size_t k;          /* output channels, >= 1 */
+    size_t r, s;       /* the filter's height and width, each >= 1 */
+    size_t stride_h, stride_w;
+    size_t pad_h, pad_w; /* zeros on each side */
+    size_t dilation_h, dilation_w;
+    size_t groups;    /* divides c and k */
+    weft_dtype dtype; /* of every tensor of weft_conv2d */
+    weft_conv_act act;
+    /* Let fp32 convolutions use the matrix units' TF32 mode (10-bit
+     * mantissas, ~3e-4 relative) on the GPU; the host computes fp32. */
+    int allow_tf32;
+    uint64_t reserved[8];
+} weft_conv2d_desc;
+
+/* The output's height and width (oh, ow above) of a valid descriptor;
+ * WEFT_EINVAL as weft_conv2d would refuse it otherwise. */
+int weft_conv2d_output_size(const weft_conv2d_desc *desc, size_t *oh, size_t *ow);
+
+/* BatchNorm folded into the convolution before it, once, at plan time:
+ * conv followed by y = (x - mean) / sqrt(var + eps) * gamma + beta is the
+ * convolution with
+ *   scale[o]    = gamma[o] / sqrt(var[o] + eps)
+ *   w_out[o][.] = w[o][.] * scale[o]
+ *   bias_out[o] = beta[o] + (conv_bias[o] - mean[o]) * scale[o]
+ * each operation in fp32 and rounded to fp32 in that order, w_out and
+ * bias_out rounded once to desc->dtype; the host and the GPU agree bit for
+ * bit (NaNs aside, whose bits the GPU's arithmetic makes its own).
+ * desc is the convolution's, checked as weft_conv2d checks it; its k, r,
+ * s, c, groups and dtype give the tensors: w and w_out are KRSC of
+ * desc->dtype, conv_bias (optional: NULL = zero) and bias_out k elements
+ * of desc->dtype; gamma, beta, mean and var are k elements of bn_dtype
+ * (often fp32 beside 16-bit weights). eps > 0 and finite. w_out may be w
+ * and bias_out conv_bias (in place); no other overlap.
+ * A negative variance is not checked (on a stream it is read when the
+ * kernel runs): where var + eps is not > 0 (or is NaN) the channel's scale
+ * is NaN, and so are its folded weights and bias, on both backends - a
+ * broken statistic shows instead of being hidden.
+ * On a stream this is one small kernel. */
+int weft_conv2d_fold_bn(void *stream, const weft_conv2d_desc *desc, weft_dtype bn_dtype,
+                        void *w_out, void *bias_out, const void *w, const void *conv_bias,
+                        const void *gamma, const void *beta, const void *mean, const void *var,
+                        float eps);
+
+/* out = act(conv(in, w) + bias), as weft_conv2d_desc says; bias (k
+ * elements) is required (a folded BatchNorm gives one; pass zeros for
+ * none). out must not overlap in, w or bias.
+ * Arithmetic: the host reference is the direct loop of the definition,
+ * products of the stored values summed in fp32 (in blocks, as
+ * ops.h's sums) over i, j, ci in that order, the bias added, the
+ * activation applied and out rounded once. The GPU runs cuDNN's fused
+ * convolution-bias-activation (fp32 accumulation, TF32 only when asked);
+ * its sums run in another order (and its 16-bit kernels may round
+ * intermediate tiles), so results agree to the type's rounding and the
+ * sum's length (~1e-5 relative for fp32, ~1e-2 for bf16), not bit for bit.
+ * GPU: channel counts c / groups and k / groups that are multiples of 8
+ * and 16-byte aligned tensors get cuDNN's tensor-core kernels. Where
+ * cuDNN's fused call refuses a shape (it covers fewer than its plain
+ * convolution), weft runs cuDNN's convolution and then the bias add and
+ * the ReLU as separate passes: the same result, slower; only a shape
+ * cuDNN cannot convolve at all is refused (below). cuDNN's plans are
+ * made per device, shape, type and activation on a shape's first call
+ * (its heuristic, ~100 us to ms) and kept; each stream gets a workspace
+ * of weft's the first time it runs a convolution, and each thread a cuDNN
+ * handle per device. Calls captured into a CUDA
+ * graph run with no workspace (a graph may run beside another on the same
+ * stream), on the algorithms that need none (the one the shape's other
+ * calls take, when it needs none); make a shape's first call outside the
+ * capture, as cuDNN may build its kernels then.
+ * Bad arguments (a zero size, an output size <= 0, groups that do not
+ * divide c and k, NULL or misaligned pointers, an unknown dtype or
+ * activation, TF32 asked of a 16-bit type, sizes that overflow, overlap of
+ * out with an input) return WEFT_EINVAL before anything is enqueued; so
+ * do shapes cuDNN does not support (the message names the shape, types
+ * and cuDNN's status), and, in a library built with CUDA but without
+ * cuDNN, every call on a stream ("built without cuDNN"). A split call
+ * whose bias add or ReLU fails after its convolution was enqueued returns
+ * WEFT_EDEVICE.
+ * NaN/Inf: IEEE arithmetic; a NaN in the input reaches every output
+ * element whose window holds it, and ReLU keeps it (cuDNN is asked to
+ * propagate NaNs). */
+int weft_conv2d(void *stream, const weft_conv2d_desc *desc, void *out, const void *in,
+                const void *w, const void *bias);
 
 #ifdef __cplusplus
 }
