@@ -197,8 +197,9 @@ int weft__matmul_skinny_fits(const weft__matmul_args *a)
     int aligned = ((uintptr_t)a->a | (uintptr_t)a->b) % 16 == 0 &&
                   (a->m == 1 || a->lda * e % 16 == 0) && (a->n == 1 || a->ldb * e % 16 == 0) &&
                   a->stride_a * e % 16 == 0 && a->stride_b * e % 16 == 0;
-    return a->m <= 16 && a->in_type != WEFT_DTYPE_F32 && !a->trans_a && a->trans_b && aligned &&
-           a->batch <= 65535 && tiles <= 0x7fffffff && (a->k <= 32768 || tiles * a->batch >= 128);
+    return a->m <= 16 && (a->in_type == WEFT_DTYPE_BF16 || a->in_type == WEFT_DTYPE_F16) &&
+           !a->trans_a && a->trans_b && aligned && a->batch <= 65535 && tiles <= 0x7fffffff &&
+           (a->k <= 32768 || tiles * a->batch >= 128);
 }
 
 static void run_host(const void *args)
