@@ -13,7 +13,8 @@
 #                   libraries, headers, CMake package, pkg-config file
 #   make check-install  install into a temporary prefix and build and run
 #                   examples/consumer, kernel and guide against it (CMake and pkg-config)
-#   make images-bench  weft-images against a thread pool on the GPU
+#   make images-bench  weft-images against a thread pool on the GPU, 1 to 16
+#                   workers; with RECORD=1 it redraws docs/images-scaling.svg
 #   make gpu-bench-ops  the operators against PyTorch eager and torch.compile
 #   make gpu-bench-matmul  weft_matmul against torch.matmul and torch eager
 #   make gpu-bench-moe  the MoE router and grouped matmul against torch eager,
@@ -124,6 +125,7 @@ images-bench: deps
 	$(CMAKE) --build build-release -j $(JOBS)
 	scripts/images-bench --rows $(ROWS_DIR)/images-bench.rows.jsonl
 	$(call record,$(ROWS_DIR)/images-bench.rows.jsonl)
+	$(if $(filter 1 yes,$(RECORD)),$(PYTHON) bench/images_figure.py)
 
 # weft's operators, PyTorch eager and torch.compile on the same tensors in
 # one process (PyTorch and a GPU needed).
