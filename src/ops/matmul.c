@@ -15,6 +15,8 @@
  * (matmul.h) carry no "zero means default" any more.
  */
 #include <math.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -23,6 +25,15 @@
 #include "ops/ops_internal.h"
 
 static const char OP[] = "weft_matmul";
+
+/* The quantized fields were carved out of reserved[16], which followed
+ * allow_tf32 at the next 8-byte boundary: the struct's size and every
+ * earlier field's place are what they were. */
+_Static_assert(offsetof(weft_matmul_desc, in_type_b) == offsetof(weft_matmul_desc, allow_tf32) + 4,
+               "the quantized fields follow allow_tf32");
+_Static_assert(sizeof(weft_matmul_desc) ==
+                   offsetof(weft_matmul_desc, allow_tf32) + 8 + 16 * sizeof(uint64_t),
+               "weft_matmul_desc keeps its size");
 
 float weft__matmul_act(weft_matmul_act act, float x)
 {
@@ -38,18 +49,210 @@ float weft__matmul_act(weft_matmul_act act, float x)
     }
 }
 
+static int is_float(weft_dtype t)
+{
+    return t == WEFT_DTYPE_F32 || t == WEFT_DTYPE_BF16 || t == WEFT_DTYPE_F16;
+}
+
+static int is_quant(weft_dtype t)
+{
+    return weft__is_f8(t) || t == WEFT_DTYPE_I8 || t == WEFT_DTYPE_I32;
+}
+
+static int any_quant_field(const weft_matmul_desc *d)
+{
+    return d->in_type_b || d->c_type || d->scale_a_mode || d->scale_b_mode || d->scale_a ||
+           d->scale_b || d->scale_d || d->amax_d;
+}
+
 /* The operand types cuBLASLt multiplies with fp32 accumulation: fp32 by
  * fp32 into fp32, and a 16-bit type by itself into itself or fp32. */
-static int check_types(weft_dtype type, weft_dtype in_type)
+static int check_float_types(const weft_matmul_desc *desc, weft__matmul_args *x)
 {
-    int rc;
-    if ((rc = weft__check_dtype(OP, type)) != WEFT_OK ||
-        (rc = weft__check_dtype(OP, in_type)) != WEFT_OK)
-        return rc;
-    if (in_type != type && type != WEFT_DTYPE_F32)
+    if (is_quant(x->type))
+        return weft__fail(WEFT_EINVAL, "%s: a D of dtype %d needs FP8 or INT8 operands", OP,
+                          (int)x->type);
+    if (x->in_type != x->type && x->type != WEFT_DTYPE_F32)
         return weft__fail(WEFT_EINVAL,
                           "%s: operands of dtype %d need a D of their dtype or fp32, not %d", OP,
-                          (int)in_type, (int)type);
+                          (int)x->in_type, (int)x->type);
+    if (any_quant_field(desc))
+        return weft__fail(WEFT_EINVAL,
+                          "%s: in_type_b, c_type, scales and amax_d are for FP8 and INT8 operands "
+                          "only",
+                          OP);
+    x->in_type_b = x->in_type;
+    x->c_type = x->bias_type = x->type;
+    return WEFT_OK;
+}
+
+/* The operands' scales: both given with a mode each, pointers aligned. */
+static int check_scales(const weft_matmul_desc *desc, weft__matmul_args *x, const char *kind)
+{
+    int rc;
+    if (desc->scale_a_mode == WEFT_MATMUL_SCALE_NONE ||
+        desc->scale_b_mode == WEFT_MATMUL_SCALE_NONE || !desc->scale_a || !desc->scale_b)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: %s operands need scale_a and scale_b, each with its mode (tensor "
+                          "or outer)",
+                          OP, kind);
+    if ((unsigned)desc->scale_a_mode > WEFT_MATMUL_SCALE_OUTER ||
+        (unsigned)desc->scale_b_mode > WEFT_MATMUL_SCALE_OUTER)
+        return weft__fail(WEFT_EINVAL, "%s: unknown scale mode (%d, %d)", OP,
+                          (int)desc->scale_a_mode, (int)desc->scale_b_mode);
+    if ((rc = weft__check_ptr(OP, "scale_a", desc->scale_a, 0, WEFT_DTYPE_F32)) != WEFT_OK ||
+        (rc = weft__check_ptr(OP, "scale_b", desc->scale_b, 0, WEFT_DTYPE_F32)) != WEFT_OK)
+        return rc;
+    x->scale_a_mode = desc->scale_a_mode, x->scale_b_mode = desc->scale_b_mode;
+    x->scale_a = desc->scale_a, x->scale_b = desc->scale_b;
+    return WEFT_OK;
+}
+
+/* FP8 by FP8, as cuBLASLt's table of FP8 types has it. */
+static int check_fp8_types(const weft_matmul_desc *desc, weft__matmul_args *x)
+{
+    int rc;
+    x->kind = WEFT__MM_FP8;
+    x->in_type_b = desc->in_type_b ? desc->in_type_b : x->in_type;
+    if (!weft__is_f8(x->in_type_b))
+        return weft__fail(WEFT_EINVAL, "%s: FP8 A needs an FP8 B, not dtype %d", OP,
+                          (int)x->in_type_b);
+    int e5 = x->in_type == WEFT_DTYPE_F8_E5M2 || x->in_type_b == WEFT_DTYPE_F8_E5M2;
+    if (x->in_type == WEFT_DTYPE_F8_E5M2 && x->in_type_b == WEFT_DTYPE_F8_E5M2)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: E5M2 x E5M2 is not an FP8 pair cuBLASLt multiplies (one operand "
+                          "must be E4M3)",
+                          OP);
+    int d8 = weft__is_f8(x->type);
+    if (!is_float(x->type) && !d8)
+        return weft__fail(WEFT_EINVAL, "%s: FP8 operands give a bf16, fp16, fp32 or fp8 D, not %d",
+                          OP, (int)x->type);
+    if (x->type == WEFT_DTYPE_F8_E5M2 && !e5)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: an E5M2 D needs an E5M2 operand (E4M3 x E4M3 gives "
+                          "E4M3)",
+                          OP);
+    if (d8) {
+        x->c_type = desc->c_type ? desc->c_type : WEFT_DTYPE_BF16;
+        if (x->c_type != WEFT_DTYPE_BF16 && x->c_type != WEFT_DTYPE_F16)
+            return weft__fail(WEFT_EINVAL, "%s: with an fp8 D, c_type is bf16 or fp16, not %d", OP,
+                              (int)x->c_type);
+        x->bias_type = x->c_type;
+    } else {
+        if (desc->c_type)
+            return weft__fail(WEFT_EINVAL, "%s: c_type is for an fp8 D only", OP);
+        x->c_type = x->type;
+        /* cuBLASLt's rule: an fp32 D from FP8 takes a bf16 bias. */
+        x->bias_type = x->type == WEFT_DTYPE_F32 ? WEFT_DTYPE_BF16 : x->type;
+    }
+    if ((rc = check_scales(desc, x, "FP8")) != WEFT_OK)
+        return rc;
+    if (x->scale_a_mode != x->scale_b_mode)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: FP8 scales are both per tensor or both outer (per row of A and "
+                          "column of B), not one of each",
+                          OP);
+    if (d8 && x->scale_a_mode == WEFT_MATMUL_SCALE_OUTER)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: outer (row and column) FP8 scales give a bf16, fp16 or fp32 D, "
+                          "not an fp8 one",
+                          OP);
+    if (d8 && !desc->scale_d)
+        return weft__fail(WEFT_EINVAL, "%s: an fp8 D needs scale_d", OP);
+    if (!d8 && (desc->scale_d || desc->amax_d))
+        return weft__fail(WEFT_EINVAL, "%s: scale_d and amax_d are for an fp8 D only", OP);
+    if ((rc = weft__check_ptr(OP, "scale_d", desc->scale_d, 1, WEFT_DTYPE_F32)) != WEFT_OK ||
+        (rc = weft__check_ptr(OP, "amax_d", desc->amax_d, 1, WEFT_DTYPE_F32)) != WEFT_OK)
+        return rc;
+    x->scale_d = desc->scale_d, x->amax_d = desc->amax_d;
+    if (desc->aux)
+        return weft__fail(WEFT_EINVAL, "%s: aux is not kept with FP8 operands", OP);
+    if (d8 && desc->act == WEFT_MATMUL_ACT_GELU_ERF)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: the erf GELU with an fp8 D is refused (it would run after D is "
+                          "quantized); use the tanh GELU",
+                          OP);
+    return WEFT_OK;
+}
+
+/* INT8 by INT8: exact int32, or dequantized by scales. */
+static int check_int8_types(const weft_matmul_desc *desc, const void *c, weft__matmul_args *x)
+{
+    x->kind = WEFT__MM_INT8;
+    x->in_type_b = desc->in_type_b ? desc->in_type_b : x->in_type;
+    if (x->in_type_b != WEFT_DTYPE_I8)
+        return weft__fail(WEFT_EINVAL, "%s: INT8 A needs an INT8 B, not dtype %d", OP,
+                          (int)x->in_type_b);
+    if (desc->c_type || desc->scale_d || desc->amax_d)
+        return weft__fail(WEFT_EINVAL, "%s: c_type, scale_d and amax_d are for an fp8 D only", OP);
+    x->c_type = x->bias_type = x->type;
+    if (x->type == WEFT_DTYPE_I32) {
+        if (c || desc->bias || desc->aux || desc->act != WEFT_MATMUL_ACT_NONE ||
+            (desc->alpha != 0.0f && desc->alpha != 1.0f) || desc->scale_a_mode ||
+            desc->scale_b_mode || desc->scale_a || desc->scale_b)
+            return weft__fail(WEFT_EINVAL,
+                              "%s: an int32 D is the exact product: no alpha, C, bias, act, aux "
+                              "or scales",
+                              OP);
+        return WEFT_OK;
+    }
+    if (!is_float(x->type))
+        return weft__fail(WEFT_EINVAL,
+                          "%s: INT8 operands give an int32, bf16, fp16 or fp32 D, "
+                          "not %d",
+                          OP, (int)x->type);
+    return check_scales(desc, x, "dequantized INT8");
+}
+
+static int check_types(const weft_matmul_desc *desc, const void *c, weft__matmul_args *x)
+{
+    if (!is_float(x->type) && !is_quant(x->type))
+        return weft__fail(WEFT_EINVAL, "%s: unsupported dtype %d", OP, (int)x->type);
+    if (is_float(x->in_type))
+        return check_float_types(desc, x);
+    if (weft__is_f8(x->in_type))
+        return check_fp8_types(desc, x);
+    if (x->in_type == WEFT_DTYPE_I8)
+        return check_int8_types(desc, c, x);
+    if (x->in_type == WEFT_DTYPE_I32)
+        return weft__fail(WEFT_EINVAL, "%s: int32 is D's type for INT8 operands, not an operand's",
+                          OP);
+    return weft__fail(WEFT_EINVAL, "%s: unsupported dtype %d", OP, (int)x->in_type);
+}
+
+/* cuBLASLt's FP8 and INT8 kernels take only its "TN" form (its A
+ * transposed, its B not); through the transposition of
+ * matmul_cublaslt.c that is our A as m x k rows (trans_a 0) and B as n x k
+ * rows (trans_b 1). Leading dimensions and batch strides are multiples of
+ * 16 bytes for FP8 and 4 for INT8, the operands aligned as much. Asked on
+ * both backends, so a call valid on one is valid on the other. */
+static int check_quant_layout(const weft__matmul_args *x)
+{
+    const char *kind = x->kind == WEFT__MM_FP8 ? "FP8" : "INT8";
+    size_t q = x->kind == WEFT__MM_FP8 ? 16 : 4;
+    if (x->trans_a || !x->trans_b)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: %s needs cuBLASLt's TN layout: A stored m x k (trans_a 0) and B "
+                          "stored n x k (trans_b 1)",
+                          OP, kind);
+    if (x->lda % q || x->ldb % q || x->stride_a % q || x->stride_b % q)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: %s needs lda, ldb and the batch strides of A and B to be "
+                          "multiples of %zu (lda %zu, ldb %zu, strides %zu, %zu)",
+                          OP, kind, q, x->lda, x->ldb, x->stride_a, x->stride_b);
+    if ((uintptr_t)x->a % q || (uintptr_t)x->b % q)
+        return weft__fail(WEFT_EINVAL, "%s: %s needs A and B aligned to %zu bytes", OP, kind, q);
+    if (x->kind == WEFT__MM_INT8 && (x->k % 4 || x->k > 131071))
+        return weft__fail(WEFT_EINVAL,
+                          "%s: INT8 needs k a multiple of 4 and at most 131071 (so that no int32 "
+                          "sum overflows), not %zu",
+                          OP, x->k);
+    size_t dq = weft__is_f8(x->type) ? 16 : x->type == WEFT_DTYPE_I32 ? 4 : 1;
+    if (x->ldd % dq || x->stride_d % dq)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: an %s D needs ldd and stride_d multiples of %zu (ldd %zu, stride "
+                          "%zu)",
+                          OP, x->type == WEFT_DTYPE_I32 ? "int32" : "fp8", dq, x->ldd, x->stride_d);
     return WEFT_OK;
 }
 
@@ -109,7 +312,7 @@ static int check_desc(const weft_matmul_desc *desc, void *d, const void *a, cons
     x->d = d, x->a = a, x->b = b, x->c = c;
     x->bias = desc->bias, x->aux = desc->aux;
 
-    if ((rc = check_types(x->type, x->in_type)) != WEFT_OK)
+    if ((rc = check_types(desc, c, x)) != WEFT_OK)
         return rc;
     if (x->m == 0 || x->n == 0 || x->k == 0)
         return weft__fail(WEFT_EINVAL, "%s: m, n and k must be >= 1 (%zu x %zu x %zu)", OP, x->m,
@@ -132,13 +335,13 @@ static int check_desc(const weft_matmul_desc *desc, void *d, const void *a, cons
     size_t bt = x->batch;
     if ((rc = check_matrix("A", a_rows, a_cols, desc->lda, bt, desc->stride_a, 1, x->in_type,
                            &x->lda)) != WEFT_OK ||
-        (rc = check_matrix("B", b_rows, b_cols, desc->ldb, bt, desc->stride_b, 1, x->in_type,
+        (rc = check_matrix("B", b_rows, b_cols, desc->ldb, bt, desc->stride_b, 1, x->in_type_b,
                            &x->ldb)) != WEFT_OK ||
         (rc = check_matrix("D", x->m, x->n, desc->ldd, bt, desc->stride_d, 0, x->type, &x->ldd)) !=
             WEFT_OK)
         return rc;
     x->ldc = x->ldd, x->ldaux = x->ldd;
-    if (c && (rc = check_matrix("C", x->m, x->n, desc->ldc, bt, desc->stride_c, 1, x->type,
+    if (c && (rc = check_matrix("C", x->m, x->n, desc->ldc, bt, desc->stride_c, 1, x->c_type,
                                 &x->ldc)) != WEFT_OK)
         return rc;
     if (x->aux && (rc = check_matrix("aux", x->m, x->n, desc->ldaux, bt, desc->stride_aux, 0,
@@ -157,11 +360,15 @@ static int check_desc(const weft_matmul_desc *desc, void *d, const void *a, cons
 
     if ((rc = weft__check_ptr(OP, "D", d, 0, x->type)) != WEFT_OK ||
         (rc = weft__check_ptr(OP, "A", a, 0, x->in_type)) != WEFT_OK ||
-        (rc = weft__check_ptr(OP, "B", b, 0, x->in_type)) != WEFT_OK ||
-        (rc = weft__check_ptr(OP, "C", c, 1, x->type)) != WEFT_OK ||
-        (rc = weft__check_ptr(OP, "bias", x->bias, 1, x->type)) != WEFT_OK ||
+        (rc = weft__check_ptr(OP, "B", b, 0, x->in_type_b)) != WEFT_OK ||
+        (rc = weft__check_ptr(OP, "C", c, 1, x->c_type)) != WEFT_OK ||
+        (rc = weft__check_ptr(OP, "bias", x->bias, 1, x->bias_type)) != WEFT_OK ||
         (rc = weft__check_ptr(OP, "aux", x->aux, 1, x->type)) != WEFT_OK)
         return rc;
+    if (x->kind != WEFT__MM_FLOAT && (rc = check_quant_layout(x)) != WEFT_OK)
+        return rc;
+    if (c == d && x->c_type != x->type)
+        return weft__fail(WEFT_EINVAL, "%s: C is D (in place) but their types differ", OP);
     /* In place: element (i, j) of C is read just before the same element of
      * D is written, which needs the two layouts to be one. */
     if (c == d && (x->ldc != x->ldd || x->stride_c != x->stride_d))
@@ -217,6 +424,9 @@ int weft_matmul(void *stream, const weft_matmul_desc *desc, void *d, const void 
     if (stream == WEFT_TASK_STREAM && (rc = task_stream(&stream, &x)) != WEFT__ON_STREAM)
         return rc;
 #ifdef WEFT_HAVE_CUDA
+    if (stream && x.kind != WEFT__MM_FLOAT)
+        return weft__fail(WEFT_EINVAL, "%s: FP8 and INT8 operands run on the host reference only",
+                          OP);
     if (stream)
         return weft__matmul_cuda(stream, &x);
 #endif

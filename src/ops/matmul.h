@@ -15,10 +15,25 @@
 
 #include "weft/ops.h"
 
-/* Checked and resolved; sizes in elements. */
+/* What kind of product: the operand types' family. */
+typedef enum weft__matmul_kind {
+    WEFT__MM_FLOAT = 0, /* fp32, bf16 or fp16 operands */
+    WEFT__MM_FP8 = 1,   /* FP8 operands with scales */
+    WEFT__MM_INT8 = 2   /* INT8 operands: an int32 D, or dequantized */
+} weft__matmul_kind;
+
+/* Checked and resolved; sizes in elements. in_type is A's, in_type_b B's
+ * (the same but for FP8's mixed pairs); c_type is C's, bias_type the
+ * bias's (type but where cuBLASLt's FP8 rules say otherwise). Scales:
+ * scale_*_mode is WEFT_MATMUL_SCALE_NONE exactly when the pointer is NULL;
+ * scale_d and amax_d are set with an fp8 D only. */
 typedef struct weft__matmul_args {
     size_t m, n, k, batch;
-    weft_dtype type, in_type;
+    weft__matmul_kind kind;
+    weft_dtype type, in_type, in_type_b, c_type, bias_type;
+    weft_matmul_scale scale_a_mode, scale_b_mode;
+    const float *scale_a, *scale_b, *scale_d;
+    float *amax_d;
     int trans_a, trans_b, allow_tf32;
     weft_matmul_act act;
     size_t lda, ldb, ldc, ldd, ldaux;
