@@ -424,9 +424,6 @@ int weft_matmul(void *stream, const weft_matmul_desc *desc, void *d, const void 
     if (stream == WEFT_TASK_STREAM && (rc = task_stream(&stream, &x)) != WEFT__ON_STREAM)
         return rc;
 #ifdef WEFT_HAVE_CUDA
-    if (stream && x.kind != WEFT__MM_FLOAT)
-        return weft__fail(WEFT_EINVAL, "%s: FP8 and INT8 operands run on the host reference only",
-                          OP);
     if (stream)
         return weft__matmul_cuda(stream, &x);
 #endif

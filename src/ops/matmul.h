@@ -12,6 +12,7 @@
 #define WEFT_OPS_MATMUL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "weft/ops.h"
 
@@ -61,6 +62,12 @@ float weft__matmul_act(weft_matmul_act act, float x);
  * WEFT_ENOMEM when a workspace cannot be had, WEFT_EDEVICE for the rest,
  * each before anything is enqueued. */
 int weft__matmul_cuda(void *stream, const weft__matmul_args *a);
+
+/* Enqueues the dequantizing epilogue of an INT8 product (matmul_quant.cu):
+ * D (and aux) := act(alpha float(acc) sa sb + beta C + bias) from acc, the
+ * exact int32 product of every batch as batch x m rows of ldw, packed. */
+int weft__matmul_dequant_cuda(void *stream, const weft__matmul_args *a, const int32_t *acc,
+                              size_t ldw);
 
 /* How many calls found their plan cached, and how many made one. */
 void weft__matmul_cuda_plan_stats(unsigned long long *hits, unsigned long long *misses);

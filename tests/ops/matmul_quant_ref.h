@@ -242,4 +242,34 @@ static inline size_t qm_check(const char *name, const qm_case *q, const void *ou
     return bad;
 }
 
+/* Two results of q's call (the GPU's and the host's) against each other:
+ * within twice the bound each has against the reference (int32: equal).
+ * Returns the number of elements apart, printing the first few. */
+static inline size_t qm_agree(const char *name, const qm_case *q, const void *x, const void *y,
+                              double extra)
+{
+    const weft_matmul_desc *d = &q->desc;
+    double tol = ((double)d->k + 8) * 0x1p-24 + extra, sd = qm_is_f8(d->type) ? q->sd : 1.0;
+    size_t bad = 0;
+    for (size_t bt = 0; bt < q->g.batch; bt++)
+        for (size_t i = 0; i < d->m; i++)
+            for (size_t j = 0; j < d->n; j++) {
+                size_t id = bt * d->stride_d + i * q->g.ldd + j;
+                double u = weft__load(d->type, x, id), v = weft__load(d->type, y, id);
+                double lim = 0;
+                if (d->type != WEFT_DTYPE_I32) {
+                    mm_ref r = qm_reference(q, bt, i, j);
+                    double err = 1.2 * tol * r.s + 1e-6 * fabs(r.y);
+                    lim = 2 * (err * fabs(sd) + qm_half_ulp(d->type) * (fabs(r.y * sd) + err) +
+                               qm_half_sub(d->type));
+                } else if (((const int32_t *)x)[id] != ((const int32_t *)y)[id]) {
+                    lim = -1;
+                }
+                if (!(fabs(u - v) <= lim) && bad++ < 5)
+                    fprintf(stderr, "%s: D[%zu][%zu][%zu]: %.9g here, %.9g there (+-%.3g)\n", name,
+                            bt, i, j, u, v, lim);
+            }
+    return bad;
+}
+
 #endif
