@@ -177,9 +177,11 @@ static inline void qm_free(qm_case *q)
 /* Checks D (and aux, and amax_d when got_amax is not NULL) against the
  * reference; returns the number of failures, printing the first few.
  * extra: a further bound relative to S, for sums less exact than fp32's
- * (the GPU's FP8 accumulators); 0 on the host. */
+ * (the GPU's FP8 accumulators); extra_p one relative to |P|, for
+ * activations computed otherwise than the host's (the GPU's GELU fits, and
+ * its erf GELU applied to P already rounded to D's type); 0 on the host. */
 static inline size_t qm_check(const char *name, const qm_case *q, const void *out, const void *aux,
-                              const float *got_amax, double extra)
+                              const float *got_amax, double extra, double extra_p)
 {
     const weft_matmul_desc *d = &q->desc;
     const mm_geom *g = &q->g;
@@ -203,7 +205,8 @@ static inline size_t qm_check(const char *name, const qm_case *q, const void *ou
                     continue;
                 }
                 mm_ref r = qm_reference(q, bt, i, j);
-                double err = 1.2 * (tol + extra) * r.s + 1e-6 * fabs(r.y); /* fp32 y's */
+                double err = 1.2 * (tol + extra) * r.s + 1e-6 * fabs(r.y) + /* fp32 y's */
+                             extra_p * fabs(r.p);
                 amax = fmax(amax, fabs(r.y));
                 amax_lim = fmax(amax_lim, err);
                 double want = r.y * sd, got = weft__load(d->type, out, id);
@@ -246,7 +249,7 @@ static inline size_t qm_check(const char *name, const qm_case *q, const void *ou
  * within twice the bound each has against the reference (int32: equal).
  * Returns the number of elements apart, printing the first few. */
 static inline size_t qm_agree(const char *name, const qm_case *q, const void *x, const void *y,
-                              double extra)
+                              double extra, double extra_p)
 {
     const weft_matmul_desc *d = &q->desc;
     double tol = ((double)d->k + 8) * 0x1p-24 + extra, sd = qm_is_f8(d->type) ? q->sd : 1.0;
@@ -259,8 +262,9 @@ static inline size_t qm_agree(const char *name, const qm_case *q, const void *x,
                 double lim = 0;
                 if (d->type != WEFT_DTYPE_I32) {
                     mm_ref r = qm_reference(q, bt, i, j);
-                    double err = 1.2 * tol * r.s + 1e-6 * fabs(r.y);
-                    lim = 2 * (err * fabs(sd) + qm_half_ulp(d->type) * (fabs(r.y * sd) + err) +
+                    double err =
+                        (1.2 * tol * r.s + 1e-6 * fabs(r.y) + extra_p * fabs(r.p)) * fabs(sd);
+                    lim = 2 * (err + qm_half_ulp(d->type) * (fabs(r.y * sd) + err) +
                                qm_half_sub(d->type));
                 } else if (((const int32_t *)x)[id] != ((const int32_t *)y)[id]) {
                     lim = -1;

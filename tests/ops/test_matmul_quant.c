@@ -54,7 +54,7 @@ static void run_case(const char *name, qm_case *q, int with_aux, int with_amax)
     int rc = weft_matmul(NULL, &desc, d, q->a, q->b, q->c);
     if (rc != WEFT_OK)
         fail_msg("%s: weft_matmul returned %d: %s", name, rc, weft_last_error());
-    size_t bad = qm_check(name, q, d, aux, with_amax ? &amax : NULL, 0.0);
+    size_t bad = qm_check(name, q, d, aux, with_amax ? &amax : NULL, 0.0, 0.0);
     if (bad)
         fail_msg("%s: %zu elements out of bounds (%zu x %zu x %zu, batch %zu)", name, bad,
                  q->desc.m, q->desc.n, q->desc.k, q->g.batch);
@@ -254,7 +254,7 @@ static void test_int8_dequantized_batches_and_in_place_residual(void **state)
         for (size_t i = 0; i < 33; i++)
             memcpy((uint16_t *)poison + bt * 33 * 24 + i * 24,
                    (uint16_t *)d + bt * 33 * 24 + i * 24, 20 * 2);
-    assert_int_equal(qm_check("int8 in place", &q, poison, NULL, NULL, 0.0), 0);
+    assert_int_equal(qm_check("int8 in place", &q, poison, NULL, NULL, 0.0, 0.0), 0);
     free(d), free(poison);
     qm_free(&q);
 }

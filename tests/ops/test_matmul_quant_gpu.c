@@ -35,6 +35,24 @@ static cudaStream_t stream;
     } while (0)
 
 static const double FP8_EXTRA = 0x1p-12;
+
+/* The GPU's activations against the host's, relative to |P|: the GELU
+ * fits (ops.h: erf within 7.3e-4 for bf16 results; the others within
+ * 1e-5 (4 + x^2) of the value, which 1e-4 |P| covers where the value is
+ * not already exact or negligible), cuBLASLt's own tanh GELU likewise,
+ * and after FP8 products the erf GELU of P already rounded to D's type (a
+ * second rounding, through a slope of at most 1.13). */
+static double act_slack(const qm_case *q)
+{
+    weft_dtype t = q->desc.type;
+    if (q->desc.act != WEFT_MATMUL_ACT_GELU_ERF && q->desc.act != WEFT_MATMUL_ACT_GELU_TANH)
+        return 0.0;
+    double fit = t == WEFT_DTYPE_BF16 ? 7.5e-4 : 1e-4;
+    if (q->desc.act == WEFT_MATMUL_ACT_GELU_ERF && qm_is_f8(q->g.in_type))
+        fit += 1.2 * qm_half_ulp(t);
+    return fit;
+}
+
 static const weft_dtype F8[] = {WEFT_DTYPE_F8_E4M3, WEFT_DTYPE_F8_E5M2};
 static const char *const NAME[] = {"f32", "bf16", "f16", "e4m3", "e5m2", "i8", "i32"};
 
@@ -147,7 +165,7 @@ static void gpu_case(const char *name, qm_case *q, int with_aux, int with_amax)
     float got_amax = 0;
     if (with_amax)
         assert_cuda(cudaMemcpy(&got_amax, damax, sizeof got_amax, cudaMemcpyDeviceToHost));
-    size_t bad = qm_check(name, q, got, got_aux, with_amax ? &got_amax : NULL, extra);
+    size_t bad = qm_check(name, q, got, got_aux, with_amax ? &got_amax : NULL, extra, act_slack(q));
 
 #ifdef WEFT_HAVE_HOST_BLAS
     /* The host reference on the same operands, and the two side by side. */
@@ -157,7 +175,7 @@ static void gpu_case(const char *name, qm_case *q, int with_aux, int with_amax)
     hdesc.amax_d = with_amax ? &host_amax : NULL;
     hdesc.aux = NULL;
     assert_int_equal(weft_matmul(NULL, &hdesc, hd, q->a, q->b, q->c), WEFT_OK);
-    size_t hbad = qm_agree(name, q, got, hd, extra);
+    size_t hbad = qm_agree(name, q, got, hd, extra, act_slack(q));
     free(hd);
 #else
     size_t hbad = 0;
@@ -365,7 +383,7 @@ static void test_int8_dequantized_in_place_and_captured(void **state)
     assert_int_equal(weft_matmul(stream, &gd, dd, x.a, x.b, dd), WEFT_OK);
     assert_cuda(cudaStreamSynchronize(stream));
     void *got = download(dd, q.nd * 2);
-    size_t bad = qm_check("int8 in place", &q, got, NULL, NULL, 0.0);
+    size_t bad = qm_check("int8 in place", &q, got, NULL, NULL, 0.0, act_slack(&q));
     free(got);
     if (bad)
         fail_msg("in place: %zu elements out of bounds", bad);
@@ -386,7 +404,7 @@ static void test_int8_dequantized_in_place_and_captured(void **state)
         assert_cuda(cudaGraphLaunch(exec, stream));
         assert_cuda(cudaStreamSynchronize(stream));
         got = download(dd2, q.nd * 2);
-        bad = qm_check("int8 captured", &q, got, NULL, NULL, 0.0);
+        bad = qm_check("int8 captured", &q, got, NULL, NULL, 0.0, act_slack(&q));
         free(got);
         if (bad)
             fail_msg("captured, replay %d: %zu elements out of bounds", rep, bad);
