@@ -277,8 +277,9 @@ typedef enum weft_matmul_act {
  * and stride multiples of 16. Anything else is refused on both backends.
  *
  * INT8 operands (in_type WEFT_DTYPE_I8), the same layout with multiples of
- * 4 (k too, and A and B 4-byte aligned), and k <= 131071 so that no int32
- * sum can overflow (|sum| <= k 128^2 < 2^31):
+ * 4 (n and k too, cuBLASLt's rule for its int8 kernels, and A and B 4-byte
+ * aligned), and k <= 131071 so that no int32 sum can overflow
+ * (|sum| <= k 128^2 < 2^31):
  *  - type WEFT_DTYPE_I32: D = op(A) op(B) exactly; no alpha, C, bias, act,
  *    aux or scales; ldd and stride_d multiples of 4.
  *  - type bf16/fp16/fp32: with scales sa and sb required,

@@ -224,7 +224,8 @@ static int check_types(const weft_matmul_desc *desc, const void *c, weft__matmul
  * transposed, its B not); through the transposition of
  * matmul_cublaslt.c that is our A as m x k rows (trans_a 0) and B as n x k
  * rows (trans_b 1). Leading dimensions and batch strides are multiples of
- * 16 bytes for FP8 and 4 for INT8, the operands aligned as much. Asked on
+ * 16 bytes for FP8 and 4 for INT8 (n and k too), the operands aligned as
+ * much. Asked on
  * both backends, so a call valid on one is valid on the other. */
 static int check_quant_layout(const weft__matmul_args *x)
 {
@@ -242,10 +243,16 @@ static int check_quant_layout(const weft__matmul_args *x)
                           OP, kind, q, x->lda, x->ldb, x->stride_a, x->stride_b);
     if ((uintptr_t)x->a % q || (uintptr_t)x->b % q)
         return weft__fail(WEFT_EINVAL, "%s: %s needs A and B aligned to %zu bytes", OP, kind, q);
-    if (x->kind == WEFT__MM_INT8 && (x->k % 4 || x->k > 131071))
+    /* cuBLASLt's int8 kernels ask its m (our n) and k to be multiples of 4. */
+    if (x->kind == WEFT__MM_INT8 && (x->n % 4 || x->k % 4))
         return weft__fail(WEFT_EINVAL,
-                          "%s: INT8 needs k a multiple of 4 and at most 131071 (so that no int32 "
-                          "sum overflows), not %zu",
+                          "%s: INT8 needs n and k multiples of 4 (cuBLASLt's m and k), not n %zu, "
+                          "k %zu",
+                          OP, x->n, x->k);
+    if (x->kind == WEFT__MM_INT8 && x->k > 131071)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: INT8 needs k at most 131071 (so that no int32 sum overflows), not "
+                          "%zu",
                           OP, x->k);
     size_t dq = weft__is_f8(x->type) ? 16 : x->type == WEFT_DTYPE_I32 ? 4 : 1;
     if (x->ldd % dq || x->stride_d % dq)

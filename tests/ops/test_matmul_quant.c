@@ -162,8 +162,8 @@ static void test_fp8_d_saturates_and_amax_is_taken_before_the_scale(void **state
 static void test_int8_exact_into_int32(void **state)
 {
     (void)state;
-    static const size_t SHAPES[][3] = {{1, 1, 4},     {1, 17, 36},   {17, 1, 4},
-                                       {33, 17, 128}, {128, 33, 20}, {260, 300, 1028}};
+    static const size_t SHAPES[][3] = {{1, 4, 4},     {1, 20, 36},   {17, 4, 4},
+                                       {33, 16, 128}, {128, 36, 20}, {260, 300, 1028}};
     char name[160];
     for (size_t s = 0; s < sizeof SHAPES / sizeof *SHAPES; s++)
         for (int shared = 0; shared < 2; shared++) {
@@ -187,7 +187,7 @@ static void test_int8_extremes_sum_exactly(void **state)
     (void)state;
     /* k = 131068 terms of (-128)(-128): 2^31 - 2^16, past fp32's and any
      * float accumulator's exact range, within int32's. */
-    weft_matmul_desc desc = tn(2, 3, 131068, 4, 0);
+    weft_matmul_desc desc = tn(2, 4, 131068, 4, 0);
     desc.type = WEFT_DTYPE_I32, desc.in_type = WEFT_DTYPE_I8, desc.ldd = 4;
     qm_case q;
     qm_make(&q, desc, 0, 0, 0);
@@ -208,7 +208,7 @@ static void test_int8_dequantized_every_scale_mode_and_epilogue(void **state)
             for (int mb = 1; mb <= 2; mb++)
                 for (int act = 0; act <= WEFT_MATMUL_ACT_GELU_ERF; act++)
                     for (int extra = 0; extra < 4; extra++) {
-                        weft_matmul_desc desc = tn(9, 17, 36, 4, 4);
+                        weft_matmul_desc desc = tn(9, 20, 36, 4, 4);
                         desc.type = OUT[o], desc.in_type = WEFT_DTYPE_I8;
                         desc.scale_a_mode = (weft_matmul_scale)ma;
                         desc.scale_b_mode = (weft_matmul_scale)mb;
@@ -397,8 +397,10 @@ static void test_bad_quantized_arguments_are_refused_with_the_reason(void **stat
     x = i8, x.trans_b = 0;
     refused(x, QD, QA, QB, NULL, "INT8 needs cuBLASLt's TN layout");
     x = i8, x.k = 30, x.lda = x.ldb = 32;
-    refused(x, QD, QA, QB, NULL, "INT8 needs k a multiple of 4");
-    x = i8, x.k = 131072, x.m = x.n = 1;
+    refused(x, QD, QA, QB, NULL, "INT8 needs n and k multiples of 4");
+    x = i8, x.n = 18, x.ldd = 20;
+    refused(x, QD, QA, QB, NULL, "INT8 needs n and k multiples of 4");
+    x = i8, x.k = 131072, x.m = 1, x.n = 4;
     refused(x, QD, QA, QB, NULL, "at most 131071");
     x = i8, x.ldb = 34;
     refused(x, QD, QA, QB, NULL, "multiples of 4 (lda 32, ldb 34");
