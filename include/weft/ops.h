@@ -272,9 +272,11 @@ typedef enum weft_matmul_act {
  * aux, and the erf GELU would run after D is quantized).
  * Layout: cuBLASLt multiplies FP8 only in its "TN" form, which in weft's
  * row-major terms is A stored m x k (trans_a 0) and B stored n x k
- * (trans_b 1, a Linear weight's layout); lda, ldb and their batch strides
- * multiples of 16 elements, A and B 16-byte aligned, and an fp8 D's ldd
- * and stride multiples of 16. Anything else is refused on both backends.
+ * (trans_b 1, a Linear weight's layout), and only with 16-byte aligned
+ * dimensions: k, lda, ldb and their batch strides multiples of 16; D's
+ * and C's rows (n elements), leading dimensions and batch strides
+ * multiples of 16 bytes; A, B, C and D 16-byte aligned. m is free.
+ * Anything else is refused on both backends.
  *
  * INT8 operands (in_type WEFT_DTYPE_I8), the same layout with multiples of
  * 4 (n and k too, cuBLASLt's rule for its int8 kernels, and A and B 4-byte

@@ -220,6 +220,30 @@ static int check_types(const weft_matmul_desc *desc, const void *c, weft__matmul
     return weft__fail(WEFT_EINVAL, "%s: unsupported dtype %d", OP, (int)x->in_type);
 }
 
+/* cuBLASLt's FP8 kernels ask every matrix's dimensions, leading dimensions
+ * and pointers to keep 16-byte alignment (its tensor-core rules, required
+ * here): k (the operands' rows) in bytes, and for C and D their rows of n
+ * (cuBLASLt's m), ld and batch stride in bytes, and their pointers. m is
+ * free: it is cuBLASLt's n, the number of its columns. */
+static int check_fp8_dims(const weft__matmul_args *x)
+{
+    size_t ed = weft__dtype_size(x->type), ec = weft__dtype_size(x->c_type);
+    if (x->k % 16)
+        return weft__fail(WEFT_EINVAL, "%s: FP8 needs k a multiple of 16, not %zu", OP, x->k);
+    if ((x->n * ed) % 16 || (x->ldd * ed) % 16 || (x->stride_d * ed) % 16 || (uintptr_t)x->d % 16)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: FP8 needs D's rows, ldd and stride_d multiples of 16 bytes and D "
+                          "16-byte aligned (n %zu, ldd %zu, stride %zu of %zu-byte elements)",
+                          OP, x->n, x->ldd, x->stride_d, ed);
+    if (x->c &&
+        ((x->n * ec) % 16 || (x->ldc * ec) % 16 || (x->stride_c * ec) % 16 || (uintptr_t)x->c % 16))
+        return weft__fail(WEFT_EINVAL,
+                          "%s: FP8 needs C's rows, ldc and stride_c multiples of 16 bytes and C "
+                          "16-byte aligned (ldc %zu, stride %zu of %zu-byte elements)",
+                          OP, x->ldc, x->stride_c, ec);
+    return WEFT_OK;
+}
+
 /* cuBLASLt's FP8 and INT8 kernels take only its "TN" form (its A
  * transposed, its B not); through the transposition of
  * matmul_cublaslt.c that is our A as m x k rows (trans_a 0) and B as n x k
@@ -254,12 +278,13 @@ static int check_quant_layout(const weft__matmul_args *x)
                           "%s: INT8 needs k at most 131071 (so that no int32 sum overflows), not "
                           "%zu",
                           OP, x->k);
-    size_t dq = weft__is_f8(x->type) ? 16 : x->type == WEFT_DTYPE_I32 ? 4 : 1;
-    if (x->ldd % dq || x->stride_d % dq)
+    if (x->type == WEFT_DTYPE_I32 && (x->ldd % 4 || x->stride_d % 4))
         return weft__fail(WEFT_EINVAL,
-                          "%s: an %s D needs ldd and stride_d multiples of %zu (ldd %zu, stride "
+                          "%s: an int32 D needs ldd and stride_d multiples of 4 (ldd %zu, stride "
                           "%zu)",
-                          OP, x->type == WEFT_DTYPE_I32 ? "int32" : "fp8", dq, x->ldd, x->stride_d);
+                          OP, x->ldd, x->stride_d);
+    if (x->kind == WEFT__MM_FP8)
+        return check_fp8_dims(x);
     return WEFT_OK;
 }
 

@@ -82,7 +82,7 @@ static void test_fp8_every_pair_output_scale_mode_and_epilogue_matches_float64(v
                         for (int extra = 0; extra < 4; extra++) {
                             if (d8 && act == WEFT_MATMUL_ACT_GELU_ERF)
                                 continue;
-                            weft_matmul_desc desc = tn(7, 13, 40, 16, 0);
+                            weft_matmul_desc desc = tn(7, 16, 48, 16, 0);
                             desc.type = OUT[o], desc.in_type = F8[pa], desc.in_type_b = F8[pb];
                             desc.scale_a_mode = desc.scale_b_mode = (weft_matmul_scale)mode;
                             desc.act = (weft_matmul_act)act;
@@ -110,8 +110,9 @@ static void test_fp8_every_pair_output_scale_mode_and_epilogue_matches_float64(v
 static void test_fp8_awkward_shapes_padding_and_batches(void **state)
 {
     (void)state;
-    static const size_t SHAPES[][3] = {{1, 1, 1},     {1, 17, 33},  {17, 1, 17},
-                                       {33, 17, 128}, {128, 33, 1}, {300, 260, 600}};
+    /* m is free; k a multiple of 16, n of 8 (16-byte rows of a bf16 D) */
+    static const size_t SHAPES[][3] = {{1, 8, 16},    {1, 16, 32},   {17, 8, 16},
+                                       {33, 24, 128}, {128, 40, 16}, {300, 264, 608}};
     char name[160];
     for (size_t s = 0; s < sizeof SHAPES / sizeof *SHAPES; s++)
         for (int mode = 1; mode <= 2; mode++)
@@ -124,10 +125,10 @@ static void test_fp8_awkward_shapes_padding_and_batches(void **state)
                 desc.scale_a_mode = desc.scale_b_mode = (weft_matmul_scale)mode;
                 desc.act = WEFT_MATMUL_ACT_GELU_TANH;
                 desc.batch = 3;
-                desc.ldd = n + 3, desc.ldc = n + 1;
+                desc.ldd = n + 8, desc.ldc = n + 16;
                 desc.stride_a = round_up(m * desc.lda, 16) + 16;
                 desc.stride_b = shared ? 0 : n * desc.ldb;
-                desc.stride_c = m * desc.ldc + 2, desc.stride_d = m * desc.ldd + 5;
+                desc.stride_c = m * desc.ldc + 8, desc.stride_d = m * desc.ldd + 8;
                 qm_case q;
                 qm_make(&q, desc, 1, 1, 0);
                 snprintf(name, sizeof name, "fp8 %zu x %zu x %zu scales %d B %s", m, n, k, mode,
@@ -143,7 +144,7 @@ static void test_fp8_d_saturates_and_amax_is_taken_before_the_scale(void **state
     char name[160];
     for (int o = 0; o < 2; o++)
         for (int batch = 1; batch <= 2; batch++) {
-            weft_matmul_desc desc = tn(19, 24, 48, 16, 0);
+            weft_matmul_desc desc = tn(19, 32, 48, 16, 0);
             desc.type = F8[o], desc.in_type = WEFT_DTYPE_F8_E4M3;
             desc.in_type_b = F8[o]; /* an E5M2 D needs an E5M2 operand */
             desc.scale_a_mode = desc.scale_b_mode = WEFT_MATMUL_SCALE_TENSOR;
@@ -385,7 +386,16 @@ static void test_bad_quantized_arguments_are_refused_with_the_reason(void **stat
     x = f8, x.type = WEFT_DTYPE_F8_E4M3, x.scale_d = SD, x.c_type = WEFT_DTYPE_I8;
     refused(x, QD, QA, QB, NULL, "c_type is bf16 or fp16");
     x = f8, x.type = WEFT_DTYPE_F8_E4M3, x.scale_d = SD, x.ldd = 24;
-    refused(x, QD, QA, QB, NULL, "an fp8 D needs ldd and stride_d multiples of 16");
+    refused(x, QD, QA, QB, NULL, "FP8 needs D's rows, ldd and stride_d multiples of 16 bytes");
+    x = f8, x.ldd = 20;
+    refused(x, QD, QA, QB, NULL, "FP8 needs D's rows, ldd and stride_d multiples of 16 bytes");
+    x = f8, x.n = 12, x.ldd = 16;
+    refused(x, QD, QA, QB, NULL, "FP8 needs D's rows, ldd and stride_d multiples of 16 bytes");
+    refused(f8, (char *)QD + 4, QA, QB, NULL, "D 16-byte aligned");
+    x = f8, x.ldc = 20;
+    refused(x, QD, QA, QB, QC, "FP8 needs C's rows, ldc and stride_c multiples of 16 bytes");
+    x = f8, x.k = 24, x.lda = x.ldb = 32;
+    refused(x, QD, QA, QB, NULL, "FP8 needs k a multiple of 16, not 24");
     x = f8, x.type = WEFT_DTYPE_F8_E4M3, x.scale_d = SD, x.act = WEFT_MATMUL_ACT_GELU_ERF;
     refused(x, QD, QA, QB, NULL, "the erf GELU with an fp8 D is refused");
     x = f8, x.act = WEFT_MATMUL_ACT_GELU_TANH, x.aux = QC, x.ldaux = 16;
