@@ -262,12 +262,11 @@ typedef enum weft_matmul_act {
  * one through in_type_b, but not both E5M2, which cuBLASLt lacks):
  *   P = alpha sa_i sb_j (op(A) op(B))_ij + beta C + bias
  *   D = act(P), or with an fp8 D: D = fp8(scale_d act(P)), amax_d = max |act(P)|
- * with sa, sb the scales (below) and the product exact in fp32 terms
- * summed in fp32. D is bf16, fp16 or fp32, or fp8 (E4M3, or E5M2 when an
- * operand is E5M2) with scale_d required; rounding to fp8 is to nearest
- * even, saturating to the largest finite value (NaN stays NaN). The
- * epilogue's types are cuBLASLt's: C and bias of D's type, except that an
- * fp32 D takes a bf16 bias and an fp8 D a C and bias of c_type. aux and the
+ * with sa, sb the scales (below); the host sums the exact products in
+ * fp32 (weft_matmul says how the GPU's sums differ). D is bf16, fp16 or fp32, or fp8 (E4M3, or E5M2
+ * when an operand is E5M2) with scale_d required; rounding to fp8 is to nearest even, saturating to
+ * the largest finite value (NaN stays NaN). The epilogue's types are cuBLASLt's: C and bias of D's
+ * type, except that an fp32 D takes a bf16 bias and an fp8 D a C and bias of c_type. aux and the
  * erf GELU with an fp8 D are refused (cuBLASLt's FP8 kernels keep no such
  * aux, and the erf GELU would run after D is quantized).
  * Layout: cuBLASLt multiplies FP8 only in its "TN" form, which in weft's
@@ -307,7 +306,8 @@ typedef struct weft_matmul_desc {
     size_t m, n, k;  /* each >= 1 */
     weft_dtype type; /* of C, D, bias and aux (FP8 operands: see above) */
     /* of A and B; WEFT_DTYPE_F32 (zero) means type. fp32 operands need an
-     * fp32 D, bf16 or fp16 ones a D of their type or fp32. */
+     * fp32 D, bf16 or fp16 ones a D of their type or fp32 (FP8 and INT8:
+     * see above). */
     weft_dtype in_type;
     int trans_a, trans_b; /* nonzero: op() transposes */
     /* Leading dimensions, each >= the row of its matrix as stored (0 means
