@@ -16,6 +16,10 @@
 #   make images-bench  weft-images against a thread pool on the GPU
 #   make gpu-bench-ops  the operators against PyTorch eager and torch.compile
 #   make gpu-bench-matmul  weft_matmul against torch.matmul and torch eager
+#   make gpu-bench-moe  the MoE router and grouped matmul against torch eager,
+#                   torch._grouped_mm and a loop of torch.matmul
+#   make gpu-bench-conv  weft_conv2d (BatchNorm folded, bias+ReLU fused) against
+#                   PyTorch eager conv->bn->relu and torch with the BN folded
 # A benchmark writes its rows (JSON lines) under build-release/bench/ and
 # changes nothing tracked; RECORD=1 (make bench RECORD=1) appends them to
 # bench/results.jsonl and regenerates bench/RESULTS.md from it.
@@ -124,6 +128,14 @@ images-bench: deps
 # weft's operators, PyTorch eager and torch.compile on the same tensors in
 # one process (PyTorch and a GPU needed).
 # BENCH_OPS_ARGS passes options: bench/ops/bench_ops.py --help.
+.PHONY: gpu-bench-moe
+gpu-bench-moe: deps
+	$(CMAKE) -S . -B build-release $(BENCH_CONFIG)
+	$(CMAKE) --build build-release -j $(JOBS) --target weft_shared
+	$(PYTHON) bench/moe/bench_moe.py --lib build-release/libweft.so \
+	  --rows $(ROWS_DIR)/moe.rows.jsonl $(BENCH_MOE_ARGS)
+	$(call record,$(ROWS_DIR)/moe.rows.jsonl)
+
 .PHONY: gpu-bench-matmul
 gpu-bench-matmul: deps
 	$(CMAKE) -S . -B build-release $(BENCH_CONFIG)
@@ -131,6 +143,16 @@ gpu-bench-matmul: deps
 	$(PYTHON) bench/matmul/bench_matmul.py --lib build-release/libweft.so \
 	  --rows $(ROWS_DIR)/matmul.rows.jsonl $(BENCH_MATMUL_ARGS)
 	$(call record,$(ROWS_DIR)/matmul.rows.jsonl)
+
+# weft_conv2d against PyTorch at ResNet-50's shapes (PyTorch, cuDNN and a
+# GPU needed). BENCH_CONV_ARGS passes options: bench/conv/bench_conv.py --help.
+.PHONY: gpu-bench-conv
+gpu-bench-conv: deps
+	$(CMAKE) -S . -B build-release $(BENCH_CONFIG)
+	$(CMAKE) --build build-release -j $(JOBS) --target weft_shared
+	$(PYTHON) bench/conv/bench_conv.py --lib build-release/libweft.so \
+	  --rows $(ROWS_DIR)/conv.rows.jsonl $(BENCH_CONV_ARGS)
+	$(call record,$(ROWS_DIR)/conv.rows.jsonl)
 
 .PHONY: gpu-bench-ops
 gpu-bench-ops: deps

@@ -10,7 +10,7 @@ against and the figure it needed. The notebook the record replaced, and
 the prose of the runs, are under bench/history/.
 
 A row:
-  benchmark  "cpu", "gpu", "images", "ops" or "matmul" (BENCHMARKS below)
+  benchmark  "cpu", "gpu", "images", "ops", "matmul", "moe" or "conv" (BENCHMARKS below)
   case       what was measured, e.g. "fiber switch (one way)"
   metric     which figure of the case, e.g. "median", "jobs/s"
   value      a number; unit: its unit
@@ -68,6 +68,14 @@ BENCHMARKS = {
                "weft_matmul (cuBLASLt) against torch.matmul and torch eager on the same "
                "tensors and stream; what the rows measure: bench/matmul/bench_matmul.py's "
                "opening comment"),
+    "moe": ("Mixture of experts: bench_moe", "`make gpu-bench-moe` (bench/moe/bench_moe.py)",
+            "weft's router and grouped matmul against torch eager, torch._grouped_mm and a "
+            "loop of torch.matmul on the same tensors and stream; what the rows measure: "
+            "bench/moe/bench_moe.py's opening comment"),
+    "conv": ("Convolution: bench_conv", "`make gpu-bench-conv` (bench/conv/bench_conv.py)",
+             "weft_conv2d (BatchNorm folded, bias+ReLU fused in cuDNN) against PyTorch eager "
+             "conv->bn->relu and torch with the BatchNorm folded by hand, on the same tensors "
+             "and stream; what the rows measure: bench/conv/bench_conv.py's opening comment"),
 }
 REQUIRED = {"benchmark": str, "case": str, "metric": str, "value": (int, float), "unit": str,
             "machine": str, "date": str, "commit": str}

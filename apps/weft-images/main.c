@@ -136,8 +136,10 @@ static void budget_give(budget *b, uint64_t need)
 
 /* ---- one image ------------------------------------------------------------ */
 
-/* Upload img, run the stages on the device, download the result. */
-static int device_pass(run *r, const wi_image *img, wi_result *result)
+/* Upload img's pixels, run the stages on the device, download the result.
+ * The pixels are freed once copied to the staging block: a task waiting
+ * on the device holds one copy of its image, not two. */
+static int device_pass(run *r, wi_image *img, wi_result *result)
 {
     size_t n = (size_t)img->width * img->height * 3, result_at = (n + 63) / 64 * 64;
     uint8_t *staging; /* pinned with a GPU: the copies run at full speed */
@@ -145,6 +147,7 @@ static int device_pass(run *r, const wi_image *img, wi_result *result)
     if (rc)
         return rc;
     memcpy(staging, img->rgb, n);
+    wi_image_free(img);
 
     void *mem = NULL;
     wi_frame f;

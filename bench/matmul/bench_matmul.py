@@ -1,10 +1,22 @@
 #!/usr/bin/env python3
 """bench_matmul.py - weft_matmul against torch.matmul and torch eager, in one process.
 
-Cases (bf16, on PyTorch's current stream, the same tensors for both sides):
+Cases (bf16 unless named, on PyTorch's current stream, the same tensors for both
+sides):
   matmul 8192^3               weft_matmul vs torch.matmul: TFLOP/s
-  decode m=16 k=4096 n=14336  x W^T vs torch.matmul(x, W.t()): time and the
-                              weight bytes' bandwidth, beside the copy ceiling
+  decode m in {1, 4, 16}, (k, n) in {(4096, 14336), (14336, 4096), (4096, 4096),
+                                    (4096, 1024)}
+                              x W^T (bf16): the weight bytes' bandwidth of weft
+                              (its skinny kernel), of F.linear and torch.matmul
+                              on the same tensors, and of weft with the skinny
+                              kernel off (WEFT_MATMUL_SKINNY=0, read by the
+                              benchmark build, in a second process), beside a
+                              device-to-device copy's rate from the same run.
+                              Each side rotates among enough weight copies
+                              (>= 256 MiB in all) that L2 holds none of them
+                              from one call to the next. The cuBLASLt figure
+                              needs the benchmark build (make gpu-bench-matmul);
+                              --decode-only runs these rows alone.
   linear+bias+GELU m=4096 k=4096 n=14336
                               weft_matmul with the fused bias + tanh GELU vs
                               torch eager F.gelu(F.linear(x, W, b), 'tanh'),
@@ -165,6 +177,86 @@ def rel_err(torch, got, want):
     return (torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want)).item()
 
 
+DECODE_MS = (1, 4, 16)
+# Llama-3-8B's up (and gate), down, query/output and key/value projections;
+# the last, 64 tiles of 16 columns, runs as clusters in weft's kernel.
+DECODE_KN = ((4096, 14336), (14336, 4096), (4096, 4096), (4096, 1024))
+
+
+def rotating(fns):
+    """One call of fns[i] per call, i going round: no weight stays in L2."""
+    at = [0]
+
+    def call():
+        fns[at[0] % len(fns)]()
+        at[0] += 1
+    return call
+
+
+def decode_operands(torch, k, n, m):
+    """x (m x k) and enough copies of W (n x k) to fill 256 MiB or more."""
+    copies = max(3, -(-(256 << 20) // (2 * n * k)))
+    Ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+    return torch.randn(m, k, device="cuda", dtype=torch.bfloat16), Ws
+
+
+def decode_weft_times(torch, weft):
+    """{(k, n, m): seconds per weft_matmul call}, after checking each
+    shape's result against torch."""
+    times = {}
+    for k, n in DECODE_KN:
+        for m in DECODE_MS:
+            x, Ws = decode_operands(torch, k, n, m)
+            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            calls = [weft.matmul(out, x, W, trans_b=1) for W in Ws]
+            calls[0]()
+            err = rel_err(torch, out, torch.matmul(x, Ws[0].t()))
+            if err > 1e-2:
+                die("decode m=%d k=%d n=%d: weft differs from torch by %.2e" % (m, k, n, err))
+            times[(k, n, m)] = time_per_call(torch, rotating(calls))
+            del x, Ws, out, calls
+    return times
+
+
+def decode_cublaslt_times(args):
+    """decode_weft_times in a process of its own with WEFT_MATMUL_SKINNY=0,
+    which the benchmark build reads once: every call through cuBLASLt."""
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        env = dict(os.environ, WEFT_MATMUL_SKINNY="0")
+        cmd = [sys.executable, os.path.abspath(__file__), "--lib", args.lib,
+               "--decode-times", f.name]
+        if subprocess.run(cmd, env=env).returncode != 0:
+            die("the run with WEFT_MATMUL_SKINNY=0 failed")
+        with open(f.name) as r:
+            return {tuple(v[:3]): v[3] for v in json.load(r)}
+
+
+def decode(torch, F, weft, args, copy_tbps, results):
+    lt = decode_cublaslt_times(args)
+    mine = decode_weft_times(torch, weft)
+    for k, n in DECODE_KN:
+        for m in DECODE_MS:
+            x, Ws = decode_operands(torch, k, n, m)
+            tl = time_per_call(torch, rotating([lambda W=W: F.linear(x, W) for W in Ws]))
+            tm = time_per_call(torch, rotating([lambda W=W: torch.matmul(x, W.t()) for W in Ws]))
+            del x, Ws
+            wbytes = 2.0 * n * k
+            tw, tc = mine[(k, n, m)], lt[(k, n, m)]
+            bw = wbytes / tw / 1e12
+            results.append((
+                "decode bf16 m=%d k=%d n=%d" % (m, k, n), "weight bandwidth", bw, "TB/s",
+                "F.linear", wbytes / tl / 1e12,
+                "%.1f us, %.0f%% of copy (%.2f TB/s); torch.matmul %.2f TB/s; weft through "
+                "cuBLASLt (WEFT_MATMUL_SKINNY=0) %.2f TB/s" % (
+                    tw * 1e6, 100 * bw / copy_tbps, copy_tbps, wbytes / tm / 1e12,
+                    wbytes / tc / 1e12),
+                # An 8 MiB weight takes about 2 us, which launch gaps bound:
+                # the target is for the larger ones.
+                [("85% of the copy ceiling", ">=", 0.85 * copy_tbps)] if wbytes >= 32 << 20
+                else []))
+
+
 def check_layout(lib):
     """One host call (NULL stream) through MatmulDesc, with the fields past
     the first ones set, so that a struct that drifted from the C one is
@@ -189,20 +281,21 @@ def check_layout(lib):
     if got != want or D[2] != 7.0 or D[5] != 7.0:
         die("MatmulDesc does not match weft_matmul_desc: got %s, want %s" % (got, want))
     # The quantized fields: INT8 dequantized by a row scale of A and a
-    # tensor scale of B, D = sa_i sb (A B^T), A 2 x 4, B 2 x 4.
+    # tensor scale of B, D = sa_i sb (A B^T), A 2 x 4, B 4 x 4 (INT8 asks
+    # n and k multiples of 4).
     i8 = ctypes.c_int8
     A8 = (i8 * 8)(1, -2, 3, 4, -128, 127, 0, 5)
-    B8 = (i8 * 8)(2, 0, -1, 1, 3, 3, 3, -3)
+    B8 = (i8 * 16)(2, 0, -1, 1, 3, 3, 3, -3, -128, 1, 0, 7, 127, 127, -5, 0)
     sa, sb = (fa * 2)(0.5, -2.0), (fa * 1)(0.25)
-    D2 = (fa * 4)(*([7.0] * 4))
-    desc = MatmulDesc(m=2, n=2, k=4, type=F32, in_type=I8, trans_b=1,
+    D2 = (fa * 8)(*([7.0] * 8))
+    desc = MatmulDesc(m=2, n=4, k=4, type=F32, in_type=I8, trans_b=1,
                       scale_a_mode=SCALE_OUTER, scale_b_mode=SCALE_TENSOR,
                       scale_a=ctypes.addressof(sa), scale_b=ctypes.addressof(sb))
     rc = lib.weft_matmul(None, ctypes.byref(desc), D2, A8, B8, None)
     if rc != 0:
         die("the INT8 host call failed: %d: %s" % (rc, lib.weft_last_error().decode()))
     want = [sa[i] * sb[0] * sum(A8[i * 4 + p] * B8[j * 4 + p] for p in range(4))
-            for i in range(2) for j in range(2)]
+            for i in range(2) for j in range(4)]
     if list(D2) != want:
         die("MatmulDesc's quantized fields do not match: got %s, want %s" % (list(D2), want))
     print("bench_matmul: MatmulDesc matches weft_matmul_desc (%d bytes)" %
@@ -218,6 +311,11 @@ def main():
     ap.add_argument("--quick", action="store_true", help="smaller shapes; rows marked quick")
     ap.add_argument("--check-layout", action="store_true",
                     help="without a GPU or PyTorch: MatmulDesc is the C struct (a host call)")
+    ap.add_argument("--decode-only", action="store_true",
+                    help="the copy ceiling and the decode rows only")
+    ap.add_argument("--decode-times", metavar="FILE",
+                    help="only time weft on the decode shapes, into FILE (JSON); the run "
+                         "with WEFT_MATMUL_SKINNY=0 is one of these")
     args = ap.parse_args()
     if args.check_layout:
         check_layout(load_weft(args.lib))
@@ -232,6 +330,12 @@ def main():
     # A stream of torch's own: its default stream's handle is 0 (NULL), which
     # weft reads as "the host reference".
     with torch.cuda.stream(torch.cuda.Stream()):
+        torch.manual_seed(0)
+        if args.decode_times:
+            times = decode_weft_times(torch, weft)
+            with open(args.decode_times, "w") as f:
+                json.dump([[k, n, m, t] for (k, n, m), t in times.items()], f)
+            return
         run(torch, F, weft, args)
 
 
@@ -252,155 +356,140 @@ def run(torch, F, weft, args):
                     copy_tbps, "TB/s", None, None, "read + write", []))
     del src, dst
 
-    # ---- bf16 large square ----
-    n = 2048 if args.quick else 8192
-    a, b = randn(n, n), randn(n, n)
-    out = torch.empty(n, n, device=dev, dtype=bf)
-    w = weft.matmul(out, a, b)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    w()  # the process's first: the cuBLASLt handle, the stream's workspace and the plan
-    very_first = (time.perf_counter() - t0) * 1e6
-    err = rel_err(torch, out, torch.matmul(a, b))
-    if err > 1e-2:
-        die("matmul %d^3: weft differs from torch by %.2e" % (n, err))
-    tw = time_per_call(torch, w)
-    tt = time_per_call(torch, lambda: torch.matmul(a, b))
-    flop = 2.0 * n ** 3
-    results.append(("matmul bf16 %d^3" % n, "throughput", flop / tw / 1e12, "TFLOP/s",
-                    "torch.matmul", flop / tt / 1e12, "error vs torch %.1e" % err,
-                    [("0.99 x torch.matmul (cuBLASLt) in the same run", ">=",
-                      0.99 * flop / tt / 1e12)]))
-    del a, b, out
-
-    # ---- decode: m = 16 against a Llama-3-8B up projection ----
-    m, k, n = 16, 4096, 14336
-    x, W = randn(m, k), randn(n, k)
-    out = torch.empty(m, n, device=dev, dtype=bf)
-    w = weft.matmul(out, x, W, trans_b=1)
-    w()
-    err = rel_err(torch, out, torch.matmul(x, W.t()))
-    if err > 1e-2:
-        die("decode: weft differs from torch by %.2e" % err)
-    tw = time_per_call(torch, w)
-    tt = time_per_call(torch, lambda: torch.matmul(x, W.t()))
-    wbytes = 2.0 * n * k
-    results.append(("decode bf16 m=16 k=4096 n=14336", "weight bandwidth", wbytes / tw / 1e12,
-                    "TB/s", "torch.matmul", wbytes / tt / 1e12,
-                    "%.1f us (torch %.1f us); %.0f%% of copy" % (tw * 1e6, tt * 1e6,
-                                                                   100 * wbytes / tw / 1e12 /
-                                                                   copy_tbps),
-                    [("85% of the copy ceiling", ">=", 0.85 * copy_tbps)]))
-    del x, W, out
-
-    # ---- linear + bias + GELU (tanh) ----
-    m = 1024 if args.quick else 4096
-    k, n = 4096, 14336
-    x, W, bias = randn(m, k), randn(n, k) * 0.02, randn(n)
-    out = torch.empty(m, n, device=dev, dtype=bf)
-    plain = torch.empty_like(out)
-    fused = weft.matmul(out, x, W, bias=bias, act=ACT_GELU_TANH, trans_b=1)
-    alone = weft.matmul(plain, x, W, trans_b=1)
-    eager = lambda: F.gelu(F.linear(x, W, bias), approximate="tanh")  # noqa: E731
-    fused()
-    err = rel_err(torch, out, eager())
-    if err > 2e-2:
-        die("linear+bias+GELU: weft differs from torch by %.2e" % err)
-    tf = time_per_call(torch, fused)
-    ta = time_per_call(torch, alone)
-    te = time_per_call(torch, eager)
-    results.append(("linear+bias+GELU(tanh) bf16 m=%d k=4096 n=14336" % m, "time", tf * 1e6,
-                    "us", "torch eager", te * 1e6,
-                    "weft's matmul alone %.1f us (+%.1f%%); error vs torch %.1e" % (
-                        ta * 1e6, 100 * (tf / ta - 1), err),
-                    [("1.03 x weft's matmul alone in the same run", "<=", 1.03 * ta * 1e6)]))
-    erf = weft.matmul(out, x, W, bias=bias, act=ACT_GELU_ERF, trans_b=1)
-    erf()
-    err = rel_err(torch, out, F.gelu(F.linear(x, W, bias)))
-    tr = time_per_call(torch, erf)
-    te2 = time_per_call(torch, lambda: F.gelu(F.linear(x, W, bias)))
-    results.append(("linear+bias+GELU(erf) bf16 m=%d k=4096 n=14336" % m, "time", tr * 1e6,
-                    "us", "torch eager", te2 * 1e6,
-                    "erf: the matmul with bias, then weft's GELU kernel; error vs torch %.1e" %
-                    err, []))
-    del x, W, bias, out, plain
-
-    # ---- FP8: per-tensor and row/column scales, against torch._scaled_mm ----
-    n = 2048 if args.quick else 8192
-    flop = 2.0 * n ** 3
-    f8 = torch.float8_e4m3fn
-    a8 = (torch.randn(n, n, device=dev) * 4).to(f8)
-    b8 = (torch.randn(n, n, device=dev) * 4).to(f8)  # stored n x k: B^T, column-major for torch
-    out = torch.empty(n, n, device=dev, dtype=bf)
-    ref = torch.empty_like(out)
-    st_a = torch.tensor(0.5, device=dev, dtype=torch.float32)
-    st_b = torch.tensor(0.25, device=dev, dtype=torch.float32)
-    sr_a = torch.rand(n, 1, device=dev, dtype=torch.float32) + 0.5
-    sr_b = torch.rand(1, n, device=dev, dtype=torch.float32) + 0.5
-    for label, mode, sa, sb in (("per-tensor scales", SCALE_TENSOR, st_a, st_b),
-                                ("row/column scales", SCALE_OUTER, sr_a, sr_b)):
-        w = weft.quantized(out, a8, b8, F8_E4M3, BF16, sa.contiguous(), sb.contiguous(), mode)
-
-        def peer(sa=sa, sb=sb):
-            return torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=bf)
-        w()
-        ref.copy_(peer())
-        err = rel_err(torch, out, ref)
-        if err > 1e-2:
-            die("fp8 %d^3 (%s): weft differs from torch._scaled_mm by %.2e" % (n, label, err))
-        tw = time_per_call(torch, w)
-        tt = time_per_call(torch, peer)
-        results.append(("matmul fp8 e4m3 -> bf16 %d^3, %s" % (n, label), "throughput",
-                        flop / tw / 1e12, "TFLOP/s", "torch._scaled_mm", flop / tt / 1e12,
-                        "error vs torch %.1e" % err,
-                        [("0.99 x torch._scaled_mm in the same run", ">=",
-                          0.99 * flop / tt / 1e12)]))
-    del a8, b8, out, ref
-
-    # ---- INT8 -> int32, against torch._int_mm ----
-    a8 = torch.randint(-128, 128, (n, n), device=dev, dtype=torch.int8)
-    b8 = torch.randint(-128, 128, (n, n), device=dev, dtype=torch.int8)  # stored n x k
-    out = torch.empty(n, n, device=dev, dtype=torch.int32)
-    w = weft.quantized(out, a8, b8, I8, I32)
-    w()
-    if not torch.equal(out, torch._int_mm(a8, b8.t())):
-        die("int8 %d^3: weft differs from torch._int_mm" % n)
-    tw = time_per_call(torch, w)
-    tt = time_per_call(torch, lambda: torch._int_mm(a8, b8.t()))
-    results.append(("matmul int8 -> int32 %d^3" % n, "throughput", flop / tw / 1e12, "TOP/s",
-                    "torch._int_mm", flop / tt / 1e12, "exact: equal to torch's",
-                    [("0.99 x torch._int_mm in the same run", ">=", 0.99 * flop / tt / 1e12)]))
-    del a8, b8, out
-
-    # ---- first call (plan made) against the next (plan found) ----
-    x, W = randn(96, 1000), randn(1000, 1000)  # a shape no case above used
-    out = torch.empty(96, 1000, device=dev, dtype=bf)
-    w = weft.matmul(out, x, W)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    w()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    host = []
-    for _ in range(200):
-        s = time.perf_counter()
-        w()
-        host.append(time.perf_counter() - s)
+    if not args.decode_only:
+        # ---- bf16 large square ----
+        n = 2048 if args.quick else 8192
+        a, b = randn(n, n), randn(n, n)
+        out = torch.empty(n, n, device=dev, dtype=bf)
+        w = weft.matmul(out, a, b)
         torch.cuda.synchronize()
-    first, nxt = (t1 - t0) * 1e6, statistics.median(host) * 1e6
-    results.append(("first call of the process (host time)", "time", very_first, "us",
-                    None, None, "cuBLASLt's handle, the stream's 32 MiB workspace and the plan",
-                    []))
-    results.append(("first call of a new shape (host time)", "time", first, "us",
-                    None, None, "cuBLASLt's heuristic query and the plan's insertion", []))
-    results.append(("call with the plan cached (host time, through ctypes)", "time", nxt, "us",
-                    None, None, "median of 200; includes Python's ctypes call", []))
+        t0 = time.perf_counter()
+        w()  # the process's first: the cuBLASLt handle, the stream's workspace and the plan
+        very_first = (time.perf_counter() - t0) * 1e6
+        err = rel_err(torch, out, torch.matmul(a, b))
+        if err > 1e-2:
+            die("matmul %d^3: weft differs from torch by %.2e" % (n, err))
+        tw = time_per_call(torch, w)
+        tt = time_per_call(torch, lambda: torch.matmul(a, b))
+        flop = 2.0 * n ** 3
+        results.append(("matmul bf16 %d^3" % n, "throughput", flop / tw / 1e12, "TFLOP/s",
+                        "torch.matmul", flop / tt / 1e12, "error vs torch %.1e" % err,
+                        [("0.99 x torch.matmul (cuBLASLt) in the same run", ">=",
+                          0.99 * flop / tt / 1e12)]))
+        del a, b, out
+
+    # ---- decode: m <= 16 rows against Llama-3-8B's projections ----
+    decode(torch, F, weft, args, copy_tbps, results)
+
+    if not args.decode_only:
+        # ---- linear + bias + GELU (tanh) ----
+        m = 1024 if args.quick else 4096
+        k, n = 4096, 14336
+        x, W, bias = randn(m, k), randn(n, k) * 0.02, randn(n)
+        out = torch.empty(m, n, device=dev, dtype=bf)
+        plain = torch.empty_like(out)
+        fused = weft.matmul(out, x, W, bias=bias, act=ACT_GELU_TANH, trans_b=1)
+        alone = weft.matmul(plain, x, W, trans_b=1)
+        eager = lambda: F.gelu(F.linear(x, W, bias), approximate="tanh")  # noqa: E731
+        fused()
+        err = rel_err(torch, out, eager())
+        if err > 2e-2:
+            die("linear+bias+GELU: weft differs from torch by %.2e" % err)
+        tf = time_per_call(torch, fused)
+        ta = time_per_call(torch, alone)
+        te = time_per_call(torch, eager)
+        results.append(("linear+bias+GELU(tanh) bf16 m=%d k=4096 n=14336" % m, "time", tf * 1e6,
+                        "us", "torch eager", te * 1e6,
+                        "weft's matmul alone %.1f us (+%.1f%%); error vs torch %.1e" % (
+                            ta * 1e6, 100 * (tf / ta - 1), err),
+                        [("1.03 x weft's matmul alone in the same run", "<=", 1.03 * ta * 1e6)]))
+        erf = weft.matmul(out, x, W, bias=bias, act=ACT_GELU_ERF, trans_b=1)
+        erf()
+        err = rel_err(torch, out, F.gelu(F.linear(x, W, bias)))
+        tr = time_per_call(torch, erf)
+        te2 = time_per_call(torch, lambda: F.gelu(F.linear(x, W, bias)))
+        results.append(("linear+bias+GELU(erf) bf16 m=%d k=4096 n=14336" % m, "time", tr * 1e6,
+                        "us", "torch eager", te2 * 1e6,
+                        "erf: the matmul with bias, then weft's GELU kernel; error vs torch %.1e" %
+                        err, []))
+        del x, W, bias, out, plain
+
+        # ---- FP8: per-tensor and row/column scales, against torch._scaled_mm ----
+        n = 2048 if args.quick else 8192
+        flop = 2.0 * n ** 3
+        f8 = torch.float8_e4m3fn
+        a8 = (torch.randn(n, n, device=dev) * 4).to(f8)
+        b8 = (torch.randn(n, n, device=dev) * 4).to(f8)  # stored n x k: B^T, column-major for torch
+        out = torch.empty(n, n, device=dev, dtype=bf)
+        ref = torch.empty_like(out)
+        st_a = torch.tensor(0.5, device=dev, dtype=torch.float32)
+        st_b = torch.tensor(0.25, device=dev, dtype=torch.float32)
+        sr_a = torch.rand(n, 1, device=dev, dtype=torch.float32) + 0.5
+        sr_b = torch.rand(1, n, device=dev, dtype=torch.float32) + 0.5
+        for label, mode, sa, sb in (("per-tensor scales", SCALE_TENSOR, st_a, st_b),
+                                    ("row/column scales", SCALE_OUTER, sr_a, sr_b)):
+            w = weft.quantized(out, a8, b8, F8_E4M3, BF16, sa.contiguous(), sb.contiguous(), mode)
+
+            def peer(sa=sa, sb=sb):
+                return torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=bf)
+            w()
+            ref.copy_(peer())
+            err = rel_err(torch, out, ref)
+            if err > 1e-2:
+                die("fp8 %d^3 (%s): weft differs from torch._scaled_mm by %.2e" % (n, label, err))
+            tw = time_per_call(torch, w)
+            tt = time_per_call(torch, peer)
+            results.append(("matmul fp8 e4m3 -> bf16 %d^3, %s" % (n, label), "throughput",
+                            flop / tw / 1e12, "TFLOP/s", "torch._scaled_mm", flop / tt / 1e12,
+                            "error vs torch %.1e" % err,
+                            [("0.99 x torch._scaled_mm in the same run", ">=",
+                              0.99 * flop / tt / 1e12)]))
+        del a8, b8, out, ref
+
+        # ---- INT8 -> int32, against torch._int_mm ----
+        a8 = torch.randint(-128, 128, (n, n), device=dev, dtype=torch.int8)
+        b8 = torch.randint(-128, 128, (n, n), device=dev, dtype=torch.int8)  # stored n x k
+        out = torch.empty(n, n, device=dev, dtype=torch.int32)
+        w = weft.quantized(out, a8, b8, I8, I32)
+        w()
+        if not torch.equal(out, torch._int_mm(a8, b8.t())):
+            die("int8 %d^3: weft differs from torch._int_mm" % n)
+        tw = time_per_call(torch, w)
+        tt = time_per_call(torch, lambda: torch._int_mm(a8, b8.t()))
+        results.append(("matmul int8 -> int32 %d^3" % n, "throughput", flop / tw / 1e12, "TOP/s",
+                        "torch._int_mm", flop / tt / 1e12, "exact: equal to torch's",
+                        [("0.99 x torch._int_mm in the same run", ">=", 0.99 * flop / tt / 1e12)]))
+        del a8, b8, out
+
+        # ---- first call (plan made) against the next (plan found) ----
+        x, W = randn(96, 1000), randn(1000, 1000)  # a shape no case above used
+        out = torch.empty(96, 1000, device=dev, dtype=bf)
+        w = weft.matmul(out, x, W)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        w()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        host = []
+        for _ in range(200):
+            s = time.perf_counter()
+            w()
+            host.append(time.perf_counter() - s)
+            torch.cuda.synchronize()
+        first, nxt = (t1 - t0) * 1e6, statistics.median(host) * 1e6
+        results.append(("first call of the process (host time)", "time", very_first, "us",
+                        None, None, "cuBLASLt's handle, the stream's 32 MiB workspace and the plan",
+                        []))
+        results.append(("first call of a new shape (host time)", "time", first, "us",
+                        None, None, "cuBLASLt's heuristic query and the plan's insertion", []))
+        results.append(("call with the plan cached (host time, through ctypes)", "time", nxt, "us",
+                        None, None, "median of 200; includes Python's ctypes call", []))
 
     # ---- report ----
-    print("\n| case | metric | weft | peer |\n| --- | --- | --- | --- |")
+    print("\n| case | metric | weft | peer | detail |\n| --- | --- | --- | --- | --- |")
     for case, metric, v, unit, peer, pv, detail, _ in results:
-        print("| %s | %s | %.4g %s | %s |" % (case, metric, v, unit,
-                                             "%s %.4g" % (peer, pv) if peer else ""))
+        print("| %s | %s | %.4g %s | %s | %s |" % (case, metric, v, unit,
+                                                  "%s %.4g" % (peer, pv) if peer else "", detail))
     if args.no_rows:
         return
     mach, commit = machine(torch)

@@ -1,7 +1,10 @@
 /*
  * weft/ops.h - fused memory-bound operators: bias+GELU+residual, LayerNorm,
  * RMSNorm, bias+GELU+residual+LayerNorm, softmax, RoPE, SwiGLU/GeGLU, and
- * the matrix multiply with its fused epilogues (bias, ReLU/GELU, residual).
+ * the matrix multiply with its fused epilogues (bias, ReLU/GELU, residual),
+ * the building blocks of a mixture-of-experts layer (router, permute,
+ * grouped matmul over the experts, combine), and the 2-D convolution with
+ * BatchNorm folded in and bias and ReLU fused.
  *
  * Each call does in one pass what a framework does in several, so that the
  * intermediates (the biased input, the residual sum, the scores) never make
@@ -233,7 +236,8 @@ typedef enum weft_matmul_act {
     WEFT_MATMUL_ACT_RELU = 1, /* max(x, 0); ReLU(NaN) = NaN */
     /* GELU in the forms of weft_gelu_form. cuBLASLt's GELU epilogue is the
      * tanh form, so that one is fused into the matmul on the GPU; the erf
-     * form runs weft_bias_gelu_residual's kernel over D after it. */
+     * form runs weft_bias_gelu_residual's kernel over D after it (weft's
+     * decode kernel, see weft_matmul, fuses both). */
     WEFT_MATMUL_ACT_GELU_TANH = 2,
     WEFT_MATMUL_ACT_GELU_ERF = 3
 } weft_matmul_act;
@@ -347,16 +351,24 @@ typedef struct weft_matmul_desc {
  * Arithmetic: the operands are converted to fp32 and products summed in
  * fp32 (bf16/fp16 in blocks, as the matrix units do; TF32 only when asked),
  * the epilogue is fp32 and D and aux are rounded to type once. The host
- * reference runs on a BLAS (OpenBLAS's cblas_sgemm); the GPU on cuBLASLt,
- * whose sums run in another order, so results agree to the types'
- * rounding and the sums' length (~1e-5 relative for fp32, ~1e-2 for
- * bf16), not bit for bit.
+ * reference runs on a BLAS (OpenBLAS's cblas_sgemm); the GPU on cuBLASLt
+ * or weft's decode kernel (below), whose sums run in another order, so
+ * results agree to the types' rounding and the sums' length (~1e-5
+ * relative for fp32, ~1e-2 for bf16), not bit for bit.
  * GPU: operand pointers aligned to 16 bytes and leading dimensions and
  * strides that keep rows 16-byte aligned get the fastest kernels; anything
- * aligned to its element size works. Plans (cuBLASLt's heuristic answer)
- * are cached per shape, types, layout, epilogue and alignment, and each
- * stream gets a workspace of weft's the first time it runs a matmul, so a
- * first call costs more than the next.
+ * aligned to its element size works. Decode's shapes - m <= 16, bf16 or
+ * fp16 operands, A as stored and B transposed (a Linear weight, n x k), A
+ * and B 16-byte aligned with rows (where m or n > 1) and batch strides of
+ * whole 16 bytes, at most 65535 batches, and k <= 32768 unless
+ * ceil(n / 16) * batch >= 128 - run weft's own kernel, which reads the
+ * weights once for all m rows with the whole epilogue fused (the erf GELU
+ * too); its fp32 sums are the tensor cores'. Other calls, FP8 and INT8
+ * ones at any m among them, go to cuBLASLt.
+ * Plans (cuBLASLt's heuristic answer) are cached per shape, types,
+ * layout, epilogue and alignment, and each stream gets a workspace of
+ * weft's the first time it runs a matmul, so a first call costs more than
+ * the next.
  * FP8: the host sums the exact products in fp32; cuBLASLt's FP8 kernels
  * sum in the matrix units' narrower accumulators and promote to fp32 at
  * intervals (fast accumulation, which skips that, is never asked for), so
@@ -374,6 +386,242 @@ typedef struct weft_matmul_desc {
  * may reach every element it meets. */
 int weft_matmul(void *stream, const weft_matmul_desc *desc, void *d, const void *a, const void *b,
                 const void *c);
+
+/* ---- mixture of experts ------------------------------------------------ */
+
+/* The router's score of a logit x. */
+typedef enum weft_moe_score {
+    WEFT_MOE_SOFTMAX = 0, /* exp(x - max) / sum over the token's experts */
+    WEFT_MOE_SIGMOID = 1  /* 1 / (1 + exp(-x)), each expert on its own */
+} weft_moe_score;
+
+/* What weft_moe_gate writes; every array is required, 4-byte aligned and
+ * memory of the call's backend. With tokens T, experts E and k slots:
+ *   weights [T][k] fp32, ids [T][k] int32: token t's slot j holds its j-th
+ *     largest expert (see weft_moe_gate) and that expert's weight;
+ *   offsets [E + 1] int32: offsets[e] = rows routed to experts < e, so
+ *     expert e's rows are [offsets[e], offsets[e+1]) and offsets[E] = T k;
+ *   perm [T k] int32: the routed rows in expert order: row p (in
+ *     [offsets[e], offsets[e+1])) is the pair perm[p] = t k + j with
+ *     ids[t][j] = e; within an expert the pairs are in token order (a
+ *     token picks an expert at most once, so the order is total);
+ *   inverse [T k] int32: inverse[t k + j] = the row p with perm[p] = t k + j.
+ * These are the tables weft_moe_permute, weft_grouped_matmul and
+ * weft_moe_unpermute read. */
+typedef struct weft_moe_routing {
+    float *weights;
+    int32_t *ids;
+    int32_t *offsets;
+    int32_t *perm;
+    int32_t *inverse;
+} weft_moe_routing;
+
+/* The router of a mixture-of-experts layer: logits [tokens][experts] (rows
+ * stride elements apart, of dtype) to each token's k experts, their
+ * weights and the routing tables of weft_moe_routing, on the device with
+ * no host round trip (so it can be captured into a CUDA graph).
+ * Selection: a token's k experts are those of its k largest logits (the
+ * scores are increasing in the logit, so these are its k largest scores,
+ * decided without rounding), ties broken by the lower expert index, in
+ * slot order largest first; -0 ties with +0. ids and the tables are
+ * therefore the same on every backend, bit for bit.
+ * Weights: score (above) of each chosen expert in fp32; with renormalize,
+ * each divided by the sum of the token's k scores (Mixtral: softmax and
+ * renormalize; Qwen-MoE: softmax, renormalize as its config says;
+ * DeepSeek-style: sigmoid and renormalize). The host computes exp as the
+ * other ops do (correctly rounded); the kernels' weights agree within
+ * 1e-5 relative (their softmax sums in another order).
+ * Sizes: 1 <= k <= 8, k <= experts <= 256, tokens >= 1, tokens * k <
+ * 2^31, stride >= experts.
+ * NaN: a NaN logit ranks below every number (-Inf too; among NaNs the
+ * lower index first), so it is chosen only when fewer than k experts have
+ * numbers; ids stay valid expert indices and the tables complete whatever
+ * the logits. A NaN in a token's logits makes all its softmax weights NaN
+ * (the sum is NaN); with sigmoid only a chosen NaN's weight is NaN, and
+ * with renormalize all of that token's. +Inf: softmax weights NaN (Inf -
+ * Inf), as are those of a token whose logits are all -Inf; sigmoid gives
+ * 1 for +Inf and 0 for -Inf. A renormalized token whose k sigmoid scores
+ * are all 0 (logits below ~-88.7, where exp(-x) overflows) gets 0 / 0 =
+ * NaN. */
+int weft_moe_gate(void *stream, weft_dtype dtype, weft_moe_score score, int renormalize,
+                  const void *logits, size_t tokens, size_t experts, size_t stride, size_t k,
+                  const weft_moe_routing *out);
+
+/* The experts' input in expert order: out row p = in row perm[p] / k, for
+ * the tokens * k rows p (cols elements; rows of in stride in_stride, of
+ * out out_stride, both >= cols). perm is weft_moe_gate's table (device
+ * memory with a stream); values outside [0, tokens k) are undefined
+ * behaviour (the GPU cannot check them before it runs). out must not
+ * overlap in. A copy: exact on every backend. */
+int weft_moe_permute(void *stream, weft_dtype dtype, void *out, const void *in, const int32_t *perm,
+                     size_t tokens, size_t k, size_t cols, size_t in_stride, size_t out_stride);
+
+/* The experts' outputs combined per token:
+ *   out[t] = sum over j < k of weights[t][j] * y[inverse[t k + j]]  (+ residual[t])
+ * summed in fp32 in slot order, the residual (optional, NULL = none; rows
+ * out_stride apart, like out) added last, rounded to dtype once. y has
+ * tokens * k rows of cols elements, y_stride apart. weights and inverse are
+ * weft_moe_gate's (fp32 and int32). out may be residual; it must not
+ * overlap y. Bit for bit the same on every backend (the kernels round each
+ * product and sum as the host does, no fused multiply-adds).
+ * NaN/Inf: IEEE arithmetic; a NaN weight or y row spreads to the row. */
+int weft_moe_unpermute(void *stream, weft_dtype dtype, void *out, const void *y,
+                       const float *weights, const int32_t *inverse, const void *residual,
+                       size_t tokens, size_t k, size_t cols, size_t y_stride, size_t out_stride);
+
+/* One call of weft_grouped_matmul: groups problems sharing n and k. */
+typedef struct weft_grouped_matmul_desc {
+    size_t groups;   /* G >= 1 (the experts) */
+    size_t rows;     /* X's and Y's rows, >= 1: the capacity, tokens * k */
+    size_t n, k;     /* each >= 1 */
+    weft_dtype type; /* of X, W, bias and Y: WEFT_DTYPE_BF16 or WEFT_DTYPE_F16 */
+    size_t ldx, ldy; /* leading dimensions in elements; 0 means k and n */
+    weft_matmul_act act;
+    const void *bias;     /* [G][n] of type, group g's row added to its rows; NULL = none */
+    uint64_t reserved[8]; /* must be zero */
+} weft_grouped_matmul_desc;
+
+/* For each group g, the rows r in [offsets[g], offsets[g+1]) of X:
+ *   Y[r] = act(X[r] W_g^T + bias_g)
+ * with W [G][n][k] row-major (W_g is group g's n x k matrix, the layout of
+ * a Linear layer's weight), X rows x k (ldx) and Y rows x n (ldy). offsets
+ * (G + 1 int32: weft_moe_gate's table) is read where the work runs - on
+ * the GPU by the kernel itself, so the sizes of the groups never reach the
+ * host and the call can be captured into a graph. It must be nondecreasing
+ * with 0 <= offsets[0] and offsets[G] <= rows. A host call on the NULL
+ * stream refuses other tables with WEFT_EINVAL; where the table is read
+ * only when the work runs (the kernel, or the host reference in a task's
+ * stream order) each offset is clamped into [0, rows] and a group whose
+ * end is not past its start is skipped, so no table makes the call read or
+ * write outside X, W and Y (the rows a bad table names get unspecified
+ * values). Rows outside [offsets[0], offsets[G]) are not written. A group
+ * of no rows is skipped.
+ * Arithmetic: products summed in fp32 (blocks of 16 on the GPU's tensor
+ * cores, the host's BLAS in blocks of its own), the epilogue in fp32, Y
+ * rounded once: results agree to the type's rounding and the sums' length
+ * (~1e-2 relative for bf16), as weft_matmul's do.
+ * GPU: X and W 16-byte aligned with k and ldx multiples of 8 get the
+ * asynchronous-copy pipeline; anything aligned to its element works.
+ * Bad arguments (sizes, a type other than bf16/fp16, leading dimensions
+ * below the row, NULL or misaligned pointers, Y the same buffer as X or W,
+ * nonzero reserved) return WEFT_EINVAL before anything is enqueued, as
+ * does a GPU call of more tiles than its grid holds (n or rows near 2^31);
+ * a host call in a build without a BLAS returns WEFT_EINVAL ("built
+ * without a host BLAS"). Y must not overlap X, W or the bias.
+ * NaN/Inf: IEEE arithmetic, as weft_matmul. */
+int weft_grouped_matmul(void *stream, const weft_grouped_matmul_desc *desc, void *y, const void *x,
+                        const void *w, const int32_t *offsets);
+/* ---- 2-D convolution -------------------------------------------------- */
+
+/* The activation after a convolution's bias. */
+typedef enum weft_conv_act {
+    WEFT_CONV_ACT_NONE = 0,
+    WEFT_CONV_ACT_RELU = 1 /* max(x, 0); ReLU(NaN) = NaN */
+} weft_conv_act;
+
+/* A 2-D convolution (cross-correlation, as deep-learning frameworks mean
+ * it), all tensors packed, channels last:
+ *   in   n x h x w x c             (NHWC)
+ *   w    k x r x s x (c / groups)  (KRSC, also called OHWI: PyTorch's
+ *                                   weight [k][c/groups][r][s] in
+ *                                   channels_last memory order)
+ *   bias k
+ *   out  n x oh x ow x k           (NHWC)
+ * with oh = (h + 2 pad_h - dilation_h (r - 1) - 1) / stride_h + 1 (floor)
+ * and ow likewise, and, for output channel o of group g = o / (k / groups):
+ *   out[b][y][x][o] = act(bias[o] + sum over i < r, j < s, ci < c / groups
+ *       of in[b][y stride_h + i dilation_h - pad_h]
+ *              [x stride_w + j dilation_w - pad_w][g c / groups + ci]
+ *          * w[o][i][j][ci])
+ * where input positions outside h x w read zero (the padding).
+ * groups == c == k is the depthwise convolution.
+ *
+ * Zero means the default in stride, dilation and groups (1). reserved must
+ * stay zero (room for later fields, zero meaning "off"). */
+typedef struct weft_conv2d_desc {
+    size_t n, h, w, c; /* the input, each >= 1 */
+    size_t k;          /* output channels, >= 1 */
+    size_t r, s;       /* the filter's height and width, each >= 1 */
+    size_t stride_h, stride_w;
+    size_t pad_h, pad_w; /* zeros on each side */
+    size_t dilation_h, dilation_w;
+    size_t groups;    /* divides c and k */
+    weft_dtype dtype; /* of every tensor of weft_conv2d */
+    weft_conv_act act;
+    /* Let fp32 convolutions use the matrix units' TF32 mode (10-bit
+     * mantissas, ~3e-4 relative) on the GPU; the host computes fp32. */
+    int allow_tf32;
+    uint64_t reserved[8];
+} weft_conv2d_desc;
+
+/* The output's height and width (oh, ow above) of a valid descriptor;
+ * WEFT_EINVAL as weft_conv2d would refuse it otherwise. */
+int weft_conv2d_output_size(const weft_conv2d_desc *desc, size_t *oh, size_t *ow);
+
+/* BatchNorm folded into the convolution before it, once, at plan time:
+ * conv followed by y = (x - mean) / sqrt(var + eps) * gamma + beta is the
+ * convolution with
+ *   scale[o]    = gamma[o] / sqrt(var[o] + eps)
+ *   w_out[o][.] = w[o][.] * scale[o]
+ *   bias_out[o] = beta[o] + (conv_bias[o] - mean[o]) * scale[o]
+ * each operation in fp32 and rounded to fp32 in that order, w_out and
+ * bias_out rounded once to desc->dtype; the host and the GPU agree bit for
+ * bit (NaNs aside, whose bits the GPU's arithmetic makes its own).
+ * desc is the convolution's, checked as weft_conv2d checks it; its k, r,
+ * s, c, groups and dtype give the tensors: w and w_out are KRSC of
+ * desc->dtype, conv_bias (optional: NULL = zero) and bias_out k elements
+ * of desc->dtype; gamma, beta, mean and var are k elements of bn_dtype
+ * (often fp32 beside 16-bit weights). eps > 0 and finite. w_out may be w
+ * and bias_out conv_bias (in place); no other overlap.
+ * A negative variance is not checked (on a stream it is read when the
+ * kernel runs): where var + eps is not > 0 (or is NaN) the channel's scale
+ * is NaN, and so are its folded weights and bias, on both backends - a
+ * broken statistic shows instead of being hidden.
+ * On a stream this is one small kernel. */
+int weft_conv2d_fold_bn(void *stream, const weft_conv2d_desc *desc, weft_dtype bn_dtype,
+                        void *w_out, void *bias_out, const void *w, const void *conv_bias,
+                        const void *gamma, const void *beta, const void *mean, const void *var,
+                        float eps);
+
+/* out = act(conv(in, w) + bias), as weft_conv2d_desc says; bias (k
+ * elements) is required (a folded BatchNorm gives one; pass zeros for
+ * none). out must not overlap in, w or bias.
+ * Arithmetic: the host reference is the direct loop of the definition,
+ * products of the stored values summed in fp32 (in blocks, as
+ * ops.h's sums) over i, j, ci in that order, the bias added, the
+ * activation applied and out rounded once. The GPU runs cuDNN's fused
+ * convolution-bias-activation (fp32 accumulation, TF32 only when asked);
+ * its sums run in another order (and its 16-bit kernels may round
+ * intermediate tiles), so results agree to the type's rounding and the
+ * sum's length (~1e-5 relative for fp32, ~1e-2 for bf16), not bit for bit.
+ * GPU: channel counts c / groups and k / groups that are multiples of 8
+ * and 16-byte aligned tensors get cuDNN's tensor-core kernels. Where
+ * cuDNN's fused call refuses a shape (it covers fewer than its plain
+ * convolution), weft runs cuDNN's convolution and then the bias add and
+ * the ReLU as separate passes: the same result, slower; only a shape
+ * cuDNN cannot convolve at all is refused (below). cuDNN's plans are
+ * made per device, shape, type and activation on a shape's first call
+ * (its heuristic, ~100 us to ms) and kept; each stream gets a workspace
+ * of weft's the first time it runs a convolution, and each thread a cuDNN
+ * handle per device. Calls captured into a CUDA
+ * graph run with no workspace (a graph may run beside another on the same
+ * stream), on the algorithms that need none (the one the shape's other
+ * calls take, when it needs none); make a shape's first call outside the
+ * capture, as cuDNN may build its kernels then.
+ * Bad arguments (a zero size, an output size <= 0, groups that do not
+ * divide c and k, NULL or misaligned pointers, an unknown dtype or
+ * activation, TF32 asked of a 16-bit type, sizes that overflow, overlap of
+ * out with an input) return WEFT_EINVAL before anything is enqueued; so
+ * do shapes cuDNN does not support (the message names the shape, types
+ * and cuDNN's status), and, in a library built with CUDA but without
+ * cuDNN, every call on a stream ("built without cuDNN"). A split call
+ * whose bias add or ReLU fails after its convolution was enqueued returns
+ * WEFT_EDEVICE.
+ * NaN/Inf: IEEE arithmetic; a NaN in the input reaches every output
+ * element whose window holds it, and ReLU keeps it (cuDNN is asked to
+ * propagate NaNs). */
+int weft_conv2d(void *stream, const weft_conv2d_desc *desc, void *out, const void *in,
+                const void *w, const void *bias);
 
 #ifdef __cplusplus
 }

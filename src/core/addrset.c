@@ -24,7 +24,7 @@ static size_t home(uintptr_t a, size_t cap)
 static size_t probe(const weft__addrset *set, uintptr_t a)
 {
     size_t i = home(a, set->cap);
-    while (set->slots[i] && set->slots[i] != a)
+    while (set->slots[i].addr && set->slots[i].addr != a)
         i = (i + 1) & (set->cap - 1);
     return i;
 }
@@ -32,7 +32,7 @@ static size_t probe(const weft__addrset *set, uintptr_t a)
 static int grow(weft__addrset *set)
 {
     size_t cap = set->cap ? 2 * set->cap : MIN_CAP;
-    uintptr_t *old = set->slots, *slots = calloc(cap, sizeof *slots);
+    weft__addrset_slot *old = set->slots, *slots = calloc(cap, sizeof *slots);
     size_t old_cap = set->cap;
 
     if (!slots)
@@ -40,13 +40,13 @@ static int grow(weft__addrset *set)
     set->slots = slots;
     set->cap = cap;
     for (size_t i = 0; i < old_cap; i++)
-        if (old[i])
-            slots[probe(set, old[i])] = old[i];
+        if (old[i].addr)
+            slots[probe(set, old[i].addr)] = old[i];
     free(old);
     return WEFT_OK;
 }
 
-int weft__addrset_add(weft__addrset *set, uintptr_t a)
+int weft__addrset_add(weft__addrset *set, uintptr_t a, uint64_t word)
 {
     int rc = WEFT_OK;
 
@@ -54,7 +54,7 @@ int weft__addrset_add(weft__addrset *set, uintptr_t a)
     if (2 * (set->count + 1) > set->cap)
         rc = grow(set);
     if (rc == WEFT_OK) {
-        set->slots[probe(set, a)] = a;
+        set->slots[probe(set, a)] = (weft__addrset_slot){a, word};
         set->count++;
     }
     weft__lock_release(&set->lock);
@@ -69,19 +69,19 @@ static void remove_at(weft__addrset *set, size_t i)
 
     for (;;) {
         j = (j + 1) & mask;
-        if (!set->slots[j])
+        if (!set->slots[j].addr)
             break;
-        size_t k = home(set->slots[j], set->cap);
+        size_t k = home(set->slots[j].addr, set->cap);
         /* the member at j may move to i unless its home lies in (i, j] */
         if (i <= j ? (i < k && k <= j) : (i < k || k <= j))
             continue;
         set->slots[i] = set->slots[j];
         i = j;
     }
-    set->slots[i] = 0;
+    set->slots[i] = (weft__addrset_slot){0, 0};
 }
 
-bool weft__addrset_take(weft__addrset *set, uintptr_t a)
+bool weft__addrset_take(weft__addrset *set, uintptr_t a, uint64_t *word)
 {
     bool found = false;
 
@@ -90,7 +90,9 @@ bool weft__addrset_take(weft__addrset *set, uintptr_t a)
     weft__lock_acquire(&set->lock);
     if (set->cap) {
         size_t i = probe(set, a);
-        if ((found = set->slots[i] == a)) {
+        if ((found = set->slots[i].addr == a)) {
+            if (word)
+                *word = set->slots[i].word;
             remove_at(set, i);
             set->count--;
         }

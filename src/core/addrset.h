@@ -1,5 +1,7 @@
 /*
- * addrset.h - a set of addresses: the blocks a backend has handed out.
+ * addrset.h - a set of addresses: the blocks a backend has handed out,
+ * each with a word its owner keeps beside it (what the free needs to know
+ * of the block: its size, where it came from; 0 when nothing).
  *
  * A free call asks the set, not the block, whether a pointer is one of its
  * own: a foreign pointer may point at unmapped memory or into the middle of
@@ -21,10 +23,15 @@
 
 #include "core/lock.h"
 
+typedef struct weft__addrset_slot {
+    uintptr_t addr; /* 0: empty; NULL is never a member */
+    uint64_t word;
+} weft__addrset_slot;
+
 typedef struct weft__addrset {
     weft__lock lock;
-    uintptr_t *slots; /* 0: empty; NULL is never a member */
-    size_t cap;       /* a power of two, or 0 before the first add */
+    weft__addrset_slot *slots;
+    size_t cap; /* a power of two, or 0 before the first add */
     size_t count;
 } weft__addrset;
 
@@ -34,12 +41,13 @@ typedef struct weft__addrset {
     }
 
 /* Addresses are passed as integers: the set never reads what they point at.
- * Put a (not 0, not a member) in the set. WEFT_OK, or WEFT_ENOMEM with no
- * message set: the caller names the call that failed. */
-int weft__addrset_add(weft__addrset *set, uintptr_t a);
+ * Put a (not 0, not a member) in the set with its word. WEFT_OK, or
+ * WEFT_ENOMEM with no message set: the caller names the call that failed. */
+int weft__addrset_add(weft__addrset *set, uintptr_t a, uint64_t word);
 
-/* Remove a; false (and nothing changed) if it was not a member. */
-bool weft__addrset_take(weft__addrset *set, uintptr_t a);
+/* Remove a, and give its word to *word when word is not NULL; false (and
+ * nothing changed) if it was not a member. */
+bool weft__addrset_take(weft__addrset *set, uintptr_t a, uint64_t *word);
 
 /* Free the set's storage; it is empty (and usable) afterwards. */
 void weft__addrset_fini(weft__addrset *set);

@@ -17,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/addrset.h"
 #include "core/error.h"
 #include "cuda/backend.h"
 #include "cuda/status.h"
@@ -301,45 +300,6 @@ static int cuda_launch(weft__stream *s, const void *kernel, weft_dim3 grid, weft
     return WEFT_OK;
 }
 
-/* weft_malloc_async's blocks not yet given to weft_free_async, of every
- * GPU: a task may free a block on a stream of another. */
-static weft__addrset device_blocks = WEFT__ADDRSET_INIT;
-
-static int cuda_malloc_async(weft__stream *s, void **ptr, size_t n)
-{
-    int rc = weft__cuda_enter(s, "weft_malloc_async");
-    if (rc || (s->graph.recording && (rc = weft__cuda_region_capture(s))))
-        return rc;
-    cudaError_t e = cudaMallocAsync(ptr, n, s->handle);
-    if (e != cudaSuccess)
-        return weft__cuda_fail(s->dev, "cudaMallocAsync", e);
-    if (weft__addrset_add(&device_blocks, (uintptr_t)*ptr) != WEFT_OK) {
-        cudaFreeAsync(*ptr, s->handle);
-        return weft__fail(WEFT_ENOMEM, "weft_malloc_async: out of memory");
-    }
-    weft__cuda_known_add(*ptr, n, false);
-    weft__tally(&s->counts.allocs, 1);
-    return WEFT_OK;
-}
-
-/* Only blocks of weft_malloc_async go to cudaFreeAsync, once each: the same
- * answer as the host backend's for anything else, whatever CUDA would say. */
-static int cuda_free_async(weft__stream *s, void *ptr)
-{
-    int rc = weft__cuda_enter(s, "weft_free_async");
-    if (rc || (s->graph.recording && (rc = weft__cuda_region_capture(s))))
-        return rc;
-    if (!weft__addrset_take(&device_blocks, (uintptr_t)ptr))
-        return weft__fail(WEFT_EINVAL,
-                          "weft_free_async: %p is not a block of weft_malloc_async, or was "
-                          "freed already",
-                          ptr);
-    weft__cuda_known_remove(ptr);
-    weft__tally(&s->counts.frees, 1);
-    cudaError_t e = cudaFreeAsync(ptr, s->handle);
-    return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(s->dev, "cudaFreeAsync", e);
-}
-
 /* Whoever asks for the handle enqueues on it behind weft's back: count the
  * stream busy from now on, until its next marker completes. Inside a region
  * that work cannot be recorded: capture it (should the capture fail to
@@ -347,6 +307,7 @@ static int cuda_free_async(weft__stream *s, void *ptr)
 static void *cuda_native(weft__stream *s)
 {
     s->timing.timing_chain = false; /* its work comes after the newest timed end */
+    s->handle_out = true;
     weft__cuda_note_work(s);
     if (s->graph.recording)
         weft__cuda_region_capture(s);
@@ -499,6 +460,7 @@ static void cuda_destroy(weft__device *d)
     for (int c = 0; c < 2; c++)
         for (unsigned i = 0; i < dev->nstreams[c]; i++) {
             weft__stream *s = dev->streams[c][i];
+            weft__cuda_blocks_release(s);
             cudaStreamSynchronize(s->handle); /* errors: nothing to do */
             weft__cuda_trace_collect(s);      /* its last timed operations */
             weft__cuda_trace_stream_fini(s);
@@ -525,8 +487,8 @@ static const weft__device_ops cuda_ops = {
     .fill = cuda_fill,
     .host_fn = cuda_host_fn,
     .launch = cuda_launch,
-    .malloc_async = cuda_malloc_async,
-    .free_async = cuda_free_async,
+    .malloc_async = weft__cuda_block_alloc,
+    .free_async = weft__cuda_block_free,
     .mark = weft__cuda_mark,
     .wait = weft__cuda_wait,
     .stream_wait = weft__cuda_stream_wait,

@@ -6,9 +6,9 @@
  * keeps its state in a record of its own, declared in its own header and
  * embedded here: the completion engine (engine.h), graph mode (graph.h,
  * record.h), tracing (timing.h, for timing.c and cupti.c), pinned memory
- * (memory.h). A record's fields are its owner's to change; the others read
- * them at most. Built with CUDA only: without it the build takes
- * src/device/no_cuda.c instead of this folder.
+ * (memory.h), device blocks (blocks.h). A record's fields are its owner's to change; the others
+ * read them at most. Built with CUDA only: without it the build takes src/device/no_cuda.c instead
+ * of this folder.
  */
 #ifndef WEFT_CUDA_BACKEND_H
 #define WEFT_CUDA_BACKEND_H
@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include "core/lock.h"
+#include "cuda/blocks.h"
 #include "cuda/engine.h"
 #include "cuda/graph.h"
 #include "cuda/memory.h"
@@ -35,11 +36,13 @@ struct weft__stream {
     int class_;            /* 0 normal and low, 1 high */
     bool busy;             /* has work outstanding (the device's busy time) */
     _Atomic bool unmarked; /* work enqueued since the last marker; implies busy */
+    bool handle_out;       /* weft_stream gave the handle out: the caller may capture */
 
     weft__cuda_engine_stream engine; /* completion (engine.c) */
     weft__cuda_graph_stream graph;   /* graph mode (graph.c, record.c) */
     weft__cuda_timing_stream timing; /* tracing (timing.c, cupti.c) */
     weft__stream_counts counts;      /* for the run's diagnosis (device.h) */
+    weft__cuda_kept_blocks kept;     /* freed device blocks kept (blocks.c) */
 };
 
 struct weft__cuda_device {

@@ -18,9 +18,14 @@
  *    lone waiter soonest and cost nothing to check, but each comes behind a
  *    fence, and with many streams completing often the fences hold the GPU
  *    back (bench/RESULTS.md); events cost the GPU nothing and the CPU a
- *    query. So markers are events while the last window of the pollers'
- *    count saw CROWD_STREAMS streams active and CROWD_RATE completions a
- *    second, flags otherwise. A stream has reached seq when its word has
+ *    query, a driver call that contends with every thread's launches and
+ *    allocations. So markers are events while the last window of the
+ *    pollers' count saw CROWD_STREAMS streams active and CROWD_RATE
+ *    completions a second, flags otherwise. The fences cost more than the
+ *    queries only at rates where the GPU does little per marker (the graph
+ *    pipeline at 5 us of host work, over 30,000 a second); at 10,000 to
+ *    25,000 a second (weft-images at 16 workers, the pipeline at 20 us)
+ *    events lost to flags by 17 to 21%. A stream has reached seq when its word has
  *    (and a flag was marked at or after seq) or its events have.
  * The engine runs in whoever polls: idle workers, and a watcher while every
  * worker would otherwise sleep (sched.c). A flag costs a load to check, an
@@ -52,7 +57,7 @@ enum {
     SWEEP_NS = 100000,        /* EVENT, AUTO: every active stream queried this often */
     RATE_WINDOW_NS = 1000000, /* AUTO: completions counted over windows this long */
     CROWD_STREAMS = 4,        /* AUTO: markers are events with this many streams active */
-    CROWD_RATE = 10000,       /* ... firing this many waiters a second */
+    CROWD_RATE = 30000,       /* ... firing this many waiters a second */
 };
 
 typedef CUresult (*stream_mem_op_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);

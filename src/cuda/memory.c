@@ -163,7 +163,7 @@ int weft__cuda_host_pool_get(weft__cuda_host_pool *pool, size_t n, void **ptr)
         h->class_ = c;
         weft__cuda_known_add(h, HEADER + ((size_t)1 << c), true);
     }
-    if (weft__addrset_add(&pool->live, (uintptr_t)h + HEADER) != WEFT_OK) {
+    if (weft__addrset_add(&pool->live, (uintptr_t)h + HEADER, 0) != WEFT_OK) {
         keep(pool, h, true);
         return weft__fail(WEFT_ENOMEM, "weft_host_alloc: out of memory");
     }
@@ -188,7 +188,7 @@ static bool keep(weft__cuda_host_pool *pool, header *h, bool force)
 
 int weft__cuda_host_pool_put(weft__cuda_host_pool *pool, void *ptr, const char *call)
 {
-    if (!weft__addrset_take(&pool->live, (uintptr_t)ptr))
+    if (!weft__addrset_take(&pool->live, (uintptr_t)ptr, NULL))
         return weft__fail(WEFT_EINVAL,
                           "%s: %p is not a block this runtime handed out, or was freed already",
                           call, ptr);
@@ -202,7 +202,7 @@ int weft__cuda_host_pool_put(weft__cuda_host_pool *pool, void *ptr, const char *
 
 void weft__cuda_host_pool_put_cached(weft__cuda_host_pool *pool, void *ptr)
 {
-    bool live = weft__addrset_take(&pool->live, (uintptr_t)ptr);
+    bool live = weft__addrset_take(&pool->live, (uintptr_t)ptr, NULL);
     assert(live); /* only weft's own staging buffers come back this way */
     (void)live;
     keep(pool, header_of(ptr), true);

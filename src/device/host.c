@@ -276,7 +276,9 @@ __attribute__((noinline)) static void op_run_traced(weft__stream *s, const op *o
     op_run(s, o);
     if (tr && weft__trace_recording(tr))
         weft__trace_op(tr, s->dev->base.index, s->id, kinds[o->kind], NULL,
-                       o->kind == OP_COPY ? o->u.copy.n : o->kind == OP_FILL ? o->u.fill.n : 0,
+                       o->kind == OP_COPY   ? o->u.copy.n
+                       : o->kind == OP_FILL ? o->u.fill.n
+                                            : 0,
                        o->task, start, weft__now_ns());
 }
 
@@ -481,7 +483,7 @@ static int host_malloc_async(weft__stream *s, void **ptr, size_t n)
     void *p = malloc(n);
 
     (void)s;
-    if (p && weft__addrset_add(&device_blocks, (uintptr_t)p) == WEFT_OK) {
+    if (p && weft__addrset_add(&device_blocks, (uintptr_t)p, 0) == WEFT_OK) {
         *ptr = p;
         weft__tally(&s->counts.allocs, 1);
         return WEFT_OK;
@@ -492,14 +494,14 @@ static int host_malloc_async(weft__stream *s, void **ptr, size_t n)
 
 static int host_free_async(weft__stream *s, void *ptr)
 {
-    if (!weft__addrset_take(&device_blocks, (uintptr_t)ptr))
+    if (!weft__addrset_take(&device_blocks, (uintptr_t)ptr, NULL))
         return weft__fail(WEFT_EINVAL,
                           "weft_free_async: %p is not a block of weft_malloc_async, or was "
                           "freed already",
                           ptr);
     int rc = host_host_fn(s, free, ptr);
     if (rc != WEFT_OK) /* not queued: still the caller's (if listing fails, leaked) */
-        weft__addrset_add(&device_blocks, (uintptr_t)ptr);
+        weft__addrset_add(&device_blocks, (uintptr_t)ptr, 0);
     else
         weft__tally(&s->counts.frees, 1);
     return rc;
@@ -552,7 +554,7 @@ static int host_host_alloc(weft__device *d, void **ptr, size_t n, bool mapped, v
 {
     void *p = malloc(n);
 
-    if (!p || weft__addrset_add(&host_of(d)->host_blocks, (uintptr_t)p) != WEFT_OK) {
+    if (!p || weft__addrset_add(&host_of(d)->host_blocks, (uintptr_t)p, 0) != WEFT_OK) {
         free(p);
         return weft__fail(WEFT_ENOMEM, "host memory: no memory for %zu bytes", n);
     }
@@ -564,7 +566,7 @@ static int host_host_alloc(weft__device *d, void **ptr, size_t n, bool mapped, v
 
 static int host_host_free(weft__device *d, void *ptr, const char *call)
 {
-    if (!weft__addrset_take(&host_of(d)->host_blocks, (uintptr_t)ptr))
+    if (!weft__addrset_take(&host_of(d)->host_blocks, (uintptr_t)ptr, NULL))
         return weft__fail(WEFT_EINVAL,
                           "%s: %p is not a block this runtime handed out, or was freed already",
                           call, ptr);

@@ -4,9 +4,15 @@
  * The fusion: a framework computes a Linear layer as a matmul, then a bias
  * add, then an activation (and a residual add), each a pass over the
  * output. Here the epilogue runs on the product while it is still in
- * registers: cuBLASLt's epilogues on the GPU, the tile just computed on the
- * host. The erf GELU, which cuBLASLt lacks, is the one exception: on the GPU
- * it is a second pass (matmul_cublaslt.c).
+ * registers: cuBLASLt's epilogues or the skinny kernel's on the GPU, the
+ * tile just computed on the host. The erf GELU, which cuBLASLt lacks, is
+ * the one exception: through cuBLASLt it is a second pass
+ * (matmul_cublaslt.c).
+ *
+ * The GPU's two paths: decode's few rows (m <= 16) of bf16 or fp16 times a
+ * Linear weight go to weft's own kernel (matmul_skinny.cu), which reads
+ * the weights once for all the rows; everything else, FP8 and INT8 at any
+ * m among it, to cuBLASLt. weft__matmul_skinny_fits is the whole rule.
  *
  * Every check runs here, before either backend sees the call, so a call
  * fails with WEFT_EINVAL and a reason or runs to the end, and a call valid
@@ -411,6 +417,44 @@ static int check_desc(const weft_matmul_desc *desc, void *d, const void *a, cons
     if (x->aux && (x->aux == d || x->aux == c || x->aux == a || x->aux == b))
         return weft__fail(WEFT_EINVAL, "%s: aux must be a buffer of its own", OP);
     return WEFT_OK;
+}
+
+/* Whether the call is a plain 16/32-bit product: A and B of one such
+ * type, D of theirs or fp32, C and bias of D's, no scales and no amax.
+ * The skinny kernel reads its operands as in_type and its C, bias and D
+ * as type, and scales nothing, so an FP8 or INT8 call (or an fp8 or int32
+ * D) must never reach it; whatever check_desc lets through, this keeps
+ * those on cuBLASLt's paths. */
+static int plain_types(const weft__matmul_args *a)
+{
+    return a->kind == WEFT__MM_FLOAT && is_float(a->in_type) && a->in_type_b == a->in_type &&
+           (a->type == a->in_type || a->type == WEFT_DTYPE_F32) && a->c_type == a->type &&
+           a->bias_type == a->type && a->scale_a_mode == WEFT_MATMUL_SCALE_NONE &&
+           a->scale_b_mode == WEFT_MATMUL_SCALE_NONE && !a->scale_a && !a->scale_b && !a->scale_d &&
+           !a->amax_d;
+}
+
+/* The skinny kernel's reach. It multiplies bf16 and fp16 operands only,
+ * in a plain product (plain_types), with A as stored (m x k) and B a
+ * Linear weight (trans_b: n x k), each row read in 16-byte loads: so A
+ * and B, their rows and their batch strides must be 16-byte aligned (a
+ * single row's stride is never used: m = 1 with any lda, n = 1 with any
+ * ldb). It keeps m's rows in one pass of mma tiles of 16 (m <= 16) and
+ * runs a block per 16 columns per batch (the grid's second dimension
+ * holds 65535 batches), or a cluster of up to 8 sharing their columns' k:
+ * with few tiles and a k long past what 8 blocks take quickly most SMs
+ * would idle where cuBLASLt splits k further, so a long k needs enough
+ * tiles (128, about the SMs of one GPU) to go there. */
+int weft__matmul_skinny_fits(const weft__matmul_args *a)
+{
+    size_t e = weft__dtype_size(a->in_type);
+    size_t tiles = (a->n + 15) / 16;
+    int aligned = ((uintptr_t)a->a | (uintptr_t)a->b) % 16 == 0 &&
+                  (a->m == 1 || a->lda * e % 16 == 0) && (a->n == 1 || a->ldb * e % 16 == 0) &&
+                  a->stride_a * e % 16 == 0 && a->stride_b * e % 16 == 0;
+    return a->m <= 16 && (a->in_type == WEFT_DTYPE_BF16 || a->in_type == WEFT_DTYPE_F16) &&
+           plain_types(a) && !a->trans_a && a->trans_b && aligned && a->batch <= 65535 &&
+           tiles <= 0x7fffffff && (a->k <= 32768 || tiles * a->batch >= 128);
 }
 
 static void run_host(const void *args)

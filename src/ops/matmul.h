@@ -1,7 +1,10 @@
 /*
  * matmul.h - what weft_matmul's files share: the checked arguments, the
  * host reference (matmul_host.c on a BLAS, or matmul_no_blas.c in a build
- * without one) and the GPU path (matmul_cublaslt.c, with CUDA only).
+ * without one) and the GPU paths (with CUDA only): cuBLASLt
+ * (matmul_cublaslt.c, with INT8's dequantizing epilogue in
+ * matmul_quant.cu) and, for decode's few bf16/fp16 rows, weft's own kernel
+ * (matmul_skinny.cu), chosen by weft__matmul_skinny_fits.
  *
  * matmul.c fills weft__matmul_args from the caller's descriptor with every
  * default resolved (leading dimensions, batch, alpha, beta, the operand
@@ -15,6 +18,10 @@
 #include <stdint.h>
 
 #include "weft/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* What kind of product: the operand types' family. */
 typedef enum weft__matmul_kind {
@@ -51,12 +58,22 @@ typedef struct weft__matmul_args {
  * in a build without a BLAS; run computes the product and frees it. */
 int weft__matmul_host_prepare(const char *op, weft__matmul_args *a);
 void weft__matmul_host_run(weft__matmul_args *a);
+/* run without the free: computes with a->host_ws and keeps it, so that one
+ * prepared workspace serves several products of the same operand type
+ * (weft_grouped_matmul's groups); the caller frees it. */
+void weft__matmul_host_compute(const weft__matmul_args *a);
 
 /* GELU or ReLU of an epilogue's pre-activation, as the host computes it. */
 float weft__matmul_act(weft_matmul_act act, float x);
 
+/* Whether a GPU call goes to the skinny kernel (matmul_skinny.cu) rather
+ * than cuBLASLt: 1 or 0. Plain C on the checked arguments, so that the
+ * host suite tests the rule. */
+int weft__matmul_skinny_fits(const weft__matmul_args *a);
+
 #ifdef WEFT_HAVE_CUDA
-/* Enqueues the product on stream (a cudaStream_t) through cuBLASLt; the
+/* Enqueues the product on stream (a cudaStream_t): through the skinny
+ * kernel when weft__matmul_skinny_fits, else through cuBLASLt; the
  * arguments have been checked. WEFT_OK, or WEFT_EINVAL when cuBLASLt has
  * no algorithm for the call (the message names shape and types),
  * WEFT_ENOMEM when a workspace cannot be had, WEFT_EDEVICE for the rest,
@@ -71,6 +88,18 @@ int weft__matmul_dequant_cuda(void *stream, const weft__matmul_args *a, const in
 
 /* How many calls found their plan cached, and how many made one. */
 void weft__matmul_cuda_plan_stats(unsigned long long *hits, unsigned long long *misses);
+
+/* How many calls weft__matmul_cuda sent to the skinny kernel. */
+unsigned long long weft__matmul_cuda_skinny_calls(void);
+
+/* Enqueues the product on stream through the skinny kernel; the arguments
+ * have been checked and weft__matmul_skinny_fits said yes. WEFT_OK, or the
+ * launch's error with CUDA's name for it. */
+int weft__matmul_skinny_cuda(void *stream, const weft__matmul_args *a);
+#endif
+
+#ifdef __cplusplus
+}
 #endif
 
 #endif

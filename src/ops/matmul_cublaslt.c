@@ -1,5 +1,8 @@
 /*
- * matmul_cublaslt.c - weft_matmul on the GPU, through cuBLASLt.
+ * matmul_cublaslt.c - weft_matmul on the GPU, through cuBLASLt; calls that
+ * weft__matmul_skinny_fits (matmul.c) go to the skinny kernel instead
+ * (matmul_skinny.cu), before any of what follows is asked for. FP8 and
+ * INT8 calls never fit it: they always come here.
  *
  * Layout: cuBLASLt is column-major, weft row-major. A row-major m x n
  * matrix with leading dimension ld is the column-major n x m matrix with
@@ -508,6 +511,33 @@ static int erf_after(cudaStream_t stream, const weft__matmul_args *a)
 
 /* ---- the call ------------------------------------------------------------ */
 
+static atomic_ullong skinny_calls;
+
+unsigned long long weft__matmul_cuda_skinny_calls(void)
+{
+    return atomic_load(&skinny_calls);
+}
+
+/* The skinny kernel when it fits. A benchmark build (WEFT_MEASURE_MODES)
+ * also reads WEFT_MATMUL_SKINNY once: 0 sends every call to cuBLASLt, so
+ * bench/matmul times both paths with one library; the shipped library has
+ * no such switch. */
+static int use_skinny(const weft__matmul_args *a)
+{
+#ifdef WEFT_MEASURE_MODES
+    static atomic_int allowed = -1;
+    int on = atomic_load_explicit(&allowed, memory_order_relaxed);
+    if (on < 0) {
+        const char *v = getenv("WEFT_MATMUL_SKINNY");
+        on = !(v && strcmp(v, "0") == 0);
+        atomic_store_explicit(&allowed, on, memory_order_relaxed);
+    }
+    if (!on)
+        return 0;
+#endif
+    return weft__matmul_skinny_fits(a);
+}
+
 /* A product ready to launch: everything that can fail before anything is
  * enqueued has run. */
 typedef struct ready {
@@ -618,6 +648,10 @@ int weft__matmul_cuda(void *stream_arg, const weft__matmul_args *a)
     ready r;
     int rc;
 
+    if (use_skinny(a)) { /* 16-bit operands only: see weft__matmul_skinny_fits */
+        atomic_fetch_add_explicit(&skinny_calls, 1, memory_order_relaxed);
+        return weft__matmul_skinny_cuda(stream, a);
+    }
     if (a->kind == WEFT__MM_INT8 && a->type != WEFT_DTYPE_I32)
         return dequantized(stream, a);
     if ((rc = prepare(stream, a, &r)) != WEFT_OK || (rc = launch(stream, a, &r, a->d)) != WEFT_OK)

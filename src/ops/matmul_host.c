@@ -229,6 +229,13 @@ static const void *at(const void *p, size_t b, size_t stride, weft_dtype t)
 
 void weft__matmul_host_run(weft__matmul_args *x)
 {
+    weft__matmul_host_compute(x);
+    free(x->host_ws);
+    x->host_ws = NULL;
+}
+
+void weft__matmul_host_compute(const weft__matmul_args *x)
+{
     size_t tile = (size_t)TILE_M * TILE_N, panel = (size_t)TILE_M * TILE_K;
     float *acc = x->host_ws;
     float *pa = acc + tile, *pb = pa + panel;
@@ -258,6 +265,4 @@ void weft__matmul_host_run(weft__matmul_args *x)
     }
     if (x->amax_d)
         *x->amax_d = amax;
-    free(x->host_ws);
-    x->host_ws = NULL;
 }

@@ -23,3 +23,9 @@ void weft__matmul_host_run(weft__matmul_args *x)
     (void)x;
     assert(!"weft__matmul_host_run without a BLAS"); /* prepare refused the call */
 }
+
+void weft__matmul_host_compute(const weft__matmul_args *x)
+{
+    (void)x;
+    assert(!"weft__matmul_host_compute without a BLAS"); /* prepare refused the call */
+}

@@ -17,9 +17,7 @@
 #include "ops/activations.cuh"
 #include "ops/launch.cuh"
 
-extern "C" {
 #include "ops/matmul.h"
-}
 
 namespace weft_ops
 {

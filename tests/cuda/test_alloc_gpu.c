@@ -3,7 +3,9 @@
  *
  * Stream-ordered device memory: every size up to 64 MiB, blocks that never
  * overlap, memory that comes back when freed (more is allocated in all than
- * the GPU has), blocks handed from one task to another. The pinned pool:
+ * the GPU has), blocks handed from one task to another, a freed block
+ * handed out again on its stream only when it fits and never into a graph
+ * region. The pinned pool:
  * page-locked, disjoint, never a block given to two tasks at once. Mapped
  * memory: the alias CUDA reports, read and written by kernels directly.
  */
@@ -97,6 +99,86 @@ static void test_malloc_free_async_reuses_memory(void **state)
     for (unsigned i = 0; i < CHURN_TASKS; i++)
         assert_ok(weft_join(t[i], NULL));
     gt_assert_passed();
+    gt_runtime_destroy(rt);
+}
+
+/* A block filled with byte and read back whole: false (reported) if any
+ * byte differs. */
+static bool holds(void *p, size_t n, int byte, unsigned char *out)
+{
+    memset(out, 0, n);
+    if (!GT_OK(weft_memset_async(p, byte, n)) || !GT_OK(weft_memcpy_async(out, p, n)) ||
+        !GT_OK(weft_await()))
+        return false;
+    size_t bad = gt_first_not(out, (unsigned char)byte, n);
+    return GT_CHECK(bad == n, "%zu-byte block: byte %zu is 0x%02x, not 0x%02x", n, bad, out[bad],
+                    byte);
+}
+
+static void *kept_main(void *arg)
+{
+    enum { N = 3 << 20 };
+    unsigned char *out = gt_xmalloc(2 * N);
+    void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    (void)arg;
+    /* no await between the free and the allocation: the task keeps its
+     * stream, so the block freed on it comes back */
+    if (!GT_OK(weft_malloc_async(&a, N)) || !GT_OK(weft_memset_async(a, 1, N)) ||
+        !GT_OK(weft_free_async(a)) || !GT_OK(weft_malloc_async(&b, N - 5)))
+        goto out;
+    GT_CHECK(b == a, "a block freed on the stream was not handed out again (%p, then %p)", a, b);
+    if (!holds(b, N - 5, 2, out))
+        goto out;
+    /* given back once: a second free is refused, the kept block untouched */
+    GT_OK(weft_free_async(b));
+    GT_RC(weft_free_async(b), WEFT_EINVAL);
+    /* too small a request for the kept block (under half of it): a new one,
+     * disjoint from it; then one that fits takes the kept block */
+    if (!GT_OK(weft_malloc_async(&c, N / 3)) || !GT_OK(weft_malloc_async(&d, 2 * N / 3)))
+        goto out;
+    GT_CHECK(c != a, "a block more than twice the request was handed out");
+    GT_CHECK(d == a, "the kept block (%p) was not handed out for a request it fits (%p)", a, d);
+    if (holds(c, N / 3, 3, out) && holds(d, 2 * N / 3, 4, out))
+        holds(c, N / 3, 3, out); /* d's fill did not reach into c */
+    GT_OK(weft_free_async(c));
+    GT_OK(weft_free_async(d));
+    /* inside a graph region no kept block is handed out: a graph replayed
+     * later must not point into memory the stream hands out again */
+    void *g = NULL;
+    if (GT_OK(weft_region_begin(42))) {
+        if (GT_OK(weft_malloc_async(&g, N))) {
+            GT_CHECK(g != a && g != c, "a kept block was baked into a graph region");
+            GT_OK(weft_memset_async(g, 5, N));
+            GT_OK(weft_free_async(g));
+        }
+        GT_OK(weft_region_end());
+    }
+    /* more blocks than a stream keeps, all freed: every one still refused
+     * on a second free, and allocation goes on */
+    void *many[8];
+    for (unsigned i = 0; i < 8; i++)
+        if (!GT_OK(weft_malloc_async(&many[i], 4096 * (i + 1))))
+            goto out;
+    for (unsigned i = 0; i < 8; i++)
+        GT_OK(weft_free_async(many[i]));
+    for (unsigned i = 0; i < 8; i++)
+        GT_RC(weft_free_async(many[i]), WEFT_EINVAL);
+    GT_OK(weft_await());
+out:
+    free(out);
+    return NULL;
+}
+
+/* A block freed on a stream is handed out again to the next allocation on
+ * that stream that it fits (no more than twice the request), holds what is
+ * written to it, is refused a second free, and never goes into a graph
+ * region. */
+static void test_freed_block_comes_back_on_its_stream(void **state)
+{
+    weft_runtime *rt = gt_runtime(0);
+
+    (void)state;
+    gt_run(rt, kept_main, NULL);
     gt_runtime_destroy(rt);
 }
 
@@ -295,6 +377,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_malloc_async_blocks_are_disjoint),
         cmocka_unit_test(test_malloc_free_async_reuses_memory),
+        cmocka_unit_test(test_freed_block_comes_back_on_its_stream),
         cmocka_unit_test(test_device_memory_passes_between_tasks),
         cmocka_unit_test(test_host_and_mapped_alloc_from_a_thread),
         cmocka_unit_test(test_kernels_use_mapped_memory),

@@ -6,7 +6,9 @@
  * operands, leading dimensions larger than the row, the residual in place,
  * the pre-activation kept in aux; and every bad argument refused with its
  * reason before anything is written. In a build without a BLAS the host
- * call must say so instead.
+ * call must say so instead. Also the rule that sends a GPU call to the
+ * skinny kernel or to cuBLASLt (weft__matmul_skinny_fits), which is plain
+ * C on the checked arguments.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +20,7 @@
 
 #include "weft.h"
 #include "weft/ops.h"
+#include "ops/matmul.h"
 #include "ops/matmul_ref.h"
 
 #ifdef WEFT_HAVE_HOST_BLAS /* the cases that need the host reference to run */
@@ -278,6 +281,112 @@ static void test_a_valid_call_is_not_refused(void **state)
 #endif
 }
 
+/* Decode's shapes go to the skinny kernel; a row more than 16, another
+ * layout or type, any of the quantized fields (FP8 or INT8 operands, an
+ * fp8 or int32 D, scales, amax), or anything that breaks its 16-byte loads
+ * goes to cuBLASLt. The arguments are resolved ones, as check_desc leaves
+ * them (B's, C's and the bias's types set); the pointers are never read. */
+static void test_the_skinny_kernel_takes_decode_shapes_only(void **state)
+{
+    (void)state;
+    static const float scale = 1.0f;
+    static float amax;
+    const weft__matmul_args up = {.m = 16,
+                                  .n = 14336,
+                                  .k = 4096,
+                                  .batch = 1,
+                                  .kind = WEFT__MM_FLOAT,
+                                  .type = WEFT_DTYPE_BF16,
+                                  .in_type = WEFT_DTYPE_BF16,
+                                  .in_type_b = WEFT_DTYPE_BF16,
+                                  .c_type = WEFT_DTYPE_BF16,
+                                  .bias_type = WEFT_DTYPE_BF16,
+                                  .trans_b = 1,
+                                  .lda = 4096,
+                                  .ldb = 4096,
+                                  .ldd = 14336,
+                                  .a = (const void *)(uintptr_t)0x10000,
+                                  .b = (const void *)(uintptr_t)0x20000,
+                                  .d = (void *)(uintptr_t)0x30002};
+    weft__matmul_args x = up;
+    assert_true(weft__matmul_skinny_fits(&x));
+    x.m = 1, x.k = x.lda = 4100; /* one row: its stride is never used */
+    assert_true(weft__matmul_skinny_fits(&x));
+    x = up, x.in_type = x.in_type_b = WEFT_DTYPE_F16, x.m = 3;
+    x.type = x.c_type = x.bias_type = WEFT_DTYPE_F32;
+    assert_true(weft__matmul_skinny_fits(&x));
+    x = up, x.batch = 7, x.stride_a = 16 * 4096, x.stride_b = 0, x.stride_d = 16 * 14336;
+    assert_true(weft__matmul_skinny_fits(&x));
+    x = up, x.k = 100000, x.lda = x.ldb = 100000; /* 896 blocks: enough for a long k */
+    assert_true(weft__matmul_skinny_fits(&x));
+    x = up, x.n = 1, x.ldb = 4100, x.k = 4100, x.lda = 4104; /* one column: ldb unused */
+    assert_true(weft__matmul_skinny_fits(&x));
+
+    x = up, x.m = 17;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.trans_b = 0;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.trans_a = 1;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.in_type = x.type = WEFT_DTYPE_F32;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.a = (const char *)x.a + 2;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.b = (const char *)x.b + 8;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.m = 2, x.k = 4100, x.lda = 4100, x.ldb = 4104;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.k = 4100, x.lda = 4104, x.ldb = 4100;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.batch = 2, x.stride_b = 4096 * 14336 + 4;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.batch = 2, x.stride_a = 4;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.batch = 65536;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.n = 13, x.k = x.lda = x.ldb = 40000; /* one block for a long k */
+    assert_false(weft__matmul_skinny_fits(&x));
+
+    /* The quantized products, each at a decode shape that would otherwise
+     * fit, and each quantized field alone on a 16-bit call. */
+    x = up, x.kind = WEFT__MM_FP8, x.in_type = x.in_type_b = WEFT_DTYPE_F8_E4M3;
+    x.scale_a_mode = x.scale_b_mode = WEFT_MATMUL_SCALE_TENSOR, x.scale_a = x.scale_b = &scale;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x.type = WEFT_DTYPE_F8_E4M3, x.scale_d = &scale, x.amax_d = &amax; /* an fp8 D */
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.kind = WEFT__MM_INT8, x.in_type = x.in_type_b = WEFT_DTYPE_I8;
+    x.type = x.c_type = x.bias_type = WEFT_DTYPE_I32;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.kind = WEFT__MM_INT8; /* the kind alone */
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.in_type_b = WEFT_DTYPE_F16;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.in_type_b = WEFT_DTYPE_F8_E4M3;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.type = x.c_type = x.bias_type = WEFT_DTYPE_F8_E4M3;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.type = x.c_type = x.bias_type = WEFT_DTYPE_I32;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.type = x.c_type = x.bias_type = WEFT_DTYPE_F16; /* D of neither A's type nor fp32 */
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.c_type = WEFT_DTYPE_F16;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.bias_type = WEFT_DTYPE_F32;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.scale_a_mode = WEFT_MATMUL_SCALE_OUTER;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.scale_b_mode = WEFT_MATMUL_SCALE_TENSOR;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.scale_a = &scale;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.scale_b = &scale;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.scale_d = &scale;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.amax_d = &amax;
+    assert_false(weft__matmul_skinny_fits(&x));
+}
+
 int main(void)
 {
     mm_rng_state = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
@@ -285,6 +394,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_arguments_are_refused_with_the_reason),
         cmocka_unit_test(test_a_valid_call_is_not_refused),
+        cmocka_unit_test(test_the_skinny_kernel_takes_decode_shapes_only),
 #ifdef WEFT_HAVE_HOST_BLAS
         cmocka_unit_test(test_every_type_activation_bias_and_residual_matches_float64),
         cmocka_unit_test(test_transposes_and_leading_dimensions_larger_than_the_row),

@@ -458,13 +458,47 @@ static void test_the_descriptor_keeps_its_size_and_zero_is_off(void **state)
     assert_int_equal(zero.in_type_b, 0);
 }
 
+/* Every op but weft_matmul refuses the quantized dtypes, saying which op
+ * takes them, and writes nothing: the fused operators, the MoE calls (the
+ * grouped matmul's type too) and the convolution (its dtype and the fold's
+ * BatchNorm dtype). */
 static void test_other_ops_refuse_the_quantized_dtypes(void **state)
 {
     (void)state;
-    float buf[64] = {0};
+    float buf[64];
+    int32_t table[64] = {0};
+    memset(buf, 0x5a, sizeof buf);
+    weft_moe_routing routing = {buf, table, table, table, table};
+    weft_conv2d_desc conv = {.n = 1, .h = 2, .w = 2, .c = 1, .k = 1, .r = 1, .s = 1};
     static const weft_dtype Q[] = {WEFT_DTYPE_F8_E4M3, WEFT_DTYPE_F8_E5M2, WEFT_DTYPE_I8,
                                    WEFT_DTYPE_I32};
     for (int t = 0; t < 4; t++) {
+        weft_grouped_matmul_desc g = {.groups = 2, .rows = 4, .n = 8, .k = 8, .type = Q[t]};
+        assert_int_equal(weft_grouped_matmul(NULL, &g, buf, buf + 32, buf + 48, table),
+                         WEFT_EINVAL);
+        assert_non_null(strstr(weft_last_error(), "only weft_matmul takes"));
+        assert_int_equal(weft_moe_gate(NULL, Q[t], WEFT_MOE_SOFTMAX, 0, buf, 2, 8, 8, 2, &routing),
+                         WEFT_EINVAL);
+        assert_non_null(strstr(weft_last_error(), "only weft_matmul takes"));
+        assert_int_equal(weft_moe_permute(NULL, Q[t], buf, buf + 32, table, 2, 2, 8, 8, 8),
+                         WEFT_EINVAL);
+        assert_non_null(strstr(weft_last_error(), "only weft_matmul takes"));
+        assert_int_equal(
+            weft_moe_unpermute(NULL, Q[t], buf, buf + 32, buf + 48, table, NULL, 2, 2, 8, 8, 8),
+            WEFT_EINVAL);
+        assert_non_null(strstr(weft_last_error(), "only weft_matmul takes"));
+        weft_conv2d_desc qc = conv;
+        qc.dtype = Q[t];
+        assert_int_equal(weft_conv2d(NULL, &qc, buf, buf + 16, buf + 32, buf + 48), WEFT_EINVAL);
+        assert_non_null(strstr(weft_last_error(), "only weft_matmul takes"));
+        assert_int_equal(weft_conv2d_fold_bn(NULL, &qc, WEFT_DTYPE_F32, buf, buf + 8, buf + 16,
+                                             NULL, buf + 24, buf + 32, buf + 40, buf + 48, 1e-5f),
+                         WEFT_EINVAL);
+        assert_non_null(strstr(weft_last_error(), "only weft_matmul takes"));
+        assert_int_equal(weft_conv2d_fold_bn(NULL, &conv, Q[t], buf, buf + 8, buf + 16, NULL,
+                                             buf + 24, buf + 32, buf + 40, buf + 48, 1e-5f),
+                         WEFT_EINVAL);
+        assert_non_null(strstr(weft_last_error(), "only weft_matmul takes"));
         assert_int_equal(weft_softmax(NULL, Q[t], buf, buf, 2, 8, 8, NULL), WEFT_EINVAL);
         assert_non_null(strstr(weft_last_error(), "only weft_matmul takes"));
         assert_int_equal(
@@ -476,6 +510,10 @@ static void test_other_ops_refuse_the_quantized_dtypes(void **state)
             WEFT_EINVAL);
         assert_non_null(strstr(weft_last_error(), "only weft_matmul takes"));
     }
+    for (size_t i = 0; i < sizeof buf; i++)
+        assert_int_equal(((unsigned char *)buf)[i], 0x5a);
+    for (size_t i = 0; i < sizeof table / sizeof *table; i++)
+        assert_int_equal(table[i], 0);
 }
 
 int main(void)

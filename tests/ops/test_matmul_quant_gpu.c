@@ -6,8 +6,9 @@
  * (row/column) scales, every activation with bias and residual, an fp8 D
  * with scale_d, saturation and amax_d; INT8 exact into int32 and
  * dequantized by every scale-mode pair with the epilogues and aux, in
- * place, and captured into a CUDA graph; awkward shapes and batches; and
- * refusals before anything is enqueued.
+ * place, and captured into a CUDA graph; awkward shapes and batches (m
+ * from 1, decode's rows: never the 16-bit skinny kernel, whose count of
+ * calls is asserted unchanged); and refusals before anything is enqueued.
  *
  * Bounds: those of matmul_quant_ref.h element by element, with a further
  * 2^-12 of the terms' magnitudes for FP8 (the matrix units' accumulators
@@ -21,6 +22,7 @@
 #include <cuda_runtime_api.h>
 #include <math.h>
 
+#include "ops/matmul.h"
 #include "ops/matmul_quant_ref.h"
 #include "weft/ops.h"
 
@@ -152,11 +154,18 @@ static void gpu_case(const char *name, qm_case *q, int with_aux, int with_amax)
 
     weft_matmul_desc gd = device_desc(q, &x);
     gd.aux = daux, gd.amax_d = damax;
+    unsigned long long skinny_before = weft__matmul_cuda_skinny_calls();
     int rc = weft_matmul(stream, &gd, dd, x.a, x.b, x.c);
     if (rc != WEFT_OK) {
         char why[512];
         snprintf(why, sizeof why, "weft_matmul returned %d: %s", rc, weft_last_error());
         case_failed(name, why);
+        goto done;
+    }
+    /* Quantized operands are cuBLASLt's (and the dequantizing epilogue's)
+     * at any m: the 16-bit decode kernel must never take them. */
+    if (weft__matmul_cuda_skinny_calls() != skinny_before) {
+        case_failed(name, "went to the 16-bit skinny kernel");
         goto done;
     }
     assert_cuda(cudaStreamSynchronize(stream));

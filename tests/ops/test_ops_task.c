@@ -115,7 +115,31 @@ static int matmul_int8_call(void *stream, float *in, float *out)
 
 #endif
 
+/* A depthwise 3x3 convolution with ReLU: the input 1 x 3 x 5 x 4, the
+ * weights (36) and the bias (4) read from in; the descriptor lives on this
+ * frame only. */
+static const weft_conv2d_desc CONV = {
+    .n = 1, .h = 3, .w = 5, .c = 4, .k = 4, .r = 3, .s = 3, .pad_h = 1, .pad_w = 1, .groups = 4};
+
+static int conv_call(void *stream, float *in, float *out)
+{
+    weft_conv2d_desc desc = CONV;
+    desc.act = WEFT_CONV_ACT_RELU;
+    return weft_conv2d(stream, &desc, out, in, in + 60, in + 96);
+}
+
+/* A BatchNorm folded into its weights: every tensor read from in (a
+ * negative variance gives NaNs, the same on both sides). */
+static int fold_call(void *stream, float *in, float *out)
+{
+    weft_conv2d_desc desc = CONV;
+    return weft_conv2d_fold_bn(stream, &desc, WEFT_DTYPE_F32, out, out + 36, in, in + 36, in + 40,
+                               in + 44, in + 48, in + 52, 0.5f);
+}
+
 static const op_case CASES[] = {
+    {"conv2d", conv_call},
+    {"conv2d_fold_bn", fold_call},
 #ifdef WEFT_HAVE_HOST_BLAS
     {"matmul", matmul_call},
     {"matmul int8", matmul_int8_call},

@@ -1,0 +1,102 @@
+/*
+ * moe.h - what the mixture-of-experts files share: each call's checked
+ * arguments (moe.c and grouped_matmul.c check them and run the host
+ * references; moe.cu and grouped_matmul.cu hold the kernels) and the one
+ * ranking rule the router's selection follows on both sides.
+ *
+ * The selection must give the same ids on the host and the GPU whatever
+ * the transcendentals round to, so it compares the logits themselves (the
+ * scores are increasing in them) through an integer key: larger logit,
+ * larger key; NaN below everything; -0 equal to +0. Ties go to the lower
+ * expert, which the 64-bit rank (key, then the index reversed) makes
+ * unique, so "the k largest ranks" is one set in one order.
+ */
+#ifndef WEFT_OPS_MOE_H
+#define WEFT_OPS_MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "weft/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The ranking rule is compiled for both sides from this one text. */
+#ifdef __CUDACC__
+#define WEFT__MOE_HD __host__ __device__
+#else
+#define WEFT__MOE_HD
+#endif
+
+enum { WEFT__MOE_MAX_K = 8, WEFT__MOE_MAX_EXPERTS = 256 };
+
+typedef struct weft__moe_gate_args {
+    weft_dtype dtype;
+    weft_moe_score score;
+    int renormalize;
+    const void *logits;
+    size_t tokens, experts, stride, k;
+    weft_moe_routing out;
+} weft__moe_gate_args;
+
+typedef struct weft__moe_permute_args {
+    weft_dtype dtype;
+    void *out;
+    const void *in;
+    const int32_t *perm;
+    size_t tokens, k, cols, in_stride, out_stride;
+} weft__moe_permute_args;
+
+typedef struct weft__moe_unpermute_args {
+    weft_dtype dtype;
+    void *out;
+    const void *y, *residual;
+    const float *weights;
+    const int32_t *inverse;
+    size_t tokens, k, cols, y_stride, out_stride;
+} weft__moe_unpermute_args;
+
+/* Checked and resolved (leading dimensions set). */
+typedef struct weft__grouped_matmul_args {
+    size_t groups, rows, n, k, ldx, ldy;
+    weft_dtype type;
+    weft_matmul_act act;
+    const void *bias;
+    void *y;
+    const void *x, *w;
+    const int32_t *offsets;
+    void *host_ws; /* the host reference's panels */
+} weft__grouped_matmul_args;
+
+/* The ranking key of a logit's bits (see the top of this file). */
+WEFT__MOE_HD static inline uint32_t weft__moe_key_bits(uint32_t u)
+{
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: below -Inf's key */
+        return 0;
+    if ((u & 0x7fffffffu) == 0) /* -0 is +0 */
+        u = 0;
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Expert e's rank: the key, then the lower index first. */
+WEFT__MOE_HD static inline uint64_t weft__moe_rank(uint32_t bits, unsigned e)
+{
+    return ((uint64_t)weft__moe_key_bits(bits) << 32) | (uint32_t)(0xffffffffu - e);
+}
+
+#ifdef WEFT_HAVE_CUDA
+/* Enqueue each call's kernels on stream (a cudaStream_t); the arguments
+ * have been checked. WEFT_OK, or the launch's error with CUDA's name. */
+int weft__moe_gate_cuda(void *stream, const weft__moe_gate_args *a);
+int weft__moe_permute_cuda(void *stream, const weft__moe_permute_args *a);
+int weft__moe_unpermute_cuda(void *stream, const weft__moe_unpermute_args *a);
+int weft__grouped_matmul_cuda(void *stream, const weft__grouped_matmul_args *a);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
