@@ -2,9 +2,10 @@
  * matmul.h - what weft_matmul's files share: the checked arguments, the
  * host reference (matmul_host.c on a BLAS, or matmul_no_blas.c in a build
  * without one) and the GPU paths (with CUDA only): cuBLASLt
- * (matmul_cublaslt.c, with INT8's dequantizing epilogue in
- * matmul_quant.cu) and, for decode's few bf16/fp16 rows, weft's own kernel
- * (matmul_skinny.cu), chosen by weft__matmul_skinny_fits.
+ * (matmul_cublaslt.c; INT8 into a dequantized D in matmul_cublaslt_quant.c
+ * with its epilogue's kernel in matmul_quant.cu; matmul_cublaslt.h is what
+ * those two C files share) and, for decode's few bf16/fp16 rows, weft's
+ * own kernel (matmul_skinny.cu), chosen by weft__matmul_skinny_fits.
  *
  * matmul.c fills weft__matmul_args from the caller's descriptor with every
  * default resolved (leading dimensions, batch, alpha, beta, the operand

@@ -27,12 +27,10 @@
  * which with beta 0 must not be read: the layout spans twice D's bytes.
  *
  * INT8: cuBLASLt's int8 GEMM (CUBLAS_COMPUTE_32I, int32 alpha and beta)
- * writes the exact int32 product: into D for an int32 D, else into a
- * buffer taken from CUDA's stream-ordered pool (cudaMallocAsync), which
- * matmul_quant.cu's kernel dequantizes into D and which is freed in stream
- * order right after (cudaFreeAsync). The pool keeps the memory for the
- * next call, no stream waits on another's buffer, and a captured call
- * records the allocation as graph memory nodes.
+ * writes the exact int32 product, into D for an int32 D; a bf16, fp16 or
+ * fp32 D takes matmul_cublaslt_quant.c's path, a product into a buffer of
+ * its own and then the dequantizing epilogue, on this file's two steps
+ * (weft__matmul_lt_prepare, weft__matmul_lt_launch; matmul_cublaslt.h).
  *
  * What is kept, all of it for the process's life (a handful per shape and
  * per stream; nothing here is freed or changed once published, so lookups
@@ -71,6 +69,7 @@
 #include "core/lock.h"
 #include "cuda/status.h"
 #include "ops/matmul.h"
+#include "ops/matmul_cublaslt.h"
 #include "ops/ops_internal.h"
 
 static const char OP[] = "weft_matmul";
@@ -88,7 +87,7 @@ static int lt_fail(const char *what, cublasStatus_t s)
                       cublasLtGetStatusString(s));
 }
 
-static int cuda_fail(const char *what, cudaError_t e)
+int weft__matmul_lt_cuda_fail(const char *what, cudaError_t e)
 {
     cudaGetLastError(); /* a refused call is not sticky: clear it */
     return weft__fail(weft__cuda_status(e), "%s: %s failed: %s (%s)", OP, what, cudaGetErrorName(e),
@@ -153,7 +152,7 @@ static int get_workspace(cudaStream_t stream, int device, void **ptr, size_t *si
     unsigned long long id;
     cudaError_t e = cudaStreamGetId(stream, &id);
     if (e != cudaSuccess)
-        return cuda_fail("cudaStreamGetId", e);
+        return weft__matmul_lt_cuda_fail("cudaStreamGetId", e);
     _Atomic(workspace *) *bucket = &ws_buckets[(id * 0x9e3779b97f4a7c15ull) >> 55];
     workspace *w = ws_find(atomic_load_explicit(bucket, memory_order_acquire), id, device);
     if (w) {
@@ -212,11 +211,11 @@ typedef struct plan_key {
     uint64_t workspace;
 } plan_key;
 
-typedef struct plan {
+typedef struct weft__lt_plan {
     plan_key key;
     cublasLtMatrixLayoutOpaque_t la, lb, lc, ld; /* cuBLASLt's A (our B), B (our A), C, D */
     cublasLtMatmulAlgo_t algo;
-    struct plan *next;
+    struct weft__lt_plan *next;
 } plan;
 
 static _Atomic(plan *) plan_buckets[BUCKETS];
@@ -494,7 +493,7 @@ static int erf_after(cudaStream_t stream, const weft__matmul_args *a)
             cudaError_t e = cudaMemcpy2DAsync(aux, a->ldaux * es, d, a->ldd * es, a->n * es, a->m,
                                               cudaMemcpyDeviceToDevice, stream);
             if (e != cudaSuccess)
-                return cuda_fail("cudaMemcpy2DAsync (aux)", e);
+                return weft__matmul_lt_cuda_fail("cudaMemcpy2DAsync (aux)", e);
         }
         /* Batches packed back to back are one call of batch * m rows. */
         size_t rows = a->m;
@@ -538,25 +537,16 @@ static int use_skinny(const weft__matmul_args *a)
     return weft__matmul_skinny_fits(a);
 }
 
-/* A product ready to launch: everything that can fail before anything is
- * enqueued has run. */
-typedef struct ready {
-    cublasLtHandle_t h;
-    void *ws;
-    size_t ws_size;
-    cublasLtMatmulDescOpaque_t md;
-    plan *p; /* cuBLASLt takes the layouts by non-const pointer; it reads them only */
-} ready;
-
-/* The handle, the stream's workspace, the descriptor and the plan of a. */
-static int prepare(cudaStream_t stream, const weft__matmul_args *a, ready *r)
+/* The two steps of a product (matmul_cublaslt.h): what can refuse it, then
+ * the launch. */
+int weft__matmul_lt_prepare(cudaStream_t stream, const weft__matmul_args *a, weft__lt_ready *r)
 {
     int device, rc;
     cudaError_t e;
 
     memset(r, 0, sizeof *r);
     if ((e = cudaGetDevice(&device)) != cudaSuccess)
-        return cuda_fail("cudaGetDevice", e);
+        return weft__matmul_lt_cuda_fail("cudaGetDevice", e);
     if (a->batch > INT32_MAX)
         return weft__fail(WEFT_EINVAL, "%s: cuBLASLt counts batches in int32: %zu is too many", OP,
                           a->batch);
@@ -570,7 +560,7 @@ static int prepare(cudaStream_t stream, const weft__matmul_args *a, ready *r)
      * no workspace is safe to share then, so captured calls take none. */
     enum cudaStreamCaptureStatus capture;
     if ((e = cudaStreamIsCapturing(stream, &capture)) != cudaSuccess)
-        return cuda_fail("cudaStreamIsCapturing", e);
+        return weft__matmul_lt_cuda_fail("cudaStreamIsCapturing", e);
     if (capture == cudaStreamCaptureStatusNone &&
         (rc = get_workspace(stream, device, &r->ws, &r->ws_size)) != WEFT_OK)
         return rc;
@@ -583,8 +573,8 @@ static int prepare(cudaStream_t stream, const weft__matmul_args *a, ready *r)
     return WEFT_OK;
 }
 
-/* Enqueues the prepared product of a, writing d. */
-static int launch(cudaStream_t stream, const weft__matmul_args *a, ready *r, void *d)
+int weft__matmul_lt_launch(cudaStream_t stream, const weft__matmul_args *a, weft__lt_ready *r,
+                           void *d)
 {
     /* cuBLASLt wants a C even when beta is 0: without a C, D stands in. In
      * place it wants one layout for both; an fp8 D's C has a type of its
@@ -602,50 +592,10 @@ static int launch(cudaStream_t stream, const weft__matmul_args *a, ready *r, voi
     return WEFT_OK;
 }
 
-/* INT8 into a bf16/fp16/fp32 D: the exact product into a pooled int32
- * buffer (rows of ldw, a multiple of 4 as cuBLASLt's int8 C asks), then
- * the dequantizing epilogue, then the buffer back to the pool. The plan is
- * made first, for a buffer at the pool's 256-byte alignment (cudaMalloc's),
- * so that a refusal comes before anything is enqueued. */
-static int dequantized(cudaStream_t stream, const weft__matmul_args *a)
-{
-    size_t ldw = (a->n + 3) / 4 * 4;
-    if (a->m > SIZE_MAX / ldw / sizeof(int32_t) / a->batch)
-        return weft__fail(WEFT_EINVAL, "%s: the int32 product is too large", OP);
-
-    weft__matmul_args w = *a; /* the same operands, into the buffer, exactly */
-    w.type = w.c_type = w.bias_type = WEFT_DTYPE_I32;
-    w.d = NULL, w.ldd = ldw, w.stride_d = a->batch > 1 ? a->m * ldw : 0;
-    w.c = NULL, w.bias = NULL, w.aux = NULL, w.act = WEFT_MATMUL_ACT_NONE;
-    w.ldc = w.ldd, w.stride_c = w.stride_d, w.stride_aux = 0, w.ldaux = w.ldd;
-    w.alpha = 1.0f, w.beta = 0.0f;
-    w.scale_a_mode = w.scale_b_mode = WEFT_MATMUL_SCALE_NONE;
-    w.scale_a = w.scale_b = NULL;
-    ready r;
-    int rc = prepare(stream, &w, &r);
-    if (rc != WEFT_OK)
-        return rc;
-
-    void *acc = NULL;
-    cudaError_t e = cudaMallocAsync(&acc, a->batch * a->m * ldw * sizeof(int32_t), stream);
-    if (e != cudaSuccess)
-        return cuda_fail("cudaMallocAsync (the int32 product)", e);
-    if ((uintptr_t)acc % 256 != 0) /* the plan's assumption; never seen, but cheap to keep */
-        rc = weft__fail(WEFT_EDEVICE, "%s: the pool's block is not 256-byte aligned", OP);
-    else
-        rc = launch(stream, &w, &r, acc);
-    if (rc == WEFT_OK)
-        rc = weft__matmul_dequant_cuda(stream, a, acc, ldw);
-    /* Freed in stream order, after whatever was enqueued above. */
-    if ((e = cudaFreeAsync(acc, stream)) != cudaSuccess && rc == WEFT_OK)
-        rc = cuda_fail("cudaFreeAsync (the int32 product)", e);
-    return rc;
-}
-
 int weft__matmul_cuda(void *stream_arg, const weft__matmul_args *a)
 {
     cudaStream_t stream = stream_arg;
-    ready r;
+    weft__lt_ready r;
     int rc;
 
     if (use_skinny(a)) { /* 16-bit operands only: see weft__matmul_skinny_fits */
@@ -653,8 +603,9 @@ int weft__matmul_cuda(void *stream_arg, const weft__matmul_args *a)
         return weft__matmul_skinny_cuda(stream, a);
     }
     if (a->kind == WEFT__MM_INT8 && a->type != WEFT_DTYPE_I32)
-        return dequantized(stream, a);
-    if ((rc = prepare(stream, a, &r)) != WEFT_OK || (rc = launch(stream, a, &r, a->d)) != WEFT_OK)
+        return weft__matmul_lt_dequantized(stream, a);
+    if ((rc = weft__matmul_lt_prepare(stream, a, &r)) != WEFT_OK ||
+        (rc = weft__matmul_lt_launch(stream, a, &r, a->d)) != WEFT_OK)
         return rc;
     if (a->act == WEFT_MATMUL_ACT_GELU_ERF)
         return erf_after(stream, a);

@@ -1,7 +1,8 @@
 /*
  * matmul_quant.cu - the epilogue of weft_matmul's dequantized INT8 product
- * on the GPU (matmul_cublaslt.c runs cuBLASLt's int8 GEMM into an int32
- * buffer first; matmul.c holds the checks, matmul_host.c the reference).
+ * on the GPU (matmul_cublaslt_quant.c runs cuBLASLt's int8 GEMM into an
+ * int32 buffer first; matmul.c holds the checks, matmul_host.c the
+ * reference).
  *
  * cuBLASLt's int8 kernels end in int32 or int8; none applies per-row and
  * per-column fp32 scales with a bias and an activation, so this pass reads
