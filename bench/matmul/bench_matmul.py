@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bench_matmul.py - weft_matmul against torch.matmul and torch eager, in one process.
 
-Cases (bf16, on PyTorch's current stream, the same tensors for both sides):
+Cases (bf16 unless named, on PyTorch's current stream, the same tensors for both
+sides):
   matmul 8192^3               weft_matmul vs torch.matmul: TFLOP/s
   decode m in {1, 4, 16}, (k, n) in {(4096, 14336), (14336, 4096), (4096, 4096),
                                     (4096, 1024)}
@@ -21,6 +22,10 @@ Cases (bf16, on PyTorch's current stream, the same tensors for both sides):
                               torch eager F.gelu(F.linear(x, W, b), 'tanh'),
                               and vs weft's own matmul alone (the epilogue's
                               cost)
+  fp8 8192^3                  e4m3 x e4m3 -> bf16 with per-tensor scales, and
+                              with row (A) / column (B) scales, vs
+                              torch._scaled_mm on the same tensors: TFLOP/s
+  int8 8192^3                 int8 x int8 -> int32 vs torch._int_mm: TOP/s
   first call / next call      host time of a call whose plan is new (the
                               heuristic query) and of one that finds it
 weft is loaded through ctypes from libweft.so (the shared library, which
@@ -43,8 +48,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_LIB = os.path.join(ROOT, "build-release", "libweft.so")
 
-F32, BF16, F16 = 0, 1, 2
+F32, BF16, F16, F8_E4M3, F8_E5M2, I8, I32 = 0, 1, 2, 3, 4, 5, 6
 ACT_NONE, ACT_RELU, ACT_GELU_TANH, ACT_GELU_ERF = 0, 1, 2, 3
+SCALE_NONE, SCALE_TENSOR, SCALE_OUTER = 0, 1, 2
 
 
 class MatmulDesc(ctypes.Structure):
@@ -57,7 +63,10 @@ class MatmulDesc(ctypes.Structure):
                 ("stride_d", Z), ("stride_aux", Z),
                 ("alpha", ctypes.c_float), ("beta", ctypes.c_float), ("act", I),
                 ("bias", ctypes.c_void_p), ("aux", ctypes.c_void_p), ("allow_tf32", I),
-                ("reserved", ctypes.c_uint64 * 16)]
+                ("in_type_b", I), ("c_type", I), ("scale_a_mode", I), ("scale_b_mode", I),
+                ("scale_a", ctypes.c_void_p), ("scale_b", ctypes.c_void_p),
+                ("scale_d", ctypes.c_void_p), ("amax_d", ctypes.c_void_p),
+                ("reserved", ctypes.c_uint64 * 10)]
 
 
 def load_weft(path):
@@ -140,6 +149,26 @@ class Weft:
             if rc != 0:
                 raise RuntimeError("weft_matmul: %d: %s" % (rc, lib.weft_last_error().decode()))
         call.desc = desc  # kept alive with the closure
+        return call
+
+    def quantized(self, out, a, b, in_type, type_, sa=None, sb=None, mode=SCALE_NONE):
+        """A closure for an FP8 or INT8 product out = (sa sb) a b^T (b stored n x k,
+        the TN layout weft asks of quantized operands)."""
+        m, k = a.shape
+        n = b.shape[0]
+        desc = MatmulDesc(m=m, n=n, k=k, type=type_, in_type=in_type, trans_b=1,
+                          scale_a_mode=mode, scale_b_mode=mode,
+                          scale_a=sa.data_ptr() if sa is not None else None,
+                          scale_b=sb.data_ptr() if sb is not None else None)
+        args = (ctypes.byref(desc), out.data_ptr(), a.data_ptr(), b.data_ptr(), None)
+        lib, torch = self.lib, self.torch
+
+        def call():
+            s = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+            rc = lib.weft_matmul(s, *args)
+            if rc != 0:
+                raise RuntimeError("weft_matmul: %d: %s" % (rc, lib.weft_last_error().decode()))
+        call.desc = desc
         return call
 
 
@@ -251,6 +280,24 @@ def check_layout(lib):
     got = [D[0], D[1], D[3], D[4]]
     if got != want or D[2] != 7.0 or D[5] != 7.0:
         die("MatmulDesc does not match weft_matmul_desc: got %s, want %s" % (got, want))
+    # The quantized fields: INT8 dequantized by a row scale of A and a
+    # tensor scale of B, D = sa_i sb (A B^T), A 2 x 4, B 4 x 4 (INT8 asks
+    # n and k multiples of 4).
+    i8 = ctypes.c_int8
+    A8 = (i8 * 8)(1, -2, 3, 4, -128, 127, 0, 5)
+    B8 = (i8 * 16)(2, 0, -1, 1, 3, 3, 3, -3, -128, 1, 0, 7, 127, 127, -5, 0)
+    sa, sb = (fa * 2)(0.5, -2.0), (fa * 1)(0.25)
+    D2 = (fa * 8)(*([7.0] * 8))
+    desc = MatmulDesc(m=2, n=4, k=4, type=F32, in_type=I8, trans_b=1,
+                      scale_a_mode=SCALE_OUTER, scale_b_mode=SCALE_TENSOR,
+                      scale_a=ctypes.addressof(sa), scale_b=ctypes.addressof(sb))
+    rc = lib.weft_matmul(None, ctypes.byref(desc), D2, A8, B8, None)
+    if rc != 0:
+        die("the INT8 host call failed: %d: %s" % (rc, lib.weft_last_error().decode()))
+    want = [sa[i] * sb[0] * sum(A8[i * 4 + p] * B8[j * 4 + p] for p in range(4))
+            for i in range(2) for j in range(4)]
+    if list(D2) != want:
+        die("MatmulDesc's quantized fields do not match: got %s, want %s" % (list(D2), want))
     print("bench_matmul: MatmulDesc matches weft_matmul_desc (%d bytes)" %
           ctypes.sizeof(MatmulDesc))
 
@@ -366,6 +413,53 @@ def run(torch, F, weft, args):
                         "erf: the matmul with bias, then weft's GELU kernel; error vs torch %.1e" %
                         err, []))
         del x, W, bias, out, plain
+
+        # ---- FP8: per-tensor and row/column scales, against torch._scaled_mm ----
+        n = 2048 if args.quick else 8192
+        flop = 2.0 * n ** 3
+        f8 = torch.float8_e4m3fn
+        a8 = (torch.randn(n, n, device=dev) * 4).to(f8)
+        b8 = (torch.randn(n, n, device=dev) * 4).to(f8)  # stored n x k: B^T, column-major for torch
+        out = torch.empty(n, n, device=dev, dtype=bf)
+        ref = torch.empty_like(out)
+        st_a = torch.tensor(0.5, device=dev, dtype=torch.float32)
+        st_b = torch.tensor(0.25, device=dev, dtype=torch.float32)
+        sr_a = torch.rand(n, 1, device=dev, dtype=torch.float32) + 0.5
+        sr_b = torch.rand(1, n, device=dev, dtype=torch.float32) + 0.5
+        for label, mode, sa, sb in (("per-tensor scales", SCALE_TENSOR, st_a, st_b),
+                                    ("row/column scales", SCALE_OUTER, sr_a, sr_b)):
+            w = weft.quantized(out, a8, b8, F8_E4M3, BF16, sa.contiguous(), sb.contiguous(), mode)
+
+            def peer(sa=sa, sb=sb):
+                return torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=bf)
+            w()
+            ref.copy_(peer())
+            err = rel_err(torch, out, ref)
+            if err > 1e-2:
+                die("fp8 %d^3 (%s): weft differs from torch._scaled_mm by %.2e" % (n, label, err))
+            tw = time_per_call(torch, w)
+            tt = time_per_call(torch, peer)
+            results.append(("matmul fp8 e4m3 -> bf16 %d^3, %s" % (n, label), "throughput",
+                            flop / tw / 1e12, "TFLOP/s", "torch._scaled_mm", flop / tt / 1e12,
+                            "error vs torch %.1e" % err,
+                            [("0.99 x torch._scaled_mm in the same run", ">=",
+                              0.99 * flop / tt / 1e12)]))
+        del a8, b8, out, ref
+
+        # ---- INT8 -> int32, against torch._int_mm ----
+        a8 = torch.randint(-128, 128, (n, n), device=dev, dtype=torch.int8)
+        b8 = torch.randint(-128, 128, (n, n), device=dev, dtype=torch.int8)  # stored n x k
+        out = torch.empty(n, n, device=dev, dtype=torch.int32)
+        w = weft.quantized(out, a8, b8, I8, I32)
+        w()
+        if not torch.equal(out, torch._int_mm(a8, b8.t())):
+            die("int8 %d^3: weft differs from torch._int_mm" % n)
+        tw = time_per_call(torch, w)
+        tt = time_per_call(torch, lambda: torch._int_mm(a8, b8.t()))
+        results.append(("matmul int8 -> int32 %d^3" % n, "throughput", flop / tw / 1e12, "TOP/s",
+                        "torch._int_mm", flop / tt / 1e12, "exact: equal to torch's",
+                        [("0.99 x torch._int_mm in the same run", ">=", 0.99 * flop / tt / 1e12)]))
+        del a8, b8, out
 
         # ---- first call (plan made) against the next (plan found) ----
         x, W = randn(96, 1000), randn(1000, 1000)  # a shape no case above used

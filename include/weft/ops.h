@@ -79,7 +79,13 @@ extern "C" {
 typedef enum weft_dtype {
     WEFT_DTYPE_F32 = 0,  /* IEEE binary32 */
     WEFT_DTYPE_BF16 = 1, /* bfloat16: binary32's top 16 bits */
-    WEFT_DTYPE_F16 = 2   /* IEEE binary16, subnormals kept */
+    WEFT_DTYPE_F16 = 2,  /* IEEE binary16, subnormals kept */
+    /* The quantized types below are weft_matmul's alone (its operands, and
+     * its D where it says so); every other call refuses them. */
+    WEFT_DTYPE_F8_E4M3 = 3, /* OCP FP8 E4M3: bias 7, no Inf, 0x7f/0xff NaN, max 448 */
+    WEFT_DTYPE_F8_E5M2 = 4, /* OCP FP8 E5M2: bias 15, IEEE-like, max 57344 */
+    WEFT_DTYPE_I8 = 5,      /* int8_t, two's complement */
+    WEFT_DTYPE_I32 = 6      /* int32_t: weft_matmul's exact INT8 product */
 } weft_dtype;
 
 /* ---- bias + GELU + residual ------------------------------------------- */
@@ -251,15 +257,61 @@ typedef enum weft_matmul_act {
  * host: see weft_matmul for what agrees.
  *
  * Zero means the default in every field, so a zeroed struct with m, n, k
- * and type set is a plain D = A B. reserved must stay zero: later fields
- * (FP8 and INT8 operand types with their scales per tensor, row or column,
- * D's scale and amax) are taken from it with zero meaning "off", so a
- * struct built for this version keeps its meaning and its size. */
+ * and type set is a plain D = A B. The quantized operands' fields (FP8 and
+ * INT8, below) were taken from what used to be reserved, each with zero
+ * meaning "off", so a struct built before them keeps its meaning and its
+ * size; reserved must stay zero, for fields still to come.
+ *
+ * FP8 operands (in_type WEFT_DTYPE_F8_E4M3 or _E5M2; B may be the other
+ * one through in_type_b, but not both E5M2, which cuBLASLt lacks):
+ *   P = alpha sa_i sb_j (op(A) op(B))_ij + beta C + bias
+ *   D = act(P), or with an fp8 D: D = fp8(scale_d act(P)), amax_d = max |act(P)|
+ * with sa, sb the scales (below); the host sums the exact products in
+ * fp32 (weft_matmul says how the GPU's sums differ). D is bf16, fp16 or fp32, or fp8 (E4M3, or E5M2
+ * when an operand is E5M2) with scale_d required; rounding to fp8 is to nearest even, saturating to
+ * the largest finite value (NaN stays NaN). The epilogue's types are cuBLASLt's: C and bias of D's
+ * type, except that an fp32 D takes a bf16 bias and an fp8 D a C and bias of c_type. aux and the
+ * erf GELU with an fp8 D are refused (cuBLASLt's FP8 kernels keep no such
+ * aux, and the erf GELU would run after D is quantized).
+ * Layout: cuBLASLt multiplies FP8 only in its "TN" form, which in weft's
+ * row-major terms is A stored m x k (trans_a 0) and B stored n x k
+ * (trans_b 1, a Linear weight's layout), and only with 16-byte aligned
+ * dimensions: k, lda, ldb and their batch strides multiples of 16; D's
+ * and C's rows (n elements), leading dimensions and batch strides
+ * multiples of 16 bytes; A, B, C and D 16-byte aligned. m is free.
+ * Anything else is refused on both backends.
+ *
+ * INT8 operands (in_type WEFT_DTYPE_I8), the same layout with multiples of
+ * 4 (n and k too, cuBLASLt's rule for its int8 kernels, and A and B 4-byte
+ * aligned), and k <= 131071 so that no int32 sum can overflow
+ * (|sum| <= k 128^2 < 2^31):
+ *  - type WEFT_DTYPE_I32: D = op(A) op(B) exactly; no alpha, C, bias, act,
+ *    aux or scales; ldd and stride_d multiples of 4.
+ *  - type bf16/fp16/fp32: with scales sa and sb required,
+ *      P = alpha * float(acc_ij) * sa_i * sb_j + beta C + bias,  D = act(P)
+ *    in fp32 in that order, acc the exact int32 product; C, bias and aux as
+ *    for 16/32-bit operands. On the GPU the int32 product goes through a
+ *    buffer taken from CUDA's stream-ordered pool (cudaMallocAsync) and
+ *    given back after the epilogue's kernel, so the caller passes nothing,
+ *    streams never share one and repeated calls reuse the pool's memory.
+ *
+ * Scales are fp32 arrays read when the product runs (device memory on a
+ * GPU stream, host memory with NULL), shared by every batch. */
+typedef enum weft_matmul_scale {
+    WEFT_MATMUL_SCALE_NONE = 0,   /* off: only where no scale is needed */
+    WEFT_MATMUL_SCALE_TENSOR = 1, /* one float for the whole operand */
+    /* per row of op(A) (m floats) for A, per column of op(B) (n floats) for
+     * B: cuBLASLt's outer-vector mode. With FP8 both operands take it or
+     * neither, and D is not fp8. */
+    WEFT_MATMUL_SCALE_OUTER = 2
+} weft_matmul_scale;
+
 typedef struct weft_matmul_desc {
     size_t m, n, k;  /* each >= 1 */
-    weft_dtype type; /* of C, D, bias and aux */
+    weft_dtype type; /* of C, D, bias and aux (FP8 operands: see above) */
     /* of A and B; WEFT_DTYPE_F32 (zero) means type. fp32 operands need an
-     * fp32 D, bf16 or fp16 ones a D of their type or fp32. */
+     * fp32 D, bf16 or fp16 ones a D of their type or fp32 (FP8 and INT8:
+     * see above). */
     weft_dtype in_type;
     int trans_a, trans_b; /* nonzero: op() transposes */
     /* Leading dimensions, each >= the row of its matrix as stored (0 means
@@ -282,7 +334,14 @@ typedef struct weft_matmul_desc {
     /* Let fp32 operands go through the matrix units' TF32 mode (10-bit
      * mantissas, ~3e-4 relative) on the GPU; the host computes fp32. */
     int allow_tf32;
-    uint64_t reserved[16];
+    /* ---- quantized operands (see above); zero is off ---- */
+    weft_dtype in_type_b; /* FP8 B's type when not in_type's; 0 means in_type */
+    weft_dtype c_type;    /* with an fp8 D: C's and bias's, bf16 (0 means bf16) or fp16 */
+    weft_matmul_scale scale_a_mode, scale_b_mode; /* required with FP8 and scaled INT8 */
+    const float *scale_a, *scale_b;               /* as the modes say */
+    const float *scale_d; /* one float, with an fp8 D only (required there) */
+    float *amax_d; /* with an fp8 D: one float := max |act(P)| over every batch; NULL = none */
+    uint64_t reserved[10];
 } weft_matmul_desc;
 
 /* D = act(alpha op(A) op(B) + beta C + bias), as weft_matmul_desc says.
@@ -304,14 +363,23 @@ typedef struct weft_matmul_desc {
  * whole 16 bytes, at most 65535 batches, and k <= 32768 unless
  * ceil(n / 16) * batch >= 128 - run weft's own kernel, which reads the
  * weights once for all m rows with the whole epilogue fused (the erf GELU
- * too); its fp32 sums are the tensor cores'. Other calls go to cuBLASLt.
+ * too); its fp32 sums are the tensor cores'. Other calls, FP8 and INT8
+ * ones at any m among them, go to cuBLASLt.
  * Plans (cuBLASLt's heuristic answer) are cached per shape, types,
  * layout, epilogue and alignment, and each stream gets a workspace of
  * weft's the first time it runs a matmul, so a first call costs more than
  * the next.
+ * FP8: the host sums the exact products in fp32; cuBLASLt's FP8 kernels
+ * sum in the matrix units' narrower accumulators and promote to fp32 at
+ * intervals (fast accumulation, which skips that, is never asked for), so
+ * results agree to ~2^-12 of the terms' magnitudes and the rounding of D;
+ * an fp8 D to one fp8 unit where the two straddle a rounding boundary.
+ * INT8: int32 results agree exactly; the dequantized ones to the rounding
+ * of D.
  * Bad arguments (sizes, leading dimensions below the row, NULL operands,
- * misaligned pointers, aux without GELU, type combinations cuBLASLt lacks)
- * return WEFT_EINVAL before anything is enqueued. A host reference in a
+ * misaligned pointers, aux without GELU, type combinations cuBLASLt lacks,
+ * FP8/INT8 layouts other than TN, missing or unneeded scales) return
+ * WEFT_EINVAL before anything is enqueued. A host reference in a
  * library built without a BLAS returns WEFT_EINVAL ("built without a host
  * BLAS").
  * NaN/Inf: IEEE arithmetic; a NaN in a row of op(A) or a column of op(B)

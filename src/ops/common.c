@@ -59,6 +59,11 @@ int weft__dropout_keep(uint64_t seed, uint64_t offset, uint64_t e, float p)
 
 int weft__check_dtype(const char *op, weft_dtype dtype)
 {
+    if (weft__is_f8(dtype) || dtype == WEFT_DTYPE_I8 || dtype == WEFT_DTYPE_I32)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: dtype %d is a quantized type (FP8/INT8/INT32), which only "
+                          "weft_matmul takes; use fp32, bf16 or fp16",
+                          op, (int)dtype);
     if (dtype != WEFT_DTYPE_F32 && dtype != WEFT_DTYPE_BF16 && dtype != WEFT_DTYPE_F16)
         return weft__fail(WEFT_EINVAL, "%s: unsupported dtype %d", op, (int)dtype);
     return WEFT_OK;

@@ -33,17 +33,28 @@ static size_t clamp_row(int32_t v, size_t rows)
     return (size_t)v < rows ? (size_t)v : rows;
 }
 
-/* Group g's product on the host, rows [lo, hi). */
-static void host_group(const weft__grouped_matmul_args *a, size_t g, size_t lo, size_t hi)
+/* weft_matmul's resolved arguments for rows of one group: X, W, Y and
+ * the bias all of the call's 16-bit type (B's, C's and the bias's types
+ * are resolved fields too, not zeros meaning "as A"), a plain product with
+ * no scales (the quantized fields' zeros are "none"). */
+static weft__matmul_args matmul_args(const weft__grouped_matmul_args *a, size_t rows)
 {
-    const size_t es = weft__dtype_size(a->type);
     weft__matmul_args m = {0};
-    m.m = hi - lo, m.n = a->n, m.k = a->k, m.batch = 1;
-    m.type = m.in_type = a->type;
+    m.m = rows, m.n = a->n, m.k = a->k, m.batch = 1;
+    m.kind = WEFT__MM_FLOAT;
+    m.type = m.in_type = m.in_type_b = m.c_type = m.bias_type = a->type;
     m.trans_b = 1;
     m.act = a->act;
     m.lda = a->ldx, m.ldb = a->k, m.ldc = a->ldy, m.ldd = a->ldy, m.ldaux = a->ldy;
     m.alpha = 1.0f, m.beta = 0.0f;
+    return m;
+}
+
+/* Group g's product on the host, rows [lo, hi). */
+static void host_group(const weft__grouped_matmul_args *a, size_t g, size_t lo, size_t hi)
+{
+    const size_t es = weft__dtype_size(a->type);
+    weft__matmul_args m = matmul_args(a, hi - lo);
     m.a = (const char *)a->x + lo * a->ldx * es;
     m.b = (const char *)a->w + g * a->n * a->k * es;
     m.d = (char *)a->y + lo * a->ldy * es;
@@ -94,6 +105,8 @@ static int check_desc(const weft_grouped_matmul_desc *d, void *y, const void *x,
     for (size_t i = 0; i < sizeof d->reserved / sizeof d->reserved[0]; i++)
         if (d->reserved[i] != 0)
             return weft__fail(WEFT_EINVAL, "%s: desc->reserved[%zu] is not zero", OP, i);
+    if ((rc = weft__check_dtype(OP, d->type)) != WEFT_OK) /* says so of a quantized type */
+        return rc;
     if (d->type != WEFT_DTYPE_BF16 && d->type != WEFT_DTYPE_F16)
         return weft__fail(WEFT_EINVAL, "%s: type %d is not bf16 or fp16", OP, (int)d->type);
     if (d->groups == 0 || d->rows == 0 || d->n == 0 || d->k == 0)
@@ -136,10 +149,7 @@ static int check_desc(const weft_grouped_matmul_desc *d, void *y, const void *x,
 /* The workspace of weft_matmul's host reference, for every group. */
 static int host_prepare(weft__grouped_matmul_args *a)
 {
-    weft__matmul_args m = {0};
-    m.m = 1, m.n = a->n, m.k = a->k, m.batch = 1;
-    m.type = m.in_type = a->type;
-    m.lda = a->ldx, m.ldb = a->k;
+    weft__matmul_args m = matmul_args(a, 1);
     int rc = weft__matmul_host_prepare(OP, &m);
     a->host_ws = m.host_ws;
     return rc;

@@ -2,8 +2,10 @@
  * matmul.h - what weft_matmul's files share: the checked arguments, the
  * host reference (matmul_host.c on a BLAS, or matmul_no_blas.c in a build
  * without one) and the GPU paths (with CUDA only): cuBLASLt
- * (matmul_cublaslt.c) and, for decode's few rows, weft's own kernel
- * (matmul_skinny.cu), chosen by weft__matmul_skinny_fits.
+ * (matmul_cublaslt.c; INT8 into a dequantized D in matmul_cublaslt_quant.c
+ * with its epilogue's kernel in matmul_quant.cu; matmul_cublaslt.h is what
+ * those two C files share) and, for decode's few bf16/fp16 rows, weft's
+ * own kernel (matmul_skinny.cu), chosen by weft__matmul_skinny_fits.
  *
  * matmul.c fills weft__matmul_args from the caller's descriptor with every
  * default resolved (leading dimensions, batch, alpha, beta, the operand
@@ -14,6 +16,7 @@
 #define WEFT_OPS_MATMUL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "weft/ops.h"
 
@@ -21,10 +24,25 @@
 extern "C" {
 #endif
 
-/* Checked and resolved; sizes in elements. */
+/* What kind of product: the operand types' family. */
+typedef enum weft__matmul_kind {
+    WEFT__MM_FLOAT = 0, /* fp32, bf16 or fp16 operands */
+    WEFT__MM_FP8 = 1,   /* FP8 operands with scales */
+    WEFT__MM_INT8 = 2   /* INT8 operands: an int32 D, or dequantized */
+} weft__matmul_kind;
+
+/* Checked and resolved; sizes in elements. in_type is A's, in_type_b B's
+ * (the same but for FP8's mixed pairs); c_type is C's, bias_type the
+ * bias's (type but where cuBLASLt's FP8 rules say otherwise). Scales:
+ * scale_*_mode is WEFT_MATMUL_SCALE_NONE exactly when the pointer is NULL;
+ * scale_d and amax_d are set with an fp8 D only. */
 typedef struct weft__matmul_args {
     size_t m, n, k, batch;
-    weft_dtype type, in_type;
+    weft__matmul_kind kind;
+    weft_dtype type, in_type, in_type_b, c_type, bias_type;
+    weft_matmul_scale scale_a_mode, scale_b_mode;
+    const float *scale_a, *scale_b, *scale_d;
+    float *amax_d;
     int trans_a, trans_b, allow_tf32;
     weft_matmul_act act;
     size_t lda, ldb, ldc, ldd, ldaux;
@@ -62,6 +80,12 @@ int weft__matmul_skinny_fits(const weft__matmul_args *a);
  * WEFT_ENOMEM when a workspace cannot be had, WEFT_EDEVICE for the rest,
  * each before anything is enqueued. */
 int weft__matmul_cuda(void *stream, const weft__matmul_args *a);
+
+/* Enqueues the dequantizing epilogue of an INT8 product (matmul_quant.cu):
+ * D (and aux) := act(alpha float(acc) sa sb + beta C + bias) from acc, the
+ * exact int32 product of every batch as batch x m rows of ldw, packed. */
+int weft__matmul_dequant_cuda(void *stream, const weft__matmul_args *a, const int32_t *acc,
+                              size_t ldw);
 
 /* How many calls found their plan cached, and how many made one. */
 void weft__matmul_cuda_plan_stats(unsigned long long *hits, unsigned long long *misses);

@@ -1,7 +1,8 @@
 /*
  * matmul_cublaslt.c - weft_matmul on the GPU, through cuBLASLt; calls that
  * weft__matmul_skinny_fits (matmul.c) go to the skinny kernel instead
- * (matmul_skinny.cu), before any of what follows is asked for.
+ * (matmul_skinny.cu), before any of what follows is asked for. FP8 and
+ * INT8 calls never fit it: they always come here.
  *
  * Layout: cuBLASLt is column-major, weft row-major. A row-major m x n
  * matrix with leading dimension ld is the column-major n x m matrix with
@@ -15,6 +16,21 @@
  * that form for WEFT_MATMUL_ACT_GELU_TANH). The erf form has no epilogue:
  * the product is computed with the bias (into D), copied to aux when asked,
  * and weft_bias_gelu_residual's kernel turns D into GELU(D) in place.
+ *
+ * FP8: cuBLASLt's scales are per matrix of its own, so our scale_a (m
+ * floats in the outer mode: its n) goes to its B and our scale_b to its A,
+ * both in CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F mode or both scalars;
+ * D's scale and amax pointers are passed as given. Its TN rule (its A
+ * transposed, its B not) is our trans_b = 1, trans_a = 0, which matmul.c
+ * asks. Without a C, D stands in for C as it does for other types, with a
+ * layout of C's type (an fp8 D's C is bf16 or fp16, cuBLASLt's table),
+ * which with beta 0 must not be read: the layout spans twice D's bytes.
+ *
+ * INT8: cuBLASLt's int8 GEMM (CUBLAS_COMPUTE_32I, int32 alpha and beta)
+ * writes the exact int32 product, into D for an int32 D; a bf16, fp16 or
+ * fp32 D takes matmul_cublaslt_quant.c's path, a product into a buffer of
+ * its own and then the dequantizing epilogue, on this file's two steps
+ * (weft__matmul_lt_prepare, weft__matmul_lt_launch; matmul_cublaslt.h).
  *
  * What is kept, all of it for the process's life (a handful per shape and
  * per stream; nothing here is freed or changed once published, so lookups
@@ -53,6 +69,7 @@
 #include "core/lock.h"
 #include "cuda/status.h"
 #include "ops/matmul.h"
+#include "ops/matmul_cublaslt.h"
 #include "ops/ops_internal.h"
 
 static const char OP[] = "weft_matmul";
@@ -70,7 +87,7 @@ static int lt_fail(const char *what, cublasStatus_t s)
                       cublasLtGetStatusString(s));
 }
 
-static int cuda_fail(const char *what, cudaError_t e)
+int weft__matmul_lt_cuda_fail(const char *what, cudaError_t e)
 {
     cudaGetLastError(); /* a refused call is not sticky: clear it */
     return weft__fail(weft__cuda_status(e), "%s: %s failed: %s (%s)", OP, what, cudaGetErrorName(e),
@@ -135,7 +152,7 @@ static int get_workspace(cudaStream_t stream, int device, void **ptr, size_t *si
     unsigned long long id;
     cudaError_t e = cudaStreamGetId(stream, &id);
     if (e != cudaSuccess)
-        return cuda_fail("cudaStreamGetId", e);
+        return weft__matmul_lt_cuda_fail("cudaStreamGetId", e);
     _Atomic(workspace *) *bucket = &ws_buckets[(id * 0x9e3779b97f4a7c15ull) >> 55];
     workspace *w = ws_find(atomic_load_explicit(bucket, memory_order_acquire), id, device);
     if (w) {
@@ -187,17 +204,18 @@ static int get_workspace(cudaStream_t stream, int device, void **ptr, size_t *si
 typedef struct plan_key {
     int device;
     int in_type, type, trans_a, trans_b, tf32, epilogue, has_c, has_bias, has_aux;
+    int in_type_b, c_type, bias_type, scale_mode, has_scale_d, has_amax;
     uint64_t m, n, k, batch, lda, ldb, ldc, ldd, ldaux;
     uint64_t stride_a, stride_b, stride_c, stride_d, stride_aux;
     uint32_t align_a, align_b, align_c, align_d, align_bias, align_aux;
     uint64_t workspace;
 } plan_key;
 
-typedef struct plan {
+typedef struct weft__lt_plan {
     plan_key key;
     cublasLtMatrixLayoutOpaque_t la, lb, lc, ld; /* cuBLASLt's A (our B), B (our A), C, D */
     cublasLtMatmulAlgo_t algo;
-    struct plan *next;
+    struct weft__lt_plan *next;
 } plan;
 
 static _Atomic(plan *) plan_buckets[BUCKETS];
@@ -237,7 +255,22 @@ static uint32_t alignment(const void *p, size_t stride, size_t elem)
 
 static cudaDataType_t cuda_type(weft_dtype t)
 {
-    return t == WEFT_DTYPE_BF16 ? CUDA_R_16BF : t == WEFT_DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
+    switch (t) {
+    case WEFT_DTYPE_BF16:
+        return CUDA_R_16BF;
+    case WEFT_DTYPE_F16:
+        return CUDA_R_16F;
+    case WEFT_DTYPE_F8_E4M3:
+        return CUDA_R_8F_E4M3;
+    case WEFT_DTYPE_F8_E5M2:
+        return CUDA_R_8F_E5M2;
+    case WEFT_DTYPE_I8:
+        return CUDA_R_8I;
+    case WEFT_DTYPE_I32:
+        return CUDA_R_32I;
+    default:
+        return CUDA_R_32F;
+    }
 }
 
 static cublasLtEpilogue_t epilogue_of(const weft__matmul_args *a)
@@ -258,9 +291,13 @@ static cublasLtEpilogue_t epilogue_of(const weft__matmul_args *a)
 static void fill_key(plan_key *k, const weft__matmul_args *a, int device, size_t ws)
 {
     size_t ei = weft__dtype_size(a->in_type), eo = weft__dtype_size(a->type);
+    size_t eb = weft__dtype_size(a->in_type_b), ec = weft__dtype_size(a->c_type);
     memset(k, 0, sizeof *k);
     k->device = device;
     k->in_type = a->in_type, k->type = a->type;
+    k->in_type_b = a->in_type_b, k->c_type = a->c_type, k->bias_type = a->bias_type;
+    k->scale_mode = a->kind == WEFT__MM_FP8 ? (int)a->scale_a_mode : 0;
+    k->has_scale_d = a->scale_d != NULL, k->has_amax = a->amax_d != NULL;
     k->trans_a = a->trans_a, k->trans_b = a->trans_b, k->tf32 = a->allow_tf32;
     k->epilogue = (int)epilogue_of(a);
     k->has_c = a->c != NULL, k->has_bias = a->bias != NULL;
@@ -273,10 +310,10 @@ static void fill_key(plan_key *k, const weft__matmul_args *a, int device, size_t
     k->stride_c = a->c ? a->stride_c : a->stride_d, k->stride_d = a->stride_d;
     k->stride_aux = k->has_aux ? a->stride_aux : 0;
     k->align_a = alignment(a->a, a->stride_a, ei);
-    k->align_b = alignment(a->b, a->stride_b, ei);
-    k->align_c = a->c ? alignment(a->c, a->stride_c, eo) : 0;
+    k->align_b = alignment(a->b, a->stride_b, eb);
+    k->align_c = a->c ? alignment(a->c, a->stride_c, ec) : 0;
     k->align_d = alignment(a->d, a->stride_d, eo);
-    k->align_bias = a->bias ? alignment(a->bias, 0, eo) : 0;
+    k->align_bias = a->bias ? alignment(a->bias, 0, weft__dtype_size(a->bias_type)) : 0;
     k->align_aux = k->has_aux ? alignment(a->aux, a->stride_aux, eo) : 0;
     k->workspace = ws;
 }
@@ -292,10 +329,12 @@ static void fill_key(plan_key *k, const weft__matmul_args *a, int device, size_t
 /* The call's matmul descriptor (on the caller's stack). */
 static int fill_desc(cublasLtMatmulDescOpaque_t *md, const weft__matmul_args *a, const plan_key *k)
 {
-    cublasComputeType_t compute = a->in_type == WEFT_DTYPE_F32 && a->allow_tf32
+    int i8 = a->kind == WEFT__MM_INT8;
+    cublasComputeType_t compute = i8 ? CUBLAS_COMPUTE_32I
+                                  : a->in_type == WEFT_DTYPE_F32 && a->allow_tf32
                                       ? CUBLAS_COMPUTE_32F_FAST_TF32
                                       : CUBLAS_COMPUTE_32F;
-    cublasStatus_t s = cublasLtMatmulDescInit(md, compute, CUDA_R_32F);
+    cublasStatus_t s = cublasLtMatmulDescInit(md, compute, i8 ? CUDA_R_32I : CUDA_R_32F);
     if (s != CUBLAS_STATUS_SUCCESS)
         return lt_fail("cublasLtMatmulDescInit", s);
     SET(md, CUBLASLT_MATMUL_DESC_TRANSA, (int32_t)(a->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
@@ -303,7 +342,21 @@ static int fill_desc(cublasLtMatmulDescOpaque_t *md, const weft__matmul_args *a,
     SET(md, CUBLASLT_MATMUL_DESC_EPILOGUE, (uint32_t)k->epilogue);
     if (a->bias) {
         SET(md, CUBLASLT_MATMUL_DESC_BIAS_POINTER, a->bias);
-        SET(md, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, (int32_t)cuda_type(a->type));
+        SET(md, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, (int32_t)cuda_type(a->bias_type));
+    }
+    if (a->kind == WEFT__MM_FP8) { /* cuBLASLt's A is our B: the scales swap too */
+        SET(md, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, (const void *)a->scale_b);
+        SET(md, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, (const void *)a->scale_a);
+        if (a->scale_a_mode == WEFT_MATMUL_SCALE_OUTER) {
+            SET(md, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                (int32_t)CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F);
+            SET(md, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                (int32_t)CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F);
+        }
+        if (a->scale_d)
+            SET(md, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, (const void *)a->scale_d);
+        if (a->amax_d)
+            SET(md, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, (void *)a->amax_d);
     }
     if (k->has_aux) {
         SET(md, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, a->aux);
@@ -334,7 +387,8 @@ static int layout(cublasLtMatrixLayoutOpaque_t *l, weft_dtype t, size_t rows, si
 
 static const char *type_name(weft_dtype t)
 {
-    return t == WEFT_DTYPE_BF16 ? "bf16" : t == WEFT_DTYPE_F16 ? "fp16" : "fp32";
+    static const char *const names[] = {"fp32", "bf16", "fp16", "e4m3", "e5m2", "int8", "int32"};
+    return (unsigned)t < sizeof names / sizeof *names ? names[t] : "?";
 }
 
 /* A new plan: layouts and the heuristic's first choice. */
@@ -347,11 +401,11 @@ static int make_plan(cublasLtHandle_t h, const weft__matmul_args *a, const plan_
         return weft__fail(WEFT_ENOMEM, "%s: out of memory for a plan", OP);
     p->key = *k;
     size_t bt = a->batch;
-    if ((rc = layout(&p->la, a->in_type, a->trans_b ? a->k : a->n, a->trans_b ? a->n : a->k, a->ldb,
-                     bt, a->stride_b)) != WEFT_OK ||
+    if ((rc = layout(&p->la, a->in_type_b, a->trans_b ? a->k : a->n, a->trans_b ? a->n : a->k,
+                     a->ldb, bt, a->stride_b)) != WEFT_OK ||
         (rc = layout(&p->lb, a->in_type, a->trans_a ? a->m : a->k, a->trans_a ? a->k : a->m, a->lda,
                      bt, a->stride_a)) != WEFT_OK ||
-        (rc = layout(&p->lc, a->type, a->n, a->m, k->ldc, bt, k->stride_c)) != WEFT_OK ||
+        (rc = layout(&p->lc, a->c_type, a->n, a->m, k->ldc, bt, k->stride_c)) != WEFT_OK ||
         (rc = layout(&p->ld, a->type, a->n, a->m, a->ldd, bt, a->stride_d)) != WEFT_OK)
         goto fail;
 
@@ -377,13 +431,14 @@ static int make_plan(cublasLtHandle_t h, const weft__matmul_args *a, const plan_
     s = cublasLtMatmulAlgoGetHeuristic(h, (cublasLtMatmulDesc_t)md, &p->la, &p->lb, &p->lc, &p->ld,
                                        &pref, 1, &result, &found);
     if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
-        rc =
-            weft__fail(WEFT_EINVAL,
-                       "%s: cuBLASLt has no algorithm for %zu x %zu x %zu (batch %zu), %s x %s "
-                       "-> %s, trans_a %d trans_b %d, epilogue %d: %s",
-                       OP, a->m, a->n, a->k, a->batch, type_name(a->in_type), type_name(a->in_type),
-                       type_name(a->type), a->trans_a, a->trans_b, k->epilogue,
-                       s != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusName(s) : "none found");
+        rc = weft__fail(WEFT_EINVAL,
+                        "%s: cuBLASLt has no algorithm for %zu x %zu x %zu (batch %zu), %s x %s "
+                        "-> %s (C %s, bias %s), trans_a %d trans_b %d, epilogue %d, scale mode "
+                        "%d: %s",
+                        OP, a->m, a->n, a->k, a->batch, type_name(a->in_type),
+                        type_name(a->in_type_b), type_name(a->type), type_name(a->c_type),
+                        type_name(a->bias_type), a->trans_a, a->trans_b, k->epilogue, k->scale_mode,
+                        s != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusName(s) : "none found");
         goto fail;
     }
     p->algo = result.algo;
@@ -438,7 +493,7 @@ static int erf_after(cudaStream_t stream, const weft__matmul_args *a)
             cudaError_t e = cudaMemcpy2DAsync(aux, a->ldaux * es, d, a->ldd * es, a->n * es, a->m,
                                               cudaMemcpyDeviceToDevice, stream);
             if (e != cudaSuccess)
-                return cuda_fail("cudaMemcpy2DAsync (aux)", e);
+                return weft__matmul_lt_cuda_fail("cudaMemcpy2DAsync (aux)", e);
         }
         /* Batches packed back to back are one call of batch * m rows. */
         size_t rows = a->m;
@@ -482,54 +537,76 @@ static int use_skinny(const weft__matmul_args *a)
     return weft__matmul_skinny_fits(a);
 }
 
-int weft__matmul_cuda(void *stream_arg, const weft__matmul_args *a)
+/* The two steps of a product (matmul_cublaslt.h): what can refuse it, then
+ * the launch. */
+int weft__matmul_lt_prepare(cudaStream_t stream, const weft__matmul_args *a, weft__lt_ready *r)
 {
-    cudaStream_t stream = stream_arg;
-    cublasLtHandle_t h = NULL;
-    void *ws = NULL;
-    size_t ws_size = 0;
     int device, rc;
     cudaError_t e;
 
-    if (use_skinny(a)) {
-        atomic_fetch_add_explicit(&skinny_calls, 1, memory_order_relaxed);
-        return weft__matmul_skinny_cuda(stream, a);
-    }
+    memset(r, 0, sizeof *r);
     if ((e = cudaGetDevice(&device)) != cudaSuccess)
-        return cuda_fail("cudaGetDevice", e);
+        return weft__matmul_lt_cuda_fail("cudaGetDevice", e);
     if (a->batch > INT32_MAX)
         return weft__fail(WEFT_EINVAL, "%s: cuBLASLt counts batches in int32: %zu is too many", OP,
                           a->batch);
     if (device < 0 || device >= MAX_DEVICES)
         return weft__fail(WEFT_EINVAL, "%s: device %d is beyond the %d this build knows", OP,
                           device, MAX_DEVICES);
-    if ((rc = get_handle(device, &h)) != WEFT_OK)
+    if ((rc = get_handle(device, &r->h)) != WEFT_OK)
         return rc;
     /* A captured matmul runs when its graph is launched, on whatever stream
      * that is, perhaps beside another graph captured on the same stream:
      * no workspace is safe to share then, so captured calls take none. */
     enum cudaStreamCaptureStatus capture;
     if ((e = cudaStreamIsCapturing(stream, &capture)) != cudaSuccess)
-        return cuda_fail("cudaStreamIsCapturing", e);
+        return weft__matmul_lt_cuda_fail("cudaStreamIsCapturing", e);
     if (capture == cudaStreamCaptureStatusNone &&
-        (rc = get_workspace(stream, device, &ws, &ws_size)) != WEFT_OK)
+        (rc = get_workspace(stream, device, &r->ws, &r->ws_size)) != WEFT_OK)
         return rc;
 
     plan_key k;
-    cublasLtMatmulDescOpaque_t md;
-    plan *p = NULL; /* cuBLASLt takes the layouts by non-const pointer; it reads them only */
-    fill_key(&k, a, device, ws_size);
-    if ((rc = fill_desc(&md, a, &k)) != WEFT_OK || (rc = get_plan(h, a, &k, &md, &p)) != WEFT_OK)
+    fill_key(&k, a, device, r->ws_size);
+    if ((rc = fill_desc(&r->md, a, &k)) != WEFT_OK ||
+        (rc = get_plan(r->h, a, &k, &r->md, &r->p)) != WEFT_OK)
         return rc;
+    return WEFT_OK;
+}
 
-    /* cuBLASLt reads C even when beta is 0: without a C, D stands in. In
-     * place it wants one layout for both. */
-    const void *c = a->c ? a->c : a->d;
-    cublasLtMatrixLayout_t lc = c == a->d ? &p->ld : &p->lc;
-    cublasStatus_t s = cublasLtMatmul(h, &md, &a->alpha, a->b, &p->la, a->a, &p->lb, &a->beta, c,
-                                      lc, a->d, &p->ld, &p->algo, ws, ws_size, stream);
+int weft__matmul_lt_launch(cudaStream_t stream, const weft__matmul_args *a, weft__lt_ready *r,
+                           void *d)
+{
+    /* cuBLASLt wants a C even when beta is 0: without a C, D stands in. In
+     * place it wants one layout for both; an fp8 D's C has a type of its
+     * own, so its stand-in keeps C's layout (see the top). */
+    const void *c = a->c ? a->c : d;
+    cublasLtMatrixLayout_t lc = c == d && a->c_type == a->type ? &r->p->ld : &r->p->lc;
+    /* INT8's scale type is int32: its alpha and beta are 1 and 0. */
+    static const int32_t one = 1, zero = 0;
+    const void *alpha = a->kind == WEFT__MM_INT8 ? (const void *)&one : (const void *)&a->alpha;
+    const void *beta = a->kind == WEFT__MM_INT8 ? (const void *)&zero : (const void *)&a->beta;
+    cublasStatus_t s = cublasLtMatmul(r->h, &r->md, alpha, a->b, &r->p->la, a->a, &r->p->lb, beta,
+                                      c, lc, d, &r->p->ld, &r->p->algo, r->ws, r->ws_size, stream);
     if (s != CUBLAS_STATUS_SUCCESS)
         return lt_fail("cublasLtMatmul", s);
+    return WEFT_OK;
+}
+
+int weft__matmul_cuda(void *stream_arg, const weft__matmul_args *a)
+{
+    cudaStream_t stream = stream_arg;
+    weft__lt_ready r;
+    int rc;
+
+    if (use_skinny(a)) { /* 16-bit operands only: see weft__matmul_skinny_fits */
+        atomic_fetch_add_explicit(&skinny_calls, 1, memory_order_relaxed);
+        return weft__matmul_skinny_cuda(stream, a);
+    }
+    if (a->kind == WEFT__MM_INT8 && a->type != WEFT_DTYPE_I32)
+        return weft__matmul_lt_dequantized(stream, a);
+    if ((rc = weft__matmul_lt_prepare(stream, a, &r)) != WEFT_OK ||
+        (rc = weft__matmul_lt_launch(stream, a, &r, a->d)) != WEFT_OK)
+        return rc;
     if (a->act == WEFT_MATMUL_ACT_GELU_ERF)
         return erf_after(stream, a);
     return WEFT_OK;

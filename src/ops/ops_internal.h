@@ -100,9 +100,65 @@ static inline uint16_t weft__f32_to_f16(float f)
     return (uint16_t)(sign | h);
 }
 
+/* FP8 (OCP): E4M3 has 3 mantissa bits, bias 7, no Inf and NaN at
+ * S.1111.111; E5M2 has 2, bias 15 and binary16's Inf and NaN. Decoding is
+ * exact in fp32. */
+static inline float weft__f8_to_f32(weft_dtype t, uint8_t b)
+{
+    int e4 = t == WEFT_DTYPE_F8_E4M3;
+    int mbits = e4 ? 3 : 2, bias = e4 ? 7 : 15, emax = e4 ? 15 : 31;
+    int e = (b & 0x7f) >> mbits, m = b & ((1 << mbits) - 1);
+    float sign = b & 0x80 ? -1.0f : 1.0f;
+    if (e4 && e == emax && m == (1 << mbits) - 1)
+        return NAN;
+    if (!e4 && e == emax)
+        return m ? NAN : sign * INFINITY;
+    if (e == 0) /* subnormal: m 2^(1 - bias - mbits) */
+        return sign * ldexpf((float)m, 1 - bias - mbits);
+    return sign * ldexpf((float)((1 << mbits) + m), e - bias - mbits);
+}
+
+/* f rounded to FP8, to nearest even, saturating to the largest finite
+ * value (448 for E4M3, 57344 for E5M2, Inf too) as the GPU's .satfinite
+ * conversion does; NaN stays NaN. */
+static inline uint8_t weft__f32_to_f8(weft_dtype t, float f)
+{
+    int e4 = t == WEFT_DTYPE_F8_E4M3;
+    int mbits = e4 ? 3 : 2, bias = e4 ? 7 : 15;
+    uint8_t sign = signbit(f) ? 0x80 : 0, max_code = e4 ? 0x7e : 0x7b;
+    if (isnan(f))
+        return (uint8_t)(sign | 0x7f);
+    float a = fabsf(f);
+    if (a >= weft__f8_to_f32(t, max_code))
+        return (uint8_t)(sign | max_code);
+    int e;
+    frexpf(a, &e);                 /* a = frac 2^e, frac in [0.5, 1) */
+    e -= 1;                        /* a in [2^e, 2^(e+1)) */
+    if (a == 0.0f || e < 1 - bias) /* subnormal steps reach the first normal: code = steps */
+        return (uint8_t)(sign | (uint8_t)rintf(ldexpf(a, bias - 1 + mbits)));
+    unsigned q = (unsigned)rintf(ldexpf(a, mbits - e)); /* in [2^mbits, 2^(mbits+1)] */
+    unsigned code = ((unsigned)(e + bias) << mbits) + (q - (1u << mbits)); /* a carry bumps e */
+    return (uint8_t)(sign | (code > max_code ? max_code : code));
+}
+
+static inline int weft__is_f8(weft_dtype dtype)
+{
+    return dtype == WEFT_DTYPE_F8_E4M3 || dtype == WEFT_DTYPE_F8_E5M2;
+}
+
 static inline size_t weft__dtype_size(weft_dtype dtype)
 {
-    return dtype == WEFT_DTYPE_F32 ? 4 : 2;
+    switch (dtype) {
+    case WEFT_DTYPE_BF16:
+    case WEFT_DTYPE_F16:
+        return 2;
+    case WEFT_DTYPE_F8_E4M3:
+    case WEFT_DTYPE_F8_E5M2:
+    case WEFT_DTYPE_I8:
+        return 1;
+    default: /* fp32, int32 */
+        return 4;
+    }
 }
 
 /* Element i of a dtype array, as fp32. */
@@ -113,6 +169,13 @@ static inline float weft__load(weft_dtype dtype, const void *p, size_t i)
         return weft__bf16_to_f32(((const uint16_t *)p)[i]);
     case WEFT_DTYPE_F16:
         return weft__f16_to_f32(((const uint16_t *)p)[i]);
+    case WEFT_DTYPE_F8_E4M3:
+    case WEFT_DTYPE_F8_E5M2:
+        return weft__f8_to_f32(dtype, ((const uint8_t *)p)[i]);
+    case WEFT_DTYPE_I8:
+        return (float)((const int8_t *)p)[i];
+    case WEFT_DTYPE_I32:
+        return (float)((const int32_t *)p)[i];
     default:
         return ((const float *)p)[i];
     }
@@ -128,7 +191,11 @@ static inline void weft__store(weft_dtype dtype, void *p, size_t i, float v)
     case WEFT_DTYPE_F16:
         ((uint16_t *)p)[i] = weft__f32_to_f16(v);
         break;
-    default:
+    case WEFT_DTYPE_F8_E4M3:
+    case WEFT_DTYPE_F8_E5M2:
+        ((uint8_t *)p)[i] = weft__f32_to_f8(dtype, v);
+        break;
+    default: /* fp32; the integer types are written as integers, never from here */
         ((float *)p)[i] = v;
         break;
     }

@@ -265,8 +265,8 @@ static void test_bad_arguments_are_refused_with_the_reason(void **state)
             "eps must be > 0 and finite");
     refused(weft_conv2d_fold_bn(NULL, &ok, WEFT_DTYPE_F32, WF, B, W, NULL, G, G, G, V, INFINITY),
             "eps must be > 0 and finite");
-    refused(weft_conv2d_fold_bn(NULL, &ok, (weft_dtype)5, WF, B, W, NULL, G, G, G, V, 1e-5f),
-            "unsupported dtype 5");
+    refused(weft_conv2d_fold_bn(NULL, &ok, (weft_dtype)7, WF, B, W, NULL, G, G, G, V, 1e-5f),
+            "unsupported dtype 7");
     refused(weft_conv2d_fold_bn(NULL, &ok, WEFT_DTYPE_F32, WF, B, W, NULL, NULL, G, G, V, 1e-5f),
             "gamma is NULL");
     refused(weft_conv2d_fold_bn(NULL, &ok, WEFT_DTYPE_F32, WF, B, W, NULL, G, G, G, NULL, 1e-5f),

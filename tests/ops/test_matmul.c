@@ -282,17 +282,25 @@ static void test_a_valid_call_is_not_refused(void **state)
 }
 
 /* Decode's shapes go to the skinny kernel; a row more than 16, another
- * layout or type, or anything that breaks its 16-byte loads goes to
- * cuBLASLt. The pointers are never read. */
+ * layout or type, any of the quantized fields (FP8 or INT8 operands, an
+ * fp8 or int32 D, scales, amax), or anything that breaks its 16-byte loads
+ * goes to cuBLASLt. The arguments are resolved ones, as check_desc leaves
+ * them (B's, C's and the bias's types set); the pointers are never read. */
 static void test_the_skinny_kernel_takes_decode_shapes_only(void **state)
 {
     (void)state;
+    static const float scale = 1.0f;
+    static float amax;
     const weft__matmul_args up = {.m = 16,
                                   .n = 14336,
                                   .k = 4096,
                                   .batch = 1,
+                                  .kind = WEFT__MM_FLOAT,
                                   .type = WEFT_DTYPE_BF16,
                                   .in_type = WEFT_DTYPE_BF16,
+                                  .in_type_b = WEFT_DTYPE_BF16,
+                                  .c_type = WEFT_DTYPE_BF16,
+                                  .bias_type = WEFT_DTYPE_BF16,
                                   .trans_b = 1,
                                   .lda = 4096,
                                   .ldb = 4096,
@@ -304,7 +312,8 @@ static void test_the_skinny_kernel_takes_decode_shapes_only(void **state)
     assert_true(weft__matmul_skinny_fits(&x));
     x.m = 1, x.k = x.lda = 4100; /* one row: its stride is never used */
     assert_true(weft__matmul_skinny_fits(&x));
-    x = up, x.in_type = WEFT_DTYPE_F16, x.type = WEFT_DTYPE_F32, x.m = 3;
+    x = up, x.in_type = x.in_type_b = WEFT_DTYPE_F16, x.m = 3;
+    x.type = x.c_type = x.bias_type = WEFT_DTYPE_F32;
     assert_true(weft__matmul_skinny_fits(&x));
     x = up, x.batch = 7, x.stride_a = 16 * 4096, x.stride_b = 0, x.stride_d = 16 * 14336;
     assert_true(weft__matmul_skinny_fits(&x));
@@ -336,6 +345,45 @@ static void test_the_skinny_kernel_takes_decode_shapes_only(void **state)
     x = up, x.batch = 65536;
     assert_false(weft__matmul_skinny_fits(&x));
     x = up, x.n = 13, x.k = x.lda = x.ldb = 40000; /* one block for a long k */
+    assert_false(weft__matmul_skinny_fits(&x));
+
+    /* The quantized products, each at a decode shape that would otherwise
+     * fit, and each quantized field alone on a 16-bit call. */
+    x = up, x.kind = WEFT__MM_FP8, x.in_type = x.in_type_b = WEFT_DTYPE_F8_E4M3;
+    x.scale_a_mode = x.scale_b_mode = WEFT_MATMUL_SCALE_TENSOR, x.scale_a = x.scale_b = &scale;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x.type = WEFT_DTYPE_F8_E4M3, x.scale_d = &scale, x.amax_d = &amax; /* an fp8 D */
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.kind = WEFT__MM_INT8, x.in_type = x.in_type_b = WEFT_DTYPE_I8;
+    x.type = x.c_type = x.bias_type = WEFT_DTYPE_I32;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.kind = WEFT__MM_INT8; /* the kind alone */
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.in_type_b = WEFT_DTYPE_F16;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.in_type_b = WEFT_DTYPE_F8_E4M3;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.type = x.c_type = x.bias_type = WEFT_DTYPE_F8_E4M3;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.type = x.c_type = x.bias_type = WEFT_DTYPE_I32;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.type = x.c_type = x.bias_type = WEFT_DTYPE_F16; /* D of neither A's type nor fp32 */
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.c_type = WEFT_DTYPE_F16;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.bias_type = WEFT_DTYPE_F32;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.scale_a_mode = WEFT_MATMUL_SCALE_OUTER;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.scale_b_mode = WEFT_MATMUL_SCALE_TENSOR;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.scale_a = &scale;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.scale_b = &scale;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.scale_d = &scale;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = up, x.amax_d = &amax;
     assert_false(weft__matmul_skinny_fits(&x));
 }
 

@@ -92,6 +92,27 @@ static int matmul_call(void *stream, float *in, float *out)
     return weft_matmul(stream, &desc, out, in, in + HEAD, NULL);
 }
 
+/* INT8 dequantized: D (3 x 4, rows COLS apart) = ReLU(float(A B^T) sa sb_j)
+ * with A 3 x 20 and B 4 x 20 int8 (the bytes of in's first 35 floats) and
+ * the scales in's floats 40 (per tensor) and 41..44 (per column), so that
+ * the scales too must be read when the op runs, not at the call. */
+static int matmul_int8_call(void *stream, float *in, float *out)
+{
+    weft_matmul_desc desc = {.m = ROWS,
+                             .n = 4,
+                             .k = HEAD,
+                             .type = WEFT_DTYPE_F32,
+                             .in_type = WEFT_DTYPE_I8,
+                             .trans_b = 1,
+                             .ldd = COLS,
+                             .act = WEFT_MATMUL_ACT_RELU,
+                             .scale_a_mode = WEFT_MATMUL_SCALE_TENSOR,
+                             .scale_b_mode = WEFT_MATMUL_SCALE_OUTER,
+                             .scale_a = in + 40,
+                             .scale_b = in + 41};
+    return weft_matmul(stream, &desc, out, in, (const char *)in + ROWS * HEAD, NULL);
+}
+
 #endif
 
 /* A depthwise 3x3 convolution with ReLU: the input 1 x 3 x 5 x 4, the
@@ -121,6 +142,7 @@ static const op_case CASES[] = {
     {"conv2d_fold_bn", fold_call},
 #ifdef WEFT_HAVE_HOST_BLAS
     {"matmul", matmul_call},
+    {"matmul int8", matmul_int8_call},
 #endif
     {"bias_gelu_residual", gelu_call},
     {"layernorm", layernorm_call},
