@@ -124,8 +124,7 @@ static void run_host_call(void *arg)
     free(c);
 }
 
-int weft__task_stream_op(const char *op, void **stream, void (*host)(const void *args),
-                         const void *args, size_t size)
+int weft__op_task_stream(const char *op, void **stream)
 {
     int rc = weft_stream(stream);
     if (rc == WEFT_ENOTASK)
@@ -135,14 +134,26 @@ int weft__task_stream_op(const char *op, void **stream, void (*host)(const void 
         snprintf(why, sizeof why, "%s", weft_last_error());
         return weft__fail(rc, "%s: the task's stream: %s", op, why);
     }
-    if (*stream)
-        return WEFT__ON_STREAM;
+    return *stream ? WEFT__ON_STREAM : WEFT_OK;
+}
+
+int weft__op_enqueue_host(const char *op, void (*host)(const void *args), const void *args,
+                          size_t size)
+{
     host_call *c = malloc(sizeof *c + size);
     if (!c)
         return weft__fail(WEFT_ENOMEM, "%s: out of memory", op);
     c->host = host;
     memcpy(c->args, args, size);
-    if ((rc = weft_host_async(run_host_call, c)) != WEFT_OK)
+    int rc = weft_host_async(run_host_call, c);
+    if (rc != WEFT_OK)
         free(c);
     return rc;
+}
+
+int weft__task_stream_op(const char *op, void **stream, void (*host)(const void *args),
+                         const void *args, size_t size)
+{
+    int rc = weft__op_task_stream(op, stream);
+    return rc == WEFT_OK ? weft__op_enqueue_host(op, host, args, size) : rc;
 }

@@ -60,14 +60,11 @@
 #include "ops/conv.h"
 #include "ops/cudnn_context.h"
 #include "ops/ops_internal.h"
+#include "ops/workspace.h"
 
 static const char OP[] = "weft_conv2d";
 
-enum {
-    WORKSPACE = WEFT__CUDNN_WORKSPACE,
-    BUCKETS = 256,
-    MAX_ALGOS = CUDNN_CONVOLUTION_FWD_ALGO_COUNT
-};
+enum { WORKSPACE = WEFT__WORKSPACE, BUCKETS = 256, MAX_ALGOS = CUDNN_CONVOLUTION_FWD_ALGO_COUNT };
 
 /* Whether s is one of cuDNN 9's NOT_SUPPORTED codes (a category of them). */
 static int not_supported(cudnnStatus_t s)
@@ -479,7 +476,7 @@ int weft__conv_cuda(void *stream_arg, const weft__conv_args *a)
     if ((e = cudaStreamIsCapturing(stream, &capture)) != cudaSuccess)
         return cuda_fail("cudaStreamIsCapturing", e);
     if (capture == cudaStreamCaptureStatusNone &&
-        (rc = weft__cudnn_workspace(OP, stream, device, &ws, &ws_size)) != WEFT_OK)
+        (rc = weft__stream_workspace(OP, stream, device, &ws, &ws_size)) != WEFT_OK)
         return rc;
 
     plan_key k;
@@ -524,7 +521,7 @@ int weft__conv_cuda(void *stream_arg, const weft__conv_args *a)
         return weft__fail(WEFT_EINVAL,
                           "%s: cuDNN has no algorithm for %s that runs without a workspace "
                           "(inside graph capture, or past %d streams with one)",
-                          OP, shape, WEFT__CUDNN_MAX_WORKSPACES);
+                          OP, shape, WEFT__MAX_WORKSPACES);
     return weft__fail(WEFT_EINVAL,
                       "%s: cuDNN does not support %s: its fused convolution-bias-activation "
                       "refused %d algorithms and its convolution %d (last: %s (%d)%s%s)",

@@ -160,23 +160,10 @@ static int host_prepare(weft__grouped_matmul_args *a)
  * workspace already taken. */
 static int task_stream(void **stream, weft__grouped_matmul_args *a)
 {
-    void *s = NULL;
-    int rc = weft_stream(&s);
-    if (rc == WEFT_ENOTASK)
-        return weft__fail(rc, "%s: WEFT_TASK_STREAM outside a task", OP);
-    if (rc != WEFT_OK) {
-        char why[256];
-        snprintf(why, sizeof why, "%s", weft_last_error());
-        return weft__fail(rc, "%s: the task's stream: %s", OP, why);
-    }
-    if (s) {
-        *stream = s;
-        return WEFT__ON_STREAM;
-    }
-    if ((rc = host_prepare(a)) != WEFT_OK)
+    int rc = weft__op_task_stream(OP, stream);
+    if (rc != WEFT_OK || (rc = host_prepare(a)) != WEFT_OK)
         return rc;
-    rc = weft__task_stream_op(OP, stream, run_host, a, sizeof *a);
-    if (rc != WEFT_OK)
+    if ((rc = weft__op_enqueue_host(OP, run_host, a, sizeof *a)) != WEFT_OK)
         free(a->host_ws); /* not enqueued: the workspace is still ours */
     return rc;
 }

@@ -467,23 +467,10 @@ static void run_host(const void *args)
  * the host reference enqueued in the task's stream order. */
 static int task_stream(void **stream, weft__matmul_args *x)
 {
-    void *s = NULL;
-    int rc = weft_stream(&s);
-    if (rc == WEFT_ENOTASK)
-        return weft__fail(rc, "%s: WEFT_TASK_STREAM outside a task", OP);
-    if (rc != WEFT_OK) {
-        char why[256];
-        snprintf(why, sizeof why, "%s", weft_last_error());
-        return weft__fail(rc, "%s: the task's stream: %s", OP, why);
-    }
-    if (s) {
-        *stream = s;
-        return WEFT__ON_STREAM;
-    }
-    if ((rc = weft__matmul_host_prepare(OP, x)) != WEFT_OK)
+    int rc = weft__op_task_stream(OP, stream);
+    if (rc != WEFT_OK || (rc = weft__matmul_host_prepare(OP, x)) != WEFT_OK)
         return rc;
-    rc = weft__task_stream_op(OP, stream, run_host, x, sizeof *x);
-    if (rc != WEFT_OK)
+    if ((rc = weft__op_enqueue_host(OP, run_host, x, sizeof *x)) != WEFT_OK)
         free(x->host_ws); /* not enqueued: the panels are still ours */
     return rc;
 }

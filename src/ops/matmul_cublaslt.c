@@ -44,17 +44,10 @@
  *    the stack each call (cublasLtMatmulDescInit, a few stores): it holds
  *    the call's bias and aux pointers, and sharing one across threads
  *    would need a lock around the launch;
- *  - workspaces: WORKSPACE bytes per stream, keyed by CUDA's process-wide
- *    unique stream id (cudaStreamGetId), so a stream handle reused after
- *    cudaStreamDestroy never inherits a workspace another stream's work may
- *    still be using. weft's own streams are pooled and live as long as the
- *    runtime, so their number is bounded; past MAX_WORKSPACES streams
- *    (streams of the caller's, made and destroyed in a loop) further
- *    streams run with no workspace, which cuBLASLt allows, on the
- *    algorithms that need none. So do calls captured into a graph (graph
- *    mode's regions, explicit graphs): a graph runs on whatever stream it
- *    is launched on, perhaps beside another captured on the same stream,
- *    so no stream's workspace is safe to hand it.
+ *  - workspaces: one per stream, shared with weft's cuDNN calls
+ *    (workspace.c); a call captured into a graph (graph mode's regions,
+ *    explicit graphs) takes none, since a graph runs on whatever stream it
+ *    is launched on, perhaps beside another captured on the same stream.
  * Creating a handle switches the thread to relaxed stream capture, so a
  * first call inside a captured region works.
  */
@@ -71,12 +64,11 @@
 #include "ops/matmul.h"
 #include "ops/matmul_cublaslt.h"
 #include "ops/ops_internal.h"
+#include "ops/workspace.h"
 
 static const char OP[] = "weft_matmul";
 
-/* cuBLASLt's advice for Hopper: 32 MiB lets it pick split-K and stream-K
- * algorithms for any shape. */
-enum { WORKSPACE = 32 << 20, MAX_DEVICES = 64, MAX_WORKSPACES = 256, BUCKETS = 512 };
+enum { MAX_DEVICES = 64, BUCKETS = 512 };
 
 static int lt_fail(const char *what, cublasStatus_t s)
 {
@@ -122,78 +114,6 @@ static int get_handle(int device, cublasLtHandle_t *out)
         h = had;
     }
     *out = h;
-    return WEFT_OK;
-}
-
-/* ---- workspaces, one per stream ---------------------------------------- */
-
-typedef struct workspace {
-    unsigned long long stream_id;
-    int device;
-    void *ptr;
-    size_t size;
-    struct workspace *next;
-} workspace;
-
-static _Atomic(workspace *) ws_buckets[BUCKETS];
-static weft__lock ws_lock = WEFT__LOCK_INIT;
-static unsigned ws_count; /* guarded by ws_lock */
-
-static workspace *ws_find(workspace *w, unsigned long long id, int device)
-{
-    for (; w; w = w->next)
-        if (w->stream_id == id && w->device == device)
-            return w;
-    return NULL;
-}
-
-static int get_workspace(cudaStream_t stream, int device, void **ptr, size_t *size)
-{
-    unsigned long long id;
-    cudaError_t e = cudaStreamGetId(stream, &id);
-    if (e != cudaSuccess)
-        return weft__matmul_lt_cuda_fail("cudaStreamGetId", e);
-    _Atomic(workspace *) *bucket = &ws_buckets[(id * 0x9e3779b97f4a7c15ull) >> 55];
-    workspace *w = ws_find(atomic_load_explicit(bucket, memory_order_acquire), id, device);
-    if (w) {
-        *ptr = w->ptr, *size = w->size;
-        return WEFT_OK;
-    }
-
-    /* First matmul on this stream: its own workspace, unless too many
-     * streams have one already. */
-    workspace *nw = calloc(1, sizeof *nw);
-    if (!nw)
-        return weft__fail(WEFT_ENOMEM, "%s: out of memory for a workspace record", OP);
-    nw->stream_id = id, nw->device = device, nw->size = WORKSPACE;
-    weft__lock_acquire(&ws_lock);
-    int full = ws_count >= MAX_WORKSPACES;
-    weft__lock_release(&ws_lock);
-    if (full) {
-        nw->size = 0;
-    } else {
-        e = cudaMalloc(&nw->ptr, nw->size); /* never under capture: see the call */
-        if (e != cudaSuccess) {
-            free(nw);
-            cudaGetLastError();
-            return weft__fail(WEFT_ENOMEM, "%s: no memory for a %d MiB workspace: %s", OP,
-                              WORKSPACE >> 20, cudaGetErrorName(e));
-        }
-    }
-    weft__lock_acquire(&ws_lock);
-    w = ws_find(atomic_load_explicit(bucket, memory_order_relaxed), id, device);
-    if (!w) {
-        nw->next = atomic_load_explicit(bucket, memory_order_relaxed);
-        atomic_store_explicit(bucket, nw, memory_order_release);
-        ws_count += nw->size != 0;
-        w = nw, nw = NULL;
-    }
-    weft__lock_release(&ws_lock);
-    if (nw) { /* the same stream raced us here: keep the first */
-        cudaFree(nw->ptr);
-        free(nw);
-    }
-    *ptr = w->ptr, *size = w->size;
     return WEFT_OK;
 }
 
@@ -562,7 +482,7 @@ int weft__matmul_lt_prepare(cudaStream_t stream, const weft__matmul_args *a, wef
     if ((e = cudaStreamIsCapturing(stream, &capture)) != cudaSuccess)
         return weft__matmul_lt_cuda_fail("cudaStreamIsCapturing", e);
     if (capture == cudaStreamCaptureStatusNone &&
-        (rc = get_workspace(stream, device, &r->ws, &r->ws_size)) != WEFT_OK)
+        (rc = weft__stream_workspace(OP, stream, device, &r->ws, &r->ws_size)) != WEFT_OK)
         return rc;
 
     plan_key k;

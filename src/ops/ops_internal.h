@@ -268,6 +268,14 @@ int weft__check_stream(const char *op, void *stream);
 enum { WEFT__ON_STREAM = 1 };
 int weft__task_stream_op(const char *op, void **stream, void (*host)(const void *args),
                          const void *args, size_t size);
+/* Its two halves, for ops that take memory for the host reference at the
+ * call: weft__op_task_stream gives WEFT__ON_STREAM with the task's CUDA
+ * stream in *stream, or WEFT_OK with *stream NULL on the host backend (or
+ * an error naming op); weft__op_enqueue_host enqueues host(args) in the
+ * task's stream order on a copy of args. */
+int weft__op_task_stream(const char *op, void **stream);
+int weft__op_enqueue_host(const char *op, void (*host)(const void *args), const void *args,
+                          size_t size);
 
 /* Sums of many fp32 terms: terms go into blocks of WEFT__SUM_BLOCK, block
  * sums into a total, which keeps the rounding error near that of a tree
