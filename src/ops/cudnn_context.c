@@ -19,7 +19,6 @@
 #include <stdlib.h>
 
 #include "core/error.h"
-#include "core/lock.h"
 #include "ops/cudnn_context.h"
 
 enum { MAX_DEVICES = 64 };
