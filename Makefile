@@ -90,12 +90,13 @@ check-asan: deps
 	  $(CTEST) --test-dir build-asan --output-on-failure -j $(JOBS)
 
 # clang's TSan switches fibers in under a microsecond; gcc 12's takes tens.
+# tests/tsan.supp: what TSan cannot see of OpenBLAS's threads.
 # A build-tsan/ configured with another compiler is started afresh.
 check-tsan: deps
 	@grep -qs 'CMAKE_C_COMPILER:.*clang' build-tsan/CMakeCache.txt || rm -rf build-tsan
 	CC=clang $(CMAKE) -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWEFT_SANITIZE=thread -DWEFT_BENCH=OFF
 	$(CMAKE) --build build-tsan -j $(JOBS)
-	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp \
 	  $(CTEST) --test-dir build-tsan --output-on-failure -j $(JOBS)
 
 # record ROWS: with RECORD=1, the run's rows into the record; else where

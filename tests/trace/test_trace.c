@@ -33,7 +33,7 @@
 typedef struct shared {
     weft_mutex *mu;
     weft_chan *ch;
-    atomic_int in_lock;
+    atomic_int lockers; /* lockers that reached weft_mutex_lock */
 } shared;
 
 static void touch(void *arg)
@@ -76,12 +76,18 @@ static void *consumer(void *arg)
     return sum == 49 * 50 / 2 ? NULL : (void *)1;
 }
 
+/* Two of these contend for the mutex: the one that takes it holds it until
+ * the other has come to lock it too (or 2 s have passed), and 20 ms more,
+ * so that the other waits however late a loaded machine runs it. */
 static void *locker(void *arg)
 {
     shared *sh = arg;
+    atomic_fetch_add(&sh->lockers, 1);
     if (weft_mutex_lock(sh->mu))
         return (void *)1;
-    weft_sleep_ns(10000000); /* hold it: the other locker waits */
+    for (int ms = 0; ms < 2000 && atomic_load(&sh->lockers) < 2; ms++)
+        weft_sleep_ns(1000000);
+    weft_sleep_ns(20000000);
     weft_mutex_unlock(sh->mu);
     return NULL;
 }
@@ -104,7 +110,7 @@ static void *root(void *arg)
     static const struct {
         const char *name;
         void *(*fn)(void *);
-    } kids[] = {{"producer", producer}, {"consumer", consumer}, {"locker", locker},
+    } kids[] = {{"producer", producer}, {"consumer", consumer},  {"locker", locker},
                 {"locker", locker},     {"device", device_user}, {"child", child}};
     weft_task *ts[6];
     for (int i = 0; i < 6; i++) {
@@ -231,7 +237,8 @@ static void expect_the_work(const json *doc, unsigned workers)
     assert_true(worker_names(doc) >= 1 && worker_names(doc) <= workers);
 
     assert_true(trace_count(doc, "b", "wait: join", "wait") >= 1);
-    assert_true(trace_count(doc, "b", "wait: chan ", "wait") >= 1); /* send or recv: who came first */
+    assert_true(trace_count(doc, "b", "wait: chan ", "wait") >=
+                1); /* send or recv: who came first */
     assert_true(trace_count(doc, "b", "wait: mutex", "wait") >= 1);
     assert_true(trace_count(doc, "b", "wait: sleep", "wait") >= 1);
     assert_true(trace_count(doc, "b", "wait: host device", "wait") >= 1);
@@ -496,7 +503,8 @@ static void test_trace_checker_refuses_broken_files(void **state)
         "{\"traceEvents\":[1,]}",
         "{\"traceEvents\":[{\"ph\":\"X\",\"name\":\"a\",\"pid\":1,\"tid\":1,\"ts\":0,\"dur\":-1}]}",
         /* a wait that never ends */
-        "{\"traceEvents\":[{\"ph\":\"b\",\"cat\":\"w\",\"id\":\"1\",\"name\":\"a\",\"pid\":1,\"tid\":1,\"ts\":5}]}",
+        "{\"traceEvents\":[{\"ph\":\"b\",\"cat\":\"w\",\"id\":\"1\",\"name\":\"a\",\"pid\":1,"
+        "\"tid\":1,\"ts\":5}]}",
         "{\"traceEvents\":[{\"ph\":\"X\",\"name\":\"a\",\"pid\":1,\"tid\":1,\"ts\":0,\"dur\":1}]}",
         "{\"traceEvents\":[]} x",
         "{\"traceEvents\":[\"\xc3\"]}",
@@ -510,10 +518,11 @@ static void test_trace_checker_refuses_broken_files(void **state)
         if (ok)
             fail_msg("accepted broken trace %zu: %s", i, bad[i]);
     }
-    const char *good = "{\"traceEvents\":[{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":1,"
-                       "\"args\":{\"name\":\"p\"}},{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":"
-                       "1,\"tid\":2,\"args\":{\"name\":\"t\"}},{\"ph\":\"X\",\"name\":\"a\",\"pid\":"
-                       "1,\"tid\":2,\"ts\":1.5,\"dur\":0}]}";
+    const char *good =
+        "{\"traceEvents\":[{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":1,"
+        "\"args\":{\"name\":\"p\"}},{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":"
+        "1,\"tid\":2,\"args\":{\"name\":\"t\"}},{\"ph\":\"X\",\"name\":\"a\",\"pid\":"
+        "1,\"tid\":2,\"ts\":1.5,\"dur\":0}]}";
     char error[256];
     json *doc = json_parse(good, strlen(good), error, sizeof error);
     assert_non_null(doc);
