@@ -433,12 +433,13 @@ template <typename T> int launch_decode(cudaStream_t stream, const weft__decode_
     p.seqs = (int)c->seqs;
     p.scale_log2 = a->scale * 1.4426950408889634f;
 
-    /* the split: as fixed by the caller, or enough parts to give the SMs
-     * four blocks each where the unsplit grid leaves them short of two */
+    /* the split: as fixed by the caller, or enough parts to give every SM
+     * four blocks (three fit at once, so the last wave is a small share),
+     * no more than the shape's workspace holds */
     size_t base = c->seqs * c->kv_heads * (size_t)p.row_groups, parts = a->max_splits;
     if (!a->forced) {
         size_t sms = (size_t)sm_count(), want = (4 * sms + base - 1) / base;
-        parts = base >= 2 * sms ? 1 : want < parts ? want : parts;
+        parts = want < parts ? want : parts;
     }
     p.splits = (int)(parts < 1 ? 1 : parts);
     size_t rows = c->seqs * a->q_len * a->heads;

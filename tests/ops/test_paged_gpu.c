@@ -81,6 +81,9 @@ static dev_case dev_make(const pg_case *c, const weft_attention_decode_desc *d)
     assert_ok(weft_attention_decode_workspace(&g.cache, d, &g.ws_bytes));
     if (g.ws_bytes)
         assert_cuda(cudaMalloc(&g.ws, g.ws_bytes));
+    /* the copies ran on the legacy stream, which the test's stream does
+     * not wait for */
+    assert_cuda(cudaDeviceSynchronize());
     return g;
 }
 
@@ -92,6 +95,7 @@ static void dev_poison(const pg_case *c, dev_case *g)
     assert_cuda(cudaMemset(g->lse, PG_POISON, c->rows * 4));
     if (g->ws)
         assert_cuda(cudaMemset(g->ws, PG_POISON, g->ws_bytes));
+    assert_cuda(cudaDeviceSynchronize());
 }
 
 static void dev_free(dev_case *g)
@@ -368,6 +372,7 @@ static void test_bad_tables_are_clamped_without_faults(void **state)
     assert_cuda(cudaMemcpy(g.seq_ids, ids, sizeof ids, cudaMemcpyHostToDevice));
     assert_cuda(cudaMemcpy(g.positions, pos, sizeof pos, cudaMemcpyHostToDevice));
     assert_cuda(cudaMemcpy(g.lens, lens, sizeof lens, cudaMemcpyHostToDevice));
+    assert_cuda(cudaDeviceSynchronize());
     assert_ok(weft_kv_append(stream, &g.cache, g.k, 0, g.v, 0, 4, g.seq_ids, g.positions, NULL));
     assert_ok(
         weft_attention_decode(stream, &g.cache, &d, g.out, g.lse, g.q, g.lens, g.ws, g.ws_bytes));
