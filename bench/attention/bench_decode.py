@@ -36,6 +36,7 @@ DEFAULT_LIB = os.path.join(ROOT, "build-release", "libweft.so")
 
 BF16, F16 = 1, 2
 ROPE_INTERLEAVED, ROPE_HALVES = 0, 1
+KV_DTYPE, KV_FP8_E4M3 = 0, 1
 HEADS, KV_HEADS, DIM, PAGE = 32, 8, 128, 16
 CASES = ((16, 4096), (64, 2048), (1, 32768))
 
@@ -45,7 +46,8 @@ class KvCache(ctypes.Structure):
     Z, P = ctypes.c_size_t, ctypes.c_void_p
     _fields_ = [("dtype", ctypes.c_int), ("k", P), ("v", P), ("pages", Z), ("page_size", Z),
                 ("kv_heads", Z), ("head_dim", Z), ("block_table", P), ("seqs", Z),
-                ("max_pages", Z), ("reserved", ctypes.c_uint64 * 4)]
+                ("max_pages", Z), ("format", ctypes.c_int), ("k_scale", P), ("v_scale", P),
+                ("reserved", ctypes.c_uint64 * 4)]
 
 
 class KvRope(ctypes.Structure):
@@ -138,6 +140,17 @@ def check_layout(lib):
                                                    ctypes.byref(ws)), "workspace")
     if ws.value != 0:
         die("KvCache/DecodeDesc drifted: a call that never splits asks %d bytes" % ws.value)
+    # the FP8 fields: a cache of that format is taken with both scales, refused without v's
+    scales = (ctypes.c_float * 2)(1.0, 1.0)
+    fp8 = KvCache.from_buffer_copy(cache)
+    fp8.format, fp8.k_scale, fp8.v_scale = KV_FP8_E4M3, ctypes.addressof(scales), \
+        ctypes.addressof(scales)
+    check(lib, lib.weft_attention_decode_workspace(ctypes.byref(fp8), ctypes.byref(desc),
+                                                   ctypes.byref(ws)), "an FP8 cache")
+    fp8.v_scale = None
+    if lib.weft_attention_decode_workspace(ctypes.byref(fp8), ctypes.byref(desc),
+                                           ctypes.byref(ws)) == 0:
+        die("KvCache drifted: an FP8 cache without v_scale was taken")
     check(lib, lib.weft_attention_decode(None, ctypes.byref(cache), ctypes.byref(desc), oa,
                                          ctypes.addressof(lse), qa, lens, None, 0),
           "weft_attention_decode")

@@ -557,18 +557,34 @@ int weft_conv2d(void *stream, const weft_conv2d_desc *desc, void *out, const voi
 
 /* ---- paged KV cache and decode attention ------------------------------- */
 
+/* How the pools hold their elements. */
+typedef enum weft_kv_format {
+    WEFT_KV_DTYPE = 0, /* elements of the cache's dtype */
+    /* one byte an element: OCP FP8 E4M3 (bias 7, largest 448, no
+     * infinities), stored raw, meaning byte's value times the kv head's
+     * fp32 scale (k_scale or v_scale). This is the cache's own flag: it
+     * is not a weft_dtype. */
+    WEFT_KV_FP8_E4M3 = 1
+} weft_kv_format;
+
 /* An LLM's key/value cache in fixed-size pages. Two pools, k and v, each
  *   [pages][page_size][kv_heads][head_dim]
- * of dtype (WEFT_DTYPE_BF16 or WEFT_DTYPE_F16), both 16-byte aligned; a
- * sequence's tokens live in the pages its row of the block table names:
- * token t of sequence s is slot t % page_size of page
+ * of dtype (WEFT_DTYPE_BF16 or WEFT_DTYPE_F16) or, with format
+ * WEFT_KV_FP8_E4M3, of FP8 bytes; both 16-byte aligned. A sequence's
+ * tokens live in the pages its row of the block table names: token t of
+ * sequence s is slot t % page_size of page
  * block_table[s * max_pages + t / page_size] (int32, 4-byte aligned). Pages
- * need not be contiguous nor in order; a page may be named by one sequence
- * only (two sequences sharing a page see each other's appends).
+ * need not be contiguous nor in order; sequences may share a page for
+ * reading (a common prefix), and an append writes the slot its table
+ * names whoever else reads it.
  * page_size is a power of two from 16 to 256; head_dim is 64 or 128;
  * kv_heads, pages, seqs and max_pages are >= 1, and max_pages * page_size
  * (a sequence's capacity in tokens) and the pools' element counts fit in
- * int32 and size_t. With a stream every pointer is device memory; with
+ * int32 and size_t. dtype is also the type of everything the calls take
+ * besides the pools (the new keys and values, q, out). With FP8, k_scale
+ * and v_scale are fp32 [kv_heads] (4-byte aligned; read where the work
+ * runs, positive and finite, else the results are unspecified); without,
+ * they must be NULL. With a stream every pointer is device memory; with
  * NULL, host memory. */
 typedef struct weft_kv_cache {
     weft_dtype dtype;
@@ -576,6 +592,8 @@ typedef struct weft_kv_cache {
     size_t pages, page_size, kv_heads, head_dim;
     const int32_t *block_table;
     size_t seqs, max_pages;
+    weft_kv_format format;
+    const float *k_scale, *v_scale;
     uint64_t reserved[4]; /* must be zero */
 } weft_kv_cache;
 
@@ -594,7 +612,11 @@ typedef struct weft_kv_rope {
  * of tokens entries), and is written to slot positions[t] % page_size of
  * page block_table[seq_ids[t]][positions[t] / page_size] of both pools.
  * With rope (NULL = none) K is rotated on the way by the angle of
- * positions[t], as weft_kv_rope says; V is copied. Tokens of several
+ * positions[t], as weft_kv_rope says; V is copied. FP8 pools get each
+ * element (K after its fp32 rotation, before any rounding to dtype)
+ * divided by its head's scale in fp32 and rounded once to E4M3, to
+ * nearest even, values beyond 448 in magnitude saturating to +-448 (NaN
+ * stays NaN). Tokens of several
  * sequences and several tokens of one sequence may come in one call; two
  * tokens naming the same slot leave either's values. k_stride and
  * v_stride >= kv_heads * head_dim (0 means that); k and v aligned to their
@@ -644,6 +666,7 @@ int weft_attention_decode_workspace(const weft_kv_cache *cache,
  * with a window, max(0, p - window + 1) (causal among the queries: query i
  * sees the i earlier queries' keys, which weft_kv_append has written):
  *   s_j = scale * dot(q[b][i][h], K[j]),  K and V of kv head h / (heads / kv_heads)
+ *                                         (FP8: each element times its head's scale)
  *   out[b][i][h] = sum_j exp(s_j - m) V[j] / sum_j exp(s_j - m),  m = max s_j
  *   lse[b][i][h] = m + log(sum_j exp(s_j - m))   (natural log)
  * q and out are [seqs][q_len][heads][head_dim] of the cache's dtype,

@@ -67,6 +67,16 @@ static int check_cache(const char *op, const weft_kv_cache *c)
                           "%s: a sequence's capacity (%zu pages of %zu) is over "
                           "int32",
                           op, c->max_pages, c->page_size);
+    if (c->format != WEFT_KV_DTYPE && c->format != WEFT_KV_FP8_E4M3)
+        return weft__fail(WEFT_EINVAL, "%s: unknown cache format %d", op, (int)c->format);
+    if (c->format == WEFT_KV_FP8_E4M3) {
+        if (c->k_scale == NULL || c->v_scale == NULL)
+            return weft__fail(WEFT_EINVAL, "%s: an FP8 cache needs k_scale and v_scale", op);
+        if ((uintptr_t)c->k_scale % sizeof(float) != 0 ||
+            (uintptr_t)c->v_scale % sizeof(float) != 0)
+            return weft__fail(WEFT_EINVAL, "%s: k_scale or v_scale is not 4-byte aligned", op);
+    } else if (c->k_scale || c->v_scale)
+        return weft__fail(WEFT_EINVAL, "%s: k_scale and v_scale are for FP8 caches only", op);
     if (!mul_ok(c->pages, c->page_size, &n) || !mul_ok(n, c->kv_heads, &n) ||
         !mul_ok(n, c->head_dim, &n) || !mul_ok(n, 2, &n))
         return weft__fail(WEFT_EINVAL, "%s: the pools' size overflows", op);

@@ -35,8 +35,15 @@
  * ones; a part with no keys writes lse = -Inf and weighs nothing.
  * Out-of-range lengths are clamped into [0, max_seq_len] and table
  * entries into [0, pages - 1], so no table reads outside the pools.
+ *
+ * FP8 pools: a thread reads its 8 elements as 8 bytes (the same threads
+ * per token, half the bytes), converts them exactly through fp16 pairs,
+ * and the heads' scales fold into the scores' scale (K) and the output's
+ * (V), so the loop's arithmetic is the same as for 16-bit pools.
  */
 #include <limits.h>
+
+#include <cuda_fp8.h>
 
 #include "ops/ops_cuda.cuh"
 #include "ops/paged.h"
@@ -50,13 +57,26 @@ namespace
 /* ---- append ---------------------------------------------------------------- */
 
 template <typename T> struct append_params {
-    T *kp, *vp;
+    void *kp, *vp; /* T, or FP8 bytes */
+    const float *k_scale, *v_scale;
     const T *k, *v;
     const int32_t *table, *seq_ids, *positions;
     size_t k_stride, v_stride, tokens, kv_heads, head_dim, page_size, pages, seqs, max_pages;
     double base;
-    bool rope, halves;
+    bool rope, halves, fp8;
 };
+
+/* Element i of a pool := x: T, or x / scale rounded to E4M3 (nearest even,
+ * saturating; NaN 0x7f), as weft__f32_to_e4m3 on the host. */
+template <typename T>
+__device__ __forceinline__ void pool_store(void *pool, bool fp8, float scale, size_t i, float x)
+{
+    if (fp8)
+        static_cast<__nv_fp8_storage_t *>(pool)[i] =
+            __nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3);
+    else
+        static_cast<T *>(pool)[i] = from_f32<T>(x);
+}
 
 template <typename T> __global__ void __launch_bounds__(256) append_kernel(append_params<T> p)
 {
@@ -75,26 +95,28 @@ template <typename T> __global__ void __launch_bounds__(256) append_kernel(appen
         size_t lo = p.halves ? i : 2 * i, hi = p.halves ? i + pairs : 2 * i + 1;
         const T *ks = p.k + t * p.k_stride + h * p.head_dim;
         const T *vs = p.v + t * p.v_stride + h * p.head_dim;
+        float u = to_f32(ks[lo]), w = to_f32(ks[hi]);
         if (p.rope) {
-            float u = to_f32(ks[lo]), w = to_f32(ks[hi]), sn, cs;
+            float sn, cs;
             pair_angle(pos, pow(p.base, -2.0 * (double)i / (double)p.head_dim), sn, cs);
             rotate(u, w, sn, cs);
-            p.kp[dst + lo] = from_f32<T>(u);
-            p.kp[dst + hi] = from_f32<T>(w);
-        } else {
-            p.kp[dst + lo] = ks[lo];
-            p.kp[dst + hi] = ks[hi];
         }
-        p.vp[dst + lo] = vs[lo];
-        p.vp[dst + hi] = vs[hi];
+        float kscale = p.fp8 ? p.k_scale[h] : 1.0f, vscale = p.fp8 ? p.v_scale[h] : 1.0f;
+        pool_store<T>(p.kp, p.fp8, kscale, dst + lo, u);
+        pool_store<T>(p.kp, p.fp8, kscale, dst + hi, w);
+        pool_store<T>(p.vp, p.fp8, vscale, dst + lo, to_f32(vs[lo]));
+        pool_store<T>(p.vp, p.fp8, vscale, dst + hi, to_f32(vs[hi]));
     }
 }
 
 template <typename T> int launch_append(cudaStream_t stream, const weft__kv_append_args *a)
 {
     append_params<T> p = {};
-    p.kp = (T *)a->c.k;
-    p.vp = (T *)a->c.v;
+    p.kp = a->c.k;
+    p.vp = a->c.v;
+    p.fp8 = a->c.format == WEFT_KV_FP8_E4M3;
+    p.k_scale = a->c.k_scale;
+    p.v_scale = a->c.v_scale;
     p.k = (const T *)a->k;
     p.v = (const T *)a->v;
     p.table = a->c.block_table;
@@ -124,7 +146,9 @@ template <typename T> int launch_append(cudaStream_t stream, const weft__kv_appe
 enum : int { DECODE_THREADS = 128, DECODE_TILE = 64, DECODE_MAX_ROWS = 8, MERGE_ROWS = 4 };
 
 template <typename T> struct decode_params {
-    const T *kp, *vp, *q;
+    const void *kp, *vp; /* T, or FP8 bytes */
+    const float *k_scale, *v_scale;
+    const T *q;
     T *out;
     float *lse;
     const int32_t *table, *seq_lens;
@@ -148,9 +172,43 @@ __device__ __forceinline__ void visible_keys(const decode_params<T> &p, int b, i
     }
 }
 
-template <typename T, int DIM, int ROWS>
+/* Eight E4M3 bytes as fp32 (exact: through fp16 pairs). */
+__device__ __forceinline__ void unpack_e4m3(float (&x)[8], uint2 raw)
+{
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        uint32_t word = k < 2 ? raw.x : raw.y;
+        __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+            (__nv_fp8x2_storage_t)((word >> (16 * (k % 2))) & 0xffffu), __NV_E4M3);
+        float2 f = __half22float2(__half2(h));
+        x[2 * k] = f.x;
+        x[2 * k + 1] = f.y;
+    }
+}
+
+/* A thread's 8 elements of a key or value: 16 bytes of T, or 8 of FP8. */
+template <typename T, bool FP8> struct kv_chunk {
+    using raw = std::conditional_t<FP8, uint2, uint4>;
+    static constexpr size_t esize = FP8 ? 1 : sizeof(T);
+
+    static __device__ __forceinline__ raw load(const void *pool, size_t at)
+    {
+        return *reinterpret_cast<const raw *>(static_cast<const char *>(pool) + at * esize);
+    }
+
+    static __device__ __forceinline__ void unpack8(float (&x)[8], raw r)
+    {
+        if constexpr (FP8)
+            unpack_e4m3(x, r);
+        else
+            unpack<T, 8>(x, r);
+    }
+};
+
+template <typename T, int DIM, int ROWS, bool FP8>
 __global__ void __launch_bounds__(DECODE_THREADS) decode_kernel(decode_params<T> p)
 {
+    using chunk = kv_chunk<T, FP8>;
     constexpr int LANES = DIM / 8, GROUPS = DECODE_THREADS / LANES;
     constexpr int TPT = DECODE_TILE / GROUPS; /* tokens a thread loads a tile */
     constexpr int WARPS = DECODE_THREADS / 32;
@@ -165,6 +223,9 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_kernel(decode_params<T>
 
     int len, seq_lo;
     visible_keys(p, b, len, seq_lo);
+    /* FP8: K's scale folds into the scores', V's into the output */
+    const float score_scale = FP8 ? p.scale_log2 * p.k_scale[h] : p.scale_log2;
+    const float out_scale = FP8 ? p.v_scale[h] : 1.0f;
 
     /* this part's keys: pages [first + split * per, ...) of the visible ones */
     const int ps = 1 << p.page_shift;
@@ -220,7 +281,7 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_kernel(decode_params<T>
     const int32_t *table = p.table + (size_t)b * p.max_pages;
     for (int t0 = t_begin; t0 < t_end; t0 += DECODE_TILE) {
         /* every load of the tile issued before any is used */
-        uint4 kr[TPT], vr[TPT];
+        typename chunk::raw kr[TPT], vr[TPT];
 #pragma unroll
         for (int j = 0; j < TPT; j++) {
             int t = t0 + gidx + j * GROUPS;
@@ -229,11 +290,11 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_kernel(decode_params<T>
                 page = page < 0 ? 0 : page >= p.pages ? p.pages - 1 : page;
                 size_t at =
                     (((size_t)page << p.page_shift) + (t & (ps - 1))) * token_elems + head_off;
-                kr[j] = *reinterpret_cast<const uint4 *>(p.kp + at);
-                vr[j] = *reinterpret_cast<const uint4 *>(p.vp + at);
+                kr[j] = chunk::load(p.kp, at);
+                vr[j] = chunk::load(p.vp, at);
             } else {
-                kr[j] = make_uint4(0, 0, 0, 0);
-                vr[j] = make_uint4(0, 0, 0, 0);
+                kr[j] = {};
+                vr[j] = {};
             }
         }
         /* scores: a token's LANES threads each dot 8 dims, then sum */
@@ -241,7 +302,7 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_kernel(decode_params<T>
         for (int j = 0; j < TPT; j++) {
             int jj = gidx + j * GROUPS, t = t0 + jj;
             float kf[8];
-            unpack<T, 8>(kf, kr[j]);
+            chunk::unpack8(kf, kr[j]);
 #pragma unroll
             for (int r = 0; r < ROWS; r++) {
                 const float4 *qv = reinterpret_cast<const float4 *>(&q_s[r][lane * 8]);
@@ -252,7 +313,7 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_kernel(decode_params<T>
                 for (int off = LANES / 2; off > 0; off >>= 1)
                     dot += __shfl_xor_sync(0xffffffffu, dot, off);
                 if (lane == 0)
-                    s_s[r][jj] = t < t_end && t >= row_lo[r] && t < row_hi[r] ? dot * p.scale_log2
+                    s_s[r][jj] = t < t_end && t >= row_lo[r] && t < row_hi[r] ? dot * score_scale
                                                                               : -INFINITY;
             }
         }
@@ -297,7 +358,7 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_kernel(decode_params<T>
         for (int j = 0; j < TPT; j++) {
             int jj = gidx + j * GROUPS;
             float vf[8];
-            unpack<T, 8>(vf, vr[j]);
+            chunk::unpack8(vf, vr[j]);
 #pragma unroll
             for (int r = 0; r < ROWS; r++) {
                 float pr = s_s[r][jj];
@@ -325,7 +386,7 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_kernel(decode_params<T>
 #pragma unroll
         for (int g = 0; g < GROUPS; g++)
             sum += red[g][r][e];
-        float l = l_s[r], o = l > 0.0f ? sum / l : 0.0f;
+        float l = l_s[r], o = l > 0.0f ? sum / l * out_scale : 0.0f;
         float lse = l > 0.0f ? (m_s[r] + log2f(l)) * 0.6931471805599453f : -INFINITY;
         int i = gr / p.group, head = h * p.group + gr % p.group;
         size_t row = ((size_t)b * p.q_len + i) * p.heads + head;
@@ -375,11 +436,14 @@ __global__ void __launch_bounds__(MERGE_ROWS * 32)
 }
 
 template <typename T, int DIM, int ROWS>
-int launch_decode_rows(cudaStream_t stream, decode_params<T> p, size_t merge_rows)
+int launch_decode_rows(cudaStream_t stream, decode_params<T> p, size_t merge_rows, bool fp8)
 {
     size_t blocks = (size_t)p.seqs * p.row_groups * p.kv_heads;
-    decode_kernel<T, DIM, ROWS>
-        <<<dim3((unsigned)blocks, (unsigned)p.splits), DECODE_THREADS, 0, stream>>>(p);
+    dim3 grid((unsigned)blocks, (unsigned)p.splits);
+    if (fp8)
+        decode_kernel<T, DIM, ROWS, true><<<grid, DECODE_THREADS, 0, stream>>>(p);
+    else
+        decode_kernel<T, DIM, ROWS, false><<<grid, DECODE_THREADS, 0, stream>>>(p);
     int rc = launched("weft_attention_decode");
     if (rc != WEFT_OK || p.splits == 1)
         return rc;
@@ -390,17 +454,17 @@ int launch_decode_rows(cudaStream_t stream, decode_params<T> p, size_t merge_row
 }
 
 template <typename T, int DIM>
-int launch_decode_dim(cudaStream_t stream, decode_params<T> p, size_t rows)
+int launch_decode_dim(cudaStream_t stream, decode_params<T> p, size_t rows, bool fp8)
 {
     switch (p.rows <= 1 ? 1 : p.rows <= 2 ? 2 : p.rows <= 4 ? 4 : 8) {
     case 1:
-        return launch_decode_rows<T, DIM, 1>(stream, p, rows);
+        return launch_decode_rows<T, DIM, 1>(stream, p, rows, fp8);
     case 2:
-        return launch_decode_rows<T, DIM, 2>(stream, p, rows);
+        return launch_decode_rows<T, DIM, 2>(stream, p, rows, fp8);
     case 4:
-        return launch_decode_rows<T, DIM, 4>(stream, p, rows);
+        return launch_decode_rows<T, DIM, 4>(stream, p, rows, fp8);
     default:
-        return launch_decode_rows<T, DIM, 8>(stream, p, rows);
+        return launch_decode_rows<T, DIM, 8>(stream, p, rows, fp8);
     }
 }
 
@@ -408,8 +472,10 @@ template <typename T> int launch_decode(cudaStream_t stream, const weft__decode_
 {
     const weft_kv_cache *c = &a->c;
     decode_params<T> p = {};
-    p.kp = (const T *)c->k;
-    p.vp = (const T *)c->v;
+    p.kp = c->k;
+    p.vp = c->v;
+    p.k_scale = c->k_scale;
+    p.v_scale = c->v_scale;
     p.q = (const T *)a->q;
     p.out = (T *)a->out;
     p.lse = a->lse;
@@ -448,9 +514,10 @@ template <typename T> int launch_decode(cudaStream_t stream, const weft__decode_
         p.part_lse = (float *)((char *)a->workspace +
                                weft__decode_lse_offset(rows, (size_t)p.splits, c->head_dim));
     }
+    bool fp8 = c->format == WEFT_KV_FP8_E4M3;
     if (c->head_dim == 64)
-        return launch_decode_dim<T, 64>(stream, p, rows);
-    return launch_decode_dim<T, 128>(stream, p, rows);
+        return launch_decode_dim<T, 64>(stream, p, rows, fp8);
+    return launch_decode_dim<T, 128>(stream, p, rows, fp8);
 }
 
 template <typename F> int by_half_type(weft_dtype dtype, F launch_as)

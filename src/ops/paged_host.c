@@ -7,7 +7,9 @@
  * bad entry refuses the call; in a task's stream order (refuse = 0) they
  * are read too late for that and are clamped or skipped exactly as the
  * kernels do, so no table makes either backend touch memory outside the
- * pools. The decode needs no scratch memory: it finds a query's largest
+ * pools. FP8 pools are read as their bytes' values times the head's scale
+ * and written as the value divided by it, rounded once to E4M3. The decode
+ * needs no scratch memory: it finds a query's largest
  * score in one pass over the keys and sums in a second.
  */
 #include <math.h>
@@ -36,6 +38,26 @@ static size_t slot_row_clamped(const weft_kv_cache *c, size_t s, size_t t)
     return (p * c->page_size + t % c->page_size) * c->kv_heads * c->head_dim;
 }
 
+/* Element i (of kv head h) of a pool, as fp32: FP8 bytes times the head's
+ * scale. */
+static float pool_load(const weft_kv_cache *c, const void *pool, const float *scale, size_t i,
+                       size_t h)
+{
+    if (c->format == WEFT_KV_FP8_E4M3)
+        return weft__e4m3_to_f32(((const uint8_t *)pool)[i]) * scale[h];
+    return weft__load(c->dtype, pool, i);
+}
+
+/* Element i (of kv head h) of a pool := x, rounded to the pool's format. */
+static void pool_store(const weft_kv_cache *c, void *pool, const float *scale, size_t i, size_t h,
+                       float x)
+{
+    if (c->format == WEFT_KV_FP8_E4M3)
+        ((uint8_t *)pool)[i] = weft__f32_to_e4m3(x / scale[h]);
+    else
+        weft__store(c->dtype, pool, i, x);
+}
+
 /* ---- append ---------------------------------------------------------------- */
 
 /* Where token t goes (its pool row), or SIZE_MAX for a token whose
@@ -56,7 +78,8 @@ static void put_key_head(const weft__kv_append_args *a, size_t t, size_t h, size
     const weft_kv_cache *c = &a->c;
     size_t d = c->head_dim, src = t * a->k_stride + h * d, dst = at + h * d;
     if (!a->rope) {
-        memcpy((char *)c->k + dst * 2, (const char *)a->k + src * 2, d * 2);
+        for (size_t e = 0; e < d; e++)
+            pool_store(c, c->k, c->k_scale, dst + e, h, weft__load(c->dtype, a->k, src + e));
         return;
     }
     for (size_t i = 0; i < d / 2; i++) {
@@ -66,16 +89,14 @@ static void put_key_head(const weft__kv_append_args *a, size_t t, size_t h, size
         float sn, cs;
         weft__sincos((double)a->positions[t] * inv_freq, &sn, &cs);
         float u = weft__load(c->dtype, a->k, src + lo), v = weft__load(c->dtype, a->k, src + hi);
-        weft__store(c->dtype, c->k, dst + lo, u * cs - v * sn);
-        weft__store(c->dtype, c->k, dst + hi, u * sn + v * cs);
+        pool_store(c, c->k, c->k_scale, dst + lo, h, u * cs - v * sn);
+        pool_store(c, c->k, c->k_scale, dst + hi, h, u * sn + v * cs);
     }
 }
 
 int weft__kv_append_host(const weft__kv_append_args *a, int refuse)
 {
     const weft_kv_cache *c = &a->c;
-    size_t row = c->kv_heads * c->head_dim;
-
     for (size_t t = 0; refuse && t < a->tokens; t++) {
         if (append_row(a, t) != SIZE_MAX)
             continue;
@@ -99,9 +120,12 @@ int weft__kv_append_host(const weft__kv_append_args *a, int refuse)
         size_t at = append_row(a, t);
         if (at == SIZE_MAX)
             continue;
-        for (size_t h = 0; h < c->kv_heads; h++)
+        for (size_t h = 0; h < c->kv_heads; h++) {
             put_key_head(a, t, h, at);
-        memcpy((char *)c->v + at * 2, (const char *)a->v + t * a->v_stride * 2, row * 2);
+            for (size_t e = h * c->head_dim; e < (h + 1) * c->head_dim; e++)
+                pool_store(c, c->v, c->v_scale, at + e, h,
+                           weft__load(c->dtype, a->v, t * a->v_stride + e));
+        }
     }
     return WEFT_OK;
 }
@@ -116,7 +140,8 @@ static float score(const weft__decode_args *a, size_t qr, size_t at, size_t kvh)
     size_t d = c->head_dim;
     float sum = 0.0f;
     for (size_t e = 0; e < d; e++)
-        sum += weft__load(c->dtype, a->q, qr + e) * weft__load(c->dtype, c->k, at + kvh * d + e);
+        sum += weft__load(c->dtype, a->q, qr + e) *
+               pool_load(c, c->k, c->k_scale, at + kvh * d + e, kvh);
     return sum * a->scale;
 }
 
@@ -139,7 +164,7 @@ static void attend(const weft__decode_args *a, size_t b, size_t i, size_t h, lon
         float p = weft__expf(score(a, qr, at, kvh) - m);
         weft__sum_add(&total, p);
         for (size_t e = 0; e < d; e++)
-            acc[e] += p * weft__load(c->dtype, c->v, at + kvh * d + e);
+            acc[e] += p * pool_load(c, c->v, c->v_scale, at + kvh * d + e, kvh);
     }
     float l = weft__sum_get(&total);
     int none = hi < lo;

@@ -3,7 +3,9 @@
  * a random case (sequences of given lengths whose pages are a shuffled
  * selection of a larger pool, so no sequence's pages are contiguous or in
  * order), its tokens' keys and values, the pools weft_rope's host result
- * predicts after an append, and the float64 reference of the decode.
+ * predicts after an append (for FP8 pools, the same rotation in fp32 then
+ * the scale and E4M3's rounding), and the float64 reference of the
+ * decode.
  *
  * The decode's reference reads the keys and values as the pools hold them
  * (the stored bf16/fp16 values) and computes in double; the library's
@@ -24,6 +26,7 @@
 #include <time.h>
 
 #include "ops/ops_internal.h"
+#include "ops/paged.h"
 #include "weft/ops.h"
 
 static uint64_t pg_rng_state;
@@ -71,16 +74,18 @@ typedef struct pg_shape {
     int rope; /* 0 none, else 1 + weft_rope_layout */
     float scale;
     size_t splits;
+    int fp8; /* FP8 E4M3 pools with random per-head scales */
 } pg_shape;
 
 /* A case's host memory: the pools, the table, the tokens appended, q. */
 typedef struct pg_case {
     pg_shape s;
     weft_kv_cache cache; /* host pointers */
-    size_t tokens, row, pool_elems, q_elems, rows;
-    void *kp, *vp;   /* the pools, poisoned before the append */
-    int32_t *table;  /* [seqs][max_pages], unused entries -1 */
-    void *k, *v, *q; /* k, v: [tokens][kv_heads][head_dim]; q as weft_attention_decode */
+    size_t tokens, row, pool_elems, q_elems, rows, esize;
+    void *kp, *vp;            /* the pools, poisoned before the append */
+    float *k_scale, *v_scale; /* FP8: [kv_heads] */
+    int32_t *table;           /* [seqs][max_pages], unused entries -1 */
+    void *k, *v, *q;          /* k, v: [tokens][kv_heads][head_dim]; q as weft_attention_decode */
     int32_t *seq_ids, *positions, *lens;
 } pg_case;
 
@@ -112,10 +117,17 @@ static inline pg_case pg_make(const pg_shape *s)
     size_t pages = need + need / 2 + 3;
     c.row = s->kv_heads * s->head_dim;
     c.pool_elems = pages * ps * c.row;
-    c.kp = pg_alloc(c.pool_elems * 2);
-    c.vp = pg_alloc(c.pool_elems * 2);
-    memset(c.kp, PG_POISON, c.pool_elems * 2);
-    memset(c.vp, PG_POISON, c.pool_elems * 2);
+    c.esize = s->fp8 ? 1 : 2;
+    c.kp = pg_alloc(c.pool_elems * c.esize);
+    c.vp = pg_alloc(c.pool_elems * c.esize);
+    memset(c.kp, PG_POISON, c.pool_elems * c.esize);
+    memset(c.vp, PG_POISON, c.pool_elems * c.esize);
+    c.k_scale = pg_alloc(s->kv_heads * 4);
+    c.v_scale = pg_alloc(s->kv_heads * 4);
+    for (size_t h = 0; h < s->kv_heads; h++) { /* values in [-1, 1] stay within +-448 */
+        c.k_scale[h] = (float)(0.006 + 0.003 * pg_uniform());
+        c.v_scale[h] = (float)(0.006 + 0.003 * pg_uniform());
+    }
     c.table = pg_alloc(s->seqs * max_pages * 4);
     int32_t *order = pg_alloc(pages * 4);
     for (size_t i = 0; i < pages; i++)
@@ -140,7 +152,10 @@ static inline pg_case pg_make(const pg_shape *s)
                               .head_dim = s->head_dim,
                               .block_table = c.table,
                               .seqs = s->seqs,
-                              .max_pages = max_pages};
+                              .max_pages = max_pages,
+                              .format = s->fp8 ? WEFT_KV_FP8_E4M3 : WEFT_KV_DTYPE,
+                              .k_scale = s->fp8 ? c.k_scale : NULL,
+                              .v_scale = s->fp8 ? c.v_scale : NULL};
     size_t nt = c.tokens ? c.tokens : 1;
     c.k = pg_alloc(nt * c.row * 2);
     c.v = pg_alloc(nt * c.row * 2);
@@ -172,7 +187,7 @@ static inline pg_case pg_make(const pg_shape *s)
 static inline void pg_free(pg_case *c)
 {
     free(c->kp), free(c->vp), free(c->table), free(c->k), free(c->v), free(c->q);
-    free(c->seq_ids), free(c->positions), free(c->lens);
+    free(c->seq_ids), free(c->positions), free(c->lens), free(c->k_scale), free(c->v_scale);
 }
 
 static inline weft_kv_rope pg_rope(const pg_case *c)
@@ -196,43 +211,81 @@ static inline size_t pg_at(const pg_case *c, size_t b, size_t j)
     return ((size_t)c->table[b * c->cache.max_pages + j / ps] * ps + j % ps) * c->row;
 }
 
-/* Whether the pools (kp, vp: host copies) hold what the append must
- * write: V copied, K as weft_rope's host call turns it, bit for bit; the
- * pages' other slots still poisoned. Returns the mismatches (the first
- * printed). */
-static inline size_t pg_check_pools(const pg_case *c, const void *kp, const void *vp)
+/* Element i (of kv head h) of a pool, as a double: FP8 bytes times the
+ * head's scale. */
+static inline double pg_pool(const pg_case *c, const void *pool, const float *scale, size_t i,
+                             size_t h)
 {
-    size_t n = c->tokens ? c->tokens : 1, bad = 0;
-    void *want = pg_alloc(n * c->row * 2);
-    memcpy(want, c->k, c->tokens * c->row * 2);
+    if (c->s.fp8)
+        return (double)weft__e4m3_to_f32(((const uint8_t *)pool)[i]) * scale[h];
+    return weft__load(c->s.dtype, pool, i);
+}
+
+/* What the append must write, as pool rows of the case's format (host
+ * memory, freed by the caller): V converted, K as weft_rope's host call
+ * turns it - in the dtype, or for FP8 in fp32 (weft_rope on fp32 copies:
+ * the same rotation before any rounding) - then divided by the scale and
+ * rounded. */
+static inline void pg_expected_rows(const pg_case *c, void **kw, void **vw)
+{
+    size_t n = c->tokens ? c->tokens : 1, es = c->esize;
+    weft_dtype t = c->s.fp8 ? WEFT_DTYPE_F32 : c->s.dtype;
+    void *k = pg_alloc(n * c->row * 4);
+    for (size_t i = 0; i < c->tokens * c->row; i++)
+        weft__store(t, k, i, weft__load(c->s.dtype, c->k, i));
     if (c->s.rope && c->tokens) {
         weft_kv_rope r = pg_rope(c);
-        int rc = weft_rope(NULL, c->s.dtype, r.layout, want, c->s.kv_heads, c->row, NULL, 0, 0,
-                           c->tokens, c->s.head_dim, c->positions, r.base);
-        if (rc != WEFT_OK) {
+        int rc = weft_rope(NULL, t, r.layout, k, c->s.kv_heads, c->row, NULL, 0, 0, c->tokens,
+                           c->s.head_dim, c->positions, r.base);
+        if (rc != WEFT_OK)
             printf("weft_rope: %s\n", weft_last_error());
-            bad++;
+    }
+    *kw = pg_alloc(n * c->row * es);
+    *vw = pg_alloc(n * c->row * es);
+    for (size_t i = 0; i < c->tokens * c->row; i++) {
+        size_t h = (i % c->row) / c->s.head_dim;
+        if (c->s.fp8) {
+            ((uint8_t *)*kw)[i] = weft__f32_to_e4m3(((float *)k)[i] / c->k_scale[h]);
+            ((uint8_t *)*vw)[i] =
+                weft__f32_to_e4m3(weft__load(c->s.dtype, c->v, i) / c->v_scale[h]);
+        } else {
+            ((uint16_t *)*kw)[i] = ((uint16_t *)k)[i];
+            ((uint16_t *)*vw)[i] = ((const uint16_t *)c->v)[i];
         }
     }
+    free(k);
+}
+
+/* Whether the pools (kp, vp: host copies) hold what the append must
+ * write (pg_expected_rows), bit for bit; the pages' other slots still
+ * poisoned. Returns the mismatches (the first printed). */
+static inline size_t pg_check_pools(const pg_case *c, const void *kp, const void *vp)
+{
+    size_t bad = 0, es = c->esize, rb = c->row * es;
+    void *kw, *vw;
+    pg_expected_rows(c, &kw, &vw);
     unsigned char *written = calloc(c->pool_elems, 1);
     for (size_t t = 0; t < c->tokens; t++) {
         size_t at = pg_at(c, (size_t)c->seq_ids[t], (size_t)c->positions[t]);
         memset(written + at, 1, c->row);
-        if (memcmp((const char *)kp + at * 2, (const char *)want + t * c->row * 2, c->row * 2) ||
-            memcmp((const char *)vp + at * 2, (const char *)c->v + t * c->row * 2, c->row * 2)) {
+        if (memcmp((const char *)kp + at * es, (const char *)kw + t * rb, rb) ||
+            memcmp((const char *)vp + at * es, (const char *)vw + t * rb, rb)) {
             if (!bad++)
                 printf("  token %zu (seq %d pos %d): pool row differs\n", t, c->seq_ids[t],
                        c->positions[t]);
         }
     }
     for (size_t i = 0; i < c->pool_elems; i++)
-        if (!written[i] &&
-            (((const uint16_t *)kp)[i] != 0xffff || ((const uint16_t *)vp)[i] != 0xffff)) {
-            if (!bad++)
-                printf("  pool element %zu written though no token goes there\n", i);
-        }
+        for (size_t b = 0; !written[i] && b < es; b++)
+            if (((const unsigned char *)kp)[i * es + b] != PG_POISON ||
+                ((const unsigned char *)vp)[i * es + b] != PG_POISON) {
+                if (!bad++)
+                    printf("  pool element %zu written though no token goes there\n", i);
+                break;
+            }
     free(written);
-    free(want);
+    free(kw);
+    free(vw);
     return bad;
 }
 
@@ -259,7 +312,7 @@ static inline void pg_ref_row(const pg_case *c, size_t b, size_t i, size_t h, do
         double dot = 0;
         for (size_t e = 0; e < d; e++)
             dot += (double)weft__load(s->dtype, c->q, qr + e) *
-                   (double)weft__load(s->dtype, c->kp, at + e);
+                   pg_pool(c, c->kp, c->k_scale, at + e, kvh);
         sc[j - lo] = dot * scale;
         m = fmax(m, sc[j - lo]);
     }
@@ -268,7 +321,7 @@ static inline void pg_ref_row(const pg_case *c, size_t b, size_t i, size_t h, do
         double p = exp(sc[j - lo] - m);
         l += p;
         for (size_t e = 0; e < d; e++)
-            ref[e] += p * (double)weft__load(s->dtype, c->vp, at + e);
+            ref[e] += p * pg_pool(c, c->vp, c->v_scale, at + e, kvh);
     }
     for (size_t e = 0; e < d; e++)
         ref[e] /= l;

@@ -7,10 +7,12 @@
  * weft_attention_decode against paged_ref.h's float64 loops: lengths 0, 1,
  * 17, 1000 and 4097 (partly filled last pages), GQA ratios 1, 4, 8 and 32,
  * pages of 16 and 256, q_len 1, 4 and 8 (causal among the queries),
- * sliding windows, head dims 64 and 128, bf16 and fp16, the LSE; the calls
- * in a task's stream order on the host backend (and a bad table there
- * clamped, not refused); and every bad argument refused with its reason
- * before anything is written.
+ * sliding windows, head dims 64 and 128, bf16 and fp16, FP8 E4M3 pools
+ * with per-head scales (the append checked against weft_rope's fp32
+ * rotation, scaled and rounded), the LSE; the calls in a task's stream
+ * order on the host backend (and a bad table there clamped, not refused);
+ * and every bad argument refused with its reason before anything is
+ * written.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -63,19 +65,24 @@ static void test_append_then_decode_match_float64(void **state)
         const int32_t *lens;
         int rope;
         float scale;
+        int fp8;
     } cases[] = {
         /* GQA ratio 1, 4, 8, 32 over lengths 1 to 4097, pages of 16 and 256 */
-        {WEFT_DTYPE_BF16, 4, 2, 2, 128, 16, 1, 0, MIXED, 0, 0},
-        {WEFT_DTYPE_BF16, 4, 2, 8, 128, 256, 1, 0, MIXED, 2, 0},
-        {WEFT_DTYPE_F16, 4, 1, 8, 64, 16, 4, 0, MIXED, 1, 0},
-        {WEFT_DTYPE_BF16, 1, 1, 32, 128, 16, 4, 0, LONG, 2, 0},
+        {WEFT_DTYPE_BF16, 4, 2, 2, 128, 16, 1, 0, MIXED, 0, 0, 0},
+        {WEFT_DTYPE_BF16, 4, 2, 8, 128, 256, 1, 0, MIXED, 2, 0, 0},
+        {WEFT_DTYPE_F16, 4, 1, 8, 64, 16, 4, 0, MIXED, 1, 0, 0},
+        {WEFT_DTYPE_BF16, 1, 1, 32, 128, 16, 4, 0, LONG, 2, 0, 0},
         /* sliding windows, wider and narrower than a page, and of one key */
-        {WEFT_DTYPE_BF16, 4, 2, 8, 64, 16, 4, 100, MIXED, 1, 0},
-        {WEFT_DTYPE_F16, 4, 1, 4, 128, 256, 1, 7, MIXED, 0, 0},
-        {WEFT_DTYPE_BF16, 3, 2, 4, 128, 16, 8, 1, ONE, 0, 0},
+        {WEFT_DTYPE_BF16, 4, 2, 8, 64, 16, 4, 100, MIXED, 1, 0, 0},
+        {WEFT_DTYPE_F16, 4, 1, 4, 128, 256, 1, 7, MIXED, 0, 0, 0},
+        {WEFT_DTYPE_BF16, 3, 2, 4, 128, 16, 8, 1, ONE, 0, 0, 0},
         /* empty and short sequences (queries before the first key), 8 queries, a scale */
-        {WEFT_DTYPE_F16, 4, 2, 8, 128, 16, 8, 0, SHORT, 2, 0.3f},
-        {WEFT_DTYPE_BF16, 3, 4, 4, 64, 256, 4, 0, ONE, 1, 0},
+        {WEFT_DTYPE_F16, 4, 2, 8, 128, 16, 8, 0, SHORT, 2, 0.3f, 0},
+        {WEFT_DTYPE_BF16, 3, 4, 4, 64, 256, 4, 0, ONE, 1, 0, 0},
+        /* FP8 E4M3 pools, with and without RoPE, windowed */
+        {WEFT_DTYPE_BF16, 4, 2, 8, 128, 16, 1, 0, MIXED, 2, 0, 1},
+        {WEFT_DTYPE_F16, 4, 1, 4, 64, 256, 4, 50, MIXED, 0, 0, 1},
+        {WEFT_DTYPE_BF16, 4, 2, 8, 64, 16, 8, 0, SHORT, 1, 0, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         pg_shape s = {.dtype = cases[i].t,
@@ -89,13 +96,14 @@ static void test_append_then_decode_match_float64(void **state)
                       .lens = cases[i].lens,
                       .rope = cases[i].rope,
                       .scale = cases[i].scale,
-                      .splits = i % 3 == 1 ? 4 : 0};
+                      .splits = i % 3 == 1 ? 4 : 0,
+                      .fp8 = cases[i].fp8};
         char name[160];
         snprintf(name, sizeof name,
                  "case %zu (dtype %d kv %zu heads %zu dim %zu page %zu q_len %zu window %zu "
-                 "rope %d)",
+                 "rope %d fp8 %d)",
                  i, (int)s.dtype, s.kv_heads, s.heads, s.head_dim, s.page_size, s.q_len, s.window,
-                 s.rope);
+                 s.rope, s.fp8);
         run_case(name, &s);
     }
 }
@@ -245,6 +253,16 @@ static void test_bad_arguments_are_refused_before_anything_is_written(void **sta
     BAD_CACHE(block_table, NULL, "NULL table");
     BAD_CACHE(block_table, (const int32_t *)((const char *)c.table + 2), "misaligned table");
     BAD_CACHE(reserved[2], 1, "cache reserved");
+    BAD_CACHE(format, (weft_kv_format)7, "unknown format");
+    BAD_CACHE(format, WEFT_KV_FP8_E4M3, "FP8 without scales");
+    BAD_CACHE(k_scale, c.k_scale, "a scale without FP8");
+    float scales[4] = {1, 1, 1, 1};
+    bad = c.cache;
+    bad.format = WEFT_KV_FP8_E4M3;
+    bad.k_scale = scales, bad.v_scale = (const float *)((const char *)scales + 2);
+    expect_einval(APPEND(&bad, c.k, 0, c.v, 0, c.tokens, c.seq_ids, c.positions, NULL),
+                  "misaligned v_scale");
+    expect_einval(DECODE(&bad, &d, out, lse, c.q, c.lens, work, ws), "misaligned v_scale");
     ws = 0;
     assert_int_equal(weft_attention_decode_workspace(cc, &d, &ws), WEFT_OK);
 
