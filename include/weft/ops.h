@@ -616,11 +616,12 @@ typedef struct weft_kv_rope {
  * element (K after its fp32 rotation, before any rounding to dtype)
  * divided by its head's scale in fp32 and rounded once to E4M3, to
  * nearest even, values beyond 448 in magnitude saturating to +-448 (NaN
- * stays NaN). Tokens of several
- * sequences and several tokens of one sequence may come in one call; two
- * tokens naming the same slot leave either's values. k_stride and
- * v_stride >= kv_heads * head_dim (0 means that); k and v aligned to their
- * element.
+ * stays NaN). Tokens of several sequences and several tokens of one
+ * sequence may come in one call; two tokens naming the same slot leave
+ * either's values. k_stride and v_stride >= kv_heads * head_dim (0 means
+ * that); k and v aligned to their element. On the GPU the append is one
+ * small kernel (each work item a rotation pair of K and the same two
+ * elements of V).
  * The table, seq_ids and positions are read where the work runs. A host
  * call on the NULL stream refuses a seq_id outside [0, seqs), a position
  * outside [0, max_pages * page_size) and a table entry outside [0, pages)
@@ -673,11 +674,11 @@ int weft_attention_decode_workspace(const weft_kv_cache *cache,
  * 16-byte aligned; lse (optional, NULL = none) is fp32 [seqs][q_len][heads].
  * A query that sees no key (L = 0, or p < 0 when L < q_len) gets zeros and
  * lse = -Inf. seq_lens is int32 [seqs], read where the work runs.
- * Arithmetic: dot products and sums in fp32, exp and log in fp32 (the
- * kernels' exp2-based, within a few units of fp32), out rounded once; the
- * kernels sum in another order (and, split, merge parts by their log-sum-
- * exp), so results agree with the host to the dtype's rounding, not bit
- * for bit.
+ * Arithmetic: dot products and sums in fp32; exp and log correctly
+ * rounded to fp32 on the host, exp2f-based in the kernels (within a few
+ * units of fp32); out rounded once. The kernels sum in another order
+ * (and, split, merge the parts by their log-sum-exps), so results agree
+ * with the host to the dtype's rounding, not bit for bit.
  * workspace: workspace_bytes >= weft_attention_decode_workspace's answer
  * (NULL with 0 when that is 0), 16-byte aligned, device memory with a
  * stream; it holds the split parts and may be reused by the next call on
@@ -696,7 +697,10 @@ int weft_attention_decode_workspace(const weft_kv_cache *cache,
  * misaligned pointers, a short workspace, out overlapping q, nonzero
  * reserved) return WEFT_EINVAL before anything is enqueued.
  * NaN/Inf: IEEE arithmetic; a NaN in a visible key, value or the query
- * makes the query's output NaN. */
+ * makes the query's output NaN. On the GPU one pass serves a kv head's
+ * whole group of queries, so a NaN value of a key that another query of
+ * the group sees (q_len > 1, or a window) may reach this query's output
+ * as well (a zero weight times NaN). */
 int weft_attention_decode(void *stream, const weft_kv_cache *cache,
                           const weft_attention_decode_desc *desc, void *out, float *lse,
                           const void *q, const int32_t *seq_lens, void *workspace,
