@@ -12,6 +12,10 @@ full length):
       gathered into contiguous [B][kv_heads][L][dim] tensors (its time
       excludes the gather), and a device-to-device copy's rate (read + write
       of 256 MiB) measured in the same run: the ceiling.
+  decode FP8 E4M3 pages, the same shapes
+      the call's time with the pools in FP8 (scale 1/64 a head), against
+      SDPA on the bf16 values the FP8 bytes mean, and against the bf16
+      pages' time.
 Each case's output is checked against SDPA's before it is timed. weft is
 loaded through ctypes from libweft.so and called on the tensors' data_ptr()
 and torch's current stream. Rows (bench/results.py) go to --rows;
@@ -235,25 +239,40 @@ def machine(torch):
 
 
 class Case:
-    """One shape's paged cache, query and outputs on the GPU."""
+    """One shape's paged cache, query and outputs on the GPU; with fp8, the
+    pools hold E4M3 bytes of the values over a scale of 1/64 a head (the
+    values as the pools give them back are kept for the peer)."""
 
-    def __init__(self, torch, lib, batch, length):
+    def __init__(self, torch, lib, batch, length, fp8=False):
         self.torch, self.lib = torch, lib
         dev, bf = "cuda", torch.bfloat16
         per_seq = -(-length // PAGE)
         pages = batch * per_seq
         self.kp = torch.randn(pages, PAGE, KV_HEADS, DIM, device=dev, dtype=bf)
         self.vp = torch.randn(pages, PAGE, KV_HEADS, DIM, device=dev, dtype=bf)
+        self.scales = torch.full((KV_HEADS,), 1.0 / 64, device=dev, dtype=torch.float32)
+        self.fp8 = fp8
+        if fp8:
+            e4m3 = torch.float8_e4m3fn
+            self.k8 = (self.kp.float() * 64).to(e4m3).view(torch.uint8)
+            self.v8 = (self.vp.float() * 64).to(e4m3).view(torch.uint8)
+            # what the pools mean: exact in bf16 (3 mantissa bits over a power of two)
+            self.kp = (self.k8.view(e4m3).float() / 64).to(bf)
+            self.vp = (self.v8.view(e4m3).float() / 64).to(bf)
         self.table = torch.randperm(pages, device=dev).to(torch.int32).view(batch, per_seq)
         self.lens = torch.full((batch,), length, device=dev, dtype=torch.int32)
         self.q = torch.randn(batch, 1, HEADS, DIM, device=dev, dtype=bf)
         self.out = torch.empty_like(self.q)
         self.lse = torch.empty(batch, 1, HEADS, device=dev, dtype=torch.float32)
-        self.cache = KvCache(dtype=BF16, k=self.kp.data_ptr(), v=self.vp.data_ptr(), pages=pages,
-                             page_size=PAGE, kv_heads=KV_HEADS, head_dim=DIM,
+        pools = (self.k8, self.v8) if fp8 else (self.kp, self.vp)
+        self.cache = KvCache(dtype=BF16, k=pools[0].data_ptr(), v=pools[1].data_ptr(),
+                             pages=pages, page_size=PAGE, kv_heads=KV_HEADS, head_dim=DIM,
                              block_table=self.table.data_ptr(), seqs=batch, max_pages=per_seq)
+        if fp8:
+            self.cache.format = KV_FP8_E4M3
+            self.cache.k_scale = self.cache.v_scale = self.scales.data_ptr()
         self.batch, self.length = batch, length
-        self.kv_bytes = 2.0 * batch * length * KV_HEADS * DIM * 2
+        self.kv_bytes = 2.0 * batch * length * KV_HEADS * DIM * (1 if fp8 else 2)
 
     def weft(self, splits):
         """A closure running the decode with desc.splits = splits."""
@@ -296,30 +315,42 @@ def run(torch, F, lib, args):
     del src, dst
     cases = ((4, 1024), (1, 4096)) if args.quick else CASES
     for batch, length in cases:
-        c = Case(torch, lib, batch, length)
-        auto, single = c.weft(0), c.weft(1)
-        k, v = c.contiguous()
-        qs = c.q.transpose(1, 2)  # [B][heads][1][dim]
-        sdpa = lambda: F.scaled_dot_product_attention(qs, k, v, enable_gqa=True)  # noqa: E731
-        want = sdpa().transpose(1, 2).double()
-        for name, fn in (("split chosen", auto), ("split off", single)):
-            fn()
-            err = ((c.out.double() - want).norm() / want.norm()).item()
-            if not err <= 1e-2:
-                die("B%d L%d (%s): weft differs from SDPA by %.2e" % (batch, length, name, err))
-        tw, t1, ts = (time_per_call(torch, auto), time_per_call(torch, single),
-                      time_per_call(torch, sdpa))
-        bw = c.kv_bytes / tw / 1e12
-        results.append((
-            "decode B%d L%d (heads 32, kv heads 8, dim 128, bf16, page 16)" % (batch, length),
-            "KV read bandwidth", bw, "TB/s", "F.scaled_dot_product_attention (contiguous K/V)",
-            c.kv_bytes / ts / 1e12,
-            "%.1f us, %.0f%% of copy (%.2f TB/s); split off %.2f TB/s; SDPA %.1f us; error vs "
-            "SDPA %.1e" % (tw * 1e6, 100 * bw / copy_tbps, copy_tbps, c.kv_bytes / t1 / 1e12,
-                           ts * 1e6, err),
-            [("SDPA on contiguous K/V in the same run", ">=", c.kv_bytes / ts / 1e12)]))
-        del c, k, v, auto, single
-        torch.cuda.empty_cache()
+        bf16_time = None
+        for fp8 in (False, True):
+            c = Case(torch, lib, batch, length, fp8)
+            auto, single = c.weft(0), c.weft(1)
+            k, v = c.contiguous()
+            qs = c.q.transpose(1, 2)  # [B][heads][1][dim]
+            sdpa = lambda: F.scaled_dot_product_attention(qs, k, v, enable_gqa=True)  # noqa
+            want = sdpa().transpose(1, 2).double()
+            for name, fn in (("split chosen", auto), ("split off", single)):
+                fn()
+                err = ((c.out.double() - want).norm() / want.norm()).item()
+                if not err <= 1e-2:
+                    die("B%d L%d%s (%s): weft differs from SDPA by %.2e" % (
+                        batch, length, " FP8" if fp8 else "", name, err))
+            tw, t1, ts = (time_per_call(torch, auto), time_per_call(torch, single),
+                          time_per_call(torch, sdpa))
+            bw = c.kv_bytes / tw / 1e12
+            shape = "B%d L%d (heads 32, kv heads 8, dim 128, bf16, page 16)" % (batch, length)
+            if not fp8:
+                bf16_time = tw
+                results.append((
+                    "decode " + shape, "KV read bandwidth", bw, "TB/s",
+                    "F.scaled_dot_product_attention (contiguous K/V)", c.kv_bytes / ts / 1e12,
+                    "%.1f us, %.0f%% of copy (%.2f TB/s); split off %.2f TB/s; SDPA %.1f us; "
+                    "error vs SDPA %.1e" % (tw * 1e6, 100 * bw / copy_tbps, copy_tbps,
+                                            c.kv_bytes / t1 / 1e12, ts * 1e6, err),
+                    [("SDPA on contiguous K/V in the same run", ">=", c.kv_bytes / ts / 1e12)]))
+            else:
+                results.append((
+                    "decode FP8 E4M3 pages " + shape, "time", tw * 1e6, "us",
+                    "F.scaled_dot_product_attention (bf16, contiguous K/V)", ts * 1e6,
+                    "%.2f TB/s of FP8 K/V read, %.0f%% of copy; %.2fx the bf16 pages' time; "
+                    "split off %.1f us; error vs SDPA on the same values %.1e" % (
+                        bw, 100 * bw / copy_tbps, tw / bf16_time, t1 * 1e6, err), []))
+            del c, k, v, auto, single
+            torch.cuda.empty_cache()
 
     print("\n| case | metric | weft | peer | detail |\n| --- | --- | --- | --- | --- |")
     for case, metric, v, unit, peer, pv, detail, _ in results:
