@@ -21,6 +21,8 @@
 #                   torch._grouped_mm and a loop of torch.matmul
 #   make gpu-bench-conv  weft_conv2d (BatchNorm folded, bias+ReLU fused) against
 #                   PyTorch eager conv->bn->relu and torch with the BN folded
+#   make gpu-bench-decode  weft_attention_decode over a paged KV cache against
+#                   torch's scaled_dot_product_attention and a copy's ceiling
 # A benchmark writes its rows (JSON lines) under build-release/bench/ and
 # changes nothing tracked; RECORD=1 (make bench RECORD=1) appends them to
 # bench/results.jsonl and regenerates bench/RESULTS.md from it.
@@ -156,6 +158,16 @@ gpu-bench-conv: deps
 	$(PYTHON) bench/conv/bench_conv.py --lib build-release/libweft.so \
 	  --rows $(ROWS_DIR)/conv.rows.jsonl $(BENCH_CONV_ARGS)
 	$(call record,$(ROWS_DIR)/conv.rows.jsonl)
+
+# weft_attention_decode over a paged KV cache against PyTorch's SDPA (PyTorch
+# and a GPU needed). BENCH_DECODE_ARGS passes options: bench/attention/bench_decode.py --help.
+.PHONY: gpu-bench-decode
+gpu-bench-decode: deps
+	$(CMAKE) -S . -B build-release $(BENCH_CONFIG)
+	$(CMAKE) --build build-release -j $(JOBS) --target weft_shared
+	$(PYTHON) bench/attention/bench_decode.py --lib build-release/libweft.so \
+	  --rows $(ROWS_DIR)/decode.rows.jsonl $(BENCH_DECODE_ARGS)
+	$(call record,$(ROWS_DIR)/decode.rows.jsonl)
 
 .PHONY: gpu-bench-ops
 gpu-bench-ops: deps

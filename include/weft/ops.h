@@ -623,6 +623,157 @@ int weft_conv2d_fold_bn(void *stream, const weft_conv2d_desc *desc, weft_dtype b
 int weft_conv2d(void *stream, const weft_conv2d_desc *desc, void *out, const void *in,
                 const void *w, const void *bias);
 
+/* ---- paged KV cache and decode attention ------------------------------- */
+
+/* How the pools hold their elements. */
+typedef enum weft_kv_format {
+    WEFT_KV_DTYPE = 0, /* elements of the cache's dtype */
+    /* one byte an element: OCP FP8 E4M3 (bias 7, largest 448, no
+     * infinities), stored raw, meaning byte's value times the kv head's
+     * fp32 scale (k_scale or v_scale). This is the cache's own flag: it
+     * is not a weft_dtype. */
+    WEFT_KV_FP8_E4M3 = 1
+} weft_kv_format;
+
+/* An LLM's key/value cache in fixed-size pages. Two pools, k and v, each
+ *   [pages][page_size][kv_heads][head_dim]
+ * of dtype (WEFT_DTYPE_BF16 or WEFT_DTYPE_F16) or, with format
+ * WEFT_KV_FP8_E4M3, of FP8 bytes; both 16-byte aligned. A sequence's
+ * tokens live in the pages its row of the block table names: token t of
+ * sequence s is slot t % page_size of page
+ * block_table[s * max_pages + t / page_size] (int32, 4-byte aligned). Pages
+ * need not be contiguous nor in order; sequences may share a page for
+ * reading (a common prefix), and an append writes the slot its table
+ * names whoever else reads it.
+ * page_size is a power of two from 16 to 256; head_dim is 64 or 128;
+ * kv_heads, pages, seqs and max_pages are >= 1, and max_pages * page_size
+ * (a sequence's capacity in tokens) and the pools' element counts fit in
+ * int32 and size_t. dtype is also the type of everything the calls take
+ * besides the pools (the new keys and values, q, out). With FP8, k_scale
+ * and v_scale are fp32 [kv_heads] (4-byte aligned; read where the work
+ * runs, positive and finite, else the results are unspecified); without,
+ * they must be NULL. With a stream every pointer is device memory; with
+ * NULL, host memory. */
+typedef struct weft_kv_cache {
+    weft_dtype dtype;
+    void *k, *v;
+    size_t pages, page_size, kv_heads, head_dim;
+    const int32_t *block_table;
+    size_t seqs, max_pages;
+    weft_kv_format format;
+    const float *k_scale, *v_scale;
+    uint64_t reserved[4]; /* must be zero */
+} weft_kv_cache;
+
+/* RoPE fused into weft_kv_append: the rotation weft_rope gives K (same
+ * layouts, same angle positions[t] * base^(-2i / head_dim) formed in double,
+ * same fp32 rotation and rounding), so the appended keys equal weft_rope's
+ * result bit for bit on the host. base > 0 and finite. */
+typedef struct weft_kv_rope {
+    weft_rope_layout layout;
+    float base;
+} weft_kv_rope;
+
+/* Writes tokens new keys and values into their pages: token t (row t of k,
+ * k_stride elements apart, holding kv_heads * head_dim elements; likewise
+ * v) belongs to sequence seq_ids[t] at position positions[t] (int32 arrays
+ * of tokens entries), and is written to slot positions[t] % page_size of
+ * page block_table[seq_ids[t]][positions[t] / page_size] of both pools.
+ * With rope (NULL = none) K is rotated on the way by the angle of
+ * positions[t], as weft_kv_rope says; V is copied. FP8 pools get each
+ * element (K after its fp32 rotation, before any rounding to dtype)
+ * divided by its head's scale in fp32 and rounded once to E4M3, to
+ * nearest even, values beyond 448 in magnitude saturating to +-448 (NaN
+ * stays NaN). Tokens of several sequences and several tokens of one
+ * sequence may come in one call; two tokens naming the same slot leave
+ * either's values. k_stride and v_stride >= kv_heads * head_dim (0 means
+ * that); k and v aligned to their element. On the GPU the append is one
+ * small kernel (each work item a rotation pair of K and the same two
+ * elements of V).
+ * The table, seq_ids and positions are read where the work runs. A host
+ * call on the NULL stream refuses a seq_id outside [0, seqs), a position
+ * outside [0, max_pages * page_size) and a table entry outside [0, pages)
+ * with WEFT_EINVAL before writing anything; the GPU (and the host in a
+ * task's stream order) skips such a token - it writes nothing for it and
+ * never writes outside the pools.
+ * Bad arguments (as above, and a cache weft_kv_cache does not allow)
+ * return WEFT_EINVAL before anything is enqueued. */
+int weft_kv_append(void *stream, const weft_kv_cache *cache, const void *k, size_t k_stride,
+                   const void *v, size_t v_stride, size_t tokens, const int32_t *seq_ids,
+                   const int32_t *positions, const weft_kv_rope *rope);
+
+/* The shape and options of one weft_attention_decode. reserved must stay
+ * zero. */
+typedef struct weft_attention_decode_desc {
+    size_t q_len;  /* queries per sequence, 1 to 8 (speculative decoding's k + 1) */
+    size_t heads;  /* query heads, a multiple of the cache's kv_heads (GQA; MQA at kv_heads 1) */
+    float scale;   /* of the scores; 0 means 1 / sqrt(head_dim) */
+    size_t window; /* sliding window: a query sees its own position and the
+                    * window - 1 before it; 0 = no window */
+    /* the longest seq_lens entry the caller will pass, <= the capacity
+     * max_pages * page_size; 0 means the capacity. It sizes the split
+     * (and the workspace), and lengths above it are refused or clamped
+     * (see weft_attention_decode). */
+    size_t max_seq_len;
+    /* how many parts each sequence's keys are split into across thread
+     * blocks (flash-decoding): 0 = the call chooses (more parts where
+     * seqs x kv_heads cannot fill the GPU), 1 = never split, n > 1 = n
+     * parts (at most one a page). The host reference never splits. */
+    size_t splits;
+    uint64_t reserved[4];
+} weft_attention_decode_desc;
+
+/* Bytes of workspace weft_attention_decode needs for this cache and desc
+ * (the same on every backend and device; 0 when the call never splits),
+ * in *bytes. WEFT_EINVAL for what weft_attention_decode would refuse. */
+int weft_attention_decode_workspace(const weft_kv_cache *cache,
+                                    const weft_attention_decode_desc *desc, size_t *bytes);
+
+/* Decode attention over the paged cache. For sequence b (of cache->seqs),
+ * with L = seq_lens[b] keys in its pages, query i (< q_len) of head h sits
+ * at position p = L - q_len + i and sees keys j in [lo, p], lo = 0 or,
+ * with a window, max(0, p - window + 1) (causal among the queries: query i
+ * sees the i earlier queries' keys, which weft_kv_append has written):
+ *   s_j = scale * dot(q[b][i][h], K[j]),  K and V of kv head h / (heads / kv_heads)
+ *                                         (FP8: each element times its head's scale)
+ *   out[b][i][h] = sum_j exp(s_j - m) V[j] / sum_j exp(s_j - m),  m = max s_j
+ *   lse[b][i][h] = m + log(sum_j exp(s_j - m))   (natural log)
+ * q and out are [seqs][q_len][heads][head_dim] of the cache's dtype,
+ * 16-byte aligned; lse (optional, NULL = none) is fp32 [seqs][q_len][heads].
+ * A query that sees no key (L = 0, or p < 0 when L < q_len) gets zeros and
+ * lse = -Inf. seq_lens is int32 [seqs], read where the work runs.
+ * Arithmetic: dot products and sums in fp32; exp and log correctly
+ * rounded to fp32 on the host, exp2f-based in the kernels (within a few
+ * units of fp32); out rounded once. The kernels sum in another order
+ * (and, split, merge the parts by their log-sum-exps), so results agree
+ * with the host to the dtype's rounding, not bit for bit.
+ * workspace: workspace_bytes >= weft_attention_decode_workspace's answer
+ * (NULL with 0 when that is 0), 16-byte aligned, device memory with a
+ * stream; it holds the split parts and may be reused by the next call on
+ * the stream. The call allocates nothing and asks the host nothing once
+ * launched, so it can be captured into a CUDA graph.
+ * Lengths and pages: a host call on the NULL stream refuses a seq_lens
+ * entry outside [0, max_seq_len] and a table entry outside [0, pages)
+ * among those a sequence's keys use with WEFT_EINVAL before anything is
+ * written. Where the lengths are read too late to refuse (the GPU, or the
+ * host in a task's stream order) a length is clamped into [0,
+ * max_seq_len] and a table entry into [0, pages - 1]: nothing outside the
+ * pools is read, and the results of such a call are unspecified.
+ * Bad arguments (a cache weft_kv_cache does not allow, heads not a multiple
+ * of kv_heads, q_len outside 1..8, an unsupported head_dim, max_seq_len
+ * over the capacity, a scale that is negative or not finite, NULL or
+ * misaligned pointers, a short workspace, out overlapping q, nonzero
+ * reserved) return WEFT_EINVAL before anything is enqueued.
+ * NaN/Inf: IEEE arithmetic; a NaN in a visible key, value or the query
+ * makes the query's output NaN. On the GPU one pass serves a kv head's
+ * whole group of queries, so a NaN value of a key that another query of
+ * the group sees (q_len > 1, or a window) may reach this query's output
+ * as well (a zero weight times NaN). */
+int weft_attention_decode(void *stream, const weft_kv_cache *cache,
+                          const weft_attention_decode_desc *desc, void *out, float *lse,
+                          const void *q, const int32_t *seq_lens, void *workspace,
+                          size_t workspace_bytes);
+
 #ifdef __cplusplus
 }
 #endif
