@@ -10,7 +10,8 @@ against and the figure it needed. The notebook the record replaced, and
 the prose of the runs, are under bench/history/.
 
 A row:
-  benchmark  "cpu", "gpu", "images", "ops", "matmul", "moe" or "conv" (BENCHMARKS below)
+  benchmark  "cpu", "gpu", "images", "ops", "matmul", "moe", "conv" or "attention"
+             (BENCHMARKS below)
   case       what was measured, e.g. "fiber switch (one way)"
   metric     which figure of the case, e.g. "median", "jobs/s"
   value      a number; unit: its unit
@@ -76,6 +77,12 @@ BENCHMARKS = {
              "weft_conv2d (BatchNorm folded, bias+ReLU fused in cuDNN) against PyTorch eager "
              "conv->bn->relu and torch with the BatchNorm folded by hand, on the same tensors "
              "and stream; what the rows measure: bench/conv/bench_conv.py's opening comment"),
+    "attention": ("Attention: bench_attention", "`make gpu-bench-attention` "
+                  "(bench/attention/bench_attention.py)",
+                  "weft_attention (weft's own kernel) against torch's "
+                  "scaled_dot_product_attention with its flash, cuDNN and efficient backends "
+                  "on the same tensors and stream; what the rows measure: "
+                  "bench/attention/bench_attention.py's opening comment"),
 }
 REQUIRED = {"benchmark": str, "case": str, "metric": str, "value": (int, float), "unit": str,
             "machine": str, "date": str, "commit": str}

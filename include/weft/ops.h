@@ -641,10 +641,11 @@ typedef struct weft_attention_desc {
  * style on the tensor cores) sums in its own order, uses exp2 with the
  * scale folded in, and rounds the probabilities to the dtype before they
  * multiply V, so results agree to the dtype's rounding and the length of
- * the sums (~1e-2 relative for bf16, ~3e-3 for fp16), the LSE to ~1e-5
- * (plus the rotation's double angles: the GPU's sine and cosine come from
- * the double angle reduced modulo 2 pi and are within 2 fp32 units of the
- * host's).
+ * the sums (~1e-2 relative for bf16, ~3e-3 for fp16), the LSE to ~1e-5.
+ * With RoPE the GPU forms each angle in double and reduces it modulo 2 pi
+ * in double, then takes the fp32 sine and cosine of the reduced angle:
+ * within ~2.5e-7 of the host's correctly rounded ones, so a rotated
+ * element may round to the neighbouring value of the dtype.
  * Requirements: Q, K, V and O 16-byte aligned with strides that are
  * multiples of 8 elements (the GPU copies 16-byte chunks; the host asks
  * the same, so a call valid on one backend is valid on the other); O must
