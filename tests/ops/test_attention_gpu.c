@@ -6,7 +6,8 @@
  * windows that leave rows seeing nothing, grouped-query ratios 1 to 32,
  * varlen batches mixing 1 and 3000 tokens and one of 100,000, strided
  * views, RoPE in both layouts), the LSE, and tiles that cross every
- * boundary (lengths around multiples of the 128-row and 64-key blocks).
+ * boundary (lengths around multiples of the 128-row and 64-key blocks);
+ * a task's own stream (WEFT_TASK_STREAM) gives the bits a stream gives.
  * Outputs are poisoned before each launch (NaN bytes) and must be written
  * completely, their padding left alone; bad arguments are refused before
  * anything is enqueued.
@@ -334,6 +335,57 @@ static void test_strided_views_and_rope(void **state)
     no_case_failed();
 }
 
+/* ---- a task's own stream ------------------------------------------------ */
+
+typedef struct task_job {
+    weft_attention_desc d;
+    void *o, *q, *k, *v;
+} task_job;
+
+static void *task_main(void *arg)
+{
+    task_job *j = arg;
+    weft_attention_desc d = j->d; /* lives on this frame only */
+    GT_OK(weft_attention(WEFT_TASK_STREAM, &d, j->o, j->q, j->k, j->v));
+    GT_OK(weft_await());
+    return NULL;
+}
+
+static void test_a_tasks_stream_computes_what_a_stream_does(void **state)
+{
+    (void)state;
+    weft_attention_desc d = {.dtype = WEFT_DTYPE_F16,
+                             .batch = 2,
+                             .heads = 8,
+                             .kv_heads = 2,
+                             .head_dim = 128,
+                             .seq_q = 333,
+                             .seq_k = 333,
+                             .causal = 1};
+    at_data a = at_new(d, NULL, NULL, 0, 0, 4.0);
+    size_t qn = a.q_rows * a.d.q_stride * 2, kn = a.k_rows * a.d.k_stride * 2;
+    task_job j = {.d = a.d};
+    j.q = upload(a.q, qn), j.k = upload(a.k, kn), j.v = upload(a.v, kn);
+    j.o = upload(a.o, qn);
+    void *o_stream = upload(a.o, qn);
+    assert_int_equal(weft_attention(stream, &a.d, o_stream, j.q, j.k, j.v), WEFT_OK);
+    assert_cuda(cudaStreamSynchronize(stream));
+    weft_task *t = NULL;
+    gt_reset();
+    assert_int_equal(weft_spawn(runtime, &t, task_main, &j, NULL), WEFT_OK);
+    assert_int_equal(weft_join(t, NULL), WEFT_OK);
+    gt_assert_passed();
+    void *got = download(j.o, qn), *want = download(o_stream, qn);
+    if (memcmp(got, want, qn) != 0)
+        fail_msg("the task's stream gave other bits than a stream");
+    double rel, le;
+    if (at_check(&a, got, NULL, 1, "task stream", &rel, &le))
+        fail_msg("task stream: elements out of bounds");
+    free(got), free(want);
+    cudaFree(j.q), cudaFree(j.k), cudaFree(j.v), cudaFree(j.o), cudaFree(o_stream);
+    at_free(&a);
+}
+
 static void test_bad_arguments_are_refused_before_launch(void **state)
 {
     (void)state;
@@ -392,6 +444,7 @@ int main(void)
         cmocka_unit_test(test_strided_views_and_rope),
         cmocka_unit_test(test_varlen_batches_mixing_1_to_100000_tokens),
         cmocka_unit_test(test_long_sequences),
+        cmocka_unit_test(test_a_tasks_stream_computes_what_a_stream_does),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
