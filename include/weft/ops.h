@@ -603,7 +603,7 @@ typedef struct weft_attention_desc {
     size_t heads;        /* query heads, >= 1 (at most 65535) */
     size_t kv_heads;     /* key and value heads, dividing heads; 0 means heads */
     size_t head_dim;     /* 64 or 128 */
-    size_t seq_q, seq_k; /* each >= 1: dense lengths, or the longest of varlen */
+    size_t seq_q, seq_k; /* dense lengths, or varlen's longest: 1 .. 2^31 - 257 */
     const int32_t *cu_seqlens_q, *cu_seqlens_k;    /* varlen: both, or neither */
     size_t q_stride, k_stride, v_stride, o_stride; /* elements; multiples of 8 */
     float scale;   /* multiplies the scores; 0 means 1 / sqrt(head_dim) */

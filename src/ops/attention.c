@@ -137,8 +137,9 @@ static int check_desc(void *stream, const weft_attention_desc *d, void *o, const
     if (d->heads % kvh != 0)
         return weft__fail(WEFT_EINVAL, "%s: kv_heads %zu does not divide heads %zu", OP, kvh,
                           d->heads);
-    if (d->seq_q > INT32_MAX || d->seq_k > INT32_MAX)
-        return weft__fail(WEFT_EINVAL, "%s: seq_q and seq_k must be below 2^31", OP);
+    /* the kernel counts rows and keys in int, a block's reach past the end too */
+    if (d->seq_q > INT32_MAX - 256 || d->seq_k > INT32_MAX - 256)
+        return weft__fail(WEFT_EINVAL, "%s: seq_q and seq_k must be below 2^31 - 256", OP);
     if (d->window && !d->causal)
         return weft__fail(WEFT_EINVAL,
                           "%s: a sliding window needs causal (a window on both sides is not "

@@ -3,8 +3,11 @@
  * style kernel (attention.c holds the checks, attention_host.c the host
  * reference).
  *
- * A block of 8 warps takes 128 query rows of one head of one sequence
- * (grid: query blocks x heads x sequences), 16 rows a warp. It copies its
+ * A block takes 128 query rows of one head of one sequence (grid: query
+ * blocks x heads x sequences), in tiles of 16 rows: a warp takes two tiles
+ * where its registers hold both without spilling (head_dim 64: 4 warps),
+ * so each K and V fragment it reads from shared memory serves 32 rows, and
+ * one tile otherwise (head_dim 128: 8 warps; two would spill). It copies its
  * Q tile into shared memory once, then walks the sequence's keys in tiles
  * of 64: K and V tiles come in by cp.async into two buffers, the next
  * tile's copy in flight while the current one is multiplied. Both
@@ -49,7 +52,13 @@ namespace weft_ops
 namespace
 {
 
-constexpr int BM = 128, BN = 64, WARPS = BM / 16, THREADS = WARPS * 32;
+constexpr int BM = 128, BN = 64;
+
+/* MI row tiles of 16 a warp: the block's threads. */
+template <int MI> __host__ __device__ constexpr int threads_for()
+{
+    return BM / (16 * MI) * 32;
+}
 
 template <typename T> struct attention_params {
     const T *q, *k, *v;
@@ -137,7 +146,7 @@ template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float 
 
 /* Rows [row0, row0 + R) of a head (D elements from src, rows stride
  * apart) into the swizzled tile dst; rows at or past `rows` zero-filled. */
-template <typename T, int D, int R>
+template <typename T, int D, int R, int THREADS>
 __device__ __forceinline__ void load_tile(T *dst, const T *src, long long stride, int row0,
                                           int rows)
 {
@@ -153,7 +162,7 @@ __device__ __forceinline__ void load_tile(T *dst, const T *src, long long stride
 
 /* RoPE on rows [0, R) of a swizzled tile in place: row r is sequence row
  * row0 + r (below rows), at position pos[row0 + r]. */
-template <typename T, int D, int R>
+template <typename T, int D, int R, int THREADS>
 __device__ void rotate_tile(T *tile, const int32_t *pos, int row0, int rows, bool halves,
                             const double *inv_freq)
 {
@@ -174,9 +183,14 @@ __device__ void rotate_tile(T *tile, const int32_t *pos, int row0, int rows, boo
     }
 }
 
-template <typename T, int D, bool ROPE>
-__global__ void __launch_bounds__(THREADS, D == 64 ? 2 : 1) attention_kernel(attention_params<T> p)
+/* MI: each warp takes MI tiles of 16 query rows, so that every K and V
+ * fragment it reads from shared memory serves MI row tiles. Two blocks an
+ * SM where the shared memory allows (head_dim 64). */
+template <typename T, int D, int MI, bool ROPE>
+__global__ void __launch_bounds__(threads_for<MI>(), D == 64 ? 2 : 1)
+    attention_kernel(attention_params<T> p)
 {
+    constexpr int THREADS = threads_for<MI>();
     extern __shared__ __align__(16) unsigned char smem[];
     T *sq = reinterpret_cast<T *>(smem);
     T *sk = sq + BM * D; /* two buffers of BN rows */
@@ -220,12 +234,12 @@ __global__ void __launch_bounds__(THREADS, D == 64 ? 2 : 1) attention_kernel(att
     const T *qh = p.q + q0 * p.q_stride + (long long)h * D;
     const T *kh = p.k + k0 * p.k_stride + (long long)kvh * D;
     const T *vh = p.v + k0 * p.v_stride + (long long)kvh * D;
-    load_tile<T, D, BM>(sq, qh, p.q_stride, m0, lq);
+    load_tile<T, D, BM, THREADS>(sq, qh, p.q_stride, m0, lq);
     cp_async_commit();
     const bool any = n_begin < n_end;
     if (any) {
-        load_tile<T, D, BN>(sk, kh, p.k_stride, (int)n_begin, lk);
-        load_tile<T, D, BN>(sv, vh, p.v_stride, (int)n_begin, lk);
+        load_tile<T, D, BN, THREADS>(sk, kh, p.k_stride, (int)n_begin, lk);
+        load_tile<T, D, BN, THREADS>(sv, vh, p.v_stride, (int)n_begin, lk);
         cp_async_commit();
         cp_async_wait<1>();
     } else {
@@ -235,33 +249,44 @@ __global__ void __launch_bounds__(THREADS, D == 64 ? 2 : 1) attention_kernel(att
         for (int i = tid; i < D / 2; i += THREADS)
             inv_freq[i] = pow(p.rope_base, -2.0 * (double)i / (double)D);
         __syncthreads();
-        rotate_tile<T, D, BM>(sq, p.pos_q + q0, m0, lq, p.halves, inv_freq);
+        rotate_tile<T, D, BM, THREADS>(sq, p.pos_q + q0, m0, lq, p.halves, inv_freq);
     }
     __syncthreads();
 
-    /* This thread's two rows (g and g + 8 of its warp's 16) and the keys
-     * each sees: [lo, hi). */
-    const int wrow = warp * 16;
-    long long row_lo[2], row_hi[2];
+    /* This thread's rows: g and g + 8 of each of its warp's MI tiles of 16,
+     * and the keys each sees: [lo, hi), both within [0, lk]. */
+    const int wrow = warp * 16 * MI;
+    int row_lo[MI][2], row_hi[MI][2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const long long i = m0 + wrow + g + 8 * r;
-        row_hi[r] = p.causal && i + shift + 1 < lk ? i + shift + 1 : lk;
-        row_lo[r] = p.window ? i + shift - p.window + 1 : 0;
-    }
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const long long i = m0 + wrow + 16 * mi + g + 8 * r;
+            const long long hi = p.causal && i + shift + 1 < lk ? i + shift + 1 : lk;
+            const long long lo = p.window ? i + shift - p.window + 1 : 0;
+            row_hi[mi][r] = (int)(hi < 0 ? 0 : hi);
+            row_lo[mi][r] = (int)(lo < 0 ? 0 : lo > lk ? lk : lo);
+        }
 
-    float acc[D / 8][4];
+    float acc[MI][D / 8][4];
+    float row_max[MI][2], row_sum[MI][2];
 #pragma unroll
-    for (int n = 0; n < D / 8; n++)
-        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+    for (int mi = 0; mi < MI; mi++) {
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+            acc[mi][n][0] = acc[mi][n][1] = acc[mi][n][2] = acc[mi][n][3] = 0.0f;
+        row_max[mi][0] = row_max[mi][1] = -INFINITY;
+        row_sum[mi][0] = row_sum[mi][1] = 0.0f;
+    }
 
     int stage = 0;
     for (long long n0 = n_begin; n0 < n_end; n0 += BN, stage ^= 1) {
         T *ks = sk + stage * BN * D, *vs = sv + stage * BN * D;
         if (n0 + BN < n_end) {
-            load_tile<T, D, BN>(sk + (stage ^ 1) * BN * D, kh, p.k_stride, (int)(n0 + BN), lk);
-            load_tile<T, D, BN>(sv + (stage ^ 1) * BN * D, vh, p.v_stride, (int)(n0 + BN), lk);
+            load_tile<T, D, BN, THREADS>(sk + (stage ^ 1) * BN * D, kh, p.k_stride, (int)(n0 + BN),
+                                         lk);
+            load_tile<T, D, BN, THREADS>(sv + (stage ^ 1) * BN * D, vh, p.v_stride, (int)(n0 + BN),
+                                         lk);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -269,27 +294,34 @@ __global__ void __launch_bounds__(THREADS, D == 64 ? 2 : 1) attention_kernel(att
         }
         __syncthreads();
         if (ROPE) {
-            rotate_tile<T, D, BN>(ks, p.pos_k + k0, (int)n0, lk, p.halves, inv_freq);
+            rotate_tile<T, D, BN, THREADS>(ks, p.pos_k + k0, (int)n0, lk, p.halves, inv_freq);
             __syncthreads();
         }
 
-        /* S = Q K^T: this warp's 16 rows x BN keys */
-        float s[BN / 8][4];
+        /* S = Q K^T: this warp's MI x 16 rows x BN keys */
+        float s[MI][BN / 8][4];
 #pragma unroll
-        for (int n = 0; n < BN / 8; n++)
-            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++)
+                s[mi][n][0] = s[mi][n][1] = s[mi][n][2] = s[mi][n][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
-            unsigned a[4];
-            ldmatrix_x4(a,
-                        sq + (wrow + lane % 16) * D + (((2 * kk + lane / 16) ^ (lane % 8)) << 3));
+            unsigned a[MI][4];
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++)
+                ldmatrix_x4(a[mi], sq + (wrow + 16 * mi + lane % 16) * D +
+                                       (((2 * kk + lane / 16) ^ (lane % 8)) << 3));
 #pragma unroll
             for (int jj = 0; jj < BN / 16; jj++) {
                 unsigned bk[4];
                 const int i = lane / 8, key = 16 * jj + (i / 2) * 8 + lane % 8;
                 ldmatrix_x4(bk, ks + key * D + (((2 * kk + i % 2) ^ (key & 7)) << 3));
-                mma16816<T>(s[2 * jj], a, bk[0], bk[1]);
-                mma16816<T>(s[2 * jj + 1], a, bk[2], bk[3]);
+#pragma unroll
+                for (int mi = 0; mi < MI; mi++) {
+                    mma16816<T>(s[mi][2 * jj], a[mi], bk[0], bk[1]);
+                    mma16816<T>(s[mi][2 * jj + 1], a[mi], bk[2], bk[3]);
+                }
             }
         }
 
@@ -297,59 +329,69 @@ __global__ void __launch_bounds__(THREADS, D == 64 ? 2 : 1) attention_kernel(att
         const bool whole = n0 + BN <= lk && (!p.causal || n0 + BN - 1 <= m0 + shift) &&
                            (!p.window || n0 > m0 + BM - 1 + shift - p.window);
 #pragma unroll
-        for (int n = 0; n < BN / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = e / 2;
-                const long long j = n0 + n * 8 + 2 * t + e % 2;
-                float x = s[n][e] * p.scale_log2;
-                if (!whole && (j < row_lo[r] || j >= row_hi[r]))
-                    x = -INFINITY;
-                s[n][e] = x;
-            }
-
-            /* online softmax: new maxima, the old sums and outputs rescaled */
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float m = row_max[r];
+        for (int mi = 0; mi < MI; mi++)
 #pragma unroll
             for (int n = 0; n < BN / 8; n++)
-                m = fmaxf(m, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-            const float base = m == -INFINITY ? 0.0f : m; /* a row that has seen nothing */
-            const float corr = exp2f(row_max[r] - base);
-            row_max[r] = m;
-            float sum = 0.0f;
 #pragma unroll
-            for (int n = 0; n < BN / 8; n++) {
-                s[n][2 * r] = exp2f(s[n][2 * r] - base);
-                s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - base);
-                sum += s[n][2 * r] + s[n][2 * r + 1];
-            }
-            row_sum[r] = row_sum[r] * corr + sum;
-#pragma unroll
-            for (int n = 0; n < D / 8; n++) {
-                acc[n][2 * r] *= corr;
-                acc[n][2 * r + 1] *= corr;
-            }
-        }
+                for (int e = 0; e < 4; e++) {
+                    const int r = e / 2;
+                    const int j = (int)n0 + n * 8 + 2 * t + e % 2;
+                    float x = s[mi][n][e] * p.scale_log2;
+                    if (!whole && (j < row_lo[mi][r] || j >= row_hi[mi][r]))
+                        x = -INFINITY;
+                    s[mi][n][e] = x;
+                }
 
-        /* O += P V */
+                /* online softmax: new maxima, the old sums and outputs rescaled */
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float m = row_max[mi][r];
+#pragma unroll
+                for (int n = 0; n < BN / 8; n++)
+                    m = fmaxf(m, fmaxf(s[mi][n][2 * r], s[mi][n][2 * r + 1]));
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                const float base = m == -INFINITY ? 0.0f : m; /* a row that has seen nothing */
+                const float corr = exp2f(row_max[mi][r] - base);
+                row_max[mi][r] = m;
+                float sum = 0.0f;
+#pragma unroll
+                for (int n = 0; n < BN / 8; n++) {
+                    s[mi][n][2 * r] = exp2f(s[mi][n][2 * r] - base);
+                    s[mi][n][2 * r + 1] = exp2f(s[mi][n][2 * r + 1] - base);
+                    sum += s[mi][n][2 * r] + s[mi][n][2 * r + 1];
+                }
+                row_sum[mi][r] = row_sum[mi][r] * corr + sum;
+#pragma unroll
+                for (int n = 0; n < D / 8; n++) {
+                    acc[mi][n][2 * r] *= corr;
+                    acc[mi][n][2 * r + 1] *= corr;
+                }
+            }
+
+            /* O += P V */
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
-            unsigned a[4];
-            a[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-            a[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-            a[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            a[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            unsigned a[MI][4];
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) {
+                a[mi][0] = pack2<T>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+                a[mi][1] = pack2<T>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+                a[mi][2] = pack2<T>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+                a[mi][3] = pack2<T>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+            }
 #pragma unroll
             for (int jj = 0; jj < D / 16; jj++) {
                 unsigned bv[4];
                 const int i = lane / 8, key = 16 * kk + (i % 2) * 8 + lane % 8;
                 ldmatrix_x4_trans(bv, vs + key * D + (((2 * jj + i / 2) ^ (key & 7)) << 3));
-                mma16816<T>(acc[2 * jj], a, bv[0], bv[1]);
-                mma16816<T>(acc[2 * jj + 1], a, bv[2], bv[3]);
+#pragma unroll
+                for (int mi = 0; mi < MI; mi++) {
+                    mma16816<T>(acc[mi][2 * jj], a[mi], bv[0], bv[1]);
+                    mma16816<T>(acc[mi][2 * jj + 1], a[mi], bv[2], bv[3]);
+                }
             }
         }
         __syncthreads(); /* this stage's buffers are refilled next */
@@ -357,37 +399,39 @@ __global__ void __launch_bounds__(THREADS, D == 64 ? 2 : 1) attention_kernel(att
 
     /* the row sums across the row's four threads; O and the LSE */
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float l = row_sum[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int i = m0 + wrow + g + 8 * r;
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        if (i >= lq)
-            continue;
-        T *out = p.o + (q0 + i) * p.o_stride + (long long)h * D + 2 * t;
+    for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-        for (int n = 0; n < D / 8; n++) {
-            const unsigned v = pack2<T>(acc[n][2 * r] * inv, acc[n][2 * r + 1] * inv);
-            *reinterpret_cast<unsigned *>(out + n * 8) = v;
+        for (int r = 0; r < 2; r++) {
+            float l = row_sum[mi][r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const int i = m0 + wrow + 16 * mi + g + 8 * r;
+            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            if (i >= lq)
+                continue;
+            T *out = p.o + (q0 + i) * p.o_stride + (long long)h * D + 2 * t;
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                const unsigned v = pack2<T>(acc[mi][n][2 * r] * inv, acc[mi][n][2 * r + 1] * inv);
+                *reinterpret_cast<unsigned *>(out + n * 8) = v;
+            }
+            if (p.lse && t == 0)
+                p.lse[(long long)h * p.lse_stride + q0 + i] =
+                    l > 0.0f ? row_max[mi][r] * 0.6931471805599453f + logf(l) : -INFINITY;
         }
-        if (p.lse && t == 0)
-            p.lse[(long long)h * p.lse_stride + q0 + i] =
-                l > 0.0f ? row_max[r] * 0.6931471805599453f + logf(l) : -INFINITY;
-    }
 }
 
-template <typename T, int D, bool ROPE>
+template <typename T, int D, int MI, bool ROPE>
 int launch_one(cudaStream_t stream, const attention_params<T> &p, dim3 grid)
 {
-    auto kernel = attention_kernel<T, D, ROPE>;
+    auto kernel = attention_kernel<T, D, MI, ROPE>;
     const size_t bytes =
         (size_t)(BM + 4 * BN) * D * sizeof(T) + (ROPE ? D / 2 * sizeof(double) : 0);
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
     if (e != cudaSuccess)
         return launch_status("weft_attention", e);
-    kernel<<<grid, THREADS, bytes, stream>>>(p);
+    kernel<<<grid, threads_for<MI>(), bytes, stream>>>(p);
     return launched("weft_attention");
 }
 
@@ -412,10 +456,10 @@ template <typename T> int launch(cudaStream_t stream, const weft__attention_args
     dim3 grid((unsigned)((a->seq_q + BM - 1) / BM), (unsigned)a->heads, (unsigned)a->batch);
     const bool rope = a->q_positions != NULL;
     if (a->head_dim == 64)
-        return rope ? launch_one<T, 64, true>(stream, p, grid)
-                    : launch_one<T, 64, false>(stream, p, grid);
-    return rope ? launch_one<T, 128, true>(stream, p, grid)
-                : launch_one<T, 128, false>(stream, p, grid);
+        return rope ? launch_one<T, 64, 2, true>(stream, p, grid)
+                    : launch_one<T, 64, 2, false>(stream, p, grid);
+    return rope ? launch_one<T, 128, 1, true>(stream, p, grid)
+                : launch_one<T, 128, 1, false>(stream, p, grid);
 }
 
 } // namespace

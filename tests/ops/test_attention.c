@@ -362,6 +362,7 @@ static void test_bad_arguments_are_refused_with_the_reason(void **state)
     BAD(d.seq_q = 0, "must be >= 1");
     BAD(d.seq_k = 0, "must be >= 1");
     BAD(d.batch = 70000, "at most 65535");
+    BAD(d.seq_k = (size_t)INT32_MAX, "below 2^31 - 256");
     BAD(d.head_dim = 96, "head_dim 96 is not supported");
     BAD(d.head_dim = 256, "head_dim 256 is not supported");
     BAD(d.kv_heads = 3, "kv_heads 3 does not divide heads 4");
