@@ -16,7 +16,7 @@
  * O += P V with P taken straight from S's accumulators (the m16n8k16
  * accumulator of two key columns is the A fragment of the next product)
  * and V through ldmatrix.trans. The softmax is online, in registers: each
- * thread keeps its two rows' running maximum and a partial sum (in log2
+ * thread keeps its rows' running maxima and partial sums (in log2
  * units: the scores are multiplied by scale * log2(e) so exp2 gives the
  * exponentials), rescaling O when the maximum grows; the row sums meet
  * across the four threads of a row only at the end. O and the LSE are
