@@ -602,7 +602,7 @@ typedef struct weft_attention_desc {
     size_t batch;        /* sequences, >= 1 (at most 65535) */
     size_t heads;        /* query heads, >= 1 (at most 65535) */
     size_t kv_heads;     /* key and value heads, dividing heads; 0 means heads */
-    size_t head_dim;     /* 64 or 128 */
+    size_t head_dim;     /* 64, 128 or 256 */
     size_t seq_q, seq_k; /* dense lengths, or varlen's longest: 1 .. 2^31 - 257 */
     const int32_t *cu_seqlens_q, *cu_seqlens_k;    /* varlen: both, or neither */
     size_t q_stride, k_stride, v_stride, o_stride; /* elements; multiples of 8 */
@@ -651,7 +651,7 @@ typedef struct weft_attention_desc {
  * the same, so a call valid on one backend is valid on the other); O must
  * not overlap Q, K, V, the tables or the LSE.
  * Bad arguments (a zero size, a dtype other than bf16/fp16, a head_dim
- * other than 64 or 128, kv_heads not dividing heads, a window without
+ * other than 64, 128 or 256, kv_heads not dividing heads, a window without
  * causal, only one of the two tables or two position arrays, a NULL or
  * misaligned tensor, strides below the row or not multiples of 8, sizes
  * that overflow, nonzero reserved, a bad table on the NULL stream) return

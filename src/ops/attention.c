@@ -130,8 +130,8 @@ static int check_desc(void *stream, const weft_attention_desc *d, void *o, const
     if (d->batch > GRID_LIMIT || d->heads > GRID_LIMIT)
         return weft__fail(WEFT_EINVAL, "%s: batch (%zu) and heads (%zu) must be at most %d", OP,
                           d->batch, d->heads, GRID_LIMIT);
-    if (d->head_dim != 64 && d->head_dim != 128)
-        return weft__fail(WEFT_EINVAL, "%s: head_dim %zu is not supported (64 or 128)", OP,
+    if (d->head_dim != 64 && d->head_dim != 128 && d->head_dim != 256)
+        return weft__fail(WEFT_EINVAL, "%s: head_dim %zu is not supported (64, 128 or 256)", OP,
                           d->head_dim);
     size_t kvh = d->kv_heads ? d->kv_heads : d->heads;
     if (d->heads % kvh != 0)

@@ -7,7 +7,8 @@
  * blocks x heads x sequences), in tiles of 16 rows: a warp takes two tiles
  * where its registers hold both without spilling (head_dim 64: 4 warps),
  * so each K and V fragment it reads from shared memory serves 32 rows, and
- * one tile otherwise (head_dim 128: 8 warps; two would spill). It copies its
+ * one tile otherwise (head_dim 128 and 256: 8 warps; two would spill). The
+ * shared tiles of head_dim 256 (192 KiB) need a Hopper-sized SM. It copies its
  * Q tile into shared memory once, then walks the sequence's keys in tiles
  * of 64: K and V tiles come in by cp.async into two buffers, the next
  * tile's copy in flight while the current one is multiplied. Both
@@ -455,6 +456,9 @@ template <typename T> int launch(cudaStream_t stream, const weft__attention_args
     p.rope_base = a->rope_base;
     dim3 grid((unsigned)((a->seq_q + BM - 1) / BM), (unsigned)a->heads, (unsigned)a->batch);
     const bool rope = a->q_positions != NULL;
+    if (a->head_dim == 256)
+        return rope ? launch_one<T, 256, 1, true>(stream, p, grid)
+                    : launch_one<T, 256, 1, false>(stream, p, grid);
     if (a->head_dim == 64)
         return rope ? launch_one<T, 64, 2, true>(stream, p, grid)
                     : launch_one<T, 64, 2, false>(stream, p, grid);

@@ -21,7 +21,7 @@
 #include "ops/attention.h"
 #include "ops/ops_internal.h"
 
-enum { MAX_DIM = 128 };
+enum { MAX_DIM = 256 };
 
 static size_t ws_floats(const weft__attention_args *a)
 {

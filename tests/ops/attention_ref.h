@@ -267,7 +267,7 @@ static inline size_t at_check(const at_data *a, const void *o, const float *lse,
     unsigned char *written = calloc(qr * d->o_stride, 1);
     unsigned char *lse_written = calloc(d->heads * (d->lse_stride ? d->lse_stride : 1), 1);
     double *scores = at_alloc((d->seq_k + 1) * sizeof(double));
-    double want[128], S[128], num = 0, den = 0;
+    double want[256], S[256], num = 0, den = 0;
     *max_lse = 0;
 
 #define AT_BAD(...)                                                                                \

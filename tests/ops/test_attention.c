@@ -2,7 +2,7 @@
  * test_attention.c - weft_attention's host reference (NULL stream, and a
  * task's stream on the host backend) against the float64 loops of
  * attention_ref.h, on fresh random data each run (the seed is printed;
- * WEFT_TEST_SEED=<n> replays it): both dtypes and head sizes, causal or
+ * WEFT_TEST_SEED=<n> replays it): both dtypes and every head size, causal or
  * not, queries fewer or more than keys (chunked prefill, rows that see
  * nothing), sliding windows, grouped-query ratios 1 to 32, varlen batches
  * mixing 1 and 3000 tokens, strided views into a fused QKV row, the LSE,
@@ -50,7 +50,7 @@ static void test_every_mode_at_small_shapes_matches_float64(void **state)
     (void)state;
     char name[160];
     for (int t = 0; t < 2; t++)
-        for (size_t dim = 64; dim <= 128; dim *= 2)
+        for (size_t dim = 64; dim <= 256; dim *= 2)
             for (int causal = 0; causal < 2; causal++)
                 for (int lse = 0; lse < 2; lse++) {
                     weft_attention_desc d = {.dtype = TYPES[t],
@@ -137,7 +137,9 @@ static void test_sliding_windows(void **state)
         weft_attention_desc d = {.dtype = TYPES[c % 2],
                                  .batch = 2,
                                  .heads = 2,
-                                 .head_dim = c % 3 ? 64 : 128,
+                                 .head_dim = c == 4  ? 256
+                                             : c % 3 ? 64
+                                                     : 128,
                                  .seq_q = CASES[c][0],
                                  .seq_k = CASES[c][1],
                                  .causal = 1,
@@ -216,7 +218,7 @@ static void test_rope_matches_float64_and_weft_rope_then_attention(void **state)
                                      .batch = 2,
                                      .heads = 4,
                                      .kv_heads = 1,
-                                     .head_dim = t ? 128 : 64,
+                                     .head_dim = layout ? (t ? 128 : 64) : (t ? 256 : 64),
                                      .seq_q = 21,
                                      .seq_k = 70,
                                      .causal = 1,
@@ -364,7 +366,7 @@ static void test_bad_arguments_are_refused_with_the_reason(void **state)
     BAD(d.batch = 70000, "at most 65535");
     BAD(d.seq_k = (size_t)INT32_MAX, "below 2^31 - 256");
     BAD(d.head_dim = 96, "head_dim 96 is not supported");
-    BAD(d.head_dim = 256, "head_dim 256 is not supported");
+    BAD(d.head_dim = 512, "head_dim 512 is not supported (64, 128 or 256)");
     BAD(d.kv_heads = 3, "kv_heads 3 does not divide heads 4");
     BAD(d.kv_heads = 8, "kv_heads 8 does not divide heads 4");
     BAD(d.causal = 0; d.window = 4, "a sliding window needs causal");

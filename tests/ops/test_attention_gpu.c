@@ -2,7 +2,7 @@
  * test_attention_gpu.c - weft_attention's kernel against the float64
  * loops of attention_ref.h and against the host reference on the same
  * inputs, on fresh random data: every mode of the host test (both dtypes
- * and head sizes, causal or not, queries fewer or more than keys, sliding
+ * and every head size, causal or not, queries fewer or more than keys, sliding
  * windows that leave rows seeing nothing, grouped-query ratios 1 to 32,
  * varlen batches mixing 1 and 3000 tokens and one of 100,000, strided
  * views, RoPE in both layouts), the LSE, and tiles that cross every
@@ -140,7 +140,7 @@ static void test_every_mode_matches_float64_and_the_host(void **state)
     (void)state;
     char name[160];
     for (int t = 0; t < 2; t++)
-        for (size_t dim = 64; dim <= 128; dim *= 2)
+        for (size_t dim = 64; dim <= 256; dim *= 2)
             for (int causal = 0; causal < 2; causal++) {
                 weft_attention_desc d = {.dtype = TYPES[t],
                                          .batch = 2,
@@ -177,7 +177,9 @@ static void test_block_edges_and_unequal_lengths(void **state)
                                      .batch = 2,
                                      .heads = 2,
                                      .kv_heads = 1,
-                                     .head_dim = s % 3 ? 64 : 128,
+                                     .head_dim = s % 4 == 3 ? 256
+                                                 : s % 3    ? 64
+                                                            : 128,
                                      .seq_q = SHAPES[s][0],
                                      .seq_k = SHAPES[s][1],
                                      .causal = causal};
@@ -211,7 +213,9 @@ static void test_grouped_query_ratios_and_windows(void **state)
         weft_attention_desc d = {.dtype = TYPES[c % 2],
                                  .batch = 2,
                                  .heads = 2,
-                                 .head_dim = c % 3 ? 64 : 128,
+                                 .head_dim = c == 5  ? 256
+                                             : c % 3 ? 64
+                                                     : 128,
                                  .seq_q = WINDOWS[c][0],
                                  .seq_k = WINDOWS[c][1],
                                  .causal = 1,
@@ -309,7 +313,7 @@ static void test_strided_views_and_rope(void **state)
                                      .batch = 2,
                                      .heads = 4,
                                      .kv_heads = 1,
-                                     .head_dim = t ? 128 : 64,
+                                     .head_dim = layout ? (t ? 128 : 64) : (t ? 256 : 64),
                                      .seq_q = 100,
                                      .seq_k = 300,
                                      .causal = 1,
