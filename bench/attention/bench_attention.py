@@ -273,16 +273,20 @@ def run(torch, lib, args):
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         gqa = hkv != h
 
+        extra = {"enable_gqa": True} if gqa else {}
+
         def sdpa(backend):
             def f():
                 with sdpa_kernel([backend]):
-                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
-                                                          enable_gqa=gqa)
+                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, **extra)
             return f
-        # the math backend in fp32, on a slice of the batch (its scores fill memory)
+        # the math backend in fp32 on a slice of the batch (its scores fill
+        # memory), the kv heads repeated for their query heads
+        rk = kt[:1].float().repeat_interleave(h // hkv, dim=1)
+        rv = vt[:1].float().repeat_interleave(h // hkv, dim=1)
         with sdpa_kernel([SDPBackend.MATH]):
-            ref = F.scaled_dot_product_attention(qt[:1].float(), kt[:1].float(), vt[:1].float(),
-                                                 is_causal=causal, enable_gqa=gqa)
+            ref = F.scaled_dot_product_attention(qt[:1].float(), rk, rv, is_causal=causal)
+        del rk, rv
         call = weft_call(torch, lib, out, q, k, v, causal)
         call()
         torch.cuda.synchronize()
@@ -298,7 +302,7 @@ def run(torch, lib, args):
             try:
                 y = f()
                 torch.cuda.synchronize()
-            except RuntimeError as e:
+            except (RuntimeError, TypeError) as e:
                 rates[name] = None
                 notes.append("%s refused (%s)" % (name, str(e).splitlines()[0][:80]))
                 continue
