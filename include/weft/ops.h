@@ -591,8 +591,10 @@ int weft_conv2d(void *stream, const weft_conv2d_desc *desc, void *out, const voi
  *    table that is not nondecreasing from cu[0] >= 0 or whose lengths
  *    exceed seq_q / seq_k; where a table is read only when the work runs
  *    (the kernel, or the host reference in a task's stream order), the
- *    clamp is all the checking there is, and a sequence of 0 queries or
- *    keys is allowed anywhere.
+ *    clamp is all the checking there is: a table whose rows run past the
+ *    end of Q, K, V or O (or the LSE's stride) is undefined behaviour. A
+ *    sequence of 0 queries or keys is allowed anywhere (0 keys: its
+ *    queries see nothing).
  *
  * Zero means the default in every field, so a zeroed struct with dtype,
  * batch, heads, head_dim and the lengths set is plain dense attention.
