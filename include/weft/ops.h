@@ -651,18 +651,21 @@ typedef struct weft_attention_desc {
  * Requirements: Q, K, V and O 16-byte aligned with strides that are
  * multiples of 8 elements (the GPU copies 16-byte chunks; the host asks
  * the same, so a call valid on one backend is valid on the other); O must
- * not overlap Q, K, V, the tables or the LSE.
+ * not overlap Q, K, V, the tables or the LSE. head_dim 256 on the GPU
+ * takes 193 KiB of shared memory a block (Hopper's SMs have 227; where an
+ * SM has less, the launch's refusal is returned with CUDA's error name).
  * Bad arguments (a zero size, a dtype other than bf16/fp16, a head_dim
  * other than 64, 128 or 256, kv_heads not dividing heads, a window without
  * causal, only one of the two tables or two position arrays, a NULL or
- * misaligned tensor, strides below the row or not multiples of 8, sizes
- * that overflow, nonzero reserved, a bad table on the NULL stream) return
+ * misaligned tensor, strides below the row or not multiples of 8, more
+ * than 65535 sequences or heads, lengths or sizes past their limits,
+ * nonzero reserved, a bad table on the NULL stream) return
  * WEFT_EINVAL before anything is read or enqueued.
  * NaN/Inf: IEEE arithmetic; a NaN in a score a query sees makes its row and
- * its LSE NaN, a NaN or Inf in a value row it sees its row. On the GPU a
- * non-finite value row may also reach the rows of its sequence and kv
- * head that are masked from it (they multiply it by 0 within a block of
- * keys). */
+ * its LSE NaN, a NaN or Inf in a value row it sees reaches its row (NaN
+ * or Inf). On the GPU a non-finite value row may also reach the rows of
+ * its sequence and kv head that are masked from it (they multiply it by 0
+ * within a block of keys). */
 int weft_attention(void *stream, const weft_attention_desc *desc, void *o, const void *q,
                    const void *k, const void *v);
 
