@@ -23,6 +23,8 @@
 #                   PyTorch eager conv->bn->relu and torch with the BN folded
 #   make gpu-bench-decode  weft_attention_decode over a paged KV cache against
 #                   torch's scaled_dot_product_attention and a copy's ceiling
+#   make gpu-bench-attention  weft_attention against PyTorch's
+#                   scaled_dot_product_attention (flash, cuDNN, efficient)
 # A benchmark writes its rows (JSON lines) under build-release/bench/ and
 # changes nothing tracked; RECORD=1 (make bench RECORD=1) appends them to
 # bench/results.jsonl and regenerates bench/RESULTS.md from it.
@@ -158,6 +160,17 @@ gpu-bench-conv: deps
 	$(PYTHON) bench/conv/bench_conv.py --lib build-release/libweft.so \
 	  --rows $(ROWS_DIR)/conv.rows.jsonl $(BENCH_CONV_ARGS)
 	$(call record,$(ROWS_DIR)/conv.rows.jsonl)
+
+# weft_attention against torch's scaled_dot_product_attention backends
+# (PyTorch and a GPU needed). BENCH_ATTENTION_ARGS passes options:
+# bench/attention/bench_attention.py --help.
+.PHONY: gpu-bench-attention
+gpu-bench-attention: deps
+	$(CMAKE) -S . -B build-release $(BENCH_CONFIG)
+	$(CMAKE) --build build-release -j $(JOBS) --target weft_shared
+	$(PYTHON) bench/attention/bench_attention.py --lib build-release/libweft.so \
+	  --rows $(ROWS_DIR)/attention.rows.jsonl $(BENCH_ATTENTION_ARGS)
+	$(call record,$(ROWS_DIR)/attention.rows.jsonl)
 
 # weft_attention_decode over a paged KV cache against PyTorch's SDPA (PyTorch
 # and a GPU needed). BENCH_DECODE_ARGS passes options: bench/attention/bench_decode.py --help.

@@ -10,8 +10,8 @@ against and the figure it needed. The notebook the record replaced, and
 the prose of the runs, are under bench/history/.
 
 A row:
-  benchmark  "cpu", "gpu", "images", "ops", "matmul", "moe", "conv" or "decode"
-             (BENCHMARKS below)
+  benchmark  "cpu", "gpu", "images", "ops", "matmul", "moe", "conv", "attention" or
+             "decode" (BENCHMARKS below)
   case       what was measured, e.g. "fiber switch (one way)"
   metric     which figure of the case, e.g. "median", "jobs/s"
   value      a number; unit: its unit
@@ -77,6 +77,12 @@ BENCHMARKS = {
              "weft_conv2d (BatchNorm folded, bias+ReLU fused in cuDNN) against PyTorch eager "
              "conv->bn->relu and torch with the BatchNorm folded by hand, on the same tensors "
              "and stream; what the rows measure: bench/conv/bench_conv.py's opening comment"),
+    "attention": ("Attention: bench_attention", "`make gpu-bench-attention` "
+                  "(bench/attention/bench_attention.py)",
+                  "weft_attention (weft's own kernel) against torch's "
+                  "scaled_dot_product_attention with its flash, cuDNN and efficient backends "
+                  "on the same tensors and stream; what the rows measure: "
+                  "bench/attention/bench_attention.py's opening comment"),
     "decode": ("Decode attention: bench_decode", "`make gpu-bench-decode` "
                "(bench/attention/bench_decode.py)",
                "weft_attention_decode over a shuffled paged KV cache against torch's "

@@ -3,8 +3,10 @@
  * RMSNorm, bias+GELU+residual+LayerNorm, softmax, RoPE, SwiGLU/GeGLU, and
  * the matrix multiply with its fused epilogues (bias, ReLU/GELU, residual),
  * the building blocks of a mixture-of-experts layer (router, permute,
- * grouped matmul over the experts, combine), and the 2-D convolution with
- * BatchNorm folded in and bias and ReLU fused.
+ * grouped matmul over the experts, combine), the 2-D convolution with
+ * BatchNorm folded in and bias and ReLU fused, attention (FlashAttention-
+ * style prefill with GQA, windows and RoPE fused into the loads) and a
+ * paged KV cache with its decode attention.
  *
  * Each call does in one pass what a framework does in several, so that the
  * intermediates (the biased input, the residual sum, the scores) never make
@@ -622,6 +624,120 @@ int weft_conv2d_fold_bn(void *stream, const weft_conv2d_desc *desc, weft_dtype b
  * propagate NaNs). */
 int weft_conv2d(void *stream, const weft_conv2d_desc *desc, void *out, const void *in,
                 const void *w, const void *bias);
+
+/* ---- attention ---------------------------------------------------------- */
+
+/* What weft_attention computes. For every sequence b < batch, query head h
+ * < heads and query i < Lq of the sequence (Lq queries and Lk keys, below):
+ *   s_j = scale * dot(q_i, k_j)            for the keys j < Lk it sees
+ *   o_i = sum_j softmax(s)_j v_j,   lse_i = log(sum_j exp(s_j))
+ * with k and v those of kv head h / (heads / kv_heads): grouped-query
+ * attention (kv_heads = 1 is multi-query). Query i sees key j unless
+ *   causal:  j > i + (Lk - Lq)   (the queries are the LAST Lq of the Lk
+ *            positions: aligned at the bottom right, as FlashAttention 2
+ *            aligns them, so queries that continue a cached prefix of Lk -
+ *            Lq keys see the prefix and themselves; with Lq > Lk the first
+ *            Lq - Lk queries see nothing)
+ *   window:  j <= i + (Lk - Lq) - window   (a sliding window as Mistral's:
+ *            each query sees at most `window` keys, itself included; it is
+ *            FlashAttention's window_size (window - 1, 0))
+ * A query that sees no key gets o = 0 and lse = -Inf.
+ *
+ * Layouts. Tokens are rows: Q's rows hold heads * head_dim elements (head
+ * h at h * head_dim), K's and V's kv_heads * head_dim, O's like Q's; row r
+ * of each starts stride elements after row r-1 (q_stride, ...: 0 means
+ * packed), so Q, K and V may be views into one fused projection's output.
+ *  - dense (cu_seqlens_q and cu_seqlens_k NULL): [batch][seq][heads][dim];
+ *    sequence b's queries are rows b * seq_q .. b * seq_q + seq_q - 1 and
+ *    its keys rows b * seq_k ...; Lq = seq_q, Lk = seq_k.
+ *  - packed, variable lengths (both tables given): cu_seqlens_q and
+ *    cu_seqlens_k are batch + 1 int32 prefix sums (FlashAttention's
+ *    varlen tables), memory of the call's backend (on the GPU read by the
+ *    kernel, so they never come back to the host): sequence b's queries
+ *    are rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1, its keys likewise;
+ *    seq_q and seq_k are the longest sequence's lengths (the grid's size),
+ *    and each sequence's Lq and Lk are its table's difference clamped into
+ *    [0, seq_q] and [0, seq_k]. A host call on the NULL stream refuses a
+ *    table that is not nondecreasing from cu[0] >= 0 or whose lengths
+ *    exceed seq_q / seq_k; where a table is read only when the work runs
+ *    (the kernel, or the host reference in a task's stream order), the
+ *    clamp is all the checking there is: a table whose rows run past the
+ *    end of Q, K, V or O (or the LSE's stride) is undefined behaviour. A
+ *    sequence of 0 queries or keys is allowed anywhere (0 keys: its
+ *    queries see nothing).
+ *
+ * Zero means the default in every field, so a zeroed struct with dtype,
+ * batch, heads, head_dim and the lengths set is plain dense attention.
+ * reserved must stay zero. */
+typedef struct weft_attention_desc {
+    weft_dtype dtype;    /* of Q, K, V and O: WEFT_DTYPE_BF16 or WEFT_DTYPE_F16 */
+    size_t batch;        /* sequences, >= 1 (at most 65535) */
+    size_t heads;        /* query heads, >= 1 (at most 65535) */
+    size_t kv_heads;     /* key and value heads, dividing heads; 0 means heads */
+    size_t head_dim;     /* 64, 128 or 256 */
+    size_t seq_q, seq_k; /* dense lengths, or varlen's longest: 1 .. 2^31 - 257 */
+    const int32_t *cu_seqlens_q, *cu_seqlens_k;    /* varlen: both, or neither */
+    size_t q_stride, k_stride, v_stride, o_stride; /* elements; multiples of 8 */
+    float scale;   /* multiplies the scores; 0 means 1 / sqrt(head_dim) */
+    int causal;    /* nonzero: the bottom-right causal mask above */
+    size_t window; /* >= 1: the sliding window above (needs causal); 0: none */
+    /* The log-sum-exp of each query's scaled scores (natural log), fp32:
+     * lse[h * lse_stride + r] for query head h and Q row r. Optional (NULL:
+     * not written); 4-byte aligned. lse_stride 0 means batch * seq_q
+     * (dense); varlen calls with lse must give it (>= the rows of Q). */
+    float *lse;
+    size_t lse_stride;
+    /* Rotary position embedding applied to Q and K as they are read, as
+     * weft_rope defines it (layout, base: 0 means 10000; angles in double,
+     * sine and cosine rounded to fp32, the rotation in fp32) and rounded to
+     * the dtype as weft_rope would store them: the result is weft_rope on Q
+     * and K followed by attention, without Q and K's round trip. Positions
+     * are int32 per row, q_positions[r] for Q's row r, k_positions[r] for
+     * K's row r (memory of the call's backend); both, or neither (no
+     * rotation). */
+    const int32_t *q_positions, *k_positions;
+    weft_rope_layout rope_layout;
+    float rope_base;
+    uint64_t reserved[8];
+} weft_attention_desc;
+
+/* Attention forward, O = softmax(scale Q K^T + mask) V, as
+ * weft_attention_desc says, in one pass: the scores and probabilities
+ * never reach memory (FlashAttention's online softmax: a running maximum
+ * and sum per query over the keys in blocks).
+ * Arithmetic: Q, K and V are read as stored (after the rotation, when
+ * asked), scores and sums are fp32, O is rounded once to the dtype.
+ * The host reference sums each dot product in fp32 (in four interleaved
+ * partial sums) and the softmax as weft_softmax does (maximum first,
+ * exp correctly rounded); the GPU kernel (weft's own, FlashAttention-2
+ * style on the tensor cores) sums in its own order, uses exp2 with the
+ * scale folded in, and rounds the probabilities to the dtype before they
+ * multiply V, so results agree to the dtype's rounding and the length of
+ * the sums (~1e-2 relative for bf16, ~3e-3 for fp16), the LSE to ~1e-5.
+ * With RoPE the GPU forms each angle in double and reduces it modulo 2 pi
+ * in double, then takes the fp32 sine and cosine of the reduced angle:
+ * within ~2.5e-7 of the host's correctly rounded ones, so a rotated
+ * element may round to the neighbouring value of the dtype.
+ * Requirements: Q, K, V and O 16-byte aligned with strides that are
+ * multiples of 8 elements (the GPU copies 16-byte chunks; the host asks
+ * the same, so a call valid on one backend is valid on the other); O must
+ * not overlap Q, K, V, the tables or the LSE. head_dim 256 on the GPU
+ * takes 193 KiB of shared memory a block (Hopper's SMs have 227; where an
+ * SM has less, the launch's refusal is returned with CUDA's error name).
+ * Bad arguments (a zero size, a dtype other than bf16/fp16, a head_dim
+ * other than 64, 128 or 256, kv_heads not dividing heads, a window without
+ * causal, only one of the two tables or two position arrays, a NULL or
+ * misaligned tensor, strides below the row or not multiples of 8, more
+ * than 65535 sequences or heads, lengths or sizes past their limits,
+ * nonzero reserved, a bad table on the NULL stream) return
+ * WEFT_EINVAL before anything is read or enqueued.
+ * NaN/Inf: IEEE arithmetic; a NaN in a score a query sees makes its row and
+ * its LSE NaN, a NaN or Inf in a value row it sees reaches its row (NaN
+ * or Inf). On the GPU a non-finite value row may also reach the rows of
+ * its sequence and kv head that are masked from it (they multiply it by 0
+ * within a block of keys). */
+int weft_attention(void *stream, const weft_attention_desc *desc, void *o, const void *q,
+                   const void *k, const void *v);
 
 /* ---- paged KV cache and decode attention ------------------------------- */
 

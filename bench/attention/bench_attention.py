@@ -1,0 +1,349 @@
+#!/usr/bin/env python3
+"""bench_attention.py - weft_attention against PyTorch's fused attention, in one process.
+
+Cases (bf16, dense [batch, seq, heads, dim] tensors, on PyTorch's current
+stream, the same tensors for every side):
+  B4 H32 S4096 D128             not causal, and causal
+  B2 H32 Hkv8 S8192 D128        causal, grouped-query (4 query heads a kv head)
+Peers: torch.nn.functional.scaled_dot_product_attention with each of its
+fused backends forced through torch.nn.attention.sdpa_kernel: flash
+(FlashAttention-2), cuDNN and memory-efficient, on views of the same
+tensors ([batch, heads, seq, dim] by transpose; GQA through enable_gqa).
+A backend that refuses a case is listed as such. Every output (weft's and
+each peer's) is checked against the math backend's in fp32 before
+anything is timed.
+TFLOP/s counts 4 B H Sq Sk D (the two products), halved for causal.
+weft is loaded through ctypes from libweft.so and called on the tensors'
+data_ptr() and torch's current stream. Rows (bench/results.py) go to
+--rows; `make gpu-bench-attention RECORD=1` records them.
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import struct
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_LIB = os.path.join(ROOT, "build-release", "libweft.so")
+
+F32, BF16, F16 = 0, 1, 2
+ROPE_INTERLEAVED, ROPE_HALVES = 0, 1
+
+# (batch, heads, kv heads, seq, dim, causal)
+SHAPES = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True),
+          (2, 32, 8, 8192, 128, True)]
+
+
+class AttentionDesc(ctypes.Structure):
+    """weft_attention_desc (include/weft/ops.h), field for field."""
+    Z, I, P = ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p
+    _fields_ = [("dtype", I), ("batch", Z), ("heads", Z), ("kv_heads", Z), ("head_dim", Z),
+                ("seq_q", Z), ("seq_k", Z), ("cu_seqlens_q", P), ("cu_seqlens_k", P),
+                ("q_stride", Z), ("k_stride", Z), ("v_stride", Z), ("o_stride", Z),
+                ("scale", ctypes.c_float), ("causal", I), ("window", Z),
+                ("lse", P), ("lse_stride", Z), ("q_positions", P), ("k_positions", P),
+                ("rope_layout", I), ("rope_base", ctypes.c_float),
+                ("reserved", ctypes.c_uint64 * 8)]
+
+
+def load_weft(path):
+    lib = ctypes.CDLL(path)
+    P = ctypes.c_void_p
+    lib.weft_attention.argtypes = [P, ctypes.POINTER(AttentionDesc), P, P, P, P]
+    lib.weft_attention.restype = ctypes.c_int
+    lib.weft_last_error.argtypes = []
+    lib.weft_last_error.restype = ctypes.c_char_p
+    return lib
+
+
+def die(msg):
+    print("bench_attention: " + msg, file=sys.stderr)
+    sys.exit(1)
+
+
+def check(lib, rc, what):
+    if rc != 0:
+        die("%s returned %d: %s" % (what, rc, lib.weft_last_error().decode()))
+
+
+# ---- the layout check (host calls, no GPU) -------------------------------
+
+def f32(x):
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def f16(x):
+    return struct.unpack("e", struct.pack("e", x))[0]
+
+
+class Aligned:
+    """n elements of a ctypes type at a 64-byte aligned address."""
+
+    def __init__(self, ctype, n):
+        self.buf = ctypes.create_string_buffer(n * ctypes.sizeof(ctype) + 64)
+        self.addr = (ctypes.addressof(self.buf) + 63) // 64 * 64
+        self.view = (ctype * n).from_address(self.addr)
+
+
+def check_layout(lib):
+    """One host call (NULL stream) through AttentionDesc with every field
+    set - GQA, strides, scale, causal with a window, the LSE with its
+    stride, RoPE - against the definition computed here, so that a struct
+    that drifted from the C one is caught without a GPU."""
+    heads, kvh, dim, sq, sk = 2, 1, 64, 2, 4
+    qs, ks, vs, os_ = heads * dim + 8, kvh * dim + 16, kvh * dim + 8, heads * dim + 24
+    window, scale, base = 2, 0.3, 1000.0
+    u16 = ctypes.c_uint16
+
+    def fill(rows, stride, width, seed):
+        vals = [[f16(math.sin(seed + 0.37 * r + 0.11 * e)) for e in range(width)]
+                for r in range(rows)]
+        buf = Aligned(u16, rows * stride)
+        for r in range(rows):
+            for e in range(width):
+                buf.view[r * stride + e] = struct.unpack("H", struct.pack("e", vals[r][e]))[0]
+        return vals, buf
+
+    q, Q = fill(sq, qs, heads * dim, 1.0)
+    k, K = fill(sk, ks, kvh * dim, 2.0)
+    v, V = fill(sk, vs, kvh * dim, 3.0)
+    O = Aligned(u16, sq * os_)
+    lse_stride = sq + 3
+    L = Aligned(ctypes.c_float, heads * lse_stride)
+    pos_q, pos_k = Aligned(ctypes.c_int32, sq), Aligned(ctypes.c_int32, sk)
+    for i in range(sk):
+        pos_k.view[i] = 500 + i
+    for i in range(sq):
+        pos_q.view[i] = 500 + sk - sq + i
+
+    def rotate(x, pos):  # weft_rope's halves layout, fp32 arithmetic, rounded to fp16
+        out = list(x)
+        for i in range(dim // 2):
+            a = pos * base ** (-2.0 * i / dim)
+            sn, cs = f32(math.sin(a)), f32(math.cos(a))
+            uu, vv = x[i], x[i + dim // 2]
+            out[i] = f16(f32(f32(uu * cs) - f32(vv * sn)))
+            out[i + dim // 2] = f16(f32(f32(uu * sn) + f32(vv * cs)))
+        return out
+
+    desc = AttentionDesc(dtype=F16, batch=1, heads=heads, kv_heads=kvh, head_dim=dim, seq_q=sq,
+                         seq_k=sk, q_stride=qs, k_stride=ks, v_stride=vs, o_stride=os_,
+                         scale=scale, causal=1, window=window, lse=L.addr,
+                         lse_stride=lse_stride, q_positions=pos_q.addr, k_positions=pos_k.addr,
+                         rope_layout=ROPE_HALVES, rope_base=base)
+    check(lib, lib.weft_attention(None, ctypes.byref(desc), O.addr, Q.addr, K.addr, V.addr),
+          "weft_attention")
+    worst = 0.0
+    for h in range(heads):
+        for i in range(sq):
+            qi = rotate(q[i][h * dim:(h + 1) * dim], pos_q.view[i])
+            p = i + sk - sq
+            keys = [j for j in range(sk) if p - window < j <= p]
+            s = {j: f32(scale) * sum(a * b for a, b in zip(qi, rotate(k[j][:dim], pos_k.view[j])))
+                 for j in keys}
+            m = max(s.values())
+            w = {j: math.exp(s[j] - m) for j in keys}
+            tot = sum(w.values())
+            for e in range(dim):
+                want = sum(w[j] * v[j][e] for j in keys) / tot
+                got = struct.unpack("e", struct.pack("H", O.view[i * os_ + h * dim + e]))[0]
+                worst = max(worst, abs(got - want) / (abs(want) + 1e-2))
+            lse = L.view[h * lse_stride + i]
+            if abs(lse - (m + math.log(tot))) > 1e-4 * (1 + abs(lse)):
+                die("AttentionDesc does not match weft_attention_desc: LSE %g, want %g" %
+                    (lse, m + math.log(tot)))
+    if worst > 2e-3:
+        die("AttentionDesc does not match weft_attention_desc: output off by %.2e" % worst)
+    print("bench_attention: AttentionDesc matches weft_attention_desc (%d bytes)" %
+          ctypes.sizeof(AttentionDesc))
+
+
+# ---- the benchmark --------------------------------------------------------
+
+def time_per_call(torch, fn, reps=5, min_ms=50.0):
+    """Median seconds per call over reps runs of back-to-back calls, timed
+    with events after a warm-up."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    iters = int(min(max(min_ms / max(start.elapsed_time(end), 1e-3), 3), 1000))
+    times = []
+    for _ in range(reps):
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / iters * 1e-3)
+    return statistics.median(times)
+
+
+def machine(torch):
+    gpu = torch.cuda.get_device_name()
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
+                                 "--format=csv,noheader"], capture_output=True, text=True,
+                                timeout=20).stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        driver = "unknown"
+    commit = os.environ.get("WEFT_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                                    capture_output=True, text=True).stdout.strip() or "unknown"
+            if subprocess.run(["git", "-C", ROOT, "status", "--porcelain",
+                               "--untracked-files=no"], capture_output=True,
+                              text=True).stdout.strip():
+                commit += " (modified)"
+        except OSError:
+            commit = "unknown"
+    return "%s, driver %s; PyTorch %s (CUDA %s); Python %s" % (
+        gpu, driver, torch.__version__, torch.version.cuda, platform.python_version()), commit
+
+
+def rel_err(torch, got, want):
+    got, want = got.double(), want.double()
+    return (torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want)).item()
+
+
+def weft_call(torch, lib, out, q, k, v, causal):
+    b, s, h, d = q.shape
+    desc = AttentionDesc(dtype=BF16, batch=b, heads=h, kv_heads=k.shape[2], head_dim=d,
+                         seq_q=s, seq_k=k.shape[1], causal=1 if causal else 0)
+    args = (ctypes.byref(desc), out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr())
+
+    def call():
+        st = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        rc = lib.weft_attention(st, *args)
+        if rc != 0:
+            die("weft_attention returned %d: %s" % (rc, lib.weft_last_error().decode()))
+    call.desc = desc  # kept alive with the closure
+    return call
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lib", default=DEFAULT_LIB, help="libweft.so to load")
+    ap.add_argument("--rows", default=os.path.join(ROOT, "build-release", "bench",
+                                                    "attention.rows.jsonl"))
+    ap.add_argument("--no-rows", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="sequences of 1024; rows marked quick")
+    ap.add_argument("--check-layout", action="store_true",
+                    help="without a GPU or PyTorch: AttentionDesc is the C struct (a host call)")
+    args = ap.parse_args()
+    if args.check_layout:
+        check_layout(load_weft(args.lib))
+        return
+
+    import torch
+    if not torch.cuda.is_available():
+        die("no GPU")
+    lib = load_weft(args.lib)
+    # A stream of torch's own: its default stream's handle is 0 (NULL), which
+    # weft reads as "the host reference".
+    with torch.cuda.stream(torch.cuda.Stream()):
+        run(torch, lib, args)
+
+
+def run(torch, lib, args):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    peers = [("flash", SDPBackend.FLASH_ATTENTION), ("cuDNN", SDPBackend.CUDNN_ATTENTION),
+             ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
+    torch.manual_seed(0)
+    results = []  # (case, weft TFLOP/s, {peer: TFLOP/s or None}, detail)
+    for b, h, hkv, s, d, causal in SHAPES:
+        if args.quick:
+            s = 1024
+        q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16)
+        out = torch.full_like(q, float("nan"))
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        gqa = hkv != h
+
+        extra = {"enable_gqa": True} if gqa else {}
+
+        def sdpa(backend):
+            def f():
+                with sdpa_kernel([backend]):
+                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, **extra)
+            return f
+        # the math backend in fp32 on a slice of the batch (its scores fill
+        # memory), the kv heads repeated for their query heads
+        rk = kt[:1].float().repeat_interleave(h // hkv, dim=1)
+        rv = vt[:1].float().repeat_interleave(h // hkv, dim=1)
+        with sdpa_kernel([SDPBackend.MATH]):
+            ref = F.scaled_dot_product_attention(qt[:1].float(), rk, rv, is_causal=causal)
+        del rk, rv
+        call = weft_call(torch, lib, out, q, k, v, causal)
+        call()
+        torch.cuda.synchronize()
+        err = rel_err(torch, out[:1].transpose(1, 2), ref)
+        if not err <= 1e-2:
+            die("B%d H%d S%d causal %s: weft differs from the math backend by %.2e" %
+                (b, h, s, causal, err))
+        flop = 4.0 * b * h * s * s * d / (2 if causal else 1)
+        tw = time_per_call(torch, call)
+        rates, notes = {}, []
+        for name, backend in peers:
+            f = sdpa(backend)
+            try:
+                y = f()
+                torch.cuda.synchronize()
+            except (RuntimeError, TypeError) as e:
+                rates[name] = None
+                notes.append("%s refused (%s)" % (name, str(e).splitlines()[0][:80]))
+                continue
+            pe = rel_err(torch, y[:1], ref)
+            if not pe <= 1e-2:
+                die("%s differs from the math backend by %.2e" % (name, pe))
+            rates[name] = flop / time_per_call(torch, f) / 1e12
+            del y
+        case = "attention bf16 B%d H%d%s S%d D%d%s" % (
+            b, h, " Hkv%d" % hkv if gqa else "", s, d, " causal" if causal else "")
+        detail = "; ".join(["%s %.0f" % (n, r) for n, r in rates.items() if r is not None] +
+                           notes + ["error vs math (fp32) %.1e" % err])
+        results.append((case, flop / tw / 1e12, rates, detail))
+        print("%-44s weft %6.1f TFLOP/s  %s" % (case, flop / tw / 1e12, detail))
+        del q, k, v, out, qt, kt, vt, ref
+        torch.cuda.empty_cache()
+
+    if args.no_rows:
+        return
+    mach, commit = machine(torch)
+    common = {"benchmark": "attention", "machine": mach, "commit": commit,
+              "date": datetime.datetime.now(datetime.timezone.utc).strftime(
+                  "%Y-%m-%d %H:%M UTC"),
+              "conditions": "Release build; median of 5 runs of back-to-back calls, >= 50 ms "
+                            "each, after warm-up, on PyTorch's current stream; bf16, dense "
+                            "[B, S, H, D] tensors (torch reads them transposed)"}
+    if args.quick:
+        common["quick"] = True
+    os.makedirs(os.path.dirname(args.rows), exist_ok=True)
+    with open(args.rows, "w") as f:
+        for case, tflops, rates, detail in results:
+            row = dict(common, case=case, metric="TFLOP/s", value=round(tflops, 2),
+                       unit="TFLOP/s", detail=detail)
+            if rates.get("flash") is not None:
+                row.update(peer="torch SDPA flash", peer_value=round(rates["flash"], 2))
+                row["targets"] = [{"goal": "at or above torch's flash backend in the same run",
+                                   "op": ">=", "needed": round(rates["flash"], 2),
+                                   "met": round(tflops, 2) >= round(rates["flash"], 2)}]
+            f.write(json.dumps(row) + "\n")
+    print("bench_attention: rows in %s" % args.rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+/*
+ * attention.c - weft_attention: its argument checks, the masks' key ranges
+ * both backends share, and the choice of backend.
+ *
+ * The fusion: a framework computes attention as a batched matmul into a
+ * [heads][Lq][Lk] score tensor, a masked softmax over it and a second
+ * matmul; the scores' round trip through memory dominates at long
+ * sequences. Here each block of queries walks the keys in blocks, keeps a
+ * running maximum and sum of its rows (the online softmax) and its output
+ * in registers, and writes O and the LSE once (attention.cu). RoPE, when
+ * asked, turns Q and K as they are read, so rotated copies never exist.
+ *
+ * Every check runs here, before either backend sees the call, and the
+ * GPU's own requirements (16-byte rows, grid limits) are asked of the host
+ * too, so a call valid on one backend is valid on the other.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "ops/attention.h"
+#include "ops/ops_internal.h"
+
+static const char OP[] = "weft_attention";
+
+/* The grid's second and third dimensions hold heads and sequences. */
+enum { GRID_LIMIT = 65535 };
+
+void weft__attention_sequence(const weft__attention_args *a, size_t b, size_t *q0, size_t *lq,
+                              size_t *k0, size_t *lk)
+{
+    if (!a->cu_seqlens_q) {
+        *q0 = b * a->seq_q, *lq = a->seq_q;
+        *k0 = b * a->seq_k, *lk = a->seq_k;
+        return;
+    }
+    int64_t qs = a->cu_seqlens_q[b], qe = a->cu_seqlens_q[b + 1];
+    int64_t ks = a->cu_seqlens_k[b], ke = a->cu_seqlens_k[b + 1];
+    int64_t nq = qe - qs, nk = ke - ks;
+    nq = nq < 0 ? 0 : nq > (int64_t)a->seq_q ? (int64_t)a->seq_q : nq;
+    nk = nk < 0 ? 0 : nk > (int64_t)a->seq_k ? (int64_t)a->seq_k : nk;
+    *q0 = qs < 0 ? 0 : (size_t)qs, *lq = (size_t)nq;
+    *k0 = ks < 0 ? 0 : (size_t)ks, *lk = (size_t)nk;
+}
+
+void weft__attention_keys(const weft__attention_args *a, size_t i, size_t lq, size_t lk, size_t *lo,
+                          size_t *hi)
+{
+    *lo = 0, *hi = lk;
+    if (!a->causal)
+        return;
+    /* p = i + lk - lq, the query's position among the keys; p < 0 sees none */
+    if (i + lk < lq) {
+        *hi = 0;
+        return;
+    }
+    size_t p = i + lk - lq;
+    *hi = p + 1 < lk ? p + 1 : lk;
+    if (a->window && p + 1 > a->window)
+        *lo = p + 1 - a->window;
+}
+
+/* A tensor of rows x width elements, stride apart (0 = width): checks it
+ * and returns the resolved stride in *out. */
+static int check_tensor(const char *what, const void *p, size_t rows, size_t width, size_t stride,
+                        weft_dtype dtype, size_t *out)
+{
+    int rc;
+    if (stride == 0)
+        stride = width;
+    if ((rc = weft__check_ptr(OP, what, p, 0, dtype)) != WEFT_OK ||
+        (rc = weft__check_rows(OP, what, rows, width, stride, dtype)) != WEFT_OK)
+        return rc;
+    if ((uintptr_t)p % 16 != 0)
+        return weft__fail(WEFT_EINVAL, "%s: %s is not 16-byte aligned", OP, what);
+    if (stride % 8 != 0)
+        return weft__fail(WEFT_EINVAL, "%s: %s's stride %zu is not a multiple of 8 elements", OP,
+                          what, stride);
+    *out = stride;
+    return WEFT_OK;
+}
+
+static int check_int32(const char *what, const int32_t *p)
+{
+    if (p && (uintptr_t)p % sizeof *p != 0)
+        return weft__fail(WEFT_EINVAL, "%s: %s is not 4-byte aligned", OP, what);
+    return WEFT_OK;
+}
+
+/* A varlen table on the host: nondecreasing from cu[0] >= 0, lengths at
+ * most longest; *rows gets cu[batch]. */
+static int check_table(const char *what, const int32_t *cu, size_t batch, size_t longest,
+                       size_t *rows)
+{
+    if (cu[0] < 0)
+        return weft__fail(WEFT_EINVAL, "%s: %s[0] is %d, negative", OP, what, (int)cu[0]);
+    for (size_t b = 0; b < batch; b++) {
+        if (cu[b + 1] < cu[b])
+            return weft__fail(WEFT_EINVAL, "%s: %s decreases at %zu (%d then %d)", OP, what, b,
+                              (int)cu[b], (int)cu[b + 1]);
+        if ((size_t)(cu[b + 1] - cu[b]) > longest)
+            return weft__fail(WEFT_EINVAL,
+                              "%s: sequence %zu of %s has %d rows, more than the longest (%zu)", OP,
+                              b, what, (int)(cu[b + 1] - cu[b]), longest);
+    }
+    *rows = (size_t)cu[batch];
+    return WEFT_OK;
+}
+
+/* The rows Q and K hold: dense batch * seq, varlen cu[batch] where the
+ * tables can be read now (the NULL stream), else at least the longest
+ * sequence's (what can be checked). */
+static int check_desc(void *stream, const weft_attention_desc *d, void *o, const void *q,
+                      const void *k, const void *v, weft__attention_args *x)
+{
+    int rc;
+    if (!d)
+        return weft__fail(WEFT_EINVAL, "%s: desc is NULL", OP);
+    for (size_t i = 0; i < sizeof d->reserved / sizeof d->reserved[0]; i++)
+        if (d->reserved[i] != 0)
+            return weft__fail(WEFT_EINVAL, "%s: desc->reserved[%zu] is not zero", OP, i);
+    if (d->dtype != WEFT_DTYPE_BF16 && d->dtype != WEFT_DTYPE_F16)
+        return weft__fail(WEFT_EINVAL, "%s: dtype %d is not bf16 or fp16", OP, (int)d->dtype);
+    if (d->batch == 0 || d->heads == 0 || d->seq_q == 0 || d->seq_k == 0)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: batch, heads, seq_q and seq_k must be >= 1 (%zu, %zu, "
+                          "%zu, %zu)",
+                          OP, d->batch, d->heads, d->seq_q, d->seq_k);
+    if (d->batch > GRID_LIMIT || d->heads > GRID_LIMIT)
+        return weft__fail(WEFT_EINVAL, "%s: batch (%zu) and heads (%zu) must be at most %d", OP,
+                          d->batch, d->heads, GRID_LIMIT);
+    if (d->head_dim != 64 && d->head_dim != 128 && d->head_dim != 256)
+        return weft__fail(WEFT_EINVAL, "%s: head_dim %zu is not supported (64, 128 or 256)", OP,
+                          d->head_dim);
+    size_t kvh = d->kv_heads ? d->kv_heads : d->heads;
+    if (d->heads % kvh != 0)
+        return weft__fail(WEFT_EINVAL, "%s: kv_heads %zu does not divide heads %zu", OP, kvh,
+                          d->heads);
+    /* the kernel counts rows and keys in int, a block's reach past the end too */
+    if (d->seq_q > INT32_MAX - 256 || d->seq_k > INT32_MAX - 256)
+        return weft__fail(WEFT_EINVAL, "%s: seq_q and seq_k must be below 2^31 - 256", OP);
+    if (d->window && !d->causal)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: a sliding window needs causal (a window on both sides is not "
+                          "supported)",
+                          OP);
+    if (!isfinite(d->scale))
+        return weft__fail(WEFT_EINVAL, "%s: scale %g is not finite", OP, (double)d->scale);
+    if ((d->cu_seqlens_q == NULL) != (d->cu_seqlens_k == NULL))
+        return weft__fail(WEFT_EINVAL, "%s: varlen needs both cu_seqlens_q and cu_seqlens_k", OP);
+    if ((d->q_positions == NULL) != (d->k_positions == NULL))
+        return weft__fail(WEFT_EINVAL, "%s: RoPE needs both q_positions and k_positions", OP);
+    if (d->q_positions) {
+        if (d->rope_layout != WEFT_ROPE_INTERLEAVED && d->rope_layout != WEFT_ROPE_HALVES)
+            return weft__fail(WEFT_EINVAL, "%s: unknown RoPE layout %d", OP, (int)d->rope_layout);
+        if (!isfinite(d->rope_base) || d->rope_base < 0)
+            return weft__fail(WEFT_EINVAL, "%s: rope_base %g is not finite and > 0", OP,
+                              (double)d->rope_base);
+    }
+    if ((rc = check_int32("cu_seqlens_q", d->cu_seqlens_q)) != WEFT_OK ||
+        (rc = check_int32("cu_seqlens_k", d->cu_seqlens_k)) != WEFT_OK ||
+        (rc = check_int32("q_positions", d->q_positions)) != WEFT_OK ||
+        (rc = check_int32("k_positions", d->k_positions)) != WEFT_OK)
+        return rc;
+    if (d->lse && (uintptr_t)d->lse % sizeof(float) != 0)
+        return weft__fail(WEFT_EINVAL, "%s: lse is not 4-byte aligned", OP);
+
+    size_t q_rows, k_rows;
+    if (d->cu_seqlens_q) {
+        q_rows = d->seq_q, k_rows = d->seq_k;
+        if (stream == NULL &&
+            ((rc = check_table("cu_seqlens_q", d->cu_seqlens_q, d->batch, d->seq_q, &q_rows)) !=
+                 WEFT_OK ||
+             (rc = check_table("cu_seqlens_k", d->cu_seqlens_k, d->batch, d->seq_k, &k_rows)) !=
+                 WEFT_OK))
+            return rc;
+        if (q_rows == 0)
+            q_rows = 1; /* every sequence empty: nothing is read */
+        if (k_rows == 0)
+            k_rows = 1;
+    } else {
+        if (d->batch > SIZE_MAX / d->seq_q || d->batch > SIZE_MAX / d->seq_k)
+            return weft__fail(WEFT_EINVAL, "%s: batch * seq overflows", OP);
+        q_rows = d->batch * d->seq_q, k_rows = d->batch * d->seq_k;
+    }
+
+    *x = (weft__attention_args){0};
+    x->dtype = d->dtype;
+    x->batch = d->batch, x->heads = d->heads, x->kv_heads = kvh, x->head_dim = d->head_dim;
+    x->seq_q = d->seq_q, x->seq_k = d->seq_k;
+    x->cu_seqlens_q = d->cu_seqlens_q, x->cu_seqlens_k = d->cu_seqlens_k;
+    x->scale = d->scale != 0.0f ? d->scale : (float)(1.0 / sqrt((double)d->head_dim));
+    x->causal = d->causal != 0;
+    x->window = d->window;
+    x->q_positions = d->q_positions, x->k_positions = d->k_positions;
+    x->rope_layout = d->rope_layout;
+    x->rope_base = d->rope_base != 0.0f ? d->rope_base : 10000.0f;
+    x->o = o, x->q = q, x->k = k, x->v = v;
+
+    size_t qw = d->heads * d->head_dim, kw = kvh * d->head_dim;
+    if ((rc = check_tensor("Q", q, q_rows, qw, d->q_stride, d->dtype, &x->q_stride)) != WEFT_OK ||
+        (rc = check_tensor("K", k, k_rows, kw, d->k_stride, d->dtype, &x->k_stride)) != WEFT_OK ||
+        (rc = check_tensor("V", v, k_rows, kw, d->v_stride, d->dtype, &x->v_stride)) != WEFT_OK ||
+        (rc = check_tensor("O", o, q_rows, qw, d->o_stride, d->dtype, &x->o_stride)) != WEFT_OK)
+        return rc;
+    if (o == q || o == k || o == v)
+        return weft__fail(WEFT_EINVAL, "%s: O must be a buffer of its own", OP);
+
+    if (d->lse) {
+        x->lse = d->lse;
+        x->lse_stride = d->lse_stride;
+        if (x->lse_stride == 0) {
+            if (d->cu_seqlens_q)
+                return weft__fail(WEFT_EINVAL, "%s: a varlen call with lse must give lse_stride",
+                                  OP);
+            x->lse_stride = q_rows;
+        }
+        if (x->lse_stride < q_rows)
+            return weft__fail(WEFT_EINVAL, "%s: lse_stride %zu is smaller than Q's rows (%zu)", OP,
+                              x->lse_stride, q_rows);
+        if (x->lse_stride > SIZE_MAX / sizeof(float) / d->heads)
+            return weft__fail(WEFT_EINVAL, "%s: heads * lse_stride is too large", OP);
+    }
+    return WEFT_OK;
+}
+
+static void run_host(const void *args)
+{
+    weft__attention_args x = *(const weft__attention_args *)args;
+    weft__attention_host_run(&x);
+}
+
+/* WEFT_TASK_STREAM: the task's CUDA stream in *stream, or (host backend)
+ * the host reference enqueued in the task's stream order. */
+static int task_stream(void **stream, weft__attention_args *x)
+{
+    void *s = NULL;
+    int rc = weft_stream(&s);
+    if (rc == WEFT_ENOTASK)
+        return weft__fail(rc, "%s: WEFT_TASK_STREAM outside a task", OP);
+    if (rc != WEFT_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", weft_last_error());
+        return weft__fail(rc, "%s: the task's stream: %s", OP, why);
+    }
+    if (s) {
+        *stream = s;
+        return WEFT__ON_STREAM;
+    }
+    if ((rc = weft__attention_host_prepare(OP, x)) != WEFT_OK)
+        return rc;
+    rc = weft__task_stream_op(OP, stream, run_host, x, sizeof *x);
+    if (rc != WEFT_OK)
+        free(x->host_ws); /* not enqueued: the scratch is still ours */
+    return rc;
+}
+
+int weft_attention(void *stream, const weft_attention_desc *desc, void *o, const void *q,
+                   const void *k, const void *v)
+{
+    weft__attention_args x;
+    int rc;
+
+    if ((rc = check_desc(stream, desc, o, q, k, v, &x)) != WEFT_OK ||
+        (rc = weft__check_stream(OP, stream)) != WEFT_OK)
+        return rc;
+    if (stream == WEFT_TASK_STREAM && (rc = task_stream(&stream, &x)) != WEFT__ON_STREAM)
+        return rc;
+#ifdef WEFT_HAVE_CUDA
+    if (stream)
+        return weft__attention_cuda(stream, &x);
+#endif
+    if ((rc = weft__attention_host_prepare(OP, &x)) != WEFT_OK)
+        return rc;
+    weft__attention_host_run(&x);
+    return WEFT_OK;
+}
