@@ -91,13 +91,14 @@ static int parse_rope_scaling(const char *path, json_t *root, wl_config *c)
     c->rope_llama3 = 1;
     if (get_real(path, rs, "factor", -1, &c->rope_factor) ||
         get_real(path, rs, "low_freq_factor", -1, &c->rope_low_freq) ||
-        get_real(path, rs, "high_freq_factor", -1, &c->rope_high_freq) ||
-        get_int(path, rs, "original_max_position_embeddings", -1, 1, &c->rope_original_max))
+        get_real(path, rs, "high_freq_factor", -1, &c->rope_high_freq))
         return -1;
     if (c->rope_factor < 0 || c->rope_low_freq < 0 || c->rope_high_freq < 0)
         return wl_fail("%s: rope_scaling llama3 needs factor, low_freq_factor and "
                        "high_freq_factor",
                        path);
+    if (get_int(path, rs, "original_max_position_embeddings", -1, 1, &c->rope_original_max))
+        return -1;
     if (c->rope_high_freq <= c->rope_low_freq)
         return wl_fail("%s: rope_scaling: high_freq_factor must exceed low_freq_factor", path);
     return 0;
