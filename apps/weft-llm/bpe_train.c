@@ -7,7 +7,7 @@
  * distinct piece is a word with a count. Each round merges the adjacent
  * pair of tokens that occurs most often across the words (ties go to the
  * pair of smaller ids, so a text always gives the same merges), until the
- * wanted number of merges is reached or no pair occurs twice. The file
+ * wanted number of merges is reached or every word is one token. The file
  * written has the 256 byte tokens as ids 0-255, the merges' tokens from 256
  * on (skipping the special tokens' ids), the Split + ByteLevel
  * pre-tokenizer, a ByteLevel decoder and a template that adds the first
@@ -82,10 +82,10 @@ out:
     return rc;
 }
 
-/* The most frequent adjacent pair; 0 when none occurs twice. */
+/* The most frequent adjacent pair; 0 when no word has two tokens left. */
 static int best_pair(const trainer *t, int *a, int *b)
 {
-    int n = t->n_tokens, best = 1;
+    int n = t->n_tokens, best = 0;
     int *counts = calloc((size_t)n * n, sizeof *counts);
     if (!counts)
         return wl_fail("out of memory");
@@ -99,7 +99,7 @@ static int best_pair(const trainer *t, int *a, int *b)
             *b = i % n;
         }
     free(counts);
-    return best > 1;
+    return best > 0;
 }
 
 static void apply_merge(trainer *t, int a, int b, int merged)

@@ -51,6 +51,16 @@ struct wl_seq {
         }                                                                                          \
     } while (0)
 
+/* The error line is the thread's, and a task that waits may resume on
+ * another worker: a wait after a failure carries the line across it. */
+static void await_keeping_error(void)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", wl_error());
+    weft_await();
+    wl_fail("%s", msg);
+}
+
 int wl_seq_create(wl_seq **out, const wl_model *m, int max_tokens)
 {
     const wl_config *c = &m->cfg;
@@ -86,9 +96,12 @@ int wl_seq_create(wl_seq **out, const wl_model *m, int max_tokens)
     }
     *out = s;
     return 0;
-fail:
-    wl_seq_destroy(s);
-    return -1;
+fail : {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", wl_error());
+    wl_seq_destroy(s); /* waits: see await_keeping_error */
+    return wl_fail("%s", msg);
+}
 }
 
 void wl_seq_destroy(wl_seq *s)
@@ -287,7 +300,7 @@ int wl_forward(wl_seq *s, const int32_t *ids, int n, const float **logits)
     *logits = s->logits_host;
     return 0;
 fail:
-    weft_await(); /* work already enqueued reads our buffers */
+    await_keeping_error(); /* work already enqueued reads our buffers */
     return -1;
 }
 
@@ -357,8 +370,9 @@ int wl_model_upload(wl_model *m)
         if (rc != WEFT_OK) {
             free(slot);
             free(bytes);
-            weft_await();
-            return wl_fail("upload: %s", weft_last_error());
+            wl_fail("upload: %s", weft_last_error());
+            await_keeping_error();
+            return -1;
         }
         *slot[i] = block + off;
         off += (bytes[i] + 255) / 256 * 256;

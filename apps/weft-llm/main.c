@@ -28,6 +28,7 @@ typedef struct gen {
     int32_t *ids;
     size_t n_ids;
     int failed;
+    char message[512]; /* the task's error line: tasks move between threads */
 } gen;
 
 static int usage(void)
@@ -87,6 +88,8 @@ static int emit(const gen *g, int32_t id)
 {
     char buf[1024];
     int n = g->tk ? wl_decode_token(g->tk, id, 0, buf, sizeof buf) : 0;
+    if (n < 0 && (size_t)id >= wl_tokenizer_size(g->tk))
+        n = 0; /* a model's vocabulary may be padded past its tokenizer's: no text */
     if (n < 0)
         return -1;
     fwrite(buf, 1, (size_t)n, stdout);
@@ -140,9 +143,13 @@ static void *generate_task(void *arg)
         fprintf(stderr, "\n");
     }
 done:
+    if (g->failed)
+        snprintf(g->message, sizeof g->message, "%s", wl_error());
     wl_seq_destroy(s);
-    if (wl_model_release(&g->model))
+    if (wl_model_release(&g->model) && !g->failed) {
         g->failed = 1;
+        snprintf(g->message, sizeof g->message, "%s", wl_error());
+    }
     free(out);
     return NULL;
 }
@@ -188,6 +195,8 @@ static int run_generate(gen *g)
         goto out;
     }
     rc = g->failed;
+    if (rc)
+        wl_fail("%s", g->message);
 out:
     if (rt)
         weft_runtime_destroy(rt);

@@ -43,7 +43,7 @@ struct wl_tokenizer {
     wl_strmap vocab, merges;
     char **by_id; /* token text by id (NULL: no such id) */
     unsigned char *is_special;
-    size_t n_ids;
+    size_t n_ids, size; /* size: one more than the largest id */
     added *added;
     size_t n_added;
     step steps[8];
@@ -188,6 +188,8 @@ static int set_id(wl_tokenizer *tk, const char *path, const char *text, size_t l
         tk->is_special = sp;
         tk->n_ids = n;
     }
+    if ((size_t)id >= tk->size)
+        tk->size = (size_t)id + 1;
     free(tk->by_id[id]);
     if (!(tk->by_id[id] = strndup(text, len)))
         return wl_fail("out of memory");
@@ -379,7 +381,7 @@ void wl_tokenizer_free(wl_tokenizer *tk)
 
 size_t wl_tokenizer_size(const wl_tokenizer *tk)
 {
-    return tk->n_ids;
+    return tk->size;
 }
 
 /* ---- encoding ------------------------------------------------------------- */

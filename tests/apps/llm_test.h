@@ -52,6 +52,9 @@ static inline int write_bytes(const char *path, const void *data, size_t n)
 static inline int run_capture(const char *cmd, char **out, char **err)
 {
     char full[4096], errpath[] = "/tmp/weft-llm-err-XXXXXX";
+    *out = NULL;
+    if (err)
+        *err = NULL;
     int fd = mkstemp(errpath);
     if (fd < 0)
         return -1;
