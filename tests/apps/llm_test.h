@@ -96,4 +96,74 @@ static inline uint64_t test_seed(void)
     return seed;
 }
 
+/* ---- the forward pass in a task ------------------------------------------- */
+
+typedef struct fwd_job {
+    wl_model *m;
+    const int32_t *ids;
+    int n_prompt, n_total;
+    float *logits; /* [steps][vocab]: after the prompt, then after each token */
+    int failed;
+    char message[512]; /* the task's error line (a task may move between threads) */
+} fwd_job;
+
+static inline void *forward_task(void *arg)
+{
+    fwd_job *j = (fwd_job *)arg;
+    wl_seq *s = NULL;
+    const float *lg;
+    int V = j->m->cfg.vocab;
+    j->failed = 1;
+    if (wl_model_upload(j->m) || wl_seq_create(&s, j->m, j->n_total) ||
+        wl_forward(s, j->ids, j->n_prompt, &lg))
+        goto out;
+    memcpy(j->logits, lg, (size_t)V * 4);
+    for (int t = j->n_prompt; t < j->n_total; t++) {
+        if (wl_forward(s, &j->ids[t], 1, &lg))
+            goto out;
+        memcpy(j->logits + (size_t)(t - j->n_prompt + 1) * V, lg, (size_t)V * 4);
+    }
+    j->failed = 0;
+out:
+    snprintf(j->message, sizeof j->message, "%s", wl_error());
+    wl_seq_destroy(s);
+    wl_model_release(j->m);
+    return NULL;
+}
+
+/* Opens the model in dir and runs ids through it on a runtime of the given
+ * backend: the prompt's n_prompt tokens at once, then one at a time up to
+ * n_total. The logits (poisoned with NaN first) go to logits. Returns 0, or
+ * -1 with the reason in message. */
+static inline int run_forward(weft_backend backend, const char *dir, const int32_t *ids,
+                              int n_prompt, int n_total, float *logits, char message[512])
+{
+    wl_model m;
+    if (wl_model_open(&m, dir)) {
+        snprintf(message, 512, "%s", wl_error());
+        return -1;
+    }
+    size_t count = (size_t)(n_total - n_prompt + 1) * m.cfg.vocab;
+    for (size_t i = 0; i < count; i++)
+        logits[i] = NAN; /* every logit must be written */
+    fwd_job job = {&m, ids, n_prompt, n_total, logits, 1, ""};
+    weft_runtime *rt;
+    weft_config cfg = WEFT_CONFIG_INIT;
+    cfg.workers = 2;
+    cfg.backend = backend;
+    cfg.stack_size = 1 << 20;
+    weft_task *t;
+    if (weft_runtime_create(&rt, &cfg) != WEFT_OK) {
+        snprintf(message, 512, "runtime: %s", weft_last_error());
+        wl_model_close(&m);
+        return -1;
+    }
+    if (weft_spawn(rt, &t, forward_task, &job, NULL) != WEFT_OK || weft_join(t, NULL) != WEFT_OK)
+        snprintf(job.message, sizeof job.message, "task: %s", weft_last_error());
+    weft_runtime_destroy(rt);
+    wl_model_close(&m);
+    snprintf(message, 512, "%s", job.message);
+    return job.failed ? -1 : 0;
+}
+
 #endif

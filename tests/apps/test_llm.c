@@ -300,41 +300,6 @@ static void ref_token(ref *r, int32_t id, double *logits)
     r->pos++;
 }
 
-typedef struct fwd_job {
-    const wl_model *m;
-    const int32_t *ids;
-    int n_prompt, n_total;
-    float *logits; /* [steps][vocab]: after the prompt, then per token */
-    int failed;
-    char message[512];
-} fwd_job;
-
-static void *forward_task(void *arg)
-{
-    fwd_job *j = arg;
-    wl_seq *s;
-    const float *lg;
-    int V = j->m->cfg.vocab;
-    j->failed = 1;
-    if (wl_seq_create(&s, j->m, j->n_total)) {
-        snprintf(j->message, sizeof j->message, "%s", wl_error());
-        return NULL;
-    }
-    if (wl_forward(s, j->ids, j->n_prompt, &lg))
-        goto out;
-    memcpy(j->logits, lg, (size_t)V * 4);
-    for (int t = j->n_prompt; t < j->n_total; t++) {
-        if (wl_forward(s, &j->ids[t], 1, &lg))
-            goto out;
-        memcpy(j->logits + (size_t)(t - j->n_prompt + 1) * V, lg, (size_t)V * 4);
-    }
-    j->failed = 0;
-out:
-    snprintf(j->message, sizeof j->message, "%s", wl_error());
-    wl_seq_destroy(s);
-    return NULL;
-}
-
 static void test_forward_matches_float64_reference(void **state)
 {
     (void)state;
@@ -347,21 +312,9 @@ static void test_forward_matches_float64_reference(void **state)
     for (int i = 0; i < n_total; i++)
         ids[i] = (int32_t)(wl_rand_next(&st) % (uint64_t)V);
     float *got = malloc((size_t)steps * V * 4);
-    for (int i = 0; i < steps * V; i++)
-        got[i] = NAN; /* poison: every logit must be written */
-    fwd_job job = {&m, ids, n_prompt, n_total, got, 1, ""};
-    weft_runtime *rt;
-    weft_config cfg = WEFT_CONFIG_INIT;
-    cfg.workers = 2;
-    cfg.backend = WEFT_BACKEND_HOST;
-    cfg.stack_size = 1 << 20;
-    weft_task *t;
-    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
-    assert_int_equal(weft_spawn(rt, &t, forward_task, &job, NULL), WEFT_OK);
-    assert_int_equal(weft_join(t, NULL), WEFT_OK);
-    assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
-    if (job.failed)
-        fail_msg("forward: %s", job.message);
+    char message[512];
+    if (run_forward(WEFT_BACKEND_HOST, model_dir, ids, n_prompt, n_total, got, message))
+        fail_msg("forward: %s", message);
 
     ref r = {&m, 0, calloc(2 * 64 * 32, sizeof(double)), calloc(2 * 64 * 32, sizeof(double))};
     double *want = malloc((size_t)V * sizeof *want);
