@@ -84,17 +84,14 @@ static int tokenizer_path(const char *arg, char *path, size_t cap)
     return 0;
 }
 
-static int emit(const gen *g, int32_t id)
+static void emit(const gen *g, int32_t id)
 {
     char buf[1024];
     int n = g->tk ? wl_decode_token(g->tk, id, 0, buf, sizeof buf) : 0;
-    if (n < 0 && (size_t)id >= wl_tokenizer_size(g->tk))
-        n = 0; /* a model's vocabulary may be padded past its tokenizer's: no text */
     if (n < 0)
-        return -1;
+        n = 0; /* an id of the model's (padded) vocabulary that the tokenizer lacks: no text */
     fwrite(buf, 1, (size_t)n, stdout);
     fflush(stdout);
-    return 0;
 }
 
 static int is_eos(const wl_config *c, int id)
@@ -126,8 +123,7 @@ static void *generate_task(void *arg)
         out[n_out++] = id;
         if (is_eos(&g->model.cfg, id))
             break;
-        if (emit(g, id))
-            goto done;
+        emit(g, id);
         if (n_out < g->max_tokens && wl_forward(s, &id, 1, &logits))
             goto done;
     }
