@@ -12,6 +12,10 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <sys/stat.h>
+
+#include <jansson.h>
+
 #include "llm_test.h"
 
 static char *dir, *model_dir;
@@ -196,7 +200,8 @@ static void test_tokenizer_llama3_known_ids(void **state)
 
 /* The reference keeps every activation in double but rounds it to the
  * model's dtype where weft-llm stores it between ops, so the two differ
- * only by fp32 against double arithmetic inside each op. */
+ * only by fp32 against double arithmetic inside each op (RoPE excepted:
+ * its fp32 rotation is part of its contract, and mirrored). */
 typedef struct ref {
     const wl_model *m;
     int pos;
@@ -235,16 +240,61 @@ static void matvec(const wl_model *m, double *out, const double *x, const void *
     }
 }
 
+/* The rotary frequency of pair i; Llama 3's scaling written out as its
+ * paper gives it: wavelengths under original / high_freq kept, over
+ * original / low_freq divided by factor, a linear blend in 1/wavelength
+ * between. */
+static double freq(const wl_config *c, int i)
+{
+    double f = pow(c->rope_theta, -2.0 * i / c->head_dim);
+    if (!c->rope_llama3)
+        return f;
+    double ratio = c->rope_original_max * f / (2 * M_PI); /* original / wavelength */
+    if (ratio > c->rope_high_freq)
+        return f;
+    if (ratio < c->rope_low_freq)
+        return f / c->rope_factor;
+    double t = (ratio - c->rope_low_freq) / (c->rope_high_freq - c->rope_low_freq);
+    return t * f + (1 - t) * f / c->rope_factor;
+}
+
+/* As weft_rope documents it: the angle, its sine and cosine in double,
+ * rounded to fp32; the rotation in fp32 (so that the reference rounds to
+ * bf16 from the same fp32 value and no rotated element rounds the other
+ * way). */
 static void rope(const wl_model *m, double *v, int heads, int pos)
 {
     int hd = m->cfg.head_dim, half = hd / 2;
     for (int h = 0; h < heads; h++)
         for (int i = 0; i < half; i++) {
-            double a = pos * pow(m->cfg.rope_theta, -2.0 * i / hd);
-            double x = v[h * hd + i], y = v[h * hd + i + half];
-            v[h * hd + i] = rnd(m, x * cos(a) - y * sin(a));
-            v[h * hd + i + half] = rnd(m, x * sin(a) + y * cos(a));
+            double a = pos * freq(&m->cfg, i);
+            float cs = (float)cos(a), sn = (float)sin(a);
+            float x = (float)v[h * hd + i], y = (float)v[h * hd + i + half];
+            float rx = x * cs - y * sn, ry = x * sn + y * cs;
+            v[h * hd + i] = rnd(m, rx);
+            v[h * hd + i + half] = rnd(m, ry);
         }
+}
+
+/* Qwen2's biases: out = x W^T + b, rounded once. */
+static void matvec_bias(const wl_model *m, double *out, const double *x, const void *W,
+                        const void *b, int n_out, int n_in)
+{
+    double add[256];
+    for (int o = 0; b && o < n_out; o++)
+        add[o] = w(m, b, (size_t)o);
+    matvec(m, out, x, W, n_out, n_in, b ? add : NULL, 1);
+}
+
+/* Qwen3's RMSNorm over each head. */
+static void head_norm(const wl_model *m, double *v, int heads, const void *weight)
+{
+    int hd = m->cfg.head_dim;
+    for (int h = 0; h < heads; h++) {
+        double tmp[256];
+        memcpy(tmp, v + h * hd, hd * sizeof *tmp);
+        rmsnorm(m, v + h * hd, tmp, weight, hd);
+    }
 }
 
 static void ref_token(ref *r, int32_t id, double *logits)
@@ -260,9 +310,13 @@ static void ref_token(ref *r, int32_t id, double *logits)
     for (int l = 0; l < c->layers; l++) {
         const wl_layer *L = &m->layer[l];
         rmsnorm(m, h, x, L->attn_norm, H);
-        matvec(m, q, h, L->q, qd, H, NULL, 1);
-        matvec(m, k, h, L->k, kvd, H, NULL, 1);
-        matvec(m, v, h, L->v, kvd, H, NULL, 1);
+        matvec_bias(m, q, h, L->q, L->q_bias, qd, H);
+        matvec_bias(m, k, h, L->k, L->k_bias, kvd, H);
+        matvec_bias(m, v, h, L->v, L->v_bias, kvd, H);
+        if (c->qk_norm) {
+            head_norm(m, q, c->heads, L->q_norm);
+            head_norm(m, k, c->kv_heads, L->k_norm);
+        }
         rope(m, q, c->heads, r->pos);
         rope(m, k, c->kv_heads, r->pos);
         double *kc = r->kc + (size_t)l * 64 * kvd, *vc = r->vc + (size_t)l * 64 * kvd;
@@ -271,18 +325,23 @@ static void ref_token(ref *r, int32_t id, double *logits)
         for (int hh = 0; hh < c->heads; hh++) {
             int ko = (hh / group) * hd;
             double s[64], mx = -INFINITY, sum = 0;
-            for (int j = 0; j <= r->pos; j++) {
+            int lo = c->sliding_window && r->pos >= c->sliding_window
+                         ? r->pos - c->sliding_window + 1
+                         : 0; /* Mistral: the last sliding_window positions */
+            for (int j = 0; j < lo; j++)
+                s[j] = 0;
+            for (int j = lo; j <= r->pos; j++) {
                 s[j] = 0;
                 for (int i = 0; i < hd; i++)
                     s[j] += q[hh * hd + i] * kc[(size_t)j * kvd + ko + i];
                 s[j] /= sqrt(hd);
                 mx = fmax(mx, s[j]);
             }
-            for (int j = 0; j <= r->pos; j++)
+            for (int j = lo; j <= r->pos; j++)
                 sum += s[j] = exp(s[j] - mx);
             for (int i = 0; i < hd; i++) {
                 double o = 0;
-                for (int j = 0; j <= r->pos; j++)
+                for (int j = lo; j <= r->pos; j++)
                     o += s[j] / sum * vc[(size_t)j * kvd + ko + i];
                 att[hh * hd + i] = rnd(m, o);
             }
@@ -300,12 +359,15 @@ static void ref_token(ref *r, int32_t id, double *logits)
     r->pos++;
 }
 
-static void test_forward_matches_float64_reference(void **state)
+/* With unscaled, the logits must also differ from a reference that
+ * ignores Llama 3's RoPE scaling (by more than the tolerance), to show
+ * the comparison can tell. */
+static void check_forward(const char *model, int unscaled)
 {
-    (void)state;
     wl_model m;
-    if (wl_model_open(&m, model_dir))
+    if (wl_model_open(&m, model))
         fail_msg("%s", wl_error());
+    printf("  %s\n", model);
     int V = m.cfg.vocab, n_prompt = 6, n_total = 9, steps = n_total - n_prompt + 1;
     uint64_t st = seed ^ 0x5eed;
     int32_t ids[9];
@@ -313,15 +375,23 @@ static void test_forward_matches_float64_reference(void **state)
         ids[i] = (int32_t)(wl_rand_next(&st) % (uint64_t)V);
     float *got = malloc((size_t)steps * V * 4);
     char message[512];
-    if (run_forward(WEFT_BACKEND_HOST, model_dir, ids, n_prompt, n_total, got, message))
+    if (run_forward(WEFT_BACKEND_HOST, model, ids, n_prompt, n_total, got, message))
         fail_msg("forward: %s", message);
 
     ref r = {&m, 0, calloc(2 * 64 * 32, sizeof(double)), calloc(2 * 64 * 32, sizeof(double))};
+    wl_model m_plain = m;
+    m_plain.cfg.rope_llama3 = 0;
+    ref plain = {&m_plain, 0, calloc(2 * 64 * 32, sizeof(double)),
+                 calloc(2 * 64 * 32, sizeof(double))};
+    double worst_plain = 0, max_scale = 0;
     double *want = malloc((size_t)V * sizeof *want);
     for (int i = 0; i < n_total; i++) {
         ref_token(&r, ids[i], want);
-        if (i < n_prompt - 1)
+        if (i < n_prompt - 1) {
+            if (unscaled)
+                ref_token(&plain, ids[i], want);
             continue;
+        }
         const float *g = got + (size_t)(i - n_prompt + 1) * V;
         double scale = 0, worst = 0;
         int arg_w = 0, arg_g = 0;
@@ -333,21 +403,148 @@ static void test_forward_matches_float64_reference(void **state)
             arg_w = want[k] > want[arg_w] ? k : arg_w;
             arg_g = g[k] > g[arg_g] ? k : arg_g;
         }
+        max_scale = fmax(max_scale, scale);
         /* bf16 keeps 8 significant bits: one unit in its last place at the
-         * logits' scale is scale / 128. Rounding flips inside the layers
-         * move a logit by a fraction of that. */
-        double tol = scale / 128;
-        printf("  token %d: max |logit| %.4f, max difference %.2e (%.3f of a bf16 ulp), argmax "
-               "%d / %d\n",
-               i, scale, worst, worst / tol, arg_g, arg_w);
+         * logits' scale is scale / 128. The host ops compute as the
+         * reference does (fp32, one rounding to bf16), so an activation
+         * that rounds the other way is rare (a few runs in ten; seen to move
+         * a logit by up to half a unit through sharp attention): one unit
+         * is the bound, which the RoPE scaling's effect exceeds many times
+         * (the unscaled check). */
+        double unit = scale / 128, tol = unit;
+        printf("  token %d: max |logit| %.4f, max difference %.2e (%.5f of a bf16 unit), "
+               "argmax %d / %d\n",
+               i, scale, worst, worst / unit, arg_g, arg_w);
         assert_true(worst <= tol);
         assert_true(scale > 0.01); /* not a degenerate model */
+        if (unscaled) {
+            double off = 0;
+            ref_token(&plain, ids[i], want);
+            for (int k = 0; k < V; k++)
+                off = fmax(off, fabs(g[k] - want[k]));
+            printf("    against the reference without the RoPE scaling: %.2e\n", off);
+            worst_plain = fmax(worst_plain, off);
+        }
     }
+    if (unscaled)
+        assert_true(worst_plain > 4 * max_scale / 128); /* far past the tolerance */
     free(want);
     free(r.kc);
     free(r.vc);
+    free(plain.kc);
+    free(plain.vc);
     free(got);
     wl_model_close(&m);
+}
+
+/* A copy of the tiny model as another architecture: model_type and the
+ * fields of extra set in its config, with Qwen2's biases or Qwen3's
+ * per-head norms added to its weights (random, so that they matter), and
+ * q and k scaled up so that attention depends on position. */
+static char *make_variant(const char *name, const char *model_type, json_t *extra, int bias,
+                          int qk_norm)
+{
+    char *dst = path_in(dir, name), *src_cfg = path_in(model_dir, "config.json");
+    char *dst_cfg = path_in(dst, "config.json"), *src = path_in(model_dir, "model.safetensors");
+    char *out_path = path_in(dst, "model.safetensors");
+    assert_int_equal(mkdir(dst, 0777), 0);
+    json_t *cfg = json_load_file(src_cfg, 0, NULL);
+    json_object_set_new(cfg, "model_type", json_string(model_type));
+    json_object_update(cfg, extra);
+    json_decref(extra);
+    assert_int_equal(json_dump_file(cfg, dst_cfg, JSON_INDENT(1)), 0);
+    int layers = (int)json_integer_value(json_object_get(cfg, "num_hidden_layers"));
+    json_decref(cfg);
+
+    wl_st_file f;
+    assert_int_equal(wl_st_open(&f, src), 0);
+    size_t cap = f.count + 8 * (size_t)layers, n = 0;
+    wl_st_spec *specs = calloc(cap, sizeof *specs);
+    int *fill = calloc(cap, sizeof *fill); /* 0: copy, 1: bias, 2: norm */
+    char(*names)[96] = calloc(cap, sizeof *names);
+    for (size_t i = 0; i < f.count; i++) {
+        specs[n] = (wl_st_spec){
+            .name = f.tensors[i].name, .dtype = f.tensors[i].dtype, .ndim = f.tensors[i].ndim};
+        memcpy(specs[n++].shape, f.tensors[i].shape, sizeof specs[0].shape);
+    }
+    static const char *const bias_names[] = {"q_proj.bias", "k_proj.bias", "v_proj.bias"};
+    static const char *const norm_names[] = {"q_norm.weight", "k_norm.weight"};
+    static const uint64_t bias_len[] = {64, 32, 32};
+    for (int l = 0; l < layers; l++) {
+        for (int b = 0; bias && b < 3; b++) {
+            snprintf(names[n], 96, "model.layers.%d.self_attn.%s", l, bias_names[b]);
+            specs[n] = (wl_st_spec){names[n], WEFT_DTYPE_BF16, 1, {bias_len[b]}};
+            fill[n++] = 1;
+        }
+        for (int b = 0; qk_norm && b < 2; b++) {
+            snprintf(names[n], 96, "model.layers.%d.self_attn.%s", l, norm_names[b]);
+            specs[n] = (wl_st_spec){names[n], WEFT_DTYPE_BF16, 1, {16}};
+            fill[n++] = 2;
+        }
+    }
+    FILE *out = fopen(out_path, "wb");
+    assert_int_equal(wl_st_write_header(out, specs, n), 0);
+    uint64_t st = seed ^ 0xb1a5;
+    for (size_t i = 0; i < n; i++) {
+        if (!fill[i]) {
+            const wl_tensor *t = wl_st_find(&f, specs[i].name);
+            if (strstr(t->name, "q_proj.weight") || strstr(t->name, "k_proj.weight")) {
+                /* 8x sharper attention (exact in bf16), so that positions
+                 * matter: the random model's scores are otherwise near 0 */
+                for (size_t j = 0; j < t->nbytes / 2; j++) {
+                    uint16_t v;
+                    wl_store(WEFT_DTYPE_BF16, &v, 0, 8 * wl_load(WEFT_DTYPE_BF16, t->data, j));
+                    assert_int_equal(fwrite(&v, 2, 1, out), 1);
+                }
+                continue;
+            }
+            assert_int_equal(fwrite(t->data, 1, t->nbytes, out), t->nbytes);
+            continue;
+        }
+        for (uint64_t j = 0; j < specs[i].shape[0]; j++) {
+            uint16_t v;
+            double x = wl_rand_normal(&st);
+            wl_store(WEFT_DTYPE_BF16, &v, 0, (float)(fill[i] == 1 ? 0.5 * x : 1 + 0.3 * x));
+            assert_int_equal(fwrite(&v, 2, 1, out), 1);
+        }
+    }
+    assert_int_equal(fclose(out), 0);
+    wl_st_close(&f);
+    free(specs);
+    free(fill);
+    free(names);
+    free(src_cfg);
+    free(dst_cfg);
+    free(src);
+    free(out_path);
+    return dst;
+}
+
+static void test_forward_matches_float64_reference(void **state)
+{
+    (void)state;
+    check_forward(model_dir, 0);
+}
+
+/* Llama 3's scaled RoPE (original 32 positions, so that the tiny head's
+ * eight frequencies fall in all three bands), Mistral's window of 4 (the
+ * 9 tokens run past it), Qwen2's biases and Qwen3's per-head norms. */
+static void test_forward_variants_match_reference(void **state)
+{
+    (void)state;
+    char *v[4];
+    v[0] = make_variant("llama3-rope", "llama",
+                        json_pack("{s:{s:s, s:f, s:f, s:f, s:i}}", "rope_scaling", "rope_type",
+                                  "llama3", "factor", 32.0, "low_freq_factor", 1.0,
+                                  "high_freq_factor", 4.0, "original_max_position_embeddings", 32),
+                        0, 0);
+    v[1] = make_variant("mistral", "mistral", json_pack("{s:i}", "sliding_window", 4), 0, 0);
+    v[2] = make_variant("qwen2", "qwen2", json_object(), 1, 0);
+    v[3] = make_variant("qwen3", "qwen3", json_object(), 0, 1);
+    for (int i = 0; i < 4; i++) {
+        check_forward(v[i], i == 0);
+        free(v[i]);
+    }
 }
 
 /* ---- the command line -------------------------------------------------------- */
@@ -448,6 +645,7 @@ int main(void)
         cmocka_unit_test(test_tokenizer_gpt2_known_ids),
         cmocka_unit_test(test_tokenizer_llama3_known_ids),
         cmocka_unit_test(test_forward_matches_float64_reference),
+        cmocka_unit_test(test_forward_variants_match_reference),
         cmocka_unit_test(test_cli_generates_deterministically),
         cmocka_unit_test(test_cli_errors),
     };
