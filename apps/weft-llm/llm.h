@@ -140,9 +140,12 @@ void wl_tokenizer_free(wl_tokenizer *tk);
  * (a BOS) are added. *ids is malloc'd. */
 int wl_encode(const wl_tokenizer *tk, const char *text, size_t len, int add_special, int32_t **ids,
               size_t *n);
-/* Appends the bytes of token id to buf (special tokens only when
- * keep_special). Returns the bytes written, or -1 for an unknown id. */
-int wl_decode_token(const wl_tokenizer *tk, int32_t id, int keep_special, char *buf, size_t cap);
+/* Writes the bytes of token id to buf (special tokens only when
+ * keep_special; at_start: the token opens the text, where a SentencePiece
+ * decoder drops the leading space). Returns the bytes written, or -1 for
+ * an unknown id. */
+int wl_decode_token(const wl_tokenizer *tk, int32_t id, int keep_special, int at_start, char *buf,
+                    size_t cap);
 size_t wl_tokenizer_size(const wl_tokenizer *tk); /* one more than the largest id */
 /* GPT-2's byte-to-unicode table: the character (UTF-8, terminated) that
  * stands for byte b in byte-level tokens. */

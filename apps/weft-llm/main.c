@@ -84,10 +84,10 @@ static int tokenizer_path(const char *arg, char *path, size_t cap)
     return 0;
 }
 
-static void emit(const gen *g, int32_t id)
+static void emit(const gen *g, int32_t id, int at_start)
 {
     char buf[1024];
-    int n = g->tk ? wl_decode_token(g->tk, id, 0, buf, sizeof buf) : 0;
+    int n = g->tk ? wl_decode_token(g->tk, id, 0, at_start, buf, sizeof buf) : 0;
     if (n < 0)
         n = 0; /* an id of the model's (padded) vocabulary that the tokenizer lacks: no text */
     fwrite(buf, 1, (size_t)n, stdout);
@@ -123,7 +123,7 @@ static void *generate_task(void *arg)
         out[n_out++] = id;
         if (is_eos(&g->model.cfg, id))
             break;
-        emit(g, id);
+        emit(g, id, 0); /* a continuation of the prompt: never the text's start */
         if (n_out < g->max_tokens && wl_forward(s, &id, 1, &logits))
             goto done;
     }

@@ -13,9 +13,11 @@
  * its special tokens (a BOS) around the sequence.
  * Decoding maps each token's characters back to the bytes they stand for;
  * added tokens decode to their text.
- * Not handled, refused by name: other models than BPE, byte_fallback (the
- * SentencePiece-style BPE of Llama 2), other pre-tokenizers. A normalizer
- * "NFC" is accepted and not applied: text must already be NFC.
+ * SentencePiece-style BPE (Llama 2's form: byte_fallback, no
+ * pre-tokenizer) is the other mode, in tokenizer_sp.c.
+ * Not handled, refused by name: other models than BPE, other
+ * pre-tokenizers, normalizers and decoders. A normalizer "NFC" is
+ * accepted and not applied: text must already be NFC.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -23,37 +25,7 @@
 #include <jansson.h>
 #include <pcre2.h>
 
-#include "llm.h"
-#include "strmap.h"
-
-typedef enum split_behavior { ISOLATED, REMOVED, MERGED_PREV, MERGED_NEXT } split_behavior;
-
-typedef struct step {
-    pcre2_code *re;
-    split_behavior behavior;
-} step;
-
-typedef struct added {
-    char *content;
-    size_t len;
-    int id, special;
-} added;
-
-struct wl_tokenizer {
-    wl_strmap vocab, merges;
-    char **by_id; /* token text by id (NULL: no such id) */
-    unsigned char *is_special;
-    size_t n_ids, size; /* size: one more than the largest id */
-    added *added;
-    size_t n_added;
-    step steps[8];
-    int n_steps;
-    int ignore_merges, add_prefix_space;
-    int32_t prefix[4], suffix[4];
-    int n_prefix, n_suffix;
-    char byte_char[256][3]; /* byte -> its character, UTF-8 */
-    int16_t char_byte[512]; /* code point -> byte, -1 where none */
-};
+#include "tokenizer_impl.h"
 
 static const char gpt2_pattern[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
@@ -202,10 +174,8 @@ static int load_model(wl_tokenizer *tk, const char *path, json_t *model)
     if (!type || strcmp(type, "BPE"))
         return wl_fail("%s: model type \"%s\" is not supported (byte-level BPE only)", path,
                        type ? type : "?");
-    if (json_is_true(json_object_get(model, "byte_fallback")))
-        return wl_fail("%s: byte_fallback BPE (SentencePiece style, as Llama 2) is not "
-                       "supported yet",
-                       path);
+    tk->sp = json_is_true(json_object_get(model, "byte_fallback"));
+    tk->fuse_unk = json_is_true(json_object_get(model, "fuse_unk"));
     tk->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));
     json_t *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges");
     if (!json_is_object(vocab) || !json_is_array(merges))
@@ -219,6 +189,16 @@ static int load_model(wl_tokenizer *tk, const char *path, json_t *model)
         if (wl_strmap_put(&tk->vocab, key, strlen(key), (int)json_integer_value(v)) ||
             set_id(tk, path, key, strlen(key), json_integer_value(v)))
             return wl_fail("%s: %s", path, wl_error());
+    }
+    const char *unk = json_string_value(json_object_get(model, "unk_token"));
+    tk->unk_id = -1;
+    if (unk)
+        wl_strmap_get(&tk->vocab, unk, strlen(unk), &tk->unk_id);
+    for (int b = 0; b < 256; b++) {
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", b);
+        tk->byte_ids[b] = -1;
+        wl_strmap_get(&tk->vocab, name, strlen(name), &tk->byte_ids[b]);
     }
     size_t i;
     json_array_foreach(merges, i, v)
@@ -338,15 +318,11 @@ int wl_tokenizer_load(wl_tokenizer **out, const char *path)
         return wl_fail("out of memory");
     }
     build_byte_table(tk);
-    json_t *norm = json_object_get(root, "normalizer");
-    const char *ntype = json_string_value(json_object_get(norm, "type"));
     json_t *pre = json_object_get(root, "pre_tokenizer");
     int rc = -1;
-    if (norm && !json_is_null(norm) && (!ntype || strcmp(ntype, "NFC"))) {
-        wl_fail("%s: normalizer \"%s\" is not supported", path, ntype ? ntype : "?");
-        goto out;
-    }
-    if (load_model(tk, path, json_object_get(root, "model")) ||
+    if (wl_tk_load_normalizer(tk, path, json_object_get(root, "normalizer")) ||
+        wl_tk_load_decoder(tk, path, json_object_get(root, "decoder")) ||
+        load_model(tk, path, json_object_get(root, "model")) ||
         load_added(tk, path, json_object_get(root, "added_tokens")) ||
         (pre && !json_is_null(pre) && add_step(tk, path, pre)) ||
         load_post(tk, path, json_object_get(root, "post_processor")))
@@ -385,25 +361,6 @@ size_t wl_tokenizer_size(const wl_tokenizer *tk)
 }
 
 /* ---- encoding ------------------------------------------------------------- */
-
-typedef struct ids_buf {
-    int32_t *v;
-    size_t n, cap;
-} ids_buf;
-
-static int push(ids_buf *b, int32_t id)
-{
-    if (b->n == b->cap) {
-        size_t cap = b->cap ? 2 * b->cap : 64;
-        int32_t *v = realloc(b->v, cap * sizeof *v);
-        if (!v)
-            return wl_fail("out of memory");
-        b->v = v;
-        b->cap = cap;
-    }
-    b->v[b->n++] = id;
-    return 0;
-}
 
 /* One piece (raw bytes) through the byte map and the merges. */
 static int bpe(const wl_tokenizer *tk, const char *bytes, size_t len, ids_buf *out)
@@ -535,6 +492,8 @@ static int encode_plain(const wl_tokenizer *tk, const char *s, size_t len, int f
 {
     if (!len)
         return 0;
+    if (tk->sp)
+        return wl_tk_encode_sp(tk, s, len, out);
     if (tk->add_prefix_space && first && s[0] != ' ') {
         char *t = malloc(len + 1);
         if (!t)
@@ -589,7 +548,8 @@ int wl_encode(const wl_tokenizer *tk, const char *text, size_t len, int add_spec
 
 /* ---- decoding ------------------------------------------------------------- */
 
-int wl_decode_token(const wl_tokenizer *tk, int32_t id, int keep_special, char *buf, size_t cap)
+int wl_decode_token(const wl_tokenizer *tk, int32_t id, int keep_special, int at_start, char *buf,
+                    size_t cap)
 {
     if (id < 0 || (size_t)id >= tk->n_ids || !tk->by_id[id])
         return wl_fail("token id %d is not in the vocabulary", id);
@@ -604,6 +564,8 @@ int wl_decode_token(const wl_tokenizer *tk, int32_t id, int keep_special, char *
         memcpy(buf, t, l);
         return (int)l;
     }
+    if (tk->sp)
+        return wl_tk_decode_sp(tk, t, at_start, buf, cap);
     for (const unsigned char *p = (const unsigned char *)t; *p;) {
         int cp, l;
         if (*p < 0x80) {

