@@ -172,8 +172,9 @@ static int load_model(wl_tokenizer *tk, const char *path, json_t *model)
 {
     const char *type = json_string_value(json_object_get(model, "type"));
     if (!type || strcmp(type, "BPE"))
-        return wl_fail("%s: model type \"%s\" is not supported (byte-level BPE only)", path,
-                       type ? type : "?");
+        return wl_fail(
+            "%s: model type \"%s\" is not supported (BPE only, byte-level or SentencePiece-style)",
+            path, type ? type : "?");
     tk->sp = json_is_true(json_object_get(model, "byte_fallback"));
     tk->fuse_unk = json_is_true(json_object_get(model, "fuse_unk"));
     tk->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));
