@@ -477,6 +477,8 @@ static void check_forward(const char *model, int unscaled)
  * fields of extra set in its config, with Qwen2's biases or Qwen3's
  * per-head norms added to its weights (random, so that they matter), and
  * q and k scaled up so that attention depends on position. */
+static weft_dtype variant_dtype = WEFT_DTYPE_BF16; /* of the variant's weights */
+
 static char *make_variant(const char *name, const char *model_type, json_t *extra, int bias,
                           int qk_norm)
 {
@@ -500,7 +502,7 @@ static char *make_variant(const char *name, const char *model_type, json_t *extr
     char(*names)[96] = calloc(cap, sizeof *names);
     for (size_t i = 0; i < f.count; i++) {
         specs[n] = (wl_st_spec){
-            .name = f.tensors[i].name, .dtype = f.tensors[i].dtype, .ndim = f.tensors[i].ndim};
+            .name = f.tensors[i].name, .dtype = variant_dtype, .ndim = f.tensors[i].ndim};
         memcpy(specs[n++].shape, f.tensors[i].shape, sizeof specs[0].shape);
     }
     static const char *const bias_names[] = {"q_proj.bias", "k_proj.bias", "v_proj.bias"};
@@ -509,12 +511,12 @@ static char *make_variant(const char *name, const char *model_type, json_t *extr
     for (int l = 0; l < layers; l++) {
         for (int b = 0; bias && b < 3; b++) {
             snprintf(names[n], 96, "model.layers.%d.self_attn.%s", l, bias_names[b]);
-            specs[n] = (wl_st_spec){names[n], WEFT_DTYPE_BF16, 1, {bias_len[b]}};
+            specs[n] = (wl_st_spec){names[n], variant_dtype, 1, {bias_len[b]}};
             fill[n++] = 1;
         }
         for (int b = 0; qk_norm && b < 2; b++) {
             snprintf(names[n], 96, "model.layers.%d.self_attn.%s", l, norm_names[b]);
-            specs[n] = (wl_st_spec){names[n], WEFT_DTYPE_BF16, 1, {16}};
+            specs[n] = (wl_st_spec){names[n], variant_dtype, 1, {16}};
             fill[n++] = 2;
         }
     }
@@ -522,26 +524,24 @@ static char *make_variant(const char *name, const char *model_type, json_t *extr
     assert_int_equal(wl_st_write_header(out, specs, n), 0);
     uint64_t st = seed ^ 0xb1a5;
     for (size_t i = 0; i < n; i++) {
+        size_t es = wl_dtype_size(variant_dtype);
+        uint32_t v;
         if (!fill[i]) {
             const wl_tensor *t = wl_st_find(&f, specs[i].name);
-            if (strstr(t->name, "q_proj.weight") || strstr(t->name, "k_proj.weight")) {
-                /* 8x sharper attention (exact in bf16), so that positions
-                 * matter: the random model's scores are otherwise near 0 */
-                for (size_t j = 0; j < t->nbytes / 2; j++) {
-                    uint16_t v;
-                    wl_store(WEFT_DTYPE_BF16, &v, 0, 8 * wl_load(WEFT_DTYPE_BF16, t->data, j));
-                    assert_int_equal(fwrite(&v, 2, 1, out), 1);
-                }
-                continue;
+            /* q and k 8x sharper (exact), so that positions matter: the
+             * random model's scores are otherwise near 0 */
+            float scale =
+                strstr(t->name, "q_proj.weight") || strstr(t->name, "k_proj.weight") ? 8.0f : 1.0f;
+            for (size_t j = 0; j < t->nbytes / 2; j++) {
+                wl_store(variant_dtype, &v, 0, scale * wl_load(WEFT_DTYPE_BF16, t->data, j));
+                assert_int_equal(fwrite(&v, es, 1, out), 1);
             }
-            assert_int_equal(fwrite(t->data, 1, t->nbytes, out), t->nbytes);
             continue;
         }
         for (uint64_t j = 0; j < specs[i].shape[0]; j++) {
-            uint16_t v;
             double x = wl_rand_normal(&st);
-            wl_store(WEFT_DTYPE_BF16, &v, 0, (float)(fill[i] == 1 ? 0.5 * x : 1 + 0.3 * x));
-            assert_int_equal(fwrite(&v, 2, 1, out), 1);
+            wl_store(variant_dtype, &v, 0, (float)(fill[i] == 1 ? 0.5 * x : 1 + 0.3 * x));
+            assert_int_equal(fwrite(&v, es, 1, out), 1);
         }
     }
     assert_int_equal(fclose(out), 0);
@@ -564,11 +564,12 @@ static void test_forward_matches_float64_reference(void **state)
 
 /* Llama 3's scaled RoPE (original 32 positions, so that the tiny head's
  * eight frequencies fall in all three bands), Mistral's window of 4 (the
- * 9 tokens run past it), Qwen2's biases and Qwen3's per-head norms. */
+ * 9 tokens run past it), Qwen2's biases and Qwen3's per-head norms, and the
+ * tiny model's weights as fp16 and as fp32 (activations then in that dtype). */
 static void test_forward_variants_match_reference(void **state)
 {
     (void)state;
-    char *v[4];
+    char *v[6];
     v[0] = make_variant("llama3-rope", "llama",
                         json_pack("{s:{s:s, s:f, s:f, s:f, s:i}}", "rope_scaling", "rope_type",
                                   "llama3", "factor", 32.0, "low_freq_factor", 1.0,
@@ -577,10 +578,73 @@ static void test_forward_variants_match_reference(void **state)
     v[1] = make_variant("mistral", "mistral", json_pack("{s:i}", "sliding_window", 4), 0, 0);
     v[2] = make_variant("qwen2", "qwen2", json_object(), 1, 0);
     v[3] = make_variant("qwen3", "qwen3", json_object(), 0, 1);
-    for (int i = 0; i < 4; i++) {
+    variant_dtype = WEFT_DTYPE_F16;
+    v[4] = make_variant("fp16", "llama", json_pack("{s:s}", "torch_dtype", "float16"), 0, 0);
+    variant_dtype = WEFT_DTYPE_F32;
+    v[5] = make_variant("fp32", "llama", json_pack("{s:s}", "torch_dtype", "float32"), 0, 0);
+    variant_dtype = WEFT_DTYPE_BF16;
+    for (int i = 0; i < 6; i++) {
         check_forward(v[i], i == 0);
         free(v[i]);
     }
+}
+
+/* ---- sampling --------------------------------------------------------------- */
+
+/* Draws n tokens and counts them. */
+static void draw(wl_sampler sm, const float *logits, int vocab, int n, int *count)
+{
+    memset(count, 0, (size_t)vocab * sizeof *count);
+    for (int i = 0; i < n; i++) {
+        int id = wl_sample(&sm, logits, vocab);
+        assert_true(id >= 0 && id < vocab);
+        count[id]++;
+    }
+}
+
+static void test_sampler_modes(void **state)
+{
+    (void)state;
+    enum { V = 5, N = 40000 };
+    const float logits[V] = {1.0f, 3.0f, 3.0f, 2.0f, -1.0f};
+    int count[V];
+    wl_sampler greedy = {0};
+    assert_int_equal(wl_sample(&greedy, logits, V), 1); /* the first of equal maxima */
+    wl_sampler k1 = {.temperature = 1, .top_k = 1, .state = seed};
+    draw(k1, logits, V, 100, count);
+    assert_int_equal(count[1], 100);
+    wl_sampler p_small = {.temperature = 1, .top_p = 0.01f, .state = seed};
+    draw(p_small, logits, V, 100, count);
+    assert_int_equal(count[1], 100);
+
+    /* temperature T: frequencies of softmax(logits / T), within 5 sigma */
+    for (int t = 0; t < 2; t++) {
+        float T = t ? 0.5f : 1.0f;
+        wl_sampler sm = {.temperature = T, .top_p = 1, .state = seed + (uint64_t)t};
+        double z = 0, p[V];
+        for (int i = 0; i < V; i++)
+            z += p[i] = exp(logits[i] / T);
+        draw(sm, logits, V, N, count);
+        for (int i = 0; i < V; i++) {
+            double want = N * p[i] / z, sigma = sqrt(N * p[i] / z * (1 - p[i] / z));
+            printf("  T=%.1f token %d: %d draws, expected %.0f\n", T, i, count[i], want);
+            assert_true(fabs(count[i] - want) <= 5 * sigma + 1);
+        }
+    }
+    /* top_k 2 keeps the two largest; top_p 0.6 the fewest reaching 0.6 (the
+     * two 3.0s hold 0.39 each) */
+    wl_sampler k2 = {.temperature = 1, .top_k = 2, .state = seed};
+    draw(k2, logits, V, N, count);
+    assert_true(count[0] == 0 && count[3] == 0 && count[4] == 0);
+    assert_true(abs(count[1] - N / 2) < 1000);
+    wl_sampler p6 = {.temperature = 1, .top_p = 0.6f, .state = seed};
+    draw(p6, logits, V, N, count);
+    assert_true(count[0] == 0 && count[3] == 0 && count[4] == 0);
+    assert_true(abs(count[2] - N / 2) < 1000);
+    /* a seed is one sequence of draws */
+    wl_sampler a = {.temperature = 1, .state = 42}, b = a;
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(wl_sample(&a, logits, V), wl_sample(&b, logits, V));
 }
 
 /* ---- the command line -------------------------------------------------------- */
@@ -681,6 +745,7 @@ int main(void)
         cmocka_unit_test(test_tokenizer_gpt2_known_ids),
         cmocka_unit_test(test_tokenizer_sentencepiece_bpe),
         cmocka_unit_test(test_tokenizer_llama3_known_ids),
+        cmocka_unit_test(test_sampler_modes),
         cmocka_unit_test(test_forward_matches_float64_reference),
         cmocka_unit_test(test_forward_variants_match_reference),
         cmocka_unit_test(test_cli_generates_deterministically),
