@@ -589,6 +589,51 @@ static void test_forward_variants_match_reference(void **state)
     }
 }
 
+/* Sequences are independent tasks: three at once on one model give, bit for
+ * bit, the logits each gives alone. */
+static void test_concurrent_sequences_match_alone(void **state)
+{
+    (void)state;
+    enum { SEQS = 3, PROMPT = 5, TOTAL = 8, STEPS = TOTAL - PROMPT + 1, V = 512 };
+    int32_t ids[SEQS][TOTAL];
+    uint64_t st = seed ^ 0xc0c0;
+    float *alone = malloc(sizeof(float) * SEQS * STEPS * V);
+    float *together = malloc(sizeof(float) * SEQS * STEPS * V);
+    char msg[512];
+    for (int q = 0; q < SEQS; q++) {
+        for (int i = 0; i < TOTAL; i++)
+            ids[q][i] = (int32_t)(wl_rand_next(&st) % V);
+        if (run_forward(WEFT_BACKEND_HOST, model_dir, ids[q], PROMPT, TOTAL,
+                        alone + (size_t)q * STEPS * V, msg))
+            fail_msg("alone: %s", msg);
+    }
+    wl_model m;
+    assert_int_equal(wl_model_open(&m, model_dir), 0);
+    fwd_job jobs[SEQS];
+    weft_task *t[SEQS];
+    weft_runtime *rt;
+    weft_config cfg = WEFT_CONFIG_INIT;
+    cfg.workers = 2;
+    cfg.backend = WEFT_BACKEND_HOST;
+    cfg.stack_size = 1 << 20;
+    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
+    for (int q = 0; q < SEQS; q++) {
+        jobs[q] = (fwd_job){&m, ids[q], PROMPT, TOTAL, together + (size_t)q * STEPS * V, 1, ""};
+        assert_int_equal(weft_spawn(rt, &t[q], forward_task, &jobs[q], NULL), WEFT_OK);
+    }
+    for (int q = 0; q < SEQS; q++)
+        assert_int_equal(weft_join(t[q], NULL), WEFT_OK);
+    assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
+    for (int q = 0; q < SEQS; q++)
+        if (jobs[q].failed)
+            fail_msg("sequence %d: %s", q, jobs[q].message);
+    assert_memory_equal(alone, together, sizeof(float) * SEQS * STEPS * V);
+    assert_true(memcmp(alone, alone + STEPS * V, sizeof(float) * STEPS * V) != 0);
+    wl_model_close(&m);
+    free(alone);
+    free(together);
+}
+
 /* ---- sampling --------------------------------------------------------------- */
 
 /* Draws n tokens and counts them. */
@@ -745,6 +790,7 @@ int main(void)
         cmocka_unit_test(test_tokenizer_gpt2_known_ids),
         cmocka_unit_test(test_tokenizer_sentencepiece_bpe),
         cmocka_unit_test(test_tokenizer_llama3_known_ids),
+        cmocka_unit_test(test_concurrent_sequences_match_alone),
         cmocka_unit_test(test_sampler_modes),
         cmocka_unit_test(test_forward_matches_float64_reference),
         cmocka_unit_test(test_forward_variants_match_reference),
