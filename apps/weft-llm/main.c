@@ -4,11 +4,12 @@
  *            [--shard-mb N]
  *   weft-llm generate MODEL_DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
  *            [--seed N] [--temperature T] [--top-k K] [--top-p P] [--backend host|cuda|auto]
- *            [--print-ids]
+ *            [--print-ids] [--print-top]
  *   weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]
  *   weft-llm check MODEL_DIR
  * generate streams the decoded text to stdout as it is sampled; with
- * --print-ids the prompt's and the generated ids follow on stderr. Errors
+ * --print-ids the prompt's and the generated ids follow on stderr, with
+ * --print-top each step's two largest logits as they come. Errors
  * go to stderr as one line, exit status 1; bad usage exits 2.
  */
 #include <errno.h>
@@ -21,7 +22,7 @@
 
 typedef struct gen {
     const char *dir, *prompt, *prompt_ids, *backend;
-    int max_tokens, print_ids;
+    int max_tokens, print_ids, print_top;
     wl_sampler sampler;
     wl_model model;
     wl_tokenizer *tk;
@@ -39,7 +40,7 @@ static int usage(void)
             "       weft-llm generate MODEL_DIR (--prompt TEXT | --prompt-ids 1,2,3) "
             "[--max-tokens N] [--seed N]\n"
             "                [--temperature T] [--top-k K] [--top-p P] [--backend "
-            "host|cuda|auto] [--print-ids]\n"
+            "host|cuda|auto] [--print-ids] [--print-top]\n"
             "       weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]\n"
             "       weft-llm check MODEL_DIR\n");
     return 2;
@@ -102,6 +103,22 @@ static int is_eos(const wl_config *c, int id)
     return 0;
 }
 
+/* The step's two largest logits, as tests/apps/llm_reference.py prints
+ * transformers' (to tell a divergence at a near tie from a bug). */
+static void print_top_two(const float *logits, int vocab, int step, int32_t id)
+{
+    int a = 0, b = -1;
+    for (int i = 1; i < vocab; i++)
+        if (logits[i] > logits[a]) {
+            b = a;
+            a = i;
+        } else if (b < 0 || logits[i] > logits[b]) {
+            b = i;
+        }
+    fprintf(stderr, "  step %d: token %d (top %d) logit %.5f, next %.5f, gap %.2e\n", step, id, a,
+            logits[a], logits[b], (double)logits[a] - logits[b]);
+}
+
 /* One sequence, one task: prefill the prompt, then a token at a time. */
 static void *generate_task(void *arg)
 {
@@ -120,6 +137,8 @@ static void *generate_task(void *arg)
         goto done;
     while (n_out < g->max_tokens) {
         int32_t id = wl_sample(&g->sampler, logits, g->model.cfg.vocab);
+        if (g->print_top)
+            print_top_two(logits, g->model.cfg.vocab, n_out, id);
         out[n_out++] = id;
         if (is_eos(&g->model.cfg, id))
             break;
@@ -215,6 +234,10 @@ static int cmd_generate(int argc, char **argv)
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--print-ids")) {
             g.print_ids = 1;
+            continue;
+        }
+        if (!strcmp(a, "--print-top")) {
+            g.print_top = 1;
             continue;
         }
         if (!val)

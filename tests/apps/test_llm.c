@@ -711,7 +711,8 @@ static void test_cli_generates_deterministically(void **state)
     snprintf(cmd, sizeof cmd, "%s random-model %s --preset tiny --seed 11", WL_BIN, cli_dir);
     free(run_ok(cmd, NULL));
     snprintf(cmd, sizeof cmd,
-             "%s generate %s --prompt 'The old woman' --max-tokens 12 --print-ids --backend host",
+             "%s generate %s --prompt 'The old woman' --max-tokens 12 --print-ids --print-top "
+             "--backend host",
              WL_BIN, cli_dir);
     char *a = run_ok(cmd, &err1), *b = run_ok(cmd, &err2);
     printf("  greedy: %s  %s", a, err1);
@@ -720,6 +721,10 @@ static void test_cli_generates_deterministically(void **state)
     assert_non_null(strstr(err1, "prompt ids: 256,")); /* the BOS first */
     const char *gen = strstr(err1, "generated ids: ");
     assert_non_null(gen);
+    /* greedy: each step's token is its top logit */
+    char step0[64];
+    snprintf(step0, sizeof step0, "step 0: token %d (top %d)", atoi(gen + 15), atoi(gen + 15));
+    assert_non_null(strstr(err1, step0));
 
     /* the generated ids given back as a prompt reproduce the continuation */
     char ids[1024];
