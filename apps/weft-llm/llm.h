@@ -1,0 +1,204 @@
+/*
+ * llm.h - what the parts of weft-llm share: the error line, number
+ * conversions, safetensors files, the model's configuration and weights,
+ * the tokenizer, the forward pass and sampling.
+ *
+ * Every call that can fail returns 0 or -1; on -1 the reason is in
+ * wl_error() (one line, naming the file and the field or tensor at fault).
+ * Nothing here aborts on a bad file: every size and offset read from disk
+ * is checked before it is used.
+ */
+#ifndef WL_LLM_H
+#define WL_LLM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <weft.h>
+#include <weft/ops.h>
+
+/* ---- errors --------------------------------------------------------------- */
+
+/* Sets the calling thread's error line; always returns -1. */
+int wl_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *wl_error(void);
+
+/* ---- numbers -------------------------------------------------------------- */
+
+size_t wl_dtype_size(weft_dtype dt);
+const char *wl_dtype_name(weft_dtype dt); /* safetensors' spelling: BF16, F16, F32 */
+float wl_load(weft_dtype dt, const void *p, size_t i);
+void wl_store(weft_dtype dt, void *p, size_t i, float v); /* to nearest, ties to even */
+double wl_round(weft_dtype dt, double v);                 /* v rounded through fp32 and dt */
+
+/* ---- safetensors ------------------------------------------------------------ */
+
+#define WL_MAX_DIMS 8
+
+typedef struct wl_tensor {
+    char *name;
+    weft_dtype dtype;
+    int ndim;
+    uint64_t shape[WL_MAX_DIMS];
+    const void *data; /* inside the file's mapping, aligned to the element */
+    size_t nbytes;
+} wl_tensor;
+
+typedef struct wl_st_file {
+    char *path;
+    void *map;
+    size_t size;
+    wl_tensor *tensors; /* sorted by name */
+    size_t count;
+} wl_st_file;
+
+/* Maps path and checks all of it: header length, JSON, each tensor's dtype,
+ * shape and offsets (inside the data, sizes matching, no overlap). */
+int wl_st_open(wl_st_file *f, const char *path);
+void wl_st_close(wl_st_file *f);
+const wl_tensor *wl_st_find(const wl_st_file *f, const char *name);
+
+/* Writing: the header first (names, dtypes, shapes, in order), then each
+ * tensor's bytes in that order through wl_st_write_data. */
+typedef struct wl_st_spec {
+    const char *name;
+    weft_dtype dtype;
+    int ndim;
+    uint64_t shape[WL_MAX_DIMS];
+} wl_st_spec;
+int wl_st_write_header(FILE *out, const wl_st_spec *specs, size_t n);
+
+/* ---- configuration ------------------------------------------------------ */
+
+typedef enum wl_arch {
+    WL_ARCH_LLAMA,
+    WL_ARCH_MISTRAL,
+    WL_ARCH_QWEN2,
+    WL_ARCH_QWEN3,
+    WL_ARCH_MIXTRAL,
+    WL_ARCH_QWEN2_MOE,
+    WL_ARCH_QWEN3_MOE
+} wl_arch;
+
+typedef struct wl_config {
+    wl_arch arch;
+    char model_type[32];
+    int hidden, intermediate, layers, heads, kv_heads, head_dim, vocab;
+    int max_positions;
+    double rms_eps, rope_theta;
+    int tie_embeddings;
+    int attention_bias; /* q, k and v projections have biases (Qwen2) */
+    int qk_norm;        /* RMSNorm over each head of q and k (Qwen3) */
+    int sliding_window; /* 0: none */
+    int has_dtype;      /* torch_dtype was given ... */
+    weft_dtype dtype;   /* ... and names this */
+    int bos_id;         /* -1: none */
+    int eos_ids[8];
+    int n_eos;
+    /* rope_scaling "llama3" */
+    int rope_llama3;
+    double rope_factor, rope_low_freq, rope_high_freq;
+    int rope_original_max;
+    /* mixture of experts (parsed and checked; the forward pass refuses) */
+    int experts, experts_per_token, moe_intermediate, shared_intermediate;
+} wl_config;
+
+/* Parses and checks dir/config.json. */
+int wl_config_load(wl_config *c, const char *path);
+
+/* ---- the model -------------------------------------------------------------- */
+
+typedef struct wl_layer {
+    const void *attn_norm, *q, *k, *v, *o, *q_bias, *k_bias, *v_bias, *q_norm, *k_norm;
+    const void *mlp_norm, *gate, *up, *down;
+} wl_layer;
+
+typedef struct wl_model {
+    wl_config cfg;
+    weft_dtype dtype; /* of every weight */
+    wl_st_file *files;
+    size_t n_files;
+    const void *embed, *final_norm, *lm_head;
+    wl_layer *layer;
+    void *device_block; /* weights copied to a GPU (NULL on the host backend) */
+} wl_model;
+
+/* Reads dir's config and safetensors (one file or an index of shards) and
+ * binds every weight the forward pass needs, checking name, shape and dtype.
+ * The mixture-of-experts architectures are refused here, by name. */
+int wl_model_open(wl_model *m, const char *dir);
+void wl_model_close(wl_model *m);
+
+/* ---- tokenizer ------------------------------------------------------------- */
+
+typedef struct wl_tokenizer wl_tokenizer;
+
+int wl_tokenizer_load(wl_tokenizer **tk, const char *path);
+void wl_tokenizer_free(wl_tokenizer *tk);
+/* Encodes len bytes of text; with add_special the post-processor's tokens
+ * (a BOS) are added. *ids is malloc'd. */
+int wl_encode(const wl_tokenizer *tk, const char *text, size_t len, int add_special, int32_t **ids,
+              size_t *n);
+/* Writes the bytes of token id to buf (special tokens only when
+ * keep_special; at_start: the token opens the text, where a SentencePiece
+ * decoder drops the leading space). Returns the bytes written, or -1 for
+ * an unknown id. */
+int wl_decode_token(const wl_tokenizer *tk, int32_t id, int keep_special, int at_start, char *buf,
+                    size_t cap);
+size_t wl_tokenizer_size(const wl_tokenizer *tk); /* one more than the largest id */
+/* GPT-2's byte-to-unicode table: the character (UTF-8, terminated) that
+ * stands for byte b in byte-level tokens. */
+void wl_byte_char(unsigned char b, char out[3]);
+/* Llama 3's pre-tokenizer regex, which the written tokenizers use. */
+extern const char wl_llama3_pattern[];
+
+/* Learns merges from text and writes a byte-level BPE tokenizer.json with
+ * the 256 byte tokens (ids 0-255), the merges (ids from 256 on) and the
+ * special tokens at the given ids; the first special token is the BOS the
+ * post-processor adds. */
+int wl_tokenizer_train_write(const char *path, const char *text, int merges,
+                             const char *const *special, const int *special_ids, int n_special);
+
+/* ---- the random-model writer ---------------------------------------------- */
+
+typedef struct wl_write_opts {
+    const char *preset; /* tiny, 1b, 8b or moe */
+    uint64_t seed;
+    int config_only;    /* config, generation config and tokenizer; no weights */
+    size_t shard_bytes; /* split the weights into shards of about this size; 0: preset's */
+} wl_write_opts;
+
+int wl_write_random_model(const char *dir, const wl_write_opts *o);
+
+/* ---- forward pass and sampling -------------------------------------------- */
+
+typedef struct wl_seq wl_seq;
+
+/* Task only: the buffers of one sequence of up to max_tokens tokens. */
+int wl_seq_create(wl_seq **s, const wl_model *m, int max_tokens);
+void wl_seq_destroy(wl_seq *s);
+/* Task only: runs n tokens at the sequence's next positions and leaves the
+ * last one's logits (fp32, vocab of them) in *logits (host memory owned by
+ * the sequence). */
+int wl_forward(wl_seq *s, const int32_t *ids, int n, const float **logits);
+/* Task only: copies the weights to the task's device when it has one. */
+int wl_model_upload(wl_model *m);
+int wl_model_release(wl_model *m);
+
+typedef struct wl_sampler {
+    float temperature; /* 0: greedy */
+    int top_k;         /* 0: all */
+    float top_p;       /* 1 (or 0): all */
+    uint64_t state;
+} wl_sampler;
+
+int wl_sample(wl_sampler *s, const float *logits, int vocab);
+
+/* ---- random numbers (shared by the writer and the tests) ------------------ */
+
+uint64_t wl_rand_next(uint64_t *state);
+double wl_rand_uniform(uint64_t *state); /* in [0, 1) */
+double wl_rand_normal(uint64_t *state);
+
+#endif

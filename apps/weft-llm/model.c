@@ -1,0 +1,200 @@
+/*
+ * model.c - a model folder in the Hugging Face layout: config.json and
+ * the weights, in model.safetensors or in shards that
+ * model.safetensors.index.json lists.
+ *
+ * Every weight the forward pass reads is found by its transformers name
+ * and checked against the configuration: its shape, and its dtype, which
+ * is one for the whole model (weft's ops take one dtype per call) and
+ * torch_dtype's when the config names one. The pointers stay inside the
+ * files' read-only mappings, so opening a model reads only the headers.
+ */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "llm.h"
+
+typedef struct binder {
+    wl_model *m;
+    json_t *weight_map; /* from the index, or NULL for one file */
+    int dtype_set;
+} binder;
+
+static int open_file(wl_model *m, const char *dir, const char *name, size_t *idx)
+{
+    char path[PATH_MAX];
+    for (size_t i = 0; i < m->n_files; i++) {
+        const char *p = strrchr(m->files[i].path, '/');
+        if (!strcmp(p ? p + 1 : m->files[i].path, name)) {
+            *idx = i;
+            return 0;
+        }
+    }
+    if (strchr(name, '/') || !strcmp(name, "..") || !strcmp(name, "."))
+        return wl_fail("%s: the index names file \"%s\", which is not a file in the folder", dir,
+                       name);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    wl_st_file *grown = realloc(m->files, (m->n_files + 1) * sizeof *grown);
+    if (!grown)
+        return wl_fail("out of memory");
+    m->files = grown;
+    if (wl_st_open(&m->files[m->n_files], path))
+        return -1;
+    *idx = m->n_files++;
+    return 0;
+}
+
+/* The tensor name in whichever file holds it, checked to have the shape
+ * (rows, cols; cols 0 for a vector) and the model's dtype. */
+static int bind(binder *b, const char *dir, const char *name, uint64_t rows, uint64_t cols,
+                const void **out)
+{
+    wl_model *m = b->m;
+    const wl_tensor *t = NULL;
+    const char *where = "model.safetensors";
+    if (b->weight_map) {
+        json_t *f = json_object_get(b->weight_map, name);
+        if (!json_is_string(f))
+            return wl_fail("%s: tensor %s is missing (model.safetensors.index.json does not "
+                           "list it)",
+                           dir, name);
+        size_t idx;
+        where = json_string_value(f);
+        if (open_file(m, dir, where, &idx))
+            return -1;
+        t = wl_st_find(&m->files[idx], name);
+    } else {
+        t = wl_st_find(&m->files[0], name);
+    }
+    if (!t)
+        return wl_fail("%s: tensor %s is missing from %s", dir, name, where);
+    int ok = cols ? t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols
+                  : t->ndim == 1 && t->shape[0] == rows;
+    if (!ok) {
+        char got[128] = "";
+        for (int i = 0; i < t->ndim; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%llu", i ? ", " : "",
+                     (unsigned long long)t->shape[i]);
+        if (cols)
+            return wl_fail("%s: tensor %s has shape [%s]; the config needs [%llu, %llu]", dir, name,
+                           got, (unsigned long long)rows, (unsigned long long)cols);
+        return wl_fail("%s: tensor %s has shape [%s]; the config needs [%llu]", dir, name, got,
+                       (unsigned long long)rows);
+    }
+    if (!b->dtype_set) {
+        m->dtype = t->dtype;
+        b->dtype_set = 1;
+        if (m->cfg.has_dtype && m->cfg.dtype != t->dtype)
+            return wl_fail("%s: tensor %s is %s but config.json's torch_dtype says %s", dir, name,
+                           wl_dtype_name(t->dtype), wl_dtype_name(m->cfg.dtype));
+    } else if (t->dtype != m->dtype) {
+        return wl_fail("%s: tensor %s is %s but the other weights are %s (one dtype per model)",
+                       dir, name, wl_dtype_name(t->dtype), wl_dtype_name(m->dtype));
+    }
+    *out = t->data;
+    return 0;
+}
+
+static int bind_layer(binder *b, const char *dir, int i)
+{
+    const wl_config *c = &b->m->cfg;
+    wl_layer *L = &b->m->layer[i];
+    uint64_t H = (uint64_t)c->hidden, q = (uint64_t)c->heads * c->head_dim;
+    uint64_t kv = (uint64_t)c->kv_heads * c->head_dim, I = (uint64_t)c->intermediate;
+    char n[160];
+#define BIND(suffix, rows, cols, field)                                                            \
+    (snprintf(n, sizeof n, "model.layers.%d.%s", i, suffix), bind(b, dir, n, rows, cols, field))
+    if (BIND("input_layernorm.weight", H, 0, &L->attn_norm) ||
+        BIND("self_attn.q_proj.weight", q, H, &L->q) ||
+        BIND("self_attn.k_proj.weight", kv, H, &L->k) ||
+        BIND("self_attn.v_proj.weight", kv, H, &L->v) ||
+        BIND("self_attn.o_proj.weight", H, q, &L->o) ||
+        BIND("post_attention_layernorm.weight", H, 0, &L->mlp_norm) ||
+        BIND("mlp.gate_proj.weight", I, H, &L->gate) || BIND("mlp.up_proj.weight", I, H, &L->up) ||
+        BIND("mlp.down_proj.weight", H, I, &L->down))
+        return -1;
+    if (c->attention_bias && (BIND("self_attn.q_proj.bias", q, 0, &L->q_bias) ||
+                              BIND("self_attn.k_proj.bias", kv, 0, &L->k_bias) ||
+                              BIND("self_attn.v_proj.bias", kv, 0, &L->v_bias)))
+        return -1;
+    if (c->qk_norm && (BIND("self_attn.q_norm.weight", (uint64_t)c->head_dim, 0, &L->q_norm) ||
+                       BIND("self_attn.k_norm.weight", (uint64_t)c->head_dim, 0, &L->k_norm)))
+        return -1;
+#undef BIND
+    return 0;
+}
+
+static int load_index(const char *dir, json_t **root, json_t **map)
+{
+    char path[PATH_MAX];
+    json_error_t jerr;
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (access(path, F_OK))
+        return 0;
+    if (!(*root = json_load_file(path, 0, &jerr)))
+        return wl_fail("%s: %s (line %d)", path, jerr.text, jerr.line);
+    *map = json_object_get(*root, "weight_map");
+    if (!json_is_object(*map))
+        return wl_fail("%s: weight_map is missing or not an object", path);
+    return 0;
+}
+
+int wl_model_open(wl_model *m, const char *dir)
+{
+    char path[PATH_MAX];
+    json_t *index = NULL;
+    binder b = {.m = m};
+    memset(m, 0, sizeof *m);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (wl_config_load(&m->cfg, path))
+        return -1;
+    const wl_config *c = &m->cfg;
+    if (c->experts)
+        return wl_fail("%s: %s is a mixture-of-experts model (%d experts, %d per token); "
+                       "weft-llm reads its config but does not run its forward pass yet",
+                       dir, c->model_type, c->experts, c->experts_per_token);
+    if (load_index(dir, &index, &b.weight_map))
+        goto fail;
+    if (!b.weight_map) {
+        size_t idx;
+        if (open_file(m, dir, "model.safetensors", &idx))
+            goto fail;
+    }
+    if (!(m->layer = calloc((size_t)c->layers, sizeof *m->layer))) {
+        wl_fail("out of memory");
+        goto fail;
+    }
+    uint64_t V = (uint64_t)c->vocab, H = (uint64_t)c->hidden;
+    if (bind(&b, dir, "model.embed_tokens.weight", V, H, &m->embed))
+        goto fail;
+    for (int i = 0; i < c->layers; i++)
+        if (bind_layer(&b, dir, i))
+            goto fail;
+    if (bind(&b, dir, "model.norm.weight", H, 0, &m->final_norm))
+        goto fail;
+    if (c->tie_embeddings)
+        m->lm_head = m->embed;
+    else if (bind(&b, dir, "lm_head.weight", V, H, &m->lm_head))
+        goto fail;
+    json_decref(index);
+    return 0;
+fail:
+    json_decref(index);
+    wl_model_close(m);
+    return -1;
+}
+
+void wl_model_close(wl_model *m)
+{
+    for (size_t i = 0; i < m->n_files; i++)
+        wl_st_close(&m->files[i]);
+    free(m->files);
+    free(m->layer);
+    m->files = NULL;
+    m->layer = NULL;
+    m->n_files = 0;
+}

