@@ -30,7 +30,19 @@ const char *wl_error(void)
 
 size_t wl_dtype_size(weft_dtype dt)
 {
-    return dt == WEFT_DTYPE_F32 ? 4 : 2;
+    switch (dt) {
+    case WEFT_DTYPE_F32:
+    case WEFT_DTYPE_I32:
+        return 4;
+    case WEFT_DTYPE_BF16:
+    case WEFT_DTYPE_F16:
+        return 2;
+    case WEFT_DTYPE_F8_E4M3:
+    case WEFT_DTYPE_F8_E5M2:
+    case WEFT_DTYPE_I8:
+        return 1;
+    }
+    return 0;
 }
 
 const char *wl_dtype_name(weft_dtype dt)
@@ -42,6 +54,14 @@ const char *wl_dtype_name(weft_dtype dt)
         return "BF16";
     case WEFT_DTYPE_F16:
         return "F16";
+    case WEFT_DTYPE_F8_E4M3: /* safetensors' names */
+        return "F8_E4M3";
+    case WEFT_DTYPE_F8_E5M2:
+        return "F8_E5M2";
+    case WEFT_DTYPE_I8:
+        return "I8";
+    case WEFT_DTYPE_I32:
+        return "I32";
     }
     return "?";
 }
