@@ -70,7 +70,8 @@ int weft_mpi_init(weft_runtime *rt);
 /* Wait until *req completes; status (or MPI_STATUS_IGNORE) receives its
  * status. A task suspends; a thread blocks. WEFT_OK, WEFT_EINVAL (req
  * NULL; from a task, a runtime without weft_mpi_init), WEFT_EDEVICE,
- * WEFT_ECANCELED (see the top of this file). */
+ * WEFT_ECANCELED (see the top of this file), WEFT_ESTATE (a task inside a
+ * graph region, which may not suspend), WEFT_ENOMEM. */
 int weft_mpi_await(MPI_Request *req, MPI_Status *status);
 
 /* weft_mpi_await until deadline_ns: WEFT_ETIMEDOUT if the request has not
