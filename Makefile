@@ -4,7 +4,7 @@
 #                   (builds weft-images only; host-only in build-host/ without a GPU)
 #   make test       build and run the host test suite under CTest
 #   make check-asan the same suite under AddressSanitizer + UBSan
-#   make check-tsan the same suite under ThreadSanitizer
+#   make check-tsan the same suite under ThreadSanitizer (less the MPI tests)
 #   make bench      build optimized and run the CPU benchmarks
 #   make gpu-test   build, then run the GPU test suite (ctest -L gpu: tests/*/test_*_gpu.c);
 #                   fails when every test was skipped (no GPU)
@@ -96,12 +96,18 @@ check-asan: deps
 # clang's TSan switches fibers in under a microsecond; gcc 12's takes tens.
 # tests/tsan.supp: what TSan cannot see of OpenBLAS's threads.
 # A build-tsan/ configured with another compiler is started afresh.
+# The MPI tests (label mpi) are left out here: libmpi is not instrumented,
+# so TSan cannot see the synchronisation inside it - a receive buffer that
+# MPI's progress, run by one task, fills and the receiving task reads once
+# MPI says it is complete reads as a race - nor would its own reports about
+# Open MPI's locks be ours. check-asan runs them (without their leak check:
+# CMakeLists.txt says why).
 check-tsan: deps
 	@grep -qs 'CMAKE_C_COMPILER:.*clang' build-tsan/CMakeCache.txt || rm -rf build-tsan
 	CC=clang $(CMAKE) -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWEFT_SANITIZE=thread -DWEFT_BENCH=OFF
 	$(CMAKE) --build build-tsan -j $(JOBS)
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp \
-	  $(CTEST) --test-dir build-tsan --output-on-failure -j $(JOBS)
+	  $(CTEST) --test-dir build-tsan --output-on-failure -j $(JOBS) -LE mpi
 
 # record ROWS: with RECORD=1, the run's rows into the record; else where
 # they are.

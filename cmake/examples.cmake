@@ -28,6 +28,19 @@ foreach(name IN LISTS WEFT_GUIDE_EXAMPLES)
   set_tests_properties(examples.${name} PROPERTIES LABELS examples TIMEOUT 120)
 endforeach()
 
+# The MPI example (examples/mpi/), with libweft_mpi: run as a job of 2
+# ranks under mpiexec, as the MPI tests are (tests/mpi/CMakeLists.txt).
+if(WEFT_HAVE_MPI AND MPIEXEC_EXECUTABLE)
+  add_executable(example_mpi_ring ${PROJECT_SOURCE_DIR}/examples/mpi/ring.c)
+  target_compile_options(example_mpi_ring PRIVATE ${WEFT_C_WARNINGS})
+  target_link_libraries(example_mpi_ring PRIVATE weft_mpi)
+  add_test(NAME examples.mpi_ring COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe
+    ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS} $<TARGET_FILE:example_mpi_ring>
+    ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(examples.mpi_ring PROPERTIES LABELS "examples;mpi" TIMEOUT 120
+    PROCESSORS 2 ENVIRONMENT "${WEFT_MPI_TEST_ENV}")
+endif()
+
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_Interpreter_FOUND)
   add_test(NAME docs.examples COMMAND Python3::Interpreter

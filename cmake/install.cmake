@@ -9,6 +9,12 @@
 #                                              runtime and the C++ runtime)
 #                                              along
 #   pkg-config weft     ->  -lweft; --static adds the same dependencies
+#
+# With MPI (WEFT_HAVE_MPI), libweft_mpi and include/weft/mpi.h as well:
+#   find_package(weft COMPONENTS mpi)  ->  weft::weft_mpi (shared, on
+#                           weft::weft) and weft::weft_mpi_static; the
+#                           component is found where MPI is (FindMPI)
+#   pkg-config weft-mpi ->  -lweft_mpi and MPI's flags, on weft
 include(CMakePackageConfigHelpers)
 
 set_target_properties(weft PROPERTIES EXPORT_NAME weft_static)
@@ -19,12 +25,27 @@ install(TARGETS weft weft_shared EXPORT weftTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES include/weft.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(DIRECTORY include/weft DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+if(WEFT_HAVE_MPI)
+  install(DIRECTORY include/weft DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+else()
+  install(DIRECTORY include/weft DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} PATTERN mpi.h EXCLUDE)
+endif()
 # The MIT license asks that its notice travel with the library.
 install(FILES LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR})
 
 set(WEFT_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/weft)
 install(EXPORT weftTargets NAMESPACE weft:: DESTINATION ${WEFT_CMAKE_DIR})
+# libweft_mpi in an export set of its own, loaded by the package only when
+# the consumer's MPI is found: weft alone needs no MPI.
+if(WEFT_HAVE_MPI)
+  set_target_properties(weft_mpi PROPERTIES EXPORT_NAME weft_mpi_static)
+  set_target_properties(weft_mpi_shared PROPERTIES EXPORT_NAME weft_mpi)
+  install(TARGETS weft_mpi weft_mpi_shared EXPORT weftMpiTargets
+    ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+    LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+    RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  install(EXPORT weftMpiTargets NAMESPACE weft:: DESTINATION ${WEFT_CMAKE_DIR})
+endif()
 configure_package_config_file(cmake/weftConfig.cmake.in
   ${PROJECT_BINARY_DIR}/weftConfig.cmake INSTALL_DESTINATION ${WEFT_CMAKE_DIR})
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/weftConfigVersion.cmake
@@ -46,3 +67,18 @@ if(WEFT_HAVE_CUDA)
 endif()
 configure_file(cmake/weft.pc.in ${PROJECT_BINARY_DIR}/weft.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/weft.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+
+# pkg-config weft-mpi: MPI's own include folders and libraries, as FindMPI
+# found them (MPI implementations differ in the pkg-config names they ship).
+if(WEFT_HAVE_MPI)
+  set(WEFT_MPI_PC_CFLAGS "")
+  foreach(dir IN LISTS MPI_C_INCLUDE_DIRS)
+    string(APPEND WEFT_MPI_PC_CFLAGS " -I${dir}")
+  endforeach()
+  set(WEFT_MPI_PC_LIBS "")
+  foreach(lib IN LISTS MPI_C_LIBRARIES)
+    string(APPEND WEFT_MPI_PC_LIBS " ${lib}")
+  endforeach()
+  configure_file(cmake/weft-mpi.pc.in ${PROJECT_BINARY_DIR}/weft-mpi.pc @ONLY)
+  install(FILES ${PROJECT_BINARY_DIR}/weft-mpi.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+endif()

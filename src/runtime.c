@@ -137,7 +137,8 @@ static int devices_create(weft_runtime *rt)
     }
     bool polled = rt->devices[0]->ops->poll != NULL;
     if (polled)
-        weft__sched_set_poller(rt->tasks.sched, poll_devices, devices_pending, rt);
+        weft__sched_set_poller(rt->tasks.sched, WEFT__POLL_DEVICES, poll_devices, devices_pending,
+                               rt);
     for (unsigned i = 0; i < rt->ndevices; i++) {
         weft__device *dev = rt->devices[i];
         char name[32];
@@ -172,7 +173,9 @@ static int runtime_devices(weft_runtime *rt, weft__device ***devs, unsigned *n)
 
 static void devices_destroy(weft_runtime *rt)
 {
-    weft__sched_clear_poller(rt->tasks.sched); /* idle workers poll the devices */
+    /* idle workers poll the devices and probe their busy time */
+    weft__sched_clear_idle_probe(rt->tasks.sched);
+    weft__sched_clear_poller(rt->tasks.sched, WEFT__POLL_DEVICES);
     for (unsigned i = 0; i < rt->ndevices; i++)
         rt->devices[i]->ops->destroy(rt->devices[i]);
     free(rt->devices);

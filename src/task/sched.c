@@ -33,15 +33,22 @@
 #include "trace/trace.h"
 
 enum {
-    FAIR_TICKS = 61,    /* shared queues checked first every this many picks */
-    SPIN_ROUNDS = 64,   /* searches before parking */
-    INJECT_BATCH = 32,  /* most tasks moved from the injection queue at once */
+    FAIR_TICKS = 61,        /* shared queues checked first every this many picks */
+    SPIN_ROUNDS = 64,       /* searches before parking */
+    INJECT_BATCH = 32,      /* most tasks moved from the injection queue at once */
     WATCH_SPIN_NS = 30000,  /* the watcher first polls without sleeping ... */
     WATCH_MIN_NS = 20000,   /* ... then its first timeout ... */
     WATCH_MAX_NS = 1000000, /* ... doubling up to this */
 };
 
 /* A FIFO of tasks shared by all workers. */
+/* A poll source's callbacks (weft__sched_set_poller). */
+typedef struct poll_source {
+    unsigned (*poll)(void *ctx);
+    bool (*pending)(void *ctx);
+    void *ctx;
+} poll_source;
+
 typedef struct task_queue {
     pthread_mutex_t lock;
     weft__task *head, *tail;
@@ -56,10 +63,10 @@ struct weft__worker {
     unsigned tick;
     uint32_t rng;
     bool searching;
-    unsigned watch_ns;     /* next timeout while watching devices */
-    weft__fiber fiber;     /* the worker's own context, where the loop runs */
+    unsigned watch_ns; /* next timeout while watching the poll sources */
+    weft__fiber fiber; /* the worker's own context, where the loop runs */
     weft__task *current;
-    weft__leave leave;     /* what current asked for when it switched away */
+    weft__leave leave; /* what current asked for when it switched away */
     weft__stack_cache stacks;
     weft__task_cache tasks;
     weft__worker_stats stats;
@@ -71,30 +78,31 @@ struct weft__sched {
     unsigned nworkers;
     weft__stack_pool *stacks;
     task_queue inject, high, low;
-    atomic_uint searching;   /* workers looking for work, not parked */
-    atomic_uint epoch;       /* event count: futex word, bumped to wake */
-    atomic_uint sleepers;    /* event count: registered (parking) workers */
-    atomic_uint outside;     /* threads other than workers inside spawn/wake */
+    atomic_uint searching;                 /* workers looking for work, not parked */
+    atomic_uint epoch;                     /* event count: futex word, bumped to wake */
+    atomic_uint sleepers;                  /* event count: registered (parking) workers */
+    atomic_uint outside;                   /* threads other than workers inside spawn/wake */
     atomic_uint_least64_t spawned_outside; /* spawns from threads, not workers */
     atomic_bool stopping;
-    atomic_bool watching;    /* a parked worker is watching the devices */
-    atomic_bool polling;     /* the three below are set */
+    atomic_bool watching; /* a parked worker is watching the poll sources */
+    atomic_uint polling;  /* bit i: sources[i] is set */
     atomic_uint polls_in_flight;
-    unsigned (*poll)(void *ctx);
-    bool (*pending)(void *ctx);
-    void *poll_ctx;
+    poll_source sources[WEFT__POLL_SOURCES];
     atomic_bool probing; /* the two below are set */
     uint64_t (*busy_ns)(void *ctx);
     void *probe_ctx;
 };
 
-void weft__sched_set_poller(weft__sched *s, unsigned (*poll)(void *ctx),
+void weft__sched_set_poller(weft__sched *s, unsigned source, unsigned (*poll)(void *ctx),
                             bool (*pending)(void *ctx), void *ctx)
 {
-    s->poll = poll;
-    s->pending = pending;
-    s->poll_ctx = ctx;
-    atomic_store_explicit(&s->polling, true, memory_order_release);
+    s->sources[source] = (poll_source){poll, pending, ctx};
+    atomic_fetch_or_explicit(&s->polling, 1u << source, memory_order_release);
+}
+
+bool weft__sched_polls(weft__sched *s, unsigned source)
+{
+    return atomic_load_explicit(&s->polling, memory_order_acquire) & (1u << source);
 }
 
 void weft__sched_set_idle_probe(weft__sched *s, uint64_t (*busy_ns)(void *ctx), void *ctx)
@@ -104,32 +112,52 @@ void weft__sched_set_idle_probe(weft__sched *s, uint64_t (*busy_ns)(void *ctx), 
     atomic_store_explicit(&s->probing, true, memory_order_release);
 }
 
-void weft__sched_clear_poller(weft__sched *s)
+/* Wait until no worker is inside a poll, a pending or the probe begun
+ * before a source (or the probe) was cleared. */
+static void quiesce(weft__sched *s)
+{
+    while (atomic_load(&s->polls_in_flight) != 0)
+        sched_yield();
+}
+
+void weft__sched_clear_poller(weft__sched *s, unsigned source)
+{
+    atomic_fetch_and(&s->polling, ~(1u << source));
+    quiesce(s);
+}
+
+void weft__sched_clear_idle_probe(weft__sched *s)
 {
     atomic_store(&s->probing, false);
-    atomic_store(&s->polling, false);
-    while (atomic_load(&s->polls_in_flight) != 0)
-        sched_yield(); /* a worker is inside poll or pending */
+    quiesce(s);
 }
 
-/* Fire completed device work; its tasks land in our LIFO slot and deque.
- * Counted while inside, so that the devices can be taken away safely. */
-static bool poll_devices(weft__sched *s)
+/* Fire what completed on every poll source; woken tasks land in our LIFO
+ * slot and deque. Counted while inside, so that a source can be taken away
+ * safely. With no source set this is one relaxed load, as is pending(); with
+ * the devices alone, what it was before there were other sources. */
+static bool poll_sources(weft__sched *s)
 {
     if (!atomic_load_explicit(&s->polling, memory_order_relaxed))
         return false;
     atomic_fetch_add(&s->polls_in_flight, 1);
-    bool fired = atomic_load(&s->polling) && s->poll(s->poll_ctx) > 0;
+    unsigned fired = 0, set = atomic_load(&s->polling);
+    for (const poll_source *src = s->sources; set; set >>= 1, src++)
+        if (set & 1)
+            fired += src->poll(src->ctx);
     atomic_fetch_sub_explicit(&s->polls_in_flight, 1, memory_order_release);
-    return fired;
+    return fired > 0;
 }
 
-static bool devices_pending(weft__sched *s)
+static bool sources_pending(weft__sched *s)
 {
     if (!atomic_load_explicit(&s->polling, memory_order_relaxed))
         return false;
     atomic_fetch_add(&s->polls_in_flight, 1);
-    bool pending = atomic_load(&s->polling) && s->pending(s->poll_ctx);
+    bool pending = false;
+    unsigned set = atomic_load(&s->polling);
+    for (const poll_source *src = s->sources; set && !pending; set >>= 1, src++)
+        pending = (set & 1) && src->pending(src->ctx);
     atomic_fetch_sub_explicit(&s->polls_in_flight, 1, memory_order_release);
     return pending;
 }
@@ -411,7 +439,7 @@ static weft__task *find_work(weft__worker *w, bool lifo_too)
     if (!queue_empty(&s->high) && (t = queue_pop(&s->high, 1, NULL)))
         return t;
     if (++w->tick % FAIR_TICKS == 0) {
-        poll_devices(s); /* busy workers notice completions too */
+        poll_sources(s); /* busy workers notice completions too */
         if ((t = queue_pop(&s->inject, 1, NULL)) || (t = queue_pop(&s->low, 1, NULL)))
             return t;
     }
@@ -428,9 +456,9 @@ static weft__task *find_work(weft__worker *w, bool lifo_too)
 }
 
 /* The watcher's sleep: still registered as parked (new work wakes it), it
- * polls the devices on a timeout that doubles while nothing completes, and
+ * polls the sources on a timeout that doubles while nothing completes, and
  * goes back to searching once something did or new work arrived. */
-static void watch_devices(weft__worker *w, unsigned key)
+static void watch_sources(weft__worker *w, unsigned key)
 {
     weft__sched *s = w->sched;
     if (w->watch_ns < WATCH_MIN_NS)
@@ -441,7 +469,7 @@ static void watch_devices(weft__worker *w, unsigned key)
     for (uint64_t start = weft__now_ns(); weft__now_ns() - start < WATCH_SPIN_NS;) {
         if (atomic_load(&s->epoch) != key || atomic_load(&s->stopping))
             goto out;
-        if (poll_devices(s)) {
+        if (poll_sources(s)) {
             w->watch_ns = WATCH_MIN_NS;
             goto out;
         }
@@ -453,13 +481,13 @@ static void watch_devices(weft__worker *w, unsigned key)
         weft__futex_wait(&s->epoch, key, &timeout);
         if (atomic_load(&s->epoch) != key || atomic_load(&s->stopping))
             break;
-        if (poll_devices(s)) {
+        if (poll_sources(s)) {
             w->watch_ns = WATCH_MIN_NS;
             break;
         }
         if (w->watch_ns < WATCH_MAX_NS)
             w->watch_ns *= 2;
-        if (!devices_pending(s))
+        if (!sources_pending(s))
             break;
     }
 out:
@@ -467,7 +495,7 @@ out:
 }
 
 /* Search, then park, until work turns up (or the scheduler stops: NULL).
- * While device work is outstanding, one parked worker is the watcher: it
+ * While a poll source has waits outstanding, one parked worker is the watcher: it
  * sleeps with a timeout that doubles while nothing completes, and polls. */
 static weft__task *idle(weft__worker *w)
 {
@@ -476,7 +504,7 @@ static weft__task *idle(weft__worker *w)
     for (;;) {
         begin_search(w);
         for (int round = 0; round < SPIN_ROUNDS; round++) {
-            if (round % 8 == 0 && poll_devices(s))
+            if (round % 8 == 0 && poll_sources(s))
                 w->watch_ns = WATCH_MIN_NS;
             if ((t = find_work(w, round == SPIN_ROUNDS - 1)))
                 goto found;
@@ -486,7 +514,7 @@ static weft__task *idle(weft__worker *w)
         }
 
         /* prepare, re-check, commit */
-        bool watch = devices_pending(s) && !atomic_exchange(&s->watching, true);
+        bool watch = sources_pending(s) && !atomic_exchange(&s->watching, true);
         atomic_fetch_add(&s->sleepers, 1);
         unsigned key = atomic_load(&s->epoch);
         end_search(w);
@@ -508,7 +536,7 @@ static weft__task *idle(weft__worker *w)
         if (stall)
             slept_ns = weft__now_ns();
         if (watch) {
-            watch_devices(w, key);
+            watch_sources(w, key);
         } else {
             while (atomic_load(&s->epoch) == key)
                 weft__futex_wait(&s->epoch, key, NULL);

@@ -28,35 +28,49 @@ typedef struct weft__sched weft__sched;
 typedef struct weft__worker weft__worker;
 
 /* Start nworkers threads running tasks whose stacks come from stacks. */
-int weft__sched_create(weft__sched **s, unsigned nworkers,
-                       weft__stack_pool *stacks);
+int weft__sched_create(weft__sched **s, unsigned nworkers, weft__stack_pool *stacks);
 
 /* Stop and join every worker. No task may be queued or running. */
 void weft__sched_destroy(weft__sched *s);
 
 unsigned weft__sched_workers(const weft__sched *s);
 
-/* Devices whose completions nobody else notices register a poller: idle
- * workers call poll (it fires what completed, returning how many waits it
- * ended), and while pending() says work is outstanding, one parked worker
- * (the watcher) wakes up on a growing timeout to poll again instead of
- * sleeping for good. Set once, before any task uses a device. */
-void weft__sched_set_poller(weft__sched *s, unsigned (*poll)(void *ctx),
+/* Poll sources: completions nobody else notices, each from a fixed slot.
+ * The devices' completion engines are one source; messages (a
+ * message-passing library's requests, registered by that library's own
+ * layer) another. The scheduler knows them only as these callbacks. */
+enum {
+    WEFT__POLL_DEVICES,  /* the runtime's devices */
+    WEFT__POLL_MESSAGES, /* requests of a message-passing library */
+    WEFT__POLL_SOURCES
+};
+
+/* A source registers a poller: idle workers call poll (it fires what
+ * completed, returning how many waits it ended), and while any source's
+ * pending() says work is outstanding, one parked worker (the watcher) wakes
+ * up on a growing timeout to poll again instead of sleeping for good. Set
+ * once per source, before any task waits on it; polling costs nothing for a
+ * source not set. */
+void weft__sched_set_poller(weft__sched *s, unsigned source, unsigned (*poll)(void *ctx),
                             bool (*pending)(void *ctx), void *ctx);
+
+/* Has source a poller? */
+bool weft__sched_polls(weft__sched *s, unsigned source);
 
 /* For the count of stalled time (weft_stats.stalled_ns): busy_ns gives the
  * devices' busy time so far. A worker's sleep with tasks alive at both its
  * ends is a stall for as long as it lasted less the busy time that grew
  * meanwhile: the worker had nothing to run and the devices nothing to do.
- * Set once, before any task runs; cleared with the poller. */
+ * Set once, before any task runs. */
 void weft__sched_set_idle_probe(weft__sched *s, uint64_t (*busy_ns)(void *ctx), void *ctx);
 
-/* Stop polling (and probing); returns once no worker is inside poll,
- * pending or the probe. */
-void weft__sched_clear_poller(weft__sched *s);
+/* Stop polling source (or probing); returns once no worker is inside a
+ * poll, a pending or the probe. */
+void weft__sched_clear_poller(weft__sched *s, unsigned source);
+void weft__sched_clear_idle_probe(weft__sched *s);
 
-/* Get a worker polling: a device wait started and every worker may be
- * asleep. Cheap when a worker is searching or watching already. */
+/* Get a worker polling: a wait on a poll source started and every worker
+ * may be asleep. Cheap when a worker is searching or watching already. */
 void weft__sched_kick(weft__sched *s);
 
 /* Queue a new task: on the calling worker's deque if it belongs to s, else
