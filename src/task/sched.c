@@ -41,7 +41,6 @@ enum {
     WATCH_MAX_NS = 1000000, /* ... doubling up to this */
 };
 
-/* A FIFO of tasks shared by all workers. */
 /* A poll source's callbacks (weft__sched_set_poller). */
 typedef struct poll_source {
     unsigned (*poll)(void *ctx);
@@ -49,6 +48,7 @@ typedef struct poll_source {
     void *ctx;
 } poll_source;
 
+/* A FIFO of tasks shared by all workers. */
 typedef struct task_queue {
     pthread_mutex_t lock;
     weft__task *head, *tail;
