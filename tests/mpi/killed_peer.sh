@@ -9,7 +9,8 @@
 #  2. With --enable-recovery the job goes on, and MPI tells the others
 #     nothing: their receive from rank 3 stays pending. A deadline bounds
 #     the await (WEFT_ETIMEDOUT after 2 s); each survivor then cancels the
-#     receive, which completes as cancelled, and finalises.
+#     receive, which completes as cancelled, and leaves without
+#     MPI_Finalize (which may wait for the dead rank for good).
 set -u
 program=$1
 shift
