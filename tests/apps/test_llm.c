@@ -634,6 +634,73 @@ static void test_concurrent_sequences_match_alone(void **state)
     free(together);
 }
 
+/* ---- paged KV cache's block allocator -------------------------------------- */
+
+/* Sequences take pages as they grow and give every one back when they end
+ * or are cancelled midway; an exhausted pool is an error naming the
+ * shortfall that takes nothing; the pages handed out are distinct. Lengths
+ * are drawn from the seed. */
+static void test_kv_pages_come_back(void **state)
+{
+    (void)state;
+    enum { PAGES = 12, PAGE = 16, SEQS = 3 };
+    wl_kv kv;
+    wl_kv_seq s[SEQS];
+    uint64_t st = seed ^ 0x6b76;
+    assert_int_equal(wl_kv_pages_init(&kv, PAGES, PAGE), 0);
+    assert_int_equal(wl_kv_free_pages(&kv), PAGES);
+    int len[SEQS], taken = 0;
+    for (int q = 0; q < SEQS; q++) {
+        assert_int_equal(wl_kv_seq_init(&s[q], &kv, 4 * PAGE), 0);
+        assert_int_equal(s[q].used, 0);
+        len[q] = 1 + (int)(wl_rand_next(&st) % (3 * PAGE)); /* 1 to 3 pages */
+        /* grown a token at a time, as decoding does */
+        for (int t = 1; t <= len[q]; t++)
+            assert_int_equal(wl_kv_seq_grow(&s[q], t), 0);
+        assert_int_equal(s[q].used, (len[q] + PAGE - 1) / PAGE);
+        taken += s[q].used;
+        assert_int_equal(wl_kv_free_pages(&kv), PAGES - taken);
+    }
+    int seen[PAGES] = {0};
+    for (int q = 0; q < SEQS; q++)
+        for (int i = 0; i < s[q].used; i++) {
+            assert_in_range(s[q].table[i], 0, PAGES - 1);
+            assert_int_equal(seen[s[q].table[i]]++, 0);
+        }
+    /* the first ends, the second is cancelled partway through a page */
+    wl_kv_seq_release(&s[0]);
+    assert_int_equal(wl_kv_free_pages(&kv), PAGES - taken + (len[0] + PAGE - 1) / PAGE);
+    wl_kv_seq_release(&s[1]);
+    assert_int_equal(wl_kv_free_pages(&kv), PAGES - s[2].used);
+    /* a sequence longer than the pool leaves: an error, and nothing taken */
+    wl_kv_seq big;
+    assert_int_equal(wl_kv_seq_init(&big, &kv, PAGES * PAGE), 0);
+    int before = wl_kv_free_pages(&kv);
+    assert_int_equal(wl_kv_seq_grow(&big, PAGES * PAGE), -1);
+    assert_non_null(strstr(wl_error(), "KV cache exhausted"));
+    assert_non_null(strstr(wl_error(), "--kv-pages"));
+    assert_int_equal(wl_kv_free_pages(&kv), before);
+    assert_int_equal(big.used, 0);
+    /* what is free can still be taken, to the last page */
+    assert_int_equal(wl_kv_seq_grow(&big, before * PAGE), 0);
+    assert_int_equal(wl_kv_free_pages(&kv), 0);
+    assert_int_equal(wl_kv_seq_grow(&big, before * PAGE + 1), -1);
+    assert_non_null(strstr(wl_error(), "0 of 12 are free"));
+    /* past the sequence's own capacity */
+    assert_int_equal(wl_kv_seq_grow(&s[2], 4 * PAGE + 1), -1);
+    assert_non_null(strstr(wl_error(), "exceed the sequence's 4 pages"));
+    wl_kv_seq_release(&big);
+    wl_kv_seq_release(&s[2]);
+    assert_int_equal(wl_kv_free_pages(&kv), PAGES);
+    /* bad pools */
+    wl_kv bad;
+    assert_int_equal(wl_kv_pages_init(&bad, 0, PAGE), -1);
+    assert_non_null(strstr(wl_error(), "0 pages"));
+    assert_int_equal(wl_kv_pages_init(&bad, PAGES, 24), -1);
+    assert_non_null(strstr(wl_error(), "page size 24"));
+    wl_kv_destroy(&kv);
+}
+
 /* ---- sampling --------------------------------------------------------------- */
 
 /* Draws n tokens and counts them. */
@@ -797,6 +864,7 @@ int main(void)
         cmocka_unit_test(test_tokenizer_llama3_known_ids),
         cmocka_unit_test(test_concurrent_sequences_match_alone),
         cmocka_unit_test(test_sampler_modes),
+        cmocka_unit_test(test_kv_pages_come_back),
         cmocka_unit_test(test_forward_matches_float64_reference),
         cmocka_unit_test(test_forward_variants_match_reference),
         cmocka_unit_test(test_cli_generates_deterministically),
