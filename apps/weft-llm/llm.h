@@ -187,6 +187,12 @@ typedef struct wl_kv {
     pthread_mutex_t lock;
 } wl_kv;
 
+/* The command line's page size, and its default pool: 4096 tokens, a
+ * generate run's sequence of up to 4096 tokens (the tiny model's pools are
+ * 2 MiB; Llama 3.1 8B's 512 MiB). */
+#define WL_KV_PAGE 16
+#define WL_KV_DEFAULT_PAGES 256
+
 /* One sequence's pages: table[i] holds its tokens i * page_size onwards. */
 typedef struct wl_kv_seq {
     wl_kv *kv;
@@ -217,8 +223,10 @@ void wl_kv_seq_release(wl_kv_seq *s);
 
 typedef struct wl_seq wl_seq;
 
-/* Task only: the buffers of one sequence of up to max_tokens tokens. */
-int wl_seq_create(wl_seq **s, const wl_model *m, int max_tokens);
+/* Task only: the buffers of one sequence of up to max_tokens tokens, its
+ * keys and values in kv's pages (taken as it grows, all given back by
+ * wl_seq_destroy). kv is m's (wl_kv_create) and outlives the sequence. */
+int wl_seq_create(wl_seq **s, const wl_model *m, wl_kv *kv, int max_tokens);
 void wl_seq_destroy(wl_seq *s);
 /* Task only: runs n tokens at the sequence's next positions and leaves the
  * last one's logits (fp32, vocab of them) in *logits (host memory owned by

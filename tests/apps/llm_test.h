@@ -111,11 +111,12 @@ static inline void *forward_task(void *arg)
 {
     fwd_job *j = (fwd_job *)arg;
     wl_seq *s = NULL;
+    wl_kv kv = {0};
     const float *lg;
     int V = j->m->cfg.vocab;
     j->failed = 1;
-    if (wl_model_upload(j->m) || wl_seq_create(&s, j->m, j->n_total) ||
-        wl_forward(s, j->ids, j->n_prompt, &lg))
+    if (wl_model_upload(j->m) || wl_kv_create(&kv, j->m, 8, 16) ||
+        wl_seq_create(&s, j->m, &kv, j->n_total) || wl_forward(s, j->ids, j->n_prompt, &lg))
         goto out;
     memcpy(j->logits, lg, (size_t)V * 4);
     for (int t = j->n_prompt; t < j->n_total; t++) {
@@ -127,6 +128,12 @@ static inline void *forward_task(void *arg)
 out:
     snprintf(j->message, sizeof j->message, "%s", wl_error());
     wl_seq_destroy(s);
+    if (kv.free_list && wl_kv_free_pages(&kv) != kv.pages) {
+        snprintf(j->message, sizeof j->message, "the sequence kept %d pages",
+                 kv.pages - wl_kv_free_pages(&kv));
+        j->failed = 1;
+    }
+    wl_kv_destroy(&kv);
     wl_model_release(j->m);
     return NULL;
 }

@@ -395,11 +395,15 @@ static void ref_token(ref *r, int32_t id, double *logits)
     r->pos++;
 }
 
-/* With unscaled, the logits must also differ from a reference that
- * ignores Llama 3's RoPE scaling (by more than the tolerance), to show
- * the comparison can tell. */
-static void check_forward(const char *model, int unscaled)
+/* What the logits must differ from, by more than the tolerance, to show
+ * that the comparison can tell: nothing, or a reference that ignores Llama
+ * 3's RoPE scaling, or one whose sliding window is a token shorter or
+ * longer (the window's convention, off by one either way). */
+enum { ALT_NONE, ALT_UNSCALED, ALT_WINDOW_SHORTER, ALT_WINDOW_LONGER };
+
+static void check_forward(const char *model, int alt)
 {
+    int unscaled = alt != ALT_NONE;
     wl_model m;
     if (wl_model_open(&m, model))
         fail_msg("%s", wl_error());
@@ -414,11 +418,14 @@ static void check_forward(const char *model, int unscaled)
     if (run_forward(WEFT_BACKEND_HOST, model, ids, n_prompt, n_total, got, message))
         fail_msg("forward: %s", message);
 
-    ref r = {&m, 0, calloc(2 * 64 * 32, sizeof(double)), calloc(2 * 64 * 32, sizeof(double))};
+    ref r = {&m, 0, calloc(2 * 64 * 128, sizeof(double)), calloc(2 * 64 * 128, sizeof(double))};
     wl_model m_plain = m;
-    m_plain.cfg.rope_llama3 = 0;
-    ref plain = {&m_plain, 0, calloc(2 * 64 * 32, sizeof(double)),
-                 calloc(2 * 64 * 32, sizeof(double))};
+    if (alt == ALT_UNSCALED)
+        m_plain.cfg.rope_llama3 = 0;
+    else if (alt == ALT_WINDOW_SHORTER || alt == ALT_WINDOW_LONGER)
+        m_plain.cfg.sliding_window += alt == ALT_WINDOW_SHORTER ? -1 : 1;
+    ref plain = {&m_plain, 0, calloc(2 * 64 * 128, sizeof(double)),
+                 calloc(2 * 64 * 128, sizeof(double))};
     double worst_plain = 0, max_scale = 0;
     double *want = malloc((size_t)V * sizeof *want);
     for (int i = 0; i < n_total; i++) {
@@ -458,7 +465,11 @@ static void check_forward(const char *model, int unscaled)
             ref_token(&plain, ids[i], want);
             for (int k = 0; k < V; k++)
                 off = fmax(off, fabs(g[k] - want[k]));
-            printf("    against the reference without the RoPE scaling: %.2e\n", off);
+            printf("    against the reference %s: %.2e\n",
+                   alt == ALT_UNSCALED         ? "without the RoPE scaling"
+                   : alt == ALT_WINDOW_SHORTER ? "with a window a token shorter"
+                                               : "with a window a token longer",
+                   off);
             worst_plain = fmax(worst_plain, off);
         }
     }
@@ -507,7 +518,7 @@ static char *make_variant(const char *name, const char *model_type, json_t *extr
     }
     static const char *const bias_names[] = {"q_proj.bias", "k_proj.bias", "v_proj.bias"};
     static const char *const norm_names[] = {"q_norm.weight", "k_norm.weight"};
-    static const uint64_t bias_len[] = {64, 32, 32};
+    static const uint64_t bias_len[] = {256, 128, 128};
     for (int l = 0; l < layers; l++) {
         for (int b = 0; bias && b < 3; b++) {
             snprintf(names[n], 96, "model.layers.%d.self_attn.%s", l, bias_names[b]);
@@ -516,7 +527,7 @@ static char *make_variant(const char *name, const char *model_type, json_t *extr
         }
         for (int b = 0; qk_norm && b < 2; b++) {
             snprintf(names[n], 96, "model.layers.%d.self_attn.%s", l, norm_names[b]);
-            specs[n] = (wl_st_spec){names[n], variant_dtype, 1, {16}};
+            specs[n] = (wl_st_spec){names[n], variant_dtype, 1, {64}};
             fill[n++] = 2;
         }
     }
@@ -559,13 +570,15 @@ static char *make_variant(const char *name, const char *model_type, json_t *extr
 static void test_forward_matches_float64_reference(void **state)
 {
     (void)state;
-    check_forward(model_dir, 0);
+    check_forward(model_dir, ALT_NONE);
 }
 
 /* Llama 3's scaled RoPE (original 32 positions, so that the tiny head's
- * eight frequencies fall in all three bands), Mistral's window of 4 (the
- * 9 tokens run past it), Qwen2's biases and Qwen3's per-head norms, and the
- * tiny model's weights as fp16 and as fp32 (activations then in that dtype). */
+ * 32 frequencies fall in all three bands), Mistral's window of 4 (the 9
+ * tokens run past it in the prompt and in decoding; a window a token
+ * shorter or longer must be told apart), Qwen2's biases and Qwen3's
+ * per-head norms, and the tiny model's weights as fp16. fp32 weights are
+ * refused by name: weft's attention and paged cache take bf16 or fp16. */
 static void test_forward_variants_match_reference(void **state)
 {
     (void)state;
@@ -583,10 +596,19 @@ static void test_forward_variants_match_reference(void **state)
     variant_dtype = WEFT_DTYPE_F32;
     v[5] = make_variant("fp32", "llama", json_pack("{s:s}", "torch_dtype", "float32"), 0, 0);
     variant_dtype = WEFT_DTYPE_BF16;
-    for (int i = 0; i < 6; i++) {
-        check_forward(v[i], i == 0);
+    check_forward(v[0], ALT_UNSCALED);
+    check_forward(v[1], ALT_WINDOW_SHORTER);
+    check_forward(v[1], ALT_WINDOW_LONGER);
+    for (int i = 2; i < 5; i++)
+        check_forward(v[i], ALT_NONE);
+    int32_t ids[2] = {1, 2};
+    float logits[2 * 512];
+    char message[512];
+    assert_int_equal(run_forward(WEFT_BACKEND_HOST, v[5], ids, 1, 2, logits, message), -1);
+    printf("  fp32: %s\n", message);
+    assert_non_null(strstr(message, "dtype F32 is not bf16 or fp16"));
+    for (int i = 0; i < 6; i++)
         free(v[i]);
-    }
 }
 
 /* Sequences are independent tasks: three at once on one model give, bit for
@@ -850,6 +872,13 @@ static void test_cli_errors(void **state)
     expect_cli_error(args, 1, "comma-separated token ids");
     snprintf(args, sizeof args, "generate %s --prompt-ids 1,99999", model_dir);
     expect_cli_error(args, 1, "token id 99999 is outside the vocabulary");
+    /* one page of 16 tokens: the 17th token finds the pool exhausted */
+    snprintf(args, sizeof args, "generate %s --prompt-ids 1,2,3 --max-tokens 20 --kv-pages 1",
+             model_dir);
+    expect_cli_error(args, 1,
+                     "KV cache exhausted: 17 tokens need 1 more pages of 16 tokens, 0 of 1");
+    snprintf(args, sizeof args, "generate %s --prompt hi --kv-pages 0", model_dir);
+    expect_cli_error(args, 2, "bad option or value: --kv-pages 0");
     snprintf(args, sizeof args, "random-model %s/x --preset huge", dir);
     expect_cli_error(args, 1, "unknown preset \"huge\"");
     expect_cli_error("frobnicate", 2, "usage:");
