@@ -611,6 +611,54 @@ static void test_forward_variants_match_reference(void **state)
         free(v[i]);
 }
 
+/* A prompt after a cached prefix: 3 tokens, then 10 in one call (decode
+ * attention over the pages in chunks of 8 and 2 queries, causal among
+ * them), then 1: each call's last logits against the reference. On the
+ * tiny model with q and k sharpened (make_variant), so that a key missed
+ * or seen too early moves the logits past the tolerance. */
+static void test_forward_continuing_a_cache(void **state)
+{
+    (void)state;
+    char *model = make_variant("continue", "llama", json_object(), 0, 0);
+    wl_model m;
+    if (wl_model_open(&m, model))
+        fail_msg("%s", wl_error());
+    enum { N = 14, PROMPT = 3, STEP = 10 };
+    int V = m.cfg.vocab;
+    uint64_t st = seed ^ 0xc4c4;
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = (int32_t)(wl_rand_next(&st) % (uint64_t)V);
+    float *got = malloc((size_t)3 * V * 4);
+    char message[512];
+    if (run_forward_steps(WEFT_BACKEND_HOST, model, ids, PROMPT, N, STEP, got, message))
+        fail_msg("forward: %s", message);
+    ref r = {&m, 0, calloc(2 * 64 * 128, sizeof(double)), calloc(2 * 64 * 128, sizeof(double))};
+    double *want = malloc((size_t)V * sizeof *want);
+    int last[3] = {PROMPT - 1, PROMPT + STEP - 1, N - 1};
+    for (int i = 0, k = 0; i < N; i++) {
+        ref_token(&r, ids[i], want);
+        if (i != last[k])
+            continue;
+        const float *g = got + (size_t)k * V;
+        double worst = 0, scale = 0;
+        for (int j = 0; j < V; j++) {
+            worst = fmax(worst, fabs(g[j] - want[j]));
+            scale = fmax(scale, fabs(want[j]));
+        }
+        printf("  after token %d: max |logit| %.4f, max difference %.2e\n", i, scale, worst);
+        assert_true(worst <= scale / 128); /* one bf16 unit, as check_forward */
+        assert_true(scale > 0.01);
+        k++;
+    }
+    free(want);
+    free(r.kc);
+    free(r.vc);
+    free(got);
+    wl_model_close(&m);
+    free(model);
+}
+
 /* Sequences are independent tasks: three at once on one model give, bit for
  * bit, the logits each gives alone. */
 static void test_concurrent_sequences_match_alone(void **state)
@@ -640,7 +688,7 @@ static void test_concurrent_sequences_match_alone(void **state)
     cfg.stack_size = 1 << 20;
     assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
     for (int q = 0; q < SEQS; q++) {
-        jobs[q] = (fwd_job){&m, ids[q], PROMPT, TOTAL, together + (size_t)q * STEPS * V, 1, ""};
+        jobs[q] = (fwd_job){&m, ids[q], PROMPT, TOTAL, together + (size_t)q * STEPS * V, 1, "", 1};
         assert_int_equal(weft_spawn(rt, &t[q], forward_task, &jobs[q], NULL), WEFT_OK);
     }
     for (int q = 0; q < SEQS; q++)
@@ -896,6 +944,7 @@ int main(void)
         cmocka_unit_test(test_kv_pages_come_back),
         cmocka_unit_test(test_forward_matches_float64_reference),
         cmocka_unit_test(test_forward_variants_match_reference),
+        cmocka_unit_test(test_forward_continuing_a_cache),
         cmocka_unit_test(test_cli_generates_deterministically),
         cmocka_unit_test(test_cli_errors),
     };
