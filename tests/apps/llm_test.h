@@ -106,18 +106,19 @@ typedef struct fwd_job {
     int failed;
     char message[512]; /* the task's error line (a task may move between threads) */
     int step;          /* tokens a call after the prompt; 0 means 1 */
+    wl_kv *kv;         /* the model's cache, shared; NULL: the task makes its own */
 } fwd_job;
 
 static inline void *forward_task(void *arg)
 {
     fwd_job *j = (fwd_job *)arg;
     wl_seq *s = NULL;
-    wl_kv kv = {0};
+    wl_kv own = {0}, *kv = j->kv ? j->kv : &own;
     const float *lg;
     int V = j->m->cfg.vocab;
     j->failed = 1;
-    if (wl_model_upload(j->m) || wl_kv_create(&kv, j->m, 8, 16) ||
-        wl_seq_create(&s, j->m, &kv, j->n_total) || wl_forward(s, j->ids, j->n_prompt, &lg))
+    if (wl_model_upload(j->m) || (!j->kv && wl_kv_create(&own, j->m, 8, 16)) ||
+        wl_seq_create(&s, j->m, kv, j->n_total) || wl_forward(s, j->ids, j->n_prompt, &lg))
         goto out;
     memcpy(j->logits, lg, (size_t)V * 4);
     int step = j->step ? j->step : 1;
@@ -131,12 +132,12 @@ static inline void *forward_task(void *arg)
 out:
     snprintf(j->message, sizeof j->message, "%s", wl_error());
     wl_seq_destroy(s);
-    if (kv.free_list && wl_kv_free_pages(&kv) != kv.pages) {
+    if (own.free_list && wl_kv_free_pages(&own) != own.pages) {
         snprintf(j->message, sizeof j->message, "the sequence kept %d pages",
-                 kv.pages - wl_kv_free_pages(&kv));
+                 own.pages - wl_kv_free_pages(&own));
         j->failed = 1;
     }
-    wl_kv_destroy(&kv);
+    wl_kv_destroy(&own);
     wl_model_release(j->m);
     return NULL;
 }
@@ -157,7 +158,7 @@ static inline int run_forward_steps(weft_backend backend, const char *dir, const
     size_t count = (size_t)(1 + (n_total - n_prompt + step - 1) / step) * m.cfg.vocab;
     for (size_t i = 0; i < count; i++)
         logits[i] = NAN; /* every logit must be written */
-    fwd_job job = {&m, ids, n_prompt, n_total, logits, 1, "", step};
+    fwd_job job = {&m, ids, n_prompt, n_total, logits, 1, "", step, NULL};
     weft_runtime *rt;
     weft_config cfg = WEFT_CONFIG_INIT;
     cfg.workers = 2;

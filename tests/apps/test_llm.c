@@ -659,8 +659,23 @@ static void test_forward_continuing_a_cache(void **state)
     free(model);
 }
 
-/* Sequences are independent tasks: three at once on one model give, bit for
- * bit, the logits each gives alone. */
+/* Sequences are independent tasks: three at once on one model and one KV
+ * cache give, bit for bit, the logits each gives alone, and every page is
+ * back in the pool when they end. */
+static void *kv_create_task(void *arg)
+{
+    fwd_job *j = arg;
+    j->failed = wl_kv_create(j->kv, j->m, 6, 16) != 0;
+    snprintf(j->message, sizeof j->message, "%s", wl_error());
+    return NULL;
+}
+
+static void *kv_destroy_task(void *arg)
+{
+    wl_kv_destroy(arg);
+    return NULL;
+}
+
 static void test_concurrent_sequences_match_alone(void **state)
 {
     (void)state;
@@ -687,12 +702,25 @@ static void test_concurrent_sequences_match_alone(void **state)
     cfg.backend = WEFT_BACKEND_HOST;
     cfg.stack_size = 1 << 20;
     assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
+    /* 6 pages of 16 tokens: the three sequences' 8 tokens need 3 */
+    wl_kv kv = {0};
+    fwd_job make = {.m = &m, .kv = &kv};
+    weft_task *mk;
+    assert_int_equal(weft_spawn(rt, &mk, kv_create_task, &make, NULL), WEFT_OK);
+    assert_int_equal(weft_join(mk, NULL), WEFT_OK);
+    if (make.failed)
+        fail_msg("KV cache: %s", make.message);
+    assert_int_equal(wl_kv_free_pages(&kv), 6);
     for (int q = 0; q < SEQS; q++) {
-        jobs[q] = (fwd_job){&m, ids[q], PROMPT, TOTAL, together + (size_t)q * STEPS * V, 1, "", 1};
+        jobs[q] =
+            (fwd_job){&m, ids[q], PROMPT, TOTAL, together + (size_t)q * STEPS * V, 1, "", 1, &kv};
         assert_int_equal(weft_spawn(rt, &t[q], forward_task, &jobs[q], NULL), WEFT_OK);
     }
     for (int q = 0; q < SEQS; q++)
         assert_int_equal(weft_join(t[q], NULL), WEFT_OK);
+    assert_int_equal(wl_kv_free_pages(&kv), 6);
+    assert_int_equal(weft_spawn(rt, &mk, kv_destroy_task, &kv, NULL), WEFT_OK);
+    assert_int_equal(weft_join(mk, NULL), WEFT_OK);
     assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
     for (int q = 0; q < SEQS; q++)
         if (jobs[q].failed)
