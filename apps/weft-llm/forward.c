@@ -15,12 +15,28 @@
  * Activations are stored in the model's dtype between ops, as transformers
  * keeps them in a bf16 model; the logits are fp32.
  *
- * ATTENTION IS A HOST STAND-IN (attend_host below): until weft has its
- * attention op and paged KV cache, q, k and v are copied to the host, the
- * KV cache is a plain contiguous fp32 array per sequence, and causal GQA
- * attention (with Mistral's sliding window) runs in C, its output copied
- * back. Llama 3's scaled RoPE frequencies are applied there too, since
- * weft_rope takes one base. Swap both for the weft ops when they land.
+ * Attention runs on weft's attention ops over the model's paged KV cache
+ * (kv.c; weft_kv_cache's pools, one block table per sequence):
+ *  - each call first takes the pages its new tokens need (an exhausted pool
+ *    is an error before anything runs) and appends the new tokens' K and V
+ *    to them with weft_kv_append;
+ *  - a prompt that starts the sequence (position 0) is processed in one
+ *    call: its keys are the whole prompt, so weft_attention (causal) reads
+ *    the dense K and V straight from the projection's rows, not the pages;
+ *  - a call that continues the sequence (decode, or a prompt after a
+ *    cached prefix) runs weft_attention_decode over the pages, up to 8
+ *    queries at a time (its q_len), causal among them.
+ * Both ops take Mistral's sliding_window as it is: their window counts the
+ * keys a query sees, itself included, as transformers' does.
+ * RoPE: weft_rope rotates q and k in place before the append (so the
+ * append and attention take no fused rotation; on the host the result is
+ * the same bit for bit). Llama 3's scaled frequencies cannot be given to
+ * weft_rope or the ops' fused RoPE (one base each), so for such a model q
+ * and k are copied to the host, rotated there (rope_host) and copied back
+ * before the append: a round trip per layer that a scaled-RoPE op would
+ * remove.
+ * weft's paged cache and attention take bf16 or fp16 and head_dim 64 or 128
+ * (weft_attention 256 too): other models are refused by wl_kv_create.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -28,18 +44,23 @@
 
 #include "llm.h"
 
+/* Queries per weft_attention_decode call (its q_len's limit). */
+#define DECODE_CHUNK 8
+
 struct wl_seq {
     const wl_model *m;
+    wl_kv *kv;
+    wl_kv_seq pages; /* this sequence's pages of kv, its table on the host */
     int max_tokens, pos;
-    size_t q_dim, kv_dim, qkv_dim;
+    size_t q_dim, kv_dim, qkv_dim, workspace_bytes;
     /* the backend's memory (weft_malloc_async) */
-    void *x, *h, *qkv, *attn, *gu, *act;
+    void *x, *h, *qkv, *attn, *gu, *act, *q_packed, *workspace;
     float *logits;
-    int32_t *positions;
+    int32_t *positions, *seq_ids, *table, *seq_lens; /* seq_lens: one a decode chunk */
     /* host memory */
-    void *qkv_host, *attn_host;
-    int32_t *pos_host;
-    float *logits_host, *kcache, *vcache, *scores;
+    void *qkv_host;
+    int32_t *pos_host, *zeros, *lens_host;
+    float *logits_host;
 };
 
 #define TRY(call)                                                                                  \
@@ -61,39 +82,60 @@ static void await_keeping_error(void)
     wl_fail("%s", msg);
 }
 
-int wl_seq_create(wl_seq **out, const wl_model *m, int max_tokens)
+int wl_seq_create(wl_seq **out, const wl_model *m, wl_kv *kv, int max_tokens)
 {
     const wl_config *c = &m->cfg;
     size_t es = wl_dtype_size(m->dtype), T = (size_t)max_tokens;
+    size_t chunks = (T + DECODE_CHUNK - 1) / DECODE_CHUNK;
     wl_seq *s = calloc(1, sizeof *s);
     *out = NULL;
     if (!s)
         return wl_fail("out of memory");
     s->m = m;
+    s->kv = kv;
     s->max_tokens = max_tokens;
     s->q_dim = (size_t)c->heads * c->head_dim;
     s->kv_dim = (size_t)c->kv_heads * c->head_dim;
     s->qkv_dim = s->q_dim + 2 * s->kv_dim;
+    if (wl_kv_seq_init(&s->pages, kv, max_tokens)) {
+        free(s);
+        return -1;
+    }
     TRY(weft_malloc_async(&s->x, T * c->hidden * es));
     TRY(weft_malloc_async(&s->h, T * c->hidden * es));
     TRY(weft_malloc_async(&s->qkv, T * s->qkv_dim * es));
     TRY(weft_malloc_async(&s->attn, T * s->q_dim * es));
     TRY(weft_malloc_async(&s->gu, T * 2 * c->intermediate * es));
     TRY(weft_malloc_async(&s->act, T * c->intermediate * es));
+    TRY(weft_malloc_async(&s->q_packed, DECODE_CHUNK * s->q_dim * es));
     TRY(weft_malloc_async((void **)&s->logits, (size_t)c->vocab * 4));
     TRY(weft_malloc_async((void **)&s->positions, T * 4));
-    s->qkv_host = malloc(T * s->qkv_dim * es);
-    s->attn_host = malloc(T * s->q_dim * es);
+    TRY(weft_malloc_async((void **)&s->seq_ids, T * 4));
+    TRY(weft_malloc_async((void **)&s->table, (size_t)s->pages.max_pages * 4));
+    TRY(weft_malloc_async((void **)&s->seq_lens, chunks * 4));
+    /* the decode workspace for the longest call: any q_len, the whole table */
+    for (size_t ql = 1; ql <= DECODE_CHUNK; ql++) {
+        weft_kv_cache cache = wl_kv_layer(kv, 0, s->table, s->pages.max_pages);
+        weft_attention_decode_desc d = {
+            .q_len = ql, .heads = (size_t)c->heads, .window = (size_t)c->sliding_window};
+        size_t b = 0;
+        TRY(weft_attention_decode_workspace(&cache, &d, &b));
+        if (b > s->workspace_bytes)
+            s->workspace_bytes = b;
+    }
+    if (s->workspace_bytes)
+        TRY(weft_malloc_async(&s->workspace, s->workspace_bytes));
+    s->qkv_host = c->rope_llama3 ? malloc(T * s->qkv_dim * es) : NULL;
     s->pos_host = malloc(T * 4);
+    s->zeros = calloc(T, 4);
+    s->lens_host = malloc(chunks * 4);
     s->logits_host = malloc((size_t)c->vocab * 4);
-    s->kcache = malloc((size_t)c->layers * T * s->kv_dim * 4);
-    s->vcache = malloc((size_t)c->layers * T * s->kv_dim * 4);
-    s->scores = malloc(T * sizeof *s->scores);
-    if (!s->qkv_host || !s->attn_host || !s->pos_host || !s->logits_host || !s->kcache ||
-        !s->vcache || !s->scores) {
+    if ((c->rope_llama3 && !s->qkv_host) || !s->pos_host || !s->zeros || !s->lens_host ||
+        !s->logits_host) {
         wl_fail("out of memory for a sequence of %d tokens", max_tokens);
         goto fail;
     }
+    TRY(weft_memcpy_async(s->seq_ids, s->zeros, T * 4)); /* every token is sequence 0 */
     *out = s;
     return 0;
 fail : {
@@ -109,17 +151,19 @@ void wl_seq_destroy(wl_seq *s)
     if (!s)
         return;
     weft_await(); /* nothing of ours may still be in flight */
-    void *dev[] = {s->x, s->h, s->qkv, s->attn, s->gu, s->act, s->logits, s->positions};
+    void *dev[] = {s->x,       s->h,        s->qkv,       s->attn,   s->gu,
+                   s->act,     s->q_packed, s->workspace, s->logits, s->positions,
+                   s->seq_ids, s->table,    s->seq_lens};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
-        weft_free_async(dev[i]);
+        if (dev[i])
+            weft_free_async(dev[i]);
     weft_await();
+    wl_kv_seq_release(&s->pages); /* ended or cancelled: the pages go back */
     free(s->qkv_host);
-    free(s->attn_host);
     free(s->pos_host);
+    free(s->zeros);
+    free(s->lens_host);
     free(s->logits_host);
-    free(s->kcache);
-    free(s->vcache);
-    free(s->scores);
     free(s);
 }
 
@@ -139,7 +183,7 @@ static double rope_freq(const wl_config *c, int i)
     return (1 - smooth) * f / c->rope_factor + smooth * f;
 }
 
-/* Host stand-in for weft_rope with scaled frequencies (halves layout). */
+/* weft_rope with Llama 3's scaled frequencies, on the host (halves layout). */
 static void rope_host(const wl_seq *s, void *row, int heads, int pos)
 {
     const wl_config *c = &s->m->cfg;
@@ -156,57 +200,51 @@ static void rope_host(const wl_seq *s, void *row, int heads, int pos)
         }
 }
 
-/* HOST STAND-IN for weft_attention (see the top of the file): the new
- * tokens' k and v join the cache, then each query head attends causally to
- * its group's key head over the cached positions. Scores and sums in
- * double; the output is rounded to the model's dtype once. */
-static void attend_host(wl_seq *s, int layer, int n)
+/* Attention of the n new tokens (rows of qkv, rotated) for layer li: their
+ * K and V into the pages, then the queries against the keys, into attn. */
+static int attend(wl_seq *s, int li, int n)
 {
     const wl_config *c = &s->m->cfg;
     weft_dtype dt = s->m->dtype;
-    int hd = c->head_dim, group = c->heads / c->kv_heads;
-    float *kc = s->kcache + (size_t)layer * s->max_tokens * s->kv_dim;
-    float *vc = s->vcache + (size_t)layer * s->max_tokens * s->kv_dim;
-    for (int t = 0; t < n; t++) {
-        char *row = (char *)s->qkv_host + (size_t)t * s->qkv_dim * wl_dtype_size(dt);
-        if (c->rope_llama3) {
-            rope_host(s, row, c->heads, s->pos + t);
-            rope_host(s, row + s->q_dim * wl_dtype_size(dt), c->kv_heads, s->pos + t);
-        }
-        for (size_t j = 0; j < s->kv_dim; j++) {
-            kc[(size_t)(s->pos + t) * s->kv_dim + j] = wl_load(dt, row, s->q_dim + j);
-            vc[(size_t)(s->pos + t) * s->kv_dim + j] = wl_load(dt, row, s->q_dim + s->kv_dim + j);
-        }
+    size_t es = wl_dtype_size(dt);
+    char *qkv = s->qkv;
+    weft_kv_cache cache = wl_kv_layer(s->kv, li, s->table, s->pages.max_pages);
+    TRY(weft_kv_append(WEFT_TASK_STREAM, &cache, qkv + s->q_dim * es, s->qkv_dim,
+                       qkv + (s->q_dim + s->kv_dim) * es, s->qkv_dim, (size_t)n, s->seq_ids,
+                       s->positions, NULL));
+    if (s->pos == 0) {
+        /* the whole prompt in this call: its dense K and V are all the keys */
+        weft_attention_desc d = {.dtype = dt,
+                                 .batch = 1,
+                                 .heads = (size_t)c->heads,
+                                 .kv_heads = (size_t)c->kv_heads,
+                                 .head_dim = (size_t)c->head_dim,
+                                 .seq_q = (size_t)n,
+                                 .seq_k = (size_t)n,
+                                 .q_stride = s->qkv_dim,
+                                 .k_stride = s->qkv_dim,
+                                 .v_stride = s->qkv_dim,
+                                 .causal = 1,
+                                 .window = (size_t)c->sliding_window};
+        TRY(weft_attention(WEFT_TASK_STREAM, &d, s->attn, qkv, qkv + s->q_dim * es,
+                           qkv + (s->q_dim + s->kv_dim) * es));
+        return 0;
     }
-    double scale = 1.0 / sqrt((double)hd);
-    for (int t = 0; t < n; t++) {
-        const char *row = (const char *)s->qkv_host + (size_t)t * s->qkv_dim * wl_dtype_size(dt);
-        int p = s->pos + t, lo = 0;
-        if (c->sliding_window && p - c->sliding_window + 1 > 0)
-            lo = p - c->sliding_window + 1;
-        for (int h = 0; h < c->heads; h++) {
-            size_t ko = (size_t)(h / group) * hd;
-            double mx = -INFINITY, sum = 0;
-            for (int j = lo; j <= p; j++) {
-                double d = 0;
-                for (int i = 0; i < hd; i++)
-                    d += (double)wl_load(dt, row, (size_t)h * hd + i) *
-                         kc[(size_t)j * s->kv_dim + ko + i];
-                s->scores[j] = (float)(d * scale);
-                if (s->scores[j] > mx)
-                    mx = s->scores[j];
-            }
-            for (int j = lo; j <= p; j++)
-                sum += exp(s->scores[j] - mx);
-            for (int i = 0; i < hd; i++) {
-                double o = 0;
-                for (int j = lo; j <= p; j++)
-                    o += exp(s->scores[j] - mx) * vc[(size_t)j * s->kv_dim + ko + i];
-                wl_store(dt, s->attn_host, (size_t)t * s->q_dim + (size_t)h * hd + i,
-                         (float)(o / sum));
-            }
-        }
+    /* continuing a cache: the keys are in the pages */
+    for (int c0 = 0, k = 0; c0 < n; c0 += DECODE_CHUNK, k++) {
+        int ql = n - c0 < DECODE_CHUNK ? n - c0 : DECODE_CHUNK;
+        for (int t = 0; t < ql; t++) /* q packed, as the op takes it */
+            TRY(weft_memcpy_async((char *)s->q_packed + (size_t)t * s->q_dim * es,
+                                  qkv + (size_t)(c0 + t) * s->qkv_dim * es, s->q_dim * es));
+        weft_attention_decode_desc d = {
+            .q_len = (size_t)ql, .heads = (size_t)c->heads, .window = (size_t)c->sliding_window};
+        TRY(weft_attention_decode(WEFT_TASK_STREAM, &cache, &d,
+                                  (char *)s->attn + (size_t)c0 * s->q_dim * es, NULL, s->q_packed,
+                                  s->seq_lens + k, s->workspace, s->workspace_bytes));
     }
+    return 0;
+fail:
+    return -1;
 }
 
 /* d (rows n, leading dimension ldd) = a W^T (+ bias) (+ c), W n_out x k. */
@@ -249,14 +287,22 @@ static int layer_forward(wl_seq *s, int li, int n)
         TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, row + s->q_dim * es, NULL, row + s->q_dim * es, NULL,
                          L->k_norm, eps, (size_t)c->kv_heads, hd, hd));
     }
-    if (!c->rope_llama3)
+    if (!c->rope_llama3) {
         TRY(weft_rope(WEFT_TASK_STREAM, dt, WEFT_ROPE_HALVES, qkv, (size_t)c->heads, s->qkv_dim,
                       qkv + s->q_dim * es, (size_t)c->kv_heads, s->qkv_dim, (size_t)n,
                       (size_t)c->head_dim, s->positions, (float)c->rope_theta));
-    TRY(weft_memcpy_async(s->qkv_host, qkv, (size_t)n * s->qkv_dim * es));
-    TRY(weft_await());
-    attend_host(s, li, n);
-    TRY(weft_memcpy_async(s->attn, s->attn_host, (size_t)n * s->q_dim * es));
+    } else { /* scaled frequencies: on the host (see the top of the file) */
+        TRY(weft_memcpy_async(s->qkv_host, qkv, (size_t)n * s->qkv_dim * es));
+        TRY(weft_await());
+        for (int t = 0; t < n; t++) {
+            char *row = (char *)s->qkv_host + (size_t)t * s->qkv_dim * es;
+            rope_host(s, row, c->heads, s->pos + t);
+            rope_host(s, row + s->q_dim * es, c->kv_heads, s->pos + t);
+        }
+        TRY(weft_memcpy_async(qkv, s->qkv_host, (size_t)n * s->qkv_dim * es));
+    }
+    if (attend(s, li, n))
+        goto fail;
     TRY(linear(s, s->x, H, s->attn, s->q_dim, L->o, H, NULL, s->x, n, dt));
     TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, s->h, NULL, s->x, NULL, L->mlp_norm, eps, (size_t)n, H,
                      H));
@@ -282,7 +328,14 @@ int wl_forward(wl_seq *s, const int32_t *ids, int n, const float **logits)
             return wl_fail("forward: token id %d is outside the vocabulary (%d)", ids[t], c->vocab);
         s->pos_host[t] = s->pos + t;
     }
+    if (wl_kv_seq_grow(&s->pages, s->pos + n))
+        return -1; /* nothing enqueued */
+    for (int c0 = 0, k = 0; c0 < n; c0 += DECODE_CHUNK, k++)
+        s->lens_host[k] = s->pos + (n - c0 < DECODE_CHUNK ? n : c0 + DECODE_CHUNK);
     TRY(weft_memcpy_async(s->positions, s->pos_host, (size_t)n * 4));
+    TRY(weft_memcpy_async(s->table, s->pages.table, (size_t)s->pages.used * 4));
+    TRY(weft_memcpy_async(s->seq_lens, s->lens_host,
+                          (size_t)(n + DECODE_CHUNK - 1) / DECODE_CHUNK * 4));
     for (int t = 0; t < n; t++)
         TRY(weft_memcpy_async((char *)s->x + t * H * es,
                               (const char *)m->embed + (size_t)ids[t] * H * es, H * es));

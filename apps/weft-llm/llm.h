@@ -11,6 +11,7 @@
 #ifndef WL_LLM_H
 #define WL_LLM_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -171,12 +172,61 @@ typedef struct wl_write_opts {
 
 int wl_write_random_model(const char *dir, const wl_write_opts *o);
 
+/* ---- paged KV cache (kv.c) ------------------------------------------------- */
+
+/* A model's paged KV cache: per layer a key and a value pool of pages
+ * (weft_kv_cache's layout, backend memory), and the block allocator of
+ * those pages, shared by all the model's sequences (thread-safe). Page p
+ * is page p of every layer's pools, so a sequence has one table. */
+typedef struct wl_kv {
+    weft_dtype dtype;
+    int layers, pages, page_size, kv_heads, head_dim;
+    void **k, **v;      /* [layers], each pages * page_size * kv_heads * head_dim */
+    int32_t *free_list; /* the free pages, a stack of free_count */
+    int free_count, lock_made;
+    pthread_mutex_t lock;
+} wl_kv;
+
+/* The command line's page size, and its default pool: 4096 tokens, a
+ * generate run's sequence of up to 4096 tokens (the tiny model's pools are
+ * 2 MiB; Llama 3.1 8B's 512 MiB). */
+#define WL_KV_PAGE 16
+#define WL_KV_DEFAULT_PAGES 256
+
+/* One sequence's pages: table[i] holds its tokens i * page_size onwards. */
+typedef struct wl_kv_seq {
+    wl_kv *kv;
+    int32_t *table; /* host memory, max_pages entries, used of them taken */
+    int max_pages, used;
+} wl_kv_seq;
+
+/* The allocator alone (no pools): pages of page_size tokens (a power of
+ * two from 16 to 256, as weft_kv_cache asks). */
+int wl_kv_pages_init(wl_kv *kv, int pages, int page_size);
+/* Task only: the allocator and every layer's pools for m (bf16 or fp16,
+ * head_dim 64 or 128: what weft's paged cache takes; else an error). */
+int wl_kv_create(wl_kv *kv, const wl_model *m, int pages, int page_size);
+/* Task only when it has pools. Every sequence must be released first. */
+void wl_kv_destroy(wl_kv *kv);
+int wl_kv_free_pages(wl_kv *kv);
+/* Layer's cache for one sequence whose device table is block_table. */
+weft_kv_cache wl_kv_layer(const wl_kv *kv, int layer, const int32_t *block_table, int max_pages);
+/* A sequence of up to max_tokens tokens, holding no page yet. */
+int wl_kv_seq_init(wl_kv_seq *s, wl_kv *kv, int max_tokens);
+/* Takes pages until the sequence holds tokens tokens; an error naming the
+ * shortfall (and taking nothing) when the pool has too few free. */
+int wl_kv_seq_grow(wl_kv_seq *s, int tokens);
+/* Gives every page back (a sequence that ended or was cancelled). */
+void wl_kv_seq_release(wl_kv_seq *s);
+
 /* ---- forward pass and sampling -------------------------------------------- */
 
 typedef struct wl_seq wl_seq;
 
-/* Task only: the buffers of one sequence of up to max_tokens tokens. */
-int wl_seq_create(wl_seq **s, const wl_model *m, int max_tokens);
+/* Task only: the buffers of one sequence of up to max_tokens tokens, its
+ * keys and values in kv's pages (taken as it grows, all given back by
+ * wl_seq_destroy). kv is m's (wl_kv_create) and outlives the sequence. */
+int wl_seq_create(wl_seq **s, const wl_model *m, wl_kv *kv, int max_tokens);
 void wl_seq_destroy(wl_seq *s);
 /* Task only: runs n tokens at the sequence's next positions and leaves the
  * last one's logits (fp32, vocab of them) in *logits (host memory owned by

@@ -4,7 +4,7 @@
  *            [--shard-mb N]
  *   weft-llm generate MODEL_DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
  *            [--seed N] [--temperature T] [--top-k K] [--top-p P] [--backend host|cuda|auto]
- *            [--print-ids] [--print-top]
+ *            [--print-ids] [--print-top] [--kv-pages N]
  *   weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]
  *   weft-llm check MODEL_DIR
  * generate streams the decoded text to stdout as it is sampled; with
@@ -23,6 +23,7 @@
 typedef struct gen {
     const char *dir, *prompt, *prompt_ids, *backend;
     int max_tokens, print_ids, print_top;
+    int kv_pages; /* pages of the model's KV cache, WL_KV_PAGE tokens each */
     wl_sampler sampler;
     wl_model model;
     wl_tokenizer *tk;
@@ -38,7 +39,7 @@ static int usage(void)
             "usage: weft-llm random-model DIR --preset tiny|1b|8b|moe [--seed N] [--config-only] "
             "[--shard-mb N]\n"
             "       weft-llm generate MODEL_DIR (--prompt TEXT | --prompt-ids 1,2,3) "
-            "[--max-tokens N] [--seed N]\n"
+            "[--max-tokens N] [--seed N] [--kv-pages N]\n"
             "                [--temperature T] [--top-k K] [--top-p P] [--backend "
             "host|cuda|auto] [--print-ids] [--print-top]\n"
             "       weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]\n"
@@ -124,6 +125,7 @@ static void *generate_task(void *arg)
 {
     gen *g = arg;
     wl_seq *s = NULL;
+    wl_kv kv = {0};
     const float *logits;
     int32_t *out = malloc(((size_t)g->max_tokens + 1) * sizeof *out);
     int n_out = 0;
@@ -132,7 +134,8 @@ static void *generate_task(void *arg)
         wl_fail("out of memory");
         return NULL;
     }
-    if (wl_model_upload(&g->model) || wl_seq_create(&s, &g->model, (int)g->n_ids + g->max_tokens) ||
+    if (wl_model_upload(&g->model) || wl_kv_create(&kv, &g->model, g->kv_pages, WL_KV_PAGE) ||
+        wl_seq_create(&s, &g->model, &kv, (int)g->n_ids + g->max_tokens) ||
         wl_forward(s, g->ids, (int)g->n_ids, &logits))
         goto done;
     while (n_out < g->max_tokens) {
@@ -161,6 +164,7 @@ done:
     if (g->failed)
         snprintf(g->message, sizeof g->message, "%s", wl_error());
     wl_seq_destroy(s);
+    wl_kv_destroy(&kv);
     if (wl_model_release(&g->model) && !g->failed) {
         g->failed = 1;
         snprintf(g->message, sizeof g->message, "%s", wl_error());
@@ -225,7 +229,10 @@ out:
 
 static int cmd_generate(int argc, char **argv)
 {
-    gen g = {.max_tokens = 32, .backend = "auto", .sampler = {.top_p = 1}};
+    gen g = {.max_tokens = 32,
+             .kv_pages = WL_KV_DEFAULT_PAGES,
+             .backend = "auto",
+             .sampler = {.top_p = 1}};
     double v;
     if (argc < 1)
         return usage();
@@ -251,6 +258,8 @@ static int cmd_generate(int argc, char **argv)
             g.backend = val;
         else if (!strcmp(a, "--max-tokens") && !parse_num(val, 1, 1 << 20, &v))
             g.max_tokens = (int)v;
+        else if (!strcmp(a, "--kv-pages") && !parse_num(val, 1, 1 << 24, &v))
+            g.kv_pages = (int)v;
         else if (!strcmp(a, "--seed") && !parse_num(val, 0, 1.8e19, &v))
             g.sampler.state = (uint64_t)v;
         else if (!strcmp(a, "--temperature") && !parse_num(val, 0, 100, &v))

@@ -105,48 +105,60 @@ typedef struct fwd_job {
     float *logits; /* [steps][vocab]: after the prompt, then after each token */
     int failed;
     char message[512]; /* the task's error line (a task may move between threads) */
+    int step;          /* tokens a call after the prompt; 0 means 1 */
+    wl_kv *kv;         /* the model's cache, shared; NULL: the task makes its own */
 } fwd_job;
 
 static inline void *forward_task(void *arg)
 {
     fwd_job *j = (fwd_job *)arg;
     wl_seq *s = NULL;
+    wl_kv own = {0}, *kv = j->kv ? j->kv : &own;
     const float *lg;
     int V = j->m->cfg.vocab;
     j->failed = 1;
-    if (wl_model_upload(j->m) || wl_seq_create(&s, j->m, j->n_total) ||
-        wl_forward(s, j->ids, j->n_prompt, &lg))
+    if (wl_model_upload(j->m) || (!j->kv && wl_kv_create(&own, j->m, 8, 16)) ||
+        wl_seq_create(&s, j->m, kv, j->n_total) || wl_forward(s, j->ids, j->n_prompt, &lg))
         goto out;
     memcpy(j->logits, lg, (size_t)V * 4);
-    for (int t = j->n_prompt; t < j->n_total; t++) {
-        if (wl_forward(s, &j->ids[t], 1, &lg))
+    int step = j->step ? j->step : 1;
+    for (int t = j->n_prompt, k = 1; t < j->n_total; t += step, k++) {
+        int n = j->n_total - t < step ? j->n_total - t : step;
+        if (wl_forward(s, &j->ids[t], n, &lg))
             goto out;
-        memcpy(j->logits + (size_t)(t - j->n_prompt + 1) * V, lg, (size_t)V * 4);
+        memcpy(j->logits + (size_t)k * V, lg, (size_t)V * 4);
     }
     j->failed = 0;
 out:
     snprintf(j->message, sizeof j->message, "%s", wl_error());
     wl_seq_destroy(s);
+    if (own.free_list && wl_kv_free_pages(&own) != own.pages) {
+        snprintf(j->message, sizeof j->message, "the sequence kept %d pages",
+                 own.pages - wl_kv_free_pages(&own));
+        j->failed = 1;
+    }
+    wl_kv_destroy(&own);
     wl_model_release(j->m);
     return NULL;
 }
 
 /* Opens the model in dir and runs ids through it on a runtime of the given
- * backend: the prompt's n_prompt tokens at once, then one at a time up to
- * n_total. The logits (poisoned with NaN first) go to logits. Returns 0, or
- * -1 with the reason in message. */
-static inline int run_forward(weft_backend backend, const char *dir, const int32_t *ids,
-                              int n_prompt, int n_total, float *logits, char message[512])
+ * backend: the prompt's n_prompt tokens at once, then step at a time up to
+ * n_total. The logits after each call (poisoned with NaN first) go to
+ * logits. Returns 0, or -1 with the reason in message. */
+static inline int run_forward_steps(weft_backend backend, const char *dir, const int32_t *ids,
+                                    int n_prompt, int n_total, int step, float *logits,
+                                    char message[512])
 {
     wl_model m;
     if (wl_model_open(&m, dir)) {
         snprintf(message, 512, "%s", wl_error());
         return -1;
     }
-    size_t count = (size_t)(n_total - n_prompt + 1) * m.cfg.vocab;
+    size_t count = (size_t)(1 + (n_total - n_prompt + step - 1) / step) * m.cfg.vocab;
     for (size_t i = 0; i < count; i++)
         logits[i] = NAN; /* every logit must be written */
-    fwd_job job = {&m, ids, n_prompt, n_total, logits, 1, ""};
+    fwd_job job = {&m, ids, n_prompt, n_total, logits, 1, "", step, NULL};
     weft_runtime *rt;
     weft_config cfg = WEFT_CONFIG_INIT;
     cfg.workers = 2;
@@ -164,6 +176,13 @@ static inline int run_forward(weft_backend backend, const char *dir, const int32
     wl_model_close(&m);
     snprintf(message, 512, "%s", job.message);
     return job.failed ? -1 : 0;
+}
+
+/* The prompt, then a token at a time. */
+static inline int run_forward(weft_backend backend, const char *dir, const int32_t *ids,
+                              int n_prompt, int n_total, float *logits, char message[512])
+{
+    return run_forward_steps(backend, dir, ids, n_prompt, n_total, 1, logits, message);
 }
 
 #endif

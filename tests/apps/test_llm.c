@@ -395,11 +395,15 @@ static void ref_token(ref *r, int32_t id, double *logits)
     r->pos++;
 }
 
-/* With unscaled, the logits must also differ from a reference that
- * ignores Llama 3's RoPE scaling (by more than the tolerance), to show
- * the comparison can tell. */
-static void check_forward(const char *model, int unscaled)
+/* What the logits must differ from, by more than the tolerance, to show
+ * that the comparison can tell: nothing, or a reference that ignores Llama
+ * 3's RoPE scaling, or one whose sliding window is a token shorter or
+ * longer (the window's convention, off by one either way). */
+enum { ALT_NONE, ALT_UNSCALED, ALT_WINDOW_SHORTER, ALT_WINDOW_LONGER };
+
+static void check_forward(const char *model, int alt)
 {
+    int unscaled = alt != ALT_NONE;
     wl_model m;
     if (wl_model_open(&m, model))
         fail_msg("%s", wl_error());
@@ -414,11 +418,14 @@ static void check_forward(const char *model, int unscaled)
     if (run_forward(WEFT_BACKEND_HOST, model, ids, n_prompt, n_total, got, message))
         fail_msg("forward: %s", message);
 
-    ref r = {&m, 0, calloc(2 * 64 * 32, sizeof(double)), calloc(2 * 64 * 32, sizeof(double))};
+    ref r = {&m, 0, calloc(2 * 64 * 128, sizeof(double)), calloc(2 * 64 * 128, sizeof(double))};
     wl_model m_plain = m;
-    m_plain.cfg.rope_llama3 = 0;
-    ref plain = {&m_plain, 0, calloc(2 * 64 * 32, sizeof(double)),
-                 calloc(2 * 64 * 32, sizeof(double))};
+    if (alt == ALT_UNSCALED)
+        m_plain.cfg.rope_llama3 = 0;
+    else if (alt == ALT_WINDOW_SHORTER || alt == ALT_WINDOW_LONGER)
+        m_plain.cfg.sliding_window += alt == ALT_WINDOW_SHORTER ? -1 : 1;
+    ref plain = {&m_plain, 0, calloc(2 * 64 * 128, sizeof(double)),
+                 calloc(2 * 64 * 128, sizeof(double))};
     double worst_plain = 0, max_scale = 0;
     double *want = malloc((size_t)V * sizeof *want);
     for (int i = 0; i < n_total; i++) {
@@ -458,7 +465,11 @@ static void check_forward(const char *model, int unscaled)
             ref_token(&plain, ids[i], want);
             for (int k = 0; k < V; k++)
                 off = fmax(off, fabs(g[k] - want[k]));
-            printf("    against the reference without the RoPE scaling: %.2e\n", off);
+            printf("    against the reference %s: %.2e\n",
+                   alt == ALT_UNSCALED         ? "without the RoPE scaling"
+                   : alt == ALT_WINDOW_SHORTER ? "with a window a token shorter"
+                                               : "with a window a token longer",
+                   off);
             worst_plain = fmax(worst_plain, off);
         }
     }
@@ -507,7 +518,7 @@ static char *make_variant(const char *name, const char *model_type, json_t *extr
     }
     static const char *const bias_names[] = {"q_proj.bias", "k_proj.bias", "v_proj.bias"};
     static const char *const norm_names[] = {"q_norm.weight", "k_norm.weight"};
-    static const uint64_t bias_len[] = {64, 32, 32};
+    static const uint64_t bias_len[] = {256, 128, 128};
     for (int l = 0; l < layers; l++) {
         for (int b = 0; bias && b < 3; b++) {
             snprintf(names[n], 96, "model.layers.%d.self_attn.%s", l, bias_names[b]);
@@ -516,7 +527,7 @@ static char *make_variant(const char *name, const char *model_type, json_t *extr
         }
         for (int b = 0; qk_norm && b < 2; b++) {
             snprintf(names[n], 96, "model.layers.%d.self_attn.%s", l, norm_names[b]);
-            specs[n] = (wl_st_spec){names[n], variant_dtype, 1, {16}};
+            specs[n] = (wl_st_spec){names[n], variant_dtype, 1, {64}};
             fill[n++] = 2;
         }
     }
@@ -559,13 +570,15 @@ static char *make_variant(const char *name, const char *model_type, json_t *extr
 static void test_forward_matches_float64_reference(void **state)
 {
     (void)state;
-    check_forward(model_dir, 0);
+    check_forward(model_dir, ALT_NONE);
 }
 
 /* Llama 3's scaled RoPE (original 32 positions, so that the tiny head's
- * eight frequencies fall in all three bands), Mistral's window of 4 (the
- * 9 tokens run past it), Qwen2's biases and Qwen3's per-head norms, and the
- * tiny model's weights as fp16 and as fp32 (activations then in that dtype). */
+ * 32 frequencies fall in all three bands), Mistral's window of 4 (the 9
+ * tokens run past it in the prompt and in decoding; a window a token
+ * shorter or longer must be told apart), Qwen2's biases and Qwen3's
+ * per-head norms, and the tiny model's weights as fp16. fp32 weights are
+ * refused by name: weft's attention and paged cache take bf16 or fp16. */
 static void test_forward_variants_match_reference(void **state)
 {
     (void)state;
@@ -583,14 +596,86 @@ static void test_forward_variants_match_reference(void **state)
     variant_dtype = WEFT_DTYPE_F32;
     v[5] = make_variant("fp32", "llama", json_pack("{s:s}", "torch_dtype", "float32"), 0, 0);
     variant_dtype = WEFT_DTYPE_BF16;
-    for (int i = 0; i < 6; i++) {
-        check_forward(v[i], i == 0);
+    check_forward(v[0], ALT_UNSCALED);
+    check_forward(v[1], ALT_WINDOW_SHORTER);
+    check_forward(v[1], ALT_WINDOW_LONGER);
+    for (int i = 2; i < 5; i++)
+        check_forward(v[i], ALT_NONE);
+    int32_t ids[2] = {1, 2};
+    float logits[2 * 512];
+    char message[512];
+    assert_int_equal(run_forward(WEFT_BACKEND_HOST, v[5], ids, 1, 2, logits, message), -1);
+    printf("  fp32: %s\n", message);
+    assert_non_null(strstr(message, "dtype F32 is not bf16 or fp16"));
+    for (int i = 0; i < 6; i++)
         free(v[i]);
-    }
 }
 
-/* Sequences are independent tasks: three at once on one model give, bit for
- * bit, the logits each gives alone. */
+/* A prompt after a cached prefix: 3 tokens, then 10 in one call (decode
+ * attention over the pages in chunks of 8 and 2 queries, causal among
+ * them), then 1: each call's last logits against the reference. On the
+ * tiny model with q and k sharpened (make_variant), so that a key missed
+ * or seen too early moves the logits past the tolerance. */
+static void test_forward_continuing_a_cache(void **state)
+{
+    (void)state;
+    char *model = make_variant("continue", "llama", json_object(), 0, 0);
+    wl_model m;
+    if (wl_model_open(&m, model))
+        fail_msg("%s", wl_error());
+    enum { N = 14, PROMPT = 3, STEP = 10 };
+    int V = m.cfg.vocab;
+    uint64_t st = seed ^ 0xc4c4;
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = (int32_t)(wl_rand_next(&st) % (uint64_t)V);
+    float *got = malloc((size_t)3 * V * 4);
+    char message[512];
+    if (run_forward_steps(WEFT_BACKEND_HOST, model, ids, PROMPT, N, STEP, got, message))
+        fail_msg("forward: %s", message);
+    ref r = {&m, 0, calloc(2 * 64 * 128, sizeof(double)), calloc(2 * 64 * 128, sizeof(double))};
+    double *want = malloc((size_t)V * sizeof *want);
+    int last[3] = {PROMPT - 1, PROMPT + STEP - 1, N - 1};
+    for (int i = 0, k = 0; i < N; i++) {
+        ref_token(&r, ids[i], want);
+        if (i != last[k])
+            continue;
+        const float *g = got + (size_t)k * V;
+        double worst = 0, scale = 0;
+        for (int j = 0; j < V; j++) {
+            worst = fmax(worst, fabs(g[j] - want[j]));
+            scale = fmax(scale, fabs(want[j]));
+        }
+        printf("  after token %d: max |logit| %.4f, max difference %.2e\n", i, scale, worst);
+        assert_true(worst <= scale / 128); /* one bf16 unit, as check_forward */
+        assert_true(scale > 0.01);
+        k++;
+    }
+    free(want);
+    free(r.kc);
+    free(r.vc);
+    free(got);
+    wl_model_close(&m);
+    free(model);
+}
+
+/* Sequences are independent tasks: three at once on one model and one KV
+ * cache give, bit for bit, the logits each gives alone, and every page is
+ * back in the pool when they end. */
+static void *kv_create_task(void *arg)
+{
+    fwd_job *j = arg;
+    j->failed = wl_kv_create(j->kv, j->m, 6, 16) != 0;
+    snprintf(j->message, sizeof j->message, "%s", wl_error());
+    return NULL;
+}
+
+static void *kv_destroy_task(void *arg)
+{
+    wl_kv_destroy(arg);
+    return NULL;
+}
+
 static void test_concurrent_sequences_match_alone(void **state)
 {
     (void)state;
@@ -617,12 +702,25 @@ static void test_concurrent_sequences_match_alone(void **state)
     cfg.backend = WEFT_BACKEND_HOST;
     cfg.stack_size = 1 << 20;
     assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
+    /* 6 pages of 16 tokens: the three sequences' 8 tokens need 3 */
+    wl_kv kv = {0};
+    fwd_job make = {.m = &m, .kv = &kv};
+    weft_task *mk;
+    assert_int_equal(weft_spawn(rt, &mk, kv_create_task, &make, NULL), WEFT_OK);
+    assert_int_equal(weft_join(mk, NULL), WEFT_OK);
+    if (make.failed)
+        fail_msg("KV cache: %s", make.message);
+    assert_int_equal(wl_kv_free_pages(&kv), 6);
     for (int q = 0; q < SEQS; q++) {
-        jobs[q] = (fwd_job){&m, ids[q], PROMPT, TOTAL, together + (size_t)q * STEPS * V, 1, ""};
+        jobs[q] =
+            (fwd_job){&m, ids[q], PROMPT, TOTAL, together + (size_t)q * STEPS * V, 1, "", 1, &kv};
         assert_int_equal(weft_spawn(rt, &t[q], forward_task, &jobs[q], NULL), WEFT_OK);
     }
     for (int q = 0; q < SEQS; q++)
         assert_int_equal(weft_join(t[q], NULL), WEFT_OK);
+    assert_int_equal(wl_kv_free_pages(&kv), 6);
+    assert_int_equal(weft_spawn(rt, &mk, kv_destroy_task, &kv, NULL), WEFT_OK);
+    assert_int_equal(weft_join(mk, NULL), WEFT_OK);
     assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
     for (int q = 0; q < SEQS; q++)
         if (jobs[q].failed)
@@ -632,6 +730,73 @@ static void test_concurrent_sequences_match_alone(void **state)
     wl_model_close(&m);
     free(alone);
     free(together);
+}
+
+/* ---- paged KV cache's block allocator -------------------------------------- */
+
+/* Sequences take pages as they grow and give every one back when they end
+ * or are cancelled midway; an exhausted pool is an error naming the
+ * shortfall that takes nothing; the pages handed out are distinct. Lengths
+ * are drawn from the seed. */
+static void test_kv_pages_come_back(void **state)
+{
+    (void)state;
+    enum { PAGES = 12, PAGE = 16, SEQS = 3 };
+    wl_kv kv;
+    wl_kv_seq s[SEQS];
+    uint64_t st = seed ^ 0x6b76;
+    assert_int_equal(wl_kv_pages_init(&kv, PAGES, PAGE), 0);
+    assert_int_equal(wl_kv_free_pages(&kv), PAGES);
+    int len[SEQS], taken = 0;
+    for (int q = 0; q < SEQS; q++) {
+        assert_int_equal(wl_kv_seq_init(&s[q], &kv, 4 * PAGE), 0);
+        assert_int_equal(s[q].used, 0);
+        len[q] = 1 + (int)(wl_rand_next(&st) % (3 * PAGE)); /* 1 to 3 pages */
+        /* grown a token at a time, as decoding does */
+        for (int t = 1; t <= len[q]; t++)
+            assert_int_equal(wl_kv_seq_grow(&s[q], t), 0);
+        assert_int_equal(s[q].used, (len[q] + PAGE - 1) / PAGE);
+        taken += s[q].used;
+        assert_int_equal(wl_kv_free_pages(&kv), PAGES - taken);
+    }
+    int seen[PAGES] = {0};
+    for (int q = 0; q < SEQS; q++)
+        for (int i = 0; i < s[q].used; i++) {
+            assert_in_range(s[q].table[i], 0, PAGES - 1);
+            assert_int_equal(seen[s[q].table[i]]++, 0);
+        }
+    /* the first ends, the second is cancelled partway through a page */
+    wl_kv_seq_release(&s[0]);
+    assert_int_equal(wl_kv_free_pages(&kv), PAGES - taken + (len[0] + PAGE - 1) / PAGE);
+    wl_kv_seq_release(&s[1]);
+    assert_int_equal(wl_kv_free_pages(&kv), PAGES - s[2].used);
+    /* a sequence longer than the pool leaves: an error, and nothing taken */
+    wl_kv_seq big;
+    assert_int_equal(wl_kv_seq_init(&big, &kv, PAGES * PAGE), 0);
+    int before = wl_kv_free_pages(&kv);
+    assert_int_equal(wl_kv_seq_grow(&big, PAGES * PAGE), -1);
+    assert_non_null(strstr(wl_error(), "KV cache exhausted"));
+    assert_non_null(strstr(wl_error(), "--kv-pages"));
+    assert_int_equal(wl_kv_free_pages(&kv), before);
+    assert_int_equal(big.used, 0);
+    /* what is free can still be taken, to the last page */
+    assert_int_equal(wl_kv_seq_grow(&big, before * PAGE), 0);
+    assert_int_equal(wl_kv_free_pages(&kv), 0);
+    assert_int_equal(wl_kv_seq_grow(&big, before * PAGE + 1), -1);
+    assert_non_null(strstr(wl_error(), "0 of 12 are free"));
+    /* past the sequence's own capacity */
+    assert_int_equal(wl_kv_seq_grow(&s[2], 4 * PAGE + 1), -1);
+    assert_non_null(strstr(wl_error(), "exceed the sequence's 4 pages"));
+    wl_kv_seq_release(&big);
+    wl_kv_seq_release(&s[2]);
+    assert_int_equal(wl_kv_free_pages(&kv), PAGES);
+    /* bad pools */
+    wl_kv bad;
+    assert_int_equal(wl_kv_pages_init(&bad, 0, PAGE), -1);
+    assert_non_null(strstr(wl_error(), "0 pages"));
+    assert_int_equal(wl_kv_pages_init(&bad, PAGES, 24), -1);
+    assert_non_null(strstr(wl_error(), "page size 24"));
+    wl_kv_destroy(&kv);
 }
 
 /* ---- sampling --------------------------------------------------------------- */
@@ -783,6 +948,13 @@ static void test_cli_errors(void **state)
     expect_cli_error(args, 1, "comma-separated token ids");
     snprintf(args, sizeof args, "generate %s --prompt-ids 1,99999", model_dir);
     expect_cli_error(args, 1, "token id 99999 is outside the vocabulary");
+    /* one page of 16 tokens: the 17th token finds the pool exhausted */
+    snprintf(args, sizeof args, "generate %s --prompt-ids 1,2,3 --max-tokens 20 --kv-pages 1",
+             model_dir);
+    expect_cli_error(args, 1,
+                     "KV cache exhausted: 17 tokens need 1 more pages of 16 tokens, 0 of 1");
+    snprintf(args, sizeof args, "generate %s --prompt hi --kv-pages 0", model_dir);
+    expect_cli_error(args, 2, "bad option or value: --kv-pages 0");
     snprintf(args, sizeof args, "random-model %s/x --preset huge", dir);
     expect_cli_error(args, 1, "unknown preset \"huge\"");
     expect_cli_error("frobnicate", 2, "usage:");
@@ -797,8 +969,10 @@ int main(void)
         cmocka_unit_test(test_tokenizer_llama3_known_ids),
         cmocka_unit_test(test_concurrent_sequences_match_alone),
         cmocka_unit_test(test_sampler_modes),
+        cmocka_unit_test(test_kv_pages_come_back),
         cmocka_unit_test(test_forward_matches_float64_reference),
         cmocka_unit_test(test_forward_variants_match_reference),
+        cmocka_unit_test(test_forward_continuing_a_cache),
         cmocka_unit_test(test_cli_generates_deterministically),
         cmocka_unit_test(test_cli_errors),
     };
