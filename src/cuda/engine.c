@@ -25,8 +25,8 @@
  *    queries only at rates where the GPU does little per marker (the graph
  *    pipeline at 5 us of host work, over 30,000 a second); at 10,000 to
  *    25,000 a second (weft-images at 16 workers, the pipeline at 20 us)
- *    events lost to flags by 17 to 21%. A stream has reached seq when its word has
- *    (and a flag was marked at or after seq) or its events have.
+ *    events lost to flags by 17 to 21%. A stream has reached seq when its
+ *    word has (and a flag was marked at or after seq) or its events have.
  * The engine runs in whoever polls: idle workers, and a watcher while every
  * worker would otherwise sleep (sched.c). A flag costs a load to check, an
  * event a driver call that contends with launches: so with events a poll

@@ -276,9 +276,7 @@ __attribute__((noinline)) static void op_run_traced(weft__stream *s, const op *o
     op_run(s, o);
     if (tr && weft__trace_recording(tr))
         weft__trace_op(tr, s->dev->base.index, s->id, kinds[o->kind], NULL,
-                       o->kind == OP_COPY   ? o->u.copy.n
-                       : o->kind == OP_FILL ? o->u.fill.n
-                                            : 0,
+                       o->kind == OP_COPY ? o->u.copy.n : o->kind == OP_FILL ? o->u.fill.n : 0,
                        o->task, start, weft__now_ns());
 }
 

@@ -110,7 +110,7 @@ static void *root(void *arg)
     static const struct {
         const char *name;
         void *(*fn)(void *);
-    } kids[] = {{"producer", producer}, {"consumer", consumer},  {"locker", locker},
+    } kids[] = {{"producer", producer}, {"consumer", consumer}, {"locker", locker},
                 {"locker", locker},     {"device", device_user}, {"child", child}};
     weft_task *ts[6];
     for (int i = 0; i < 6; i++) {
@@ -237,8 +237,7 @@ static void expect_the_work(const json *doc, unsigned workers)
     assert_true(worker_names(doc) >= 1 && worker_names(doc) <= workers);
 
     assert_true(trace_count(doc, "b", "wait: join", "wait") >= 1);
-    assert_true(trace_count(doc, "b", "wait: chan ", "wait") >=
-                1); /* send or recv: who came first */
+    assert_true(trace_count(doc, "b", "wait: chan ", "wait") >= 1); /* send or recv: who came first */
     assert_true(trace_count(doc, "b", "wait: mutex", "wait") >= 1);
     assert_true(trace_count(doc, "b", "wait: sleep", "wait") >= 1);
     assert_true(trace_count(doc, "b", "wait: host device", "wait") >= 1);
@@ -503,8 +502,7 @@ static void test_trace_checker_refuses_broken_files(void **state)
         "{\"traceEvents\":[1,]}",
         "{\"traceEvents\":[{\"ph\":\"X\",\"name\":\"a\",\"pid\":1,\"tid\":1,\"ts\":0,\"dur\":-1}]}",
         /* a wait that never ends */
-        "{\"traceEvents\":[{\"ph\":\"b\",\"cat\":\"w\",\"id\":\"1\",\"name\":\"a\",\"pid\":1,"
-        "\"tid\":1,\"ts\":5}]}",
+        "{\"traceEvents\":[{\"ph\":\"b\",\"cat\":\"w\",\"id\":\"1\",\"name\":\"a\",\"pid\":1,\"tid\":1,\"ts\":5}]}",
         "{\"traceEvents\":[{\"ph\":\"X\",\"name\":\"a\",\"pid\":1,\"tid\":1,\"ts\":0,\"dur\":1}]}",
         "{\"traceEvents\":[]} x",
         "{\"traceEvents\":[\"\xc3\"]}",
@@ -518,11 +516,10 @@ static void test_trace_checker_refuses_broken_files(void **state)
         if (ok)
             fail_msg("accepted broken trace %zu: %s", i, bad[i]);
     }
-    const char *good =
-        "{\"traceEvents\":[{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":1,"
-        "\"args\":{\"name\":\"p\"}},{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":"
-        "1,\"tid\":2,\"args\":{\"name\":\"t\"}},{\"ph\":\"X\",\"name\":\"a\",\"pid\":"
-        "1,\"tid\":2,\"ts\":1.5,\"dur\":0}]}";
+    const char *good = "{\"traceEvents\":[{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":1,"
+                       "\"args\":{\"name\":\"p\"}},{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":"
+                       "1,\"tid\":2,\"args\":{\"name\":\"t\"}},{\"ph\":\"X\",\"name\":\"a\",\"pid\":"
+                       "1,\"tid\":2,\"ts\":1.5,\"dur\":0}]}";
     char error[256];
     json *doc = json_parse(good, strlen(good), error, sizeof error);
     assert_non_null(doc);
