@@ -53,7 +53,8 @@ all: deps
 # weft-images would run on the host backend anyway, so it is built without
 # the CUDA backend in build-host/ (WEFT_CUDA=OFF): the same program on the
 # same library code, less the CUDA backend and kernels it could not use, in
-# under a minute. RUN_GPU=1 (or 0) overrides what was found.
+# under a minute. RUN_GPU=1 (or 0) overrides what was found. It installs
+# only the packages weft-images needs (scripts/install-deps run).
 RUN_GPU ?= $(shell { nvidia-smi -L 2>/dev/null | grep -q '^GPU'; } || [ -e /dev/nvidia0 ] && echo 1 || echo 0)
 ifeq ($(RUN_GPU),1)
 RUN_BUILD  = build
@@ -67,7 +68,8 @@ endif
 RUN_DIR ?= $(RUN_BUILD)/run
 RUN_BIN  = $(RUN_BUILD)/apps/weft-images
 .PHONY: run
-run: deps
+run:
+	@scripts/install-deps run
 	@echo "make run: $(RUN_SAYS)"
 	$(CMAKE) -S . -B $(RUN_BUILD) $(RUN_CONFIG)
 	@! grep -qs '^STB_[A-Z_]*:[A-Z]*=.*NOTFOUND' $(RUN_BUILD)/CMakeCache.txt || \
