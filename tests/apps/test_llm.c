@@ -51,8 +51,8 @@ static int teardown(void **state)
 static const char *const texts[] = {
     "The quick brown fox jumps over the lazy dog.",
     "  leading spaces, trailing spaces   \n\nand\ttabs\r\n",
-    "Emoji 😀👍🏽 and CJK 世界你好, こんにちは, 한국어; Ünïcödé naïve "
-    "café.",
+    ("Emoji 😀👍🏽 and CJK 世界你好, こんにちは, 한국어; Ünïcödé naïve "
+     "café."),
     "Numbers 3.14159 and 1234567890, it's we'll THEY'RE",
     "broken \xff\xfe bytes \xe4\xb8 end",
     "",
