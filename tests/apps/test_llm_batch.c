@@ -1,0 +1,318 @@
+/*
+ * test_llm_batch.c - weft-llm's batched decoding on the host backend: the
+ * batcher task and wl_forward_batch against each sequence run alone with
+ * the one-sequence path (wl_forward), the KV pages coming back, a sequence
+ * stopped midway leaving the others going, and wl_forward_batch's errors.
+ * Token ids and the model are drawn from the printed seed.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "llm_test.h"
+
+static char *dir, *model_dir;
+static uint64_t seed;
+
+static int setup(void **state)
+{
+    (void)state;
+    seed = test_seed();
+    dir = scratch_dir();
+    if (!dir)
+        return -1;
+    model_dir = path_in(dir, "tiny");
+    wl_write_opts o = {.preset = "tiny", .seed = seed};
+    if (wl_write_random_model(model_dir, &o)) {
+        fprintf(stderr, "%s\n", wl_error());
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    remove_scratch(dir);
+    free(dir);
+    free(model_dir);
+    return 0;
+}
+
+enum { SEQS = 4, MAX_TOTAL = 14, V = 512, PAGES = 8 };
+
+/* Sequence q's prompt and total length; the last is stopped after STOP of
+ * its decode steps (as a cancelled request), before its natural end. */
+static const int prompt_len[SEQS] = {5, 3, 7, 4};
+static const int total_len[SEQS] = {9, 14, 12, 13};
+enum { STOP = 2 };
+
+typedef struct env {
+    wl_model m;
+    wl_kv kv;
+    wl_batcher *bt;
+    int failed;
+    char message[512];
+} env;
+
+typedef struct seq_job {
+    env *e;
+    const int32_t *ids;
+    int n_prompt, n_total, stop_after; /* stop_after: decode steps, 0 = none */
+    float *logits;                     /* [steps][V] */
+    int steps_done, failed;
+    char message[512];
+} seq_job;
+
+static void *setup_task(void *arg)
+{
+    env *e = arg;
+    e->failed = wl_model_upload(&e->m) || wl_kv_create(&e->kv, &e->m, PAGES, 16) ||
+                wl_batcher_create(&e->bt, &e->m, &e->kv, SEQS, MAX_TOTAL);
+    snprintf(e->message, sizeof e->message, "%s", wl_error());
+    return NULL;
+}
+
+static void *teardown_task(void *arg)
+{
+    env *e = arg;
+    wl_batcher_destroy(e->bt);
+    wl_kv_destroy(&e->kv);
+    wl_model_release(&e->m);
+    return NULL;
+}
+
+/* A sequence's life: its prefill alone, then each token through the
+ * batcher, then it leaves and its pages go back. */
+static void *seq_task(void *arg)
+{
+    seq_job *j = arg;
+    wl_seq *s = NULL;
+    const float *lg;
+    int joined = 0;
+    j->failed = 1;
+    if (wl_seq_create(&s, &j->e->m, &j->e->kv, j->n_total) ||
+        wl_forward(s, j->ids, j->n_prompt, &lg))
+        goto out;
+    memcpy(j->logits, lg, V * 4);
+    if (wl_batcher_join(j->e->bt, s))
+        goto out;
+    joined = 1;
+    for (int t = j->n_prompt; t < j->n_total; t++) {
+        if (j->stop_after && j->steps_done == j->stop_after)
+            break; /* stopped: it leaves while the others go on */
+        if (wl_batcher_step(j->e->bt, s, j->ids[t], &lg))
+            goto out;
+        memcpy(j->logits + (size_t)++j->steps_done * V, lg, V * 4);
+    }
+    j->failed = 0;
+out:
+    snprintf(j->message, sizeof j->message, "%s", wl_error());
+    if (joined)
+        wl_batcher_leave(j->e->bt, s);
+    wl_seq_destroy(s);
+    return NULL;
+}
+
+static void test_batched_decode_matches_alone(void **state)
+{
+    (void)state;
+    enum { STEPS = MAX_TOTAL };
+    int32_t ids[SEQS][MAX_TOTAL];
+    uint64_t st = seed ^ 0xba7c;
+    float *alone = malloc(sizeof(float) * SEQS * STEPS * V);
+    float *together = malloc(sizeof(float) * SEQS * STEPS * V);
+    char msg[512];
+    for (size_t i = 0; i < (size_t)SEQS * STEPS * V; i++)
+        together[i] = NAN; /* every row a sequence decodes must be written */
+    for (int q = 0; q < SEQS; q++) {
+        for (int i = 0; i < MAX_TOTAL; i++)
+            ids[q][i] = (int32_t)(wl_rand_next(&st) % V);
+        if (run_forward(WEFT_BACKEND_HOST, model_dir, ids[q], prompt_len[q], total_len[q],
+                        alone + (size_t)q * STEPS * V, msg))
+            fail_msg("alone: %s", msg);
+    }
+    env e = {0};
+    assert_int_equal(wl_model_open(&e.m, model_dir), 0);
+    weft_runtime *rt;
+    weft_config cfg = WEFT_CONFIG_INIT;
+    cfg.workers = 2;
+    cfg.backend = WEFT_BACKEND_HOST;
+    cfg.stack_size = 1 << 20;
+    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
+    weft_task *t, *bt_task, *seq[SEQS];
+    assert_int_equal(weft_spawn(rt, &t, setup_task, &e, NULL), WEFT_OK);
+    assert_int_equal(weft_join(t, NULL), WEFT_OK);
+    if (e.failed)
+        fail_msg("setup: %s", e.message);
+    assert_int_equal(weft_spawn(rt, &bt_task, wl_batcher_run, e.bt, NULL), WEFT_OK);
+    seq_job jobs[SEQS];
+    for (int q = 0; q < SEQS; q++) {
+        jobs[q] = (seq_job){.e = &e,
+                            .ids = ids[q],
+                            .n_prompt = prompt_len[q],
+                            .n_total = total_len[q],
+                            .stop_after = q == SEQS - 1 ? STOP : 0,
+                            .logits = together + (size_t)q * STEPS * V};
+        assert_int_equal(weft_spawn(rt, &seq[q], seq_task, &jobs[q], NULL), WEFT_OK);
+    }
+    for (int q = 0; q < SEQS; q++)
+        assert_int_equal(weft_join(seq[q], NULL), WEFT_OK);
+    assert_int_equal(wl_kv_free_pages(&e.kv), PAGES); /* every page back */
+    long steps, rows;
+    wl_batcher_stats(e.bt, &steps, &rows);
+    wl_batcher_close(e.bt);
+    assert_int_equal(weft_join(bt_task, NULL), WEFT_OK);
+    assert_int_equal(weft_spawn(rt, &t, teardown_task, &e, NULL), WEFT_OK);
+    assert_int_equal(weft_join(t, NULL), WEFT_OK);
+    assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
+    long want_rows = 0;
+    for (int q = 0; q < SEQS; q++) {
+        if (jobs[q].failed)
+            fail_msg("sequence %d: %s", q, jobs[q].message);
+        int decoded = q == SEQS - 1 ? STOP : total_len[q] - prompt_len[q];
+        assert_int_equal(jobs[q].steps_done, decoded);
+        want_rows += decoded;
+    }
+    printf("  %ld decode tokens in %ld batched steps\n", rows, steps);
+    assert_int_equal(rows, want_rows);
+    assert_true(steps < rows); /* sequences shared steps */
+    /* step for step, each sequence's logits are those it gives alone */
+    double worst = 0, scale = 0;
+    long differing = 0;
+    for (int q = 0; q < SEQS; q++)
+        for (int k = 0; k <= jobs[q].steps_done; k++)
+            for (int i = 0; i < V; i++) {
+                size_t at = ((size_t)q * STEPS + k) * V + i;
+                assert_false(isnan(together[at]));
+                differing += alone[at] != together[at];
+                worst = fmax(worst, fabs((double)alone[at] - together[at]));
+                scale = fmax(scale, fabs((double)alone[at]));
+            }
+    printf("  max |logit| %.4f, max difference from alone %.3e, %ld logits differ\n", scale, worst,
+           differing);
+    assert_true(scale > 0.01);
+    /* The host backend runs each row through the same ops in the same
+     * order, so the only freedom is sgemm's for m rows against one row. */
+    assert_true(worst <= scale / 128);
+    wl_model_close(&e.m);
+    free(alone);
+    free(together);
+}
+
+/* wl_forward_batch refuses, before anything runs, a sequence with no
+ * prompt yet, one given twice, a token outside the vocabulary and a batch
+ * larger than its buffers. */
+typedef struct err_job {
+    wl_model *m;
+    int failed;
+    char message[1024];
+} err_job;
+
+static void *errors_task(void *arg)
+{
+    err_job *j = arg;
+    wl_kv kv = {0};
+    wl_batch *b = NULL;
+    wl_seq *s[2] = {NULL, NULL};
+    const float *lg[3];
+    int32_t ids[3] = {1, 2, 3}, bad[2] = {1, V};
+    char *p = j->message;
+    size_t cap = sizeof j->message;
+    j->failed = 1;
+    if (wl_model_upload(j->m) || wl_kv_create(&kv, j->m, 4, 16) ||
+        wl_batch_create(&b, j->m, &kv, 2, 16) || wl_seq_create(&s[0], j->m, &kv, 16) ||
+        wl_seq_create(&s[1], j->m, &kv, 16)) {
+        snprintf(p, cap, "setup: %s", wl_error());
+        goto out;
+    }
+    struct {
+        wl_seq *a, *b;
+        const int32_t *ids;
+        int n;
+        const char *want;
+    } cases[4];
+    cases[0] = (__typeof__(cases[0])){s[0], s[1], ids, 2, "no prompt yet"};
+    if (wl_forward(s[0], ids, 2, &lg[0]) || wl_forward(s[1], ids, 3, &lg[0])) {
+        snprintf(p, cap, "prefill: %s", wl_error());
+        goto out;
+    }
+    cases[1] = (__typeof__(cases[1])){s[0], s[0], ids, 2, "is also row 0"};
+    cases[2] = (__typeof__(cases[2])){s[0], s[1], bad, 2, "outside the vocabulary"};
+    cases[3] = (__typeof__(cases[3])){s[0], s[1], ids, 3, "the batch takes 1 to 2"};
+    for (int c = 0; c < 4; c++) {
+        if (c == 0) {
+            wl_seq *fresh = NULL;
+            if (wl_seq_create(&fresh, j->m, &kv, 16))
+                goto out;
+            wl_seq *pair[2] = {s[0], fresh};
+            int rc = wl_forward_batch(b, pair, ids, 2, lg);
+            int ok = rc == -1 && strstr(wl_error(), cases[c].want);
+            wl_seq_destroy(fresh);
+            if (!ok) {
+                snprintf(p, cap, "case %d: rc %d, %s", c, rc, wl_error());
+                goto out;
+            }
+            continue;
+        }
+        wl_seq *pair[3] = {cases[c].a, cases[c].b, s[1]};
+        int free_before = wl_kv_free_pages(&kv);
+        int rc = wl_forward_batch(b, pair, cases[c].ids, cases[c].n, lg);
+        if (rc != -1 || !strstr(wl_error(), cases[c].want) ||
+            wl_kv_free_pages(&kv) != free_before) {
+            snprintf(p, cap, "case %d: rc %d, %s", c, rc, wl_error());
+            goto out;
+        }
+    }
+    /* and a good batch of the two still runs */
+    wl_seq *pair[2] = {s[0], s[1]};
+    if (wl_forward_batch(b, pair, ids, 2, lg)) {
+        snprintf(p, cap, "good batch: %s", wl_error());
+        goto out;
+    }
+    j->failed = 0;
+out:
+    wl_seq_destroy(s[0]);
+    wl_seq_destroy(s[1]);
+    wl_batch_destroy(b);
+    if (!j->failed && wl_kv_free_pages(&kv) != 4) {
+        snprintf(p, cap, "pages kept: %d free of 4", wl_kv_free_pages(&kv));
+        j->failed = 1;
+    }
+    wl_kv_destroy(&kv);
+    wl_model_release(j->m);
+    return NULL;
+}
+
+static void test_forward_batch_errors(void **state)
+{
+    (void)state;
+    err_job j = {0};
+    wl_model m;
+    assert_int_equal(wl_model_open(&m, model_dir), 0);
+    j.m = &m;
+    weft_runtime *rt;
+    weft_config cfg = WEFT_CONFIG_INIT;
+    cfg.workers = 2;
+    cfg.backend = WEFT_BACKEND_HOST;
+    cfg.stack_size = 1 << 20;
+    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
+    weft_task *t;
+    assert_int_equal(weft_spawn(rt, &t, errors_task, &j, NULL), WEFT_OK);
+    assert_int_equal(weft_join(t, NULL), WEFT_OK);
+    assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
+    wl_model_close(&m);
+    if (j.failed)
+        fail_msg("%s", j.message);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_batched_decode_matches_alone),
+        cmocka_unit_test(test_forward_batch_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
