@@ -2,7 +2,8 @@
  * test_llm_batch.c - weft-llm's batched decoding on the host backend: the
  * batcher task and wl_forward_batch against each sequence run alone with
  * the one-sequence path (wl_forward), the KV pages coming back, a sequence
- * stopped midway leaving the others going, and wl_forward_batch's errors.
+ * stopped midway leaving the others going, wl_forward_batch's errors, and
+ * generate --parallel on the command line.
  * Token ids and the model are drawn from the printed seed.
  */
 #include <stdarg.h>
@@ -308,11 +309,93 @@ static void test_forward_batch_errors(void **state)
         fail_msg("%s", j.message);
 }
 
+/* generate --parallel N: N copies of the prompt through the batcher, each
+ * printed with its index; greedy, every copy continues as the run of one
+ * sequence does (the batch's logits are within a bf16 unit of it, see
+ * above, so only a near tie could part them); sampled, copy i draws with
+ * seed + i, so copy 0 is the one-sequence run with the same seed. */
+static char *run_cli(const char *args, char **err)
+{
+    char cmd[2048], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s %s", WL_BIN, args);
+    int rc = run_capture(cmd, &out, err);
+    if (rc != 0)
+        fail_msg("%s: exit %d: %s", cmd, rc, *err);
+    return out;
+}
+
+static void test_cli_parallel(void **state)
+{
+    (void)state;
+    enum { N = 3 };
+    char args[1024], *err1, *errn, *errs, *errs1;
+    snprintf(args, sizeof args,
+             "generate %s --prompt 'The old woman' --max-tokens 10 --print-ids --backend host",
+             model_dir);
+    char *one = run_cli(args, &err1);
+    snprintf(args + strlen(args), sizeof args - strlen(args), " --parallel %d", N);
+    char *many = run_cli(args, &errn);
+    printf("  one: %s  %d: %s", one, N, many);
+    const char *gen1 = strstr(err1, "generated ids: ");
+    assert_non_null(gen1);
+    char want[512];
+    snprintf(want, sizeof want, "%.*s", (int)strcspn(gen1, "\n"), gen1);
+    const char *at = many;
+    for (int i = 0; i < N; i++) {
+        char head[16];
+        snprintf(head, sizeof head, "[%d] ", i);
+        at = strstr(at, head);
+        if (!at)
+            fail_msg("no line opens with \"%s\" in:\n%s", head, many);
+        /* the text of each copy is the single run's */
+        size_t len = strcspn(one, "\n");
+        assert_int_equal(strncmp(at + strlen(head), one, len), 0);
+        assert_non_null(strstr(errn, head));
+    }
+    at = errn;
+    for (int i = 0; i < N; i++) {
+        at = strstr(at, want);
+        assert_non_null(at);
+        at += strlen(want);
+    }
+    /* sampled: copy 0 is the single run with the same seed */
+    snprintf(args, sizeof args,
+             "generate %s --prompt 'The old woman' --max-tokens 10 --print-ids --backend host "
+             "--temperature 1.2 --seed 7",
+             model_dir);
+    char *s1 = run_cli(args, &errs1);
+    snprintf(args + strlen(args), sizeof args - strlen(args), " --parallel %d", N);
+    char *sn = run_cli(args, &errs);
+    printf("  sampled: %s  %s", s1, sn);
+    const char *g1 = strstr(errs1, "generated ids: "), *g0 = strstr(errs, "[0] prompt ids");
+    assert_non_null(g1);
+    assert_non_null(g0);
+    g0 = strstr(g0, "generated ids: ");
+    assert_non_null(g0);
+    assert_int_equal(strncmp(g0, g1, strcspn(g1, "\n")), 0);
+    /* a bad count */
+    char *out = NULL, *err = NULL, cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s generate %s --prompt hi --parallel 0", WL_BIN, model_dir);
+    assert_int_equal(run_capture(cmd, &out, &err), 2);
+    assert_non_null(strstr(err, "--parallel"));
+    free(out);
+    free(err);
+    free(one);
+    free(many);
+    free(s1);
+    free(sn);
+    free(err1);
+    free(errn);
+    free(errs);
+    free(errs1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_decode_matches_alone),
         cmocka_unit_test(test_forward_batch_errors),
+        cmocka_unit_test(test_cli_parallel),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
