@@ -76,12 +76,17 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     TRY(weft_malloc_async((void **)&b->seq_ids, B * 4));
     TRY(weft_malloc_async((void **)&b->table, B * P * 4));
     TRY(weft_malloc_async((void **)&b->seq_lens, B * 4));
-    {
+    /* the decode workspace for any batch size: the split the op chooses
+     * (more parts for fewer sequences) need not grow with the batch */
+    for (size_t n = 1; n <= B; n++) {
         weft_kv_cache cache = wl_kv_layer(kv, 0, b->table, b->max_pages);
-        cache.seqs = B;
+        cache.seqs = n;
         weft_attention_decode_desc d = {
             .q_len = 1, .heads = (size_t)c->heads, .window = (size_t)c->sliding_window};
-        TRY(weft_attention_decode_workspace(&cache, &d, &b->workspace_bytes));
+        size_t bytes = 0;
+        TRY(weft_attention_decode_workspace(&cache, &d, &bytes));
+        if (bytes > b->workspace_bytes)
+            b->workspace_bytes = bytes;
     }
     if (b->workspace_bytes)
         TRY(weft_malloc_async(&b->workspace, b->workspace_bytes));

@@ -50,73 +50,6 @@ static const int prompt_len[SEQS] = {5, 3, 7, 4};
 static const int total_len[SEQS] = {9, 14, 12, 13};
 enum { STOP = 2 };
 
-typedef struct env {
-    wl_model m;
-    wl_kv kv;
-    wl_batcher *bt;
-    int failed;
-    char message[512];
-} env;
-
-typedef struct seq_job {
-    env *e;
-    const int32_t *ids;
-    int n_prompt, n_total, stop_after; /* stop_after: decode steps, 0 = none */
-    float *logits;                     /* [steps][V] */
-    int steps_done, failed;
-    char message[512];
-} seq_job;
-
-static void *setup_task(void *arg)
-{
-    env *e = arg;
-    e->failed = wl_model_upload(&e->m) || wl_kv_create(&e->kv, &e->m, PAGES, 16) ||
-                wl_batcher_create(&e->bt, &e->m, &e->kv, SEQS, MAX_TOTAL);
-    snprintf(e->message, sizeof e->message, "%s", wl_error());
-    return NULL;
-}
-
-static void *teardown_task(void *arg)
-{
-    env *e = arg;
-    wl_batcher_destroy(e->bt);
-    wl_kv_destroy(&e->kv);
-    wl_model_release(&e->m);
-    return NULL;
-}
-
-/* A sequence's life: its prefill alone, then each token through the
- * batcher, then it leaves and its pages go back. */
-static void *seq_task(void *arg)
-{
-    seq_job *j = arg;
-    wl_seq *s = NULL;
-    const float *lg;
-    int joined = 0;
-    j->failed = 1;
-    if (wl_seq_create(&s, &j->e->m, &j->e->kv, j->n_total) ||
-        wl_forward(s, j->ids, j->n_prompt, &lg))
-        goto out;
-    memcpy(j->logits, lg, V * 4);
-    if (wl_batcher_join(j->e->bt, s))
-        goto out;
-    joined = 1;
-    for (int t = j->n_prompt; t < j->n_total; t++) {
-        if (j->stop_after && j->steps_done == j->stop_after)
-            break; /* stopped: it leaves while the others go on */
-        if (wl_batcher_step(j->e->bt, s, j->ids[t], &lg))
-            goto out;
-        memcpy(j->logits + (size_t)++j->steps_done * V, lg, V * 4);
-    }
-    j->failed = 0;
-out:
-    snprintf(j->message, sizeof j->message, "%s", wl_error());
-    if (joined)
-        wl_batcher_leave(j->e->bt, s);
-    wl_seq_destroy(s);
-    return NULL;
-}
-
 static void test_batched_decode_matches_alone(void **state)
 {
     (void)state;
@@ -128,63 +61,36 @@ static void test_batched_decode_matches_alone(void **state)
     char msg[512];
     for (size_t i = 0; i < (size_t)SEQS * STEPS * V; i++)
         together[i] = NAN; /* every row a sequence decodes must be written */
+    batch_run r = {.seqs = SEQS, .pages = PAGES};
     for (int q = 0; q < SEQS; q++) {
         for (int i = 0; i < MAX_TOTAL; i++)
             ids[q][i] = (int32_t)(wl_rand_next(&st) % V);
         if (run_forward(WEFT_BACKEND_HOST, model_dir, ids[q], prompt_len[q], total_len[q],
                         alone + (size_t)q * STEPS * V, msg))
             fail_msg("alone: %s", msg);
+        r.ids[q] = ids[q];
+        r.prompt[q] = prompt_len[q];
+        r.total[q] = total_len[q];
+        r.stop[q] = q == SEQS - 1 ? STOP : 0;
+        r.logits[q] = together + (size_t)q * STEPS * V;
     }
-    env e = {0};
-    assert_int_equal(wl_model_open(&e.m, model_dir), 0);
-    weft_runtime *rt;
-    weft_config cfg = WEFT_CONFIG_INIT;
-    cfg.workers = 2;
-    cfg.backend = WEFT_BACKEND_HOST;
-    cfg.stack_size = 1 << 20;
-    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
-    weft_task *t, *bt_task, *seq[SEQS];
-    assert_int_equal(weft_spawn(rt, &t, setup_task, &e, NULL), WEFT_OK);
-    assert_int_equal(weft_join(t, NULL), WEFT_OK);
-    if (e.failed)
-        fail_msg("setup: %s", e.message);
-    assert_int_equal(weft_spawn(rt, &bt_task, wl_batcher_run, e.bt, NULL), WEFT_OK);
-    seq_job jobs[SEQS];
-    for (int q = 0; q < SEQS; q++) {
-        jobs[q] = (seq_job){.e = &e,
-                            .ids = ids[q],
-                            .n_prompt = prompt_len[q],
-                            .n_total = total_len[q],
-                            .stop_after = q == SEQS - 1 ? STOP : 0,
-                            .logits = together + (size_t)q * STEPS * V};
-        assert_int_equal(weft_spawn(rt, &seq[q], seq_task, &jobs[q], NULL), WEFT_OK);
-    }
-    for (int q = 0; q < SEQS; q++)
-        assert_int_equal(weft_join(seq[q], NULL), WEFT_OK);
-    assert_int_equal(wl_kv_free_pages(&e.kv), PAGES); /* every page back */
-    long steps, rows;
-    wl_batcher_stats(e.bt, &steps, &rows);
-    wl_batcher_close(e.bt);
-    assert_int_equal(weft_join(bt_task, NULL), WEFT_OK);
-    assert_int_equal(weft_spawn(rt, &t, teardown_task, &e, NULL), WEFT_OK);
-    assert_int_equal(weft_join(t, NULL), WEFT_OK);
-    assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
+    if (run_batched(WEFT_BACKEND_HOST, model_dir, &r))
+        fail_msg("batched: %s", r.message);
+    assert_int_equal(r.free_pages, PAGES); /* every page back */
     long want_rows = 0;
     for (int q = 0; q < SEQS; q++) {
-        if (jobs[q].failed)
-            fail_msg("sequence %d: %s", q, jobs[q].message);
         int decoded = q == SEQS - 1 ? STOP : total_len[q] - prompt_len[q];
-        assert_int_equal(jobs[q].steps_done, decoded);
+        assert_int_equal(r.steps_done[q], decoded);
         want_rows += decoded;
     }
-    printf("  %ld decode tokens in %ld batched steps\n", rows, steps);
-    assert_int_equal(rows, want_rows);
-    assert_true(steps < rows); /* sequences shared steps */
+    printf("  %ld decode tokens in %ld batched steps\n", r.rows, r.steps);
+    assert_int_equal(r.rows, want_rows);
+    assert_true(r.steps < r.rows); /* sequences shared steps */
     /* step for step, each sequence's logits are those it gives alone */
     double worst = 0, scale = 0;
     long differing = 0;
     for (int q = 0; q < SEQS; q++)
-        for (int k = 0; k <= jobs[q].steps_done; k++)
+        for (int k = 0; k <= r.steps_done[q]; k++)
             for (int i = 0; i < V; i++) {
                 size_t at = ((size_t)q * STEPS + k) * V + i;
                 assert_false(isnan(together[at]));
@@ -198,7 +104,6 @@ static void test_batched_decode_matches_alone(void **state)
     /* The host backend runs each row through the same ops in the same
      * order, so the only freedom is sgemm's for m rows against one row. */
     assert_true(worst <= scale / 128);
-    wl_model_close(&e.m);
     free(alone);
     free(together);
 }
