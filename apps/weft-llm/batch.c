@@ -263,6 +263,7 @@ typedef struct slot {
     wl_seq *seq; /* NULL: free */
     int32_t id;
     int waiting; /* handed a token; cleared when its logits (or error) are in */
+    int taken;   /* its token is in the step the batcher is running */
     int rc;
     const float *logits;
     char message[512];
@@ -333,10 +334,20 @@ void wl_batcher_destroy(wl_batcher *bt)
     free(bt);
 }
 
+/* The batcher's lock, also for a member whose task was cancelled (its
+ * weft_mutex_lock refuses at once): it must still be able to leave. */
+static void lock_always(wl_batcher *bt)
+{
+    if (weft_mutex_lock(bt->lock) == WEFT_OK)
+        return;
+    while (weft_mutex_trylock(bt->lock) != WEFT_OK)
+        weft_yield();
+}
+
 void *wl_batcher_run(void *arg)
 {
     wl_batcher *bt = arg;
-    weft_mutex_lock(bt->lock);
+    lock_always(bt);
     for (;;) {
         while (!(bt->members > 0 && bt->waiting == bt->members) &&
                !(bt->closed && bt->members == 0))
@@ -347,6 +358,7 @@ void *wl_batcher_run(void *arg)
         int n = 0;
         for (int i = 0; i < bt->max_seqs; i++)
             if (bt->slots[i].seq && bt->slots[i].waiting) {
+                bt->slots[i].taken = 1;
                 bt->rows[n] = i;
                 bt->seqs[n] = bt->slots[i].seq;
                 bt->ids[n++] = bt->slots[i].id;
@@ -357,13 +369,13 @@ void *wl_batcher_run(void *arg)
         int rc = wl_forward_batch(bt->batch, bt->seqs, bt->ids, n, bt->logits);
         char msg[512];
         snprintf(msg, sizeof msg, "%s", rc ? wl_error() : "");
-        weft_mutex_lock(bt->lock);
+        lock_always(bt);
         for (int r = 0; r < n; r++) {
             slot *sl = &bt->slots[bt->rows[r]];
             sl->rc = rc;
             sl->logits = rc ? NULL : bt->logits[r];
             snprintf(sl->message, sizeof sl->message, "%s", msg);
-            sl->waiting = 0;
+            sl->waiting = sl->taken = 0;
         }
         bt->waiting -= n;
         bt->steps++;
@@ -385,7 +397,7 @@ static slot *find(wl_batcher *bt, const wl_seq *s)
 
 int wl_batcher_join(wl_batcher *bt, wl_seq *s)
 {
-    weft_mutex_lock(bt->lock);
+    lock_always(bt);
     slot *sl = bt->closed || find(bt, s) ? NULL : find(bt, NULL);
     if (sl) {
         memset(sl, 0, sizeof *sl);
@@ -404,7 +416,10 @@ int wl_batcher_join(wl_batcher *bt, wl_seq *s)
 
 int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const float **logits)
 {
-    weft_mutex_lock(bt->lock);
+    *logits = NULL;
+    if (weft_cancelled())
+        return wl_fail("batcher: the sequence's task was cancelled");
+    lock_always(bt);
     slot *sl = find(bt, s);
     if (!sl) {
         weft_mutex_unlock(bt->lock);
@@ -415,22 +430,35 @@ int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const float **logits)
     bt->waiting++;
     if (bt->waiting == bt->members)
         weft_cond_signal(bt->work);
-    /* A sequence stops by not stepping again and leaving. weft_cancel of
-     * a member's task is not handled yet: its waits (and lock) would
-     * return at once while a step in flight still reads its sequence. */
-    while (sl->waiting)
-        weft_cond_wait(bt->done, bt->lock);
-    int rc = sl->rc;
+    int withdrawn = 0;
+    while (sl->waiting) {
+        if (weft_cond_wait(bt->done, bt->lock) != WEFT_ECANCELED)
+            continue;
+        /* cancelled while waiting: a token not yet in a step is withdrawn;
+         * a step in flight reads the sequence, so that one is waited out
+         * (the condition variable refuses a cancelled task: by yielding) */
+        if (!sl->taken) {
+            sl->waiting = 0;
+            bt->waiting--;
+            withdrawn = 1;
+            break;
+        }
+        weft_mutex_unlock(bt->lock);
+        weft_yield();
+        lock_always(bt);
+    }
+    int rc = withdrawn ? -1 : sl->rc;
     char msg[512];
-    snprintf(msg, sizeof msg, "%s", sl->message);
-    *logits = sl->logits;
+    snprintf(msg, sizeof msg, "%s",
+             withdrawn ? "batcher: the sequence's task was cancelled" : sl->message);
+    *logits = rc ? NULL : sl->logits;
     weft_mutex_unlock(bt->lock);
     return rc ? wl_fail("%s", msg) : 0;
 }
 
 void wl_batcher_leave(wl_batcher *bt, wl_seq *s)
 {
-    weft_mutex_lock(bt->lock);
+    lock_always(bt);
     slot *sl = find(bt, s);
     if (sl) {
         sl->seq = NULL;
@@ -443,7 +471,7 @@ void wl_batcher_leave(wl_batcher *bt, wl_seq *s)
 
 void wl_batcher_close(wl_batcher *bt)
 {
-    weft_mutex_lock(bt->lock);
+    lock_always(bt);
     bt->closed = 1;
     weft_cond_signal(bt->work);
     weft_mutex_unlock(bt->lock);
@@ -451,7 +479,7 @@ void wl_batcher_close(wl_batcher *bt)
 
 void wl_batcher_stats(wl_batcher *bt, long *steps, long *rows)
 {
-    weft_mutex_lock(bt->lock);
+    lock_always(bt);
     *steps = bt->steps;
     *rows = bt->rows_run;
     weft_mutex_unlock(bt->lock);

@@ -264,8 +264,10 @@ int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n
  * sequence is waiting in wl_batcher_step, so each step takes all of them.
  * A sequence that ends or stops (a cancelled request) leaves
  * (wl_batcher_leave) before it is destroyed (its pages go back with
- * wl_seq_destroy); the others go on. weft_cancel of a member's task is
- * not supported: a request is cancelled by its task stopping. */
+ * wl_seq_destroy); the others go on. A member's task that cancels itself
+ * (weft_cancel) gets an error from its next wl_batcher_step and still
+ * leaves. Cancelling a member from another task while it waits in
+ * wl_batcher_step is not supported yet: a test of it hung now and then. */
 typedef struct wl_batcher wl_batcher;
 
 /* Task only (makes the batch's buffers). */

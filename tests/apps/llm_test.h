@@ -190,14 +190,16 @@ static inline int run_forward(weft_backend backend, const char *dir, const int32
 /* A run of seqs sequences through a batcher: sequence q's prompt is
  * ids[q][0, prompt[q]) (prefilled alone), then ids[q][prompt[q],
  * total[q]) a step at a time through the batcher, unless stop[q] > 0 stops
- * it after that many steps (as a cancelled request). logits[q] gets
+ * it after that many steps (as a request dropped), and cancel[q] > 0 has
+ * its task cancel itself (weft_cancel) after that many: its next step must
+ * fail, and it must still leave. logits[q] gets
  * [steps][vocab]: after the prompt, then after each step. */
 #define BR_MAX_SEQS 8
 #define BR_MAX_TOTAL 64
 typedef struct batch_run {
     int seqs, pages;
     const int32_t *ids[BR_MAX_SEQS];
-    int prompt[BR_MAX_SEQS], total[BR_MAX_SEQS], stop[BR_MAX_SEQS];
+    int prompt[BR_MAX_SEQS], total[BR_MAX_SEQS], stop[BR_MAX_SEQS], cancel[BR_MAX_SEQS];
     float *logits[BR_MAX_SEQS];
     /* results */
     int steps_done[BR_MAX_SEQS];
@@ -262,9 +264,17 @@ static inline void *br_seq_task(void *arg)
     for (int t = r->prompt[q]; t < r->total[q]; t++) {
         if (r->stop[q] && r->steps_done[q] == r->stop[q])
             break; /* stopped: it leaves while the others go on */
+        if (r->cancel[q] && r->steps_done[q] == r->cancel[q]) {
+            weft_cancel(weft_task_current());
+            if (!wl_batcher_step(j->e->bt, s, r->ids[q][t], &lg) ||
+                !strstr(wl_error(), "cancelled"))
+                goto out; /* a step after the cancellation must fail, saying so */
+            break;
+        }
         if (wl_batcher_step(j->e->bt, s, r->ids[q][t], &lg))
             goto out;
-        memcpy(r->logits[q] + (size_t)++r->steps_done[q] * V, lg, (size_t)V * 4);
+        memcpy(r->logits[q] + (size_t)(r->steps_done[q] + 1) * V, lg, (size_t)V * 4);
+        __atomic_store_n(&r->steps_done[q], r->steps_done[q] + 1, __ATOMIC_RELEASE);
     }
     j->failed = 0;
 out:
@@ -316,7 +326,9 @@ static inline int run_batched(weft_backend backend, const char *dir, batch_run *
     }
     rc = spawned == r->seqs ? 0 : -1;
     for (int q = 0; q < spawned; q++) {
-        if (weft_join(seq[q], NULL) != WEFT_OK || jobs[q].failed) {
+        int jrc = weft_join(seq[q], NULL);
+        int join_ok = r->cancel[q] ? jrc == WEFT_ETASKCANCELED : jrc == WEFT_OK;
+        if (!join_ok || jobs[q].failed) {
             if (!rc)
                 snprintf(r->message, sizeof r->message, "sequence %d: %.400s", q, jobs[q].message);
             rc = -1;

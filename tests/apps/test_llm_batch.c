@@ -42,13 +42,14 @@ static int teardown(void **state)
     return 0;
 }
 
-enum { SEQS = 4, MAX_TOTAL = 14, V = 512, PAGES = 8 };
+enum { SEQS = 5, MAX_TOTAL = 14, V = 512, PAGES = 8 };
 
-/* Sequence q's prompt and total length; the last is stopped after STOP of
- * its decode steps (as a cancelled request), before its natural end. */
-static const int prompt_len[SEQS] = {5, 3, 7, 4};
-static const int total_len[SEQS] = {9, 14, 12, 13};
-enum { STOP = 2 };
+/* Sequence q's prompt and total length; sequence 3 stops after STOP of its
+ * decode steps (a request dropped), and sequence 4's task is cancelled
+ * (weft_cancel) by itself after CANCEL, both before their natural end. */
+static const int prompt_len[SEQS] = {5, 3, 7, 4, 2};
+static const int total_len[SEQS] = {9, 14, 12, 13, 14};
+enum { STOP = 2, CANCEL = 3 };
 
 static void test_batched_decode_matches_alone(void **state)
 {
@@ -71,7 +72,8 @@ static void test_batched_decode_matches_alone(void **state)
         r.ids[q] = ids[q];
         r.prompt[q] = prompt_len[q];
         r.total[q] = total_len[q];
-        r.stop[q] = q == SEQS - 1 ? STOP : 0;
+        r.stop[q] = q == 3 ? STOP : 0;
+        r.cancel[q] = q == 4 ? CANCEL : 0;
         r.logits[q] = together + (size_t)q * STEPS * V;
     }
     if (run_batched(WEFT_BACKEND_HOST, model_dir, &r))
@@ -79,7 +81,7 @@ static void test_batched_decode_matches_alone(void **state)
     assert_int_equal(r.free_pages, PAGES); /* every page back */
     long want_rows = 0;
     for (int q = 0; q < SEQS; q++) {
-        int decoded = q == SEQS - 1 ? STOP : total_len[q] - prompt_len[q];
+        int decoded = q == 3 ? STOP : q == 4 ? CANCEL : total_len[q] - prompt_len[q];
         assert_int_equal(r.steps_done[q], decoded);
         want_rows += decoded;
     }
