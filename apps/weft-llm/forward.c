@@ -32,7 +32,7 @@
  * append and attention take no fused rotation; on the host the result is
  * the same bit for bit). Llama 3's scaled frequencies cannot be given to
  * weft_rope or the ops' fused RoPE (one base each), so for such a model q
- * and k are copied to the host, rotated there (rope_host) and copied back
+ * and k are copied to the host, rotated there (wl_rope_host) and copied back
  * before the append: a round trip per layer that a scaled-RoPE op would
  * remove.
  * weft's paged cache and attention take bf16 or fp16 and head_dim 64 or 128
@@ -42,39 +42,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "llm.h"
-
-/* Queries per weft_attention_decode call (its q_len's limit). */
-#define DECODE_CHUNK 8
-
-struct wl_seq {
-    const wl_model *m;
-    wl_kv *kv;
-    wl_kv_seq pages; /* this sequence's pages of kv, its table on the host */
-    int max_tokens, pos;
-    size_t q_dim, kv_dim, qkv_dim, workspace_bytes;
-    /* the backend's memory (weft_malloc_async) */
-    void *x, *h, *qkv, *attn, *gu, *act, *q_packed, *workspace;
-    float *logits;
-    int32_t *positions, *seq_ids, *table, *seq_lens; /* seq_lens: one a decode chunk */
-    /* host memory */
-    void *qkv_host;
-    int32_t *pos_host, *zeros, *lens_host;
-    float *logits_host;
-};
-
-#define TRY(call)                                                                                  \
-    do {                                                                                           \
-        int rc_ = (call);                                                                          \
-        if (rc_ != WEFT_OK) {                                                                      \
-            wl_fail("%s: %s (%s)", #call, weft_strerror(rc_), weft_last_error());                  \
-            goto fail;                                                                             \
-        }                                                                                          \
-    } while (0)
+#include "forward_impl.h"
 
 /* The error line is the thread's, and a task that waits may resume on
  * another worker: a wait after a failure carries the line across it. */
-static void await_keeping_error(void)
+void wl_await_keeping_error(void)
 {
     char msg[512];
     snprintf(msg, sizeof msg, "%s", wl_error());
@@ -141,7 +113,7 @@ int wl_seq_create(wl_seq **out, const wl_model *m, wl_kv *kv, int max_tokens)
 fail : {
     char msg[512];
     snprintf(msg, sizeof msg, "%s", wl_error());
-    wl_seq_destroy(s); /* waits: see await_keeping_error */
+    wl_seq_destroy(s); /* waits: see wl_await_keeping_error */
     return wl_fail("%s", msg);
 }
 }
@@ -184,10 +156,10 @@ static double rope_freq(const wl_config *c, int i)
 }
 
 /* weft_rope with Llama 3's scaled frequencies, on the host (halves layout). */
-static void rope_host(const wl_seq *s, void *row, int heads, int pos)
+void wl_rope_host(const wl_model *m, void *row, int heads, int pos)
 {
-    const wl_config *c = &s->m->cfg;
-    weft_dtype dt = s->m->dtype;
+    const wl_config *c = &m->cfg;
+    weft_dtype dt = m->dtype;
     int half = c->head_dim / 2;
     for (int h = 0; h < heads; h++)
         for (int i = 0; i < half; i++) {
@@ -248,14 +220,14 @@ fail:
 }
 
 /* d (rows n, leading dimension ldd) = a W^T (+ bias) (+ c), W n_out x k. */
-static int linear(const wl_seq *s, void *d, size_t ldd, const void *a, size_t k, const void *w,
-                  size_t n_out, const void *bias, const void *c, int n, weft_dtype out_type)
+int wl_linear(const wl_model *mod, void *d, size_t ldd, const void *a, size_t k, const void *w,
+              size_t n_out, const void *bias, const void *c, int n, weft_dtype out_type)
 {
     weft_matmul_desc desc = {.m = (size_t)n,
                              .n = n_out,
                              .k = k,
                              .type = out_type,
-                             .in_type = s->m->dtype,
+                             .in_type = mod->dtype,
                              .trans_b = 1,
                              .ldd = ldd,
                              .ldc = ldd,
@@ -274,11 +246,11 @@ static int layer_forward(wl_seq *s, int li, int n)
     float eps = (float)c->rms_eps;
     TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, s->h, NULL, s->x, NULL, L->attn_norm, eps, (size_t)n, H,
                      H));
-    TRY(linear(s, qkv, s->qkv_dim, s->h, H, L->q, s->q_dim, L->q_bias, NULL, n, dt));
-    TRY(linear(s, qkv + s->q_dim * es, s->qkv_dim, s->h, H, L->k, s->kv_dim, L->k_bias, NULL, n,
-               dt));
-    TRY(linear(s, qkv + (s->q_dim + s->kv_dim) * es, s->qkv_dim, s->h, H, L->v, s->kv_dim,
-               L->v_bias, NULL, n, dt));
+    TRY(wl_linear(s->m, qkv, s->qkv_dim, s->h, H, L->q, s->q_dim, L->q_bias, NULL, n, dt));
+    TRY(wl_linear(s->m, qkv + s->q_dim * es, s->qkv_dim, s->h, H, L->k, s->kv_dim, L->k_bias, NULL,
+                  n, dt));
+    TRY(wl_linear(s->m, qkv + (s->q_dim + s->kv_dim) * es, s->qkv_dim, s->h, H, L->v, s->kv_dim,
+                  L->v_bias, NULL, n, dt));
     for (int t = 0; c->qk_norm && t < n; t++) {
         char *row = qkv + (size_t)t * s->qkv_dim * es;
         size_t hd = (size_t)c->head_dim;
@@ -296,20 +268,20 @@ static int layer_forward(wl_seq *s, int li, int n)
         TRY(weft_await());
         for (int t = 0; t < n; t++) {
             char *row = (char *)s->qkv_host + (size_t)t * s->qkv_dim * es;
-            rope_host(s, row, c->heads, s->pos + t);
-            rope_host(s, row + s->q_dim * es, c->kv_heads, s->pos + t);
+            wl_rope_host(s->m, row, c->heads, s->pos + t);
+            wl_rope_host(s->m, row + s->q_dim * es, c->kv_heads, s->pos + t);
         }
         TRY(weft_memcpy_async(qkv, s->qkv_host, (size_t)n * s->qkv_dim * es));
     }
     if (attend(s, li, n))
         goto fail;
-    TRY(linear(s, s->x, H, s->attn, s->q_dim, L->o, H, NULL, s->x, n, dt));
+    TRY(wl_linear(s->m, s->x, H, s->attn, s->q_dim, L->o, H, NULL, s->x, n, dt));
     TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, s->h, NULL, s->x, NULL, L->mlp_norm, eps, (size_t)n, H,
                      H));
-    TRY(linear(s, s->gu, 2 * I, s->h, H, L->gate, I, NULL, NULL, n, dt));
-    TRY(linear(s, (char *)s->gu + I * es, 2 * I, s->h, H, L->up, I, NULL, NULL, n, dt));
+    TRY(wl_linear(s->m, s->gu, 2 * I, s->h, H, L->gate, I, NULL, NULL, n, dt));
+    TRY(wl_linear(s->m, (char *)s->gu + I * es, 2 * I, s->h, H, L->up, I, NULL, NULL, n, dt));
     TRY(weft_glu(WEFT_TASK_STREAM, dt, WEFT_GLU_SWIGLU, s->act, s->gu, (size_t)n, I, 2 * I, I));
-    TRY(linear(s, s->x, H, s->act, I, L->down, H, NULL, s->x, n, dt));
+    TRY(wl_linear(s->m, s->x, H, s->act, I, L->down, H, NULL, s->x, n, dt));
     return 0;
 fail:
     return -1;
@@ -345,15 +317,15 @@ int wl_forward(wl_seq *s, const int32_t *ids, int n, const float **logits)
     const char *last = (const char *)s->x + (size_t)(n - 1) * H * es;
     TRY(weft_rmsnorm(WEFT_TASK_STREAM, m->dtype, s->h, NULL, last, NULL, m->final_norm,
                      (float)c->rms_eps, 1, H, H));
-    TRY(linear(s, s->logits, (size_t)c->vocab, s->h, H, m->lm_head, (size_t)c->vocab, NULL, NULL, 1,
-               WEFT_DTYPE_F32));
+    TRY(wl_linear(s->m, s->logits, (size_t)c->vocab, s->h, H, m->lm_head, (size_t)c->vocab, NULL,
+                  NULL, 1, WEFT_DTYPE_F32));
     TRY(weft_memcpy_async(s->logits_host, s->logits, (size_t)c->vocab * 4));
     TRY(weft_await());
     s->pos += n;
     *logits = s->logits_host;
     return 0;
 fail:
-    await_keeping_error(); /* work already enqueued reads our buffers */
+    wl_await_keeping_error(); /* work already enqueued reads our buffers */
     return -1;
 }
 
@@ -424,7 +396,7 @@ int wl_model_upload(wl_model *m)
             free(slot);
             free(bytes);
             wl_fail("upload: %s", weft_last_error());
-            await_keeping_error();
+            wl_await_keeping_error();
             return -1;
         }
         *slot[i] = block + off;

@@ -236,6 +236,57 @@ int wl_forward(wl_seq *s, const int32_t *ids, int n, const float **logits);
 int wl_model_upload(wl_model *m);
 int wl_model_release(wl_model *m);
 
+/* ---- batched decoding (batch.c) -------------------------------------------- */
+
+/* Buffers for one decode step of up to max_seqs sequences of up to
+ * max_tokens tokens each, all of model m and cache kv. */
+typedef struct wl_batch wl_batch;
+
+/* Task only. */
+int wl_batch_create(wl_batch **b, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens);
+void wl_batch_destroy(wl_batch *b); /* task only */
+/* Task only: one decode step of n sequences at once (n <= max_seqs, each
+ * already prefilled by wl_forward, none twice): token ids[i] at seqs[i]'s
+ * next position. Every op runs once over the n rows (weft_matmul with m =
+ * n, one weft_kv_append with per-token sequence ids and positions, one
+ * weft_attention_decode over the n block tables and lengths); logits[i]
+ * is seqs[i]'s row (fp32, vocab; host memory of the batch's, valid until
+ * its next step). Each row goes through the ops that wl_forward runs for
+ * one token, in the same order. */
+int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n,
+                     const float **logits);
+
+/* A batcher: a task (wl_batcher_run) that forms each decode step's batch
+ * from the sequences that have joined it. A sequence task prefills itself
+ * (wl_forward), joins, then hands each next token to wl_batcher_step, which
+ * suspends it (a weft condition variable: no worker is blocked) until the
+ * batcher has run the step; the batcher runs a step once every joined
+ * sequence is waiting in wl_batcher_step, so each step takes all of them.
+ * A sequence that ends or stops (a cancelled request) leaves
+ * (wl_batcher_leave) before it is destroyed (its pages go back with
+ * wl_seq_destroy); the others go on. A member's task that cancels itself
+ * (weft_cancel) gets an error from its next wl_batcher_step and still
+ * leaves. Cancelling a member from another task while it waits in
+ * wl_batcher_step is not supported yet: a test of it hung now and then. */
+typedef struct wl_batcher wl_batcher;
+
+/* Task only (makes the batch's buffers). */
+int wl_batcher_create(wl_batcher **bt, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens);
+/* The batcher task's body (arg: the batcher): returns once wl_batcher_close
+ * was called and every sequence has left. */
+void *wl_batcher_run(void *batcher);
+/* At most max_seqs sequences at once; an error past that. */
+int wl_batcher_join(wl_batcher *bt, wl_seq *s);
+/* Task only: s's next token; *logits as wl_forward_batch's row, valid until
+ * s's next step or its leave. An error of the step is every member's. */
+int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const float **logits);
+void wl_batcher_leave(wl_batcher *bt, wl_seq *s);
+void wl_batcher_close(wl_batcher *bt);
+/* Steps run so far and the rows (tokens) they took. */
+void wl_batcher_stats(wl_batcher *bt, long *steps, long *rows);
+/* Task only, after the batcher's task has returned. */
+void wl_batcher_destroy(wl_batcher *bt);
+
 typedef struct wl_sampler {
     float temperature; /* 0: greedy */
     int top_k;         /* 0: all */

@@ -4,13 +4,18 @@
  *            [--shard-mb N]
  *   weft-llm generate MODEL_DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
  *            [--seed N] [--temperature T] [--top-k K] [--top-p P] [--backend host|cuda|auto]
- *            [--print-ids] [--print-top] [--kv-pages N]
+ *            [--print-ids] [--print-top] [--kv-pages N] [--parallel N]
  *   weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]
  *   weft-llm check MODEL_DIR
  * generate streams the decoded text to stdout as it is sampled; with
  * --print-ids the prompt's and the generated ids follow on stderr, with
- * --print-top each step's two largest logits as they come. Errors
- * go to stderr as one line, exit status 1; bad usage exits 2.
+ * --print-top each step's two largest logits as they come. Every
+ * sequence is a weft task that prefills its prompt alone and then decodes
+ * through the batcher task (batch.c), one batched forward a step for all
+ * the sequences waiting. --parallel N runs N copies of the prompt, copy i
+ * sampling with seed + i; each copy's text is printed once all are done,
+ * on a line of its own that opens with its index ("[i] "). Errors go to
+ * stderr as one line, exit status 1; bad usage exits 2.
  */
 #include <errno.h>
 #include <limits.h>
@@ -22,10 +27,12 @@
 
 typedef struct gen {
     const char *dir, *prompt, *prompt_ids, *backend;
-    int max_tokens, print_ids, print_top;
+    int max_tokens, print_ids, print_top, parallel;
     int kv_pages; /* pages of the model's KV cache, WL_KV_PAGE tokens each */
     wl_sampler sampler;
     wl_model model;
+    wl_kv kv;
+    wl_batcher *batcher;
     wl_tokenizer *tk;
     int32_t *ids;
     size_t n_ids;
@@ -39,7 +46,7 @@ static int usage(void)
             "usage: weft-llm random-model DIR --preset tiny|1b|8b|moe [--seed N] [--config-only] "
             "[--shard-mb N]\n"
             "       weft-llm generate MODEL_DIR (--prompt TEXT | --prompt-ids 1,2,3) "
-            "[--max-tokens N] [--seed N] [--kv-pages N]\n"
+            "[--max-tokens N] [--seed N] [--kv-pages N] [--parallel N]\n"
             "                [--temperature T] [--top-k K] [--top-p P] [--backend "
             "host|cuda|auto] [--print-ids] [--print-top]\n"
             "       weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]\n"
@@ -86,14 +93,26 @@ static int tokenizer_path(const char *arg, char *path, size_t cap)
     return 0;
 }
 
-static void emit(const gen *g, int32_t id, int at_start)
+/* The text of token id: streamed to stdout (one sequence), or kept in
+ * text (several, printed at the end). */
+static void emit(const gen *g, int32_t id, int at_start, char **text, size_t *len)
 {
     char buf[1024];
     int n = g->tk ? wl_decode_token(g->tk, id, 0, at_start, buf, sizeof buf) : 0;
     if (n < 0)
         n = 0; /* an id of the model's (padded) vocabulary that the tokenizer lacks: no text */
-    fwrite(buf, 1, (size_t)n, stdout);
-    fflush(stdout);
+    if (!text) {
+        fwrite(buf, 1, (size_t)n, stdout);
+        fflush(stdout);
+        return;
+    }
+    char *t = realloc(*text, *len + (size_t)n + 1);
+    if (!t)
+        return; /* the text is cut short; the ids are still printed with --print-ids */
+    memcpy(t + *len, buf, (size_t)n);
+    *len += (size_t)n;
+    t[*len] = 0;
+    *text = t;
 }
 
 static int is_eos(const wl_config *c, int id)
@@ -106,7 +125,7 @@ static int is_eos(const wl_config *c, int id)
 
 /* The step's two largest logits, as tests/apps/llm_reference.py prints
  * transformers' (to tell a divergence at a near tie from a bug). */
-static void print_top_two(const float *logits, int vocab, int step, int32_t id)
+static void print_top_two(const float *logits, int vocab, int step, int32_t id, int index)
 {
     int a = 0, b = -1;
     for (int i = 1; i < vocab; i++)
@@ -116,68 +135,186 @@ static void print_top_two(const float *logits, int vocab, int step, int32_t id)
         } else if (b < 0 || logits[i] > logits[b]) {
             b = i;
         }
+    if (index >= 0)
+        fprintf(stderr, "[%d]", index);
     fprintf(stderr, "  step %d: token %d (top %d) logit %.5f, next %.5f, gap %.2e\n", step, id, a,
             logits[a], logits[b], (double)logits[a] - logits[b]);
 }
 
-/* One sequence, one task: prefill the prompt, then a token at a time. */
-static void *generate_task(void *arg)
+/* One sequence of a generate run. */
+typedef struct seq_run {
+    gen *g;
+    int index; /* -1: the run's only sequence */
+    wl_sampler sampler;
+    int32_t *out;
+    int n_out, failed;
+    char *text; /* several sequences: the text, printed at the end */
+    size_t text_len;
+    char message[512];
+} seq_run;
+
+/* Before the sequences: the weights to the device, the KV cache and the
+ * batcher. */
+static void *setup_task(void *arg)
 {
     gen *g = arg;
-    wl_seq *s = NULL;
-    wl_kv kv = {0};
-    const float *logits;
-    int32_t *out = malloc(((size_t)g->max_tokens + 1) * sizeof *out);
-    int n_out = 0;
-    g->failed = 1;
-    if (!out) {
-        wl_fail("out of memory");
-        return NULL;
-    }
-    if (wl_model_upload(&g->model) || wl_kv_create(&kv, &g->model, g->kv_pages, WL_KV_PAGE) ||
-        wl_seq_create(&s, &g->model, &kv, (int)g->n_ids + g->max_tokens) ||
-        wl_forward(s, g->ids, (int)g->n_ids, &logits))
-        goto done;
-    while (n_out < g->max_tokens) {
-        int32_t id = wl_sample(&g->sampler, logits, g->model.cfg.vocab);
-        if (g->print_top)
-            print_top_two(logits, g->model.cfg.vocab, n_out, id);
-        out[n_out++] = id;
-        if (is_eos(&g->model.cfg, id))
-            break;
-        emit(g, id, 0); /* a continuation of the prompt: never the text's start */
-        if (n_out < g->max_tokens && wl_forward(s, &id, 1, &logits))
-            goto done;
-    }
-    g->failed = 0;
-    fputc('\n', stdout);
-    if (g->print_ids) {
-        fprintf(stderr, "prompt ids:");
-        for (size_t i = 0; i < g->n_ids; i++)
-            fprintf(stderr, "%s%d", i ? "," : " ", g->ids[i]);
-        fprintf(stderr, "\ngenerated ids:");
-        for (int i = 0; i < n_out; i++)
-            fprintf(stderr, "%s%d", i ? "," : " ", out[i]);
-        fprintf(stderr, "\n");
-    }
-done:
+    int max_tokens = (int)g->n_ids + g->max_tokens;
+    g->failed = wl_model_upload(&g->model) ||
+                wl_kv_create(&g->kv, &g->model, g->kv_pages, WL_KV_PAGE) ||
+                wl_batcher_create(&g->batcher, &g->model, &g->kv, g->parallel, max_tokens);
     if (g->failed)
         snprintf(g->message, sizeof g->message, "%s", wl_error());
-    wl_seq_destroy(s);
-    wl_kv_destroy(&kv);
+    return NULL;
+}
+
+static void *teardown_task(void *arg)
+{
+    gen *g = arg;
+    wl_batcher_destroy(g->batcher);
+    wl_kv_destroy(&g->kv);
     if (wl_model_release(&g->model) && !g->failed) {
         g->failed = 1;
         snprintf(g->message, sizeof g->message, "%s", wl_error());
     }
-    free(out);
     return NULL;
+}
+
+/* One sequence, one task: prefill the prompt alone, then a token a step
+ * through the batcher; it leaves when it ends (or fails), and its pages go
+ * back. */
+static void *sequence_task(void *arg)
+{
+    seq_run *r = arg;
+    gen *g = r->g;
+    wl_seq *s = NULL;
+    const float *logits;
+    int joined = 0;
+    r->failed = 1;
+    if (wl_seq_create(&s, &g->model, &g->kv, (int)g->n_ids + g->max_tokens) ||
+        wl_forward(s, g->ids, (int)g->n_ids, &logits) || wl_batcher_join(g->batcher, s))
+        goto done;
+    joined = 1;
+    while (r->n_out < g->max_tokens) {
+        int32_t id = wl_sample(&r->sampler, logits, g->model.cfg.vocab);
+        if (g->print_top)
+            print_top_two(logits, g->model.cfg.vocab, r->n_out, id, r->index);
+        r->out[r->n_out++] = id;
+        if (is_eos(&g->model.cfg, id))
+            break;
+        /* a continuation of the prompt: never the text's start */
+        emit(g, id, 0, r->index < 0 ? NULL : &r->text, &r->text_len);
+        if (r->n_out < g->max_tokens && wl_batcher_step(g->batcher, s, id, &logits))
+            goto done;
+    }
+    r->failed = 0;
+done:
+    if (r->failed)
+        snprintf(r->message, sizeof r->message, "%s", wl_error());
+    if (joined)
+        wl_batcher_leave(g->batcher, s);
+    wl_seq_destroy(s);
+    return NULL;
+}
+
+static void print_ids(const gen *g, const seq_run *r)
+{
+    if (r->index >= 0)
+        fprintf(stderr, "[%d] ", r->index);
+    fprintf(stderr, "prompt ids:");
+    for (size_t i = 0; i < g->n_ids; i++)
+        fprintf(stderr, "%s%d", i ? "," : " ", g->ids[i]);
+    fprintf(stderr, "\ngenerated ids:");
+    for (int i = 0; i < r->n_out; i++)
+        fprintf(stderr, "%s%d", i ? "," : " ", r->out[i]);
+    fprintf(stderr, "\n");
+}
+
+/* The run's tasks: setup, the batcher and every sequence, teardown. */
+static int run_tasks(gen *g, weft_runtime *rt)
+{
+    int n = g->parallel, spawned = 0, batcher_up = 0;
+    seq_run *runs = calloc((size_t)n, sizeof *runs);
+    weft_task **tasks = calloc((size_t)n, sizeof *tasks), *t, *bt;
+    g->failed = 1;
+    if (!runs || !tasks) {
+        snprintf(g->message, sizeof g->message, "out of memory");
+        goto out;
+    }
+    if (weft_spawn(rt, &t, setup_task, g, NULL) != WEFT_OK || weft_join(t, NULL) != WEFT_OK) {
+        snprintf(g->message, sizeof g->message, "the setup task failed: %s", weft_last_error());
+        goto teardown;
+    }
+    if (g->failed)
+        goto teardown;
+    g->failed = 1;
+    weft_task_opts opts = WEFT_TASK_OPTS_INIT;
+    opts.name = "batcher";
+    if (weft_spawn(rt, &bt, wl_batcher_run, g->batcher, &opts) != WEFT_OK) {
+        snprintf(g->message, sizeof g->message, "the batcher's task: %s", weft_last_error());
+        goto teardown;
+    }
+    batcher_up = 1;
+    opts.name = "sequence";
+    for (; spawned < n; spawned++) {
+        seq_run *r = &runs[spawned];
+        r->g = g;
+        r->index = n > 1 ? spawned : -1;
+        r->sampler = g->sampler;
+        r->sampler.state += (uint64_t)spawned; /* copy i: seed + i */
+        r->out = malloc(((size_t)g->max_tokens + 1) * sizeof *r->out);
+        if (!r->out || weft_spawn(rt, &tasks[spawned], sequence_task, r, &opts) != WEFT_OK) {
+            snprintf(g->message, sizeof g->message, "sequence %d: %s", spawned,
+                     r->out ? weft_last_error() : "out of memory");
+            goto join;
+        }
+    }
+    g->failed = 0;
+join:
+    for (int i = 0; i < spawned; i++)
+        if (weft_join(tasks[i], NULL) != WEFT_OK && !g->failed) {
+            g->failed = 1;
+            snprintf(g->message, sizeof g->message, "sequence %d's task: %s", i, weft_last_error());
+        }
+    for (int i = 0; i < spawned && !g->failed; i++)
+        if (runs[i].failed) {
+            g->failed = 1;
+            snprintf(g->message, sizeof g->message, "%s%s", n > 1 ? "a sequence: " : "",
+                     runs[i].message);
+        }
+    if (batcher_up) {
+        wl_batcher_close(g->batcher);
+        weft_join(bt, NULL);
+    }
+    if (!g->failed)
+        for (int i = 0; i < n; i++) {
+            if (runs[i].index < 0)
+                fputc('\n', stdout);
+            else
+                printf("[%d] %s\n", i, runs[i].text ? runs[i].text : "");
+            if (g->print_ids)
+                print_ids(g, &runs[i]);
+        }
+teardown:
+    if (weft_spawn(rt, &t, teardown_task, g, NULL) != WEFT_OK || weft_join(t, NULL) != WEFT_OK) {
+        if (!g->failed)
+            snprintf(g->message, sizeof g->message, "the teardown task failed: %s",
+                     weft_last_error());
+        g->failed = 1;
+    }
+out:
+    for (int i = 0; runs && i < n; i++) {
+        free(runs[i].out);
+        free(runs[i].text);
+    }
+    free(runs);
+    free(tasks);
+    return g->failed;
 }
 
 static int run_generate(gen *g)
 {
     char path[PATH_MAX];
     weft_runtime *rt = NULL;
-    weft_task *task;
     int rc = 1;
     if (wl_model_open(&g->model, g->dir))
         goto out;
@@ -206,13 +343,7 @@ static int run_generate(gen *g)
         wl_fail("weft runtime: %s", weft_last_error());
         goto out;
     }
-    weft_task_opts opts = WEFT_TASK_OPTS_INIT;
-    opts.name = "sequence";
-    if (weft_spawn(rt, &task, generate_task, g, &opts) != WEFT_OK ||
-        weft_join(task, NULL) != WEFT_OK) {
-        wl_fail("the sequence's task failed: %s", weft_last_error());
-        goto out;
-    }
+    run_tasks(g, rt);
     rc = g->failed;
     if (rc)
         wl_fail("%s", g->message);
@@ -230,6 +361,7 @@ out:
 static int cmd_generate(int argc, char **argv)
 {
     gen g = {.max_tokens = 32,
+             .parallel = 1,
              .kv_pages = WL_KV_DEFAULT_PAGES,
              .backend = "auto",
              .sampler = {.top_p = 1}};
@@ -258,6 +390,8 @@ static int cmd_generate(int argc, char **argv)
             g.backend = val;
         else if (!strcmp(a, "--max-tokens") && !parse_num(val, 1, 1 << 20, &v))
             g.max_tokens = (int)v;
+        else if (!strcmp(a, "--parallel") && !parse_num(val, 1, 1024, &v))
+            g.parallel = (int)v;
         else if (!strcmp(a, "--kv-pages") && !parse_num(val, 1, 1 << 24, &v))
             g.kv_pages = (int)v;
         else if (!strcmp(a, "--seed") && !parse_num(val, 0, 1.8e19, &v))

@@ -185,4 +185,167 @@ static inline int run_forward(weft_backend backend, const char *dir, const int32
     return run_forward_steps(backend, dir, ids, n_prompt, n_total, 1, logits, message);
 }
 
+/* ---- sequences through the batcher --------------------------------------- */
+
+/* A run of seqs sequences through a batcher: sequence q's prompt is
+ * ids[q][0, prompt[q]) (prefilled alone), then ids[q][prompt[q],
+ * total[q]) a step at a time through the batcher, unless stop[q] > 0 stops
+ * it after that many steps (as a request dropped), and cancel[q] > 0 has
+ * its task cancel itself (weft_cancel) after that many: its next step must
+ * fail, and it must still leave. logits[q] gets
+ * [steps][vocab]: after the prompt, then after each step. */
+#define BR_MAX_SEQS 8
+#define BR_MAX_TOTAL 64
+typedef struct batch_run {
+    int seqs, pages;
+    const int32_t *ids[BR_MAX_SEQS];
+    int prompt[BR_MAX_SEQS], total[BR_MAX_SEQS], stop[BR_MAX_SEQS], cancel[BR_MAX_SEQS];
+    float *logits[BR_MAX_SEQS];
+    /* results */
+    int steps_done[BR_MAX_SEQS];
+    long steps, rows; /* the batcher's steps and the tokens they took */
+    int free_pages;   /* free after every sequence ended */
+    char message[512];
+} batch_run;
+
+typedef struct br_env {
+    wl_model m;
+    wl_kv kv;
+    wl_batcher *bt;
+    batch_run *r;
+    int failed;
+    char message[512];
+} br_env;
+
+typedef struct br_seq {
+    br_env *e;
+    int q, failed;
+    char message[512];
+} br_seq;
+
+static inline void *br_setup_task(void *arg)
+{
+    br_env *e = (br_env *)arg;
+    int longest = 1;
+    for (int q = 0; q < e->r->seqs; q++)
+        longest = e->r->total[q] > longest ? e->r->total[q] : longest;
+    e->failed = wl_model_upload(&e->m) || wl_kv_create(&e->kv, &e->m, e->r->pages, 16) ||
+                wl_batcher_create(&e->bt, &e->m, &e->kv, e->r->seqs, longest);
+    snprintf(e->message, sizeof e->message, "%s", wl_error());
+    return NULL;
+}
+
+static inline void *br_teardown_task(void *arg)
+{
+    br_env *e = (br_env *)arg;
+    wl_batcher_destroy(e->bt);
+    wl_kv_destroy(&e->kv);
+    wl_model_release(&e->m);
+    return NULL;
+}
+
+/* A sequence's life: its prefill alone, then each token through the
+ * batcher, then it leaves and its pages go back. */
+static inline void *br_seq_task(void *arg)
+{
+    br_seq *j = (br_seq *)arg;
+    batch_run *r = j->e->r;
+    int q = j->q, V = j->e->m.cfg.vocab, joined = 0;
+    wl_seq *s = NULL;
+    const float *lg;
+    j->failed = 1;
+    if (wl_seq_create(&s, &j->e->m, &j->e->kv, r->total[q]) ||
+        wl_forward(s, r->ids[q], r->prompt[q], &lg))
+        goto out;
+    memcpy(r->logits[q], lg, (size_t)V * 4);
+    if (wl_batcher_join(j->e->bt, s))
+        goto out;
+    joined = 1;
+    for (int t = r->prompt[q]; t < r->total[q]; t++) {
+        if (r->stop[q] && r->steps_done[q] == r->stop[q])
+            break; /* stopped: it leaves while the others go on */
+        if (r->cancel[q] && r->steps_done[q] == r->cancel[q]) {
+            weft_cancel(weft_task_current());
+            if (!wl_batcher_step(j->e->bt, s, r->ids[q][t], &lg) ||
+                !strstr(wl_error(), "cancelled"))
+                goto out; /* a step after the cancellation must fail, saying so */
+            break;
+        }
+        if (wl_batcher_step(j->e->bt, s, r->ids[q][t], &lg))
+            goto out;
+        memcpy(r->logits[q] + (size_t)(r->steps_done[q] + 1) * V, lg, (size_t)V * 4);
+        __atomic_store_n(&r->steps_done[q], r->steps_done[q] + 1, __ATOMIC_RELEASE);
+    }
+    j->failed = 0;
+out:
+    snprintf(j->message, sizeof j->message, "%s", wl_error());
+    if (joined)
+        wl_batcher_leave(j->e->bt, s);
+    wl_seq_destroy(s);
+    return NULL;
+}
+
+/* Runs r on a runtime of the given backend. Returns 0, or -1 with the
+ * reason in r->message. */
+static inline int run_batched(weft_backend backend, const char *dir, batch_run *r)
+{
+    br_env e;
+    br_seq jobs[BR_MAX_SEQS];
+    weft_task *t, *bt = NULL, *seq[BR_MAX_SEQS];
+    weft_runtime *rt;
+    weft_config cfg = WEFT_CONFIG_INIT;
+    int spawned = 0, rc = -1;
+    memset(&e, 0, sizeof e);
+    e.r = r;
+    r->steps = r->rows = 0;
+    snprintf(r->message, sizeof r->message, "%s", "");
+    if (wl_model_open(&e.m, dir)) {
+        snprintf(r->message, sizeof r->message, "%s", wl_error());
+        return -1;
+    }
+    cfg.workers = 2;
+    cfg.backend = backend;
+    cfg.stack_size = 1 << 20;
+    if (weft_runtime_create(&rt, &cfg) != WEFT_OK) {
+        snprintf(r->message, sizeof r->message, "runtime: %s", weft_last_error());
+        wl_model_close(&e.m);
+        return -1;
+    }
+    if (weft_spawn(rt, &t, br_setup_task, &e, NULL) != WEFT_OK || weft_join(t, NULL) != WEFT_OK ||
+        e.failed) {
+        snprintf(r->message, sizeof r->message, "setup: %.400s", e.message);
+        goto out;
+    }
+    if (weft_spawn(rt, &bt, wl_batcher_run, e.bt, NULL) != WEFT_OK)
+        goto out;
+    for (; spawned < r->seqs; spawned++) {
+        r->steps_done[spawned] = 0;
+        jobs[spawned] = (br_seq){.e = &e, .q = spawned};
+        if (weft_spawn(rt, &seq[spawned], br_seq_task, &jobs[spawned], NULL) != WEFT_OK)
+            break;
+    }
+    rc = spawned == r->seqs ? 0 : -1;
+    for (int q = 0; q < spawned; q++) {
+        int jrc = weft_join(seq[q], NULL);
+        int join_ok = r->cancel[q] ? jrc == WEFT_ETASKCANCELED : jrc == WEFT_OK;
+        if (!join_ok || jobs[q].failed) {
+            if (!rc)
+                snprintf(r->message, sizeof r->message, "sequence %d: %.400s", q, jobs[q].message);
+            rc = -1;
+        }
+    }
+    r->free_pages = wl_kv_free_pages(&e.kv);
+    wl_batcher_stats(e.bt, &r->steps, &r->rows);
+    wl_batcher_close(e.bt);
+    weft_join(bt, NULL);
+out:
+    if (weft_spawn(rt, &t, br_teardown_task, &e, NULL) == WEFT_OK)
+        weft_join(t, NULL);
+    weft_runtime_destroy(rt);
+    wl_model_close(&e.m);
+    if (rc && !r->message[0])
+        snprintf(r->message, sizeof r->message, "a task: %s", weft_last_error());
+    return rc;
+}
+
 #endif

@@ -1,7 +1,8 @@
 /*
  * test_llm_gpu.c - weft-llm's forward pass on the GPU against the host
- * backend, and generate with --backend cuda. Exits 77 (skipped) without a
- * GPU.
+ * backend, batched decoding on the GPU against each sequence alone there,
+ * and generate with --backend cuda (also --parallel). Exits 77 (skipped)
+ * without a GPU.
  *
  * The same code runs on both (every op on the task's stream); the GPU's
  * matmuls sum in another order, so a bf16 activation may round the other
@@ -94,6 +95,70 @@ static void test_gpu_logits_match_host(void **state)
     free(gpu);
 }
 
+/* Three sequences of different lengths through the batcher on the GPU,
+ * one stopped midway, against each alone on the GPU: the batch's matmuls
+ * (m = the batch) and its one decode attention may pick other kernels or
+ * splits than one row does, so a bf16 activation may round the other way:
+ * within 4 bf16 units at the logits' scale, every logit written, every
+ * page back. */
+static void test_gpu_batched_matches_alone(void **state)
+{
+    (void)state;
+    enum { SEQS = 3, V = 512, MAX_TOTAL = 14, STEPS = MAX_TOTAL };
+    static const int prompt[SEQS] = {5, 3, 7}, total[SEQS] = {9, 14, 12};
+    int32_t ids[SEQS][MAX_TOTAL];
+    uint64_t st = seed ^ 0xb47c;
+    float *alone = malloc(sizeof(float) * SEQS * STEPS * V);
+    float *together = malloc(sizeof(float) * SEQS * STEPS * V);
+    char msg[512];
+    batch_run r = {.seqs = SEQS, .pages = 8};
+    for (size_t i = 0; i < (size_t)SEQS * STEPS * V; i++)
+        together[i] = NAN;
+    for (int q = 0; q < SEQS; q++) {
+        for (int i = 0; i < MAX_TOTAL; i++)
+            ids[q][i] = (int32_t)(wl_rand_next(&st) % V);
+        if (run_forward(WEFT_BACKEND_CUDA, model_dir, ids[q], prompt[q], total[q],
+                        alone + (size_t)q * STEPS * V, msg))
+            fail_msg("alone on the GPU: %s", msg);
+        r.ids[q] = ids[q];
+        r.prompt[q] = prompt[q];
+        r.total[q] = total[q];
+        r.stop[q] = q == 1 ? 3 : 0;
+        r.logits[q] = together + (size_t)q * STEPS * V;
+    }
+    if (run_batched(WEFT_BACKEND_CUDA, model_dir, &r))
+        fail_msg("batched on the GPU: %s", r.message);
+    printf("  %ld decode tokens in %ld batched steps, %d of 8 pages free after\n", r.rows, r.steps,
+           r.free_pages);
+    int bad = r.free_pages != 8;
+    for (int q = 0; q < SEQS; q++) {
+        int want = q == 1 ? 3 : total[q] - prompt[q];
+        if (r.steps_done[q] != want) {
+            printf("  sequence %d: %d steps, not %d\n", q, r.steps_done[q], want);
+            bad++;
+        }
+        for (int k = 0; k <= r.steps_done[q]; k++) {
+            const float *a = alone + ((size_t)q * STEPS + k) * V;
+            const float *b = together + ((size_t)q * STEPS + k) * V;
+            double scale = 0, worst = 0;
+            int nan = 0;
+            for (int i = 0; i < V; i++) {
+                nan += isnan(b[i]);
+                scale = fmax(scale, fabs(a[i]));
+                worst = fmax(worst, fabs((double)a[i] - b[i]));
+            }
+            printf("  sequence %d step %d: scale %.4f, max |batched - alone| %.3e = %.2f bf16 "
+                   "units, %d NaN\n",
+                   q, k, scale, worst, worst / (scale / 128), nan);
+            if (nan || worst > 4 * scale / 128)
+                bad++;
+        }
+    }
+    assert_int_equal(bad, 0);
+    free(alone);
+    free(together);
+}
+
 static void test_cli_generates_on_the_gpu(void **state)
 {
     (void)state;
@@ -111,6 +176,22 @@ static void test_cli_generates_on_the_gpu(void **state)
     assert_int_equal(rc, 0);
     /* the same prompt; the ids agree up to the first near tie (see above) */
     assert_non_null(strstr(err_g, "generated ids: "));
+    free(out_g);
+    free(err_g);
+    /* three copies through the batcher on the GPU, each with its index */
+    snprintf(cmd, sizeof cmd,
+             "%s generate %s --prompt 'The old woman' --max-tokens 16 --print-ids --backend cuda "
+             "--parallel 3 --temperature 0.8 --seed 3",
+             WL_BIN, model_dir);
+    rc = run_capture(cmd, &out_g, &err_g);
+    printf("  cuda --parallel 3 (exit %d): %s%s", rc, out_g, err_g);
+    assert_int_equal(rc, 0);
+    for (int i = 0; i < 3; i++) {
+        char head[32];
+        snprintf(head, sizeof head, "[%d] ", i);
+        assert_non_null(strstr(out_g, head));
+        assert_non_null(strstr(err_g, head));
+    }
     free(out_h);
     free(err_h);
     free(out_g);
@@ -130,6 +211,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpu_logits_match_host),
+        cmocka_unit_test(test_gpu_batched_matches_alone),
         cmocka_unit_test(test_cli_generates_on_the_gpu),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -1,0 +1,486 @@
+/*
+ * batch.c - continuous batching of decode steps: wl_forward_batch runs one
+ * token of each of several sequences through the model in one pass, and
+ * the batcher (a weft task) forms each step's batch from the sequence
+ * tasks waiting on it.
+ *
+ * A batch's rows are tokens of distinct sequences, each at its own next
+ * position. Every row goes through the ops forward.c runs for a single
+ * decode token, in the same order: the embedding row, RMSNorm, the q, k and
+ * v projections (Qwen3's per-head norms), RoPE, the append of K and V to
+ * the pages, decode attention with q_len 1, the o projection into the
+ * residual, the MLP, the final norm and the lm_head. Here each op is one
+ * call over all the rows: weft_matmul with m = the batch, one
+ * weft_kv_append with a sequence id and a position per token, and one
+ * weft_attention_decode over the batch's block tables (row i of the
+ * device table is seqs[i]'s table) and lengths. q and the K|V rows are
+ * kept in two buffers (not side by side as forward.c keeps them) so that
+ * q is already the packed [seqs][heads][head_dim] the attention takes.
+ *
+ * Prefill stays per sequence (each sequence's own wl_forward over its
+ * prompt, in its task) for now; only decode steps are batched.
+ *
+ * The batcher: one weft mutex guards its members' slots; sequences wait on
+ * one condition variable (done) for their step's logits and the batcher on
+ * another (work) for every member to be waiting. A step is formed only
+ * when every joined sequence is waiting, so all of them take part and the
+ * batch's logits rows are read by their sequences before the next step
+ * overwrites them. The forward itself runs outside the mutex.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "forward_impl.h"
+
+struct wl_batch {
+    const wl_model *m;
+    wl_kv *kv;
+    int max_seqs, max_pages;
+    size_t q_dim, kv_dim, workspace_bytes;
+    /* the backend's memory, max_seqs rows each */
+    void *x, *h, *q, *kvr, *attn, *gu, *act, *workspace;
+    float *logits;
+    int32_t *positions, *seq_ids, *table, *seq_lens;
+    /* host memory */
+    void *q_host, *kv_host; /* Llama 3's RoPE on the host */
+    int32_t *pos_host, *ids_host, *table_host, *lens_host;
+    float *logits_host;
+};
+
+int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens)
+{
+    const wl_config *c = &m->cfg;
+    size_t es = wl_dtype_size(m->dtype), B = (size_t)max_seqs;
+    *out = NULL;
+    if (max_seqs < 1 || max_tokens < 1)
+        return wl_fail("batch: %d sequences of %d tokens", max_seqs, max_tokens);
+    wl_batch *b = calloc(1, sizeof *b);
+    if (!b)
+        return wl_fail("out of memory");
+    b->m = m;
+    b->kv = kv;
+    b->max_seqs = max_seqs;
+    b->max_pages = (max_tokens + kv->page_size - 1) / kv->page_size;
+    b->q_dim = (size_t)c->heads * c->head_dim;
+    b->kv_dim = (size_t)c->kv_heads * c->head_dim;
+    size_t P = (size_t)b->max_pages;
+    TRY(weft_malloc_async(&b->x, B * c->hidden * es));
+    TRY(weft_malloc_async(&b->h, B * c->hidden * es));
+    TRY(weft_malloc_async(&b->q, B * b->q_dim * es));
+    TRY(weft_malloc_async(&b->kvr, B * 2 * b->kv_dim * es));
+    TRY(weft_malloc_async(&b->attn, B * b->q_dim * es));
+    TRY(weft_malloc_async(&b->gu, B * 2 * c->intermediate * es));
+    TRY(weft_malloc_async(&b->act, B * c->intermediate * es));
+    TRY(weft_malloc_async((void **)&b->logits, B * c->vocab * 4));
+    TRY(weft_malloc_async((void **)&b->positions, B * 4));
+    TRY(weft_malloc_async((void **)&b->seq_ids, B * 4));
+    TRY(weft_malloc_async((void **)&b->table, B * P * 4));
+    TRY(weft_malloc_async((void **)&b->seq_lens, B * 4));
+    /* the decode workspace for any batch size: the split the op chooses
+     * (more parts for fewer sequences) need not grow with the batch */
+    for (size_t n = 1; n <= B; n++) {
+        weft_kv_cache cache = wl_kv_layer(kv, 0, b->table, b->max_pages);
+        cache.seqs = n;
+        weft_attention_decode_desc d = {
+            .q_len = 1, .heads = (size_t)c->heads, .window = (size_t)c->sliding_window};
+        size_t bytes = 0;
+        TRY(weft_attention_decode_workspace(&cache, &d, &bytes));
+        if (bytes > b->workspace_bytes)
+            b->workspace_bytes = bytes;
+    }
+    if (b->workspace_bytes)
+        TRY(weft_malloc_async(&b->workspace, b->workspace_bytes));
+    if (c->rope_llama3) {
+        b->q_host = malloc(B * b->q_dim * es);
+        b->kv_host = malloc(B * 2 * b->kv_dim * es);
+    }
+    b->pos_host = malloc(B * 4);
+    b->ids_host = malloc(B * 4);
+    b->table_host = calloc(B * P, 4);
+    b->lens_host = malloc(B * 4);
+    b->logits_host = malloc(B * c->vocab * 4);
+    if ((c->rope_llama3 && (!b->q_host || !b->kv_host)) || !b->pos_host || !b->ids_host ||
+        !b->table_host || !b->lens_host || !b->logits_host) {
+        wl_fail("out of memory for a batch of %d sequences", max_seqs);
+        goto fail;
+    }
+    for (int i = 0; i < max_seqs; i++)
+        b->ids_host[i] = i; /* row i is sequence i of the batch's table */
+    TRY(weft_memcpy_async(b->seq_ids, b->ids_host, B * 4));
+    TRY(weft_await());
+    *out = b;
+    return 0;
+fail : {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", wl_error());
+    wl_batch_destroy(b); /* waits: see wl_await_keeping_error */
+    return wl_fail("%s", msg);
+}
+}
+
+void wl_batch_destroy(wl_batch *b)
+{
+    if (!b)
+        return;
+    weft_await();
+    void *dev[] = {b->x,         b->h,      b->q,         b->kvr,     b->attn,  b->gu,      b->act,
+                   b->workspace, b->logits, b->positions, b->seq_ids, b->table, b->seq_lens};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
+        if (dev[i])
+            weft_free_async(dev[i]);
+    weft_await();
+    free(b->q_host);
+    free(b->kv_host);
+    free(b->pos_host);
+    free(b->ids_host);
+    free(b->table_host);
+    free(b->lens_host);
+    free(b->logits_host);
+    free(b);
+}
+
+/* Layer li over the batch's n rows (x holds the residuals). */
+static int layer_batch(wl_batch *b, int li, int n)
+{
+    const wl_model *m = b->m;
+    const wl_config *c = &m->cfg;
+    const wl_layer *L = &m->layer[li];
+    weft_dtype dt = m->dtype;
+    size_t es = wl_dtype_size(dt), H = (size_t)c->hidden, I = (size_t)c->intermediate;
+    size_t hd = (size_t)c->head_dim, kv2 = 2 * b->kv_dim;
+    char *k = b->kvr, *v = (char *)b->kvr + b->kv_dim * es;
+    float eps = (float)c->rms_eps;
+    TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->h, NULL, b->x, NULL, L->attn_norm, eps, (size_t)n, H,
+                     H));
+    TRY(wl_linear(m, b->q, b->q_dim, b->h, H, L->q, b->q_dim, L->q_bias, NULL, n, dt));
+    TRY(wl_linear(m, k, kv2, b->h, H, L->k, b->kv_dim, L->k_bias, NULL, n, dt));
+    TRY(wl_linear(m, v, kv2, b->h, H, L->v, b->kv_dim, L->v_bias, NULL, n, dt));
+    if (c->qk_norm) { /* per head: q's rows are packed, K's are kv2 apart */
+        TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->q, NULL, b->q, NULL, L->q_norm, eps,
+                         (size_t)n * c->heads, hd, hd));
+        for (int t = 0; t < n; t++) {
+            char *row = k + (size_t)t * kv2 * es;
+            TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, row, NULL, row, NULL, L->k_norm, eps,
+                             (size_t)c->kv_heads, hd, hd));
+        }
+    }
+    if (!c->rope_llama3) {
+        TRY(weft_rope(WEFT_TASK_STREAM, dt, WEFT_ROPE_HALVES, b->q, (size_t)c->heads, b->q_dim, k,
+                      (size_t)c->kv_heads, kv2, (size_t)n, hd, b->positions, (float)c->rope_theta));
+    } else { /* scaled frequencies: on the host, as forward.c does */
+        TRY(weft_memcpy_async(b->q_host, b->q, (size_t)n * b->q_dim * es));
+        TRY(weft_memcpy_async(b->kv_host, b->kvr, (size_t)n * kv2 * es));
+        TRY(weft_await());
+        for (int t = 0; t < n; t++) {
+            wl_rope_host(m, (char *)b->q_host + (size_t)t * b->q_dim * es, c->heads,
+                         b->pos_host[t]);
+            wl_rope_host(m, (char *)b->kv_host + (size_t)t * kv2 * es, c->kv_heads, b->pos_host[t]);
+        }
+        TRY(weft_memcpy_async(b->q, b->q_host, (size_t)n * b->q_dim * es));
+        TRY(weft_memcpy_async(b->kvr, b->kv_host, (size_t)n * kv2 * es));
+    }
+    weft_kv_cache cache = wl_kv_layer(b->kv, li, b->table, b->max_pages);
+    cache.seqs = (size_t)n;
+    TRY(weft_kv_append(WEFT_TASK_STREAM, &cache, k, kv2, v, kv2, (size_t)n, b->seq_ids,
+                       b->positions, NULL));
+    weft_attention_decode_desc d = {
+        .q_len = 1, .heads = (size_t)c->heads, .window = (size_t)c->sliding_window};
+    TRY(weft_attention_decode(WEFT_TASK_STREAM, &cache, &d, b->attn, NULL, b->q, b->seq_lens,
+                              b->workspace, b->workspace_bytes));
+    TRY(wl_linear(m, b->x, H, b->attn, b->q_dim, L->o, H, NULL, b->x, n, dt));
+    TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->h, NULL, b->x, NULL, L->mlp_norm, eps, (size_t)n, H,
+                     H));
+    TRY(wl_linear(m, b->gu, 2 * I, b->h, H, L->gate, I, NULL, NULL, n, dt));
+    TRY(wl_linear(m, (char *)b->gu + I * es, 2 * I, b->h, H, L->up, I, NULL, NULL, n, dt));
+    TRY(weft_glu(WEFT_TASK_STREAM, dt, WEFT_GLU_SWIGLU, b->act, b->gu, (size_t)n, I, 2 * I, I));
+    TRY(wl_linear(m, b->x, H, b->act, I, L->down, H, NULL, b->x, n, dt));
+    return 0;
+fail:
+    return -1;
+}
+
+int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n,
+                     const float **logits)
+{
+    const wl_model *m = b->m;
+    const wl_config *c = &m->cfg;
+    size_t es = wl_dtype_size(m->dtype), H = (size_t)c->hidden, P = (size_t)b->max_pages;
+    if (n < 1 || n > b->max_seqs)
+        return wl_fail("batch: %d sequences; the batch takes 1 to %d", n, b->max_seqs);
+    for (int i = 0; i < n; i++) {
+        const wl_seq *s = seqs[i];
+        if (s->m != m || s->kv != b->kv)
+            return wl_fail("batch: sequence %d is of another model or KV cache", i);
+        if (s->pos < 1)
+            return wl_fail("batch: sequence %d has no prompt yet (prefill it with wl_forward)", i);
+        if (s->pos >= s->max_tokens || s->pages.max_pages > b->max_pages)
+            return wl_fail("batch: sequence %d is full (%d tokens) or longer than the batch's %d "
+                           "pages",
+                           i, s->max_tokens, b->max_pages);
+        if (ids[i] < 0 || ids[i] >= c->vocab)
+            return wl_fail("batch: token id %d is outside the vocabulary (%d)", ids[i], c->vocab);
+        for (int j = 0; j < i; j++)
+            if (seqs[j] == s)
+                return wl_fail("batch: sequence %d is also row %d", i, j);
+    }
+    for (int i = 0; i < n; i++)
+        if (wl_kv_seq_grow(&seqs[i]->pages, seqs[i]->pos + 1))
+            return -1; /* nothing enqueued; pages taken stay the sequences' */
+    for (int i = 0; i < n; i++) {
+        const wl_seq *s = seqs[i];
+        b->pos_host[i] = s->pos;
+        b->lens_host[i] = s->pos + 1;
+        memcpy(b->table_host + i * P, s->pages.table, (size_t)s->pages.used * 4);
+    }
+    TRY(weft_memcpy_async(b->positions, b->pos_host, (size_t)n * 4));
+    TRY(weft_memcpy_async(b->seq_lens, b->lens_host, (size_t)n * 4));
+    TRY(weft_memcpy_async(b->table, b->table_host, (size_t)n * P * 4));
+    for (int i = 0; i < n; i++)
+        TRY(weft_memcpy_async((char *)b->x + i * H * es,
+                              (const char *)m->embed + (size_t)ids[i] * H * es, H * es));
+    for (int li = 0; li < c->layers; li++)
+        if (layer_batch(b, li, n))
+            goto fail;
+    TRY(weft_rmsnorm(WEFT_TASK_STREAM, m->dtype, b->h, NULL, b->x, NULL, m->final_norm,
+                     (float)c->rms_eps, (size_t)n, H, H));
+    TRY(wl_linear(m, b->logits, (size_t)c->vocab, b->h, H, m->lm_head, (size_t)c->vocab, NULL, NULL,
+                  n, WEFT_DTYPE_F32));
+    TRY(weft_memcpy_async(b->logits_host, b->logits, (size_t)n * c->vocab * 4));
+    TRY(weft_await());
+    for (int i = 0; i < n; i++) {
+        seqs[i]->pos++;
+        logits[i] = b->logits_host + (size_t)i * c->vocab;
+    }
+    return 0;
+fail:
+    wl_await_keeping_error(); /* work already enqueued reads our buffers */
+    return -1;
+}
+
+/* ---- the batcher ------------------------------------------------------------ */
+
+typedef struct slot {
+    wl_seq *seq; /* NULL: free */
+    int32_t id;
+    int waiting; /* handed a token; cleared when its logits (or error) are in */
+    int taken;   /* its token is in the step the batcher is running */
+    int rc;
+    const float *logits;
+    char message[512];
+} slot;
+
+struct wl_batcher {
+    wl_batch *batch;
+    weft_mutex *lock;
+    weft_cond *work, *done;
+    int max_seqs, members, waiting, closed;
+    long steps, rows_run;
+    slot *slots;
+    /* the step's rows (the batcher's own, outside the lock) */
+    wl_seq **seqs;
+    int32_t *ids;
+    int *rows;
+    const float **logits;
+};
+
+int wl_batcher_create(wl_batcher **out, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens)
+{
+    wl_batcher *bt = calloc(1, sizeof *bt);
+    *out = NULL;
+    if (!bt)
+        return wl_fail("out of memory");
+    bt->max_seqs = max_seqs;
+    bt->slots = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->slots);
+    bt->seqs = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->seqs);
+    bt->ids = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->ids);
+    bt->rows = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->rows);
+    bt->logits = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->logits);
+    if (!bt->slots || !bt->seqs || !bt->ids || !bt->rows || !bt->logits) {
+        wl_batcher_destroy(bt);
+        return wl_fail("out of memory");
+    }
+    if (weft_mutex_create(&bt->lock) != WEFT_OK || weft_cond_create(&bt->work) != WEFT_OK ||
+        weft_cond_create(&bt->done) != WEFT_OK) {
+        wl_fail("batcher: %s", weft_last_error());
+        wl_batcher_destroy(bt);
+        return -1;
+    }
+    if (wl_batch_create(&bt->batch, m, kv, max_seqs, max_tokens)) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", wl_error());
+        wl_batcher_destroy(bt);
+        return wl_fail("%s", msg);
+    }
+    *out = bt;
+    return 0;
+}
+
+void wl_batcher_destroy(wl_batcher *bt)
+{
+    if (!bt)
+        return;
+    wl_batch_destroy(bt->batch);
+    if (bt->done)
+        weft_cond_destroy(bt->done);
+    if (bt->work)
+        weft_cond_destroy(bt->work);
+    if (bt->lock)
+        weft_mutex_destroy(bt->lock);
+    free(bt->slots);
+    free(bt->seqs);
+    free(bt->ids);
+    free(bt->rows);
+    free(bt->logits);
+    free(bt);
+}
+
+/* The batcher's lock, also for a member whose task was cancelled (its
+ * weft_mutex_lock refuses at once): it must still be able to leave. */
+static void lock_always(wl_batcher *bt)
+{
+    if (weft_mutex_lock(bt->lock) == WEFT_OK)
+        return;
+    while (weft_mutex_trylock(bt->lock) != WEFT_OK)
+        weft_yield();
+}
+
+void *wl_batcher_run(void *arg)
+{
+    wl_batcher *bt = arg;
+    lock_always(bt);
+    for (;;) {
+        while (!(bt->members > 0 && bt->waiting == bt->members) &&
+               !(bt->closed && bt->members == 0))
+            if (weft_cond_wait(bt->work, bt->lock) == WEFT_ECANCELED)
+                goto out; /* the batcher's task was cancelled */
+        if (bt->members == 0)
+            break; /* closed, and every sequence has left */
+        int n = 0;
+        for (int i = 0; i < bt->max_seqs; i++)
+            if (bt->slots[i].seq && bt->slots[i].waiting) {
+                bt->slots[i].taken = 1;
+                bt->rows[n] = i;
+                bt->seqs[n] = bt->slots[i].seq;
+                bt->ids[n++] = bt->slots[i].id;
+            }
+        /* every member waits in wl_batcher_step until we clear waiting:
+         * none can join's slot or leave while the step runs unlocked */
+        weft_mutex_unlock(bt->lock);
+        int rc = wl_forward_batch(bt->batch, bt->seqs, bt->ids, n, bt->logits);
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", rc ? wl_error() : "");
+        lock_always(bt);
+        for (int r = 0; r < n; r++) {
+            slot *sl = &bt->slots[bt->rows[r]];
+            sl->rc = rc;
+            sl->logits = rc ? NULL : bt->logits[r];
+            snprintf(sl->message, sizeof sl->message, "%s", msg);
+            sl->waiting = sl->taken = 0;
+        }
+        bt->waiting -= n;
+        bt->steps++;
+        bt->rows_run += n;
+        weft_cond_broadcast(bt->done);
+    }
+out:
+    weft_mutex_unlock(bt->lock);
+    return NULL;
+}
+
+static slot *find(wl_batcher *bt, const wl_seq *s)
+{
+    for (int i = 0; i < bt->max_seqs; i++)
+        if (bt->slots[i].seq == s)
+            return &bt->slots[i];
+    return NULL;
+}
+
+int wl_batcher_join(wl_batcher *bt, wl_seq *s)
+{
+    lock_always(bt);
+    slot *sl = bt->closed || find(bt, s) ? NULL : find(bt, NULL);
+    if (sl) {
+        memset(sl, 0, sizeof *sl);
+        sl->seq = s;
+        bt->members++;
+    }
+    int closed = bt->closed;
+    weft_mutex_unlock(bt->lock);
+    if (!sl)
+        return wl_fail(closed ? "batcher: closed"
+                              : "batcher: already a member, or all %d "
+                                "places are taken",
+                       bt->max_seqs);
+    return 0;
+}
+
+int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const float **logits)
+{
+    *logits = NULL;
+    if (weft_cancelled())
+        return wl_fail("batcher: the sequence's task was cancelled");
+    lock_always(bt);
+    slot *sl = find(bt, s);
+    if (!sl) {
+        weft_mutex_unlock(bt->lock);
+        return wl_fail("batcher: the sequence has not joined");
+    }
+    sl->id = id;
+    sl->waiting = 1;
+    bt->waiting++;
+    if (bt->waiting == bt->members)
+        weft_cond_signal(bt->work);
+    int withdrawn = 0;
+    while (sl->waiting) {
+        if (weft_cond_wait(bt->done, bt->lock) != WEFT_ECANCELED)
+            continue;
+        /* cancelled while waiting: a token not yet in a step is withdrawn;
+         * a step in flight reads the sequence, so that one is waited out
+         * (the condition variable refuses a cancelled task: by yielding) */
+        if (!sl->taken) {
+            sl->waiting = 0;
+            bt->waiting--;
+            withdrawn = 1;
+            break;
+        }
+        weft_mutex_unlock(bt->lock);
+        weft_yield();
+        lock_always(bt);
+    }
+    int rc = withdrawn ? -1 : sl->rc;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s",
+             withdrawn ? "batcher: the sequence's task was cancelled" : sl->message);
+    *logits = rc ? NULL : sl->logits;
+    weft_mutex_unlock(bt->lock);
+    return rc ? wl_fail("%s", msg) : 0;
+}
+
+void wl_batcher_leave(wl_batcher *bt, wl_seq *s)
+{
+    lock_always(bt);
+    slot *sl = find(bt, s);
+    if (sl) {
+        sl->seq = NULL;
+        bt->members--;
+        /* the rest may all be waiting already, or the batcher may be done */
+        weft_cond_signal(bt->work);
+    }
+    weft_mutex_unlock(bt->lock);
+}
+
+void wl_batcher_close(wl_batcher *bt)
+{
+    lock_always(bt);
+    bt->closed = 1;
+    weft_cond_signal(bt->work);
+    weft_mutex_unlock(bt->lock);
+}
+
+void wl_batcher_stats(wl_batcher *bt, long *steps, long *rows)
+{
+    lock_always(bt);
+    *steps = bt->steps;
+    *rows = bt->rows_run;
+    weft_mutex_unlock(bt->lock);
+}
