@@ -334,20 +334,10 @@ void wl_batcher_destroy(wl_batcher *bt)
     free(bt);
 }
 
-/* The batcher's lock, also for a member whose task was cancelled (its
- * weft_mutex_lock refuses at once): it must still be able to leave. */
-static void lock_always(wl_batcher *bt)
-{
-    if (weft_mutex_lock(bt->lock) == WEFT_OK)
-        return;
-    while (weft_mutex_trylock(bt->lock) != WEFT_OK)
-        weft_yield();
-}
-
 void *wl_batcher_run(void *arg)
 {
     wl_batcher *bt = arg;
-    lock_always(bt);
+    wl_lock_always(bt->lock);
     for (;;) {
         while (!(bt->members > 0 && bt->waiting == bt->members) &&
                !(bt->closed && bt->members == 0))
@@ -369,7 +359,7 @@ void *wl_batcher_run(void *arg)
         int rc = wl_forward_batch(bt->batch, bt->seqs, bt->ids, n, bt->logits);
         char msg[512];
         snprintf(msg, sizeof msg, "%s", rc ? wl_error() : "");
-        lock_always(bt);
+        wl_lock_always(bt->lock);
         for (int r = 0; r < n; r++) {
             slot *sl = &bt->slots[bt->rows[r]];
             sl->rc = rc;
@@ -397,7 +387,7 @@ static slot *find(wl_batcher *bt, const wl_seq *s)
 
 int wl_batcher_join(wl_batcher *bt, wl_seq *s)
 {
-    lock_always(bt);
+    wl_lock_always(bt->lock);
     slot *sl = bt->closed || find(bt, s) ? NULL : find(bt, NULL);
     if (sl) {
         memset(sl, 0, sizeof *sl);
@@ -419,7 +409,7 @@ int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const float **logits)
     *logits = NULL;
     if (weft_cancelled())
         return wl_fail("batcher: the sequence's task was cancelled");
-    lock_always(bt);
+    wl_lock_always(bt->lock);
     slot *sl = find(bt, s);
     if (!sl) {
         weft_mutex_unlock(bt->lock);
@@ -445,7 +435,7 @@ int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const float **logits)
         }
         weft_mutex_unlock(bt->lock);
         weft_yield();
-        lock_always(bt);
+        wl_lock_always(bt->lock);
     }
     int rc = withdrawn ? -1 : sl->rc;
     char msg[512];
@@ -458,7 +448,7 @@ int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const float **logits)
 
 void wl_batcher_leave(wl_batcher *bt, wl_seq *s)
 {
-    lock_always(bt);
+    wl_lock_always(bt->lock);
     slot *sl = find(bt, s);
     if (sl) {
         sl->seq = NULL;
@@ -471,7 +461,7 @@ void wl_batcher_leave(wl_batcher *bt, wl_seq *s)
 
 void wl_batcher_close(wl_batcher *bt)
 {
-    lock_always(bt);
+    wl_lock_always(bt->lock);
     bt->closed = 1;
     weft_cond_signal(bt->work);
     weft_mutex_unlock(bt->lock);
@@ -479,7 +469,7 @@ void wl_batcher_close(wl_batcher *bt)
 
 void wl_batcher_stats(wl_batcher *bt, long *steps, long *rows)
 {
-    lock_always(bt);
+    wl_lock_always(bt->lock);
     *steps = bt->steps;
     *rows = bt->rows_run;
     weft_mutex_unlock(bt->lock);

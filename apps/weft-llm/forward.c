@@ -54,18 +54,23 @@ void wl_await_keeping_error(void)
     wl_fail("%s", msg);
 }
 
-int wl_seq_create(wl_seq **out, const wl_model *m, wl_kv *kv, int max_tokens)
+int wl_seq_create(wl_seq **out, const wl_model *m, wl_kv *kv, int max_tokens, int max_step)
 {
     const wl_config *c = &m->cfg;
-    size_t es = wl_dtype_size(m->dtype), T = (size_t)max_tokens;
+    size_t es = wl_dtype_size(m->dtype), T = (size_t)max_step;
     size_t chunks = (T + DECODE_CHUNK - 1) / DECODE_CHUNK;
     wl_seq *s = calloc(1, sizeof *s);
     *out = NULL;
     if (!s)
         return wl_fail("out of memory");
+    if (max_step < 1 || max_step > max_tokens) {
+        free(s);
+        return wl_fail("sequence: a step of %d tokens in a sequence of %d", max_step, max_tokens);
+    }
     s->m = m;
     s->kv = kv;
     s->max_tokens = max_tokens;
+    s->max_step = max_step;
     s->q_dim = (size_t)c->heads * c->head_dim;
     s->kv_dim = (size_t)c->kv_heads * c->head_dim;
     s->qkv_dim = s->q_dim + 2 * s->kv_dim;
@@ -292,9 +297,10 @@ int wl_forward(wl_seq *s, const int32_t *ids, int n, const float **logits)
     const wl_model *m = s->m;
     const wl_config *c = &m->cfg;
     size_t es = wl_dtype_size(m->dtype), H = (size_t)c->hidden;
-    if (n < 1 || n > s->max_tokens - s->pos)
-        return wl_fail("forward: %d tokens at position %d exceed the sequence's %d", n, s->pos,
-                       s->max_tokens);
+    if (n < 1 || n > s->max_tokens - s->pos || n > s->max_step)
+        return wl_fail("forward: %d tokens at position %d exceed the sequence's %d or its step's "
+                       "%d",
+                       n, s->pos, s->max_tokens, s->max_step);
     for (int t = 0; t < n; t++) {
         if (ids[t] < 0 || ids[t] >= c->vocab)
             return wl_fail("forward: token id %d is outside the vocabulary (%d)", ids[t], c->vocab);

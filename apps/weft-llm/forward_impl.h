@@ -15,8 +15,8 @@
 struct wl_seq {
     const wl_model *m;
     wl_kv *kv;
-    wl_kv_seq pages; /* this sequence's pages of kv, its table on the host */
-    int max_tokens, pos;
+    wl_kv_seq pages;               /* this sequence's pages of kv, its table on the host */
+    int max_tokens, max_step, pos; /* max_step: the most tokens one wl_forward takes */
     size_t q_dim, kv_dim, qkv_dim, workspace_bytes;
     /* the backend's memory (weft_malloc_async) */
     void *x, *h, *qkv, *attn, *gu, *act, *q_packed, *workspace;

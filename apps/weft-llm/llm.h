@@ -25,6 +25,12 @@
 int wl_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *wl_error(void);
 
+/* weft_mutex_lock that also takes the lock in a cancelled task (whose
+ * weft_mutex_lock refuses at once), by yielding until it is free: a
+ * cancelled sequence must still be able to leave and give back what it
+ * holds. */
+void wl_lock_always(weft_mutex *m);
+
 /* ---- numbers -------------------------------------------------------------- */
 
 size_t wl_dtype_size(weft_dtype dt);
@@ -225,8 +231,10 @@ typedef struct wl_seq wl_seq;
 
 /* Task only: the buffers of one sequence of up to max_tokens tokens, its
  * keys and values in kv's pages (taken as it grows, all given back by
- * wl_seq_destroy). kv is m's (wl_kv_create) and outlives the sequence. */
-int wl_seq_create(wl_seq **s, const wl_model *m, wl_kv *kv, int max_tokens);
+ * wl_seq_destroy). kv is m's (wl_kv_create) and outlives the sequence. Its
+ * activations hold max_step tokens, the most one wl_forward takes (the
+ * prompt; decode steps through a batch use the batch's). */
+int wl_seq_create(wl_seq **s, const wl_model *m, wl_kv *kv, int max_tokens, int max_step);
 void wl_seq_destroy(wl_seq *s);
 /* Task only: runs n tokens at the sequence's next positions and leaves the
  * last one's logits (fp32, vocab of them) in *logits (host memory owned by
@@ -295,6 +303,76 @@ typedef struct wl_sampler {
 } wl_sampler;
 
 int wl_sample(wl_sampler *s, const float *logits, int vocab);
+
+/* ---- the engine (engine.c) -------------------------------------------------- */
+
+/* A model served to many generations at once: the weights on the backend,
+ * the KV cache and the batcher's task. A generation (wl_engine_generate)
+ * is admitted once the pages its prompt and max_tokens can need, and a
+ * place in the batch, are free (reserved for its whole life, so it is never
+ * preempted); waiters are admitted in arrival order. */
+typedef struct wl_waiter wl_waiter;
+typedef struct wl_engine {
+    wl_model *model;
+    weft_runtime *rt;
+    int kv_pages, max_seqs, max_tokens; /* max_tokens: a sequence's, prompt and output */
+    wl_kv kv;
+    wl_batcher *batcher;
+    weft_task *batcher_task;
+    weft_mutex *lock; /* guards the admission state below */
+    weft_cond *admitted;
+    wl_waiter *queue;
+    int queued, running, reserved_pages;
+    char message[512];
+} wl_engine;
+
+/* From a thread (not a task): m is open (wl_model_open) and outlives the
+ * engine; its weights go to rt's device, the cache gets kv_pages pages of
+ * WL_KV_PAGE tokens, the batch max_seqs places. */
+int wl_engine_start(wl_engine *e, weft_runtime *rt, wl_model *m, int kv_pages, int max_seqs,
+                    int max_tokens);
+/* From a thread, once every generation has returned. */
+int wl_engine_stop(wl_engine *e);
+
+typedef struct wl_engine_counts {
+    int running, queued;   /* generations admitted, and waiting */
+    int pages, used_pages; /* the cache's pages, and those holding tokens */
+    int reserved_pages;    /* promised to the running generations */
+    long steps, rows;      /* the batcher's steps and their tokens */
+} wl_engine_counts;
+void wl_engine_stats(wl_engine *e, wl_engine_counts *out);
+
+typedef enum wl_finish {
+    WL_FINISH_LENGTH,   /* max_tokens generated */
+    WL_FINISH_STOP,     /* an end-of-sequence token, or on_token said stop */
+    WL_FINISH_CANCELLED /* cancelled (the caller's hook, or its task) */
+} wl_finish;
+
+/* One generation. */
+typedef struct wl_gen {
+    const int32_t *prompt;
+    int n_prompt, max_tokens; /* max_tokens: generated tokens at most */
+    wl_sampler sampler;
+    int ignore_eos; /* an end-of-sequence token does not end it */
+    /* Each sampled token in order (an end-of-sequence one too, with eos
+     * set: it ends the generation), with the logits it was drawn from.
+     * Returns 0 to go on, > 0 to stop (a stop string), < 0 to cancel. */
+    int (*on_token)(void *ctx, int32_t id, int eos, const float *logits);
+    /* Polled while queued and after each token; NULL: never. */
+    int (*cancelled)(void *ctx);
+    void *ctx;
+} wl_gen;
+
+/* The errors wl_engine_generate would give a generation of these sizes
+ * before admitting it (an empty prompt, max_tokens under 1, past the
+ * context, more pages than the cache has). */
+int wl_engine_check(const wl_engine *e, int n_prompt, int max_tokens);
+/* Task only: queues, then prefills the prompt in the calling task and
+ * decodes through the batcher until max_tokens, an end-of-sequence token or
+ * on_token's stop, or cancellation (*finish says which). Everything the
+ * generation took is given back before it returns. -1 on an error (the
+ * tokens so far were handed to on_token). */
+int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish);
 
 /* ---- random numbers (shared by the writer and the tests) ------------------ */
 

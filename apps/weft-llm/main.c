@@ -31,8 +31,7 @@ typedef struct gen {
     int kv_pages; /* pages of the model's KV cache, WL_KV_PAGE tokens each */
     wl_sampler sampler;
     wl_model model;
-    wl_kv kv;
-    wl_batcher *batcher;
+    wl_engine engine;
     wl_tokenizer *tk;
     int32_t *ids;
     size_t n_ids;
@@ -115,14 +114,6 @@ static void emit(const gen *g, int32_t id, int at_start, char **text, size_t *le
     *text = t;
 }
 
-static int is_eos(const wl_config *c, int id)
-{
-    for (int i = 0; i < c->n_eos; i++)
-        if (c->eos_ids[i] == id)
-            return 1;
-    return 0;
-}
-
 /* The step's two largest logits, as tests/apps/llm_reference.py prints
  * transformers' (to tell a divergence at a near tie from a bug). */
 static void print_top_two(const float *logits, int vocab, int step, int32_t id, int index)
@@ -153,66 +144,34 @@ typedef struct seq_run {
     char message[512];
 } seq_run;
 
-/* Before the sequences: the weights to the device, the KV cache and the
- * batcher. */
-static void *setup_task(void *arg)
+static int on_token(void *ctx, int32_t id, int eos, const float *logits)
 {
-    gen *g = arg;
-    int max_tokens = (int)g->n_ids + g->max_tokens;
-    g->failed = wl_model_upload(&g->model) ||
-                wl_kv_create(&g->kv, &g->model, g->kv_pages, WL_KV_PAGE) ||
-                wl_batcher_create(&g->batcher, &g->model, &g->kv, g->parallel, max_tokens);
-    if (g->failed)
-        snprintf(g->message, sizeof g->message, "%s", wl_error());
-    return NULL;
+    seq_run *r = ctx;
+    gen *g = r->g;
+    if (g->print_top)
+        print_top_two(logits, g->model.cfg.vocab, r->n_out, id, r->index);
+    r->out[r->n_out++] = id;
+    if (!eos) /* a continuation of the prompt: never the text's start */
+        emit(g, id, 0, r->index < 0 ? NULL : &r->text, &r->text_len);
+    return 0;
 }
 
-static void *teardown_task(void *arg)
-{
-    gen *g = arg;
-    wl_batcher_destroy(g->batcher);
-    wl_kv_destroy(&g->kv);
-    if (wl_model_release(&g->model) && !g->failed) {
-        g->failed = 1;
-        snprintf(g->message, sizeof g->message, "%s", wl_error());
-    }
-    return NULL;
-}
-
-/* One sequence, one task: prefill the prompt alone, then a token a step
- * through the batcher; it leaves when it ends (or fails), and its pages go
- * back. */
+/* One sequence, one task: the engine queues it, prefills its prompt in
+ * this task and then decodes it a token a step through the batcher. */
 static void *sequence_task(void *arg)
 {
     seq_run *r = arg;
     gen *g = r->g;
-    wl_seq *s = NULL;
-    const float *logits;
-    int joined = 0;
-    r->failed = 1;
-    if (wl_seq_create(&s, &g->model, &g->kv, (int)g->n_ids + g->max_tokens) ||
-        wl_forward(s, g->ids, (int)g->n_ids, &logits) || wl_batcher_join(g->batcher, s))
-        goto done;
-    joined = 1;
-    while (r->n_out < g->max_tokens) {
-        int32_t id = wl_sample(&r->sampler, logits, g->model.cfg.vocab);
-        if (g->print_top)
-            print_top_two(logits, g->model.cfg.vocab, r->n_out, id, r->index);
-        r->out[r->n_out++] = id;
-        if (is_eos(&g->model.cfg, id))
-            break;
-        /* a continuation of the prompt: never the text's start */
-        emit(g, id, 0, r->index < 0 ? NULL : &r->text, &r->text_len);
-        if (r->n_out < g->max_tokens && wl_batcher_step(g->batcher, s, id, &logits))
-            goto done;
-    }
-    r->failed = 0;
-done:
+    wl_gen req = {.prompt = g->ids,
+                  .n_prompt = (int)g->n_ids,
+                  .max_tokens = g->max_tokens,
+                  .sampler = r->sampler,
+                  .on_token = on_token,
+                  .ctx = r};
+    wl_finish finish;
+    r->failed = wl_engine_generate(&g->engine, &req, &finish);
     if (r->failed)
         snprintf(r->message, sizeof r->message, "%s", wl_error());
-    if (joined)
-        wl_batcher_leave(g->batcher, s);
-    wl_seq_destroy(s);
     return NULL;
 }
 
@@ -229,31 +188,22 @@ static void print_ids(const gen *g, const seq_run *r)
     fprintf(stderr, "\n");
 }
 
-/* The run's tasks: setup, the batcher and every sequence, teardown. */
+/* The engine, a task per sequence, and the engine's end. */
 static int run_tasks(gen *g, weft_runtime *rt)
 {
-    int n = g->parallel, spawned = 0, batcher_up = 0;
+    int n = g->parallel, spawned = 0;
     seq_run *runs = calloc((size_t)n, sizeof *runs);
-    weft_task **tasks = calloc((size_t)n, sizeof *tasks), *t, *bt;
+    weft_task **tasks = calloc((size_t)n, sizeof *tasks);
     g->failed = 1;
     if (!runs || !tasks) {
         snprintf(g->message, sizeof g->message, "out of memory");
         goto out;
     }
-    if (weft_spawn(rt, &t, setup_task, g, NULL) != WEFT_OK || weft_join(t, NULL) != WEFT_OK) {
-        snprintf(g->message, sizeof g->message, "the setup task failed: %s", weft_last_error());
-        goto teardown;
+    if (wl_engine_start(&g->engine, rt, &g->model, g->kv_pages, n, (int)g->n_ids + g->max_tokens)) {
+        snprintf(g->message, sizeof g->message, "%s", wl_error());
+        goto out;
     }
-    if (g->failed)
-        goto teardown;
-    g->failed = 1;
     weft_task_opts opts = WEFT_TASK_OPTS_INIT;
-    opts.name = "batcher";
-    if (weft_spawn(rt, &bt, wl_batcher_run, g->batcher, &opts) != WEFT_OK) {
-        snprintf(g->message, sizeof g->message, "the batcher's task: %s", weft_last_error());
-        goto teardown;
-    }
-    batcher_up = 1;
     opts.name = "sequence";
     for (; spawned < n; spawned++) {
         seq_run *r = &runs[spawned];
@@ -281,10 +231,6 @@ join:
             snprintf(g->message, sizeof g->message, "%s%s", n > 1 ? "a sequence: " : "",
                      runs[i].message);
         }
-    if (batcher_up) {
-        wl_batcher_close(g->batcher);
-        weft_join(bt, NULL);
-    }
     if (!g->failed)
         for (int i = 0; i < n; i++) {
             if (runs[i].index < 0)
@@ -294,12 +240,9 @@ join:
             if (g->print_ids)
                 print_ids(g, &runs[i]);
         }
-teardown:
-    if (weft_spawn(rt, &t, teardown_task, g, NULL) != WEFT_OK || weft_join(t, NULL) != WEFT_OK) {
-        if (!g->failed)
-            snprintf(g->message, sizeof g->message, "the teardown task failed: %s",
-                     weft_last_error());
+    if (wl_engine_stop(&g->engine) && !g->failed) {
         g->failed = 1;
+        snprintf(g->message, sizeof g->message, "%s", wl_error());
     }
 out:
     for (int i = 0; runs && i < n; i++) {

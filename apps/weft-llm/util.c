@@ -28,6 +28,14 @@ const char *wl_error(void)
     return error_line[0] ? error_line : "no error";
 }
 
+void wl_lock_always(weft_mutex *m)
+{
+    if (weft_mutex_lock(m) == WEFT_OK)
+        return;
+    while (weft_mutex_trylock(m) != WEFT_OK)
+        weft_yield();
+}
+
 size_t wl_dtype_size(weft_dtype dt)
 {
     switch (dt) {

@@ -118,7 +118,8 @@ static inline void *forward_task(void *arg)
     int V = j->m->cfg.vocab;
     j->failed = 1;
     if (wl_model_upload(j->m) || (!j->kv && wl_kv_create(&own, j->m, 8, 16)) ||
-        wl_seq_create(&s, j->m, kv, j->n_total) || wl_forward(s, j->ids, j->n_prompt, &lg))
+        wl_seq_create(&s, j->m, kv, j->n_total, j->n_total) ||
+        wl_forward(s, j->ids, j->n_prompt, &lg))
         goto out;
     memcpy(j->logits, lg, (size_t)V * 4);
     int step = j->step ? j->step : 1;
@@ -254,7 +255,7 @@ static inline void *br_seq_task(void *arg)
     wl_seq *s = NULL;
     const float *lg;
     j->failed = 1;
-    if (wl_seq_create(&s, &j->e->m, &j->e->kv, r->total[q]) ||
+    if (wl_seq_create(&s, &j->e->m, &j->e->kv, r->total[q], r->total[q]) ||
         wl_forward(s, r->ids[q], r->prompt[q], &lg))
         goto out;
     memcpy(r->logits[q], lg, (size_t)V * 4);

@@ -948,11 +948,11 @@ static void test_cli_errors(void **state)
     expect_cli_error(args, 1, "comma-separated token ids");
     snprintf(args, sizeof args, "generate %s --prompt-ids 1,99999", model_dir);
     expect_cli_error(args, 1, "token id 99999 is outside the vocabulary");
-    /* one page of 16 tokens: the 17th token finds the pool exhausted */
+    /* one page of 16 tokens: the engine refuses a sequence of 23 before
+     * it starts (it reserves the pages a sequence can ever need) */
     snprintf(args, sizeof args, "generate %s --prompt-ids 1,2,3 --max-tokens 20 --kv-pages 1",
              model_dir);
-    expect_cli_error(args, 1,
-                     "KV cache exhausted: 17 tokens need 1 more pages of 16 tokens, 0 of 1");
+    expect_cli_error(args, 1, "23 tokens need 2 KV pages; the cache has 1");
     snprintf(args, sizeof args, "generate %s --prompt hi --kv-pages 0", model_dir);
     expect_cli_error(args, 2, "bad option or value: --kv-pages 0");
     snprintf(args, sizeof args, "random-model %s/x --preset huge", dir);

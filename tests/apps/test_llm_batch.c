@@ -131,8 +131,8 @@ static void *errors_task(void *arg)
     size_t cap = sizeof j->message;
     j->failed = 1;
     if (wl_model_upload(j->m) || wl_kv_create(&kv, j->m, 4, 16) ||
-        wl_batch_create(&b, j->m, &kv, 2, 16) || wl_seq_create(&s[0], j->m, &kv, 16) ||
-        wl_seq_create(&s[1], j->m, &kv, 16)) {
+        wl_batch_create(&b, j->m, &kv, 2, 16) || wl_seq_create(&s[0], j->m, &kv, 16, 16) ||
+        wl_seq_create(&s[1], j->m, &kv, 16, 16)) {
         snprintf(p, cap, "setup: %s", wl_error());
         goto out;
     }
@@ -153,7 +153,7 @@ static void *errors_task(void *arg)
     for (int c = 0; c < 4; c++) {
         if (c == 0) {
             wl_seq *fresh = NULL;
-            if (wl_seq_create(&fresh, j->m, &kv, 16))
+            if (wl_seq_create(&fresh, j->m, &kv, 16, 16))
                 goto out;
             wl_seq *pair[2] = {s[0], fresh};
             int rc = wl_forward_batch(b, pair, ids, 2, lg);
@@ -265,6 +265,14 @@ static void test_cli_parallel(void **state)
         assert_non_null(at);
         at += strlen(want);
     }
+    /* a cache of two pages holds one of these sequences at a time: the
+     * engine admits them one after another, and each still ends as alone */
+    snprintf(args + strlen(args), sizeof args - strlen(args), " --kv-pages 2");
+    char *errq, *queued = run_cli(args, &errq);
+    assert_string_equal(queued, many);
+    assert_string_equal(errq, errn);
+    free(queued);
+    free(errq);
     /* sampled: copy 0 is the single run with the same seed */
     snprintf(args, sizeof args,
              "generate %s --prompt 'The old woman' --max-tokens 10 --print-ids --backend host "

@@ -1,0 +1,239 @@
+/*
+ * engine.c - a model served to many sequences: the weights on the backend,
+ * the paged KV cache, the batcher's task, and the life of one generation
+ * (admission, prefill, each step, its end) as plain code in the caller's
+ * task. `weft-llm generate` runs its sequences through it, and so does
+ * `weft-llm serve`, so a request's tokens are the command line's.
+ *
+ * Admission: a generation reserves the pages its prompt and max_tokens can
+ * ever need, and a place in the batch, before it starts. Reserving the
+ * worst case means a running sequence never runs out of pages (nothing is
+ * preempted) at the price of pages reserved but not yet written. Waiters
+ * are admitted in arrival order (a FIFO of nodes on their tasks' stacks),
+ * so a long prompt is not starved by a stream of short ones; one that is
+ * cancelled while it waits leaves the queue.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm.h"
+
+/* One waiting generation, a node of the admission queue. */
+typedef struct wl_waiter {
+    struct wl_waiter *next;
+    int pages;
+} wl_waiter;
+
+static int pages_for(const wl_engine *e, int tokens)
+{
+    return (tokens + e->kv.page_size - 1) / e->kv.page_size;
+}
+
+static void *setup_task(void *arg)
+{
+    wl_engine *e = arg;
+    int failed = wl_model_upload(e->model) ||
+                 wl_kv_create(&e->kv, e->model, e->kv_pages, WL_KV_PAGE) ||
+                 wl_batcher_create(&e->batcher, e->model, &e->kv, e->max_seqs, e->max_tokens);
+    if (!failed &&
+        (weft_mutex_create(&e->lock) != WEFT_OK || weft_cond_create(&e->admitted) != WEFT_OK))
+        failed = wl_fail("engine: %s", weft_last_error());
+    if (failed)
+        snprintf(e->message, sizeof e->message, "%s", wl_error());
+    return failed ? e : NULL;
+}
+
+static void *teardown_task(void *arg)
+{
+    wl_engine *e = arg;
+    wl_batcher_destroy(e->batcher);
+    if (e->kv.lock_made)
+        wl_kv_destroy(&e->kv);
+    if (wl_model_release(e->model))
+        snprintf(e->message, sizeof e->message, "%s", wl_error());
+    return NULL;
+}
+
+int wl_engine_start(wl_engine *e, weft_runtime *rt, wl_model *m, int kv_pages, int max_seqs,
+                    int max_tokens)
+{
+    weft_task *t;
+    void *failed = NULL;
+    memset(e, 0, sizeof *e);
+    e->model = m;
+    e->rt = rt;
+    e->kv_pages = kv_pages;
+    e->max_seqs = max_seqs;
+    e->max_tokens = max_tokens;
+    if (max_seqs < 1 || max_tokens < 1 || kv_pages < 1)
+        return wl_fail("engine: %d sequences of %d tokens in %d pages", max_seqs, max_tokens,
+                       kv_pages);
+    if (weft_spawn(rt, &t, setup_task, e, NULL) != WEFT_OK || weft_join(t, &failed) != WEFT_OK)
+        return wl_fail("engine: the setup task: %s", weft_last_error());
+    if (failed) {
+        wl_engine_stop(e);
+        return wl_fail("%s", e->message);
+    }
+    weft_task_opts opts = WEFT_TASK_OPTS_INIT;
+    opts.name = "batcher";
+    if (weft_spawn(rt, &e->batcher_task, wl_batcher_run, e->batcher, &opts) != WEFT_OK) {
+        wl_fail("engine: the batcher's task: %s", weft_last_error());
+        snprintf(e->message, sizeof e->message, "%s", wl_error());
+        wl_engine_stop(e);
+        return wl_fail("%s", e->message);
+    }
+    return 0;
+}
+
+int wl_engine_stop(wl_engine *e)
+{
+    weft_task *t;
+    e->message[0] = 0;
+    if (e->batcher_task) {
+        wl_batcher_close(e->batcher);
+        weft_join(e->batcher_task, NULL);
+        e->batcher_task = NULL;
+    }
+    if (weft_spawn(e->rt, &t, teardown_task, e, NULL) != WEFT_OK || weft_join(t, NULL) != WEFT_OK)
+        snprintf(e->message, sizeof e->message, "engine: the teardown task: %s", weft_last_error());
+    if (e->admitted)
+        weft_cond_destroy(e->admitted);
+    if (e->lock)
+        weft_mutex_destroy(e->lock);
+    e->admitted = NULL;
+    e->lock = NULL;
+    return e->message[0] ? wl_fail("%s", e->message) : 0;
+}
+
+void wl_engine_stats(wl_engine *e, wl_engine_counts *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!e->lock)
+        return;
+    weft_mutex_lock(e->lock); /* from a thread too: it then blocks */
+    out->running = e->running;
+    out->queued = e->queued;
+    out->reserved_pages = e->reserved_pages;
+    weft_mutex_unlock(e->lock);
+    out->pages = e->kv.pages;
+    out->used_pages = e->kv.pages - wl_kv_free_pages(&e->kv);
+    wl_batcher_stats(e->batcher, &out->steps, &out->rows);
+}
+
+/* Waits (suspended) until w is the queue's head and its pages and a place
+ * in the batch are free, or g is cancelled. Returns 0 when admitted. */
+static int admit(wl_engine *e, const wl_gen *g, wl_waiter *w)
+{
+    if (weft_mutex_lock(e->lock) != WEFT_OK)
+        return wl_fail("generation: cancelled");
+    wl_waiter **tail = &e->queue;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = w;
+    e->queued++;
+    int cancelled = 0;
+    while (!(e->queue == w && e->running < e->max_seqs &&
+             e->reserved_pages + w->pages <= e->kv.pages)) {
+        /* a disconnected client is seen by polling: a short timed wait */
+        int rc = weft_cond_wait_until(e->admitted, e->lock, weft_deadline_in_ns(50 * 1000000ull));
+        if (rc == WEFT_ECANCELED || (g->cancelled && g->cancelled(g->ctx))) {
+            cancelled = 1;
+            break;
+        }
+    }
+    wl_waiter **p = &e->queue;
+    while (*p != w)
+        p = &(*p)->next;
+    *p = w->next;
+    e->queued--;
+    if (!cancelled) {
+        e->running++;
+        e->reserved_pages += w->pages;
+    }
+    weft_cond_broadcast(e->admitted); /* a new head, maybe */
+    weft_mutex_unlock(e->lock);
+    return cancelled ? -1 : 0;
+}
+
+static void release(wl_engine *e, int pages)
+{
+    wl_lock_always(e->lock);
+    e->running--;
+    e->reserved_pages -= pages;
+    weft_cond_broadcast(e->admitted);
+    weft_mutex_unlock(e->lock);
+}
+
+static int is_eos(const wl_config *c, int id)
+{
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_ids[i] == id)
+            return 1;
+    return 0;
+}
+
+int wl_engine_check(const wl_engine *e, int n_prompt, int max_tokens)
+{
+    long total = (long)n_prompt + max_tokens;
+    if (n_prompt < 1)
+        return wl_fail("the prompt is empty");
+    if (max_tokens < 1)
+        return wl_fail("max_tokens must be at least 1");
+    if (total > e->max_tokens)
+        return wl_fail("this model's context is %d tokens; the prompt's %d and max_tokens %d "
+                       "make %ld",
+                       e->max_tokens, n_prompt, max_tokens, total);
+    if (pages_for(e, (int)total) > e->kv.pages)
+        return wl_fail("%ld tokens need %d KV pages; the cache has %d", total,
+                       pages_for(e, (int)total), e->kv.pages);
+    return 0;
+}
+
+int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
+{
+    const wl_config *c = &e->model->cfg;
+    wl_waiter w = {.pages = pages_for(e, g->n_prompt + g->max_tokens)};
+    wl_sampler sampler = g->sampler;
+    wl_seq *s = NULL;
+    const float *logits;
+    int joined = 0, rc = -1, n = 0;
+    char msg[512] = "";
+    *finish = WL_FINISH_CANCELLED;
+    if (wl_engine_check(e, g->n_prompt, g->max_tokens))
+        return -1;
+    if (admit(e, g, &w))
+        return 0; /* cancelled while queued */
+    if (wl_seq_create(&s, e->model, &e->kv, g->n_prompt + g->max_tokens, g->n_prompt) ||
+        wl_forward(s, g->prompt, g->n_prompt, &logits) || wl_batcher_join(e->batcher, s))
+        goto out;
+    joined = 1;
+    for (;;) {
+        int32_t id = wl_sample(&sampler, logits, c->vocab);
+        int eos = !g->ignore_eos && is_eos(c, id);
+        int stop = g->on_token(g->ctx, id, eos, logits);
+        n++;
+        if (stop < 0 || (g->cancelled && g->cancelled(g->ctx))) {
+            *finish = WL_FINISH_CANCELLED;
+            break;
+        }
+        if (eos || stop > 0) {
+            *finish = WL_FINISH_STOP;
+            break;
+        }
+        if (n == g->max_tokens) {
+            *finish = WL_FINISH_LENGTH;
+            break;
+        }
+        if (wl_batcher_step(e->batcher, s, id, &logits))
+            goto out;
+    }
+    rc = 0;
+out:
+    if (rc) /* the line is the thread's, and the waits below may move the task */
+        snprintf(msg, sizeof msg, "%s", wl_error());
+    if (joined)
+        wl_batcher_leave(e->batcher, s);
+    wl_seq_destroy(s); /* its pages go back */
+    release(e, w.pages);
+    return rc ? wl_fail("%s", msg) : 0;
+}
