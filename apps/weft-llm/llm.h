@@ -296,6 +296,12 @@ typedef struct wl_sampler {
 
 int wl_sample(wl_sampler *s, const float *logits, int vocab);
 
+/* ---- the load generator (loadgen.c, built with libcurl) -------------------- */
+
+/* `weft-llm loadgen`: argv holds the arguments after "loadgen"; returns
+ * the exit status. */
+int wl_loadgen_main(int argc, char **argv);
+
 /* ---- random numbers (shared by the writer and the tests) ------------------ */
 
 uint64_t wl_rand_next(uint64_t *state);
