@@ -374,6 +374,12 @@ int wl_engine_check(const wl_engine *e, int n_prompt, int max_tokens);
  * tokens so far were handed to on_token). */
 int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish);
 
+/* ---- the load generator (loadgen.c, built with libcurl) -------------------- */
+
+/* `weft-llm loadgen`: argv holds the arguments after "loadgen"; returns
+ * the exit status. */
+int wl_loadgen_main(int argc, char **argv);
+
 /* ---- random numbers (shared by the writer and the tests) ------------------ */
 
 uint64_t wl_rand_next(uint64_t *state);

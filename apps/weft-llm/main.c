@@ -7,6 +7,7 @@
  *            [--print-ids] [--print-top] [--kv-pages N] [--parallel N]
  *   weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]
  *   weft-llm check MODEL_DIR
+ *   weft-llm loadgen URL [options]   (loadgen.c; --help lists them)
  * generate streams the decoded text to stdout as it is sampled; with
  * --print-ids the prompt's and the generated ids follow on stderr, with
  * --print-top each step's two largest logits as they come. Every
@@ -49,7 +50,9 @@ static int usage(void)
             "                [--temperature T] [--top-k K] [--top-p P] [--backend "
             "host|cuda|auto] [--print-ids] [--print-top]\n"
             "       weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]\n"
-            "       weft-llm check MODEL_DIR\n");
+            "       weft-llm check MODEL_DIR\n"
+            "       weft-llm loadgen URL [--rate R|inf] [--requests N] [--concurrency C] ... "
+            "(loadgen --help)\n");
     return 2;
 }
 
@@ -446,5 +449,14 @@ int main(int argc, char **argv)
         return cmd_tokenize(argc - 2, argv + 2);
     if (!strcmp(argv[1], "check"))
         return cmd_check(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "loadgen")) {
+#ifdef WL_HAVE_LOADGEN
+        return wl_loadgen_main(argc - 2, argv + 2);
+#else
+        fprintf(stderr, "weft-llm: loadgen was not built: libcurl was missing at build time "
+                        "(scripts/install-deps installs it)\n");
+        return 1;
+#endif
+    }
     return usage();
 }
