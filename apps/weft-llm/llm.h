@@ -166,7 +166,7 @@ int wl_tokenizer_train_write(const char *path, const char *text, int merges,
 typedef struct wl_write_opts {
     const char *preset; /* tiny, 1b, 8b or moe */
     uint64_t seed;
-    int config_only;    /* config, generation config and tokenizer; no weights */
+    int config_only;    /* config, generation config, tokenizer and its config; no weights */
     size_t shard_bytes; /* split the weights into shards of about this size; 0: preset's */
 } wl_write_opts;
 
