@@ -1,7 +1,7 @@
 /*
  * llm.h - what the parts of weft-llm share: the error line, number
  * conversions, safetensors files, the model's configuration and weights,
- * the tokenizer, the forward pass and sampling.
+ * the tokenizer, chat templates, the forward pass and sampling.
  *
  * Every call that can fail returns 0 or -1; on -1 the reason is in
  * wl_error() (one line, naming the file and the field or tensor at fault).
@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <jansson.h>
 #include <weft.h>
 #include <weft/ops.h>
 
@@ -167,12 +168,61 @@ extern const char wl_llama3_pattern[];
 int wl_tokenizer_train_write(const char *path, const char *text, int merges,
                              const char *const *special, const int *special_ids, int n_special);
 
+/* ---- chat templates (chat.c) ---------------------------------------------- */
+
+/* A model's chat template. This does not interpret Jinja: wl_chat_load
+ * recognises the template's family by markers in its text, and rendering
+ * writes that family's format (ChatML, as Qwen2, Qwen2.5 and Qwen3 use it;
+ * Llama 3, 3.0's form and from 3.1 on the dated system header; Llama 2's
+ * [INST] with <<SYS>>; Mistral's [INST] forms), the details that differ
+ * between versions read from the template text too. A template that was
+ * edited past what its markers show renders as its family does, which may
+ * differ from what transformers renders. Read-only once loaded: rendering
+ * may run on several threads. */
+typedef struct wl_chat wl_chat;
+
+/* Reads model_dir's chat template: chat_template.jinja when there is one,
+ * else tokenizer_config.json's chat_template (a string, or a list of
+ * {name, template} of which "default" is taken), and that file's
+ * bos_token and eos_token (strings or objects with "content"). An error
+ * when model_dir is not a folder, or for a file that is there but
+ * unreadable or malformed (not JSON,
+ * chat_template or a token of the wrong type, a list entry without name
+ * and template). No template (or a list without "default"), or one of no
+ * known family, loads: rendering then fails, saying so. */
+int wl_chat_load(wl_chat **c, const char *model_dir);
+void wl_chat_free(wl_chat *c);
+/* "ChatML", "Llama 3", "Llama 2" or "Mistral"; NULL when rendering fails. */
+const char *wl_chat_family(const wl_chat *c);
+/* The text of the token that closes an answer in this format
+ * ("<|im_end|>", "<|eot_id|>", the eos_token of the [INST] formats), for
+ * the caller to stop on; NULL when not known. */
+const char *wl_chat_end_of_turn(const wl_chat *c);
+/* Renders messages, an OpenAI chat request's "messages": an array of
+ * objects with a string "role" (system, user, assistant, tool, or
+ * developer, taken as system) and a "content" that is a string or an
+ * array of parts, whose "text" parts are joined as they are (no
+ * separator). With add_generation_prompt the text ends with the opening
+ * of an assistant turn (the [INST] formats end there anyway). *text is
+ * malloc'd, NUL-terminated. *add_special is 0 when the text already opens
+ * with the BOS (encode it with wl_encode's add_special 0), 1 when it does
+ * not (let the tokenizer add its own, if its post-processor has one). On
+ * error (-1, *text NULL, *add_special untouched): the model has no chat
+ * template or one not recognised, messages is not a non-empty array, a
+ * message is not an object, lacks a role or content or has one of the
+ * wrong type, a part is not a text part, content holds a NUL, a message
+ * carries tool_calls, or the roles do not fit the format (the [INST]
+ * formats: an optional system message first, then user and assistant
+ * alternating from the user; no tool role). */
+int wl_chat_render(const wl_chat *c, json_t *messages, int add_generation_prompt, char **text,
+                   int *add_special);
+
 /* ---- the random-model writer ---------------------------------------------- */
 
 typedef struct wl_write_opts {
     const char *preset; /* tiny, 1b, 8b or moe */
     uint64_t seed;
-    int config_only;    /* config, generation config and tokenizer; no weights */
+    int config_only;    /* config, generation config, tokenizer and its config; no weights */
     size_t shard_bytes; /* split the weights into shards of about this size; 0: preset's */
 } wl_write_opts;
 

@@ -8,7 +8,10 @@
  * tensor draws from its own generator seeded by the model seed and the
  * tensor's position, so a seed names one model whatever the shard size.
  * The tokenizer is byte-level BPE learned from the English text below, so
- * ordinary text encodes into multi-byte tokens.
+ * ordinary text encodes into multi-byte tokens; its special tokens are a
+ * BOS, an EOS and ChatML's <|im_start|> and <|im_end|>, so that the chat
+ * template written with it (tokenizer_config.json) gives single ids for
+ * its markers. <|im_end|> ends generation as the EOS does.
  */
 #include <errno.h>
 #include <math.h>
@@ -51,17 +54,35 @@ typedef struct preset {
     double theta;
     int tied, llama3_scaling;
     double scaling_factor;
-    int bos, eos, experts, per_token;
+    int bos, eos, im_start, experts, per_token; /* <|im_end|> is im_start + 1 */
 } preset;
 
+/* Every preset's tokenizer has the 256 bytes and this many merges. */
+enum { MERGES = 254 };
+
 /* tiny fits a CI run on two cores; 1b and 8b have Llama 3.2 1B's and
- * Llama 3.1 8B's shapes; moe is a tiny Mixtral. */
+ * Llama 3.1 8B's shapes; moe is a tiny Mixtral. tiny's vocabulary is
+ * exactly its tokenizer's: the bytes, the merges between them and the BOS
+ * and EOS (ids 256 and 257, which the merges skip), then the chat markers
+ * last (512, 513), where they change no other token's id. The large
+ * presets keep the small tokenizer below their vocab_size, as real models
+ * pad theirs. */
 static const preset presets[] = {
-    {"tiny", 64, 128, 2, 4, 2, 64, 512, 512, 10000.0, 0, 0, 0, 256, 257, 0, 0},
-    {"1b", 2048, 8192, 16, 32, 8, 64, 128256, 131072, 500000.0, 1, 1, 32.0, 128000, 128001, 0, 0},
-    {"8b", 4096, 14336, 32, 32, 8, 128, 128256, 131072, 500000.0, 0, 1, 8.0, 128000, 128001, 0, 0},
-    {"moe", 64, 128, 2, 4, 2, 16, 512, 512, 1000000.0, 0, 0, 0, 256, 257, 4, 2},
+    {"tiny", 64, 128, 2, 4, 2, 64, 514, 512, 10000.0, 0, 0, 0, 256, 257, 512, 0, 0},
+    {"1b", 2048, 8192, 16, 32, 8, 64, 128256, 131072, 500000.0, 1, 1, 32.0, 128000, 128001, 128002,
+     0, 0},
+    {"8b", 4096, 14336, 32, 32, 8, 128, 128256, 131072, 500000.0, 0, 1, 8.0, 128000, 128001, 128002,
+     0, 0},
+    {"moe", 64, 128, 2, 4, 2, 16, 514, 512, 1000000.0, 0, 0, 0, 256, 257, 512, 4, 2},
 };
+
+/* ChatML, written for these models: each message as
+ * <|im_start|>role\ncontent<|im_end|>\n, then the assistant's opening. */
+static const char chat_template[] =
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
 
 static int write_json(const char *dir, const char *name, json_t *j)
 {
@@ -76,15 +97,15 @@ static json_t *config_json(const preset *p)
 {
     json_t *c = json_pack(
         "{s:s, s:[s], s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, "
-        "s:b, s:i, s:i, s:s, s:f, s:s, s:b, s:b}",
+        "s:b, s:i, s:[i, i], s:s, s:f, s:s, s:b, s:b}",
         "model_type", p->experts ? "mixtral" : "llama", "architectures",
         p->experts ? "MixtralForCausalLM" : "LlamaForCausalLM", "hidden_size", p->hidden,
         "intermediate_size", p->intermediate, "num_hidden_layers", p->layers, "num_attention_heads",
         p->heads, "num_key_value_heads", p->kv_heads, "head_dim", p->head_dim, "vocab_size",
         p->vocab, "max_position_embeddings", p->max_pos, "rms_norm_eps", 1e-5, "rope_theta",
         p->theta, "tie_word_embeddings", p->tied, "attention_bias", 0, "bos_token_id", p->bos,
-        "eos_token_id", p->eos, "hidden_act", "silu", "initializer_range", 0.02, "torch_dtype",
-        "bfloat16", "mlp_bias", 0, "use_cache", 1);
+        "eos_token_id", p->eos, p->im_start + 1, "hidden_act", "silu", "initializer_range", 0.02,
+        "torch_dtype", "bfloat16", "mlp_bias", 0, "use_cache", 1);
     if (p->llama3_scaling)
         json_object_set_new(c, "rope_scaling",
                             json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor",
@@ -257,19 +278,20 @@ int wl_write_random_model(const char *dir, const wl_write_opts *o)
         return wl_fail("unknown preset \"%s\" (tiny, 1b, 8b or moe)", o->preset);
     if (mkdir(dir, 0777) && errno != EEXIST)
         return wl_fail("%s: %s", dir, strerror(errno));
-    const char *special[] = {"<|begin_of_text|>", "<|end_of_text|>"};
-    int special_ids[] = {p->bos, p->eos};
+    const char *special[] = {"<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"};
+    int special_ids[] = {p->bos, p->eos, p->im_start, p->im_start + 1};
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    /* tiny's vocabulary is exactly the bytes, the merges and the two
-     * specials; the large presets keep the small tokenizer below their
-     * vocab_size, as real models pad theirs. */
-    int merges = (p->vocab < 2048 ? p->vocab : 512) - 256 - 2;
     if (write_json(dir, "config.json", config_json(p)) ||
         write_json(dir, "generation_config.json",
-                   json_pack("{s:i, s:i, s:b}", "bos_token_id", p->bos, "eos_token_id", p->eos,
-                             "do_sample", 0)) ||
-        wl_tokenizer_train_write(path, corpus, merges, special, special_ids, 2))
+                   json_pack("{s:i, s:[i, i], s:b}", "bos_token_id", p->bos, "eos_token_id", p->eos,
+                             p->im_start + 1, "do_sample", 0)) ||
+        write_json(dir, "tokenizer_config.json",
+                   json_pack("{s:s, s:s, s:s, s:s, s:i, s:b}", "tokenizer_class",
+                             "PreTrainedTokenizerFast", "bos_token", special[0], "eos_token",
+                             special[1], "chat_template", chat_template, "model_max_length",
+                             p->max_pos, "clean_up_tokenization_spaces", 0)) ||
+        wl_tokenizer_train_write(path, corpus, MERGES, special, special_ids, 4))
         return -1;
     return o->config_only ? 0 : write_weights(dir, p, o);
 }

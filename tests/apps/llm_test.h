@@ -15,6 +15,10 @@
 
 #include "llm.h"
 
+/* The random-model writer's tiny preset's vocabulary: 256 bytes, 254
+ * merges, BOS, EOS, <|im_start|> and <|im_end|>. */
+enum { TINY_VOCAB = 514 };
+
 static inline char *scratch_dir(void)
 {
     char tmpl[] = "/tmp/weft-llm-test-XXXXXX";

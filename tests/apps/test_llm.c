@@ -102,7 +102,7 @@ static void test_tokenizer_written_with_the_model(void **state)
     (void)state;
     char *p = path_in(model_dir, "tokenizer.json");
     wl_tokenizer *tk = load_tokenizer(p);
-    assert_int_equal(wl_tokenizer_size(tk), 512);
+    assert_int_equal(wl_tokenizer_size(tk), TINY_VOCAB);
     check_round_trips(tk, "tiny");
     /* merges learned from English: common words become few tokens */
     const char *s = "the model reads the text and the tokens";
@@ -602,7 +602,7 @@ static void test_forward_variants_match_reference(void **state)
     for (int i = 2; i < 5; i++)
         check_forward(v[i], ALT_NONE);
     int32_t ids[2] = {1, 2};
-    float logits[2 * 512];
+    float logits[2 * TINY_VOCAB];
     char message[512];
     assert_int_equal(run_forward(WEFT_BACKEND_HOST, v[5], ids, 1, 2, logits, message), -1);
     printf("  fp32: %s\n", message);
@@ -679,7 +679,7 @@ static void *kv_destroy_task(void *arg)
 static void test_concurrent_sequences_match_alone(void **state)
 {
     (void)state;
-    enum { SEQS = 3, PROMPT = 5, TOTAL = 8, STEPS = TOTAL - PROMPT + 1, V = 512 };
+    enum { SEQS = 3, PROMPT = 5, TOTAL = 8, STEPS = TOTAL - PROMPT + 1, V = TINY_VOCAB };
     int32_t ids[SEQS][TOTAL];
     uint64_t st = seed ^ 0xc0c0;
     float *alone = malloc(sizeof(float) * SEQS * STEPS * V);

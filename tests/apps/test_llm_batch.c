@@ -42,7 +42,7 @@ static int teardown(void **state)
     return 0;
 }
 
-enum { SEQS = 5, MAX_TOTAL = 14, V = 512, PAGES = 8 };
+enum { SEQS = 5, MAX_TOTAL = 14, V = TINY_VOCAB, PAGES = 8 };
 
 /* Sequence q's prompt and total length; sequence 3 stops after STOP of its
  * decode steps (a request dropped), and sequence 4's task is cancelled

@@ -197,21 +197,21 @@ static void test_model_folder_checks(void **state)
     assert_int_equal(m.cfg.hidden, 64);
     assert_int_equal(m.cfg.layers, 2);
     assert_int_equal(m.cfg.kv_heads, 2);
-    assert_int_equal(m.cfg.vocab, 512);
+    assert_int_equal(m.cfg.vocab, TINY_VOCAB);
     assert_int_equal(m.dtype, WEFT_DTYPE_BF16);
     assert_int_equal(m.n_files, 1);
     /* initialised as a fresh model: norms 1, weights small and centred */
     for (int i = 0; i < 64; i++)
         assert_true(wl_load(WEFT_DTYPE_BF16, m.layer[1].mlp_norm, (size_t)i) == 1.0f);
     double sum = 0, sq = 0;
-    for (size_t i = 0; i < 512 * 64; i++) {
+    for (size_t i = 0; i < TINY_VOCAB * 64; i++) {
         double v = wl_load(WEFT_DTYPE_BF16, m.embed, i);
         sum += v;
         sq += v * v;
     }
-    double sd = sqrt(sq / (512 * 64));
-    printf("  embedding: mean %.2e, sd %.4f\n", sum / (512 * 64), sd);
-    assert_true(fabs(sd - 0.02) < 0.001 && fabs(sum / (512 * 64)) < 0.001);
+    double sd = sqrt(sq / (TINY_VOCAB * 64));
+    printf("  embedding: mean %.2e, sd %.4f\n", sum / (TINY_VOCAB * 64), sd);
+    assert_true(fabs(sd - 0.02) < 0.001 && fabs(sum / (TINY_VOCAB * 64)) < 0.001);
     wl_model_close(&m);
 
     edit_config(d, "intermediate_size", json_integer(96));
@@ -270,9 +270,9 @@ static void test_model_shards_match_one_file(void **state)
     assert_int_equal(wl_model_open(&b, many), 0);
     printf("  %zu shards\n", b.n_files);
     assert_int_equal(b.n_files, 8); /* the test below names the first */
-    assert_memory_equal(a.embed, b.embed, 512 * 64 * 2);
+    assert_memory_equal(a.embed, b.embed, TINY_VOCAB * 64 * 2);
     assert_memory_equal(a.layer[1].down, b.layer[1].down, 64 * 128 * 2);
-    assert_memory_equal(a.lm_head, b.lm_head, 512 * 64 * 2);
+    assert_memory_equal(a.lm_head, b.lm_head, TINY_VOCAB * 64 * 2);
     assert_true(memcmp(a.layer[0].q, a.layer[1].q, 64 * 64 * 2) != 0); /* tensors differ */
     wl_model_close(&a);
     wl_model_close(&b);

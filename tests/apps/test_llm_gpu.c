@@ -48,7 +48,7 @@ static int teardown(void **state)
 static void test_gpu_logits_match_host(void **state)
 {
     (void)state;
-    enum { V = 512, PROMPT = 7, TOTAL = 12, STEPS = TOTAL - PROMPT + 1 };
+    enum { V = TINY_VOCAB, PROMPT = 7, TOTAL = 12, STEPS = TOTAL - PROMPT + 1 };
     int32_t ids[TOTAL];
     uint64_t st = seed ^ 0x6b0;
     for (int i = 0; i < TOTAL; i++)
@@ -104,7 +104,7 @@ static void test_gpu_logits_match_host(void **state)
 static void test_gpu_batched_matches_alone(void **state)
 {
     (void)state;
-    enum { SEQS = 3, V = 512, MAX_TOTAL = 14, STEPS = MAX_TOTAL };
+    enum { SEQS = 3, V = TINY_VOCAB, MAX_TOTAL = 14, STEPS = MAX_TOTAL };
     static const int prompt[SEQS] = {5, 3, 7}, total[SEQS] = {9, 14, 12};
     int32_t ids[SEQS][MAX_TOTAL];
     uint64_t st = seed ^ 0xb47c;
