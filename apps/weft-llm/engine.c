@@ -5,13 +5,18 @@
  * task. `weft-llm generate` runs its sequences through it, and so does
  * `weft-llm serve`, so a request's tokens are the command line's.
  *
+ * A prompt starts where the pages other prompts published for the same
+ * first tokens end, when the cache shares prefixes (kv.c); its own
+ * whole pages are published after its prefill.
+ *
  * Admission: a generation reserves the pages its prompt and max_tokens can
  * ever need, and a place in the batch, before it starts. Reserving the
  * worst case means a running sequence never runs out of pages (nothing is
  * preempted) at the price of pages reserved but not yet written. Waiters
- * are admitted in arrival order (a FIFO of nodes on their tasks' stacks),
- * so a long prompt is not starved by a stream of short ones; one that is
- * cancelled while it waits leaves the queue.
+ * are admitted in order of priority, then of arrival (a queue of nodes on
+ * their tasks' stacks), so a long prompt is not starved by a stream of
+ * short ones of its class; one that is cancelled while it waits leaves
+ * the queue.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +27,13 @@
 typedef struct wl_waiter {
     struct wl_waiter *next;
     int pages;
+    int rank; /* 0 high, 1 normal, 2 low: the queue's order, arrival within a rank */
 } wl_waiter;
+
+static int rank_of(weft_priority p)
+{
+    return p == WEFT_PRIO_HIGH ? 0 : p == WEFT_PRIO_LOW ? 2 : 1;
+}
 
 static int pages_for(const wl_engine *e, int tokens)
 {
@@ -117,6 +128,9 @@ void wl_engine_stats(wl_engine *e, wl_engine_counts *out)
     weft_mutex_unlock(e->lock);
     out->pages = e->kv.pages;
     out->used_pages = e->kv.pages - wl_kv_free_pages(&e->kv);
+    pthread_mutex_lock(&e->kv.lock);
+    out->shared_tokens = e->kv.shared_tokens;
+    pthread_mutex_unlock(&e->kv.lock);
     wl_batcher_stats(e->batcher, &out->steps, &out->rows);
 }
 
@@ -126,10 +140,11 @@ static int admit(wl_engine *e, const wl_gen *g, wl_waiter *w)
 {
     if (weft_mutex_lock(e->lock) != WEFT_OK)
         return wl_fail("generation: cancelled");
-    wl_waiter **tail = &e->queue;
-    while (*tail)
-        tail = &(*tail)->next;
-    *tail = w;
+    wl_waiter **at = &e->queue; /* behind every waiter of its rank or a higher one */
+    while (*at && (*at)->rank <= w->rank)
+        at = &(*at)->next;
+    w->next = *at;
+    *at = w;
     e->queued++;
     int cancelled = 0;
     while (!(e->queue == w && e->running < e->max_seqs &&
@@ -192,7 +207,8 @@ int wl_engine_check(const wl_engine *e, int n_prompt, int max_tokens)
 int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
 {
     const wl_config *c = &e->model->cfg;
-    wl_waiter w = {.pages = pages_for(e, g->n_prompt + g->max_tokens)};
+    wl_waiter w = {.pages = pages_for(e, g->n_prompt + g->max_tokens),
+                   .rank = rank_of(g->priority)};
     wl_sampler sampler = g->sampler;
     wl_seq *s = NULL;
     const float *logits;
@@ -203,8 +219,13 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
         return -1;
     if (admit(e, g, &w))
         return 0; /* cancelled while queued */
-    if (wl_seq_create(&s, e->model, &e->kv, g->n_prompt + g->max_tokens, g->n_prompt) ||
-        wl_forward(s, g->prompt, g->n_prompt, &logits) || wl_batcher_join(e->batcher, s))
+    if (wl_seq_create(&s, e->model, &e->kv, g->n_prompt + g->max_tokens, g->n_prompt))
+        goto out;
+    int shared = wl_seq_share_prefix(s, g->prompt, g->n_prompt);
+    if (wl_forward(s, g->prompt + shared, g->n_prompt - shared, &logits))
+        goto out;
+    wl_seq_publish_prefix(s, g->prompt, g->n_prompt);
+    if (wl_batcher_join(e->batcher, s))
         goto out;
     joined = 1;
     for (;;) {

@@ -335,6 +335,19 @@ fail:
     return -1;
 }
 
+int wl_seq_share_prefix(wl_seq *s, const int32_t *ids, int n)
+{
+    if (s->pos)
+        return 0;
+    s->pos = wl_kv_seq_share(&s->pages, ids, n);
+    return s->pos;
+}
+
+void wl_seq_publish_prefix(wl_seq *s, const int32_t *ids, int n)
+{
+    wl_kv_seq_publish(&s->pages, ids, n);
+}
+
 /* Each weight pointer of m with its size in bytes, for the upload. */
 static size_t weight_slots(wl_model *m, const void ***slot, size_t *bytes)
 {

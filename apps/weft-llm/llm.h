@@ -233,13 +233,24 @@ int wl_write_random_model(const char *dir, const wl_write_opts *o);
 /* A model's paged KV cache: per layer a key and a value pool of pages
  * (weft_kv_cache's layout, backend memory), and the block allocator of
  * those pages, shared by all the model's sequences (thread-safe). Page p
- * is page p of every layer's pools, so a sequence has one table. */
+ * is page p of every layer's pools, so a sequence has one table. With
+ * sharing on, pages filled by a prompt are found again by later prompts
+ * that begin with the same tokens (kv.c says how). */
 typedef struct wl_kv {
     weft_dtype dtype;
     int layers, pages, page_size, kv_heads, head_dim;
-    void **k, **v;      /* [layers], each pages * page_size * kv_heads * head_dim */
-    int32_t *free_list; /* the free pages, a stack of free_count */
+    void **k, **v; /* [layers], each pages * page_size * kv_heads * head_dim */
+    int sharing;   /* share prompt prefixes: set before any sequence */
+    /* the allocator, under lock */
+    int32_t *refs;        /* [pages]: the sequences holding each page */
+    int32_t *next, *prev; /* [pages]: the free list, in the order pages are taken */
+    int32_t free_head, free_tail;
     int free_count, lock_made;
+    uint64_t *key;   /* [pages]: a published page's prefix key; 0: not published */
+    int32_t *tokens; /* [pages][page_size]: a published page's tokens */
+    int32_t *index;  /* open addressing over keys: page numbers */
+    size_t index_cap, index_used;
+    long shared_tokens; /* tokens found in the index instead of computed */
     pthread_mutex_t lock;
 } wl_kv;
 
@@ -272,8 +283,17 @@ int wl_kv_seq_init(wl_kv_seq *s, wl_kv *kv, int max_tokens);
 /* Takes pages until the sequence holds tokens tokens; an error naming the
  * shortfall (and taking nothing) when the pool has too few free. */
 int wl_kv_seq_grow(wl_kv_seq *s, int tokens);
-/* Gives every page back (a sequence that ended or was cancelled). */
+/* Gives every page back (a sequence that ended or was cancelled); a page
+ * another sequence holds stays with it. */
 void wl_kv_seq_release(wl_kv_seq *s);
+/* With sharing on, a fresh sequence (holding no page) whose prompt is
+ * ids[0, n): holds the published pages its prompt begins with (whole
+ * pages, short of the prompt's last token). Returns the tokens they hold:
+ * the prefill starts there. */
+int wl_kv_seq_share(wl_kv_seq *s, const int32_t *ids, int n);
+/* After the prefill of ids[0, n): publishes the sequence's pages that the
+ * prompt fills entirely, for later prompts to find. */
+void wl_kv_seq_publish(wl_kv_seq *s, const int32_t *ids, int n);
 
 /* ---- forward pass and sampling -------------------------------------------- */
 
@@ -290,6 +310,13 @@ void wl_seq_destroy(wl_seq *s);
  * last one's logits (fp32, vocab of them) in *logits (host memory owned by
  * the sequence). */
 int wl_forward(wl_seq *s, const int32_t *ids, int n, const float **logits);
+/* A fresh sequence whose prompt is ids[0, n) takes the pages other prompts
+ * published for the tokens it begins with (with the cache's sharing on):
+ * returns how many tokens that is, the position its own wl_forward starts
+ * at (ids + that many). 0 when nothing is shared. */
+int wl_seq_share_prefix(wl_seq *s, const int32_t *ids, int n);
+/* After the prompt's forward: publishes its whole pages for later prompts. */
+void wl_seq_publish_prefix(wl_seq *s, const int32_t *ids, int n);
 /* Task only: copies the weights to the task's device when it has one. */
 int wl_model_upload(wl_model *m);
 int wl_model_release(wl_model *m);
@@ -360,7 +387,7 @@ int wl_sample(wl_sampler *s, const float *logits, int vocab);
  * the KV cache and the batcher's task. A generation (wl_engine_generate)
  * is admitted once the pages its prompt and max_tokens can need, and a
  * place in the batch, are free (reserved for its whole life, so it is never
- * preempted); waiters are admitted in arrival order. */
+ * preempted); waiters are admitted by priority, then in arrival order. */
 typedef struct wl_waiter wl_waiter;
 typedef struct wl_engine {
     wl_model *model;
@@ -388,6 +415,7 @@ typedef struct wl_engine_counts {
     int running, queued;   /* generations admitted, and waiting */
     int pages, used_pages; /* the cache's pages, and those holding tokens */
     int reserved_pages;    /* promised to the running generations */
+    long shared_tokens;    /* prompt tokens found in pages other prompts published */
     long steps, rows;      /* the batcher's steps and their tokens */
 } wl_engine_counts;
 void wl_engine_stats(wl_engine *e, wl_engine_counts *out);
@@ -404,6 +432,9 @@ typedef struct wl_gen {
     int n_prompt, max_tokens; /* max_tokens: generated tokens at most */
     wl_sampler sampler;
     int ignore_eos; /* an end-of-sequence token does not end it */
+    /* Admission order: high before normal before low (the caller's task
+     * should run at the same weft priority). */
+    weft_priority priority;
     /* Each sampled token in order (an end-of-sequence one too, with eos
      * set: it ends the generation), with the logits it was drawn from.
      * Returns 0 to go on, > 0 to stop (a stop string), < 0 to cancel. */
@@ -429,6 +460,16 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish);
 /* `weft-llm loadgen`: argv holds the arguments after "loadgen"; returns
  * the exit status. */
 int wl_loadgen_main(int argc, char **argv);
+
+/* ---- the benchmark (bench.c) ------------------------------------------------ */
+
+/* `weft-llm bench MODEL_DIR [options]`: argv holds what follows "bench". */
+int wl_bench_main(int argc, char **argv);
+
+/* ---- the server (serve.c) -------------------------------------------------- */
+
+/* `weft-llm serve MODEL_DIR [options]`: argv holds what follows "serve". */
+int wl_serve_main(int argc, char **argv);
 
 /* ---- random numbers (shared by the writer and the tests) ------------------ */
 

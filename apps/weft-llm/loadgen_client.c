@@ -145,7 +145,8 @@ static int on_event(void *arg, const char *data, size_t len)
         return 0;
     }
     json_error_t je;
-    json_t *j = json_loadb(data, len, 0, &je);
+    /* generated text may hold any byte, NUL too (\u0000) */
+    json_t *j = json_loadb(data, len, JSON_ALLOW_NUL, &je);
     if (!json_is_object(j)) {
         json_decref(j);
         return stop(q, WL_LG_MALFORMED,
@@ -417,7 +418,7 @@ static void take_response(lg_req *q)
 {
     wl_lg_result *r = q->res;
     json_error_t je;
-    json_t *j = json_loadb(q->buf ? q->buf : "", q->len, 0, &je);
+    json_t *j = json_loadb(q->buf ? q->buf : "", q->len, JSON_ALLOW_NUL, &je);
     if (!json_is_object(j))
         set_error(r, WL_LG_MALFORMED, "the response is not a JSON object (%s)",
                   j ? "another JSON value" : je.text);

@@ -8,6 +8,8 @@
  *   weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]
  *   weft-llm check MODEL_DIR
  *   weft-llm loadgen URL [options]   (loadgen.c; --help lists them)
+ *   weft-llm bench MODEL_DIR [--backend B] [--prompt-lens L,..] [--batches B,..] ... (bench.c)
+ *   weft-llm serve MODEL_DIR [--host H] [--port N] ...   (serve.c)
  * generate streams the decoded text to stdout as it is sampled; with
  * --print-ids the prompt's and the generated ids follow on stderr, with
  * --print-top each step's two largest logits as they come. Every
@@ -52,7 +54,10 @@ static int usage(void)
             "       weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]\n"
             "       weft-llm check MODEL_DIR\n"
             "       weft-llm loadgen URL [--rate R|inf] [--requests N] [--concurrency C] ... "
-            "(loadgen --help)\n");
+            "(loadgen --help)\n"
+            "       weft-llm bench MODEL_DIR [--backend B] [--prompt-lens 128,512,2048] "
+            "[--batches 1,8,32,128] ...\n"
+            "       weft-llm serve MODEL_DIR [--host H] [--port N] ... (weft-llm serve --help)\n");
     return 2;
 }
 
@@ -456,6 +461,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "weft-llm: loadgen was not built: libcurl was missing at build time "
                         "(scripts/install-deps installs it)\n");
         return 1;
+#endif
+    }
+    if (!strcmp(argv[1], "bench"))
+        return wl_bench_main(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "serve")) {
+#ifdef WL_HAVE_SERVE
+        return wl_serve_main(argc - 2, argv + 2);
+#else
+        fprintf(stderr, "weft-llm: built without serve (it needs libmicrohttpd-dev)\n");
+        return 2;
 #endif
     }
     return usage();

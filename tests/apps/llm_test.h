@@ -137,7 +137,7 @@ static inline void *forward_task(void *arg)
 out:
     snprintf(j->message, sizeof j->message, "%s", wl_error());
     wl_seq_destroy(s);
-    if (own.free_list && wl_kv_free_pages(&own) != own.pages) {
+    if (own.lock_made && wl_kv_free_pages(&own) != own.pages) {
         snprintf(j->message, sizeof j->message, "the sequence kept %d pages",
                  own.pages - wl_kv_free_pages(&own));
         j->failed = 1;

@@ -799,6 +799,80 @@ static void test_kv_pages_come_back(void **state)
     wl_kv_destroy(&kv);
 }
 
+/* Prompt prefixes: a prompt's whole pages are published; a later prompt
+ * with the same first tokens holds them (never its last token's page),
+ * one that differs from some page on shares only the pages before; a
+ * published page outlives its sequences on the free list until the pages
+ * are needed, unpublished ones being taken first. */
+static void test_kv_prefix_sharing(void **state)
+{
+    (void)state;
+    enum { PAGES = 8, P = 16, N = 40 };
+    wl_kv kv;
+    wl_kv_seq a, b, c, d;
+    int32_t ids[N], other[N];
+    uint64_t st = seed ^ 0x5a4e;
+    for (int i = 0; i < N; i++)
+        other[i] = ids[i] = (int32_t)(wl_rand_next(&st) % 500);
+    other[P + 3] ^= 1; /* differs in the second page */
+    assert_int_equal(wl_kv_pages_init(&kv, PAGES, P), 0);
+    kv.sharing = 1;
+    assert_int_equal(wl_kv_seq_init(&a, &kv, 64), 0);
+    assert_int_equal(wl_kv_seq_share(&a, ids, N), 0); /* nothing published yet */
+    assert_int_equal(wl_kv_seq_grow(&a, N), 0);
+    wl_kv_seq_publish(&a, ids, N); /* pages 0 and 1 are whole; page 2 is not */
+    assert_int_equal(wl_kv_seq_init(&b, &kv, 64), 0);
+    assert_int_equal(wl_kv_seq_share(&b, ids, N), 2 * P);
+    assert_int_equal(b.table[0], a.table[0]);
+    assert_int_equal(b.table[1], a.table[1]);
+    assert_int_equal(wl_kv_seq_grow(&b, N), 0);
+    assert_true(b.table[2] != a.table[2]); /* its own last page */
+    assert_int_equal(wl_kv_free_pages(&kv), PAGES - 4);
+    /* exactly two pages of prompt: the last token's page is computed */
+    assert_int_equal(wl_kv_seq_init(&c, &kv, 64), 0);
+    assert_int_equal(wl_kv_seq_share(&c, ids, 2 * P), P);
+    wl_kv_seq_release(&c);
+    /* the same first page only */
+    assert_int_equal(wl_kv_seq_init(&c, &kv, 64), 0);
+    assert_int_equal(wl_kv_seq_share(&c, other, N), P);
+    wl_kv_seq_release(&c);
+    /* a holds its pages no more; b still does */
+    wl_kv_seq_release(&a);
+    assert_int_equal(wl_kv_free_pages(&kv), PAGES - 3);
+    wl_kv_seq_release(&b);
+    assert_int_equal(wl_kv_free_pages(&kv), PAGES);
+    /* freed, yet found: taken back off the free list */
+    assert_int_equal(wl_kv_seq_init(&c, &kv, 64), 0);
+    assert_int_equal(wl_kv_seq_share(&c, ids, N), 2 * P);
+    assert_int_equal(wl_kv_free_pages(&kv), PAGES - 2);
+    wl_kv_seq_release(&c);
+    /* needing every page but the two published ones leaves them be ... */
+    assert_int_equal(wl_kv_seq_init(&d, &kv, PAGES * P), 0);
+    assert_int_equal(wl_kv_seq_grow(&d, (PAGES - 2) * P), 0);
+    wl_kv_seq_release(&d);
+    assert_int_equal(wl_kv_seq_init(&c, &kv, 64), 0);
+    assert_int_equal(wl_kv_seq_share(&c, ids, N), 2 * P);
+    wl_kv_seq_release(&c);
+    /* ... needing all of them takes them for new tokens: no longer found */
+    assert_int_equal(wl_kv_seq_init(&d, &kv, PAGES * P), 0);
+    assert_int_equal(wl_kv_seq_grow(&d, PAGES * P), 0);
+    wl_kv_seq_release(&d);
+    assert_int_equal(wl_kv_seq_init(&c, &kv, 64), 0);
+    assert_int_equal(wl_kv_seq_share(&c, ids, N), 0);
+    wl_kv_seq_release(&c);
+    assert_int_equal(wl_kv_free_pages(&kv), PAGES);
+    /* sharing off: nothing is found */
+    kv.sharing = 0;
+    assert_int_equal(wl_kv_seq_init(&a, &kv, 64), 0);
+    assert_int_equal(wl_kv_seq_grow(&a, N), 0);
+    wl_kv_seq_publish(&a, ids, N);
+    assert_int_equal(wl_kv_seq_init(&b, &kv, 64), 0);
+    assert_int_equal(wl_kv_seq_share(&b, ids, N), 0);
+    wl_kv_seq_release(&b);
+    wl_kv_seq_release(&a);
+    wl_kv_destroy(&kv);
+}
+
 /* ---- sampling --------------------------------------------------------------- */
 
 /* Draws n tokens and counts them. */
@@ -935,6 +1009,42 @@ static void expect_cli_error(const char *args, int status, const char *message)
     free(err);
 }
 
+/* weft-llm bench on the tiny model: every figure's BENCH line, positive;
+ * a bad list is a usage error. */
+static void test_cli_bench(void **state)
+{
+    (void)state;
+    char cmd[2048], *out, *err;
+    snprintf(cmd, sizeof cmd,
+             "%s bench %s --backend host --prompt-lens 16,40 --batches 1,3 --steps 4 "
+             "--repeats 2 --decode-prompt 20",
+             WL_BIN, model_dir);
+    assert_int_equal(run_capture(cmd, &out, &err), 0);
+    printf("%s", out);
+    const char *names[] = {"llm.copy_rate",
+                           "llm.prefill.L16.tokens_per_s",
+                           "llm.prefill.L40.tokens_per_s",
+                           "llm.decode.B1.step_ms",
+                           "llm.decode.B3.tokens_per_s",
+                           "llm.decode.B3.of_roofline",
+                           "llm.decode.B3.cpu_us_per_step"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char key[128];
+        snprintf(key, sizeof key, "BENCH %s ", names[i]);
+        const char *at = strstr(out, key);
+        if (!at)
+            fail_msg("no \"%s\" line", key);
+        assert_true(strtod(at + strlen(key), NULL) > 0);
+    }
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s bench %s --batches 1,,2", WL_BIN, model_dir);
+    assert_int_equal(run_capture(cmd, &out, &err), 2);
+    assert_non_null(strstr(err, "bad option or value: --batches"));
+    free(out);
+    free(err);
+}
+
 static void test_cli_errors(void **state)
 {
     (void)state;
@@ -970,10 +1080,12 @@ int main(void)
         cmocka_unit_test(test_concurrent_sequences_match_alone),
         cmocka_unit_test(test_sampler_modes),
         cmocka_unit_test(test_kv_pages_come_back),
+        cmocka_unit_test(test_kv_prefix_sharing),
         cmocka_unit_test(test_forward_matches_float64_reference),
         cmocka_unit_test(test_forward_variants_match_reference),
         cmocka_unit_test(test_forward_continuing_a_cache),
         cmocka_unit_test(test_cli_generates_deterministically),
+        cmocka_unit_test(test_cli_bench),
         cmocka_unit_test(test_cli_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

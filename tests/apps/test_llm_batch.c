@@ -305,12 +305,184 @@ static void test_cli_parallel(void **state)
     free(errs1);
 }
 
+/* The engine's admission: one place in the batch, held by a long
+ * generation; a normal and then a high-priority generation queue behind
+ * it, and the high one is admitted first. A queued generation whose hook
+ * says cancelled leaves the queue without running. */
+typedef struct adm_run {
+    wl_engine *e;
+    weft_priority priority;
+    int cancel; /* its cancelled hook says yes */
+    int tokens, order, failed;
+    wl_finish finish;
+} adm_run;
+
+static int admitted_so_far;
+
+static int adm_token(void *ctx, int32_t id, int eos, const float *logits)
+{
+    adm_run *r = ctx;
+    (void)id, (void)eos, (void)logits;
+    if (!r->tokens++)
+        r->order = __atomic_add_fetch(&admitted_so_far, 1, __ATOMIC_ACQ_REL);
+    return 0;
+}
+
+static int adm_cancelled(void *ctx)
+{
+    return ((adm_run *)ctx)->cancel;
+}
+
+static void *adm_task(void *arg)
+{
+    adm_run *r = arg;
+    static const int32_t prompt[] = {256, 296, 267};
+    wl_gen g = {.prompt = prompt,
+                .n_prompt = 3,
+                .max_tokens = r->priority == WEFT_PRIO_LOW ? 60 : 4,
+                .ignore_eos = 1,
+                .priority = r->priority,
+                .on_token = adm_token,
+                .cancelled = adm_cancelled,
+                .ctx = r};
+    r->failed = wl_engine_generate(r->e, &g, &r->finish);
+    return NULL;
+}
+
+static void test_engine_admission_order(void **state)
+{
+    (void)state;
+    wl_model m;
+    wl_engine e;
+    weft_runtime *rt;
+    weft_config cfg = WEFT_CONFIG_INIT;
+    cfg.workers = 2;
+    cfg.backend = WEFT_BACKEND_HOST;
+    cfg.stack_size = 1 << 20;
+    assert_int_equal(wl_model_open(&m, model_dir), 0);
+    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
+    assert_int_equal(wl_engine_start(&e, rt, &m, 16, 1, 64), 0);
+    adm_run runs[4] = {{.e = &e, .priority = WEFT_PRIO_LOW},
+                       {.e = &e, .priority = WEFT_PRIO_NORMAL},
+                       {.e = &e, .priority = WEFT_PRIO_NORMAL, .cancel = 1},
+                       {.e = &e, .priority = WEFT_PRIO_HIGH}};
+    weft_task *t[4];
+    admitted_so_far = 0;
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(weft_spawn(rt, &t[i], adm_task, &runs[i], NULL), WEFT_OK);
+        /* each queues before the next arrives: the first is running */
+        for (int k = 0; k < 200; k++) {
+            wl_engine_counts c;
+            wl_engine_stats(&e, &c);
+            if (c.running + c.queued == i + 1)
+                break;
+            usleep(5000);
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(weft_join(t[i], NULL), WEFT_OK);
+    printf("  admitted: low %d, normal %d, high %d; the cancelled one ran %d tokens\n",
+           runs[0].order, runs[1].order, runs[3].order, runs[2].tokens);
+    for (int i = 0; i < 4; i++)
+        assert_false(runs[i].failed);
+    assert_int_equal(runs[0].order, 1);
+    assert_int_equal(runs[3].order, 2); /* high before the normal that came first */
+    assert_int_equal(runs[1].order, 3);
+    assert_int_equal(runs[2].tokens, 0);
+    assert_int_equal(runs[2].finish, WL_FINISH_CANCELLED);
+    wl_engine_counts c;
+    wl_engine_stats(&e, &c);
+    assert_int_equal(c.running + c.queued + c.reserved_pages + c.used_pages, 0);
+    assert_int_equal(wl_engine_stop(&e), 0);
+    weft_runtime_destroy(rt);
+    wl_model_close(&m);
+}
+
+/* A prompt whose first pages another prompt published: the second
+ * generation starts its prefill after them (decode attention over the
+ * pages for the rest) and its first logits agree with the first's, which
+ * computed the whole prompt. */
+typedef struct prefix_run {
+    wl_engine *e;
+    const int32_t *prompt;
+    int n;
+    float logits[V];
+    int failed;
+} prefix_run;
+
+static int keep_first_logits(void *ctx, int32_t id, int eos, const float *logits)
+{
+    (void)id, (void)eos;
+    memcpy(((prefix_run *)ctx)->logits, logits, sizeof(float) * V);
+    return 1; /* one token is enough */
+}
+
+static void *prefix_task(void *arg)
+{
+    prefix_run *r = arg;
+    wl_gen g = {.prompt = r->prompt,
+                .n_prompt = r->n,
+                .max_tokens = 1,
+                .on_token = keep_first_logits,
+                .ctx = r};
+    wl_finish f;
+    r->failed = wl_engine_generate(r->e, &g, &f);
+    return NULL;
+}
+
+static void test_engine_shares_prompt_prefixes(void **state)
+{
+    (void)state;
+    enum { N = 45 };
+    int32_t prompt[N];
+    uint64_t st = seed ^ 0x9f1c;
+    for (int i = 0; i < N; i++)
+        prompt[i] = (int32_t)(wl_rand_next(&st) % V);
+    wl_model m;
+    wl_engine e;
+    weft_runtime *rt;
+    weft_config cfg = WEFT_CONFIG_INIT;
+    cfg.workers = 2;
+    cfg.backend = WEFT_BACKEND_HOST;
+    cfg.stack_size = 1 << 20;
+    assert_int_equal(wl_model_open(&m, model_dir), 0);
+    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
+    assert_int_equal(wl_engine_start(&e, rt, &m, 16, 2, 64), 0);
+    e.kv.sharing = 1;
+    prefix_run first = {.e = &e, .prompt = prompt, .n = N},
+               second = {.e = &e, .prompt = prompt, .n = N};
+    weft_task *t;
+    assert_int_equal(weft_spawn(rt, &t, prefix_task, &first, NULL), WEFT_OK);
+    assert_int_equal(weft_join(t, NULL), WEFT_OK);
+    assert_int_equal(weft_spawn(rt, &t, prefix_task, &second, NULL), WEFT_OK);
+    assert_int_equal(weft_join(t, NULL), WEFT_OK);
+    assert_false(first.failed);
+    assert_false(second.failed);
+    wl_engine_counts c;
+    wl_engine_stats(&e, &c);
+    double worst = 0, scale = 0;
+    for (int i = 0; i < V; i++) {
+        worst = fmax(worst, fabs((double)first.logits[i] - second.logits[i]));
+        scale = fmax(scale, fabs((double)first.logits[i]));
+    }
+    printf("  %ld of %d prompt tokens shared; first logits differ by %.3e (max |logit| %.4f)\n",
+           c.shared_tokens, N, worst, scale);
+    assert_int_equal(c.shared_tokens, 32); /* two whole pages of 16 */
+    assert_true(scale > 0.01);
+    assert_true(worst <= scale / 128);
+    assert_int_equal(wl_engine_stop(&e), 0);
+    weft_runtime_destroy(rt);
+    wl_model_close(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_decode_matches_alone),
         cmocka_unit_test(test_forward_batch_errors),
         cmocka_unit_test(test_cli_parallel),
+        cmocka_unit_test(test_engine_admission_order),
+        cmocka_unit_test(test_engine_shares_prompt_prefixes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,0 +1,357 @@
+/*
+ * bench.c - `weft-llm bench MODEL_DIR`: the engine's prefill and decode
+ * throughput and latency, against the rooflines measured in the same run.
+ *
+ * One task on the chosen backend measures, in order:
+ *  - the copy rate: a weft_memcpy_async of a large buffer on the backend
+ *    (bytes read plus bytes written, per second), the bandwidth that bounds
+ *    a decode step, which reads every weight once;
+ *  - prefill: a fresh sequence's wl_forward over L random tokens, for each
+ *    prompt length (median of the repeats);
+ *  - decode: B sequences prefilled with a short prompt, then wl_forward_batch
+ *    steps of all of them (the batcher's step without its task handoffs),
+ *    for each batch size: the median step, tokens per second, the step's
+ *    roofline (its weight and KV bytes at the copy rate) and the host CPU
+ *    time per step (getrusage over the timed steps; on the host backend it
+ *    is the computation itself).
+ * A table on stdout, then one `BENCH <name> <value> <unit>` line a figure.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "llm.h"
+
+#define MAX_POINTS 16
+
+typedef struct bench {
+    const char *dir, *backend;
+    int lens[MAX_POINTS], n_lens;
+    int batches[MAX_POINTS], n_batches;
+    int steps, repeats, decode_prompt;
+    wl_model model;
+    wl_kv kv;
+    /* results */
+    double copy_gbs;
+    double prefill_ms[MAX_POINTS];
+    double step_ms[MAX_POINTS], roofline_ms[MAX_POINTS], cpu_us[MAX_POINTS];
+    int failed;
+    char message[512];
+} bench;
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: weft-llm bench MODEL_DIR [--backend host|cuda|auto] "
+                    "[--prompt-lens 128,512,2048]\n"
+                    "                [--batches 1,8,32,128] [--steps 32] [--repeats 3] "
+                    "[--decode-prompt 128]\n");
+    return 2;
+}
+
+static int parse_list(const char *s, int *out, int *n)
+{
+    *n = 0;
+    while (*s && *n < MAX_POINTS) {
+        char *end;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (end == s || errno || v < 1 || v > 1 << 20 || (*end && *end != ','))
+            return -1;
+        out[(*n)++] = (int)v;
+        s = *end ? end + 1 : end;
+    }
+    return *s || !*n ? -1 : 0;
+}
+
+static double cpu_seconds(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + (double)u.ru_stime.tv_sec +
+           u.ru_stime.tv_usec * 1e-6;
+}
+
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, by_value);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* The bytes a decode step reads of the weights: every matrix once (the
+ * embedding table only where it is also the lm_head). */
+static double weight_bytes(const wl_model *m)
+{
+    const wl_config *c = &m->cfg;
+    double H = c->hidden, I = c->intermediate, q = (double)c->heads * c->head_dim,
+           kv = (double)c->kv_heads * c->head_dim;
+    double layer = H * q + 2 * H * kv + q * H + 3 * H * I;
+    return ((double)c->layers * layer + (double)c->vocab * H) * (double)wl_dtype_size(m->dtype);
+}
+
+static double kv_bytes_per_token(const wl_model *m)
+{
+    const wl_config *c = &m->cfg;
+    return 2.0 * c->layers * c->kv_heads * c->head_dim * (double)wl_dtype_size(m->dtype);
+}
+
+/* Bytes copied (read and written) per second by the backend's copy. */
+static int measure_copy(bench *b)
+{
+    size_t n = (size_t)weight_bytes(&b->model); /* as much as a step reads, 1 to 256 MiB */
+    n = n > (256u << 20) ? (256u << 20) : n < (1u << 20) ? (1u << 20) : n;
+    void *src = NULL, *dst = NULL;
+    double t[5];
+    if (weft_malloc_async(&src, n) != WEFT_OK || weft_malloc_async(&dst, n) != WEFT_OK ||
+        weft_memcpy_async(dst, src, n) != WEFT_OK || weft_await() != WEFT_OK)
+        goto fail;
+    for (int r = 0; r < 5; r++) {
+        uint64_t t0 = weft_now_ns();
+        if (weft_memcpy_async(dst, src, n) != WEFT_OK || weft_await() != WEFT_OK)
+            goto fail;
+        t[r] = (double)(weft_now_ns() - t0) * 1e-9;
+    }
+    b->copy_gbs = 2.0 * (double)n / median(t, 5) * 1e-9;
+    weft_free_async(src);
+    weft_free_async(dst);
+    return 0;
+fail:
+    wl_fail("copy: %s", weft_last_error());
+    if (src)
+        weft_free_async(src);
+    if (dst)
+        weft_free_async(dst);
+    weft_await();
+    return -1;
+}
+
+static void random_ids(int32_t *ids, int n, int vocab, uint64_t *st)
+{
+    for (int i = 0; i < n; i++)
+        ids[i] = (int32_t)(wl_rand_next(st) % (uint64_t)vocab);
+}
+
+static int measure_prefill(bench *b, int li, uint64_t *st)
+{
+    int L = b->lens[li];
+    double t[64];
+    int32_t *ids = malloc((size_t)L * sizeof *ids);
+    if (!ids)
+        return wl_fail("out of memory");
+    for (int r = 0; r < b->repeats; r++) {
+        wl_seq *s = NULL;
+        const float *logits;
+        random_ids(ids, L, b->model.cfg.vocab, st);
+        if (wl_seq_create(&s, &b->model, &b->kv, L, L)) {
+            free(ids);
+            return -1;
+        }
+        uint64_t t0 = weft_now_ns();
+        int rc = wl_forward(s, ids, L, &logits);
+        t[r] = (double)(weft_now_ns() - t0) * 1e-6;
+        wl_seq_destroy(s);
+        if (rc) {
+            free(ids);
+            return -1;
+        }
+    }
+    free(ids);
+    b->prefill_ms[li] = median(t, b->repeats);
+    return 0;
+}
+
+static int measure_decode(bench *b, int bi, uint64_t *st)
+{
+    int B = b->batches[bi], P = b->decode_prompt, total = P + b->steps + 2;
+    wl_seq **seqs = calloc((size_t)B, sizeof *seqs);
+    int32_t *ids = malloc((size_t)(P > B ? P : B) * sizeof *ids);
+    double *t = malloc((size_t)b->steps * sizeof *t);
+    wl_batch *batch = NULL;
+    const float **rows = calloc((size_t)B, sizeof *rows), *logits;
+    int rc = -1;
+    if (!seqs || !ids || !t || !rows) {
+        wl_fail("out of memory");
+        goto out;
+    }
+    for (int i = 0; i < B; i++) {
+        random_ids(ids, P, b->model.cfg.vocab, st);
+        if (wl_seq_create(&seqs[i], &b->model, &b->kv, total, P) ||
+            wl_forward(seqs[i], ids, P, &logits))
+            goto out;
+    }
+    if (wl_batch_create(&batch, &b->model, &b->kv, B, total))
+        goto out;
+    double kv_read = 0, cpu = 0;
+    for (int step = -2; step < b->steps; step++) { /* two steps to warm up */
+        random_ids(ids, B, b->model.cfg.vocab, st);
+        double c0 = cpu_seconds();
+        uint64_t t0 = weft_now_ns();
+        if (wl_forward_batch(batch, seqs, ids, B, rows))
+            goto out;
+        if (step >= 0) {
+            t[step] = (double)(weft_now_ns() - t0) * 1e-6;
+            cpu += cpu_seconds() - c0;
+            kv_read += (double)B * (P + step + 3) * kv_bytes_per_token(&b->model);
+        }
+    }
+    b->step_ms[bi] = median(t, b->steps);
+    b->cpu_us[bi] = cpu / b->steps * 1e6;
+    b->roofline_ms[bi] = (weight_bytes(&b->model) + kv_read / b->steps) / (b->copy_gbs * 1e9) * 1e3;
+    rc = 0;
+out:
+    if (batch)
+        wl_batch_destroy(batch);
+    for (int i = 0; seqs && i < B; i++)
+        wl_seq_destroy(seqs[i]);
+    free(seqs);
+    free(ids);
+    free(t);
+    free(rows);
+    return rc;
+}
+
+static void *bench_task(void *arg)
+{
+    bench *b = arg;
+    uint64_t st = 0x5eed;
+    int longest = b->decode_prompt + b->steps + 2, pages = 0;
+    for (int i = 0; i < b->n_lens; i++)
+        longest = b->lens[i] > longest ? b->lens[i] : longest;
+    for (int i = 0; i < b->n_batches; i++) { /* the largest batch's pages, or one prompt's */
+        int need = b->batches[i] * ((b->decode_prompt + b->steps + 2) / WL_KV_PAGE + 1);
+        pages = need > pages ? need : pages;
+    }
+    pages = pages > longest / WL_KV_PAGE + 1 ? pages : longest / WL_KV_PAGE + 1;
+    b->failed = 1;
+    if (longest > b->model.cfg.max_positions) {
+        wl_fail("bench: %d tokens exceed the model's context (%d)", longest,
+                b->model.cfg.max_positions);
+        goto out;
+    }
+    if (wl_model_upload(&b->model) || wl_kv_create(&b->kv, &b->model, pages, WL_KV_PAGE) ||
+        measure_copy(b))
+        goto out;
+    for (int i = 0; i < b->n_lens; i++)
+        if (measure_prefill(b, i, &st))
+            goto out;
+    for (int i = 0; i < b->n_batches; i++)
+        if (measure_decode(b, i, &st))
+            goto out;
+    b->failed = 0;
+out:
+    if (b->failed)
+        snprintf(b->message, sizeof b->message, "%s", wl_error());
+    if (b->kv.lock_made)
+        wl_kv_destroy(&b->kv);
+    wl_model_release(&b->model);
+    return NULL;
+}
+
+static void report(const bench *b)
+{
+    const wl_config *c = &b->model.cfg;
+    printf("%s: %s, %d layers, hidden %d, %s; %.4g GB of weights read a step; copy rate %.1f "
+           "GB/s\n",
+           b->dir, c->model_type, c->layers, c->hidden, wl_dtype_name(b->model.dtype),
+           weight_bytes(&b->model) * 1e-9, b->copy_gbs);
+    printf("\n| prefill tokens | ms | tokens/s |\n|---:|---:|---:|\n");
+    for (int i = 0; i < b->n_lens; i++)
+        printf("| %d | %.3f | %.0f |\n", b->lens[i], b->prefill_ms[i],
+               b->lens[i] / (b->prefill_ms[i] * 1e-3));
+    printf("\n| decode batch | ms a step | tokens/s | roofline ms | of roofline | host CPU us a "
+           "step |\n|---:|---:|---:|---:|---:|---:|\n");
+    for (int i = 0; i < b->n_batches; i++)
+        printf("| %d | %.3f | %.0f | %.3f | %.0f%% | %.0f |\n", b->batches[i], b->step_ms[i],
+               b->batches[i] / (b->step_ms[i] * 1e-3), b->roofline_ms[i],
+               100 * b->roofline_ms[i] / b->step_ms[i], b->cpu_us[i]);
+    printf("\nBENCH llm.copy_rate %.1f GB/s\n", b->copy_gbs);
+    for (int i = 0; i < b->n_lens; i++)
+        printf("BENCH llm.prefill.L%d.tokens_per_s %.1f tokens/s\n", b->lens[i],
+               b->lens[i] / (b->prefill_ms[i] * 1e-3));
+    for (int i = 0; i < b->n_batches; i++) {
+        printf("BENCH llm.decode.B%d.step_ms %.4f ms\n", b->batches[i], b->step_ms[i]);
+        printf("BENCH llm.decode.B%d.tokens_per_s %.1f tokens/s\n", b->batches[i],
+               b->batches[i] / (b->step_ms[i] * 1e-3));
+        printf("BENCH llm.decode.B%d.of_roofline %.3f fraction\n", b->batches[i],
+               b->roofline_ms[i] / b->step_ms[i]);
+        printf("BENCH llm.decode.B%d.cpu_us_per_step %.1f us\n", b->batches[i], b->cpu_us[i]);
+    }
+}
+
+int wl_bench_main(int argc, char **argv)
+{
+    bench b = {.backend = "auto",
+               .lens = {128, 512, 2048},
+               .n_lens = 3,
+               .batches = {1, 8, 32, 128},
+               .n_batches = 4,
+               .steps = 32,
+               .repeats = 3,
+               .decode_prompt = 128};
+    if (argc < 1 || argv[0][0] == '-')
+        return usage();
+    b.dir = argv[0];
+    for (int i = 1; i < argc; i += 2) { /* every option takes a value */
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+        int bad = i + 1 >= argc, n;
+        char *end;
+        if (!strcmp(a, "--backend"))
+            bad |= strcmp(v, "host") && strcmp(v, "cuda") && strcmp(v, "auto");
+        else if (!strcmp(a, "--prompt-lens"))
+            bad |= parse_list(v, b.lens, &b.n_lens);
+        else if (!strcmp(a, "--batches"))
+            bad |= parse_list(v, b.batches, &b.n_batches);
+        else if (!strcmp(a, "--steps") || !strcmp(a, "--repeats") ||
+                 !strcmp(a, "--decode-prompt")) {
+            long x = strtol(v, &end, 10);
+            n = (int)x;
+            bad |= !*v || *end || x < 1 || x > (strcmp(a, "--repeats") ? 1 << 20 : 64);
+            if (!bad)
+                *(!strcmp(a, "--steps")     ? &b.steps
+                  : !strcmp(a, "--repeats") ? &b.repeats
+                                            : &b.decode_prompt) = n;
+        } else
+            bad = 1;
+        if (bad) {
+            fprintf(stderr, "weft-llm bench: bad option or value: %s %s\n", a, v);
+            return usage();
+        }
+        if (!strcmp(a, "--backend"))
+            b.backend = v;
+    }
+    if (wl_model_open(&b.model, b.dir)) {
+        fprintf(stderr, "weft-llm: %s\n", wl_error());
+        return 1;
+    }
+    weft_runtime *rt;
+    weft_task *t;
+    weft_config cfg = WEFT_CONFIG_INIT;
+    cfg.workers = 1;
+    cfg.stack_size = 1 << 20;
+    cfg.backend = !strcmp(b.backend, "host")   ? WEFT_BACKEND_HOST
+                  : !strcmp(b.backend, "cuda") ? WEFT_BACKEND_CUDA
+                                               : WEFT_BACKEND_AUTO;
+    int rc = 1;
+    if (weft_runtime_create(&rt, &cfg) != WEFT_OK) {
+        fprintf(stderr, "weft-llm: weft runtime: %s\n", weft_last_error());
+        wl_model_close(&b.model);
+        return 1;
+    }
+    if (weft_spawn(rt, &t, bench_task, &b, NULL) != WEFT_OK || weft_join(t, NULL) != WEFT_OK)
+        fprintf(stderr, "weft-llm: the bench task: %s\n", weft_last_error());
+    else if (b.failed)
+        fprintf(stderr, "weft-llm: %s\n", b.message);
+    else {
+        report(&b);
+        rc = 0;
+    }
+    weft_runtime_destroy(rt);
+    wl_model_close(&b.model);
+    return rc;
+}

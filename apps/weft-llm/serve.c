@@ -1,0 +1,921 @@
+/*
+ * serve.c - `weft-llm serve`: OpenAI's completion API over HTTP/1.1, each
+ * request a weft task on the engine (engine.c).
+ *
+ * GNU libmicrohttpd runs the sockets on one thread of its own (epoll). Its
+ * access handler only routes and checks a request's JSON; a completion is
+ * handed to a weft task (request_task), which tokenizes the prompt, runs
+ * its choices through the engine (one task each; a choice is one sequence
+ * of the batcher) and writes what the client is to receive into the
+ * request's buffer. The connection is suspended (MHD_suspend_connection)
+ * whenever it has nothing to send and resumed by the task that adds
+ * something, so no thread waits on a slow generation or a slow client.
+ *
+ * A request is shared by its connection, its stream's response and its
+ * task, each holding a reference; its lock orders the handoffs. The
+ * connection is suspended and resumed only under that lock, so a resume
+ * always follows its suspend. A client that goes away is seen by
+ * libmicrohttpd when a write fails (the completion callback), or, while
+ * its connection is suspended, by the task's poll of the socket between
+ * steps; the generation is then cancelled and its KV pages go back.
+ *
+ * SIGTERM or SIGINT drains: the listening socket closes, requests already
+ * in flight finish (new ones on open connections get 503) until
+ * --drain-seconds, then the rest are cancelled; the server exits 0.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <microhttpd.h>
+
+#include "serve.h"
+
+typedef struct request request;
+
+typedef struct server {
+    /* options */
+    const char *dir, *host, *backend, *port_file, *name;
+    int port, max_seqs, kv_pages, max_model_len, default_max_tokens, workers, drain_seconds;
+    int idle_timeout, body_timeout, share_prefixes;
+    size_t max_body;
+    /* parts */
+    wl_model model;
+    wl_tokenizer *tk;
+    wl_chat *chat;
+    weft_runtime *rt;
+    wl_engine engine;
+    struct MHD_Daemon *daemon;
+    wl_metrics metrics;
+    /* the requests alive (their objects, from the handler to the last
+     * reference), for draining */
+    pthread_mutex_t lock;
+    pthread_cond_t idle;
+    request *live;
+    int in_flight, draining;
+    uint64_t next_id;
+} server;
+
+/* Where a request's answer stands: the handler suspends the connection
+ * while PENDING; ANSWER is a whole body (an error, or a response that did
+ * not stream); STREAMING is a stream of events in out. */
+typedef enum phase { PENDING, ANSWER, STREAMING } phase;
+
+struct request {
+    server *srv;
+    request *prev, *next; /* srv->live */
+    int refs;             /* atomic: the connection, the stream's response, the task */
+    int endpoint;
+    wl_oai_request q;
+    char id[48];
+    long created;
+    uint64_t arrived_ns;
+    int32_t *prompt;
+    int n_prompt, max_tokens;
+    wl_choice choices[WL_MAX_N];
+    int first_token; /* atomic: the request's first token was timed */
+    /* under lock */
+    pthread_mutex_t lock;
+    struct MHD_Connection *conn; /* NULL once the connection is done with it */
+    phase phase;
+    int status;
+    char *answer;
+    wl_buf out; /* stream bytes not yet sent */
+    size_t sent;
+    int done, suspended, gone;
+};
+
+/* One HTTP request's state on its connection (libmicrohttpd's con_cls). */
+typedef struct conn_state {
+    int endpoint;
+    wl_buf body;
+    int too_big;
+    uint64_t started_ns;
+    request *req;
+} conn_state;
+
+/* ---- requests' lifetime ---------------------------------------------------- */
+
+static void unref(request *r)
+{
+    if (__atomic_sub_fetch(&r->refs, 1, __ATOMIC_ACQ_REL))
+        return;
+    server *srv = r->srv;
+    pthread_mutex_lock(&srv->lock);
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        srv->live = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    srv->in_flight--;
+    pthread_cond_broadcast(&srv->idle);
+    pthread_mutex_unlock(&srv->lock);
+    for (int i = 0; i < WL_MAX_N; i++)
+        wl_choice_free(&r->choices[i]);
+    wl_oai_request_free(&r->q);
+    wl_buf_free(&r->out);
+    free(r->answer);
+    free(r->prompt);
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+}
+
+/* Under r->lock: the connection has something to do again. */
+static void wake_locked(request *r)
+{
+    if (r->suspended && r->conn) {
+        r->suspended = 0;
+        MHD_resume_connection(r->conn);
+    }
+}
+
+/* One choice of a request: the context of its generation's hooks. */
+typedef struct choice_run {
+    request *r;
+    int index, failed;
+    uint64_t last_ns;
+    wl_finish finish;
+    char message[512];
+} choice_run;
+
+/* The generation's cancellation hook: the client has gone. While the
+ * connection is suspended libmicrohttpd cannot see a hang-up, so the
+ * socket is polled here (it is not touched by anyone while suspended). */
+static int client_gone(void *ctx)
+{
+    request *r = ((choice_run *)ctx)->r;
+    pthread_mutex_lock(&r->lock);
+    if (!r->gone && r->suspended && r->conn) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        struct pollfd p = {.fd = ci ? ci->connect_fd : -1, .events = POLLRDHUP};
+        if (ci && poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+            r->gone = 1;
+    }
+    int gone = r->gone;
+    pthread_mutex_unlock(&r->lock);
+    return gone;
+}
+
+/* ---- the request's task ------------------------------------------------------ */
+
+static void answer_locked(request *r, int status, char *body)
+{
+    free(r->answer);
+    r->answer = body;
+    r->status = status;
+    r->phase = ANSWER;
+    r->done = 1;
+    wake_locked(r);
+}
+
+static void answer_error(request *r, int status, const char *message, const char *param)
+{
+    char *body =
+        wl_oai_error_body(message, status == 500 ? "server_error" : "invalid_request_error", param);
+    pthread_mutex_lock(&r->lock);
+    answer_locked(r, status, body);
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* The prompt's ids: the text encoded, the ids given, or the chat rendered
+ * with the model's template and encoded. */
+static int prepare_prompt(request *r)
+{
+    server *srv = r->srv;
+    size_t n = 0;
+    if (r->q.chat) {
+        char *text;
+        int add_special;
+        if (wl_chat_render(srv->chat, r->q.messages, 1, &text, &add_special))
+            return -1;
+        /* the template writes every special token it wants (a BOS too):
+         * encoded without the tokenizer's own, as transformers does */
+        int rc = wl_encode(srv->tk, text, strlen(text), 0, &r->prompt, &n);
+        free(text);
+        if (rc)
+            return -1;
+    } else if (json_is_string(r->q.prompt)) {
+        if (wl_encode(srv->tk, json_string_value(r->q.prompt), json_string_length(r->q.prompt), 1,
+                      &r->prompt, &n))
+            return -1;
+    } else {
+        n = json_array_size(r->q.prompt);
+        r->prompt = malloc(n * sizeof *r->prompt);
+        if (!r->prompt)
+            return wl_fail("out of memory");
+        for (size_t i = 0; i < n; i++) {
+            json_int_t id = json_integer_value(json_array_get(r->q.prompt, i));
+            if (id >= srv->model.cfg.vocab)
+                return wl_fail("prompt token %zu is %lld, outside the vocabulary (%d)", i,
+                               (long long)id, srv->model.cfg.vocab);
+            r->prompt[i] = (int32_t)id;
+        }
+    }
+    r->n_prompt = (int)n;
+    if (!n)
+        return wl_fail("the prompt encodes to no tokens");
+    return 0;
+}
+
+static int on_token(void *ctx, int32_t id, int eos, const float *logits)
+{
+    choice_run *cr = ctx;
+    request *r = cr->r;
+    server *srv = r->srv;
+    wl_buf emit = {0};
+    json_t *lp;
+    int stop = wl_choice_token(&r->choices[cr->index], &r->q, srv->tk, id, eos, logits,
+                               srv->model.cfg.vocab, &emit, &lp);
+    uint64_t now = weft_now_ns();
+    if (!__atomic_exchange_n(&r->first_token, 1, __ATOMIC_ACQ_REL))
+        wl_metrics_observe(&srv->metrics, WL_TTFT, (double)(now - r->arrived_ns) * 1e-9);
+    if (cr->last_ns)
+        wl_metrics_observe(&srv->metrics, WL_ITL, (double)(now - cr->last_ns) * 1e-9);
+    cr->last_ns = now;
+    if (r->q.stream && (emit.len || lp)) {
+        pthread_mutex_lock(&r->lock);
+        wl_oai_chunk(&r->out, &r->q, r->id, r->created, srv->name, cr->index, emit.data, emit.len,
+                     lp, NULL, 0);
+        wake_locked(r);
+        pthread_mutex_unlock(&r->lock);
+    } else {
+        json_decref(lp);
+    }
+    wl_buf_free(&emit);
+    return stop;
+}
+
+/* One choice: one sequence through the engine. */
+static void *choice_task(void *arg)
+{
+    choice_run *cr = arg;
+    request *r = cr->r;
+    wl_choice *c = &r->choices[cr->index];
+    wl_gen g = {.prompt = r->prompt,
+                .n_prompt = r->n_prompt,
+                .max_tokens = r->max_tokens,
+                .sampler = r->q.sampler,
+                .ignore_eos = r->q.ignore_eos,
+                .priority = r->q.priority,
+                .on_token = on_token,
+                .cancelled = client_gone,
+                .ctx = cr};
+    g.sampler.state += (uint64_t)cr->index; /* choice i: seed + i, as generate --parallel */
+    cr->failed = wl_engine_generate(&r->srv->engine, &g, &cr->finish);
+    if (cr->failed)
+        snprintf(cr->message, sizeof cr->message, "%s", wl_error());
+    c->finish = cr->finish == WL_FINISH_LENGTH ? "length" : "stop";
+    wl_buf emit = {0};
+    wl_choice_flush(c, &emit);
+    if (r->q.stream && !cr->failed && cr->finish != WL_FINISH_CANCELLED) {
+        pthread_mutex_lock(&r->lock);
+        if (emit.len)
+            wl_oai_chunk(&r->out, &r->q, r->id, r->created, r->srv->name, cr->index, emit.data,
+                         emit.len, NULL, NULL, 0);
+        wl_oai_chunk(&r->out, &r->q, r->id, r->created, r->srv->name, cr->index, "", 0, NULL,
+                     c->finish, 0);
+        wake_locked(r);
+        pthread_mutex_unlock(&r->lock);
+    }
+    wl_buf_free(&emit);
+    return NULL;
+}
+
+static void *request_task(void *arg)
+{
+    request *r = arg;
+    server *srv = r->srv;
+    choice_run runs[WL_MAX_N];
+    weft_task *tasks[WL_MAX_N];
+    int spawned = 1, status = 200;
+    memset(runs, 0, sizeof runs);
+    if (prepare_prompt(r)) {
+        answer_error(r, 400, wl_error(), r->q.chat ? "messages" : "prompt");
+        status = 400;
+        goto out;
+    }
+    int room = srv->engine.max_tokens - r->n_prompt;
+    r->max_tokens = r->q.max_tokens ? r->q.max_tokens
+                    : r->q.chat ? (room < srv->default_max_tokens ? room : srv->default_max_tokens)
+                                : 16; /* OpenAI's default for completions */
+    if (wl_engine_check(&srv->engine, r->n_prompt, r->max_tokens)) {
+        answer_error(r, 400, wl_error(), "max_tokens");
+        status = 400;
+        goto out;
+    }
+    for (int i = 0; i < r->q.n; i++)
+        r->choices[i].index = i;
+    if (r->q.stream) {
+        pthread_mutex_lock(&r->lock);
+        r->phase = STREAMING;
+        for (int i = 0; r->q.chat && i < r->q.n; i++) /* the chat stream opens with the role */
+            wl_oai_chunk(&r->out, &r->q, r->id, r->created, srv->name, i, "", 0, NULL, NULL, 1);
+        wake_locked(r);
+        pthread_mutex_unlock(&r->lock);
+    }
+    /* choice 0 here, the others in tasks of their own */
+    weft_task_opts opts = WEFT_TASK_OPTS_INIT;
+    opts.name = "choice";
+    opts.priority = r->q.priority;
+    for (int i = 0; i < r->q.n; i++)
+        runs[i] = (choice_run){.r = r, .index = i};
+    for (; spawned < r->q.n; spawned++)
+        if (weft_spawn(srv->rt, &tasks[spawned], choice_task, &runs[spawned], &opts) != WEFT_OK) {
+            runs[spawned].failed = 1;
+            snprintf(runs[spawned].message, sizeof runs[spawned].message, "%s", weft_last_error());
+            break;
+        }
+    choice_task(&runs[0]);
+    for (int i = 1; i < spawned; i++)
+        weft_join(tasks[i], NULL);
+    const char *failure = NULL;
+    int completion = 0;
+    for (int i = 0; i < r->q.n; i++) {
+        completion += r->choices[i].tokens;
+        if (runs[i].failed && !failure)
+            failure = runs[i].message;
+    }
+    wl_metrics_tokens(&srv->metrics, r->n_prompt, completion);
+    wl_metrics_observe(&srv->metrics, WL_E2E, (double)(weft_now_ns() - r->arrived_ns) * 1e-9);
+    pthread_mutex_lock(&r->lock);
+    if (r->q.stream) {
+        if (failure) {
+            char *e = wl_oai_error_body(failure, "server_error", NULL);
+            wl_buf_printf(&r->out, "data: %s\n\n", e ? e : "{}");
+            free(e);
+            status = 500;
+        } else if (r->q.include_usage) {
+            wl_oai_usage_chunk(&r->out, &r->q, r->id, r->created, srv->name, r->n_prompt,
+                               completion);
+        }
+        wl_buf_printf(&r->out, "data: [DONE]\n\n");
+        r->done = 1;
+        wake_locked(r);
+    } else if (failure) {
+        status = 500;
+        answer_locked(r, 500, wl_oai_error_body(failure, "server_error", NULL));
+    } else {
+        char *body =
+            wl_oai_response(&r->q, r->id, r->created, srv->name, r->choices, r->q.n, r->n_prompt);
+        status = body ? 200 : 500;
+        answer_locked(r, status,
+                      body ? body : wl_oai_error_body("out of memory", "server_error", NULL));
+    }
+    pthread_mutex_unlock(&r->lock);
+out:
+    wl_metrics_request(&srv->metrics, r->endpoint, status);
+    unref(r);
+    return NULL;
+}
+
+/* ---- HTTP ------------------------------------------------------------------------ */
+
+static enum MHD_Result send_body(struct MHD_Connection *conn, int status, const char *type,
+                                 char *body)
+{
+    if (!body)
+        return MHD_NO; /* out of memory: close the connection */
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    enum MHD_Result rc = MHD_queue_response(conn, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}
+
+static enum MHD_Result send_error(server *srv, struct MHD_Connection *conn, conn_state *cs,
+                                  int status, const char *message, const char *param)
+{
+    const char *type = status == 404   ? "not_found_error"
+                       : status == 503 ? "service_unavailable"
+                                       : "invalid_request_error";
+    wl_metrics_request(&srv->metrics, cs->endpoint, status);
+    return send_body(conn, status, "application/json", wl_oai_error_body(message, type, param));
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    request *r = cls;
+    (void)pos;
+    pthread_mutex_lock(&r->lock);
+    ssize_t n;
+    if (r->sent < r->out.len) {
+        size_t k = r->out.len - r->sent < max ? r->out.len - r->sent : max;
+        memcpy(buf, r->out.data + r->sent, k);
+        r->sent += k;
+        if (r->sent == r->out.len)
+            r->sent = r->out.len = 0; /* all sent: the buffer starts over */
+        n = (ssize_t)k;
+    } else if (r->done) {
+        n = MHD_CONTENT_READER_END_OF_STREAM;
+    } else {
+        r->suspended = 1;
+        MHD_suspend_connection(r->conn);
+        n = 0;
+    }
+    pthread_mutex_unlock(&r->lock);
+    return n;
+}
+
+static void stream_released(void *cls)
+{
+    unref(cls);
+}
+
+/* The handler's turn on a completion whose task is running: wait
+ * (suspended), send the whole answer, or start the stream. */
+static enum MHD_Result continue_completion(server *srv, struct MHD_Connection *conn, conn_state *cs)
+{
+    request *r = cs->req;
+    pthread_mutex_lock(&r->lock);
+    if (r->phase == PENDING) {
+        r->suspended = 1;
+        MHD_suspend_connection(conn);
+        pthread_mutex_unlock(&r->lock);
+        return MHD_YES;
+    }
+    if (r->phase == ANSWER) {
+        char *body = r->answer;
+        int status = r->status;
+        r->answer = NULL;
+        pthread_mutex_unlock(&r->lock);
+        return send_body(conn, status, "application/json", body);
+    }
+    pthread_mutex_unlock(&r->lock);
+    __atomic_add_fetch(&r->refs, 1, __ATOMIC_RELAXED); /* the response's */
+    struct MHD_Response *resp = MHD_create_response_from_callback(
+        MHD_SIZE_UNKNOWN, 16384, stream_reader, r, stream_released);
+    if (!resp) {
+        unref(r);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result rc = MHD_queue_response(conn, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    (void)srv;
+    return rc;
+}
+
+static enum MHD_Result start_completion(server *srv, struct MHD_Connection *conn, conn_state *cs)
+{
+    json_error_t je;
+    json_t *body = json_loadb(cs->body.data ? cs->body.data : "", cs->body.len, 0, &je);
+    if (!body) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "the body is not valid JSON: %s (line %d, column %d)", je.text,
+                 je.line, je.column);
+        return send_error(srv, conn, cs, 400, msg, NULL);
+    }
+    request *r = calloc(1, sizeof *r);
+    if (!r) {
+        json_decref(body);
+        return MHD_NO;
+    }
+    int status;
+    const char *param;
+    int rc = wl_oai_parse(body, cs->endpoint == WL_EP_CHAT, srv->name, &r->q, &status, &param);
+    json_decref(body);
+    if (!rc && r->q.chat && !srv->chat) {
+        rc = wl_fail("this model has no chat template (tokenizer_config.json)");
+        status = 400;
+        param = "messages";
+        wl_oai_request_free(&r->q);
+    }
+    if (rc) {
+        free(r);
+        return send_error(srv, conn, cs, status, wl_error(), param);
+    }
+    r->srv = srv;
+    r->endpoint = cs->endpoint;
+    r->refs = 2; /* the connection's and the task's */
+    r->conn = conn;
+    r->created = (long)time(NULL);
+    r->arrived_ns = weft_now_ns();
+    pthread_mutex_init(&r->lock, NULL);
+    pthread_mutex_lock(&srv->lock);
+    uint64_t serial = ++srv->next_id;
+    r->next = srv->live;
+    if (srv->live)
+        srv->live->prev = r;
+    srv->live = r;
+    srv->in_flight++;
+    pthread_mutex_unlock(&srv->lock);
+    snprintf(r->id, sizeof r->id, "%s-%016llx%08llx", r->q.chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)r->arrived_ns, (unsigned long long)serial);
+    if (!r->q.seeded) /* no seed: a different draw each request */
+        r->q.sampler.state = r->arrived_ns * 0x9e3779b97f4a7c15ull ^ serial;
+    cs->req = r;
+    weft_task_opts opts = WEFT_TASK_OPTS_INIT;
+    opts.name = "request";
+    opts.priority = r->q.priority; /* a priority class is a weft task priority */
+    if (weft_spawn(srv->rt, NULL, request_task, r, &opts) != WEFT_OK) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "could not start the request's task: %s", weft_last_error());
+        answer_error(r, 500, msg, NULL);
+        wl_metrics_request(&srv->metrics, r->endpoint, 500);
+        unref(r); /* the task's reference */
+    }
+    return continue_completion(srv, conn, cs);
+}
+
+static int endpoint_of(const char *url)
+{
+    for (int i = 0; i < WL_EP_OTHER; i++)
+        if (!strcmp(url, wl_endpoint_names[i]))
+            return i;
+    return WL_EP_OTHER;
+}
+
+static char *models_body(server *srv)
+{
+    json_t *j = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:i}]}", "object", "list", "data", "id",
+                          srv->name, "object", "model", "created", (json_int_t)time(NULL),
+                          "owned_by", "weft", "max_model_len", srv->engine.max_tokens);
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    return s;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_size, void **con_cls)
+{
+    server *srv = cls;
+    conn_state *cs = *con_cls;
+    (void)version;
+    if (!cs) { /* the headers are in */
+        cs = calloc(1, sizeof *cs);
+        if (!cs)
+            return MHD_NO;
+        *con_cls = cs;
+        cs->endpoint = endpoint_of(url);
+        cs->started_ns = weft_now_ns();
+        const char *length =
+            MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (length && strtoull(length, NULL, 10) > srv->max_body) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "the body is %s bytes; this server takes at most %zu", length,
+                     srv->max_body);
+            return send_error(srv, conn, cs, 413, msg, NULL);
+        }
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (weft_now_ns() - cs->started_ns > (uint64_t)srv->body_timeout * 1000000000ull)
+            return MHD_NO; /* a body trickling in too slowly: the connection closes */
+        if (!cs->too_big && cs->body.len + *upload_size > srv->max_body) {
+            cs->too_big = 1; /* the rest is read and dropped; 413 at the end */
+            wl_buf_free(&cs->body);
+        }
+        if (!cs->too_big)
+            wl_buf_append(&cs->body, upload_data, *upload_size);
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (cs->req)
+        return continue_completion(srv, conn, cs);
+    if (cs->too_big || cs->body.failed) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "the body is over %zu bytes, this server's limit", srv->max_body);
+        return send_error(srv, conn, cs, 413, msg, NULL);
+    }
+    int get = !strcmp(method, MHD_HTTP_METHOD_GET), post = !strcmp(method, MHD_HTTP_METHOD_POST);
+    int draining = __atomic_load_n(&srv->draining, __ATOMIC_ACQUIRE);
+    switch (cs->endpoint) {
+    case WL_EP_HEALTH:
+        if (!get)
+            break;
+        wl_metrics_request(&srv->metrics, cs->endpoint, draining ? 503 : 200);
+        return send_body(conn, draining ? 503 : 200, "application/json",
+                         strdup(draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}"));
+    case WL_EP_METRICS: {
+        if (!get)
+            break;
+        wl_engine_counts counts;
+        wl_buf text = {0};
+        wl_engine_stats(&srv->engine, &counts);
+        pthread_mutex_lock(&srv->lock);
+        int in_flight = srv->in_flight;
+        pthread_mutex_unlock(&srv->lock);
+        wl_metrics_request(&srv->metrics, cs->endpoint, 200);
+        wl_metrics_write(&srv->metrics, &counts, in_flight, &text);
+        if (text.failed) {
+            wl_buf_free(&text);
+            return MHD_NO;
+        }
+        return send_body(conn, 200, "text/plain; version=0.0.4", text.data);
+    }
+    case WL_EP_MODELS:
+        if (!get)
+            break;
+        wl_metrics_request(&srv->metrics, cs->endpoint, 200);
+        return send_body(conn, 200, "application/json", models_body(srv));
+    case WL_EP_COMPLETIONS:
+    case WL_EP_CHAT:
+        if (!post)
+            break;
+        if (draining)
+            return send_error(srv, conn, cs, 503, "the server is shutting down", NULL);
+        return start_completion(srv, conn, cs);
+    default: {
+        char msg[300];
+        snprintf(msg, sizeof msg, "no such endpoint: %s %.200s", method, url);
+        return send_error(srv, conn, cs, 404, msg, NULL);
+    }
+    }
+    char msg[300];
+    snprintf(msg, sizeof msg, "%s takes %s, not %s", url,
+             cs->endpoint == WL_EP_COMPLETIONS || cs->endpoint == WL_EP_CHAT ? "POST" : "GET",
+             method);
+    return send_error(srv, conn, cs, 405, msg, NULL);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    conn_state *cs = *con_cls;
+    (void)cls;
+    (void)conn;
+    if (!cs)
+        return;
+    request *r = cs->req;
+    if (r) {
+        pthread_mutex_lock(&r->lock);
+        r->conn = NULL;
+        r->suspended = 0;
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+            r->gone = 1; /* its generation stops at its next token */
+        pthread_mutex_unlock(&r->lock);
+        unref(r);
+    }
+    wl_buf_free(&cs->body);
+    free(cs);
+    *con_cls = NULL;
+}
+
+static void log_mhd(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    fprintf(stderr, "weft-llm serve: ");
+    vfprintf(stderr, fmt, ap);
+}
+
+/* ---- the command --------------------------------------------------------------- */
+
+static int usage(void)
+{
+    fprintf(stderr,
+            "usage: weft-llm serve MODEL_DIR [--host 127.0.0.1] [--port 8000] [--port-file PATH]\n"
+            "                [--model-name NAME] [--max-seqs 64] [--kv-pages N] "
+            "[--max-model-len N]\n"
+            "                [--default-max-tokens 1024] [--workers N] [--backend "
+            "host|cuda|auto]\n"
+            "                [--max-body-bytes N] [--idle-timeout S] [--body-timeout S] "
+            "[--drain-seconds S]\n"
+            "                [--share-prefixes 1|0]\n");
+    return 2;
+}
+
+static int parse_int(const char *s, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || errno || v < lo || v > hi)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+/* The address to listen on: a numeric IPv4 or IPv6 address, or a name. */
+static int resolve(const char *host, int port, struct sockaddr_storage *sa)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE},
+                    *res;
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    int rc = getaddrinfo(host, service, &hints, &res);
+    if (rc)
+        return wl_fail("--host %s: %s", host, gai_strerror(rc));
+    memcpy(sa, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    return 0;
+}
+
+/* Waits until no request is alive or the deadline (CLOCK_MONOTONIC) passes. */
+static int wait_idle(server *srv, const struct timespec *deadline)
+{
+    pthread_mutex_lock(&srv->lock);
+    while (srv->in_flight > 0)
+        if (pthread_cond_timedwait(&srv->idle, &srv->lock, deadline) == ETIMEDOUT)
+            break;
+    int left = srv->in_flight;
+    pthread_mutex_unlock(&srv->lock);
+    return left;
+}
+
+static int run_server(server *srv)
+{
+    char path[PATH_MAX];
+    int rc = 1, engine_up = 0, sig;
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGINT);
+    /* every thread started from here on (workers, libmicrohttpd's) leaves
+     * these to sigwait below */
+    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (wl_model_open(&srv->model, srv->dir))
+        goto out;
+    snprintf(path, sizeof path, "%s/tokenizer.json", srv->dir);
+    if (wl_tokenizer_load(&srv->tk, path))
+        goto out;
+    if (wl_chat_load(&srv->chat, srv->dir)) {
+        fprintf(stderr, "weft-llm serve: no chat completions: %s\n", wl_error());
+        srv->chat = NULL;
+    }
+    if (!srv->name) {
+        const char *slash = strrchr(srv->dir, '/');
+        srv->name = slash && slash[1] ? slash + 1 : srv->dir;
+    }
+    weft_config cfg = WEFT_CONFIG_INIT;
+    cfg.workers = (unsigned)srv->workers;
+    cfg.stack_size = 1 << 20;
+    cfg.backend = !strcmp(srv->backend, "host")   ? WEFT_BACKEND_HOST
+                  : !strcmp(srv->backend, "cuda") ? WEFT_BACKEND_CUDA
+                                                  : WEFT_BACKEND_AUTO;
+    if (weft_runtime_create(&srv->rt, &cfg) != WEFT_OK) {
+        wl_fail("weft runtime: %s", weft_last_error());
+        goto out;
+    }
+    int context = srv->max_model_len ? srv->max_model_len : srv->model.cfg.max_positions;
+    if (!srv->kv_pages) /* room for every place of the batch at a quarter of the context */
+        srv->kv_pages = (srv->max_seqs * (context / 4) + WL_KV_PAGE - 1) / WL_KV_PAGE;
+    if (wl_engine_start(&srv->engine, srv->rt, &srv->model, srv->kv_pages, srv->max_seqs, context))
+        goto out;
+    engine_up = 1;
+    srv->engine.kv.sharing = srv->share_prefixes; /* before any sequence */
+    struct sockaddr_storage sa;
+    if (resolve(srv->host, srv->port, &sa))
+        goto out;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                     MHD_USE_ERROR_LOG | (sa.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    srv->daemon = MHD_start_daemon(
+        flags, (uint16_t)srv->port, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER,
+        log_mhd, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_NOTIFY_COMPLETED,
+        on_completed, srv, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)srv->idle_timeout,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)10000, MHD_OPTION_END);
+    if (!srv->daemon) {
+        wl_fail("cannot listen on %s port %d: %s", srv->host, srv->port, strerror(errno));
+        goto out;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    int port = di ? di->port : srv->port;
+    fprintf(stderr,
+            "weft-llm serve: %s on http://%s:%d (%d places, %d KV pages of %d tokens, context "
+            "%d)\n",
+            srv->name, srv->host, port, srv->max_seqs, srv->kv_pages, WL_KV_PAGE, context);
+    if (srv->port_file) {
+        FILE *f = fopen(srv->port_file, "w");
+        if (!f || fprintf(f, "%d\n", port) < 0 || fclose(f)) {
+            wl_fail("--port-file %s: %s", srv->port_file, strerror(errno));
+            goto out;
+        }
+    }
+    sigwait(&stop_signals, &sig);
+    fprintf(stderr, "weft-llm serve: %s: draining (up to %d s)\n", strsignal(sig),
+            srv->drain_seconds);
+    __atomic_store_n(&srv->draining, 1, __ATOMIC_RELEASE);
+    MHD_socket listener = MHD_quiesce_daemon(srv->daemon);
+    if (listener != MHD_INVALID_SOCKET)
+        close(listener);
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += srv->drain_seconds;
+    if (wait_idle(srv, &deadline)) {
+        pthread_mutex_lock(&srv->lock);
+        int cancelled = 0;
+        for (request *r = srv->live; r; r = r->next, cancelled++) {
+            pthread_mutex_lock(&r->lock);
+            r->gone = 1; /* ends at its next token, or leaves the queue */
+            pthread_mutex_unlock(&r->lock);
+        }
+        pthread_mutex_unlock(&srv->lock);
+        fprintf(stderr, "weft-llm serve: cancelled %d requests at the deadline\n", cancelled);
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        deadline.tv_sec += 30;
+        if (wait_idle(srv, &deadline)) {
+            wl_fail("requests still running 30 s after they were cancelled");
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    if (rc)
+        fprintf(stderr, "weft-llm serve: %s\n", wl_error());
+    if (srv->daemon && !srv->in_flight)
+        MHD_stop_daemon(srv->daemon); /* no connection is suspended: every request has ended */
+    if (engine_up && wl_engine_stop(&srv->engine) && !rc) {
+        fprintf(stderr, "weft-llm serve: %s\n", wl_error());
+        rc = 1;
+    }
+    if (srv->rt)
+        weft_runtime_destroy(srv->rt);
+    wl_chat_free(srv->chat);
+    wl_tokenizer_free(srv->tk);
+    wl_model_close(&srv->model);
+    if (!rc)
+        fprintf(stderr, "weft-llm serve: stopped\n");
+    return rc;
+}
+
+int wl_serve_main(int argc, char **argv)
+{
+    server srv = {.host = "127.0.0.1",
+                  .backend = "auto",
+                  .port = 8000,
+                  .max_seqs = 64,
+                  .default_max_tokens = 1024,
+                  .workers = 4,
+                  .drain_seconds = 30,
+                  .idle_timeout = 30,
+                  .body_timeout = 30,
+                  .max_body = 1 << 20,
+                  .share_prefixes = 1};
+    if (argc < 1 || argv[0][0] == '-')
+        return usage();
+    srv.dir = argv[0];
+    for (int i = 1; i < argc; i += 2) { /* every option takes a value */
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+        int bad = i + 1 >= argc, n = 0;
+        if (!strcmp(a, "--host"))
+            srv.host = v;
+        else if (!strcmp(a, "--port"))
+            bad |= parse_int(v, 0, 65535, &srv.port);
+        else if (!strcmp(a, "--port-file"))
+            srv.port_file = v;
+        else if (!strcmp(a, "--model-name"))
+            srv.name = v;
+        else if (!strcmp(a, "--backend"))
+            bad |= strcmp(v, "host") && strcmp(v, "cuda") && strcmp(v, "auto");
+        else if (!strcmp(a, "--max-seqs"))
+            bad |= parse_int(v, 1, 4096, &srv.max_seqs);
+        else if (!strcmp(a, "--kv-pages"))
+            bad |= parse_int(v, 1, 1 << 24, &srv.kv_pages);
+        else if (!strcmp(a, "--max-model-len"))
+            bad |= parse_int(v, 1, 1 << 24, &srv.max_model_len);
+        else if (!strcmp(a, "--default-max-tokens"))
+            bad |= parse_int(v, 1, 1 << 24, &srv.default_max_tokens);
+        else if (!strcmp(a, "--workers"))
+            bad |= parse_int(v, 1, 1024, &srv.workers);
+        else if (!strcmp(a, "--max-body-bytes"))
+            bad |= parse_int(v, 64, INT_MAX, &n);
+        else if (!strcmp(a, "--idle-timeout"))
+            bad |= parse_int(v, 1, 86400, &srv.idle_timeout);
+        else if (!strcmp(a, "--body-timeout"))
+            bad |= parse_int(v, 1, 86400, &srv.body_timeout);
+        else if (!strcmp(a, "--drain-seconds"))
+            bad |= parse_int(v, 0, 86400, &srv.drain_seconds);
+        else if (!strcmp(a, "--share-prefixes"))
+            bad |= parse_int(v, 0, 1, &srv.share_prefixes);
+        else
+            bad = 1;
+        if (bad) {
+            fprintf(stderr, "weft-llm serve: bad option or value: %s %s\n", a, v);
+            return usage();
+        }
+        if (!strcmp(a, "--backend"))
+            srv.backend = v;
+        if (!strcmp(a, "--max-body-bytes"))
+            srv.max_body = (size_t)n;
+    }
+    pthread_mutex_init(&srv.lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&srv.idle, &ca);
+    pthread_condattr_destroy(&ca);
+    wl_metrics_init(&srv.metrics);
+    int rc = run_server(&srv);
+    wl_metrics_destroy(&srv.metrics);
+    pthread_cond_destroy(&srv.idle);
+    pthread_mutex_destroy(&srv.lock);
+    return rc;
+}
