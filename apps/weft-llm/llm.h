@@ -232,14 +232,31 @@ typedef struct wl_seq wl_seq;
 /* Task only: the buffers of one sequence of up to max_tokens tokens, its
  * keys and values in kv's pages (taken as it grows, all given back by
  * wl_seq_destroy). kv is m's (wl_kv_create) and outlives the sequence. Its
- * activations hold max_step tokens, the most one wl_forward takes (the
- * prompt; decode steps through a batch use the batch's). */
+ * activations hold max_step tokens, the most one wl_forward or
+ * wl_forward_rows takes (the prompt, or a verify pass; decode steps through
+ * a batch use the batch's). */
 int wl_seq_create(wl_seq **s, const wl_model *m, wl_kv *kv, int max_tokens, int max_step);
 void wl_seq_destroy(wl_seq *s);
 /* Task only: runs n tokens at the sequence's next positions and leaves the
  * last one's logits (fp32, vocab of them) in *logits (host memory owned by
  * the sequence). */
 int wl_forward(wl_seq *s, const int32_t *ids, int n, const float **logits);
+/* Task only: as wl_forward, but the logits of every one of the n tokens:
+ * *rows holds n rows of vocab fp32 logits, row i the next-token logits
+ * after ids[i] (host memory owned by the sequence, valid until its next
+ * forward call). Speculative decoding's verify pass. The sequence's logits
+ * buffers grow to n rows on the first call that needs them (n <=
+ * max_step); row n - 1 is what wl_forward would give for these ids, to
+ * within the matmul's rounding of n rows against one (not bit for bit). */
+int wl_forward_rows(wl_seq *s, const int32_t *ids, int n, const float **rows);
+/* Drops the sequence's tokens from position pos on (0 <= pos <= its
+ * length): the next forward call runs at pos. Their K and V stay in the
+ * pages until later appends overwrite them; attention reads only keys
+ * below the sequence's length, so they are never seen. The pages stay the
+ * sequence's (they are within its max_tokens, the next tokens reuse them
+ * at once, and a generation's pages are reserved for its whole life
+ * anyway); wl_seq_destroy gives them back. An error for pos out of range. */
+int wl_seq_rewind(wl_seq *s, int pos);
 /* Task only: copies the weights to the task's device when it has one. */
 int wl_model_upload(wl_model *m);
 int wl_model_release(wl_model *m);
