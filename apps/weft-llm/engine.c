@@ -17,6 +17,12 @@
  * their tasks' stacks), so a long prompt is not starved by a stream of
  * short ones of its class; one that is cancelled while it waits leaves
  * the queue.
+ *
+ * A generation that asks for speculative decoding (wl_gen's speculate_k)
+ * is admitted the same way and holds the same pages and place, but after
+ * its prefill it decodes alone in its task (speculate), not through the
+ * batcher: a round runs several tokens of one sequence, which a batch step
+ * (one token of each member) does not take. It is the batch-1 latency path.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -204,6 +210,93 @@ int wl_engine_check(const wl_engine *e, int n_prompt, int max_tokens)
     return 0;
 }
 
+/* Hands a token of a speculative round to on_token and says whether the
+ * generation ends there, by the rules of wl_engine_generate's plain loop
+ * (an end-of-sequence token, on_token's stop or cancel, cancellation,
+ * max_tokens), so the two paths end alike. */
+static int hand_on(const wl_gen *g, const wl_config *c, int32_t id, const float *logits, int *n,
+                   wl_finish *finish)
+{
+    int eos = !g->ignore_eos && is_eos(c, id);
+    int stop = g->on_token(g->ctx, id, eos, logits);
+    (*n)++;
+    if (stop < 0 || (g->cancelled && g->cancelled(g->ctx))) {
+        *finish = WL_FINISH_CANCELLED;
+        return 1;
+    }
+    if (eos || stop > 0) {
+        *finish = WL_FINISH_STOP;
+        return 1;
+    }
+    if (*n == g->max_tokens) {
+        *finish = WL_FINISH_LENGTH;
+        return 1;
+    }
+    return 0;
+}
+
+/* The decoding of a speculative generation, alone (not in the batcher),
+ * from its prefill's logits. Each round verifies the last token and the
+ * n-gram draft in one forward pass; the sequence then keeps the last token
+ * and the accepted draft tokens (rewound past the rest), and the round's
+ * last token (the correction or bonus) is fed with the next round's
+ * draft. The draft is cut to the tokens max_tokens still allows less one,
+ * so the round's tokens never pass max_tokens and its positions stay
+ * below prompt + max_tokens, within the sequence's pages. */
+static int speculate(wl_engine *e, const wl_gen *g, wl_seq *s, const float *logits,
+                     wl_finish *finish)
+{
+    const wl_config *c = &e->model->cfg;
+    int V = c->vocab, ngram = g->ngram ? g->ngram : WL_NGRAM_DEFAULT, n = 0, rc = -1;
+    wl_sampler sampler = g->sampler;
+    wl_spec_stats st = {0};
+    int32_t in[WL_SPEC_MAX_K + 1], out[WL_SPEC_MAX_K + 1];
+    /* the prompt and every token handed on: what the proposer looks up */
+    int32_t *toks = malloc(((size_t)g->n_prompt + g->max_tokens) * sizeof *toks);
+    int len = g->n_prompt;
+    if (!toks)
+        return wl_fail("out of memory for %d tokens", g->n_prompt + g->max_tokens);
+    memcpy(toks, g->prompt, (size_t)g->n_prompt * sizeof *toks);
+    int32_t id = wl_sample(&sampler, logits, V);
+    toks[len++] = id;
+    if (hand_on(g, c, id, logits, &n, finish))
+        goto done;
+    for (;;) {
+        const float *rows;
+        int room = g->max_tokens - n - 1; /* a round hands on its draft's accepted + 1 */
+        int k = g->speculate_k < room ? g->speculate_k : room;
+        if (weft_cancelled()) {
+            wl_fail("generation: the sequence's task was cancelled");
+            goto out;
+        }
+        in[0] = id; /* the sequence holds everything before it (len - 1 tokens) */
+        int drafted = wl_ngram_propose(toks, len, ngram, k, in + 1);
+        if (wl_forward_rows(s, in, drafted + 1, &rows))
+            goto out;
+        int m = wl_spec_accept(&sampler, rows, V, in + 1, drafted, out);
+        st.rounds++;
+        st.proposed += drafted;
+        st.accepted += m - 1;
+        /* keep id and the accepted draft; out[m - 1] is fed next round */
+        if (wl_seq_rewind(s, len + m - 1))
+            goto out;
+        for (int j = 0; j < m; j++) {
+            id = out[j];
+            toks[len++] = id;
+            st.tokens++;
+            if (hand_on(g, c, id, rows + (size_t)j * V, &n, finish))
+                goto done;
+        }
+    }
+done:
+    rc = 0;
+out:
+    if (g->spec_stats)
+        *g->spec_stats = st;
+    free(toks);
+    return rc;
+}
+
 int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
 {
     const wl_config *c = &e->model->cfg;
@@ -214,17 +307,31 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
     const float *logits;
     int joined = 0, rc = -1, n = 0;
     char msg[512] = "";
+    /* a speculative round's verify pass takes up to speculate_k + 1 tokens */
+    int spec_step = 1 + (g->speculate_k < g->max_tokens - 1 ? g->speculate_k : g->max_tokens - 1);
     *finish = WL_FINISH_CANCELLED;
+    if (g->spec_stats)
+        memset(g->spec_stats, 0, sizeof *g->spec_stats);
     if (wl_engine_check(e, g->n_prompt, g->max_tokens))
         return -1;
+    if (g->speculate_k < 0 || g->speculate_k > WL_SPEC_MAX_K || g->ngram < 0 ||
+        g->ngram > WL_NGRAM_MAX)
+        return wl_fail("speculative decoding: %d draft tokens a round (0 to %d) with n-grams up "
+                       "to %d (1 to %d, or 0: %d)",
+                       g->speculate_k, WL_SPEC_MAX_K, g->ngram, WL_NGRAM_MAX, WL_NGRAM_DEFAULT);
     if (admit(e, g, &w))
         return 0; /* cancelled while queued */
-    if (wl_seq_create(&s, e->model, &e->kv, g->n_prompt + g->max_tokens, g->n_prompt))
+    if (wl_seq_create(&s, e->model, &e->kv, g->n_prompt + g->max_tokens,
+                      g->speculate_k && spec_step > g->n_prompt ? spec_step : g->n_prompt))
         goto out;
     int shared = wl_seq_share_prefix(s, g->prompt, g->n_prompt);
     if (wl_forward(s, g->prompt + shared, g->n_prompt - shared, &logits))
         goto out;
     wl_seq_publish_prefix(s, g->prompt, g->n_prompt);
+    if (g->speculate_k) { /* alone, outside the batcher */
+        rc = speculate(e, g, s, logits, finish);
+        goto out;
+    }
     if (wl_batcher_join(e->batcher, s))
         goto out;
     joined = 1;

@@ -11,9 +11,11 @@
  *   q and k; RoPE (halves, as transformers rotates); attention; x = x +
  *   attn Wo^T (the residual is the matmul's C); h = RMSNorm(x); gate and up
  *   side by side, SwiGLU, x = x + act Wd^T.
- * Then the last token's RMSNorm and the lm_head into fp32 logits.
- * Activations are stored in the model's dtype between ops, as transformers
- * keeps them in a bf16 model; the logits are fp32.
+ * Then the last token's RMSNorm and the lm_head into fp32 logits
+ * (wl_forward), or every new token's (wl_forward_rows: speculative
+ * decoding's verify pass, which needs the next-token logits after each
+ * draft token). Activations are stored in the model's dtype between ops,
+ * as transformers keeps them in a bf16 model; the logits are fp32.
  *
  * Attention runs on weft's attention ops over the model's paged KV cache
  * (kv.c; weft_kv_cache's pools, one block table per sequence):
@@ -26,6 +28,11 @@
  *  - a call that continues the sequence (decode, or a prompt after a
  *    cached prefix) runs weft_attention_decode over the pages, up to 8
  *    queries at a time (its q_len), causal among them.
+ * Rewinding (wl_seq_rewind, for rejected draft tokens) only moves the
+ * sequence's length back: the K and V rows past it stay in the pages until
+ * the next append overwrites them, and nothing reads them meanwhile, since
+ * weft_attention_decode sees keys below its seq_lens entry only (and the
+ * dense prefill path only the call's own rows).
  * Both ops take Mistral's sliding_window as it is: their window counts the
  * keys a query sees, itself included, as transformers' does.
  * RoPE: weft_rope rotates q and k in place before the append (so the
@@ -71,6 +78,7 @@ int wl_seq_create(wl_seq **out, const wl_model *m, wl_kv *kv, int max_tokens, in
     s->kv = kv;
     s->max_tokens = max_tokens;
     s->max_step = max_step;
+    s->rows = 1;
     s->q_dim = (size_t)c->heads * c->head_dim;
     s->kv_dim = (size_t)c->kv_heads * c->head_dim;
     s->qkv_dim = s->q_dim + 2 * s->kv_dim;
@@ -292,11 +300,46 @@ fail:
     return -1;
 }
 
-int wl_forward(wl_seq *s, const int32_t *ids, int n, const float **logits)
+/* Makes the logits buffers hold rows rows (doubling, up to max_step, so a
+ * verify pass that grows by a row at a time reallocates only a few times).
+ * The old device buffer is freed in stream order, after any work that
+ * still reads it; the old host rows go at once, which is why a forward
+ * call's logits are valid only until the next call. */
+static int grow_rows(wl_seq *s, int rows)
+{
+    size_t V = (size_t)s->m->cfg.vocab;
+    if (rows <= s->rows)
+        return 0;
+    int want = 2 * s->rows > rows ? 2 * s->rows : rows;
+    want = want < s->max_step ? want : s->max_step;
+    float *dev = NULL, *host = malloc((size_t)want * V * 4);
+    if (!host)
+        return wl_fail("out of memory for %d rows of logits", want);
+    if (weft_malloc_async((void **)&dev, (size_t)want * V * 4) != WEFT_OK) {
+        free(host);
+        return wl_fail("%d rows of logits: %s", want, weft_last_error());
+    }
+    if (weft_free_async(s->logits) != WEFT_OK) {
+        wl_fail("freeing the logits: %s", weft_last_error());
+        weft_free_async(dev);
+        free(host);
+        return -1;
+    }
+    free(s->logits_host);
+    s->logits = dev;
+    s->logits_host = host;
+    s->rows = want;
+    return 0;
+}
+
+/* wl_forward and wl_forward_rows: n tokens at the sequence's next
+ * positions, then the final norm and the lm_head over the last rows rows
+ * of them (rows <= n). */
+static int forward(wl_seq *s, const int32_t *ids, int n, int rows, const float **logits)
 {
     const wl_model *m = s->m;
     const wl_config *c = &m->cfg;
-    size_t es = wl_dtype_size(m->dtype), H = (size_t)c->hidden;
+    size_t es = wl_dtype_size(m->dtype), H = (size_t)c->hidden, V = (size_t)c->vocab;
     if (n < 1 || n > s->max_tokens - s->pos || n > s->max_step)
         return wl_fail("forward: %d tokens at position %d exceed the sequence's %d or its step's "
                        "%d",
@@ -306,7 +349,7 @@ int wl_forward(wl_seq *s, const int32_t *ids, int n, const float **logits)
             return wl_fail("forward: token id %d is outside the vocabulary (%d)", ids[t], c->vocab);
         s->pos_host[t] = s->pos + t;
     }
-    if (wl_kv_seq_grow(&s->pages, s->pos + n))
+    if (grow_rows(s, rows) || wl_kv_seq_grow(&s->pages, s->pos + n))
         return -1; /* nothing enqueued */
     for (int c0 = 0, k = 0; c0 < n; c0 += DECODE_CHUNK, k++)
         s->lens_host[k] = s->pos + (n - c0 < DECODE_CHUNK ? n : c0 + DECODE_CHUNK);
@@ -320,12 +363,11 @@ int wl_forward(wl_seq *s, const int32_t *ids, int n, const float **logits)
     for (int li = 0; li < c->layers; li++)
         if (layer_forward(s, li, n))
             goto fail;
-    const char *last = (const char *)s->x + (size_t)(n - 1) * H * es;
-    TRY(weft_rmsnorm(WEFT_TASK_STREAM, m->dtype, s->h, NULL, last, NULL, m->final_norm,
-                     (float)c->rms_eps, 1, H, H));
-    TRY(wl_linear(s->m, s->logits, (size_t)c->vocab, s->h, H, m->lm_head, (size_t)c->vocab, NULL,
-                  NULL, 1, WEFT_DTYPE_F32));
-    TRY(weft_memcpy_async(s->logits_host, s->logits, (size_t)c->vocab * 4));
+    const char *first = (const char *)s->x + (size_t)(n - rows) * H * es;
+    TRY(weft_rmsnorm(WEFT_TASK_STREAM, m->dtype, s->h, NULL, first, NULL, m->final_norm,
+                     (float)c->rms_eps, (size_t)rows, H, H));
+    TRY(wl_linear(s->m, s->logits, V, s->h, H, m->lm_head, V, NULL, NULL, rows, WEFT_DTYPE_F32));
+    TRY(weft_memcpy_async(s->logits_host, s->logits, (size_t)rows * V * 4));
     TRY(weft_await());
     s->pos += n;
     *logits = s->logits_host;
@@ -346,6 +388,24 @@ int wl_seq_share_prefix(wl_seq *s, const int32_t *ids, int n)
 void wl_seq_publish_prefix(wl_seq *s, const int32_t *ids, int n)
 {
     wl_kv_seq_publish(&s->pages, ids, n);
+}
+
+int wl_forward(wl_seq *s, const int32_t *ids, int n, const float **logits)
+{
+    return forward(s, ids, n, 1, logits);
+}
+
+int wl_forward_rows(wl_seq *s, const int32_t *ids, int n, const float **rows)
+{
+    return forward(s, ids, n, n < 1 ? 1 : n, rows);
+}
+
+int wl_seq_rewind(wl_seq *s, int pos)
+{
+    if (pos < 0 || pos > s->pos)
+        return wl_fail("rewind: position %d is outside the sequence's 0 to %d", pos, s->pos);
+    s->pos = pos; /* the pages stay the sequence's: see llm.h */
+    return 0;
 }
 
 /* Each weight pointer of m with its size in bytes, for the upload. */

@@ -17,15 +17,16 @@ struct wl_seq {
     wl_kv *kv;
     wl_kv_seq pages;               /* this sequence's pages of kv, its table on the host */
     int max_tokens, max_step, pos; /* max_step: the most tokens one wl_forward takes */
+    int rows;                      /* logits rows the buffers hold (wl_forward_rows grows them) */
     size_t q_dim, kv_dim, qkv_dim, workspace_bytes;
     /* the backend's memory (weft_malloc_async) */
     void *x, *h, *qkv, *attn, *gu, *act, *q_packed, *workspace;
-    float *logits;
+    float *logits;                                   /* rows x vocab */
     int32_t *positions, *seq_ids, *table, *seq_lens; /* seq_lens: one a decode chunk */
     /* host memory */
     void *qkv_host;
     int32_t *pos_host, *zeros, *lens_host;
-    float *logits_host;
+    float *logits_host; /* rows x vocab */
 };
 
 #define TRY(call)                                                                                  \

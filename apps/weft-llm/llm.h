@@ -302,8 +302,9 @@ typedef struct wl_seq wl_seq;
 /* Task only: the buffers of one sequence of up to max_tokens tokens, its
  * keys and values in kv's pages (taken as it grows, all given back by
  * wl_seq_destroy). kv is m's (wl_kv_create) and outlives the sequence. Its
- * activations hold max_step tokens, the most one wl_forward takes (the
- * prompt; decode steps through a batch use the batch's). */
+ * activations hold max_step tokens, the most one wl_forward or
+ * wl_forward_rows takes (the prompt, or a verify pass; decode steps through
+ * a batch use the batch's). */
 int wl_seq_create(wl_seq **s, const wl_model *m, wl_kv *kv, int max_tokens, int max_step);
 void wl_seq_destroy(wl_seq *s);
 /* Task only: runs n tokens at the sequence's next positions and leaves the
@@ -317,6 +318,22 @@ int wl_forward(wl_seq *s, const int32_t *ids, int n, const float **logits);
 int wl_seq_share_prefix(wl_seq *s, const int32_t *ids, int n);
 /* After the prompt's forward: publishes its whole pages for later prompts. */
 void wl_seq_publish_prefix(wl_seq *s, const int32_t *ids, int n);
+/* Task only: as wl_forward, but the logits of every one of the n tokens:
+ * *rows holds n rows of vocab fp32 logits, row i the next-token logits
+ * after ids[i] (host memory owned by the sequence, valid until its next
+ * forward call). Speculative decoding's verify pass. The sequence's logits
+ * buffers grow to n rows on the first call that needs them (n <=
+ * max_step); row n - 1 is what wl_forward would give for these ids, to
+ * within the matmul's rounding of n rows against one (not bit for bit). */
+int wl_forward_rows(wl_seq *s, const int32_t *ids, int n, const float **rows);
+/* Drops the sequence's tokens from position pos on (0 <= pos <= its
+ * length): the next forward call runs at pos. Their K and V stay in the
+ * pages until later appends overwrite them; attention reads only keys
+ * below the sequence's length, so they are never seen. The pages stay the
+ * sequence's (they are within its max_tokens, the next tokens reuse them
+ * at once, and a generation's pages are reserved for its whole life
+ * anyway); wl_seq_destroy gives them back. An error for pos out of range. */
+int wl_seq_rewind(wl_seq *s, int pos);
 /* Task only: copies the weights to the task's device when it has one. */
 int wl_model_upload(wl_model *m);
 int wl_model_release(wl_model *m);
@@ -379,7 +396,73 @@ typedef struct wl_sampler {
     uint64_t state;
 } wl_sampler;
 
+/* The token: greedy (temperature 0) the largest logit (the smallest id of
+ * equal ones); else a draw from wl_sampler_dist's distribution. */
 int wl_sample(wl_sampler *s, const float *logits, int vocab);
+
+/* The distribution wl_sample draws from: the tokens kept, in descending
+ * order of logit (equal logits: smaller id first), with weights w[i] =
+ * exp((l_i - l_max) / T) and p(id[i]) = w[i] / sum. At temperature T > 0
+ * the top_k largest are kept (0: all), then of those the fewest whose mass
+ * reaches top_p (1 or 0: all); greedy is the argmax alone, weight 1. */
+typedef struct wl_dist {
+    int n;
+    int32_t *id; /* vocab entries */
+    double *w;   /* vocab entries */
+    double sum;
+} wl_dist;
+int wl_dist_alloc(wl_dist *d, int vocab); /* -1: out of memory */
+void wl_dist_free(wl_dist *d);
+int wl_sampler_dist(const wl_sampler *s, const float *logits, int vocab, wl_dist *d);
+
+/* Speculative decoding's acceptance of one draft token x proposed
+ * deterministically (by n-gram lookup: q is one-hot at x), with logits the
+ * target's row for its position. Greedy: accepted when x is the argmax,
+ * and the argmax is returned either way. Sampled: accepted with
+ * probability p(x) under wl_sampler_dist's p (one draw of the sampler's
+ * generator); on rejection the token is drawn (a second draw) from p with
+ * x removed and renormalised. Either way the token returned is
+ * distributed as p, as wl_sample's is. *accepted says which. */
+int wl_sample_draft(wl_sampler *s, const float *logits, int vocab, int32_t draft, int *accepted);
+
+/* ---- speculative decoding (spec.c) ---------------------------------------- */
+
+#define WL_SPEC_MAX_K 32   /* draft tokens a round at most */
+#define WL_NGRAM_DEFAULT 3 /* the longest n-gram the proposer looks up */
+#define WL_NGRAM_MAX 16
+
+/* The n-gram (prompt-lookup) proposer: for n = max_ngram down to 1 (and
+ * below toks' length), the most recent earlier occurrence of toks' last n
+ * tokens; the k tokens that followed it are the draft. Where the
+ * continuation reaches the end of toks (the match is less than k tokens
+ * back: a repeating pattern), it goes on with the draft's own tokens, as
+ * if the draft were appended: a loop of period p is extended, not cut at
+ * p. Returns the draft's length, k when an n-gram matched and 0 when none
+ * did (or k < 1). Pure: reads toks[0, n), writes draft[0, k). */
+int wl_ngram_propose(const int32_t *toks, int n, int max_ngram, int k, int32_t *draft);
+
+/* One verify round's acceptance: rows[i] (vocab logits each) are the
+ * target's rows after the last token and after draft[0, i), n_draft + 1 of
+ * them. Draft tokens are taken in order through wl_sample_draft while
+ * accepted; the first rejected one is replaced by the token drawn there
+ * (the correction), or, all accepted, a token is sampled from the last row
+ * (the bonus). out gets the accepted draft tokens then that token; returns
+ * their count (accepted + 1). Greedy, out is plain greedy decoding's. */
+int wl_spec_accept(wl_sampler *s, const float *rows, int vocab, const int32_t *draft, int n_draft,
+                   int32_t *out);
+
+/* A speculative generation's counts, for the acceptance rate
+ * (accepted / proposed) and the tokens a verify pass gives (tokens /
+ * rounds). */
+typedef struct wl_spec_stats {
+    long rounds;   /* verify passes (one wl_forward_rows each) */
+    long proposed; /* draft tokens verified */
+    long accepted; /* of those, accepted */
+    /* tokens the rounds handed to on_token: the accepted ones and each
+     * round's correction or bonus, fewer where an end cut a round short;
+     * the prefill's first token is not a round's */
+    long tokens;
+} wl_spec_stats;
 
 /* ---- the engine (engine.c) -------------------------------------------------- */
 
@@ -442,6 +525,22 @@ typedef struct wl_gen {
     /* Polled while queued and after each token; NULL: never. */
     int (*cancelled)(void *ctx);
     void *ctx;
+    /* Speculative decoding with the n-gram proposer (0: off): the
+     * generation then runs alone, outside the batcher (the batch-1 latency
+     * path). After the prefill's token, each round proposes up to
+     * speculate_k tokens (wl_ngram_propose over the prompt and the tokens
+     * so far, n-grams up to ngram long, 0: WL_NGRAM_DEFAULT; the draft is
+     * cut so a round never passes max_tokens), verifies the last token and
+     * the draft in one wl_forward_rows, accepts by wl_spec_accept and
+     * rewinds past the rejected tokens. on_token sees each accepted token
+     * in order with the row it was drawn from, as in a plain generation
+     * (eos, stop, cancellation and max_tokens alike). Greedy, the tokens
+     * are plain greedy decoding's; sampled, each token's distribution is
+     * the sampler's (the draws, not the distribution, differ from a
+     * plain run's). */
+    int speculate_k;           /* 0, or 1 to WL_SPEC_MAX_K */
+    int ngram;                 /* 0 (the default), or 1 to WL_NGRAM_MAX */
+    wl_spec_stats *spec_stats; /* the counts, when given */
 } wl_gen;
 
 /* The errors wl_engine_generate would give a generation of these sizes
@@ -449,7 +548,8 @@ typedef struct wl_gen {
  * context, more pages than the cache has). */
 int wl_engine_check(const wl_engine *e, int n_prompt, int max_tokens);
 /* Task only: queues, then prefills the prompt in the calling task and
- * decodes through the batcher until max_tokens, an end-of-sequence token or
+ * decodes through the batcher (or alone, speculatively, with
+ * speculate_k) until max_tokens, an end-of-sequence token or
  * on_token's stop, or cancellation (*finish says which). Everything the
  * generation took is given back before it returns. -1 on an error (the
  * tokens so far were handed to on_token). */

@@ -5,6 +5,7 @@
  *   weft-llm generate MODEL_DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
  *            [--seed N] [--temperature T] [--top-k K] [--top-p P] [--backend host|cuda|auto]
  *            [--print-ids] [--print-top] [--kv-pages N] [--parallel N]
+ *            [--speculate K [--ngram N]] [--stats]
  *   weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]
  *   weft-llm check MODEL_DIR
  *   weft-llm loadgen URL [options]   (loadgen.c; --help lists them)
@@ -17,21 +18,28 @@
  * through the batcher task (batch.c), one batched forward a step for all
  * the sequences waiting. --parallel N runs N copies of the prompt, copy i
  * sampling with seed + i; each copy's text is printed once all are done,
- * on a line of its own that opens with its index ("[i] "). Errors go to
- * stderr as one line, exit status 1; bad usage exits 2.
+ * on a line of its own that opens with its index ("[i] "). --speculate K
+ * decodes the one sequence speculatively (alone, not batched): up to K
+ * draft tokens a round from n-grams (up to N long) of the text so far,
+ * verified in one forward pass; with --print-ids or --stats the
+ * acceptance counts follow on stderr, and --stats adds the time to the
+ * first token and the decode rate. Errors go to stderr as one line, exit
+ * status 1; bad usage exits 2.
  */
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "llm.h"
 
 typedef struct gen {
     const char *dir, *prompt, *prompt_ids, *backend;
-    int max_tokens, print_ids, print_top, parallel;
-    int kv_pages; /* pages of the model's KV cache, WL_KV_PAGE tokens each */
+    int max_tokens, print_ids, print_top, parallel, stats;
+    int speculate, ngram; /* draft tokens a round (0: off) and the longest n-gram */
+    int kv_pages;         /* pages of the model's KV cache, WL_KV_PAGE tokens each */
     wl_sampler sampler;
     wl_model model;
     wl_engine engine;
@@ -51,6 +59,7 @@ static int usage(void)
             "[--max-tokens N] [--seed N] [--kv-pages N] [--parallel N]\n"
             "                [--temperature T] [--top-k K] [--top-p P] [--backend "
             "host|cuda|auto] [--print-ids] [--print-top]\n"
+            "                [--speculate K [--ngram N]] [--stats]\n"
             "       weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]\n"
             "       weft-llm check MODEL_DIR\n"
             "       weft-llm loadgen URL [--rate R|inf] [--requests N] [--concurrency C] ... "
@@ -149,8 +158,17 @@ typedef struct seq_run {
     int n_out, failed;
     char *text; /* several sequences: the text, printed at the end */
     size_t text_len;
+    wl_spec_stats spec;
+    double t_start, t_first, t_last; /* the generation's start, its first and last token */
     char message[512];
 } seq_run;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 static int on_token(void *ctx, int32_t id, int eos, const float *logits)
 {
@@ -158,6 +176,9 @@ static int on_token(void *ctx, int32_t id, int eos, const float *logits)
     gen *g = r->g;
     if (g->print_top)
         print_top_two(logits, g->model.cfg.vocab, r->n_out, id, r->index);
+    r->t_last = now();
+    if (!r->n_out)
+        r->t_first = r->t_last;
     r->out[r->n_out++] = id;
     if (!eos) /* a continuation of the prompt: never the text's start */
         emit(g, id, 0, r->index < 0 ? NULL : &r->text, &r->text_len);
@@ -175,8 +196,12 @@ static void *sequence_task(void *arg)
                   .max_tokens = g->max_tokens,
                   .sampler = r->sampler,
                   .on_token = on_token,
-                  .ctx = r};
+                  .ctx = r,
+                  .speculate_k = g->speculate,
+                  .ngram = g->ngram,
+                  .spec_stats = &r->spec};
     wl_finish finish;
+    r->t_start = now();
     r->failed = wl_engine_generate(&g->engine, &req, &finish);
     if (r->failed)
         snprintf(r->message, sizeof r->message, "%s", wl_error());
@@ -194,6 +219,27 @@ static void print_ids(const gen *g, const seq_run *r)
     for (int i = 0; i < r->n_out; i++)
         fprintf(stderr, "%s%d", i ? "," : " ", r->out[i]);
     fprintf(stderr, "\n");
+}
+
+/* The speculative counts (--print-ids, --stats) and the timing (--stats). */
+static void print_stats(const gen *g, const seq_run *r)
+{
+    const wl_spec_stats *sp = &r->spec;
+    if (g->speculate && (g->print_ids || g->stats))
+        fprintf(stderr,
+                "speculative: %ld rounds, %ld draft tokens, %ld accepted (%.1f%%), %.2f tokens a "
+                "round\n",
+                sp->rounds, sp->proposed, sp->accepted,
+                sp->proposed ? 100.0 * sp->accepted / sp->proposed : 0.0,
+                sp->rounds ? (double)sp->tokens / sp->rounds : 0.0);
+    if (!g->stats || r->n_out < 1)
+        return;
+    if (r->index >= 0)
+        fprintf(stderr, "[%d] ", r->index);
+    double decode = r->t_last - r->t_first;
+    fprintf(stderr, "time: first token %.1f ms; decode %d tokens in %.1f ms (%.1f tokens/s)\n",
+            1e3 * (r->t_first - r->t_start), r->n_out - 1, 1e3 * decode,
+            decode > 0 ? (r->n_out - 1) / decode : 0.0);
 }
 
 /* The engine, a task per sequence, and the engine's end. */
@@ -245,8 +291,10 @@ join:
                 fputc('\n', stdout);
             else
                 printf("[%d] %s\n", i, runs[i].text ? runs[i].text : "");
+            fflush(stdout); /* the text before what follows on stderr */
             if (g->print_ids)
                 print_ids(g, &runs[i]);
+            print_stats(g, &runs[i]);
         }
     if (wl_engine_stop(&g->engine) && !g->failed) {
         g->failed = 1;
@@ -330,6 +378,10 @@ static int cmd_generate(int argc, char **argv)
             g.print_top = 1;
             continue;
         }
+        if (!strcmp(a, "--stats")) {
+            g.stats = 1;
+            continue;
+        }
         if (!val)
             return usage();
         i++;
@@ -345,6 +397,10 @@ static int cmd_generate(int argc, char **argv)
             g.parallel = (int)v;
         else if (!strcmp(a, "--kv-pages") && !parse_num(val, 1, 1 << 24, &v))
             g.kv_pages = (int)v;
+        else if (!strcmp(a, "--speculate") && !parse_num(val, 1, WL_SPEC_MAX_K, &v))
+            g.speculate = (int)v;
+        else if (!strcmp(a, "--ngram") && !parse_num(val, 1, WL_NGRAM_MAX, &v))
+            g.ngram = (int)v;
         else if (!strcmp(a, "--seed") && !parse_num(val, 0, 1.8e19, &v))
             g.sampler.state = (uint64_t)v;
         else if (!strcmp(a, "--temperature") && !parse_num(val, 0, 100, &v))
@@ -360,6 +416,15 @@ static int cmd_generate(int argc, char **argv)
     }
     if (!g.prompt == !g.prompt_ids) {
         fprintf(stderr, "weft-llm generate: give --prompt or --prompt-ids (one of them)\n");
+        return 2;
+    }
+    if (g.speculate && g.parallel > 1) {
+        fprintf(stderr, "weft-llm generate: --speculate decodes one sequence alone (the batch-1 "
+                        "latency path); it takes --parallel 1\n");
+        return 2;
+    }
+    if (g.ngram && !g.speculate) {
+        fprintf(stderr, "weft-llm generate: --ngram is the proposer's, for --speculate\n");
         return 2;
     }
     if (strcmp(g.backend, "host") && strcmp(g.backend, "cuda") && strcmp(g.backend, "auto")) {

@@ -2,6 +2,10 @@
  * sample.c - the next token from the logits: greedy, or a draw at a
  * temperature from the top-k tokens and the top-p mass of those, with the
  * sampler's own seeded generator (so a seed gives the same text).
+ *
+ * The filtered distribution (wl_sampler_dist) is formed in one place and
+ * both wl_sample's draw and speculative decoding's acceptance of a draft
+ * token (wl_sample_draft) read it, so the two cannot disagree on what p is.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -30,23 +34,44 @@ static int argmax(const float *logits, int vocab)
     return best;
 }
 
-int wl_sample(wl_sampler *s, const float *logits, int vocab)
+int wl_dist_alloc(wl_dist *d, int vocab)
 {
-    if (!(s->temperature > 0))
-        return argmax(logits, vocab);
+    d->n = 0;
+    d->sum = 0;
+    d->id = malloc((size_t)(vocab > 0 ? vocab : 1) * sizeof *d->id);
+    d->w = malloc((size_t)(vocab > 0 ? vocab : 1) * sizeof *d->w);
+    if (!d->id || !d->w) {
+        wl_dist_free(d);
+        return wl_fail("out of memory for a distribution over %d tokens", vocab);
+    }
+    return 0;
+}
+
+void wl_dist_free(wl_dist *d)
+{
+    free(d->id);
+    free(d->w);
+    d->id = NULL;
+    d->w = NULL;
+    d->n = 0;
+}
+
+int wl_sampler_dist(const wl_sampler *s, const float *logits, int vocab, wl_dist *d)
+{
+    if (!(s->temperature > 0)) {
+        d->n = 1;
+        d->id[0] = argmax(logits, vocab);
+        d->w[0] = d->sum = 1;
+        return 0;
+    }
     cand *c = malloc((size_t)vocab * sizeof *c);
     if (!c)
-        return argmax(logits, vocab);
+        return wl_fail("out of memory for sampling over %d tokens", vocab);
     for (int i = 0; i < vocab; i++)
         c[i] = (cand){logits[i] / s->temperature, i};
     qsort(c, (size_t)vocab, sizeof *c, by_logit);
     int n = s->top_k > 0 && s->top_k < vocab ? s->top_k : vocab;
-    double sum = 0, *p = malloc((size_t)n * sizeof *p);
-    if (!p) {
-        int id = c[0].id;
-        free(c);
-        return id;
-    }
+    double sum = 0, *p = d->w;
     for (int i = 0; i < n; i++)
         sum += p[i] = exp((double)c[i].logit - c[0].logit);
     if (s->top_p > 0 && s->top_p < 1) { /* the fewest tokens whose mass reaches top_p */
@@ -62,16 +87,78 @@ int wl_sample(wl_sampler *s, const float *logits, int vocab)
         for (int i = 0; i < n; i++)
             sum += p[i];
     }
-    double u = wl_rand_uniform(&s->state) * sum;
-    int id = c[n - 1].id;
-    for (int i = 0; i < n; i++) {
-        if (u < p[i]) {
-            id = c[i].id;
-            break;
-        }
-        u -= p[i];
-    }
-    free(p);
+    for (int i = 0; i < n; i++)
+        d->id[i] = c[i].id;
+    d->n = n;
+    d->sum = sum;
     free(c);
+    return 0;
+}
+
+/* A draw from d's tokens but skip (-1: none), whose weights total sum. */
+static int draw(wl_sampler *s, const wl_dist *d, int skip, double sum)
+{
+    double u = wl_rand_uniform(&s->state) * sum;
+    int id = -1;
+    for (int i = 0; i < d->n; i++) {
+        if (i == skip)
+            continue;
+        id = d->id[i]; /* the last one kept, should rounding leave u past them all */
+        if (u < d->w[i])
+            break;
+        u -= d->w[i];
+    }
+    return id;
+}
+
+int wl_sample(wl_sampler *s, const float *logits, int vocab)
+{
+    if (!(s->temperature > 0))
+        return argmax(logits, vocab);
+    wl_dist d;
+    if (wl_dist_alloc(&d, vocab) || wl_sampler_dist(s, logits, vocab, &d)) {
+        wl_dist_free(&d);
+        return argmax(logits, vocab); /* out of memory: the likeliest token */
+    }
+    int id = draw(s, &d, -1, d.sum);
+    wl_dist_free(&d);
+    return id;
+}
+
+int wl_sample_draft(wl_sampler *s, const float *logits, int vocab, int32_t draft, int *accepted)
+{
+    if (!(s->temperature > 0)) {
+        int id = argmax(logits, vocab);
+        *accepted = id == draft;
+        return id;
+    }
+    wl_dist d;
+    *accepted = 0;
+    if (wl_dist_alloc(&d, vocab) || wl_sampler_dist(s, logits, vocab, &d)) {
+        wl_dist_free(&d);
+        int id = argmax(logits, vocab); /* out of memory: the likeliest token */
+        *accepted = id == draft;
+        return id;
+    }
+    int at = -1;
+    for (int i = 0; i < d.n && at < 0; i++)
+        if (d.id[i] == draft)
+            at = i;
+    double px = at < 0 ? 0 : d.w[at] / d.sum, rest = 0;
+    int id = draft;
+    /* accepted with probability p(x): min(1, p(x) / q(x)) with q one-hot */
+    if (wl_rand_uniform(&s->state) < px) {
+        *accepted = 1;
+    } else {
+        /* rejected: the residual max(0, p - q), renormalised, is p without
+         * x; its total summed afresh, not as sum - w[x], which cancels */
+        for (int i = 0; i < d.n; i++)
+            rest += i == at ? 0 : d.w[i];
+        if (rest > 0)
+            id = draw(s, &d, at, rest);
+        else
+            *accepted = 1; /* x is p's only token: u < 1 = p(x) in exact arithmetic */
+    }
+    wl_dist_free(&d);
     return id;
 }

@@ -1,6 +1,7 @@
 /*
  * llm_test.h - what the weft-llm tests share: a scratch folder, running
- * the program with its output captured, and writing files byte for byte.
+ * the program with its output captured, writing files byte for byte, and
+ * runs of the forward pass, the batcher and the engine in tasks.
  */
 #ifndef LLM_TEST_H
 #define LLM_TEST_H
@@ -351,6 +352,70 @@ out:
     if (rc && !r->message[0])
         snprintf(r->message, sizeof r->message, "a task: %s", weft_last_error());
     return rc;
+}
+
+/* ---- generations through the engine --------------------------------------- */
+
+/* One generation through a started engine (wl_engine_generate in a task of
+ * its own): its tokens, their eos flags and the logits handed with each
+ * (logits: GR_MAX_TOKENS rows of the model's vocab, the caller's), how it
+ * ended and the speculative counts. stop_after > 0: on_token stops it
+ * after that many tokens. */
+#define GR_MAX_TOKENS 64
+typedef struct gen_run {
+    wl_engine *e;
+    const int32_t *prompt;
+    int n_prompt, max_tokens, speculate, stop_after;
+    wl_sampler sampler;
+    float *logits;
+    /* results */
+    int32_t ids[GR_MAX_TOKENS];
+    int eos[GR_MAX_TOKENS], n, failed;
+    wl_finish finish;
+    wl_spec_stats st;
+    char message[512];
+} gen_run;
+
+static inline int gr_collect(void *ctx, int32_t id, int eos, const float *logits)
+{
+    gen_run *r = (gen_run *)ctx;
+    int vocab = r->e->model->cfg.vocab;
+    if (r->n >= GR_MAX_TOKENS)
+        return -1;
+    r->ids[r->n] = id;
+    r->eos[r->n] = eos;
+    memcpy(r->logits + (size_t)r->n * vocab, logits, sizeof(float) * vocab);
+    r->n++;
+    return r->stop_after && r->n == r->stop_after ? 1 : 0;
+}
+
+static inline void *gr_task(void *arg)
+{
+    gen_run *r = (gen_run *)arg;
+    wl_gen g = {.prompt = r->prompt,
+                .n_prompt = r->n_prompt,
+                .max_tokens = r->max_tokens,
+                .sampler = r->sampler,
+                .on_token = gr_collect,
+                .ctx = r,
+                .speculate_k = r->speculate,
+                .spec_stats = &r->st};
+    r->n = 0;
+    memset(&r->st, 0xff, sizeof r->st); /* must be written */
+    r->failed = wl_engine_generate(r->e, &g, &r->finish) != 0;
+    snprintf(r->message, sizeof r->message, "%s", r->failed ? wl_error() : "");
+    return NULL;
+}
+
+/* Returns 0, or -1 with the reason in r->message. */
+static inline int run_generation(weft_runtime *rt, gen_run *r)
+{
+    weft_task *t;
+    if (weft_spawn(rt, &t, gr_task, r, NULL) != WEFT_OK || weft_join(t, NULL) != WEFT_OK) {
+        snprintf(r->message, sizeof r->message, "task: %s", weft_last_error());
+        return -1;
+    }
+    return r->failed ? -1 : 0;
 }
 
 #endif
