@@ -350,6 +350,18 @@ int wl_oai_parse(json_t *body, int chat, const char *model, wl_oai_request *r, i
     if (get_int(&k, "top_k", 0, INT32_MAX, &v)) /* an extension */
         goto fail;
     r->sampler.top_k = (int)v;
+    v = 0; /* extensions: speculative decoding, a sequence decoding alone */
+    if (get_int(&k, "speculate", 0, WL_SPEC_MAX_K, &v))
+        goto fail;
+    r->speculate_k = (int)v;
+    v = 0;
+    if (get_int(&k, "ngram", 1, WL_NGRAM_MAX, &v))
+        goto fail;
+    r->ngram = (int)v;
+    if (r->ngram && !r->speculate_k) {
+        bad(&k, "ngram", "'ngram' is given with 'speculate'");
+        goto fail;
+    }
     if (field(&k, "seed")) {
         if (get_int(&k, "seed", INT64_MIN, INT64_MAX, &v))
             goto fail;

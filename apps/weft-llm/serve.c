@@ -266,6 +266,8 @@ static void *choice_task(void *arg)
                 .sampler = r->q.sampler,
                 .ignore_eos = r->q.ignore_eos,
                 .priority = r->q.priority,
+                .speculate_k = r->q.speculate_k,
+                .ngram = r->q.ngram,
                 .on_token = on_token,
                 .cancelled = client_gone,
                 .ctx = cr};

@@ -90,6 +90,7 @@ typedef struct wl_oai_request {
     int logprobs;   /* -1: none; else the alternatives per token (0 to WL_MAX_TOP) */
     int ignore_eos, return_token_ids; /* extensions, as vLLM spells them */
     weft_priority priority;           /* extension: "high", "normal" or "low" */
+    int speculate_k, ngram;           /* extension: speculative decoding (wl_gen's) */
     wl_sampler sampler;
     int seeded;
     char *stop[WL_MAX_STOPS];

@@ -506,6 +506,16 @@ static void test_stop_strings_and_choices(void **state)
     printf("  greedy \"%s\"; with stop \"%s\": \"%s\" (%s)\n", full, stop, cut, finish);
     assert_string_equal(finish, "stop");
     assert_int_equal(strlen(cut), at);
+    /* speculative decoding: greedy, the same text */
+    json_t *sp;
+    const char *sfinish;
+    char *spec = complete("{\"prompt\":\"The old woman\",\"max_tokens\":24,\"temperature\":0,"
+                          "\"ignore_eos\":true,\"speculate\":4}",
+                          &sfinish, &sp);
+    assert_string_equal(spec, full);
+    assert_string_equal(sfinish, "length");
+    free(spec);
+    json_decref(sp);
     assert_int_equal(strncmp(cut, full, at), 0);
     free(body);
     json_decref(js);
@@ -598,6 +608,8 @@ static void test_bad_input(void **state)
     expect_error("POST", "/v1/completions", "{\"prompt\":\"hi\",\"n\":99}", 400, "'n' is 99");
     expect_error("POST", "/v1/completions", "{\"prompt\":\"hi\",\"priority\":\"urgent\"}", 400,
                  "'priority' is");
+    expect_error("POST", "/v1/completions", "{\"prompt\":\"hi\",\"speculate\":99}", 400,
+                 "'speculate' is 99");
     expect_error("POST", "/v1/completions", "{\"prompt\":\"hi\",\"frequency_penalty\":0.5}", 400,
                  "not supported");
     expect_error("POST", "/v1/completions", "{\"prompt\":[1, 99999]}", 400,
