@@ -42,7 +42,6 @@ struct wl_batch {
     float *logits;
     int32_t *positions, *seq_ids, *table, *seq_lens;
     /* host memory */
-    void *q_host, *kv_host; /* Llama 3's RoPE on the host */
     int32_t *pos_host, *ids_host, *table_host, *lens_host;
     float *logits_host;
 };
@@ -90,17 +89,12 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     }
     if (b->workspace_bytes)
         TRY(weft_malloc_async(&b->workspace, b->workspace_bytes));
-    if (c->rope_llama3) {
-        b->q_host = malloc(B * b->q_dim * es);
-        b->kv_host = malloc(B * 2 * b->kv_dim * es);
-    }
     b->pos_host = malloc(B * 4);
     b->ids_host = malloc(B * 4);
     b->table_host = calloc(B * P, 4);
     b->lens_host = malloc(B * 4);
     b->logits_host = malloc(B * c->vocab * 4);
-    if ((c->rope_llama3 && (!b->q_host || !b->kv_host)) || !b->pos_host || !b->ids_host ||
-        !b->table_host || !b->lens_host || !b->logits_host) {
+    if (!b->pos_host || !b->ids_host || !b->table_host || !b->lens_host || !b->logits_host) {
         wl_fail("out of memory for a batch of %d sequences", max_seqs);
         goto fail;
     }
@@ -129,8 +123,6 @@ void wl_batch_destroy(wl_batch *b)
         if (dev[i])
             weft_free_async(dev[i]);
     weft_await();
-    free(b->q_host);
-    free(b->kv_host);
     free(b->pos_host);
     free(b->ids_host);
     free(b->table_host);
@@ -164,21 +156,7 @@ static int layer_batch(wl_batch *b, int li, int n)
                              (size_t)c->kv_heads, hd, hd));
         }
     }
-    if (!c->rope_llama3) {
-        TRY(weft_rope(WEFT_TASK_STREAM, dt, WEFT_ROPE_HALVES, b->q, (size_t)c->heads, b->q_dim, k,
-                      (size_t)c->kv_heads, kv2, (size_t)n, hd, b->positions, (float)c->rope_theta));
-    } else { /* scaled frequencies: on the host, as forward.c does */
-        TRY(weft_memcpy_async(b->q_host, b->q, (size_t)n * b->q_dim * es));
-        TRY(weft_memcpy_async(b->kv_host, b->kvr, (size_t)n * kv2 * es));
-        TRY(weft_await());
-        for (int t = 0; t < n; t++) {
-            wl_rope_host(m, (char *)b->q_host + (size_t)t * b->q_dim * es, c->heads,
-                         b->pos_host[t]);
-            wl_rope_host(m, (char *)b->kv_host + (size_t)t * kv2 * es, c->kv_heads, b->pos_host[t]);
-        }
-        TRY(weft_memcpy_async(b->q, b->q_host, (size_t)n * b->q_dim * es));
-        TRY(weft_memcpy_async(b->kvr, b->kv_host, (size_t)n * kv2 * es));
-    }
+    TRY(wl_rope(m, b->q, b->q_dim, k, kv2, n, b->positions));
     weft_kv_cache cache = wl_kv_layer(b->kv, li, b->table, b->max_pages);
     cache.seqs = (size_t)n;
     TRY(weft_kv_append(WEFT_TASK_STREAM, &cache, k, kv2, v, kv2, (size_t)n, b->seq_ids,

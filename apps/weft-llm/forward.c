@@ -35,13 +35,9 @@
  * dense prefill path only the call's own rows).
  * Both ops take Mistral's sliding_window as it is: their window counts the
  * keys a query sees, itself included, as transformers' does.
- * RoPE: weft_rope rotates q and k in place before the append (so the
- * append and attention take no fused rotation; on the host the result is
- * the same bit for bit). Llama 3's scaled frequencies cannot be given to
- * weft_rope or the ops' fused RoPE (one base each), so for such a model q
- * and k are copied to the host, rotated there (wl_rope_host) and copied back
- * before the append: a round trip per layer that a scaled-RoPE op would
- * remove.
+ * RoPE: weft_rope (weft_rope_scaled with Llama 3's scaled frequencies)
+ * rotates q and k in place before the append, so the append and attention
+ * take no fused rotation and every model's layer stays on the device.
  * weft's paged cache and attention take bf16 or fp16 and head_dim 64 or 128
  * (weft_attention 256 too): other models are refused by wl_kv_create.
  */
@@ -110,13 +106,11 @@ int wl_seq_create(wl_seq **out, const wl_model *m, wl_kv *kv, int max_tokens, in
     }
     if (s->workspace_bytes)
         TRY(weft_malloc_async(&s->workspace, s->workspace_bytes));
-    s->qkv_host = c->rope_llama3 ? malloc(T * s->qkv_dim * es) : NULL;
     s->pos_host = malloc(T * 4);
     s->zeros = calloc(T, 4);
     s->lens_host = malloc(chunks * 4);
     s->logits_host = malloc((size_t)c->vocab * 4);
-    if ((c->rope_llama3 && !s->qkv_host) || !s->pos_host || !s->zeros || !s->lens_host ||
-        !s->logits_host) {
+    if (!s->pos_host || !s->zeros || !s->lens_host || !s->logits_host) {
         wl_fail("out of memory for a sequence of %d tokens", max_tokens);
         goto fail;
     }
@@ -144,7 +138,6 @@ void wl_seq_destroy(wl_seq *s)
             weft_free_async(dev[i]);
     weft_await();
     wl_kv_seq_release(&s->pages); /* ended or cancelled: the pages go back */
-    free(s->qkv_host);
     free(s->pos_host);
     free(s->zeros);
     free(s->lens_host);
@@ -152,37 +145,18 @@ void wl_seq_destroy(wl_seq *s)
     free(s);
 }
 
-/* Llama 3's frequency for pair i: long wavelengths slowed by factor, short
- * ones kept, a smooth blend between. */
-static double rope_freq(const wl_config *c, int i)
-{
-    double f = pow(c->rope_theta, -2.0 * i / c->head_dim);
-    if (!c->rope_llama3)
-        return f;
-    double wavelen = 2 * M_PI / f, old = c->rope_original_max;
-    if (wavelen < old / c->rope_high_freq)
-        return f;
-    if (wavelen > old / c->rope_low_freq)
-        return f / c->rope_factor;
-    double smooth = (old / wavelen - c->rope_low_freq) / (c->rope_high_freq - c->rope_low_freq);
-    return (1 - smooth) * f / c->rope_factor + smooth * f;
-}
-
-/* weft_rope with Llama 3's scaled frequencies, on the host (halves layout). */
-void wl_rope_host(const wl_model *m, void *row, int heads, int pos)
+int wl_rope(const wl_model *m, void *q, size_t q_stride, void *k, size_t k_stride, int n,
+            const int32_t *positions)
 {
     const wl_config *c = &m->cfg;
-    weft_dtype dt = m->dtype;
-    int half = c->head_dim / 2;
-    for (int h = 0; h < heads; h++)
-        for (int i = 0; i < half; i++) {
-            double a = pos * rope_freq(c, i);
-            float cs = (float)cos(a), sn = (float)sin(a);
-            size_t j = (size_t)h * c->head_dim + i;
-            float x = wl_load(dt, row, j), y = wl_load(dt, row, j + half);
-            wl_store(dt, row, j, x * cs - y * sn);
-            wl_store(dt, row, j + half, x * sn + y * cs);
-        }
+    weft_rope_llama3 llama3 = {.factor = c->rope_factor,
+                               .low_freq_factor = c->rope_low_freq,
+                               .high_freq_factor = c->rope_high_freq,
+                               .original_max_positions = c->rope_original_max};
+    return weft_rope_scaled(WEFT_TASK_STREAM, m->dtype, WEFT_ROPE_HALVES, q, (size_t)c->heads,
+                            q_stride, k, (size_t)c->kv_heads, k_stride, (size_t)n,
+                            (size_t)c->head_dim, positions, (float)c->rope_theta,
+                            c->rope_llama3 ? &llama3 : NULL);
 }
 
 /* Attention of the n new tokens (rows of qkv, rotated) for layer li: their
@@ -272,20 +246,7 @@ static int layer_forward(wl_seq *s, int li, int n)
         TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, row + s->q_dim * es, NULL, row + s->q_dim * es, NULL,
                          L->k_norm, eps, (size_t)c->kv_heads, hd, hd));
     }
-    if (!c->rope_llama3) {
-        TRY(weft_rope(WEFT_TASK_STREAM, dt, WEFT_ROPE_HALVES, qkv, (size_t)c->heads, s->qkv_dim,
-                      qkv + s->q_dim * es, (size_t)c->kv_heads, s->qkv_dim, (size_t)n,
-                      (size_t)c->head_dim, s->positions, (float)c->rope_theta));
-    } else { /* scaled frequencies: on the host (see the top of the file) */
-        TRY(weft_memcpy_async(s->qkv_host, qkv, (size_t)n * s->qkv_dim * es));
-        TRY(weft_await());
-        for (int t = 0; t < n; t++) {
-            char *row = (char *)s->qkv_host + (size_t)t * s->qkv_dim * es;
-            wl_rope_host(s->m, row, c->heads, s->pos + t);
-            wl_rope_host(s->m, row + s->q_dim * es, c->kv_heads, s->pos + t);
-        }
-        TRY(weft_memcpy_async(qkv, s->qkv_host, (size_t)n * s->qkv_dim * es));
-    }
+    TRY(wl_rope(s->m, qkv, s->qkv_dim, qkv + s->q_dim * es, s->qkv_dim, n, s->positions));
     if (attend(s, li, n))
         goto fail;
     TRY(wl_linear(s->m, s->x, H, s->attn, s->q_dim, L->o, H, NULL, s->x, n, dt));

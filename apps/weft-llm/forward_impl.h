@@ -24,7 +24,6 @@ struct wl_seq {
     float *logits;                                   /* rows x vocab */
     int32_t *positions, *seq_ids, *table, *seq_lens; /* seq_lens: one a decode chunk */
     /* host memory */
-    void *qkv_host;
     int32_t *pos_host, *zeros, *lens_host;
     float *logits_host; /* rows x vocab */
 };
@@ -40,9 +39,11 @@ struct wl_seq {
 
 /* weft_await keeping the error line (a task may resume on another worker). */
 void wl_await_keeping_error(void);
-/* weft_rope with Llama 3's scaled frequencies, on the host (halves layout),
- * for one token's heads at position pos. */
-void wl_rope_host(const wl_model *m, void *row, int heads, int pos);
+/* RoPE as the model's config defines it (halves layout; Llama 3's scaled
+ * frequencies where rope_scaling says so) on n tokens' q and k rows, on the
+ * calling task's stream. */
+int wl_rope(const wl_model *m, void *q, size_t q_stride, void *k, size_t k_stride, int n,
+            const int32_t *positions);
 /* d (rows n, leading dimension ldd) = a W^T (+ bias) (+ c), W n_out x k, on
  * the calling task's stream. */
 int wl_linear(const wl_model *m, void *d, size_t ldd, const void *a, size_t k, const void *w,

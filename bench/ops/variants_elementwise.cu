@@ -519,7 +519,8 @@ int rope_variant(cudaStream_t s, const char *variant, void *q, size_t q_heads, v
     p.tokens = tokens;
     p.head_dim = head_dim;
     p.positions = positions;
-    p.base = base;
+    p.freq.base = base;
+    p.freq.head_dim = head_dim;
     p.halves = true;
     if (head_dim % (2 * V) != 0 || !aligned16(q) || !aligned16(k))
         return WEFT_EINVAL;

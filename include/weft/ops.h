@@ -214,6 +214,28 @@ int weft_rope(void *stream, weft_dtype dtype, weft_rope_layout layout, void *q, 
               size_t q_stride, void *k, size_t k_heads, size_t k_stride, size_t tokens,
               size_t head_dim, const int32_t *positions, float base);
 
+/* Llama 3's frequency scaling (rope_scaling of type "llama3" in a Hugging
+ * Face config). With f = base^(-2i / head_dim), pair i's inverse frequency,
+ * and its wavelength w = 2 pi / f: pair i turns by f where w <
+ * original_max_positions / high_freq_factor, by f / factor where w >
+ * original_max_positions / low_freq_factor, and in between by
+ * (1 - s) f / factor + s f, s = (original_max_positions / w -
+ * low_freq_factor) / (high_freq_factor - low_freq_factor); in double. */
+typedef struct weft_rope_llama3 {
+    double factor;                 /* >= 1 */
+    double low_freq_factor;        /* > 0 */
+    double high_freq_factor;       /* > low_freq_factor */
+    double original_max_positions; /* > 0 */
+} weft_rope_llama3;
+
+/* weft_rope with Llama 3's scaled frequencies (scaling, finite, as above;
+ * NULL: weft_rope itself). Everything else - layouts, accuracy, in place,
+ * NaN - is weft_rope's. */
+int weft_rope_scaled(void *stream, weft_dtype dtype, weft_rope_layout layout, void *q,
+                     size_t q_heads, size_t q_stride, void *k, size_t k_heads, size_t k_stride,
+                     size_t tokens, size_t head_dim, const int32_t *positions, float base,
+                     const weft_rope_llama3 *scaling);
+
 /* ---- gated linear units ---------------------------------------------- */
 
 typedef enum weft_glu_kind {

@@ -24,6 +24,8 @@
 
 #include "weft/ops.h"
 
+#include "ops/rope_freq.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -339,7 +341,7 @@ typedef struct weft__rope_args {
     void *q, *k;
     size_t q_heads, q_stride, k_heads, k_stride, tokens, head_dim;
     const int32_t *positions;
-    float base;
+    weft__rope_freq freq; /* base, head_dim and the scaling (rope_freq.h) */
 } weft__rope_args;
 
 typedef struct weft__glu_args {

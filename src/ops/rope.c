@@ -10,7 +10,10 @@
  * Both layouts pair element i of a head with a partner: i^1 for the
  * interleaved (GPT-J) layout, i + head_dim/2 for the split-halves
  * (GPT-NeoX) one. Angles are formed and reduced in double (see ops.h):
- * fp32 would lose 1e-2 radians at position 1e5.
+ * fp32 would lose 1e-2 radians at position 1e5. Llama 3's scaled
+ * frequencies (weft_rope_scaled) change only each pair's inverse
+ * frequency, which rope_freq.h computes for the host and the kernels
+ * alike.
  */
 #include <math.h>
 
@@ -40,7 +43,7 @@ static void host_rope(const weft__rope_args *a)
     size_t pairs = a->head_dim / 2;
 
     for (size_t i = 0; i < pairs; i++) {
-        double inv_freq = pow(a->base, -2.0 * (double)i / (double)a->head_dim);
+        double inv_freq = weft__rope_inverse_frequency(&a->freq, i);
         for (size_t t = 0; t < a->tokens; t++) {
             float sn, cs;
             weft__sincos((double)a->positions[t] * inv_freq, &sn, &cs);
@@ -61,6 +64,20 @@ int weft_rope(void *stream, weft_dtype dtype, weft_rope_layout layout, void *q, 
               size_t q_stride, void *k, size_t k_heads, size_t k_stride, size_t tokens,
               size_t head_dim, const int32_t *positions, float base)
 {
+    return weft_rope_scaled(stream, dtype, layout, q, q_heads, q_stride, k, k_heads, k_stride,
+                            tokens, head_dim, positions, base, NULL);
+}
+
+static int finite_above(double v, double floor)
+{
+    return !isnan(v) && !isinf(v) && v > floor;
+}
+
+int weft_rope_scaled(void *stream, weft_dtype dtype, weft_rope_layout layout, void *q,
+                     size_t q_heads, size_t q_stride, void *k, size_t k_heads, size_t k_stride,
+                     size_t tokens, size_t head_dim, const int32_t *positions, float base,
+                     const weft_rope_llama3 *scaling)
+{
     int rc;
 
     if ((rc = weft__check_dtype(OP, dtype)) != WEFT_OK)
@@ -72,6 +89,16 @@ int weft_rope(void *stream, weft_dtype dtype, weft_rope_layout layout, void *q, 
                           head_dim);
     if (isnan(base) || isinf(base) || base <= 0)
         return weft__fail(WEFT_EINVAL, "%s: base %g is not finite and > 0", OP, (double)base);
+    if (scaling &&
+        (!finite_above(scaling->factor, 1 - 1e-12) || !finite_above(scaling->low_freq_factor, 0) ||
+         !finite_above(scaling->high_freq_factor, scaling->low_freq_factor) ||
+         !finite_above(scaling->original_max_positions, 0)))
+        return weft__fail(WEFT_EINVAL,
+                          "%s: Llama 3 scaling factor %g, low_freq_factor %g, high_freq_factor "
+                          "%g, original_max_positions %g: each finite, factor >= 1 and 0 < low < "
+                          "high, positions > 0",
+                          OP, scaling->factor, scaling->low_freq_factor, scaling->high_freq_factor,
+                          scaling->original_max_positions);
     if (q_heads == 0)
         return weft__fail(WEFT_EINVAL, "%s: q_heads is 0", OP);
     if (q_heads > SIZE_MAX / head_dim)
@@ -107,7 +134,15 @@ int weft_rope(void *stream, weft_dtype dtype, weft_rope_layout layout, void *q, 
                          .tokens = tokens,
                          .head_dim = head_dim,
                          .positions = positions,
-                         .base = base};
+                         .freq = {.base = base, .head_dim = head_dim}};
+    if (scaling)
+        a.freq = (weft__rope_freq){.base = base,
+                                   .head_dim = head_dim,
+                                   .llama3 = 1,
+                                   .factor = scaling->factor,
+                                   .low_freq_factor = scaling->low_freq_factor,
+                                   .high_freq_factor = scaling->high_freq_factor,
+                                   .original_max_positions = scaling->original_max_positions};
     if (stream == WEFT_TASK_STREAM &&
         (rc = weft__task_stream_op(OP, &stream, run_host, &a, sizeof a)) != WEFT__ON_STREAM)
         return rc;

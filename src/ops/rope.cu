@@ -55,7 +55,7 @@ template <typename T> int launch(cudaStream_t stream, const weft__rope_args *a)
     p.tokens = a->tokens;
     p.head_dim = a->head_dim;
     p.positions = a->positions;
-    p.base = a->base;
+    p.freq = a->freq;
     p.halves = a->layout == WEFT_ROPE_HALVES;
 
     constexpr int V = vec16<T>();

@@ -18,15 +18,15 @@ template <typename T> struct rope_params {
     size_t q_heads, q_stride, k_heads, k_stride, tokens, head_dim;
     size_t slices, heads_per_slice, chunks; /* chunks per head */
     const int32_t *positions;
-    double base;
+    weft__rope_freq freq; /* base and scaling: rope_freq.h */
     bool halves;
 };
 
-/* Pair i's inverse frequency, base^(-2i/head_dim), in double as the host. */
+/* Pair i's inverse frequency, in double as the host computes it. */
 template <typename T>
 __device__ __forceinline__ double inverse_frequency(const rope_params<T> &p, size_t i)
 {
-    return pow(p.base, -2.0 * (double)i / (double)p.head_dim);
+    return weft__rope_inverse_frequency(&p.freq, i);
 }
 
 /* (x, y) turned by the angle with sine sn and cosine cs. */

@@ -699,7 +699,9 @@ typedef struct rope_case {
     size_t tokens, q_heads, k_heads, head_dim, q_pad, k_pad, skew;
 } rope_case;
 
-static void run_rope(weft_dtype dt, weft_rope_layout layout, rope_case rc)
+/* GPU against host, both through weft_rope_scaled (sc NULL: plain RoPE). */
+static void run_rope_scaled(weft_dtype dt, weft_rope_layout layout, rope_case rc, float base,
+                            const weft_rope_llama3 *sc)
 {
     size_t qs = rc.q_heads * rc.head_dim + rc.q_pad, ks = rc.k_heads * rc.head_dim + rc.k_pad;
     tens q = tens_new(dt, rc.tokens, rc.q_heads * rc.head_dim, qs, rc.skew);
@@ -717,16 +719,16 @@ static void run_rope(weft_dtype dt, weft_rope_layout layout, rope_case rc)
     assert_cuda(cudaMalloc((void **)&dpos, rc.tokens * sizeof *dpos));
     assert_cuda(cudaMemcpy(dpos, pos, rc.tokens * sizeof *pos, cudaMemcpyHostToDevice));
     void *kd = rc.k_heads ? k.d : NULL, *kh = rc.k_heads ? k.h : NULL;
-    assert_ok(weft_rope(stream, dt, layout, q.d, rc.q_heads, qs, kd, rc.k_heads, ks, rc.tokens,
-                        rc.head_dim, dpos, 10000.0f));
+    assert_ok(weft_rope_scaled(stream, dt, layout, q.d, rc.q_heads, qs, kd, rc.k_heads, ks,
+                               rc.tokens, rc.head_dim, dpos, base, sc));
     sync_ok();
     /* in place: nothing to poison, but everything must have changed as the
      * host changes it, padding and guards untouched */
     void *gq = tens_download(&q, cq.what, 0), *gk = tens_download(&k, ck.what, 0);
     void *q0 = gt_xmalloc(q.n * q.esize);
     memcpy(q0, q.h, q.n * q.esize);
-    assert_ok(weft_rope(NULL, dt, layout, q.h, rc.q_heads, qs, kh, rc.k_heads, ks, rc.tokens,
-                        rc.head_dim, pos, 10000.0f));
+    assert_ok(weft_rope_scaled(NULL, dt, layout, q.h, rc.q_heads, qs, kh, rc.k_heads, ks, rc.tokens,
+                               rc.head_dim, pos, base, sc));
     for (size_t t = 0; t < rc.tokens; t++) {
         double m = 0;
         for (size_t j = 0; j < q.cols; j++)
@@ -744,6 +746,25 @@ static void run_rope(weft_dtype dt, weft_rope_layout layout, rope_case rc)
     cudaFree(dpos);
     free(pos), free(gq), free(gk), free(q0);
     tens_free(&q), tens_free(&k);
+}
+
+static void run_rope(weft_dtype dt, weft_rope_layout layout, rope_case rc)
+{
+    run_rope_scaled(dt, layout, rc, 10000.0f, NULL);
+}
+
+/* Llama 3.1's scaled frequencies (the kernels' inverse frequencies, in
+ * their table and beyond it) against the host's. */
+static void test_rope_llama3_matches_host(void **state)
+{
+    (void)state;
+    const weft_rope_llama3 sc = {8.0, 1.0, 4.0, 8192.0};
+    static const rope_case cases[] = {
+        {300, 32, 8, 128, 0, 0, 0}, {17, 4, 2, 64, 8, 24, 0}, {3, 2, 1, 1040, 8, 0, 0}};
+    for (int d = 0; d < 3; d++)
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+            for (int l = 0; l < 2; l++)
+                run_rope_scaled(DTYPES[d], (weft_rope_layout)l, cases[c], 500000.0f, &sc);
 }
 
 static void test_rope_matches_host(void **state)
@@ -1387,6 +1408,7 @@ int main(void)
         cmocka_unit_test(test_softmax_matches_host),
         cmocka_unit_test(test_softmax_dropout_matches_host_and_replays),
         cmocka_unit_test(test_rope_matches_host),
+        cmocka_unit_test(test_rope_llama3_matches_host),
         cmocka_unit_test(test_glu_matches_host),
         cmocka_unit_test(test_nan_and_inf_match_host),
         cmocka_unit_test(test_gelu_signed_zeros_match_host),

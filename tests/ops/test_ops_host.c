@@ -637,7 +637,28 @@ typedef struct rope_case {
     size_t tokens, q_heads, k_heads, head_dim, q_pad, k_pad;
 } rope_case;
 
-static void run_rope(weft_dtype dt, weft_rope_layout layout, rope_case rc)
+/* Pair i's inverse frequency, Llama 3's scaling applied where sc says
+ * (ops.h's definition, written out here for the reference). */
+static double ref_inverse_frequency(double base, size_t i, size_t head_dim,
+                                    const weft_rope_llama3 *sc)
+{
+    double f = pow(base, -2.0 * (double)i / (double)head_dim);
+    if (!sc)
+        return f;
+    double w = 2 * M_PI / f;
+    double short_w = sc->original_max_positions / sc->high_freq_factor;
+    double long_w = sc->original_max_positions / sc->low_freq_factor;
+    if (w < short_w)
+        return f;
+    if (w > long_w)
+        return f / sc->factor;
+    double s = (sc->original_max_positions / w - sc->low_freq_factor) /
+               (sc->high_freq_factor - sc->low_freq_factor);
+    return s * f + (1 - s) * f / sc->factor;
+}
+
+static void run_rope_scaled(weft_dtype dt, weft_rope_layout layout, rope_case rc, float base,
+                            const weft_rope_llama3 *sc)
 {
     size_t qw = rc.q_heads * rc.head_dim, kw = rc.k_heads * rc.head_dim, half = rc.head_dim / 2;
     buf q = buf_new(dt, rc.tokens, qw, qw + rc.q_pad),
@@ -645,8 +666,10 @@ static void run_rope(weft_dtype dt, weft_rope_layout layout, rope_case rc)
     buf k = buf_new(dt, rc.tokens, kw ? kw : 1, kw + rc.k_pad + 1);
     buf k0 = buf_new(dt, rc.tokens, kw ? kw : 1, kw + rc.k_pad + 1);
     int32_t *pos = malloc(rc.tokens * sizeof *pos);
-    const float base = 10000.0f;
-    cmp c = {layout == WEFT_ROPE_INTERLEAVED ? "rope_interleaved" : "rope_halves", dt, 0, 0};
+    cmp c = {sc                                ? "rope_llama3"
+             : layout == WEFT_ROPE_INTERLEAVED ? "rope_interleaved"
+                                               : "rope_halves",
+             dt, 0, 0};
 
     assert_non_null(pos);
     buf_random(&q0, -2, 2);
@@ -655,9 +678,15 @@ static void run_rope(weft_dtype dt, weft_rope_layout layout, rope_case rc)
     memcpy(k.p, k0.p, k.n * weft__dtype_size(dt));
     for (size_t t = 0; t < rc.tokens; t++)
         pos[t] = t == 0 ? 0 : (int32_t)(rng_next() % 200000) - 1000;
-    assert_int_equal(weft_rope(NULL, dt, layout, q.p, rc.q_heads, q.stride, kw ? k.p : NULL,
-                               rc.k_heads, k.stride, rc.tokens, rc.head_dim, pos, base),
-                     WEFT_OK);
+    if (sc)
+        assert_int_equal(weft_rope_scaled(NULL, dt, layout, q.p, rc.q_heads, q.stride,
+                                          kw ? k.p : NULL, rc.k_heads, k.stride, rc.tokens,
+                                          rc.head_dim, pos, base, sc),
+                         WEFT_OK);
+    else
+        assert_int_equal(weft_rope(NULL, dt, layout, q.p, rc.q_heads, q.stride, kw ? k.p : NULL,
+                                   rc.k_heads, k.stride, rc.tokens, rc.head_dim, pos, base),
+                         WEFT_OK);
     for (int which = 0; which < (kw ? 2 : 1); which++) {
         buf *x = which ? &k : &q, *x0 = which ? &k0 : &q0;
         size_t heads = which ? rc.k_heads : rc.q_heads;
@@ -666,7 +695,7 @@ static void run_rope(weft_dtype dt, weft_rope_layout layout, rope_case rc)
                 for (size_t i = 0; i < half; i++) {
                     size_t lo = h * rc.head_dim + (layout == WEFT_ROPE_INTERLEAVED ? 2 * i : i);
                     size_t hi = lo + (layout == WEFT_ROPE_INTERLEAVED ? 1 : half);
-                    double ang = pos[t] * pow(base, -2.0 * (double)i / (double)rc.head_dim);
+                    double ang = pos[t] * ref_inverse_frequency(base, i, rc.head_dim, sc);
                     double a = buf_get(x0, t, lo), b = buf_get(x0, t, hi);
                     double sn = sin(ang), cs = cos(ang);
                     cmp_one(&c, buf_get(x, t, lo), a * cs - b * sn, dabs(a) + dabs(b), t, lo);
@@ -682,6 +711,46 @@ static void run_rope(weft_dtype dt, weft_rope_layout layout, rope_case rc)
     cmp_done(&c);
     free(pos);
     buf_free(&q), buf_free(&q0), buf_free(&k), buf_free(&k0);
+}
+
+static void run_rope(weft_dtype dt, weft_rope_layout layout, rope_case rc)
+{
+    run_rope_scaled(dt, layout, rc, 10000.0f, NULL);
+}
+
+static void expect_einval(int rc, const char *op, const char *what);
+
+/* Llama 3.1's scaling (factor 8, 1 and 4, 8192 positions, base 500000):
+ * at head_dim 128 its pairs fall in all three bands (kept, slowed by the
+ * factor, blended), which the reference checks before it is trusted. */
+static void test_rope_llama3_scaling(void **state)
+{
+    (void)state;
+    const weft_rope_llama3 sc = {8.0, 1.0, 4.0, 8192.0};
+    int bands[3] = {0};
+    for (size_t i = 0; i < 64; i++) {
+        double f = pow(500000.0, -2.0 * (double)i / 128),
+               g = ref_inverse_frequency(500000.0, i, 128, &sc);
+        bands[g == f ? 0 : fabs(g - f / 8) < 1e-15 * f ? 1 : 2]++;
+    }
+    printf("  llama3 bands at head_dim 128: %d kept, %d slowed, %d blended\n", bands[0], bands[1],
+           bands[2]);
+    assert_true(bands[0] > 0 && bands[1] > 0 && bands[2] > 0);
+    static const rope_case cases[] = {
+        {5, 3, 1, 128, 0, 3}, {3, 2, 2, 64, 2, 0}, {2, 1, 0, 16, 0, 0}};
+    for (int d = 0; d < 3; d++)
+        for (int layout = 0; layout < 2; layout++)
+            for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+                run_rope_scaled(DTYPES[d], (weft_rope_layout)layout, cases[i], 500000.0f, &sc);
+    /* the scaling's own checks */
+    float x[16] = {0};
+    int32_t pos[1] = {3};
+    const weft_rope_llama3 bad[] = {{0.5, 1, 4, 8192}, {8, 0, 4, 8192},   {8, 4, 4, 8192},
+                                    {8, 1, 4, 0},      {NAN, 1, 4, 8192}, {8, 1, INFINITY, 8192}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        expect_einval(weft_rope_scaled(NULL, WEFT_DTYPE_F32, WEFT_ROPE_HALVES, x, 1, 16, NULL, 0, 0,
+                                       1, 16, pos, 500000.0f, &bad[i]),
+                      "weft_rope", "Llama 3 scaling");
 }
 
 static void test_rope_rotates_q_and_k_in_both_layouts(void **state)
@@ -996,6 +1065,7 @@ int main(void)
         cmocka_unit_test(test_softmax_causal_mask_hides_future_keys),
         cmocka_unit_test(test_softmax_dropout_is_replayable_and_keeps_1_minus_p),
         cmocka_unit_test(test_rope_rotates_q_and_k_in_both_layouts),
+        cmocka_unit_test(test_rope_llama3_scaling),
         cmocka_unit_test(test_glu_matches_float64),
         cmocka_unit_test(test_nan_and_inf_follow_the_documented_rules),
         cmocka_unit_test(test_bad_arguments_are_refused_before_anything_runs),
