@@ -20,6 +20,13 @@
  * Prefill stays per sequence (each sequence's own wl_forward over its
  * prompt, in its task) for now; only decode steps are batched.
  *
+ * Graph mode: a step's device work (the copies in, every layer, the
+ * logits out) is one weft region keyed by the batch size, so a step that
+ * repeats with the same number of rows is one graph launch; nothing in it
+ * waits (the step's one weft_await follows the region). The host buffers
+ * the step copies are page-locked, so graph mode records those copies as
+ * they are. WEFT_LLM_GRAPH=0 runs the steps eagerly (to compare).
+ *
  * The batcher: one weft mutex guards its members' slots; sequences wait on
  * one condition variable (done) for their step's logits and the batcher on
  * another (work) for every member to be waiting. A step is formed only
@@ -41,10 +48,17 @@ struct wl_batch {
     void *x, *h, *q, *kvr, *attn, *gu, *act, *workspace;
     float *logits;
     int32_t *positions, *seq_ids, *table, *seq_lens;
-    /* host memory */
-    int32_t *pos_host, *ids_host, *table_host, *lens_host;
+    /* host memory: page-locked (weft_host_alloc) where a step copies it,
+     * so that graph mode records the copies as they are */
+    weft_runtime *rt;
+    int graph; /* each step a graph-mode region keyed by its size */
+    int32_t *pos_host, *table_host, *lens_host;
     float *logits_host;
+    int32_t *ids_host; /* malloc'd: copied once */
 };
+
+/* The key of a step of n rows' region. */
+#define STEP_REGION(n) (0x776c2d7374657000ull | (uint64_t)(n))
 
 int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens)
 {
@@ -89,12 +103,16 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     }
     if (b->workspace_bytes)
         TRY(weft_malloc_async(&b->workspace, b->workspace_bytes));
-    b->pos_host = malloc(B * 4);
+    const char *graph = getenv("WEFT_LLM_GRAPH");
+    b->graph = !(graph && !strcmp(graph, "0"));
+    b->rt = weft_runtime_current();
+    TRY(weft_host_alloc(b->rt, (void **)&b->pos_host, B * 4));
+    TRY(weft_host_alloc(b->rt, (void **)&b->table_host, B * P * 4));
+    TRY(weft_host_alloc(b->rt, (void **)&b->lens_host, B * 4));
+    TRY(weft_host_alloc(b->rt, (void **)&b->logits_host, B * c->vocab * 4));
+    memset(b->table_host, 0, B * P * 4);
     b->ids_host = malloc(B * 4);
-    b->table_host = calloc(B * P, 4);
-    b->lens_host = malloc(B * 4);
-    b->logits_host = malloc(B * c->vocab * 4);
-    if (!b->pos_host || !b->ids_host || !b->table_host || !b->lens_host || !b->logits_host) {
+    if (!b->ids_host) {
         wl_fail("out of memory for a batch of %d sequences", max_seqs);
         goto fail;
     }
@@ -123,11 +141,11 @@ void wl_batch_destroy(wl_batch *b)
         if (dev[i])
             weft_free_async(dev[i]);
     weft_await();
-    free(b->pos_host);
+    void *host[] = {b->pos_host, b->table_host, b->lens_host, b->logits_host};
+    for (size_t i = 0; i < sizeof host / sizeof *host; i++)
+        if (host[i])
+            weft_host_free(b->rt, host[i]);
     free(b->ids_host);
-    free(b->table_host);
-    free(b->lens_host);
-    free(b->logits_host);
     free(b);
 }
 
@@ -183,6 +201,7 @@ int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n
     const wl_model *m = b->m;
     const wl_config *c = &m->cfg;
     size_t es = wl_dtype_size(m->dtype), H = (size_t)c->hidden, P = (size_t)b->max_pages;
+    int in_region = 0;
     if (n < 1 || n > b->max_seqs)
         return wl_fail("batch: %d sequences; the batch takes 1 to %d", n, b->max_seqs);
     for (int i = 0; i < n; i++) {
@@ -210,6 +229,11 @@ int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n
         b->lens_host[i] = s->pos + 1;
         memcpy(b->table_host + i * P, s->pages.table, (size_t)s->pages.used * 4);
     }
+    /* the step's device work, a graph per batch size: a repeating step is
+     * one graph launch (the host backend runs it as it comes) */
+    if (b->graph)
+        TRY(weft_region_begin(STEP_REGION(n)));
+    in_region = b->graph;
     TRY(weft_memcpy_async(b->positions, b->pos_host, (size_t)n * 4));
     TRY(weft_memcpy_async(b->seq_lens, b->lens_host, (size_t)n * 4));
     TRY(weft_memcpy_async(b->table, b->table_host, (size_t)n * P * 4));
@@ -224,6 +248,9 @@ int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n
     TRY(wl_linear(m, b->logits, (size_t)c->vocab, b->h, H, m->lm_head, (size_t)c->vocab, NULL, NULL,
                   n, WEFT_DTYPE_F32));
     TRY(weft_memcpy_async(b->logits_host, b->logits, (size_t)n * c->vocab * 4));
+    in_region = 0;
+    if (b->graph)
+        TRY(weft_region_end());
     TRY(weft_await());
     for (int i = 0; i < n; i++) {
         seqs[i]->pos++;
@@ -231,6 +258,12 @@ int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n
     }
     return 0;
 fail:
+    if (in_region) { /* closed, its work dropped; the error is the op's */
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", wl_error());
+        weft_region_end();
+        wl_fail("%s", msg);
+    }
     wl_await_keeping_error(); /* work already enqueued reads our buffers */
     return -1;
 }

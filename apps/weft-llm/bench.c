@@ -36,6 +36,7 @@ typedef struct bench {
     double copy_gbs;
     double prefill_ms[MAX_POINTS];
     double step_ms[MAX_POINTS], roofline_ms[MAX_POINTS], cpu_us[MAX_POINTS];
+    weft_graph_stats graph; /* graph mode over the decode steps */
     int failed;
     char message[512];
 } bench;
@@ -240,9 +241,15 @@ static void *bench_task(void *arg)
     for (int i = 0; i < b->n_lens; i++)
         if (measure_prefill(b, i, &st))
             goto out;
+    weft_graph_stats before, after;
+    weft_graph_stats_get(weft_runtime_current(), &before);
     for (int i = 0; i < b->n_batches; i++)
         if (measure_decode(b, i, &st))
             goto out;
+    weft_graph_stats_get(weft_runtime_current(), &after);
+    b->graph.launches = after.launches - before.launches;
+    b->graph.instantiations = after.instantiations - before.instantiations;
+    b->graph.updates = after.updates - before.updates;
     b->failed = 0;
 out:
     if (b->failed)
@@ -270,7 +277,13 @@ static void report(const bench *b)
         printf("| %d | %.3f | %.0f | %.3f | %.0f%% | %.0f |\n", b->batches[i], b->step_ms[i],
                b->batches[i] / (b->step_ms[i] * 1e-3), b->roofline_ms[i],
                100 * b->roofline_ms[i] / b->step_ms[i], b->cpu_us[i]);
+    printf("\ndecode steps as graphs: %llu launches, %llu instantiations, %llu updates (0 on the "
+           "host backend, which runs them eagerly; WEFT_LLM_GRAPH=0 turns graph mode off)\n",
+           (unsigned long long)b->graph.launches, (unsigned long long)b->graph.instantiations,
+           (unsigned long long)b->graph.updates);
     printf("\nBENCH llm.copy_rate %.1f GB/s\n", b->copy_gbs);
+    printf("BENCH llm.decode.graph_launches %llu launches\n",
+           (unsigned long long)b->graph.launches);
     for (int i = 0; i < b->n_lens; i++)
         printf("BENCH llm.prefill.L%d.tokens_per_s %.1f tokens/s\n", b->lens[i],
                b->lens[i] / (b->prefill_ms[i] * 1e-3));

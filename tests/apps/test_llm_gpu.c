@@ -199,6 +199,41 @@ static void test_cli_generates_on_the_gpu(void **state)
     free(err_g);
 }
 
+/* Graph mode: the batch's decode steps are graphs on the GPU (weft-llm
+ * bench counts their launches), and the tokens of generate are the same
+ * with graph mode off (WEFT_LLM_GRAPH=0: every op launched as it comes). */
+static void test_gpu_decode_steps_are_graphs(void **state)
+{
+    (void)state;
+    char cmd[2048], *out, *err, *out_e, *err_e;
+    snprintf(cmd, sizeof cmd,
+             "%s bench %s --backend cuda --prompt-lens 16 --batches 1,3 --steps 6 --repeats 1 "
+             "--decode-prompt 8",
+             WL_BIN, model_dir);
+    int rc = run_capture(cmd, &out, &err);
+    printf("%s%s", out, err);
+    assert_int_equal(rc, 0);
+    const char *at = strstr(out, "BENCH llm.decode.graph_launches ");
+    assert_non_null(at);
+    long launches = strtol(at + strlen("BENCH llm.decode.graph_launches "), NULL, 10);
+    assert_true(launches >= 2 * 8); /* each batch size: 2 warm-up steps and 6 timed */
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd,
+             "%s generate %s --prompt 'The old woman' --max-tokens 16 --print-ids --backend cuda",
+             WL_BIN, model_dir);
+    assert_int_equal(run_capture(cmd, &out, &err), 0);
+    char eager[2200];
+    snprintf(eager, sizeof eager, "WEFT_LLM_GRAPH=0 %s", cmd);
+    assert_int_equal(run_capture(eager, &out_e, &err_e), 0);
+    printf("  graphs: %s  eager: %s", err, err_e);
+    assert_string_equal(err, err_e); /* one sequence: the same kernels, launched two ways */
+    free(out);
+    free(err);
+    free(out_e);
+    free(err_e);
+}
+
 /* Speculative decoding on the GPU: greedy with 4 draft tokens a round
  * against plain greedy decoding (the batcher's steps), on a repetitive
  * prompt. The verify pass runs its matmuls over 5 rows and its attention
@@ -311,6 +346,7 @@ int main(void)
         cmocka_unit_test(test_gpu_batched_matches_alone),
         cmocka_unit_test(test_cli_generates_on_the_gpu),
         cmocka_unit_test(test_gpu_speculative_matches_plain),
+        cmocka_unit_test(test_gpu_decode_steps_are_graphs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
