@@ -116,18 +116,18 @@ static int read_text(const char *path, char **out)
     FILE *f = fopen(path, "rb");
     if (!f)
         return wl_fail("%s: %s", path, strerror(errno));
-    sbuf b = {0};
+    wl_buf b = {0};
     char chunk[4096];
     size_t r;
-    while ((r = fread(chunk, 1, sizeof chunk, f)) > 0 && b.n < (16u << 20))
-        put(&b, chunk, r);
-    int bad = ferror(f) || b.n >= (16u << 20);
+    while ((r = fread(chunk, 1, sizeof chunk, f)) > 0 && b.len < (16u << 20))
+        wl_buf_append(&b, chunk, r);
+    int bad = ferror(f) || b.len >= (16u << 20);
     fclose(f);
-    if (b.oom || bad) {
-        free(b.p);
+    if (b.failed || bad) {
+        free(b.data);
         return wl_fail("%s: cannot read it (or it is over 16 MiB)", path);
     }
-    *out = b.p ? b.p : strdup("");
+    *out = b.data ? b.data : strdup("");
     return *out ? 0 : wl_fail("out of memory");
 }
 
@@ -412,10 +412,10 @@ static const char *type_name(const json_t *v)
     return "?";
 }
 
-static int parse_content(size_t i, json_t *content, sbuf *b)
+static int parse_content(size_t i, json_t *content, wl_buf *b)
 {
     if (json_is_string(content)) {
-        put(b, json_string_value(content), json_string_length(content));
+        wl_buf_append(b, json_string_value(content), json_string_length(content));
         return 0;
     }
     if (!json_is_array(content))
@@ -439,7 +439,7 @@ static int parse_content(size_t i, json_t *content, sbuf *b)
             return wl_fail("messages[%zu].content[%zu] is a text part whose \"text\" is not a "
                            "string",
                            i, k);
-        put(b, json_string_value(text), json_string_length(text));
+        wl_buf_append(b, json_string_value(text), json_string_length(text));
     }
     return 0;
 }
@@ -472,21 +472,21 @@ static int parse_message(size_t i, json_t *m, msg *out)
                        i);
     if (!content)
         return wl_fail("messages[%zu] has no content", i);
-    sbuf b = {0};
+    wl_buf b = {0};
     if (parse_content(i, content, &b)) {
-        free(b.p);
+        free(b.data);
         return -1;
     }
-    if (b.oom) {
-        free(b.p);
+    if (b.failed) {
+        free(b.data);
         return wl_fail("out of memory");
     }
-    if (b.p && memchr(b.p, 0, b.n)) {
-        free(b.p);
+    if (b.data && memchr(b.data, 0, b.len)) {
+        free(b.data);
         return wl_fail("messages[%zu].content holds a NUL character", i);
     }
-    out->text = b.p ? b.p : strdup("");
-    out->len = b.n;
+    out->text = b.data ? b.data : strdup("");
+    out->len = b.len;
     return out->text ? 0 : wl_fail("out of memory");
 }
 
@@ -513,7 +513,7 @@ int wl_chat_render(const wl_chat *c, json_t *messages, int add_generation_prompt
         return wl_fail("%s", c->problem ? c->problem : "out of memory");
     msg *m = NULL;
     size_t n = 0;
-    sbuf b = {0};
+    wl_buf b = {0};
     int bos = -1;
     if (!parse_messages(messages, &m, &n)) {
         switch (c->fam) {
@@ -536,13 +536,13 @@ int wl_chat_render(const wl_chat *c, json_t *messages, int add_generation_prompt
     for (size_t i = 0; m && i < n; i++)
         free(m[i].text);
     free(m);
-    if (bos >= 0 && b.oom)
+    if (bos >= 0 && b.failed)
         bos = wl_fail("out of memory");
     if (bos < 0) {
-        free(b.p);
+        free(b.data);
         return -1;
     }
-    *text = b.p ? b.p : strdup("");
+    *text = b.data ? b.data : strdup("");
     if (!*text)
         return wl_fail("out of memory");
     *add_special = !bos;

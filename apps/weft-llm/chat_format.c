@@ -50,17 +50,17 @@ static void strip(const char **s, size_t *n)
     }
 }
 
-static void put_stripped(sbuf *b, const char *s, size_t n)
+static void put_stripped(wl_buf *b, const char *s, size_t n)
 {
     strip(&s, &n);
-    put(b, s, n);
+    wl_buf_append(b, s, n);
 }
 
 /* Python's json.dumps(s, ensure_ascii=False): what transformers' tojson
  * filter writes for a string. */
-static void put_json_string(sbuf *b, const char *s, size_t n)
+static void put_json_string(wl_buf *b, const char *s, size_t n)
 {
-    put(b, "\"", 1);
+    wl_buf_append(b, "\"", 1);
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)s[i];
         const char *esc = NULL;
@@ -94,11 +94,11 @@ static void put_json_string(sbuf *b, const char *s, size_t n)
             }
         }
         if (esc)
-            put_str(b, esc);
+            wl_buf_puts(b, esc);
         else
-            put(b, s + i, 1);
+            wl_buf_append(b, s + i, 1);
     }
-    put(b, "\"", 1);
+    wl_buf_append(b, "\"", 1);
 }
 
 static int starts_with(const msg *m, const char *s)
@@ -136,7 +136,7 @@ static void trim_newlines(const char **s, size_t *n, int lead, int trail)
 /* Qwen3's assistant turn: a reasoning block "<think>...</think>" is split
  * off; it is written back only after the last user query, and for the
  * last message always (empty then). */
-static void put_think_turn(sbuf *b, const msg *m, int after_query, int last)
+static void put_think_turn(wl_buf *b, const msg *m, int after_query, int last)
 {
     const char *content = m->text, *reason = "";
     size_t clen = m->len, rlen = 0;
@@ -158,27 +158,27 @@ static void put_think_turn(sbuf *b, const msg *m, int after_query, int last)
         content = after;
         trim_newlines(&content, &clen, 1, 0);
     }
-    put_str(b, "<|im_start|>assistant\n");
+    wl_buf_puts(b, "<|im_start|>assistant\n");
     if (after_query && (last || rlen)) {
         trim_newlines(&reason, &rlen, 1, 1);
-        put_str(b, "<think>\n");
-        put(b, reason, rlen);
-        put_str(b, "\n</think>\n\n");
+        wl_buf_puts(b, "<think>\n");
+        wl_buf_append(b, reason, rlen);
+        wl_buf_puts(b, "\n</think>\n\n");
         trim_newlines(&content, &clen, 1, 0);
     }
-    put(b, content, clen);
-    put_str(b, "<|im_end|>\n");
+    wl_buf_append(b, content, clen);
+    wl_buf_puts(b, "<|im_end|>\n");
 }
 
-int wl_ct_chatml(const wl_chat *c, const msg *m, size_t n, int gen, sbuf *b)
+int wl_ct_chatml(const wl_chat *c, const msg *m, size_t n, int gen, wl_buf *b)
 {
     int bos = c->chatml_bos && c->bos && *c->bos;
     if (bos)
-        put_str(b, c->bos);
+        wl_buf_puts(b, c->bos);
     if (c->default_system && m[0].role != SYSTEM) {
-        put_str(b, "<|im_start|>system\n");
-        put_str(b, c->default_system);
-        put_str(b, "<|im_end|>\n");
+        wl_buf_puts(b, "<|im_start|>system\n");
+        wl_buf_puts(b, c->default_system);
+        wl_buf_puts(b, "<|im_end|>\n");
     }
     size_t query = n - 1; /* Qwen3: the last user message that is not tool output */
     for (size_t i = n; c->think && i-- > 0;)
@@ -190,24 +190,24 @@ int wl_ct_chatml(const wl_chat *c, const msg *m, size_t n, int gen, sbuf *b)
     for (size_t i = 0; i < n; i++) {
         if (m[i].role == TOOL && c->tool_response) {
             if (i == 0 || m[i - 1].role != TOOL)
-                put_str(b, "<|im_start|>user");
-            put_str(b, "\n<tool_response>\n");
-            put(b, m[i].text, m[i].len);
-            put_str(b, "\n</tool_response>");
+                wl_buf_puts(b, "<|im_start|>user");
+            wl_buf_puts(b, "\n<tool_response>\n");
+            wl_buf_append(b, m[i].text, m[i].len);
+            wl_buf_puts(b, "\n</tool_response>");
             if (i + 1 == n || m[i + 1].role != TOOL)
-                put_str(b, "<|im_end|>\n");
+                wl_buf_puts(b, "<|im_end|>\n");
         } else if (m[i].role == ASSISTANT && c->think) {
             put_think_turn(b, &m[i], i > query, i + 1 == n);
         } else {
-            put_str(b, "<|im_start|>");
-            put_str(b, wl_ct_role_names[m[i].role]);
-            put_str(b, "\n");
-            put(b, m[i].text, m[i].len);
-            put_str(b, "<|im_end|>\n");
+            wl_buf_puts(b, "<|im_start|>");
+            wl_buf_puts(b, wl_ct_role_names[m[i].role]);
+            wl_buf_puts(b, "\n");
+            wl_buf_append(b, m[i].text, m[i].len);
+            wl_buf_puts(b, "<|im_end|>\n");
         }
     }
     if (gen)
-        put_str(b, "<|im_start|>assistant\n");
+        wl_buf_puts(b, "<|im_start|>assistant\n");
     return bos;
 }
 
@@ -222,35 +222,35 @@ static void today(char out[16])
     snprintf(out, 16, "%02d %s %d", tm.tm_mday, months[tm.tm_mon], tm.tm_year + 1900);
 }
 
-static void header(sbuf *b, const char *name)
+static void header(wl_buf *b, const char *name)
 {
-    put_str(b, "<|start_header_id|>");
-    put_str(b, name);
-    put_str(b, "<|end_header_id|>\n\n");
+    wl_buf_puts(b, "<|start_header_id|>");
+    wl_buf_puts(b, name);
+    wl_buf_puts(b, "<|end_header_id|>\n\n");
 }
 
-int wl_ct_llama3(const wl_chat *c, const msg *m, size_t n, int gen, sbuf *b)
+int wl_ct_llama3(const wl_chat *c, const msg *m, size_t n, int gen, wl_buf *b)
 {
     if (c->bos)
-        put_str(b, c->bos);
+        wl_buf_puts(b, c->bos);
     size_t i = 0;
     if (c->knowledge) { /* 3.1 and later: the system header is always there */
         header(b, "system");
-        put_str(b, c->knowledge);
-        put_str(b, "\n");
+        wl_buf_puts(b, c->knowledge);
+        wl_buf_puts(b, "\n");
         if (c->today) {
             char day[16];
             today(day);
-            put_str(b, "Today Date: ");
-            put_str(b, c->fixed_day ? c->fixed_day : day);
-            put_str(b, "\n");
+            wl_buf_puts(b, "Today Date: ");
+            wl_buf_puts(b, c->fixed_day ? c->fixed_day : day);
+            wl_buf_puts(b, "\n");
         }
-        put_str(b, "\n");
+        wl_buf_puts(b, "\n");
         if (m[0].role == SYSTEM) {
             put_stripped(b, m[0].text, m[0].len);
             i = 1;
         }
-        put_str(b, "<|eot_id|>");
+        wl_buf_puts(b, "<|eot_id|>");
     }
     for (; i < n; i++) {
         if (m[i].role == TOOL && c->ipython) {
@@ -258,12 +258,12 @@ int wl_ct_llama3(const wl_chat *c, const msg *m, size_t n, int gen, sbuf *b)
             if (c->tool_json) /* a string "is iterable" there, so it goes through tojson */
                 put_json_string(b, m[i].text, m[i].len);
             else
-                put(b, m[i].text, m[i].len);
+                wl_buf_append(b, m[i].text, m[i].len);
         } else {
             header(b, wl_ct_role_names[m[i].role]);
             put_stripped(b, m[i].text, m[i].len);
         }
-        put_str(b, "<|eot_id|>");
+        wl_buf_puts(b, "<|eot_id|>");
     }
     if (gen)
         header(b, "assistant");
@@ -292,36 +292,36 @@ static int check_inst_roles(const char *fam, const msg *m, size_t n, size_t *fir
     return 0;
 }
 
-int wl_ct_llama2(const wl_chat *c, const msg *m, size_t n, sbuf *b)
+int wl_ct_llama2(const wl_chat *c, const msg *m, size_t n, wl_buf *b)
 {
     size_t first;
     if (check_inst_roles("Llama 2", m, n, &first))
         return -1;
     const char *bos = c->bos ? c->bos : "", *eos = c->eos ? c->eos : "";
     for (size_t i = first; i < n; i++) {
-        sbuf turn = {0};
+        wl_buf turn = {0};
         if (i == first && first) {
-            put_str(&turn, "<<SYS>>\n");
-            put(&turn, m[0].text, m[0].len);
-            put_str(&turn, "\n<</SYS>>\n\n");
+            wl_buf_puts(&turn, "<<SYS>>\n");
+            wl_buf_append(&turn, m[0].text, m[0].len);
+            wl_buf_puts(&turn, "\n<</SYS>>\n\n");
         }
-        put(&turn, m[i].text, m[i].len);
-        if (turn.oom) {
-            free(turn.p);
+        wl_buf_append(&turn, m[i].text, m[i].len);
+        if (turn.failed) {
+            free(turn.data);
             return wl_fail("out of memory");
         }
         if (m[i].role == USER) {
-            put_str(b, bos);
-            put_str(b, "[INST] ");
-            put_stripped(b, turn.p, turn.n);
-            put_str(b, " [/INST]");
+            wl_buf_puts(b, bos);
+            wl_buf_puts(b, "[INST] ");
+            put_stripped(b, turn.data, turn.len);
+            wl_buf_puts(b, " [/INST]");
         } else {
-            put_str(b, " ");
-            put_stripped(b, turn.p, turn.n);
-            put_str(b, " ");
-            put_str(b, eos);
+            wl_buf_puts(b, " ");
+            put_stripped(b, turn.data, turn.len);
+            wl_buf_puts(b, " ");
+            wl_buf_puts(b, eos);
         }
-        free(turn.p);
+        free(turn.data);
     }
     return c->bos && *c->bos;
 }
@@ -329,30 +329,30 @@ int wl_ct_llama2(const wl_chat *c, const msg *m, size_t n, sbuf *b)
 /* The system prompt goes into the first user turn, or (the later form)
  * into the last message when that is a user turn: a conversation that
  * ends with an answer then has none, as its template renders it. */
-int wl_ct_mistral(const wl_chat *c, const msg *m, size_t n, sbuf *b)
+int wl_ct_mistral(const wl_chat *c, const msg *m, size_t n, wl_buf *b)
 {
     size_t first;
     if (check_inst_roles("Mistral", m, n, &first))
         return -1;
     if (c->bos)
-        put_str(b, c->bos);
+        wl_buf_puts(b, c->bos);
     for (size_t i = first; i < n; i++) {
         if (m[i].role == USER) {
-            put_str(b, c->inst_lead ? " [INST]" : "[INST]");
-            put_str(b, c->inst_space ? " " : "");
+            wl_buf_puts(b, c->inst_lead ? " [INST]" : "[INST]");
+            wl_buf_puts(b, c->inst_space ? " " : "");
             if (first && (c->system_last ? i + 1 == n : i == first)) {
-                put(b, m[0].text, m[0].len);
-                put_str(b, "\n\n");
+                wl_buf_append(b, m[0].text, m[0].len);
+                wl_buf_puts(b, "\n\n");
             }
-            put(b, m[i].text, m[i].len);
-            put_str(b, c->close_space ? " [/INST]" : "[/INST]");
+            wl_buf_append(b, m[i].text, m[i].len);
+            wl_buf_puts(b, c->close_space ? " [/INST]" : "[/INST]");
         } else {
-            put_str(b, c->answer_space ? " " : "");
+            wl_buf_puts(b, c->answer_space ? " " : "");
             if (c->answer_trim)
                 put_stripped(b, m[i].text, m[i].len);
             else
-                put(b, m[i].text, m[i].len);
-            put_str(b, c->eos ? c->eos : "");
+                wl_buf_append(b, m[i].text, m[i].len);
+            wl_buf_puts(b, c->eos ? c->eos : "");
         }
     }
     return c->bos && *c->bos;

@@ -42,46 +42,13 @@ typedef struct msg {
     size_t len;
 } msg;
 
-/* A growing NUL-terminated text; oom once an allocation failed. */
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sbuf;
-
-static inline void put(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static inline void put_str(sbuf *b, const char *s)
-{
-    put(b, s, strlen(s));
-}
-
 /* The formats (chat_format.c): n >= 1 checked messages into b. Each
  * returns 1 when the text opens with the BOS, 0 when not, -1 (wl_fail)
  * when the messages do not fit the format. */
 extern const char *const wl_ct_role_names[];
-int wl_ct_chatml(const wl_chat *c, const msg *m, size_t n, int gen, sbuf *b);
-int wl_ct_llama3(const wl_chat *c, const msg *m, size_t n, int gen, sbuf *b);
-int wl_ct_llama2(const wl_chat *c, const msg *m, size_t n, sbuf *b);
-int wl_ct_mistral(const wl_chat *c, const msg *m, size_t n, sbuf *b);
+int wl_ct_chatml(const wl_chat *c, const msg *m, size_t n, int gen, wl_buf *b);
+int wl_ct_llama3(const wl_chat *c, const msg *m, size_t n, int gen, wl_buf *b);
+int wl_ct_llama2(const wl_chat *c, const msg *m, size_t n, wl_buf *b);
+int wl_ct_mistral(const wl_chat *c, const msg *m, size_t n, wl_buf *b);
 
 #endif

@@ -32,6 +32,19 @@ const char *wl_error(void);
  * holds. */
 void wl_lock_always(weft_mutex *m);
 
+/* ---- a growable byte buffer ------------------------------------------------ */
+
+typedef struct wl_buf {
+    char *data; /* terminated by a 0 past len, when not NULL */
+    size_t len, cap;
+    int failed; /* an allocation failed: the contents are cut short */
+} wl_buf;
+
+void wl_buf_append(wl_buf *b, const void *p, size_t n);
+void wl_buf_puts(wl_buf *b, const char *s);
+void wl_buf_printf(wl_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void wl_buf_free(wl_buf *b);
+
 /* ---- numbers -------------------------------------------------------------- */
 
 size_t wl_dtype_size(weft_dtype dt);

@@ -16,59 +16,7 @@
 
 #include "serve.h"
 
-/* ---- bytes -------------------------------------------------------------------- */
-
-void wl_buf_append(wl_buf *b, const void *p, size_t n)
-{
-    if (b->failed)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *d = realloc(b->data, cap);
-        if (!d) {
-            b->failed = 1;
-            return;
-        }
-        b->data = d;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, p, n);
-    b->len += n;
-    b->data[b->len] = 0;
-}
-
-void wl_buf_printf(wl_buf *b, const char *fmt, ...)
-{
-    char small[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return;
-    if ((size_t)n < sizeof small) {
-        wl_buf_append(b, small, (size_t)n);
-        return;
-    }
-    char *big = malloc((size_t)n + 1);
-    if (!big) {
-        b->failed = 1;
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    wl_buf_append(b, big, (size_t)n);
-    free(big);
-}
-
-void wl_buf_free(wl_buf *b)
-{
-    free(b->data);
-    memset(b, 0, sizeof *b);
-}
+/* ---- UTF-8 -------------------------------------------------------------------- */
 
 /* The length of the well-formed sequence at s (n bytes left): 1 to 4, 0 if
  * it is cut short by the end, -1 if it is malformed. */

@@ -11,17 +11,7 @@
 
 #include "llm.h"
 
-/* ---- a growable byte buffer ------------------------------------------------ */
-
-typedef struct wl_buf {
-    char *data; /* terminated by a 0 past len, when not NULL */
-    size_t len, cap;
-    int failed; /* an allocation failed: the contents are cut short */
-} wl_buf;
-
-void wl_buf_append(wl_buf *b, const void *p, size_t n);
-void wl_buf_printf(wl_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void wl_buf_free(wl_buf *b);
+/* ---- UTF-8 ------------------------------------------------------------------ */
 
 /* Appends s[0, n) as valid UTF-8: each byte that does not begin a complete,
  * well-formed sequence becomes U+FFFD. JSON strings must be UTF-8, and a

@@ -1,6 +1,6 @@
 /*
- * util.c - weft-llm's error line, the dtype conversions and the seeded
- * random numbers.
+ * util.c - weft-llm's error line, the dtype conversions, the seeded
+ * random numbers and a growable byte buffer.
  *
  * The conversions round to nearest, ties to even, as weft's ops do, so a
  * value stored here and one written by an op agree bit for bit.
@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "llm.h"
@@ -174,4 +175,63 @@ double wl_rand_normal(uint64_t *state)
 {
     double u = wl_rand_uniform(state), v = wl_rand_uniform(state);
     return sqrt(-2.0 * log1p(-u)) * cos(2.0 * M_PI * v);
+}
+
+/* ---- bytes ------------------------------------------------------------------ */
+
+void wl_buf_append(wl_buf *b, const void *p, size_t n)
+{
+    if (b->failed)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *d = realloc(b->data, cap);
+        if (!d) {
+            b->failed = 1;
+            return;
+        }
+        b->data = d;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+    b->data[b->len] = 0;
+}
+
+void wl_buf_printf(wl_buf *b, const char *fmt, ...)
+{
+    char small[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n < sizeof small) {
+        wl_buf_append(b, small, (size_t)n);
+        return;
+    }
+    char *big = malloc((size_t)n + 1);
+    if (!big) {
+        b->failed = 1;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    wl_buf_append(b, big, (size_t)n);
+    free(big);
+}
+
+void wl_buf_puts(wl_buf *b, const char *s)
+{
+    wl_buf_append(b, s, strlen(s));
+}
+
+void wl_buf_free(wl_buf *b)
+{
+    free(b->data);
+    memset(b, 0, sizeof *b);
 }
