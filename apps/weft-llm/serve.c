@@ -305,7 +305,8 @@ static void *request_task(void *arg)
         status = 400;
         goto out;
     }
-    int room = srv->engine.max_tokens - r->n_prompt;
+    int room = srv->engine.max_tokens - r->n_prompt; /* past the context: the check says so */
+    room = room < 1 ? 1 : room;
     r->max_tokens = r->q.max_tokens ? r->q.max_tokens
                     : r->q.chat ? (room < srv->default_max_tokens ? room : srv->default_max_tokens)
                                 : 16; /* OpenAI's default for completions */
