@@ -399,7 +399,7 @@ static void run_concurrent(int exact)
             }
             assert_true(done);
             assert_int_equal(finished, 1);
-            assert_true(chunks >= 2);
+            assert_true(chunks >= 1); /* the finish at least (the first token may end it) */
         }
         wl_buf_append(&text, "", 0);
         if (exact && (text.len != clean.len || memcmp(text.data, clean.data, text.len)))
