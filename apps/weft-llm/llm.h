@@ -381,8 +381,10 @@ int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n
  * (wl_batcher_leave) before it is destroyed (its pages go back with
  * wl_seq_destroy); the others go on. A member's task that cancels itself
  * (weft_cancel) gets an error from its next wl_batcher_step and still
- * leaves. Cancelling a member from another task while it waits in
- * wl_batcher_step is not supported yet: a test of it hung now and then. */
+ * leaves; so does one cancelled by another task, in whatever it is waiting
+ * on (the admission queue, its step: test_llm_batch.c cancels generations
+ * at random moments and checks that every one ends and gives its pages
+ * back). */
 typedef struct wl_batcher wl_batcher;
 
 /* Task only (makes the batch's buffers). */

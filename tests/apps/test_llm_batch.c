@@ -398,6 +398,98 @@ static void test_engine_admission_order(void **state)
     wl_model_close(&m);
 }
 
+/* Generations cancelled by other tasks at random moments (queued, in
+ * their prefill, waiting on a step, between steps), several rounds of four
+ * on an engine of three places: each one ends (nothing hangs: the test's
+ * timeout would say so), as cancelled or with an error, and every page
+ * and place comes back. */
+typedef struct cancel_run {
+    wl_engine *e;
+    int tokens, failed;
+    wl_finish finish;
+} cancel_run;
+
+static int count_token(void *ctx, int32_t id, int eos, const float *logits)
+{
+    (void)id, (void)eos, (void)logits;
+    ((cancel_run *)ctx)->tokens++;
+    return 0;
+}
+
+static void *cancel_gen_task(void *arg)
+{
+    cancel_run *r = arg;
+    static const int32_t prompt[] = {256, 296, 267, 323};
+    wl_gen g = {.prompt = prompt,
+                .n_prompt = 4,
+                .max_tokens = 40,
+                .ignore_eos = 1,
+                .on_token = count_token,
+                .ctx = r};
+    r->failed = wl_engine_generate(r->e, &g, &r->finish);
+    return NULL;
+}
+
+typedef struct canceller {
+    weft_task *target;
+    uint64_t after_ns;
+} canceller;
+
+static void *cancel_later(void *arg)
+{
+    canceller *k = arg;
+    weft_sleep_ns(k->after_ns);
+    weft_cancel(k->target);
+    return NULL;
+}
+
+static void test_engine_survives_cancellation(void **state)
+{
+    (void)state;
+    enum { ROUNDS = 30, GENS = 4 };
+    wl_model m;
+    wl_engine e;
+    weft_runtime *rt;
+    weft_config cfg = WEFT_CONFIG_INIT;
+    cfg.workers = 2;
+    cfg.backend = WEFT_BACKEND_HOST;
+    cfg.stack_size = 1 << 20;
+    uint64_t st = seed ^ 0xca9c;
+    assert_int_equal(wl_model_open(&m, model_dir), 0);
+    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
+    assert_int_equal(wl_engine_start(&e, rt, &m, 16, 3, 64), 0);
+    long ended_early = 0, tokens = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        cancel_run runs[GENS];
+        canceller ks[GENS];
+        weft_task *t[GENS], *k[GENS];
+        for (int i = 0; i < GENS; i++) {
+            runs[i] = (cancel_run){.e = &e};
+            assert_int_equal(weft_spawn(rt, &t[i], cancel_gen_task, &runs[i], NULL), WEFT_OK);
+        }
+        for (int i = 0; i < GENS; i++) {
+            ks[i] = (canceller){t[i], (wl_rand_next(&st) % 160) * 250000ull}; /* 0-40 ms */
+            assert_int_equal(weft_spawn(rt, &k[i], cancel_later, &ks[i], NULL), WEFT_OK);
+        }
+        for (int i = 0; i < GENS; i++) {
+            assert_int_equal(weft_join(k[i], NULL), WEFT_OK);
+            int rc = weft_join(t[i], NULL);
+            assert_true(rc == WEFT_OK || rc == WEFT_ETASKCANCELED);
+            ended_early += runs[i].tokens < 40;
+            tokens += runs[i].tokens;
+        }
+        wl_engine_counts c;
+        wl_engine_stats(&e, &c);
+        assert_int_equal(c.running + c.queued + c.reserved_pages + c.used_pages, 0);
+    }
+    printf("  %d generations cancelled at random: %ld ended early, %ld tokens in all\n",
+           ROUNDS * GENS, ended_early, tokens);
+    assert_true(ended_early > 0);
+    assert_int_equal(wl_engine_stop(&e), 0);
+    weft_runtime_destroy(rt);
+    wl_model_close(&m);
+}
+
 /* A prompt whose first pages another prompt published: the second
  * generation starts its prefill after them (decode attention over the
  * pages for the rest) and its first logits agree with the first's, which
@@ -483,6 +575,7 @@ int main(void)
         cmocka_unit_test(test_cli_parallel),
         cmocka_unit_test(test_engine_admission_order),
         cmocka_unit_test(test_engine_shares_prompt_prefixes),
+        cmocka_unit_test(test_engine_survives_cancellation),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
