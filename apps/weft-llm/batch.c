@@ -46,6 +46,7 @@ struct wl_batch {
     size_t q_dim, kv_dim, workspace_bytes;
     /* the backend's memory, max_seqs rows each */
     void *x, *h, *q, *kvr, *attn, *gu, *act, *workspace;
+    wl_moe_bufs moe; /* a mixture-of-experts model's */
     float *logits;
     int32_t *positions, *seq_ids, *table, *seq_lens;
     /* host memory: page-locked (weft_host_alloc) where a step copies it,
@@ -89,6 +90,8 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     TRY(weft_malloc_async((void **)&b->seq_ids, B * 4));
     TRY(weft_malloc_async((void **)&b->table, B * P * 4));
     TRY(weft_malloc_async((void **)&b->seq_lens, B * 4));
+    if (c->experts && wl_moe_bufs_create(&b->moe, m, max_seqs))
+        goto fail;
     /* the decode workspace for any batch size: the split the op chooses
      * (more parts for fewer sequences) need not grow with the batch */
     for (size_t n = 1; n <= B; n++) {
@@ -140,6 +143,7 @@ void wl_batch_destroy(wl_batch *b)
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i])
             weft_free_async(dev[i]);
+    wl_moe_bufs_destroy(&b->moe);
     weft_await();
     void *host[] = {b->pos_host, b->table_host, b->lens_host, b->logits_host};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++)
@@ -186,6 +190,8 @@ static int layer_batch(wl_batch *b, int li, int n)
     TRY(wl_linear(m, b->x, H, b->attn, b->q_dim, L->o, H, NULL, b->x, n, dt));
     TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->h, NULL, b->x, NULL, L->mlp_norm, eps, (size_t)n, H,
                      H));
+    if (L->moe)
+        return wl_moe_mlp(m, &b->moe, li, b->x, b->h, n);
     TRY(wl_linear(m, b->gu, 2 * I, b->h, H, L->gate, I, NULL, NULL, n, dt));
     TRY(wl_linear(m, (char *)b->gu + I * es, 2 * I, b->h, H, L->up, I, NULL, NULL, n, dt));
     TRY(weft_glu(WEFT_TASK_STREAM, dt, WEFT_GLU_SWIGLU, b->act, b->gu, (size_t)n, I, 2 * I, I));

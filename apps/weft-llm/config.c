@@ -3,7 +3,8 @@
  *
  * Fields follow transformers' names and defaults per model_type (Llama 2
  * and 3 with rope_scaling "llama3", Mistral's sliding_window, Qwen2's QKV
- * biases, Qwen3's q/k norms, the Mixtral and Qwen MoE fields). A missing
+ * biases, Qwen3's q/k norms, the Mixtral and Qwen MoE fields, Qwen's
+ * dense layers among the sparse ones). A missing
  * required field, a wrong type or an inconsistent shape (heads that do not
  * divide, an odd head_dim) is an error naming the field; a field this
  * program does not use is ignored, as transformers ignores it.
@@ -135,18 +136,51 @@ static int parse_token_ids(const char *path, json_t *root, wl_config *c)
     return 0;
 }
 
+/* Qwen's mlp_only_layers: the layers whose MLP stays dense. */
+static int parse_mlp_only(const char *path, json_t *root, wl_config *c)
+{
+    json_t *v = json_object_get(root, "mlp_only_layers");
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_array(v))
+        return wl_fail("%s: mlp_only_layers is not a list", path);
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e)
+    {
+        if (!json_is_integer(e) || json_integer_value(e) < 0)
+            return wl_fail("%s: mlp_only_layers[%zu] is not a layer index", path, i);
+        json_int_t l = json_integer_value(e);
+        if (l >= c->layers)
+            continue; /* names no layer: transformers ignores it too */
+        if (l >= WL_MAX_LAYER_BITS)
+            return wl_fail("%s: mlp_only_layers names layer %lld; weft-llm reads up to %d", path,
+                           (long long)l, WL_MAX_LAYER_BITS);
+        c->mlp_only[l / 64] |= 1ull << (l % 64);
+    }
+    return 0;
+}
+
 static int parse_moe(const char *path, json_t *root, wl_config *c)
 {
+    c->sparse_step = 1;
     if (c->arch == WL_ARCH_MIXTRAL) {
         if (get_int(path, root, "num_local_experts", -1, 1, &c->experts) ||
             get_int(path, root, "num_experts_per_tok", -1, 1, &c->experts_per_token))
             return -1;
         c->moe_intermediate = c->intermediate;
+        c->norm_topk_prob = 1; /* Mixtral always renormalises its top k */
     } else if (c->arch == WL_ARCH_QWEN2_MOE || c->arch == WL_ARCH_QWEN3_MOE) {
         if (get_int(path, root, "num_experts", -1, 1, &c->experts) ||
             get_int(path, root, "num_experts_per_tok", -1, 1, &c->experts_per_token) ||
             get_int(path, root, "moe_intermediate_size", -1, 1, &c->moe_intermediate) ||
-            get_int(path, root, "shared_expert_intermediate_size", 0, 0, &c->shared_intermediate))
+            get_bool(path, root, "norm_topk_prob", 0, &c->norm_topk_prob) ||
+            get_int(path, root, "decoder_sparse_step", 1, 1, &c->sparse_step) ||
+            parse_mlp_only(path, root, c))
+            return -1;
+        /* Qwen2-MoE always has its shared expert; Qwen3-MoE has none */
+        if (c->arch == WL_ARCH_QWEN2_MOE &&
+            get_int(path, root, "shared_expert_intermediate_size", -1, 1, &c->shared_intermediate))
             return -1;
     } else {
         return 0;
@@ -155,6 +189,15 @@ static int parse_moe(const char *path, json_t *root, wl_config *c)
         return wl_fail("%s: num_experts_per_tok = %d exceeds the %d experts", path,
                        c->experts_per_token, c->experts);
     return 0;
+}
+
+int wl_config_layer_moe(const wl_config *c, int layer)
+{
+    if (!c->experts)
+        return 0;
+    if (layer < WL_MAX_LAYER_BITS && (c->mlp_only[layer / 64] >> (layer % 64) & 1))
+        return 0;
+    return (layer + 1) % c->sparse_step == 0;
 }
 
 static int parse_dtype_field(const char *path, json_t *root, wl_config *c)

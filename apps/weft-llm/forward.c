@@ -10,7 +10,8 @@
  *   written side by side in one row per token; Qwen3's RMSNorm per head of
  *   q and k; RoPE (halves, as transformers rotates); attention; x = x +
  *   attn Wo^T (the residual is the matmul's C); h = RMSNorm(x); gate and up
- *   side by side, SwiGLU, x = x + act Wd^T.
+ *   side by side, SwiGLU, x = x + act Wd^T (a mixture-of-experts layer's
+ *   MLP is moe.c's, shared with batch.c).
  * Then the last token's RMSNorm and the lm_head into fp32 logits
  * (wl_forward), or every new token's (wl_forward_rows: speculative
  * decoding's verify pass, which needs the next-token logits after each
@@ -94,6 +95,8 @@ int wl_seq_create(wl_seq **out, const wl_model *m, wl_kv *kv, int max_tokens, in
     TRY(weft_malloc_async((void **)&s->seq_ids, T * 4));
     TRY(weft_malloc_async((void **)&s->table, (size_t)s->pages.max_pages * 4));
     TRY(weft_malloc_async((void **)&s->seq_lens, chunks * 4));
+    if (c->experts && wl_moe_bufs_create(&s->moe, m, max_step))
+        goto fail;
     /* the decode workspace for the longest call: any q_len, the whole table */
     for (size_t ql = 1; ql <= DECODE_CHUNK; ql++) {
         weft_kv_cache cache = wl_kv_layer(kv, 0, s->table, s->pages.max_pages);
@@ -136,6 +139,7 @@ void wl_seq_destroy(wl_seq *s)
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i])
             weft_free_async(dev[i]);
+    wl_moe_bufs_destroy(&s->moe);
     weft_await();
     wl_kv_seq_release(&s->pages); /* ended or cancelled: the pages go back */
     free(s->pos_host);
@@ -252,6 +256,8 @@ static int layer_forward(wl_seq *s, int li, int n)
     TRY(wl_linear(s->m, s->x, H, s->attn, s->q_dim, L->o, H, NULL, s->x, n, dt));
     TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, s->h, NULL, s->x, NULL, L->mlp_norm, eps, (size_t)n, H,
                      H));
+    if (L->moe)
+        return wl_moe_mlp(m, &s->moe, li, s->x, s->h, n);
     TRY(wl_linear(s->m, s->gu, 2 * I, s->h, H, L->gate, I, NULL, NULL, n, dt));
     TRY(wl_linear(s->m, (char *)s->gu + I * es, 2 * I, s->h, H, L->up, I, NULL, NULL, n, dt));
     TRY(weft_glu(WEFT_TASK_STREAM, dt, WEFT_GLU_SWIGLU, s->act, s->gu, (size_t)n, I, 2 * I, I));
@@ -376,6 +382,7 @@ static size_t weight_slots(wl_model *m, const void ***slot, size_t *bytes)
     size_t es = wl_dtype_size(m->dtype), n = 0, H = (size_t)c->hidden;
     size_t q = (size_t)c->heads * c->head_dim, kv = (size_t)c->kv_heads * c->head_dim;
     size_t I = (size_t)c->intermediate, hd = (size_t)c->head_dim;
+    size_t E = (size_t)c->experts, S = (size_t)c->shared_intermediate;
 #define SLOT(p, count) (slot[n] = (const void **)&(p), bytes[n++] = (count)*es)
     SLOT(m->embed, (size_t)c->vocab * H);
     SLOT(m->final_norm, H);
@@ -389,9 +396,19 @@ static size_t weight_slots(wl_model *m, const void ***slot, size_t *bytes)
         SLOT(L->v, kv * H);
         SLOT(L->o, H * q);
         SLOT(L->mlp_norm, H);
-        SLOT(L->gate, I * H);
-        SLOT(L->up, I * H);
-        SLOT(L->down, H * I);
+        if (!L->moe) {
+            SLOT(L->gate, I * H);
+            SLOT(L->up, I * H);
+            SLOT(L->down, H * I);
+        } else { /* the experts go in packed blocks (wl_moe_pack_device) */
+            SLOT(L->router, E * H);
+            if (S) {
+                SLOT(L->shared_gate, S * H);
+                SLOT(L->shared_up, S * H);
+                SLOT(L->shared_down, H * S);
+                SLOT(L->shared_router, H);
+            }
+        }
         if (c->attention_bias) {
             SLOT(L->q_bias, q);
             SLOT(L->k_bias, kv);
@@ -410,9 +427,9 @@ int wl_model_upload(wl_model *m)
 {
     void *stream = NULL;
     TRY(weft_stream(&stream));
-    if (!stream)
-        return 0; /* the host backend reads the mapped files as they are */
-    size_t max = 3 + 14 * (size_t)m->cfg.layers, n, total = 0;
+    if (!stream) /* the host backend reads the mapped files, the experts packed */
+        return wl_moe_pack_host(m);
+    size_t max = 3 + 16 * (size_t)m->cfg.layers, n, total = 0;
     const void ***slot = malloc(max * sizeof *slot);
     size_t *bytes = malloc(max * sizeof *bytes);
     if (!slot || !bytes) {
@@ -423,6 +440,8 @@ int wl_model_upload(wl_model *m)
     n = weight_slots(m, slot, bytes);
     for (size_t i = 0; i < n; i++)
         total += (bytes[i] + 255) / 256 * 256; /* each weight 256-byte aligned */
+    size_t experts_at = total;
+    total += wl_moe_packed_bytes(m);
     char *block = NULL;
     if (weft_malloc_async((void **)&block, total) != WEFT_OK) {
         free(slot);
@@ -442,10 +461,14 @@ int wl_model_upload(wl_model *m)
         *slot[i] = block + off;
         off += (bytes[i] + 255) / 256 * 256;
     }
-    if (m->cfg.tie_embeddings)
-        m->lm_head = m->embed;
     free(slot);
     free(bytes);
+    if (wl_moe_pack_device(m, block + experts_at)) {
+        wl_await_keeping_error();
+        return -1;
+    }
+    if (m->cfg.tie_embeddings)
+        m->lm_head = m->embed;
     TRY(weft_await());
     return 0;
 fail:

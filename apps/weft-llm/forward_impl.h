@@ -12,6 +12,19 @@
 /* Queries per weft_attention_decode call (its q_len's limit). */
 #define DECODE_CHUNK 8
 
+/* The buffers of a mixture-of-experts MLP over up to tokens rows (moe.c),
+ * carved from one allocation of the backend's memory: the router's logits
+ * and tables, the rows in expert order and the experts' activations; for
+ * Qwen2-MoE the shared expert's and its one-expert "routing" (its sigmoid
+ * weight and identity tables). */
+typedef struct wl_moe_bufs {
+    void *block;
+    void *logits, *xp, *gu, *act, *y;
+    weft_moe_routing r;
+    void *sgu, *sact, *sy, *slogit;
+    weft_moe_routing sr;
+} wl_moe_bufs;
+
 struct wl_seq {
     const wl_model *m;
     wl_kv *kv;
@@ -21,6 +34,7 @@ struct wl_seq {
     size_t q_dim, kv_dim, qkv_dim, workspace_bytes;
     /* the backend's memory (weft_malloc_async) */
     void *x, *h, *qkv, *attn, *gu, *act, *q_packed, *workspace;
+    wl_moe_bufs moe;                                 /* a mixture-of-experts model's */
     float *logits;                                   /* rows x vocab */
     int32_t *positions, *seq_ids, *table, *seq_lens; /* seq_lens: one a decode chunk */
     /* host memory */
@@ -48,5 +62,25 @@ int wl_rope(const wl_model *m, void *q, size_t q_stride, void *k, size_t k_strid
  * the calling task's stream. */
 int wl_linear(const wl_model *m, void *d, size_t ldd, const void *a, size_t k, const void *w,
               size_t n_out, const void *bias, const void *c, int n, weft_dtype out_type);
+
+/* ---- mixture of experts (moe.c) ---- */
+
+/* Task only: b's buffers for up to tokens rows of m (a MoE model, uploaded:
+ * its experts packed). */
+int wl_moe_bufs_create(wl_moe_bufs *b, const wl_model *m, int tokens);
+/* Task only: gives b's memory back once the work enqueued before is done. */
+void wl_moe_bufs_destroy(wl_moe_bufs *b);
+/* Task only: MoE layer li's MLP over n rows, on the task's stream: x (n
+ * rows of hidden, the residual) += the experts' combined output for the
+ * normed rows h (+ the shared expert's). The same ops in the same order
+ * for any n, so a row gives what it gives alone up to the matmuls' sums. */
+int wl_moe_mlp(const wl_model *m, wl_moe_bufs *b, int li, void *x, const void *h, int n);
+/* The bytes of m's packed expert blocks, and the packing into dst (that
+ * many bytes of the task's device memory, copied in stream order): every
+ * MoE layer's experts_gu and experts_down point into dst afterwards. */
+size_t wl_moe_packed_bytes(const wl_model *m);
+int wl_moe_pack_device(wl_model *m, char *dst);
+/* The host backend's upload: packs the experts into m->host_block once. */
+int wl_moe_pack_host(wl_model *m);
 
 #endif

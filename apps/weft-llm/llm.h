@@ -92,6 +92,12 @@ int wl_st_write_header(FILE *out, const wl_st_spec *specs, size_t n);
 
 /* ---- configuration ------------------------------------------------------ */
 
+/* mlp_only_layers may name layers below this. */
+#define WL_MAX_LAYER_BITS 1024
+/* weft_moe_gate's limits. */
+#define WL_MAX_EXPERTS 256
+#define WL_MAX_EXPERTS_PER_TOKEN 8
+
 typedef enum wl_arch {
     WL_ARCH_LLAMA,
     WL_ARCH_MISTRAL,
@@ -121,18 +127,39 @@ typedef struct wl_config {
     int rope_llama3;
     double rope_factor, rope_low_freq, rope_high_freq;
     int rope_original_max;
-    /* mixture of experts (parsed and checked; the forward pass refuses) */
+    /* mixture of experts: experts > 0. moe_intermediate is an expert's
+     * MLP size (Mixtral's intermediate_size), shared_intermediate Qwen2-MoE's
+     * shared expert's (0: none). The router's softmax weights of a token's
+     * experts_per_token experts are renormalised to sum to 1 when
+     * norm_topk_prob (always for Mixtral). Qwen's dense layers: those in
+     * mlp_only_layers (a bitmap) and those where (layer + 1) is not a
+     * multiple of decoder_sparse_step (sparse_step). */
     int experts, experts_per_token, moe_intermediate, shared_intermediate;
+    int norm_topk_prob, sparse_step;
+    uint64_t mlp_only[WL_MAX_LAYER_BITS / 64];
 } wl_config;
 
 /* Parses and checks dir/config.json. */
 int wl_config_load(wl_config *c, const char *path);
+/* Whether layer's MLP is the mixture of experts (else the dense MLP of
+ * intermediate_size), as transformers builds the model. */
+int wl_config_layer_moe(const wl_config *c, int layer);
 
 /* ---- the model -------------------------------------------------------------- */
 
 typedef struct wl_layer {
     const void *attn_norm, *q, *k, *v, *o, *q_bias, *k_bias, *v_bias, *q_norm, *k_norm;
-    const void *mlp_norm, *gate, *up, *down;
+    const void *mlp_norm, *gate, *up, *down; /* the dense MLP (NULL in a MoE layer) */
+    /* A mixture-of-experts layer (moe set), E experts of MLP size I: */
+    int moe;
+    const void *router;       /* [E][hidden] */
+    const void **expert;      /* expert[3 e + 0, 1, 2]: expert e's gate and up [I][hidden] and
+                                 down [hidden][I], as bound (in the files' mappings) */
+    const void *experts_gu;   /* [E][2 I][hidden]: expert e's gate rows then its up rows */
+    const void *experts_down; /* [E][hidden][I] */
+    /* Qwen2-MoE's shared expert: a dense MLP of shared_intermediate whose
+     * output is scaled by sigmoid(h . shared_router) ([1][hidden]) */
+    const void *shared_gate, *shared_up, *shared_down, *shared_router;
 } wl_layer;
 
 typedef struct wl_model {
@@ -142,12 +169,17 @@ typedef struct wl_model {
     size_t n_files;
     const void *embed, *final_norm, *lm_head;
     wl_layer *layer;
-    void *device_block; /* weights copied to a GPU (NULL on the host backend) */
+    const void **expert_ptrs; /* what the layers' expert arrays point into */
+    void *device_block;       /* weights copied to a GPU (NULL on the host backend) */
+    void *host_block;         /* the experts packed on the host (moe.c) */
 } wl_model;
 
 /* Reads dir's config and safetensors (one file or an index of shards) and
  * binds every weight the forward pass needs, checking name, shape and dtype.
- * The mixture-of-experts architectures are refused here, by name. */
+ * A mixture-of-experts layer's experts are separate tensors in the files;
+ * the grouped matmul takes each layer's as one [E][...] block, which
+ * wl_model_upload packs (on the GPU, or in host memory for the host
+ * backend), so experts_gu and experts_down are NULL until then. */
 int wl_model_open(wl_model *m, const char *dir);
 void wl_model_close(wl_model *m);
 
@@ -233,7 +265,7 @@ int wl_chat_render(const wl_chat *c, json_t *messages, int add_generation_prompt
 /* ---- the random-model writer ---------------------------------------------- */
 
 typedef struct wl_write_opts {
-    const char *preset; /* tiny, 1b, 8b or moe */
+    const char *preset; /* tiny, 1b, 8b, moe (Mixtral) or qwen2moe */
     uint64_t seed;
     int config_only;    /* config, generation config, tokenizer and its config; no weights */
     size_t shard_bytes; /* split the weights into shards of about this size; 0: preset's */
@@ -347,7 +379,9 @@ int wl_forward_rows(wl_seq *s, const int32_t *ids, int n, const float **rows);
  * at once, and a generation's pages are reserved for its whole life
  * anyway); wl_seq_destroy gives them back. An error for pos out of range. */
 int wl_seq_rewind(wl_seq *s, int pos);
-/* Task only: copies the weights to the task's device when it has one. */
+/* Task only: copies the weights to the task's device when it has one; on
+ * the host backend packs a mixture of experts' weights (once, kept until
+ * wl_model_close; several tasks may call it at once there). */
 int wl_model_upload(wl_model *m);
 int wl_model_release(wl_model *m);
 

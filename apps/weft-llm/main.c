@@ -1,7 +1,7 @@
 /*
  * main.c - the weft-llm command line:
- *   weft-llm random-model DIR --preset tiny|1b|8b|moe [--seed N] [--config-only]
- *            [--shard-mb N]
+ *   weft-llm random-model DIR --preset tiny|1b|8b|moe|qwen2moe [--seed N]
+ *            [--config-only] [--shard-mb N]
  *   weft-llm generate MODEL_DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
  *            [--seed N] [--temperature T] [--top-k K] [--top-p P] [--backend host|cuda|auto]
  *            [--print-ids] [--print-top] [--kv-pages N] [--parallel N]
@@ -53,8 +53,8 @@ typedef struct gen {
 static int usage(void)
 {
     fprintf(stderr,
-            "usage: weft-llm random-model DIR --preset tiny|1b|8b|moe [--seed N] [--config-only] "
-            "[--shard-mb N]\n"
+            "usage: weft-llm random-model DIR --preset tiny|1b|8b|moe|qwen2moe [--seed N] "
+            "[--config-only] [--shard-mb N]\n"
             "       weft-llm generate MODEL_DIR (--prompt TEXT | --prompt-ids 1,2,3) "
             "[--max-tokens N] [--seed N] [--kv-pages N] [--parallel N]\n"
             "                [--temperature T] [--top-k K] [--top-p P] [--backend "

@@ -8,6 +8,12 @@
  * is one for the whole model (weft's ops take one dtype per call) and
  * torch_dtype's when the config names one. The pointers stay inside the
  * files' read-only mappings, so opening a model reads only the headers.
+ *
+ * Mixture-of-experts layers (Mixtral's block_sparse_moe, Qwen2-MoE's and
+ * Qwen3-MoE's mlp with its experts, Qwen2-MoE's shared expert) bind every
+ * expert's tensors one by one; packing them into the [E][...] blocks the
+ * grouped matmul reads waits for wl_model_upload (moe.c), so that opening
+ * a model (`weft-llm check`) still reads only the headers.
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -99,6 +105,42 @@ static int bind(binder *b, const char *dir, const char *name, uint64_t rows, uin
     return 0;
 }
 
+/* A mixture-of-experts MLP: the router, each expert's three matrices,
+ * Qwen2-MoE's shared expert and its gate. */
+static int bind_moe(binder *b, const char *dir, int i)
+{
+    const wl_config *c = &b->m->cfg;
+    wl_layer *L = &b->m->layer[i];
+    uint64_t H = (uint64_t)c->hidden, E = (uint64_t)c->experts, I = (uint64_t)c->moe_intermediate;
+    uint64_t S = (uint64_t)c->shared_intermediate;
+    int mixtral = c->arch == WL_ARCH_MIXTRAL;
+    const char *moe = mixtral ? "block_sparse_moe" : "mlp";
+    static const char *const names[2][3] = {{"gate_proj", "up_proj", "down_proj"},
+                                            {"w1", "w3", "w2"}};
+    char n[192];
+    snprintf(n, sizeof n, "model.layers.%d.%s.gate.weight", i, moe);
+    if (bind(b, dir, n, E, H, &L->router))
+        return -1;
+    for (int e = 0; e < c->experts; e++)
+        for (int j = 0; j < 3; j++) {
+            snprintf(n, sizeof n, "model.layers.%d.%s.experts.%d.%s.weight", i, moe, e,
+                     names[mixtral][j]);
+            if (bind(b, dir, n, j < 2 ? I : H, j < 2 ? H : I, &L->expert[3 * e + j]))
+                return -1;
+        }
+    if (!S)
+        return 0;
+#define BIND(suffix, rows, cols, field)                                                            \
+    (snprintf(n, sizeof n, "model.layers.%d.mlp.%s", i, suffix), bind(b, dir, n, rows, cols, field))
+    if (BIND("shared_expert.gate_proj.weight", S, H, &L->shared_gate) ||
+        BIND("shared_expert.up_proj.weight", S, H, &L->shared_up) ||
+        BIND("shared_expert.down_proj.weight", H, S, &L->shared_down) ||
+        BIND("shared_expert_gate.weight", 1, H, &L->shared_router))
+        return -1;
+#undef BIND
+    return 0;
+}
+
 static int bind_layer(binder *b, const char *dir, int i)
 {
     const wl_config *c = &b->m->cfg;
@@ -113,10 +155,18 @@ static int bind_layer(binder *b, const char *dir, int i)
         BIND("self_attn.k_proj.weight", kv, H, &L->k) ||
         BIND("self_attn.v_proj.weight", kv, H, &L->v) ||
         BIND("self_attn.o_proj.weight", H, q, &L->o) ||
-        BIND("post_attention_layernorm.weight", H, 0, &L->mlp_norm) ||
-        BIND("mlp.gate_proj.weight", I, H, &L->gate) || BIND("mlp.up_proj.weight", I, H, &L->up) ||
-        BIND("mlp.down_proj.weight", H, I, &L->down))
+        BIND("post_attention_layernorm.weight", H, 0, &L->mlp_norm))
         return -1;
+    L->moe = wl_config_layer_moe(c, i);
+    if (L->moe) {
+        L->expert = b->m->expert_ptrs + (size_t)i * 3 * c->experts;
+        if (bind_moe(b, dir, i))
+            return -1;
+    } else if (BIND("mlp.gate_proj.weight", I, H, &L->gate) ||
+               BIND("mlp.up_proj.weight", I, H, &L->up) ||
+               BIND("mlp.down_proj.weight", H, I, &L->down)) {
+        return -1;
+    }
     if (c->attention_bias && (BIND("self_attn.q_proj.bias", q, 0, &L->q_bias) ||
                               BIND("self_attn.k_proj.bias", kv, 0, &L->k_bias) ||
                               BIND("self_attn.v_proj.bias", kv, 0, &L->v_bias)))
@@ -153,10 +203,11 @@ int wl_model_open(wl_model *m, const char *dir)
     if (wl_config_load(&m->cfg, path))
         return -1;
     const wl_config *c = &m->cfg;
-    if (c->experts)
-        return wl_fail("%s: %s is a mixture-of-experts model (%d experts, %d per token); "
-                       "weft-llm reads its config but does not run its forward pass yet",
-                       dir, c->model_type, c->experts, c->experts_per_token);
+    if (c->experts > WL_MAX_EXPERTS || c->experts_per_token > WL_MAX_EXPERTS_PER_TOKEN)
+        return wl_fail("%s: %s has %d experts, %d per token; weft's router takes up to %d "
+                       "experts and %d per token",
+                       dir, c->model_type, c->experts, c->experts_per_token, WL_MAX_EXPERTS,
+                       WL_MAX_EXPERTS_PER_TOKEN);
     if (load_index(dir, &index, &b.weight_map))
         goto fail;
     if (!b.weight_map) {
@@ -164,7 +215,9 @@ int wl_model_open(wl_model *m, const char *dir)
         if (open_file(m, dir, "model.safetensors", &idx))
             goto fail;
     }
-    if (!(m->layer = calloc((size_t)c->layers, sizeof *m->layer))) {
+    if (!(m->layer = calloc((size_t)c->layers, sizeof *m->layer)) ||
+        (c->experts &&
+         !(m->expert_ptrs = calloc((size_t)c->layers * 3 * c->experts, sizeof *m->expert_ptrs)))) {
         wl_fail("out of memory");
         goto fail;
     }
@@ -194,7 +247,11 @@ void wl_model_close(wl_model *m)
         wl_st_close(&m->files[i]);
     free(m->files);
     free(m->layer);
+    free(m->expert_ptrs);
+    free(m->host_block);
     m->files = NULL;
     m->layer = NULL;
+    m->expert_ptrs = NULL;
+    m->host_block = NULL;
     m->n_files = 0;
 }

@@ -4,7 +4,8 @@
  * download.
  *
  * The weights are initialised as transformers initialises a fresh model
- * (normal, standard deviation 0.02; norm weights 1), stored as bf16. Each
+ * (normal, standard deviation 0.02; norm weights 1), stored as bf16; the
+ * MoE presets' experts, routers and biases wider (see list_tensors). Each
  * tensor draws from its own generator seeded by the model seed and the
  * tensor's position, so a seed names one model whatever the shard size.
  * The tokenizer is byte-level BPE learned from the English text below, so
@@ -48,6 +49,8 @@ static const char corpus[] =
     "groups of digits. Punctuation, quotes and brackets (like these) have tokens of their own, "
     "and so do the spaces and the new lines between the words.\n";
 
+enum { LLAMA, MIXTRAL, QWEN2_MOE };
+
 typedef struct preset {
     const char *name;
     int hidden, intermediate, layers, heads, kv_heads, head_dim, vocab, max_pos;
@@ -55,26 +58,39 @@ typedef struct preset {
     int tied, llama3_scaling;
     double scaling_factor;
     int bos, eos, im_start, experts, per_token; /* <|im_end|> is im_start + 1 */
+    /* mixture of experts: Mixtral's experts are intermediate wide; Qwen2-MoE's
+     * moe_intermediate, with a shared expert of shared_intermediate, and
+     * the layers in dense_mask keep a dense MLP (mlp_only_layers) */
+    int kind, moe_intermediate, shared_intermediate, dense_mask;
 } preset;
 
 /* Every preset's tokenizer has the 256 bytes and this many merges. */
 enum { MERGES = 254 };
 
 /* tiny fits a CI run on two cores; 1b and 8b have Llama 3.2 1B's and
- * Llama 3.1 8B's shapes; moe is a tiny Mixtral. tiny's vocabulary is
- * exactly its tokenizer's: the bytes, the merges between them and the BOS
- * and EOS (ids 256 and 257, which the merges skip), then the chat markers
- * last (512, 513), where they change no other token's id. The large
- * presets keep the small tokenizer below their vocab_size, as real models
- * pad theirs. */
+ * Llama 3.1 8B's shapes; moe is a tiny Mixtral, qwen2moe a tiny Qwen2-MoE
+ * (q/k/v biases, a shared expert, no renormalisation of the top k, its
+ * middle layer dense). tiny's vocabulary is exactly its tokenizer's: the
+ * bytes, the merges between them and the BOS and EOS (ids 256 and 257,
+ * which the merges skip), then the chat markers last (512, 513), where
+ * they change no other token's id. The large presets keep the small
+ * tokenizer below their vocab_size, as real models pad theirs. */
 static const preset presets[] = {
-    {"tiny", 64, 128, 2, 4, 2, 64, 514, 512, 10000.0, 0, 0, 0, 256, 257, 512, 0, 0},
-    {"1b", 2048, 8192, 16, 32, 8, 64, 128256, 131072, 500000.0, 1, 1, 32.0, 128000, 128001, 128002,
-     0, 0},
-    {"8b", 4096, 14336, 32, 32, 8, 128, 128256, 131072, 500000.0, 0, 1, 8.0, 128000, 128001, 128002,
-     0, 0},
-    {"moe", 64, 128, 2, 4, 2, 16, 514, 512, 1000000.0, 0, 0, 0, 256, 257, 512, 4, 2},
+    {"tiny", 64, 128, 2, 4, 2, 64, 514, 512, 10000.0, 0, 0, 0, 256, 257, 512, 0, 0, LLAMA, 0, 0, 0},
+    {"1b", 2048, 8192,   16,     32,     8, 64, 128256, 131072, 500000.0, 1,
+     1,    32.0, 128000, 128001, 128002, 0, 0,  LLAMA,  0,      0,        0},
+    {"8b", 4096, 14336,  32,     32,     8, 128, 128256, 131072, 500000.0, 0,
+     1,    8.0,  128000, 128001, 128002, 0, 0,   LLAMA,  0,      0,        0},
+    {"moe", 64, 128, 2,   4,   2, 64, 514,     512, 1000000.0, 0,
+     0,     0,  256, 257, 512, 4, 2,  MIXTRAL, 0,   0,         0},
+    {"qwen2moe", 64, 128, 3,   4,   2, 64, 514,       512, 1000000.0, 0,
+     0,          0,  256, 257, 512, 8, 2,  QWEN2_MOE, 32,  64,        1 << 1},
 };
+
+static int layer_is_moe(const preset *p, int i)
+{
+    return p->kind != LLAMA && !(p->dense_mask >> i & 1);
+}
 
 /* ChatML, written for these models: each message as
  * <|im_start|>role\ncontent<|im_end|>\n, then the assistant's opening. */
@@ -95,11 +111,13 @@ static int write_json(const char *dir, const char *name, json_t *j)
 
 static json_t *config_json(const preset *p)
 {
+    static const char *const type[] = {"llama", "mixtral", "qwen2_moe"};
+    static const char *const arch[] = {"LlamaForCausalLM", "MixtralForCausalLM",
+                                       "Qwen2MoeForCausalLM"};
     json_t *c = json_pack(
         "{s:s, s:[s], s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, "
         "s:b, s:i, s:[i, i], s:s, s:f, s:s, s:b, s:b}",
-        "model_type", p->experts ? "mixtral" : "llama", "architectures",
-        p->experts ? "MixtralForCausalLM" : "LlamaForCausalLM", "hidden_size", p->hidden,
+        "model_type", type[p->kind], "architectures", arch[p->kind], "hidden_size", p->hidden,
         "intermediate_size", p->intermediate, "num_hidden_layers", p->layers, "num_attention_heads",
         p->heads, "num_key_value_heads", p->kv_heads, "head_dim", p->head_dim, "vocab_size",
         p->vocab, "max_position_embeddings", p->max_pos, "rms_norm_eps", 1e-5, "rope_theta",
@@ -111,31 +129,48 @@ static json_t *config_json(const preset *p)
                             json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor",
                                       p->scaling_factor, "low_freq_factor", 1.0, "high_freq_factor",
                                       4.0, "original_max_position_embeddings", 8192));
-    if (p->experts) {
+    if (p->kind == MIXTRAL) {
         json_object_set_new(c, "num_local_experts", json_integer(p->experts));
         json_object_set_new(c, "num_experts_per_tok", json_integer(p->per_token));
+    } else if (p->kind == QWEN2_MOE) {
+        json_t *dense = json_array();
+        for (int i = 0; i < p->layers; i++)
+            if (!layer_is_moe(p, i))
+                json_array_append_new(dense, json_integer(i));
+        json_t *moe = json_pack("{s:i, s:i, s:i, s:i, s:b, s:i, s:o, s:b, s:b, s:b}", "num_experts",
+                                p->experts, "num_experts_per_tok", p->per_token,
+                                "moe_intermediate_size", p->moe_intermediate,
+                                "shared_expert_intermediate_size", p->shared_intermediate,
+                                "norm_topk_prob", 0, "decoder_sparse_step", 1, "mlp_only_layers",
+                                dense, "use_sliding_window", 0, "attention_bias", 1, "qkv_bias", 1);
+        json_object_update(c, moe);
+        json_decref(moe);
     }
     return c;
 }
 
-/* The tensors in file order, with what each is filled with. */
+/* The tensors in file order, with what each is filled with: normal draws
+ * of standard deviation sd, or ones (a norm's weight) where sd is 0. */
 typedef struct spec_list {
     wl_st_spec *s;
-    int *is_norm;
+    double *sd;
     size_t n, cap;
     char **names;
 } spec_list;
 
-static void add(spec_list *l, int norm, uint64_t rows, uint64_t cols, const char *fmt, ...)
+enum { ONES = 0 };
+#define INIT_SD 0.02 /* transformers' initializer_range */
+
+static void add(spec_list *l, double sd, uint64_t rows, uint64_t cols, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
-static void add(spec_list *l, int norm, uint64_t rows, uint64_t cols, const char *fmt, ...)
+static void add(spec_list *l, double sd, uint64_t rows, uint64_t cols, const char *fmt, ...)
 {
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 64;
         l->s = realloc(l->s, l->cap * sizeof *l->s);
-        l->is_norm = realloc(l->is_norm, l->cap * sizeof *l->is_norm);
+        l->sd = realloc(l->sd, l->cap * sizeof *l->sd);
         l->names = realloc(l->names, l->cap * sizeof *l->names);
-        if (!l->s || !l->is_norm || !l->names)
+        if (!l->s || !l->sd || !l->names)
             abort(); /* out of memory building a list of a few hundred names */
     }
     char name[160];
@@ -148,37 +183,61 @@ static void add(spec_list *l, int norm, uint64_t rows, uint64_t cols, const char
                               .dtype = WEFT_DTYPE_BF16,
                               .ndim = cols ? 2 : 1,
                               .shape = {rows, cols}};
-    l->is_norm[l->n++] = norm;
+    l->sd[l->n++] = sd;
 }
 
 static void list_tensors(const preset *p, spec_list *l)
 {
     uint64_t H = (uint64_t)p->hidden, I = (uint64_t)p->intermediate;
     uint64_t q = (uint64_t)p->heads * p->head_dim, kv = (uint64_t)p->kv_heads * p->head_dim;
-    add(l, 0, (uint64_t)p->vocab, H, "model.embed_tokens.weight");
+    /* The MoE presets' routers, experts and shared experts, and Qwen2-MoE's
+     * biases, are drawn wider than a fresh model's 0.02: at 0.02 a tiny
+     * model's MLP adds a hundredth of its residual stream, so neither the
+     * routing nor the experts would show in the logits that tests compare.
+     * These make the experts' sum about as large as the rest of it. */
+    double router = 0.1, expert = p->kind == MIXTRAL ? 0.05 : 0.1, shared = 0.08, bias = 0.1;
+    add(l, INIT_SD, (uint64_t)p->vocab, H, "model.embed_tokens.weight");
     for (int i = 0; i < p->layers; i++) {
-        add(l, 1, H, 0, "model.layers.%d.input_layernorm.weight", i);
-        add(l, 0, q, H, "model.layers.%d.self_attn.q_proj.weight", i);
-        add(l, 0, kv, H, "model.layers.%d.self_attn.k_proj.weight", i);
-        add(l, 0, kv, H, "model.layers.%d.self_attn.v_proj.weight", i);
-        add(l, 0, H, q, "model.layers.%d.self_attn.o_proj.weight", i);
-        add(l, 1, H, 0, "model.layers.%d.post_attention_layernorm.weight", i);
-        if (p->experts) {
-            add(l, 0, (uint64_t)p->experts, H, "model.layers.%d.block_sparse_moe.gate.weight", i);
+        add(l, ONES, H, 0, "model.layers.%d.input_layernorm.weight", i);
+        add(l, INIT_SD, q, H, "model.layers.%d.self_attn.q_proj.weight", i);
+        add(l, INIT_SD, kv, H, "model.layers.%d.self_attn.k_proj.weight", i);
+        add(l, INIT_SD, kv, H, "model.layers.%d.self_attn.v_proj.weight", i);
+        add(l, INIT_SD, H, q, "model.layers.%d.self_attn.o_proj.weight", i);
+        if (p->kind == QWEN2_MOE) {
+            add(l, bias, q, 0, "model.layers.%d.self_attn.q_proj.bias", i);
+            add(l, bias, kv, 0, "model.layers.%d.self_attn.k_proj.bias", i);
+            add(l, bias, kv, 0, "model.layers.%d.self_attn.v_proj.bias", i);
+        }
+        add(l, ONES, H, 0, "model.layers.%d.post_attention_layernorm.weight", i);
+        if (layer_is_moe(p, i) && p->kind == MIXTRAL) {
+            add(l, router, (uint64_t)p->experts, H, "model.layers.%d.block_sparse_moe.gate.weight",
+                i);
             for (int e = 0; e < p->experts; e++) {
-                add(l, 0, I, H, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", i, e);
-                add(l, 0, H, I, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", i, e);
-                add(l, 0, I, H, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", i, e);
+                add(l, expert, I, H, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", i, e);
+                add(l, expert, H, I, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", i, e);
+                add(l, expert, I, H, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", i, e);
             }
+        } else if (layer_is_moe(p, i)) {
+            uint64_t M = (uint64_t)p->moe_intermediate, S = (uint64_t)p->shared_intermediate;
+            add(l, router, (uint64_t)p->experts, H, "model.layers.%d.mlp.gate.weight", i);
+            for (int e = 0; e < p->experts; e++) {
+                add(l, expert, M, H, "model.layers.%d.mlp.experts.%d.gate_proj.weight", i, e);
+                add(l, expert, M, H, "model.layers.%d.mlp.experts.%d.up_proj.weight", i, e);
+                add(l, expert, H, M, "model.layers.%d.mlp.experts.%d.down_proj.weight", i, e);
+            }
+            add(l, shared, S, H, "model.layers.%d.mlp.shared_expert.gate_proj.weight", i);
+            add(l, shared, S, H, "model.layers.%d.mlp.shared_expert.up_proj.weight", i);
+            add(l, shared, H, S, "model.layers.%d.mlp.shared_expert.down_proj.weight", i);
+            add(l, router, 1, H, "model.layers.%d.mlp.shared_expert_gate.weight", i);
         } else {
-            add(l, 0, I, H, "model.layers.%d.mlp.gate_proj.weight", i);
-            add(l, 0, I, H, "model.layers.%d.mlp.up_proj.weight", i);
-            add(l, 0, H, I, "model.layers.%d.mlp.down_proj.weight", i);
+            add(l, INIT_SD, I, H, "model.layers.%d.mlp.gate_proj.weight", i);
+            add(l, INIT_SD, I, H, "model.layers.%d.mlp.up_proj.weight", i);
+            add(l, INIT_SD, H, I, "model.layers.%d.mlp.down_proj.weight", i);
         }
     }
-    add(l, 1, H, 0, "model.norm.weight");
+    add(l, ONES, H, 0, "model.norm.weight");
     if (!p->tied)
-        add(l, 0, (uint64_t)p->vocab, H, "lm_head.weight");
+        add(l, INIT_SD, (uint64_t)p->vocab, H, "lm_head.weight");
 }
 
 static uint64_t spec_bytes(const wl_st_spec *s)
@@ -186,7 +245,7 @@ static uint64_t spec_bytes(const wl_st_spec *s)
     return s->shape[0] * (s->ndim == 2 ? s->shape[1] : 1) * 2;
 }
 
-static int fill(FILE *f, const wl_st_spec *s, int norm, uint64_t seed)
+static int fill(FILE *f, const wl_st_spec *s, double sd, uint64_t seed)
 {
     enum { CHUNK = 1 << 16 };
     static uint16_t buf[CHUNK];
@@ -194,11 +253,11 @@ static int fill(FILE *f, const wl_st_spec *s, int norm, uint64_t seed)
     while (count) {
         size_t n = count < CHUNK ? (size_t)count : CHUNK;
         for (size_t i = 0; i < n; i += 2) { /* Box-Muller gives two normals a draw */
-            double r = 0.02 * sqrt(-2.0 * log1p(-wl_rand_uniform(&state)));
+            double r = sd * sqrt(-2.0 * log1p(-wl_rand_uniform(&state)));
             double a = 2.0 * M_PI * wl_rand_uniform(&state);
-            wl_store(WEFT_DTYPE_BF16, buf, i, norm ? 1.0f : (float)(r * cos(a)));
+            wl_store(WEFT_DTYPE_BF16, buf, i, sd == ONES ? 1.0f : (float)(r * cos(a)));
             if (i + 1 < n)
-                wl_store(WEFT_DTYPE_BF16, buf, i + 1, norm ? 1.0f : (float)(r * sin(a)));
+                wl_store(WEFT_DTYPE_BF16, buf, i + 1, sd == ONES ? 1.0f : (float)(r * sin(a)));
         }
         if (fwrite(buf, 2, n, f) != n)
             return wl_fail("write failed: %s", strerror(errno));
@@ -215,7 +274,7 @@ static int write_shard(const char *path, const spec_list *l, size_t from, size_t
     int rc = wl_st_write_header(f, l->s + from, to - from);
     for (size_t i = from; !rc && i < to; i++) {
         uint64_t ts = seed ^ (0x9e3779b97f4a7c15ull * (i + 1));
-        rc = fill(f, &l->s[i], l->is_norm[i], wl_rand_next(&ts));
+        rc = fill(f, &l->s[i], l->sd[i], wl_rand_next(&ts));
     }
     if (fclose(f) && !rc)
         rc = wl_fail("%s: %s", path, strerror(errno));
@@ -263,7 +322,7 @@ static int write_weights(const char *dir, const preset *p, const wl_write_opts *
     for (size_t i = 0; i < l.n; i++)
         free(l.names[i]);
     free(l.s);
-    free(l.is_norm);
+    free(l.sd);
     free(l.names);
     return rc;
 }
@@ -275,7 +334,7 @@ int wl_write_random_model(const char *dir, const wl_write_opts *o)
         if (!strcmp(o->preset, presets[i].name))
             p = &presets[i];
     if (!p)
-        return wl_fail("unknown preset \"%s\" (tiny, 1b, 8b or moe)", o->preset);
+        return wl_fail("unknown preset \"%s\" (tiny, 1b, 8b, moe or qwen2moe)", o->preset);
     if (mkdir(dir, 0777) && errno != EEXIST)
         return wl_fail("%s: %s", dir, strerror(errno));
     const char *special[] = {"<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"};

@@ -5,19 +5,26 @@
     weft-llm generate /tmp/tiny --prompt "The old woman" --max-tokens 16 --print-ids
     python3 tests/apps/llm_reference.py /tmp/tiny --prompt "The old woman" --max-tokens 16
 
-Loads the folder with LlamaForCausalLM in bf16 (as weft-llm runs it; --dtype
+The same for the mixture-of-experts presets (--preset moe, a Mixtral; --preset
+qwen2moe, a Qwen2-MoE with a shared expert and a dense middle layer).
+
+Loads the folder with the class its config names (AutoModelForCausalLM: Llama,
+Mixtral, Qwen2-MoE, ...) in bf16 (as weft-llm runs it; --dtype
 float32 for a check without bf16 rounding), encodes the prompt with the
 folder's tokenizer.json through transformers (or takes --prompt-ids), and
 prints the prompt ids and the greedy ids in weft-llm's --print-ids format,
 then, per step, the top two logits and their gap. A random model's logits
 are close together: where the gap is below bf16's resolution (about 1/128 of
 the logits' size) the two programs may take different tokens and differ from
-there on, without either being wrong. Needs torch and transformers.
+there on, without either being wrong. A mixture of experts adds another such
+place: a token whose router logits for its k-th and (k+1)-th experts are
+within bf16's resolution may be routed differently by the two. Needs torch and
+transformers.
 """
 import argparse
 
 import torch
-from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 
 def main():
@@ -30,7 +37,7 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args()
     dtype = getattr(torch, a.dtype)
-    model = LlamaForCausalLM.from_pretrained(a.model, torch_dtype=dtype,
+    model = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=dtype,
                                              attn_implementation="eager").to(a.device).eval()
     if a.prompt_ids:
         ids = [int(x) for x in a.prompt_ids.split(",")]

@@ -2,8 +2,8 @@
  * test_llm.c - weft-llm end to end on the host backend: the tokenizer
  * (round trips through UTF-8 with emoji, CJK and broken bytes; GPT-2's
  * published ids from its real tokenizer.json; Llama 3's when its file is
- * given), the forward pass of a random tiny model against a float64
- * reference written here with plain loops, and the command line: write a
+ * given), the forward pass of a random tiny model against the float64
+ * reference of llm_ref.h, and the command line: write a
  * model, generate from it deterministically, and its errors.
  */
 #include <stdarg.h>
@@ -17,6 +17,7 @@
 #include <jansson.h>
 
 #include "llm_test.h"
+#include "llm_ref.h"
 
 static char *dir, *model_dir;
 static uint64_t seed;
@@ -232,257 +233,7 @@ static void test_tokenizer_llama3_known_ids(void **state)
     wl_tokenizer_free(tk);
 }
 
-/* ---- forward pass against a float64 reference --------------------------- */
-
-/* The reference keeps every activation in double but rounds it to the
- * model's dtype where weft-llm stores it between ops, so the two differ
- * only by fp32 against double arithmetic inside each op (RoPE excepted:
- * its fp32 rotation is part of its contract, and mirrored). */
-typedef struct ref {
-    const wl_model *m;
-    int pos;
-    double *kc, *vc; /* [layer][pos][kv_dim] */
-} ref;
-
-static double w(const wl_model *m, const void *p, size_t i)
-{
-    return wl_load(m->dtype, p, i);
-}
-
-static double rnd(const wl_model *m, double v)
-{
-    return wl_round(m->dtype, v);
-}
-
-static void rmsnorm(const wl_model *m, double *out, const double *x, const void *weight, int n)
-{
-    double ss = 0;
-    for (int i = 0; i < n; i++)
-        ss += x[i] * x[i];
-    double r = 1.0 / sqrt(ss / n + m->cfg.rms_eps);
-    for (int i = 0; i < n; i++)
-        out[i] = rnd(m, x[i] * r * w(m, weight, (size_t)i));
-}
-
-/* out[o] = sum_i x[i] W[o][i] (+ add[o]) */
-static void matvec(const wl_model *m, double *out, const double *x, const void *W, int n_out,
-                   int n_in, const double *add, int round)
-{
-    for (int o = 0; o < n_out; o++) {
-        double s = add ? add[o] : 0;
-        for (int i = 0; i < n_in; i++)
-            s += x[i] * w(m, W, (size_t)o * n_in + i);
-        out[o] = round ? rnd(m, s) : s;
-    }
-}
-
-/* The rotary frequency of pair i; Llama 3's scaling written out as its
- * paper gives it: wavelengths under original / high_freq kept, over
- * original / low_freq divided by factor, a linear blend in 1/wavelength
- * between. */
-static double freq(const wl_config *c, int i)
-{
-    double f = pow(c->rope_theta, -2.0 * i / c->head_dim);
-    if (!c->rope_llama3)
-        return f;
-    double ratio = c->rope_original_max * f / (2 * M_PI); /* original / wavelength */
-    if (ratio > c->rope_high_freq)
-        return f;
-    if (ratio < c->rope_low_freq)
-        return f / c->rope_factor;
-    double t = (ratio - c->rope_low_freq) / (c->rope_high_freq - c->rope_low_freq);
-    return t * f + (1 - t) * f / c->rope_factor;
-}
-
-/* As weft_rope documents it: the angle, its sine and cosine in double,
- * rounded to fp32; the rotation in fp32 (so that the reference rounds to
- * bf16 from the same fp32 value and no rotated element rounds the other
- * way). */
-static void rope(const wl_model *m, double *v, int heads, int pos)
-{
-    int hd = m->cfg.head_dim, half = hd / 2;
-    for (int h = 0; h < heads; h++)
-        for (int i = 0; i < half; i++) {
-            double a = pos * freq(&m->cfg, i);
-            float cs = (float)cos(a), sn = (float)sin(a);
-            float x = (float)v[h * hd + i], y = (float)v[h * hd + i + half];
-            float rx = x * cs - y * sn, ry = x * sn + y * cs;
-            v[h * hd + i] = rnd(m, rx);
-            v[h * hd + i + half] = rnd(m, ry);
-        }
-}
-
-/* Qwen2's biases: out = x W^T + b, rounded once. */
-static void matvec_bias(const wl_model *m, double *out, const double *x, const void *W,
-                        const void *b, int n_out, int n_in)
-{
-    double add[256];
-    for (int o = 0; b && o < n_out; o++)
-        add[o] = w(m, b, (size_t)o);
-    matvec(m, out, x, W, n_out, n_in, b ? add : NULL, 1);
-}
-
-/* Qwen3's RMSNorm over each head. */
-static void head_norm(const wl_model *m, double *v, int heads, const void *weight)
-{
-    int hd = m->cfg.head_dim;
-    for (int h = 0; h < heads; h++) {
-        double tmp[256];
-        memcpy(tmp, v + h * hd, hd * sizeof *tmp);
-        rmsnorm(m, v + h * hd, tmp, weight, hd);
-    }
-}
-
-static void ref_token(ref *r, int32_t id, double *logits)
-{
-    const wl_model *m = r->m;
-    const wl_config *c = &m->cfg;
-    int H = c->hidden, I = c->intermediate, hd = c->head_dim;
-    int qd = c->heads * hd, kvd = c->kv_heads * hd, group = c->heads / c->kv_heads;
-    double x[256], h[256], q[256], k[256], v[256], att[256], g[512], u[512];
-    assert_true(H <= 256 && qd <= 256 && I <= 512);
-    for (int i = 0; i < H; i++)
-        x[i] = w(m, m->embed, (size_t)id * H + i);
-    for (int l = 0; l < c->layers; l++) {
-        const wl_layer *L = &m->layer[l];
-        rmsnorm(m, h, x, L->attn_norm, H);
-        matvec_bias(m, q, h, L->q, L->q_bias, qd, H);
-        matvec_bias(m, k, h, L->k, L->k_bias, kvd, H);
-        matvec_bias(m, v, h, L->v, L->v_bias, kvd, H);
-        if (c->qk_norm) {
-            head_norm(m, q, c->heads, L->q_norm);
-            head_norm(m, k, c->kv_heads, L->k_norm);
-        }
-        rope(m, q, c->heads, r->pos);
-        rope(m, k, c->kv_heads, r->pos);
-        double *kc = r->kc + (size_t)l * 64 * kvd, *vc = r->vc + (size_t)l * 64 * kvd;
-        memcpy(kc + (size_t)r->pos * kvd, k, kvd * sizeof *k);
-        memcpy(vc + (size_t)r->pos * kvd, v, kvd * sizeof *v);
-        for (int hh = 0; hh < c->heads; hh++) {
-            int ko = (hh / group) * hd;
-            double s[64], mx = -INFINITY, sum = 0;
-            int lo = c->sliding_window && r->pos >= c->sliding_window
-                         ? r->pos - c->sliding_window + 1
-                         : 0; /* Mistral: the last sliding_window positions */
-            for (int j = 0; j < lo; j++)
-                s[j] = 0;
-            for (int j = lo; j <= r->pos; j++) {
-                s[j] = 0;
-                for (int i = 0; i < hd; i++)
-                    s[j] += q[hh * hd + i] * kc[(size_t)j * kvd + ko + i];
-                s[j] /= sqrt(hd);
-                mx = fmax(mx, s[j]);
-            }
-            for (int j = lo; j <= r->pos; j++)
-                sum += s[j] = exp(s[j] - mx);
-            for (int i = 0; i < hd; i++) {
-                double o = 0;
-                for (int j = lo; j <= r->pos; j++)
-                    o += s[j] / sum * vc[(size_t)j * kvd + ko + i];
-                att[hh * hd + i] = rnd(m, o);
-            }
-        }
-        matvec(m, x, att, L->o, H, qd, x, 1);
-        rmsnorm(m, h, x, L->mlp_norm, H);
-        matvec(m, g, h, L->gate, I, H, NULL, 1);
-        matvec(m, u, h, L->up, I, H, NULL, 1);
-        for (int i = 0; i < I; i++)
-            g[i] = rnd(m, g[i] / (1 + exp(-g[i])) * u[i]);
-        matvec(m, x, g, L->down, H, I, x, 1);
-    }
-    rmsnorm(m, h, x, m->final_norm, H);
-    matvec(m, logits, h, m->lm_head, c->vocab, H, NULL, 0);
-    r->pos++;
-}
-
-/* What the logits must differ from, by more than the tolerance, to show
- * that the comparison can tell: nothing, or a reference that ignores Llama
- * 3's RoPE scaling, or one whose sliding window is a token shorter or
- * longer (the window's convention, off by one either way). */
-enum { ALT_NONE, ALT_UNSCALED, ALT_WINDOW_SHORTER, ALT_WINDOW_LONGER };
-
-static void check_forward(const char *model, int alt)
-{
-    int unscaled = alt != ALT_NONE;
-    wl_model m;
-    if (wl_model_open(&m, model))
-        fail_msg("%s", wl_error());
-    printf("  %s\n", model);
-    int V = m.cfg.vocab, n_prompt = 6, n_total = 9, steps = n_total - n_prompt + 1;
-    uint64_t st = seed ^ 0x5eed;
-    int32_t ids[9];
-    for (int i = 0; i < n_total; i++)
-        ids[i] = (int32_t)(wl_rand_next(&st) % (uint64_t)V);
-    float *got = malloc((size_t)steps * V * 4);
-    char message[512];
-    if (run_forward(WEFT_BACKEND_HOST, model, ids, n_prompt, n_total, got, message))
-        fail_msg("forward: %s", message);
-
-    ref r = {&m, 0, calloc(2 * 64 * 128, sizeof(double)), calloc(2 * 64 * 128, sizeof(double))};
-    wl_model m_plain = m;
-    if (alt == ALT_UNSCALED)
-        m_plain.cfg.rope_llama3 = 0;
-    else if (alt == ALT_WINDOW_SHORTER || alt == ALT_WINDOW_LONGER)
-        m_plain.cfg.sliding_window += alt == ALT_WINDOW_SHORTER ? -1 : 1;
-    ref plain = {&m_plain, 0, calloc(2 * 64 * 128, sizeof(double)),
-                 calloc(2 * 64 * 128, sizeof(double))};
-    double worst_plain = 0, max_scale = 0;
-    double *want = malloc((size_t)V * sizeof *want);
-    for (int i = 0; i < n_total; i++) {
-        ref_token(&r, ids[i], want);
-        if (i < n_prompt - 1) {
-            if (unscaled)
-                ref_token(&plain, ids[i], want);
-            continue;
-        }
-        const float *g = got + (size_t)(i - n_prompt + 1) * V;
-        double scale = 0, worst = 0;
-        int arg_w = 0, arg_g = 0;
-        for (int k = 0; k < V; k++) {
-            scale = fmax(scale, fabs(want[k]));
-            worst = fmax(worst, fabs(g[k] - want[k]));
-            if (isnan(g[k]))
-                fail_msg("logit %d of token %d was not written", k, i);
-            arg_w = want[k] > want[arg_w] ? k : arg_w;
-            arg_g = g[k] > g[arg_g] ? k : arg_g;
-        }
-        max_scale = fmax(max_scale, scale);
-        /* bf16 keeps 8 significant bits: one unit in its last place at the
-         * logits' scale is scale / 128. The host ops compute as the
-         * reference does (fp32, one rounding to bf16), so an activation
-         * that rounds the other way is rare (a few runs in ten; seen to move
-         * a logit by up to half a unit through sharp attention): one unit
-         * is the bound, which the RoPE scaling's effect exceeds many times
-         * (the unscaled check). */
-        double unit = scale / 128, tol = unit;
-        printf("  token %d: max |logit| %.4f, max difference %.2e (%.5f of a bf16 unit), "
-               "argmax %d / %d\n",
-               i, scale, worst, worst / unit, arg_g, arg_w);
-        assert_true(worst <= tol);
-        assert_true(scale > 0.01); /* not a degenerate model */
-        if (unscaled) {
-            double off = 0;
-            ref_token(&plain, ids[i], want);
-            for (int k = 0; k < V; k++)
-                off = fmax(off, fabs(g[k] - want[k]));
-            printf("    against the reference %s: %.2e\n",
-                   alt == ALT_UNSCALED         ? "without the RoPE scaling"
-                   : alt == ALT_WINDOW_SHORTER ? "with a window a token shorter"
-                                               : "with a window a token longer",
-                   off);
-            worst_plain = fmax(worst_plain, off);
-        }
-    }
-    if (unscaled)
-        assert_true(worst_plain > 4 * max_scale / 128); /* far past the tolerance */
-    free(want);
-    free(r.kc);
-    free(r.vc);
-    free(plain.kc);
-    free(plain.vc);
-    free(got);
-    wl_model_close(&m);
-}
+/* ---- forward pass against a float64 reference (llm_ref.h) ---------------- */
 
 /* A copy of the tiny model as another architecture: model_type and the
  * fields of extra set in its config, with Qwen2's biases or Qwen3's
@@ -570,7 +321,7 @@ static char *make_variant(const char *name, const char *model_type, json_t *extr
 static void test_forward_matches_float64_reference(void **state)
 {
     (void)state;
-    check_forward(model_dir, ALT_NONE);
+    check_forward(model_dir, ALT_NONE, seed);
 }
 
 /* Llama 3's scaled RoPE (original 32 positions, so that the tiny head's
@@ -596,11 +347,11 @@ static void test_forward_variants_match_reference(void **state)
     variant_dtype = WEFT_DTYPE_F32;
     v[5] = make_variant("fp32", "llama", json_pack("{s:s}", "torch_dtype", "float32"), 0, 0);
     variant_dtype = WEFT_DTYPE_BF16;
-    check_forward(v[0], ALT_UNSCALED);
-    check_forward(v[1], ALT_WINDOW_SHORTER);
-    check_forward(v[1], ALT_WINDOW_LONGER);
+    check_forward(v[0], ALT_UNSCALED, seed);
+    check_forward(v[1], ALT_WINDOW_SHORTER, seed);
+    check_forward(v[1], ALT_WINDOW_LONGER, seed);
     for (int i = 2; i < 5; i++)
-        check_forward(v[i], ALT_NONE);
+        check_forward(v[i], ALT_NONE, seed);
     int32_t ids[2] = {1, 2};
     float logits[2 * TINY_VOCAB];
     char message[512];
@@ -633,7 +384,8 @@ static void test_forward_continuing_a_cache(void **state)
     char message[512];
     if (run_forward_steps(WEFT_BACKEND_HOST, model, ids, PROMPT, N, STEP, got, message))
         fail_msg("forward: %s", message);
-    ref r = {&m, 0, calloc(2 * 64 * 128, sizeof(double)), calloc(2 * 64 * 128, sizeof(double))};
+    ref r = {&m, 0, calloc(2 * 64 * 128, sizeof(double)), calloc(2 * 64 * 128, sizeof(double)),
+             ALT_NONE};
     double *want = malloc((size_t)V * sizeof *want);
     int last[3] = {PROMPT - 1, PROMPT + STEP - 1, N - 1};
     for (int i = 0, k = 0; i < N; i++) {

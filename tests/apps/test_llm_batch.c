@@ -3,7 +3,8 @@
  * batcher task and wl_forward_batch against each sequence run alone with
  * the one-sequence path (wl_forward), the KV pages coming back, a sequence
  * stopped midway leaving the others going, wl_forward_batch's errors, and
- * generate --parallel on the command line.
+ * generate --parallel on the command line; for the tiny Llama and the
+ * mixture-of-experts presets (Mixtral, Qwen2-MoE).
  * Token ids and the model are drawn from the printed seed.
  */
 #include <stdarg.h>
@@ -14,8 +15,9 @@
 
 #include "llm_test.h"
 
-static char *dir, *model_dir;
+static char *dir, *model_dir, *moe_dirs[2];
 static uint64_t seed;
+static const char *const moe_presets[2] = {"moe", "qwen2moe"}; /* Mixtral, Qwen2-MoE */
 
 static int setup(void **state)
 {
@@ -30,6 +32,14 @@ static int setup(void **state)
         fprintf(stderr, "%s\n", wl_error());
         return -1;
     }
+    for (int i = 0; i < 2; i++) {
+        moe_dirs[i] = path_in(dir, moe_presets[i]);
+        wl_write_opts mo = {.preset = moe_presets[i], .seed = seed};
+        if (wl_write_random_model(moe_dirs[i], &mo)) {
+            fprintf(stderr, "%s\n", wl_error());
+            return -1;
+        }
+    }
     return 0;
 }
 
@@ -39,6 +49,8 @@ static int teardown(void **state)
     remove_scratch(dir);
     free(dir);
     free(model_dir);
+    free(moe_dirs[0]);
+    free(moe_dirs[1]);
     return 0;
 }
 
@@ -51,9 +63,8 @@ static const int prompt_len[SEQS] = {5, 3, 7, 4, 2};
 static const int total_len[SEQS] = {9, 14, 12, 13, 14};
 enum { STOP = 2, CANCEL = 3 };
 
-static void test_batched_decode_matches_alone(void **state)
+static void batched_decode_matches_alone(const char *model)
 {
-    (void)state;
     enum { STEPS = MAX_TOTAL };
     int32_t ids[SEQS][MAX_TOTAL];
     uint64_t st = seed ^ 0xba7c;
@@ -66,7 +77,7 @@ static void test_batched_decode_matches_alone(void **state)
     for (int q = 0; q < SEQS; q++) {
         for (int i = 0; i < MAX_TOTAL; i++)
             ids[q][i] = (int32_t)(wl_rand_next(&st) % V);
-        if (run_forward(WEFT_BACKEND_HOST, model_dir, ids[q], prompt_len[q], total_len[q],
+        if (run_forward(WEFT_BACKEND_HOST, model, ids[q], prompt_len[q], total_len[q],
                         alone + (size_t)q * STEPS * V, msg))
             fail_msg("alone: %s", msg);
         r.ids[q] = ids[q];
@@ -76,7 +87,8 @@ static void test_batched_decode_matches_alone(void **state)
         r.cancel[q] = q == 4 ? CANCEL : 0;
         r.logits[q] = together + (size_t)q * STEPS * V;
     }
-    if (run_batched(WEFT_BACKEND_HOST, model_dir, &r))
+    printf("  %s\n", model);
+    if (run_batched(WEFT_BACKEND_HOST, model, &r))
         fail_msg("batched: %s", r.message);
     assert_int_equal(r.free_pages, PAGES); /* every page back */
     long want_rows = 0;
@@ -108,6 +120,16 @@ static void test_batched_decode_matches_alone(void **state)
     assert_true(worst <= scale / 128);
     free(alone);
     free(together);
+}
+
+/* The tiny Llama, and the MoE presets: their experts run over the batch's
+ * rows in one grouped matmul per projection, each row routed as alone. */
+static void test_batched_decode_matches_alone(void **state)
+{
+    (void)state;
+    batched_decode_matches_alone(model_dir);
+    for (int i = 0; i < 2; i++)
+        batched_decode_matches_alone(moe_dirs[i]);
 }
 
 /* wl_forward_batch refuses, before anything runs, a sequence with no

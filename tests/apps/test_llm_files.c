@@ -3,7 +3,8 @@
  * files good and hostile (each refusal with its own message, never a read
  * past the file), config.json fields and their checks, and a model folder
  * whose weights do not match its config (a missing tensor, a wrong shape,
- * a wrong dtype), one file or shards.
+ * a wrong dtype), one file or shards; mixture-of-experts folders (the
+ * experts bound, each mismatch refused naming the tensor).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -187,6 +188,37 @@ static void expect_model_error(const char *d, const char *message)
         fail_msg("expected \"%s\" in \"%s\"", message, wl_error());
 }
 
+/* Rewrites d/model.safetensors without the tensor named drop. */
+static void drop_tensor(const char *d, const char *drop)
+{
+    char *p = path_in(d, "model.safetensors"), *q = path_in(d, "cut.safetensors");
+    wl_st_file f;
+    assert_int_equal(wl_st_open(&f, p), 0);
+    wl_st_spec *specs = calloc(f.count, sizeof *specs);
+    size_t n = 0;
+    for (size_t i = 0; i < f.count; i++) {
+        if (!strcmp(f.tensors[i].name, drop))
+            continue;
+        specs[n] = (wl_st_spec){
+            .name = f.tensors[i].name, .dtype = f.tensors[i].dtype, .ndim = f.tensors[i].ndim};
+        memcpy(specs[n].shape, f.tensors[i].shape, sizeof specs[n].shape);
+        n++;
+    }
+    assert_int_equal(n + 1, f.count); /* it was there */
+    FILE *out = fopen(q, "wb");
+    assert_int_equal(wl_st_write_header(out, specs, n), 0);
+    for (size_t i = 0; i < n; i++) {
+        const wl_tensor *t = wl_st_find(&f, specs[i].name);
+        assert_int_equal(fwrite(t->data, 1, t->nbytes, out), t->nbytes);
+    }
+    assert_int_equal(fclose(out), 0);
+    wl_st_close(&f);
+    free(specs);
+    assert_int_equal(rename(q, p), 0);
+    free(p);
+    free(q);
+}
+
 static void test_model_folder_checks(void **state)
 {
     (void)state;
@@ -229,35 +261,98 @@ static void test_model_folder_checks(void **state)
     edit_config(d, "attention_bias", json_false());
 
     /* the same weights without one tensor */
-    char *p = path_in(d, "model.safetensors"), *q = path_in(d, "cut.safetensors");
-    wl_st_file f;
-    assert_int_equal(wl_st_open(&f, p), 0);
-    wl_st_spec *specs = calloc(f.count, sizeof *specs);
-    size_t n = 0;
-    for (size_t i = 0; i < f.count; i++) {
-        if (!strcmp(f.tensors[i].name, "model.layers.1.mlp.up_proj.weight"))
-            continue;
-        specs[n] = (wl_st_spec){
-            .name = f.tensors[i].name, .dtype = f.tensors[i].dtype, .ndim = f.tensors[i].ndim};
-        memcpy(specs[n].shape, f.tensors[i].shape, sizeof specs[n].shape);
-        n++;
-    }
-    FILE *out = fopen(q, "wb");
-    assert_int_equal(wl_st_write_header(out, specs, n), 0);
-    for (size_t i = 0; i < n; i++) {
-        const wl_tensor *t = wl_st_find(&f, specs[i].name);
-        assert_int_equal(fwrite(t->data, 1, t->nbytes, out), t->nbytes);
-    }
-    assert_int_equal(fclose(out), 0);
-    wl_st_close(&f);
-    free(specs);
-    assert_int_equal(rename(q, p), 0);
+    drop_tensor(d, "model.layers.1.mlp.up_proj.weight");
     expect_model_error(d, "tensor model.layers.1.mlp.up_proj.weight is missing from "
                           "model.safetensors");
+    char *p = path_in(d, "model.safetensors");
     assert_int_equal(unlink(p), 0);
     expect_model_error(d, "model.safetensors: No such file");
     free(p);
-    free(q);
+    free(d);
+}
+
+static char *preset_model(const char *preset, const char *name)
+{
+    char *d = path_in(dir, name);
+    wl_write_opts o = {.preset = preset, .seed = 9};
+    if (wl_write_random_model(d, &o))
+        fail_msg("%s", wl_error());
+    return d;
+}
+
+/* The MoE presets open with every expert bound, and a folder whose experts
+ * do not match its config is refused naming the tensor: one missing, one
+ * of the wrong shape, fewer than the config counts, a shared expert or its
+ * gate missing or mis-sized, a layer made sparse whose experts are absent;
+ * and routers past weft's (256 experts, 8 a token). */
+static void test_moe_folder_checks(void **state)
+{
+    (void)state;
+    char *d = preset_model("moe", "moe");
+    wl_model m;
+    assert_int_equal(wl_model_open(&m, d), 0);
+    assert_int_equal(m.cfg.arch, WL_ARCH_MIXTRAL);
+    assert_int_equal(m.cfg.experts, 4);
+    assert_int_equal(m.cfg.experts_per_token, 2);
+    assert_int_equal(m.cfg.moe_intermediate, 128);
+    assert_true(m.cfg.norm_topk_prob && !m.cfg.shared_intermediate);
+    for (int l = 0; l < 2; l++) {
+        assert_true(m.layer[l].moe && m.layer[l].router && !m.layer[l].gate);
+        for (int j = 0; j < 12; j++)
+            assert_non_null(m.layer[l].expert[j]);
+        assert_null(m.layer[l].experts_gu); /* packed by wl_model_upload */
+    }
+    assert_true(m.layer[1].expert[3 * 2 + 1] != m.layer[1].expert[3 * 2]);
+    wl_model_close(&m);
+
+    edit_config(d, "intermediate_size", json_integer(96));
+    expect_model_error(d, "tensor model.layers.0.block_sparse_moe.experts.0.w1.weight has shape "
+                          "[128, 64]; the config needs [96, 64]");
+    edit_config(d, "intermediate_size", json_integer(128));
+    edit_config(d, "num_local_experts", json_integer(5));
+    expect_model_error(d, "tensor model.layers.0.block_sparse_moe.gate.weight has shape [4, 64]; "
+                          "the config needs [5, 64]");
+    edit_config(d, "num_local_experts", json_integer(300));
+    expect_model_error(d, "300 experts, 2 per token; weft's router takes up to 256 experts and 8 "
+                          "per token");
+    edit_config(d, "num_local_experts", json_integer(16));
+    edit_config(d, "num_experts_per_tok", json_integer(9));
+    expect_model_error(d, "16 experts, 9 per token; weft's router takes");
+    edit_config(d, "num_local_experts", json_integer(4));
+    expect_model_error(d, "num_experts_per_tok = 9 exceeds the 4 experts");
+    edit_config(d, "num_experts_per_tok", json_integer(2));
+    drop_tensor(d, "model.layers.1.block_sparse_moe.experts.3.w2.weight");
+    expect_model_error(d, "tensor model.layers.1.block_sparse_moe.experts.3.w2.weight is missing "
+                          "from model.safetensors");
+    free(d);
+
+    d = preset_model("qwen2moe", "qwen2moe");
+    assert_int_equal(wl_model_open(&m, d), 0);
+    assert_int_equal(m.cfg.arch, WL_ARCH_QWEN2_MOE);
+    assert_true(m.cfg.experts == 8 && m.cfg.moe_intermediate == 32 &&
+                m.cfg.shared_intermediate == 64 && !m.cfg.norm_topk_prob);
+    assert_true(m.layer[0].moe && !m.layer[1].moe && m.layer[2].moe); /* mlp_only_layers [1] */
+    assert_non_null(m.layer[1].gate);
+    assert_non_null(m.layer[2].shared_router);
+    assert_non_null(m.layer[0].q_bias);
+    wl_model_close(&m);
+    edit_config(d, "shared_expert_intermediate_size", json_integer(48));
+    expect_model_error(d, "tensor model.layers.0.mlp.shared_expert.gate_proj.weight has shape "
+                          "[64, 64]; the config needs [48, 64]");
+    edit_config(d, "shared_expert_intermediate_size", NULL);
+    expect_model_error(d, "shared_expert_intermediate_size is missing");
+    edit_config(d, "shared_expert_intermediate_size", json_integer(64));
+    edit_config(d, "moe_intermediate_size", json_integer(64));
+    expect_model_error(d, "tensor model.layers.0.mlp.experts.0.gate_proj.weight has shape [32, "
+                          "64]; the config needs [64, 64]");
+    edit_config(d, "moe_intermediate_size", json_integer(32));
+    edit_config(d, "mlp_only_layers", json_array());
+    expect_model_error(d, "tensor model.layers.1.mlp.gate.weight is missing");
+    edit_config(d, "mlp_only_layers", json_pack("[i, i]", 1, 7)); /* 7 names no layer */
+    assert_int_equal(wl_model_open(&m, d), 0);
+    wl_model_close(&m);
+    drop_tensor(d, "model.layers.2.mlp.shared_expert_gate.weight");
+    expect_model_error(d, "tensor model.layers.2.mlp.shared_expert_gate.weight is missing");
     free(d);
 }
 
@@ -340,9 +435,34 @@ static void test_config_fields_and_errors(void **state)
     assert_int_equal(wl_config_load(&c, cp), 0);
     assert_int_equal(c.experts, 128);
     assert_int_equal(c.moe_intermediate, 768);
-    expect_model_error(d, "mixture-of-experts model (128 experts, 8 per token)");
+    assert_true(!c.norm_topk_prob && !c.shared_intermediate && c.sparse_step == 1);
+    for (int l = 0; l < 16; l++)
+        assert_true(wl_config_layer_moe(&c, l));
+    expect_model_error(d, "model.safetensors: No such file"); /* run, once it has weights */
+    /* Qwen's dense layers: mlp_only_layers, and decoder_sparse_step */
+    edit_config(d, "norm_topk_prob", json_true());
+    edit_config(d, "mlp_only_layers", json_pack("[i, i, i]", 0, 5, 100));
+    edit_config(d, "decoder_sparse_step", json_integer(2));
+    assert_int_equal(wl_config_load(&c, cp), 0);
+    assert_true(c.norm_topk_prob);
+    for (int l = 0; l < 16; l++)
+        assert_int_equal(wl_config_layer_moe(&c, l), l != 5 && l % 2 == 1);
+    edit_config(d, "decoder_sparse_step", json_integer(0));
+    expect_model_error(d, "decoder_sparse_step = 0 is out of range");
+    edit_config(d, "decoder_sparse_step", json_integer(1));
+    edit_config(d, "mlp_only_layers", json_string("0"));
+    expect_model_error(d, "mlp_only_layers is not a list");
+    edit_config(d, "mlp_only_layers", json_pack("[i]", -1));
+    expect_model_error(d, "mlp_only_layers[0] is not a layer index");
+    edit_config(d, "mlp_only_layers", NULL);
+    edit_config(d, "norm_topk_prob", json_integer(1));
+    expect_model_error(d, "norm_topk_prob is not true or false");
+    edit_config(d, "norm_topk_prob", NULL);
     edit_config(d, "num_experts_per_tok", json_integer(200));
     expect_model_error(d, "num_experts_per_tok = 200 exceeds the 128 experts");
+    edit_config(d, "num_experts_per_tok", json_integer(8));
+    edit_config(d, "model_type", json_string("qwen2_moe"));
+    expect_model_error(d, "shared_expert_intermediate_size is missing");
     edit_config(d, "model_type", json_string("llama"));
 
     /* the checks, each by its message */
@@ -381,15 +501,11 @@ static void test_config_fields_and_errors(void **state)
     free(cp);
     free(d);
 
-    /* the moe preset writes a Mixtral folder whose forward pass is refused */
-    char *moe = path_in(dir, "moe");
-    wl_write_opts mo = {.preset = "moe", .seed = 3};
-    assert_int_equal(wl_write_random_model(moe, &mo), 0);
-    expect_model_error(moe, "mixtral is a mixture-of-experts model (4 experts, 2 per token)");
     wl_write_opts bad_preset = {.preset = "70b"};
-    assert_int_equal(wl_write_random_model(moe, &bad_preset), -1);
+    char *bad_dir = path_in(dir, "70b");
+    assert_int_equal(wl_write_random_model(bad_dir, &bad_preset), -1);
     assert_non_null(strstr(wl_error(), "unknown preset \"70b\""));
-    free(moe);
+    free(bad_dir);
 }
 
 int main(void)
@@ -399,6 +515,7 @@ int main(void)
         cmocka_unit_test(test_safetensors_hostile_files),
         cmocka_unit_test(test_model_folder_checks),
         cmocka_unit_test(test_model_shards_match_one_file),
+        cmocka_unit_test(test_moe_folder_checks),
         cmocka_unit_test(test_config_fields_and_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

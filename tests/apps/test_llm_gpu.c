@@ -1,9 +1,9 @@
 /*
  * test_llm_gpu.c - weft-llm's forward pass on the GPU against the host
  * backend, batched decoding on the GPU against each sequence alone there,
- * generate with --backend cuda (also --parallel), and speculative
- * decoding against plain greedy decoding there. Exits 77 (skipped)
- * without a GPU.
+ * and generate with --backend cuda (also --parallel), for a dense and two
+ * mixture-of-experts models, and speculative decoding against plain
+ * greedy decoding there. Exits 77 (skipped) without a GPU.
  *
  * The same code runs on both (every op on the task's stream); the GPU's
  * matmuls sum in another order, so a bf16 activation may round the other
@@ -18,7 +18,12 @@
 
 #include "llm_test.h"
 
-static char *dir, *model_dir;
+/* The tiny Llama, a tiny Mixtral and a tiny Qwen2-MoE (random-model's
+ * tiny, moe and qwen2moe presets): the MoE ones run weft's router,
+ * permute, grouped matmul and combine kernels. */
+enum { MODELS = 3 };
+static const char *const presets[MODELS] = {"tiny", "moe", "qwen2moe"};
+static char *dir, *model_dir, *models[MODELS];
 static uint64_t seed;
 
 static int setup(void **state)
@@ -28,12 +33,15 @@ static int setup(void **state)
     dir = scratch_dir();
     if (!dir)
         return -1;
-    model_dir = path_in(dir, "tiny");
-    wl_write_opts o = {.preset = "tiny", .seed = seed};
-    if (wl_write_random_model(model_dir, &o)) {
-        fprintf(stderr, "%s\n", wl_error());
-        return -1;
+    for (int i = 0; i < MODELS; i++) {
+        models[i] = path_in(dir, presets[i]);
+        wl_write_opts o = {.preset = presets[i], .seed = seed};
+        if (wl_write_random_model(models[i], &o)) {
+            fprintf(stderr, "%s\n", wl_error());
+            return -1;
+        }
     }
+    model_dir = models[0];
     return 0;
 }
 
@@ -42,13 +50,13 @@ static int teardown(void **state)
     (void)state;
     remove_scratch(dir);
     free(dir);
-    free(model_dir);
+    for (int i = 0; i < MODELS; i++)
+        free(models[i]);
     return 0;
 }
 
-static void test_gpu_logits_match_host(void **state)
+static int gpu_logits_match_host(const char *model)
 {
-    (void)state;
     enum { V = TINY_VOCAB, PROMPT = 7, TOTAL = 12, STEPS = TOTAL - PROMPT + 1 };
     int32_t ids[TOTAL];
     uint64_t st = seed ^ 0x6b0;
@@ -56,9 +64,10 @@ static void test_gpu_logits_match_host(void **state)
         ids[i] = (int32_t)(wl_rand_next(&st) % V);
     float *host = malloc(sizeof(float) * STEPS * V), *gpu = malloc(sizeof(float) * STEPS * V);
     char msg[512];
-    if (run_forward(WEFT_BACKEND_HOST, model_dir, ids, PROMPT, TOTAL, host, msg))
+    printf("  %s\n", model);
+    if (run_forward(WEFT_BACKEND_HOST, model, ids, PROMPT, TOTAL, host, msg))
         fail_msg("host: %s", msg);
-    if (run_forward(WEFT_BACKEND_CUDA, model_dir, ids, PROMPT, TOTAL, gpu, msg))
+    if (run_forward(WEFT_BACKEND_CUDA, model, ids, PROMPT, TOTAL, gpu, msg))
         fail_msg("gpu: %s", msg);
     int bad = 0;
     for (int s = 0; s < STEPS; s++) {
@@ -91,9 +100,18 @@ static void test_gpu_logits_match_host(void **state)
         if (ah != ag && gap > 8 * ulp)
             bad++;
     }
-    assert_int_equal(bad, 0);
     free(host);
     free(gpu);
+    return bad;
+}
+
+static void test_gpu_logits_match_host(void **state)
+{
+    (void)state;
+    int bad = 0;
+    for (int i = 0; i < MODELS; i++)
+        bad += gpu_logits_match_host(models[i]);
+    assert_int_equal(bad, 0);
 }
 
 /* Three sequences of different lengths through the batcher on the GPU,
@@ -102,9 +120,8 @@ static void test_gpu_logits_match_host(void **state)
  * splits than one row does, so a bf16 activation may round the other way:
  * within 4 bf16 units at the logits' scale, every logit written, every
  * page back. */
-static void test_gpu_batched_matches_alone(void **state)
+static int gpu_batched_matches_alone(const char *model)
 {
-    (void)state;
     enum { SEQS = 3, V = TINY_VOCAB, MAX_TOTAL = 14, STEPS = MAX_TOTAL };
     static const int prompt[SEQS] = {5, 3, 7}, total[SEQS] = {9, 14, 12};
     int32_t ids[SEQS][MAX_TOTAL];
@@ -118,7 +135,7 @@ static void test_gpu_batched_matches_alone(void **state)
     for (int q = 0; q < SEQS; q++) {
         for (int i = 0; i < MAX_TOTAL; i++)
             ids[q][i] = (int32_t)(wl_rand_next(&st) % V);
-        if (run_forward(WEFT_BACKEND_CUDA, model_dir, ids[q], prompt[q], total[q],
+        if (run_forward(WEFT_BACKEND_CUDA, model, ids[q], prompt[q], total[q],
                         alone + (size_t)q * STEPS * V, msg))
             fail_msg("alone on the GPU: %s", msg);
         r.ids[q] = ids[q];
@@ -127,7 +144,8 @@ static void test_gpu_batched_matches_alone(void **state)
         r.stop[q] = q == 1 ? 3 : 0;
         r.logits[q] = together + (size_t)q * STEPS * V;
     }
-    if (run_batched(WEFT_BACKEND_CUDA, model_dir, &r))
+    printf("  %s\n", model);
+    if (run_batched(WEFT_BACKEND_CUDA, model, &r))
         fail_msg("batched on the GPU: %s", r.message);
     printf("  %ld decode tokens in %ld batched steps, %d of 8 pages free after\n", r.rows, r.steps,
            r.free_pages);
@@ -155,9 +173,18 @@ static void test_gpu_batched_matches_alone(void **state)
                 bad++;
         }
     }
-    assert_int_equal(bad, 0);
     free(alone);
     free(together);
+    return bad;
+}
+
+static void test_gpu_batched_matches_alone(void **state)
+{
+    (void)state;
+    int bad = 0;
+    for (int i = 0; i < MODELS; i++)
+        bad += gpu_batched_matches_alone(models[i]);
+    assert_int_equal(bad, 0);
 }
 
 static void test_cli_generates_on_the_gpu(void **state)
@@ -197,6 +224,19 @@ static void test_cli_generates_on_the_gpu(void **state)
     free(err_h);
     free(out_g);
     free(err_g);
+    /* the MoE presets on the GPU, one sequence and three batched */
+    for (int m = 1; m < MODELS; m++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s generate %s --prompt 'The old woman' --max-tokens 16 --print-ids --print-top "
+                 "--backend cuda --parallel 3",
+                 WL_BIN, models[m]);
+        rc = run_capture(cmd, &out_g, &err_g);
+        printf("  %s on cuda, --parallel 3 (exit %d): %s%s", presets[m], rc, out_g, err_g);
+        assert_int_equal(rc, 0);
+        assert_non_null(strstr(err_g, "[2] "));
+        free(out_g);
+        free(err_g);
+    }
 }
 
 /* Graph mode: the batch's decode steps are graphs on the GPU (weft-llm

@@ -1,0 +1,232 @@
+/*
+ * moe.c - the mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE) on
+ * weft's MoE ops, shared by the one-sequence forward pass (forward.c) and
+ * the batched decode step (batch.c), and the packing of the experts'
+ * weights into the blocks those ops read.
+ *
+ * For the n normed rows h of a MoE layer, on the task's stream:
+ *   logits = h Wr^T                       weft_matmul, [n][E] in the model's
+ *                                         dtype, as transformers' router
+ *                                         Linear gives them
+ *   weights, ids, tables = gate(logits)   weft_moe_gate: softmax in fp32 over
+ *                                         all E, the k largest (ties to the
+ *                                         lower expert), renormalised when
+ *                                         the config says (Mixtral always)
+ *   xp = h in expert order                weft_moe_permute
+ *   gu = xp [Wg_e; Wu_e]^T per expert     weft_grouped_matmul, gate and up
+ *                                         side by side in one call
+ *   act = SiLU(g) * u                     weft_glu
+ *   y = act Wd_e^T per expert             weft_grouped_matmul
+ *   x = x + sum_j weights_j y_j           weft_moe_unpermute, the residual
+ *                                         added in the same pass
+ * and for Qwen2-MoE's shared expert a dense SwiGLU MLP (weft_matmul,
+ * weft_glu) whose output sy is scaled by sigmoid(h . w_sg): the scale is
+ * weft_moe_gate's sigmoid score of the one-column logits with one expert
+ * and k = 1 (so its tables are the identity), and weft_moe_unpermute
+ * with k = 1 adds sigmoid * sy to x. Every activation is stored in the
+ * model's dtype between ops; the routing weights stay fp32.
+ * The sequence of ops is the same for any number of rows, so a batch's
+ * row goes through what the row alone goes through.
+ *
+ * Packing: the grouped matmul reads a layer's experts as one [E][n][k]
+ * block, while a checkpoint stores each expert's matrices as separate
+ * tensors. wl_model_upload packs them, gate and up of expert e as rows
+ * [2 I e, 2 I e + I) and [2 I e + I, 2 I (e + 1)) of one [E][2 I][H]
+ * block and the downs as [E][H][I]: into the device block on a GPU, into
+ * one host allocation on the host backend (made once, under a lock since
+ * several tasks may upload one model at once, and freed with the model).
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "forward_impl.h"
+
+static size_t round256(size_t bytes)
+{
+    return (bytes + 255) / 256 * 256;
+}
+
+/* The next part of a carved allocation: its offset, each 256-aligned. */
+static size_t carve(size_t *at, size_t bytes)
+{
+    size_t o = *at;
+    *at += round256(bytes);
+    return o;
+}
+
+int wl_moe_bufs_create(wl_moe_bufs *b, const wl_model *m, int tokens)
+{
+    const wl_config *c = &m->cfg;
+    memset(b, 0, sizeof *b);
+    for (int li = 0; li < c->layers; li++)
+        if (m->layer[li].moe && (!m->layer[li].experts_gu || !m->layer[li].experts_down))
+            return wl_fail("forward: layer %d's experts are not packed (wl_model_upload the "
+                           "model first)",
+                           li);
+    size_t es = wl_dtype_size(m->dtype), T = (size_t)tokens, E = (size_t)c->experts;
+    size_t K = (size_t)c->experts_per_token, I = (size_t)c->moe_intermediate;
+    size_t S = (size_t)c->shared_intermediate, H = (size_t)c->hidden, at = 0;
+    size_t o_logits = carve(&at, T * E * es), o_w = carve(&at, T * K * 4),
+           o_ids = carve(&at, T * K * 4), o_off = carve(&at, (E + 1) * 4),
+           o_perm = carve(&at, T * K * 4), o_inv = carve(&at, T * K * 4),
+           o_xp = carve(&at, T * K * H * es), o_gu = carve(&at, T * K * 2 * I * es),
+           o_act = carve(&at, T * K * I * es), o_y = carve(&at, T * K * H * es);
+    size_t o_sgu = carve(&at, T * 2 * S * es), o_sact = carve(&at, T * S * es),
+           o_sy = carve(&at, T * H * es), o_slogit = carve(&at, T * es), o_sw = carve(&at, T * 4),
+           o_sids = carve(&at, T * 4), o_soff = carve(&at, 2 * 4), o_sperm = carve(&at, T * 4),
+           o_sinv = carve(&at, T * 4);
+    if (weft_malloc_async(&b->block, at) != WEFT_OK)
+        return wl_fail("mixture of experts: %zu bytes of buffers for %d tokens: %s", at, tokens,
+                       weft_last_error());
+    char *base = b->block;
+    b->logits = base + o_logits;
+    b->r = (weft_moe_routing){(float *)(base + o_w), (int32_t *)(base + o_ids),
+                              (int32_t *)(base + o_off), (int32_t *)(base + o_perm),
+                              (int32_t *)(base + o_inv)};
+    b->xp = base + o_xp;
+    b->gu = base + o_gu;
+    b->act = base + o_act;
+    b->y = base + o_y;
+    if (S) {
+        b->sgu = base + o_sgu;
+        b->sact = base + o_sact;
+        b->sy = base + o_sy;
+        b->slogit = base + o_slogit;
+        b->sr = (weft_moe_routing){(float *)(base + o_sw), (int32_t *)(base + o_sids),
+                                   (int32_t *)(base + o_soff), (int32_t *)(base + o_sperm),
+                                   (int32_t *)(base + o_sinv)};
+    }
+    return 0;
+}
+
+void wl_moe_bufs_destroy(wl_moe_bufs *b)
+{
+    if (b->block)
+        weft_free_async(b->block);
+    memset(b, 0, sizeof *b);
+}
+
+/* Qwen2-MoE's shared expert over the n rows: x += sigmoid(h . w_sg) *
+ * down(SiLU(h Wg^T) * (h Wu^T)). */
+static int shared_expert(const wl_model *m, wl_moe_bufs *b, const wl_layer *L, void *x,
+                         const void *h, int n)
+{
+    const wl_config *c = &m->cfg;
+    weft_dtype dt = m->dtype;
+    size_t es = wl_dtype_size(dt), H = (size_t)c->hidden, S = (size_t)c->shared_intermediate;
+    TRY(wl_linear(m, b->sgu, 2 * S, h, H, L->shared_gate, S, NULL, NULL, n, dt));
+    TRY(wl_linear(m, (char *)b->sgu + S * es, 2 * S, h, H, L->shared_up, S, NULL, NULL, n, dt));
+    TRY(weft_glu(WEFT_TASK_STREAM, dt, WEFT_GLU_SWIGLU, b->sact, b->sgu, (size_t)n, S, 2 * S, S));
+    TRY(wl_linear(m, b->sy, H, b->sact, S, L->shared_down, H, NULL, NULL, n, dt));
+    TRY(wl_linear(m, b->slogit, 1, h, H, L->shared_router, 1, NULL, NULL, n, dt));
+    TRY(weft_moe_gate(WEFT_TASK_STREAM, dt, WEFT_MOE_SIGMOID, 0, b->slogit, (size_t)n, 1, 1, 1,
+                      &b->sr));
+    TRY(weft_moe_unpermute(WEFT_TASK_STREAM, dt, x, b->sy, b->sr.weights, b->sr.inverse, x,
+                           (size_t)n, 1, H, H, H));
+    return 0;
+fail:
+    return -1;
+}
+
+int wl_moe_mlp(const wl_model *m, wl_moe_bufs *b, int li, void *x, const void *h, int n)
+{
+    const wl_config *c = &m->cfg;
+    const wl_layer *L = &m->layer[li];
+    weft_dtype dt = m->dtype;
+    size_t H = (size_t)c->hidden, E = (size_t)c->experts, K = (size_t)c->experts_per_token;
+    size_t I = (size_t)c->moe_intermediate, rows = (size_t)n * K;
+    TRY(wl_linear(m, b->logits, E, h, H, L->router, E, NULL, NULL, n, dt));
+    TRY(weft_moe_gate(WEFT_TASK_STREAM, dt, WEFT_MOE_SOFTMAX, c->norm_topk_prob, b->logits,
+                      (size_t)n, E, E, K, &b->r));
+    TRY(weft_moe_permute(WEFT_TASK_STREAM, dt, b->xp, h, b->r.perm, (size_t)n, K, H, H, H));
+    weft_grouped_matmul_desc gu = {.groups = E, .rows = rows, .n = 2 * I, .k = H, .type = dt};
+    TRY(weft_grouped_matmul(WEFT_TASK_STREAM, &gu, b->gu, b->xp, L->experts_gu, b->r.offsets));
+    TRY(weft_glu(WEFT_TASK_STREAM, dt, WEFT_GLU_SWIGLU, b->act, b->gu, rows, I, 2 * I, I));
+    weft_grouped_matmul_desc down = {.groups = E, .rows = rows, .n = H, .k = I, .type = dt};
+    TRY(weft_grouped_matmul(WEFT_TASK_STREAM, &down, b->y, b->act, L->experts_down, b->r.offsets));
+    TRY(weft_moe_unpermute(WEFT_TASK_STREAM, dt, x, b->y, b->r.weights, b->r.inverse, x, (size_t)n,
+                           K, H, H, H));
+    if (c->shared_intermediate && shared_expert(m, b, L, x, h, n))
+        goto fail;
+    return 0;
+fail:
+    return -1;
+}
+
+/* ---- packing ---------------------------------------------------------------- */
+
+enum pack_mode { POINT, COPY_HOST, COPY_DEVICE };
+
+/* Lays m's MoE layers' blocks out from dst (one after another, each
+ * 256-byte aligned, wl_moe_packed_bytes in all) and points the layers at
+ * them; copies the experts' tensors there unless mode is POINT. */
+static int layout(wl_model *m, char *dst, enum pack_mode mode)
+{
+    const wl_config *c = &m->cfg;
+    size_t es = wl_dtype_size(m->dtype), H = (size_t)c->hidden, I = (size_t)c->moe_intermediate;
+    size_t mat = I * H * es, off = 0;
+    for (int li = 0; li < c->layers; li++) {
+        wl_layer *L = &m->layer[li];
+        if (!L->moe)
+            continue;
+        size_t gu = carve(&off, (size_t)c->experts * 2 * mat);
+        size_t down = carve(&off, (size_t)c->experts * mat);
+        for (int e = 0; mode != POINT && e < c->experts; e++) {
+            char *to[3] = {dst + gu + (size_t)(2 * e) * mat, dst + gu + (size_t)(2 * e + 1) * mat,
+                           dst + down + (size_t)e * mat};
+            for (int j = 0; j < 3; j++) {
+                if (mode == COPY_HOST) {
+                    memcpy(to[j], L->expert[3 * e + j], mat);
+                } else if (weft_memcpy_async(to[j], L->expert[3 * e + j], mat) != WEFT_OK) {
+                    return wl_fail("upload: layer %d expert %d: %s", li, e, weft_last_error());
+                }
+            }
+        }
+        if (L->experts_gu != dst + gu || L->experts_down != dst + down) {
+            /* written only when they move: other tasks may be reading them */
+            L->experts_gu = dst + gu;
+            L->experts_down = dst + down;
+        }
+    }
+    return 0;
+}
+
+size_t wl_moe_packed_bytes(const wl_model *m)
+{
+    const wl_config *c = &m->cfg;
+    size_t mat = (size_t)c->moe_intermediate * c->hidden * wl_dtype_size(m->dtype), off = 0;
+    for (int li = 0; li < c->layers; li++)
+        if (m->layer[li].moe) {
+            carve(&off, (size_t)c->experts * 2 * mat);
+            carve(&off, (size_t)c->experts * mat);
+        }
+    return off;
+}
+
+int wl_moe_pack_device(wl_model *m, char *dst)
+{
+    return layout(m, dst, COPY_DEVICE);
+}
+
+/* Held only while a model's host block is made or found: no weft call
+ * under it. The first upload of a large model holds it for the copy. */
+static pthread_mutex_t host_pack_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int wl_moe_pack_host(wl_model *m)
+{
+    size_t bytes = wl_moe_packed_bytes(m);
+    int rc = 0;
+    if (!bytes)
+        return 0;
+    pthread_mutex_lock(&host_pack_lock);
+    if (m->host_block) { /* packed by an earlier upload: point the layers back at it */
+        rc = layout(m, m->host_block, POINT);
+    } else if (!(m->host_block = malloc(bytes))) {
+        rc = wl_fail("upload: out of memory for %zu bytes of packed experts", bytes);
+    } else {
+        rc = layout(m, m->host_block, COPY_HOST);
+    }
+    pthread_mutex_unlock(&host_pack_lock);
+    return rc;
+}
