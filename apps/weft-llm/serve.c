@@ -768,9 +768,14 @@ static int run_server(server *srv)
         wl_fail("weft runtime: %s", weft_last_error());
         goto out;
     }
-    int context = srv->max_model_len ? srv->max_model_len : srv->model.cfg.max_positions;
-    if (!srv->kv_pages) /* room for every place of the batch at a quarter of the context */
-        srv->kv_pages = (srv->max_seqs * (context / 4) + WL_KV_PAGE - 1) / WL_KV_PAGE;
+    /* defaults that fit a GPU for Llama 3.1 8B (2 MiB a page): a context of
+     * at most 8192 tokens, and pages for every place at 2048 tokens */
+    int context = srv->max_model_len                    ? srv->max_model_len
+                  : srv->model.cfg.max_positions < 8192 ? srv->model.cfg.max_positions
+                                                        : 8192;
+    if (!srv->kv_pages)
+        srv->kv_pages =
+            (srv->max_seqs * (context < 2048 ? context : 2048) + WL_KV_PAGE - 1) / WL_KV_PAGE;
     if (wl_engine_start(&srv->engine, srv->rt, &srv->model, srv->kv_pages, srv->max_seqs, context))
         goto out;
     engine_up = 1;
