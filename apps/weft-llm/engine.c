@@ -210,10 +210,10 @@ int wl_engine_check(const wl_engine *e, int n_prompt, int max_tokens)
     return 0;
 }
 
-/* Hands a token of a speculative round to on_token and says whether the
- * generation ends there, by the rules of wl_engine_generate's plain loop
- * (an end-of-sequence token, on_token's stop or cancel, cancellation,
- * max_tokens), so the two paths end alike. */
+/* Hands a generated token to on_token and says whether the generation
+ * ends there (an end-of-sequence token, on_token's stop or cancel,
+ * cancellation, max_tokens): the one rule of the plain and the speculative
+ * loops, so the two end alike. */
 static int hand_on(const wl_gen *g, const wl_config *c, int32_t id, const float *logits, int *n,
                    wl_finish *finish)
 {
@@ -337,21 +337,8 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
     joined = 1;
     for (;;) {
         int32_t id = wl_sample(&sampler, logits, c->vocab);
-        int eos = !g->ignore_eos && is_eos(c, id);
-        int stop = g->on_token(g->ctx, id, eos, logits);
-        n++;
-        if (stop < 0 || (g->cancelled && g->cancelled(g->ctx))) {
-            *finish = WL_FINISH_CANCELLED;
+        if (hand_on(g, c, id, logits, &n, finish))
             break;
-        }
-        if (eos || stop > 0) {
-            *finish = WL_FINISH_STOP;
-            break;
-        }
-        if (n == g->max_tokens) {
-            *finish = WL_FINISH_LENGTH;
-            break;
-        }
         if (wl_batcher_step(e->batcher, s, id, &logits))
             goto out;
     }
