@@ -16,66 +16,6 @@
 
 #include "serve.h"
 
-/* ---- UTF-8 -------------------------------------------------------------------- */
-
-/* The length of the well-formed sequence at s (n bytes left): 1 to 4, 0 if
- * it is cut short by the end, -1 if it is malformed. */
-static int utf8_sequence(const unsigned char *s, size_t n)
-{
-    int len;
-    unsigned lo = 0x80, hi = 0xbf; /* the second byte's range */
-    if (s[0] < 0x80)
-        return 1;
-    if (s[0] >= 0xc2 && s[0] <= 0xdf)
-        len = 2;
-    else if (s[0] >= 0xe0 && s[0] <= 0xef) {
-        len = 3;
-        lo = s[0] == 0xe0 ? 0xa0 : 0x80; /* no overlong forms */
-        hi = s[0] == 0xed ? 0x9f : 0xbf; /* no surrogates */
-    } else if (s[0] >= 0xf0 && s[0] <= 0xf4) {
-        len = 4;
-        lo = s[0] == 0xf0 ? 0x90 : 0x80;
-        hi = s[0] == 0xf4 ? 0x8f : 0xbf;
-    } else
-        return -1;
-    for (int i = 1; i < len; i++) {
-        if ((size_t)i == n)
-            return 0;
-        if (s[i] < (i == 1 ? lo : 0x80) || s[i] > (i == 1 ? hi : 0xbf))
-            return -1;
-    }
-    return len;
-}
-
-void wl_utf8_sanitize(wl_buf *out, const char *s, size_t n)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < n) {
-        int l = utf8_sequence(p + i, n - i);
-        if (l > 0) {
-            wl_buf_append(out, p + i, (size_t)l);
-            i += (size_t)l;
-        } else {
-            wl_buf_append(out, "\xef\xbf\xbd", 3);
-            i++;
-        }
-    }
-}
-
-size_t wl_utf8_complete(const char *s, size_t n)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < n) {
-        int l = utf8_sequence(p + i, n - i);
-        if (l == 0)
-            return i; /* the last character is unfinished */
-        i += l > 0 ? (size_t)l : 1;
-    }
-    return n;
-}
-
 /* ---- requests ----------------------------------------------------------------- */
 
 char *wl_oai_error_body(const char *message, const char *type, const char *param)

@@ -11,16 +11,6 @@
 
 #include "llm.h"
 
-/* ---- UTF-8 ------------------------------------------------------------------ */
-
-/* Appends s[0, n) as valid UTF-8: each byte that does not begin a complete,
- * well-formed sequence becomes U+FFFD. JSON strings must be UTF-8, and a
- * token may end in the middle of a character. */
-void wl_utf8_sanitize(wl_buf *out, const char *s, size_t n);
-/* The length of s[0, n)'s prefix that does not end inside a character
- * still incomplete (one whose next bytes may come with the next token). */
-size_t wl_utf8_complete(const char *s, size_t n);
-
 /* ---- metrics (metrics.c) ------------------------------------------------ */
 
 enum {
