@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """bench_llm.py - weft-llm against its targets and peers, in one run on one GPU.
 
-Stages, in this order, each within the run's time budget (one that cannot
-finish in what is left is skipped and says so; its targets are reported
-NOT MEASURED):
+Stages, each within the run's time budget (one that cannot finish in what
+is left is skipped and says so; its targets are reported NOT MEASURED).
+The order: models and rates; the first model's bench, spec and peer while
+the others are written; the others' bench; serve; the others' spec and
+peer.
   models   weft-llm random-model DIR --preset 1b and 8b (Llama 3.2 1B and
            Llama 3.1 8B shapes, bf16; Hugging Face layout, which
            transformers loads as it is), written once under --models-dir
@@ -68,7 +70,7 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: 1b only, fewer steps and requests, no torch.compile; "
                     "rows marked quick (never recorded)")
-    ap.add_argument("--time-budget", type=float, help="seconds for the whole run (default 500; "
+    ap.add_argument("--time-budget", type=float, help="seconds for the whole run (default 530; "
                     "quick 240); stages that would pass it are skipped")
     ap.add_argument("--models", help="presets, in order (default 1b,8b; quick 1b)")
     ap.add_argument("--models-dir", default="/tmp/weft-llm-bench",
@@ -106,7 +108,7 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=1, help="random-model's seed")
     args = ap.parse_args(argv)
     q = args.quick
-    defaults = {"time_budget": 240 if q else 500, "models": "1b" if q else "1b,8b",
+    defaults = {"time_budget": 240 if q else 530, "models": "1b" if q else "1b,8b",
                 "hf_compile": "off" if q else "auto", "hf_new_tokens": 32 if q else 128,
                 "bench_steps": 16 if q else 32, "spec_k": "4" if q else "4,8",
                 "spec_max_tokens": 128 if q else 256, "serve_rates": "4" if q else "2,8,32",
@@ -714,13 +716,15 @@ def stages(run, data):
                 data["models"][p]["write_error"] = "the model was not written"
         return ready[p]
 
-    # (what, model, the seconds it needs at least, the function)
+    # (what, model, the seconds it needs at least, the function): the first
+    # model's stages while the others are written, transformers' compile
+    # among them
     todo = [("bench", first, 20, stage_bench), ("spec", first, 20, stage_spec)]
-    if args.serve_model:
-        todo.append(("serve", args.serve_model, 60, stage_serve))
-    todo += [("bench", p, 45, stage_bench) for p in order[1:]]
     if not args.no_torch:
         todo.append(("transformers", first, 40, stage_hf))
+    todo += [("bench", p, 45, stage_bench) for p in order[1:]]
+    if args.serve_model:
+        todo.append(("serve", args.serve_model, 60, stage_serve))
     todo += [("spec", p, 45, stage_spec) for p in order[1:]]
     if not args.no_torch:
         todo += [("transformers", p, 60, stage_hf) for p in order[1:]]

@@ -53,7 +53,10 @@ BENCH_OUT = """/tmp/tiny: llama, 2 layers, hidden 64, BF16; 0.0003607 GB of weig
 | 1 | 1.349 | 741 | 0.039 | 3% | 1557 |
 | 32 | 10.060 | 3181 | 9.000 | 89% | 25 |
 
+decode steps as graphs: 68 launches, 2 instantiations, 66 updates (0 on the host backend)
+
 BENCH llm.copy_rate 12.7 GB/s
+BENCH llm.decode.graph_launches 68 launches
 BENCH llm.prefill.L16.tokens_per_s 2051.4 tokens/s
 BENCH llm.prefill.L2048.tokens_per_s 168172.0 tokens/s
 BENCH llm.decode.B1.step_ms 1.3491 ms
@@ -77,6 +80,8 @@ ONE_B = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16
 def test_bench():
     b = lf.parse_bench(BENCH_OUT)
     check(b["copy_gbs"] == 12.7 and b["weights_gb"] == 0.0003607, "bench: header figures")
+    check(b["graph_launches"] == 68 and set(b["decode"]) == {1, 32},
+          "bench: the graph launches, not a batch")
     check(abs(b["prefill"][2048]["ms"] - 2048 / 168172.0 * 1e3) < 1e-9, "bench: prefill ms")
     d1, d32 = b["decode"][1], b["decode"][32]
     check(d1["step_ms"] == 1.3491 and d1["cpu_us"] == 1557.1 and d1["of_roofline"] == 0.029,
