@@ -25,6 +25,8 @@
 #                   torch's scaled_dot_product_attention and a copy's ceiling
 #   make gpu-bench-attention  weft_attention against PyTorch's
 #                   scaled_dot_product_attention (flash, cuDNN, efficient)
+#   make gpu-bench-llm  weft-llm (bench, speculative decoding, serve under
+#                   loadgen) on random 1B and 8B models against transformers
 # A benchmark writes its rows (JSON lines) under build-release/bench/ and
 # changes nothing tracked; RECORD=1 (make bench RECORD=1) appends them to
 # bench/results.jsonl and regenerates bench/RESULTS.md from it.
@@ -197,6 +199,20 @@ gpu-bench-ops: deps
 	$(PYTHON) bench/ops/bench_ops.py --lib build-release/bench/ops/libweft_ops_bench.so \
 	  --rows $(ROWS_DIR)/ops.rows.jsonl $(BENCH_OPS_ARGS)
 	$(call record,$(ROWS_DIR)/ops.rows.jsonl)
+
+# weft-llm on random Llama-shaped models against the targets of its issues
+# and against transformers' generate (PyTorch, transformers and a GPU
+# needed; about 8 minutes, and 19 GB under /tmp for the models, which later
+# runs reuse). LLM_OUT gets the logs, summary.md and data.json;
+# BENCH_LLM_ARGS passes options: bench/llm/bench_llm.py --help.
+LLM_OUT ?= $(ROWS_DIR)/llm
+.PHONY: gpu-bench-llm
+gpu-bench-llm: deps
+	$(CMAKE) -S . -B build-release $(BENCH_CONFIG)
+	$(CMAKE) --build build-release -j $(JOBS) --target weft-llm
+	$(PYTHON) bench/llm/bench_llm.py --weft-llm build-release/apps/weft-llm/weft-llm \
+	  --out $(LLM_OUT) --rows $(ROWS_DIR)/llm.rows.jsonl $(BENCH_LLM_ARGS)
+	$(call record,$(ROWS_DIR)/llm.rows.jsonl)
 
 # The GPU suite (CTest label `gpu`), through scripts/gpu-test: it counts the
 # tests skipped for want of a GPU and fails when none ran, where CTest alone

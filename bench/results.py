@@ -10,8 +10,8 @@ against and the figure it needed. The notebook the record replaced, and
 the prose of the runs, are under bench/history/.
 
 A row:
-  benchmark  "cpu", "gpu", "images", "ops", "matmul", "moe", "conv", "attention" or
-             "decode" (BENCHMARKS below)
+  benchmark  "cpu", "gpu", "images", "ops", "matmul", "moe", "conv", "attention",
+             "decode" or "llm" (BENCHMARKS below)
   case       what was measured, e.g. "fiber switch (one way)"
   metric     which figure of the case, e.g. "median", "jobs/s"
   value      a number; unit: its unit
@@ -89,6 +89,11 @@ BENCHMARKS = {
                "scaled_dot_product_attention on the same K/V laid out contiguously, and a "
                "device-to-device copy's ceiling, in the same run; what the rows measure: "
                "bench/attention/bench_decode.py's opening comment"),
+    "llm": ("weft-llm: bench_llm", "`make gpu-bench-llm` (bench/llm/bench_llm.py)",
+            "weft-llm's bench, speculative generate and serve (under weft-llm loadgen) on "
+            "random Llama-shaped bf16 models, against transformers' generate, torch.matmul and "
+            "torch's copy on the same GPU in the same run; what the rows measure: "
+            "bench/llm/README.md"),
 }
 REQUIRED = {"benchmark": str, "case": str, "metric": str, "value": (int, float), "unit": str,
             "machine": str, "date": str, "commit": str}

@@ -19,18 +19,19 @@ data_ptr() and torch's current stream. Rows (bench/results.py) go to
 """
 import argparse
 import ctypes
-import datetime
+import functools
 import json
 import math
 import os
-import platform
-import statistics
 import struct
-import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_LIB = os.path.join(ROOT, "build-release", "libweft.so")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench_common  # noqa: E402
+from bench_common import machine, own_stream, run_fields  # noqa: E402
+
+# median of 5 runs of back-to-back calls, each >= 50 ms
+time_per_call = functools.partial(bench_common.time_per_call, reps=5, min_ms=50.0)
 
 F32, BF16, F16 = 0, 1, 2
 ROPE_INTERLEAVED, ROPE_HALVES = 0, 1
@@ -166,52 +167,6 @@ def check_layout(lib):
 
 # ---- the benchmark --------------------------------------------------------
 
-def time_per_call(torch, fn, reps=5, min_ms=50.0):
-    """Median seconds per call over reps runs of back-to-back calls, timed
-    with events after a warm-up."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    iters = int(min(max(min_ms / max(start.elapsed_time(end), 1e-3), 3), 1000))
-    times = []
-    for _ in range(reps):
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / iters * 1e-3)
-    return statistics.median(times)
-
-
-def machine(torch):
-    gpu = torch.cuda.get_device_name()
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
-                                 "--format=csv,noheader"], capture_output=True, text=True,
-                                timeout=20).stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        driver = "unknown"
-    commit = os.environ.get("WEFT_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                                    capture_output=True, text=True).stdout.strip() or "unknown"
-            if subprocess.run(["git", "-C", ROOT, "status", "--porcelain",
-                               "--untracked-files=no"], capture_output=True,
-                              text=True).stdout.strip():
-                commit += " (modified)"
-        except OSError:
-            commit = "unknown"
-    return "%s, driver %s; PyTorch %s (CUDA %s); Python %s" % (
-        gpu, driver, torch.__version__, torch.version.cuda, platform.python_version()), commit
-
-
 def rel_err(torch, got, want):
     got, want = got.double(), want.double()
     return (torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want)).item()
@@ -234,13 +189,9 @@ def weft_call(torch, lib, out, q, k, v, causal):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--lib", default=DEFAULT_LIB, help="libweft.so to load")
-    ap.add_argument("--rows", default=os.path.join(ROOT, "build-release", "bench",
-                                                    "attention.rows.jsonl"))
-    ap.add_argument("--no-rows", action="store_true")
-    ap.add_argument("--quick", action="store_true", help="sequences of 1024; rows marked quick")
-    ap.add_argument("--check-layout", action="store_true",
-                    help="without a GPU or PyTorch: AttentionDesc is the C struct (a host call)")
+    bench_common.add_run_options(
+        ap, "attention.rows.jsonl", "sequences of 1024; rows marked quick",
+        "without a GPU or PyTorch: AttentionDesc is the C struct (a host call)")
     args = ap.parse_args()
     if args.check_layout:
         check_layout(load_weft(args.lib))
@@ -250,9 +201,7 @@ def main():
     if not torch.cuda.is_available():
         die("no GPU")
     lib = load_weft(args.lib)
-    # A stream of torch's own: its default stream's handle is 0 (NULL), which
-    # weft reads as "the host reference".
-    with torch.cuda.stream(torch.cuda.Stream()):
+    with own_stream(torch):
         run(torch, lib, args)
 
 
@@ -323,15 +272,11 @@ def run(torch, lib, args):
     if args.no_rows:
         return
     mach, commit = machine(torch)
-    common = {"benchmark": "attention", "machine": mach, "commit": commit,
-              "date": datetime.datetime.now(datetime.timezone.utc).strftime(
-                  "%Y-%m-%d %H:%M UTC"),
-              "conditions": "Release build; median of 5 runs of back-to-back calls, >= 50 ms "
-                            "each, after warm-up, on PyTorch's current stream; bf16, dense "
-                            "[B, S, H, D] tensors (torch reads them transposed)"}
-    if args.quick:
-        common["quick"] = True
-    os.makedirs(os.path.dirname(args.rows), exist_ok=True)
+    common = run_fields("attention", mach, commit,
+                        "Release build; median of 5 runs of back-to-back calls, >= 50 ms "
+                        "each, after warm-up, on PyTorch's current stream; bf16, dense "
+                        "[B, S, H, D] tensors (torch reads them transposed)", args.quick)
+    os.makedirs(os.path.dirname(os.path.abspath(args.rows)), exist_ok=True)
     with open(args.rows, "w") as f:
         for case, tflops, rates, detail in results:
             row = dict(common, case=case, metric="TFLOP/s", value=round(tflops, 2),

@@ -25,18 +25,19 @@ host calls (a ctest).
 """
 import argparse
 import ctypes
-import datetime
-import json
+import functools
 import math
 import os
-import platform
-import statistics
 import struct
-import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_LIB = os.path.join(ROOT, "build-release", "libweft.so")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench_common  # noqa: E402
+from bench_common import (machine, own_stream, print_results, run_fields,  # noqa: E402
+                          write_results)
+
+# median of 5 runs of back-to-back calls, each >= 20 ms
+time_per_call = functools.partial(bench_common.time_per_call, reps=5, min_ms=20.0)
 
 BF16, F16 = 1, 2
 ROPE_INTERLEAVED, ROPE_HALVES = 0, 1
@@ -192,52 +193,6 @@ def check_layout(lib):
 
 # ---- the GPU run -------------------------------------------------------------
 
-def time_per_call(torch, fn, reps=5, min_ms=20.0):
-    """Median seconds per call over reps runs of back-to-back calls, timed
-    with events after a warm-up."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    iters = int(min(max(min_ms / max(start.elapsed_time(end), 1e-3), 3), 1000))
-    times = []
-    for _ in range(reps):
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / iters * 1e-3)
-    return statistics.median(times)
-
-
-def machine(torch):
-    gpu = torch.cuda.get_device_name()
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
-                                 "--format=csv,noheader"], capture_output=True, text=True,
-                                timeout=20).stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        driver = "unknown"
-    commit = os.environ.get("WEFT_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                                    capture_output=True, text=True).stdout.strip() or "unknown"
-            if subprocess.run(["git", "-C", ROOT, "status", "--porcelain",
-                               "--untracked-files=no"], capture_output=True,
-                              text=True).stdout.strip():
-                commit += " (modified)"
-        except OSError:
-            commit = "unknown"
-    return "%s, driver %s; PyTorch %s (CUDA %s); Python %s" % (
-        gpu, driver, torch.__version__, torch.version.cuda, platform.python_version()), commit
-
-
 class Case:
     """One shape's paged cache, query and outputs on the GPU; with fp8, the
     pools hold E4M3 bytes of the values over a scale of 1/64 a head (the
@@ -352,44 +307,20 @@ def run(torch, F, lib, args):
             del c, k, v, auto, single
             torch.cuda.empty_cache()
 
-    print("\n| case | metric | weft | peer | detail |\n| --- | --- | --- | --- | --- |")
-    for case, metric, v, unit, peer, pv, detail, _ in results:
-        print("| %s | %s | %.4g %s | %s | %s |" % (case, metric, v, unit,
-                                                  "%s %.4g" % (peer, pv) if peer else "", detail))
+    print_results(results)
     if args.no_rows:
         return
     mach, commit = machine(torch)
-    common = {"benchmark": "decode", "machine": mach, "commit": commit,
-              "date": datetime.datetime.now(datetime.timezone.utc).strftime(
-                  "%Y-%m-%d %H:%M UTC"),
-              "conditions": "Release build; median of 5 runs of back-to-back calls, >= 20 ms "
-                            "each, after warm-up, on PyTorch's current stream"}
-    if args.quick:
-        common["quick"] = True
-    os.makedirs(os.path.dirname(args.rows), exist_ok=True)
-    with open(args.rows, "w") as f:
-        for case, metric, v, unit, peer, pv, detail, targets in results:
-            row = dict(common, case=case, metric=metric, value=round(v, 4), unit=unit,
-                       detail=detail)
-            if peer:
-                row.update(peer=peer, peer_value=round(pv, 4))
-            if targets:
-                row["targets"] = [{"goal": g, "op": op, "needed": round(need, 4),
-                                   "met": (v <= need if op == "<=" else v >= need)}
-                                  for g, op, need in targets]
-            f.write(json.dumps(row) + "\n")
+    write_results(args.rows, run_fields(
+        "decode", mach, commit, "Release build; median of 5 runs of back-to-back calls, >= 20 ms "
+        "each, after warm-up, on PyTorch's current stream", args.quick), results)
     print("bench_decode: rows in %s" % args.rows)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--lib", default=DEFAULT_LIB, help="libweft.so to load")
-    ap.add_argument("--rows", default=os.path.join(ROOT, "build-release", "bench",
-                                                    "decode.rows.jsonl"))
-    ap.add_argument("--no-rows", action="store_true")
-    ap.add_argument("--quick", action="store_true", help="smaller shapes; rows marked quick")
-    ap.add_argument("--check-layout", action="store_true",
-                    help="without a GPU or PyTorch: the ctypes structs are the C ones")
+    bench_common.add_run_options(ap, "decode.rows.jsonl", "smaller shapes; rows marked quick",
+                                 "without a GPU or PyTorch: the ctypes structs are the C ones")
     args = ap.parse_args()
     lib = load_weft(args.lib)
     if args.check_layout:
@@ -399,9 +330,7 @@ def main():
     import torch.nn.functional as F
     if not torch.cuda.is_available():
         die("no GPU")
-    # A stream of torch's own: its default stream's handle is 0 (NULL), which
-    # weft reads as "the host reference".
-    with torch.cuda.stream(torch.cuda.Stream()):
+    with own_stream(torch):
         torch.manual_seed(0)
         run(torch, F, lib, args)
 

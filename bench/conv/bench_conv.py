@@ -23,17 +23,19 @@ against torch eager's before it is timed. Rows (bench/results.py) go to
 """
 import argparse
 import ctypes
-import datetime
-import json
+import functools
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_LIB = os.path.join(ROOT, "build-release", "libweft.so")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench_common  # noqa: E402
+from bench_common import (machine, own_stream, print_results, run_fields,  # noqa: E402
+                          write_results)
+
+# median of 15 runs of back-to-back calls, each >= 20 ms, after 5 calls
+time_per_call = functools.partial(bench_common.time_per_call, reps=15, min_ms=20.0, warmup=5)
 
 F32, BF16, F16 = 0, 1, 2
 ACT_NONE, ACT_RELU = 0, 1
@@ -78,54 +80,6 @@ def load_weft(path):
 def die(msg):
     print("bench_conv: " + msg, file=sys.stderr)
     sys.exit(1)
-
-
-def time_per_call(torch, fn, reps=15, min_ms=20.0):
-    """Median seconds per call over reps runs of back-to-back calls (each
-    run >= min_ms), timed with events after a warm-up."""
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    iters = int(min(max(min_ms / max(start.elapsed_time(end), 1e-3), 3), 1000))
-    times = []
-    for _ in range(reps):
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / iters * 1e-3)
-    return statistics.median(times)
-
-
-def machine(torch):
-    gpu = torch.cuda.get_device_name()
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
-                                 "--format=csv,noheader"], capture_output=True, text=True,
-                                timeout=20).stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        driver = "unknown"
-    commit = os.environ.get("WEFT_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                                    capture_output=True, text=True).stdout.strip() or "unknown"
-            if subprocess.run(["git", "-C", ROOT, "status", "--porcelain",
-                               "--untracked-files=no"], capture_output=True,
-                              text=True).stdout.strip():
-                commit += " (modified)"
-        except OSError:
-            commit = "unknown"
-    cudnn = torch.backends.cudnn.version()
-    return "%s, driver %s; PyTorch %s (CUDA %s, cuDNN %s); Python %s" % (
-        gpu, driver, torch.__version__, torch.version.cuda, cudnn,
-        platform.python_version()), commit
 
 
 def check(lib, rc, what):
@@ -219,13 +173,8 @@ def check_layout(lib):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--lib", default=DEFAULT_LIB, help="libweft.so to load")
-    ap.add_argument("--rows", default=os.path.join(ROOT, "build-release", "bench",
-                                                    "conv.rows.jsonl"))
-    ap.add_argument("--no-rows", action="store_true")
-    ap.add_argument("--quick", action="store_true", help="batch 8; rows marked quick")
-    ap.add_argument("--check-layout", action="store_true",
-                    help="without a GPU or PyTorch: ConvDesc is the C struct (host calls)")
+    bench_common.add_run_options(ap, "conv.rows.jsonl", "batch 8; rows marked quick",
+                                 "without a GPU or PyTorch: ConvDesc is the C struct (host calls)")
     args = ap.parse_args()
     if args.check_layout:
         check_layout(load_weft(args.lib))
@@ -238,9 +187,7 @@ def main():
     torch.backends.cudnn.benchmark = True
     lib = load_weft(args.lib)
     weft = Weft(torch, lib)
-    # A stream of torch's own: its default stream's handle is 0 (NULL), which
-    # weft reads as "the host reference".
-    with torch.cuda.stream(torch.cuda.Stream()):
+    with own_stream(torch):
         run(torch, F, weft, args)
 
 
@@ -332,34 +279,14 @@ def run(torch, F, weft, args):
                     "median of 200; includes Python's ctypes call", []))
 
     # ---- report ----
-    print("\n| case | metric | weft | peer | detail |\n| --- | --- | --- | --- | --- |")
-    for case, metric, v, unit, peer, pv, detail, _ in results:
-        print("| %s | %s | %.4g %s | %s | %s |" % (case, metric, v, unit,
-                                                   "%s %.4g" % (peer, pv) if peer else "",
-                                                   detail))
+    print_results(results)
     if args.no_rows:
         return
-    mach, commit = machine(torch)
-    common = {"benchmark": "conv", "machine": mach, "commit": commit,
-              "date": datetime.datetime.now(datetime.timezone.utc).strftime(
-                  "%Y-%m-%d %H:%M UTC"),
-              "conditions": "Release build; median of 15 runs of back-to-back calls, >= 20 ms "
-                            "each, after warm-up, on PyTorch's current stream; channels_last; "
-                            "torch.backends.cudnn.benchmark on"}
-    if args.quick:
-        common["quick"] = True
-    os.makedirs(os.path.dirname(args.rows), exist_ok=True)
-    with open(args.rows, "w") as f:
-        for case, metric, v, unit, peer, pv, detail, targets in results:
-            row = dict(common, case=case, metric=metric, value=round(v, 4), unit=unit,
-                       detail=detail)
-            if peer:
-                row.update(peer=peer, peer_value=round(pv, 4))
-            if targets:
-                row["targets"] = [{"goal": g, "op": op, "needed": round(need, 4),
-                                   "met": (v <= need if op == "<=" else v >= need)}
-                                  for g, op, need in targets]
-            f.write(json.dumps(row) + "\n")
+    mach, commit = machine(torch, cudnn=True)
+    write_results(args.rows, run_fields(
+        "conv", mach, commit, "Release build; median of 15 runs of back-to-back calls, >= 20 ms "
+        "each, after warm-up, on PyTorch's current stream; channels_last; "
+        "torch.backends.cudnn.benchmark on", args.quick), results)
     print("bench_conv: rows in %s" % args.rows)
 
 

@@ -19,16 +19,16 @@ torch's before it is timed. Rows (bench/results.py) go to --rows;
 """
 import argparse
 import ctypes
-import datetime
-import json
+import functools
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "matmul"))
-from bench_matmul import ROOT, machine, time_per_call  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench_common  # noqa: E402
+from bench_common import machine, own_stream, run_fields, write_results  # noqa: E402
 
-DEFAULT_LIB = os.path.join(ROOT, "build-release", "libweft.so")
+# median of 5 runs of back-to-back calls, each >= 20 ms
+time_per_call = functools.partial(bench_common.time_per_call, reps=5, min_ms=20.0)
 F32, BF16, F16 = 0, 1, 2
 SOFTMAX, SIGMOID = 0, 1
 
@@ -247,31 +247,18 @@ def run(torch, lib, args):
     if args.no_rows:
         return
     mach, commit = machine(torch)
-    common = {"benchmark": "moe", "machine": mach, "commit": commit,
-              "date": datetime.datetime.now(datetime.timezone.utc).strftime(
-                  "%Y-%m-%d %H:%M UTC"),
-              "conditions": "Release build; median of 5 runs of back-to-back calls, >= 20 ms "
-                            "each, after warm-up, on PyTorch's current stream"}
-    if args.quick:
-        common["quick"] = True
-    os.makedirs(os.path.dirname(args.rows), exist_ok=True)
-    with open(args.rows, "w") as f:
-        for case, metric, v, unit, peer, pv, detail in results:
-            f.write(json.dumps(dict(common, case=case, metric=metric, value=round(v, 4),
-                                    unit=unit, detail=detail, peer=peer,
-                                    peer_value=round(pv, 4))) + "\n")
+    # every case has its peer and no target
+    write_results(args.rows, run_fields(
+        "moe", mach, commit, "Release build; median of 5 runs of back-to-back calls, >= 20 ms "
+        "each, after warm-up, on PyTorch's current stream", args.quick),
+        [r + ([],) for r in results])
     print("bench_moe: rows in %s" % args.rows)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--lib", default=DEFAULT_LIB, help="libweft.so to load")
-    ap.add_argument("--rows", default=os.path.join(ROOT, "build-release", "bench",
-                                                    "moe.rows.jsonl"))
-    ap.add_argument("--no-rows", action="store_true")
-    ap.add_argument("--quick", action="store_true", help="smaller shapes; rows marked quick")
-    ap.add_argument("--check-layout", action="store_true",
-                    help="without a GPU or PyTorch: the ctypes structs are the C ones")
+    bench_common.add_run_options(ap, "moe.rows.jsonl", "smaller shapes; rows marked quick",
+                                 "without a GPU or PyTorch: the ctypes structs are the C ones")
     args = ap.parse_args()
     lib = load_weft(args.lib)
     if args.check_layout:
@@ -280,9 +267,7 @@ def main():
     import torch
     if not torch.cuda.is_available():
         die("no GPU")
-    # A stream of torch's own: its default stream's handle is 0 (NULL), which
-    # weft reads as "the host reference".
-    with torch.cuda.stream(torch.cuda.Stream()):
+    with own_stream(torch):
         run(torch, lib, args)
 
 

@@ -26,16 +26,17 @@ builds and runs it.
 """
 import argparse
 import ctypes
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench_common  # noqa: E402
+from bench_common import ROOT, machine, run_fields, utc_now  # noqa: E402
+
 DEFAULT_LIB = os.path.join(ROOT, "build-release", "bench", "ops", "libweft_ops_bench.so")
 
 SHAPES = [(16384, 4096), (4096, 16384), (65536, 1024), (1024, 65536)]
@@ -278,32 +279,15 @@ def last_clock():
 
 
 def time_per_call(torch, fn, reps, min_ms=10.0):
-    """Median seconds per call of fn over reps runs of back-to-back calls,
-    after REST_MS idle and 3 calls."""
+    """Median seconds per call of fn over reps runs of back-to-back calls
+    (at most 500 a run), after REST_MS idle and 3 calls."""
     if REST_MS > 0:
         torch.cuda.synchronize()
         time.sleep(REST_MS * 1e-3)
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    one = max(start.elapsed_time(end), 1e-3)
-    iters = int(min(max(min_ms / one, 3), 500))
-    times = []
-    for _ in range(reps):
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / iters * 1e-3)
+    t = bench_common.time_per_call(torch, fn, reps, min_ms, max_iters=500)
     if SM_CLOCK is not None:
         SM_CLOCKS.append(SM_CLOCK.mhz())
-    return statistics.median(times)
+    return t
 
 
 def time_in_graph(torch, fn, reps, launches=200):
@@ -944,27 +928,6 @@ def run(torch, lib, args):
 # ---- the report -------------------------------------------------------------------
 
 
-def machine(torch):
-    gpu = torch.cuda.get_device_name()
-    try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        smi = ""
-    commit = os.environ.get("WEFT_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                                    capture_output=True, text=True).stdout.strip() or "unknown"
-            dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain",
-                                    "--untracked-files=no"], capture_output=True, text=True)
-            if dirty.stdout.strip():
-                commit += " (modified)"
-        except OSError:
-            commit = "unknown"
-    return gpu, smi.splitlines()[0] if smi else "unknown", commit
-
-
 # the headline's targets against torch.compile: op -> the ratio (bf16)
 COMPILE_TARGETS = (("gelu_layernorm", 1.5), ("softmax", 2.0))
 
@@ -973,20 +936,13 @@ def write_rows(torch, args, copy_tbps, rows_out, small_out):
     """The headline and the small inputs as rows (bench/results.py): each
     large shape's bandwidth beside torch.compile's, with its targets; each
     small input's time beside the empty kernel's."""
-    gpu, driver, commit = machine(torch)
-    common = {
-        "benchmark": "ops",
-        "machine": "%s, driver %s; PyTorch %s (CUDA %s); Python %s" % (
-            gpu, driver, torch.__version__, torch.version.cuda, platform.python_version()),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": commit,
-        "conditions": "Release build; median of %d runs of back-to-back calls, >= 10 ms each, "
-                      "after %swarm-up; torch.compile default mode, static shapes; effective "
-                      "bandwidth = bytes the op must move / time" % (
-                          3 if args.quick else 5, "%g ms idle and " % REST_MS if REST_MS else ""),
-    }
-    if args.quick:
-        common["quick"] = True
+    mach, commit = machine(torch)
+    common = run_fields(
+        "ops", mach, commit,
+        "Release build; median of %d runs of back-to-back calls, >= 10 ms each, after "
+        "%swarm-up; torch.compile default mode, static shapes; effective bandwidth = bytes the "
+        "op must move / time" % (3 if args.quick else 5,
+                                 "%g ms idle and " % REST_MS if REST_MS else ""), args.quick)
     rows = [dict(common, case="copy ceiling: device-to-device copy of 512 MiB",
                  metric="bandwidth", value=round(copy_tbps, 4), unit="TB/s",
                  detail="read + write")]
@@ -1023,15 +979,14 @@ def write_rows(torch, args, copy_tbps, rows_out, small_out):
 
 
 def report(torch, args, copy_tbps, rows_out, variants_out, small_out, failures, notes):
-    gpu, driver, commit = machine(torch)
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    mach, commit = machine(torch)
+    when = utc_now()
     out = []
     head = "## GPU operator benchmarks, %s" % when
     if args.quick:
         head += " (quick smoke run: not figures to quote)"
     out += [head, ""]
-    out.append("- GPU: %s, driver %s; PyTorch %s (CUDA %s); Python %s" %
-               (gpu, driver, torch.__version__, torch.version.cuda, platform.python_version()))
+    out.append("- GPU: " + mach)
     out.append("- commit %s, Release build; weft called through ctypes on PyTorch's tensors "
                "and current stream (bench/ops/bench_ops.py)" % commit)
     out.append("- copy ceiling: device-to-device copy of 512 MiB, **%.2f TB/s** (read + write)" %

@@ -20,7 +20,7 @@
  * error and the largest difference from the host reference, so one run
  * shows every failing case.
  */
-#include "gpu_support/gpu_test.h"
+#include "gpu_support/gpu_stream.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -30,22 +30,6 @@
 
 static weft_runtime *runtime;
 static cudaStream_t stream;
-
-#define assert_cuda(expr)                                                                          \
-    do {                                                                                           \
-        cudaError_t e_ = (expr);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            fail_msg("%s: %s", #expr, cudaGetErrorString(e_));                                     \
-    } while (0)
-
-static void *upload(const void *h, size_t bytes)
-{
-    void *p = NULL;
-    assert_cuda(cudaMalloc(&p, bytes ? bytes : 1));
-    if (h)
-        assert_cuda(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice));
-    return p;
-}
 
 static void *download(const void *dev, size_t bytes)
 {
@@ -64,14 +48,14 @@ static void gpu_case(const char *name, at_data *a, int with_host)
     const weft_attention_desc *d = &a->d;
     size_t qr = a->q_rows ? a->q_rows : 1, kr = a->k_rows ? a->k_rows : 1;
     size_t on = qr * d->o_stride * 2, ln = d->lse ? d->heads * d->lse_stride * sizeof(float) : 0;
-    void *dq = upload(a->q, qr * d->q_stride * 2), *dk = upload(a->k, kr * d->k_stride * 2);
-    void *dv = upload(a->v, kr * d->v_stride * 2), *dout = upload(a->o, on);
-    float *dlse = d->lse ? upload(a->lse, ln) : NULL;
+    void *dq = gt_upload(a->q, qr * d->q_stride * 2), *dk = gt_upload(a->k, kr * d->k_stride * 2);
+    void *dv = gt_upload(a->v, kr * d->v_stride * 2), *dout = gt_upload(a->o, on);
+    float *dlse = d->lse ? gt_upload(a->lse, ln) : NULL;
     size_t tb = (d->batch + 1) * sizeof(int32_t);
-    int32_t *dcq = a->cu_q ? upload(a->cu_q, tb) : NULL,
-            *dck = a->cu_k ? upload(a->cu_k, tb) : NULL;
-    int32_t *dpq = a->pos_q ? upload(a->pos_q, qr * 4) : NULL;
-    int32_t *dpk = a->pos_k ? upload(a->pos_k, kr * 4) : NULL;
+    int32_t *dcq = a->cu_q ? gt_upload(a->cu_q, tb) : NULL,
+            *dck = a->cu_k ? gt_upload(a->cu_k, tb) : NULL;
+    int32_t *dpq = a->pos_q ? gt_upload(a->pos_q, qr * 4) : NULL;
+    int32_t *dpk = a->pos_k ? gt_upload(a->pos_k, kr * 4) : NULL;
 
     weft_attention_desc g = *d;
     g.lse = dlse, g.cu_seqlens_q = dcq, g.cu_seqlens_k = dck;
@@ -369,9 +353,9 @@ static void test_a_tasks_stream_computes_what_a_stream_does(void **state)
     at_data a = at_new(d, NULL, NULL, 0, 0, 4.0);
     size_t qn = a.q_rows * a.d.q_stride * 2, kn = a.k_rows * a.d.k_stride * 2;
     task_job j = {.d = a.d};
-    j.q = upload(a.q, qn), j.k = upload(a.k, kn), j.v = upload(a.v, kn);
-    j.o = upload(a.o, qn);
-    void *o_stream = upload(a.o, qn);
+    j.q = gt_upload(a.q, qn), j.k = gt_upload(a.k, kn), j.v = gt_upload(a.v, kn);
+    j.o = gt_upload(a.o, qn);
+    void *o_stream = gt_upload(a.o, qn);
     assert_int_equal(weft_attention(stream, &a.d, o_stream, j.q, j.k, j.v), WEFT_OK);
     assert_cuda(cudaStreamSynchronize(stream));
     weft_task *t = NULL;
@@ -419,20 +403,14 @@ static void test_bad_arguments_are_refused_before_launch(void **state)
 static int setup(void **state)
 {
     (void)state;
-    weft_config cfg = {.workers = 2, .backend = WEFT_BACKEND_CUDA};
     at_rng_state = gt_rng(53);
-    if (weft_runtime_create(&runtime, &cfg) != WEFT_OK) {
-        fprintf(stderr, "weft_runtime_create: %s\n", weft_last_error());
-        return -1;
-    }
-    return cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess ? 0 : -1;
+    return gt_stream_setup(&runtime, &stream);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    int ok = cudaStreamDestroy(stream) == cudaSuccess;
-    return weft_runtime_destroy(runtime) == WEFT_OK && ok ? 0 : -1;
+    return gt_stream_teardown(runtime, stream);
 }
 
 int main(void)

@@ -24,7 +24,7 @@
  * bytes), so an unwritten element fails, and so would cuDNN reading its z
  * operand (the output itself, at alpha2 = 0).
  */
-#include "gpu_support/gpu_test.h"
+#include "gpu_support/gpu_stream.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -44,13 +44,6 @@ static cudaStream_t stream;
 #define NEEDS_CUDNN() skip()
 #endif
 
-#define assert_cuda(expr)                                                                          \
-    do {                                                                                           \
-        cudaError_t e_ = (expr);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            fail_msg("%s: %s", #expr, cudaGetErrorString(e_));                                     \
-    } while (0)
-
 static const weft_dtype TYPES[] = {WEFT_DTYPE_F32, WEFT_DTYPE_BF16, WEFT_DTYPE_F16};
 #define NCASES (sizeof CV_CASES / sizeof CV_CASES[0])
 
@@ -59,21 +52,6 @@ static double bound(const weft_conv2d_desc *d)
     if (d->dtype == WEFT_DTYPE_F32)
         return d->allow_tf32 ? 2e-3 : 1e-5;
     return d->dtype == WEFT_DTYPE_BF16 ? 1e-2 : 3e-3;
-}
-
-static void *upload(const void *h, size_t bytes)
-{
-    void *p = NULL;
-    assert_cuda(cudaMalloc(&p, bytes ? bytes : 1));
-    assert_cuda(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice));
-    return p;
-}
-
-static void *download(const void *dev, size_t bytes)
-{
-    void *h = malloc(bytes);
-    assert_cuda(cudaMemcpy(h, dev, bytes, cudaMemcpyDeviceToHost));
-    return h;
 }
 
 /* Cases over their bound, counted so that one run lists every case that
@@ -113,8 +91,8 @@ static int gpu_case(const char *name, const weft_conv2d_desc *d, const void *in,
     cv_geom g = cv_geometry(d);
     size_t es = weft__dtype_size(d->dtype);
     void *poison = cv_poisoned(d->dtype, g.nout);
-    void *din = upload(in, g.nin * es), *dw = upload(w, g.nw * es);
-    void *dbias = upload(bias, d->k * es), *dout = upload(poison, g.nout * es);
+    void *din = gt_upload(in, g.nin * es), *dw = gt_upload(w, g.nw * es);
+    void *dbias = gt_upload(bias, d->k * es), *dout = gt_upload(poison, g.nout * es);
     double lim = bound(d);
     int ran = 0;
 
@@ -126,7 +104,7 @@ static int gpu_case(const char *name, const weft_conv2d_desc *d, const void *in,
     weft__conv_cuda_plan_stats(&h0, &m0, &split1);
     int split = split1 != split0;
     assert_cuda(cudaStreamSynchronize(stream));
-    void *got = download(dout, g.nout * es);
+    void *got = gt_download(dout, g.nout * es);
     if (rc != WEFT_OK) {
         if (!is_refusal(rc) || must_run(d)) {
             printf("  FAILED %s: weft_conv2d returned %d: %s\n", name, rc, weft_last_error());
@@ -271,10 +249,10 @@ static void test_the_fold_kernel_equals_the_host_bit_for_bit(void **state)
             void *hw = cv_poisoned(d.dtype, g.nw), *hb = cv_poisoned(d.dtype, d.k);
             assert_ok(
                 weft_conv2d_fold_bn(NULL, &d, bt, hw, hb, w, cb, gamma, beta, mean, var, eps));
-            void *dw = upload(w, g.nw * es), *dcb = upload(cb, d.k * es);
-            void *dg = upload(gamma, d.k * eb), *dbt = upload(beta, d.k * eb);
-            void *dm = upload(mean, d.k * eb), *dv = upload(var, d.k * eb);
-            void *dwf = upload(hw, g.nw * es), *dbf = upload(hb, d.k * es);
+            void *dw = gt_upload(w, g.nw * es), *dcb = gt_upload(cb, d.k * es);
+            void *dg = gt_upload(gamma, d.k * eb), *dbt = gt_upload(beta, d.k * eb);
+            void *dm = gt_upload(mean, d.k * eb), *dv = gt_upload(var, d.k * eb);
+            void *dwf = gt_upload(hw, g.nw * es), *dbf = gt_upload(hb, d.k * es);
             assert_cuda(cudaMemset(dwf, 0xff, g.nw * es));
             assert_cuda(cudaMemset(dbf, 0xff, d.k * es));
             assert_ok(weft_conv2d_fold_bn(stream, &d, bt, dwf, dbf, dw, t == bi ? NULL : dcb, dg,
@@ -283,7 +261,7 @@ static void test_the_fold_kernel_equals_the_host_bit_for_bit(void **state)
                 assert_ok(weft_conv2d_fold_bn(NULL, &d, bt, hw, hb, w, NULL, gamma, beta, mean, var,
                                               eps));
             assert_cuda(cudaStreamSynchronize(stream));
-            void *gw = download(dwf, g.nw * es), *gb = download(dbf, d.k * es);
+            void *gw = gt_download(dwf, g.nw * es), *gb = gt_download(dbf, d.k * es);
             size_t at = first_unequal(d.dtype, gw, hw, g.nw),
                    bt_at = first_unequal(d.dtype, gb, hb, d.k);
             if (at != g.nw || bt_at != d.k)
@@ -322,10 +300,10 @@ static void test_the_folded_conv_matches_conv_then_batchnorm(void **state)
             void *beta = cv_random(WEFT_DTYPE_F32, d.k, -1, 1);
             void *mean = cv_random(WEFT_DTYPE_F32, d.k, -0.5, 0.5);
             void *var = cv_random(WEFT_DTYPE_F32, d.k, 0.05, 3);
-            void *din = upload(in, g.nin * es), *dw = upload(w, g.nw * es);
-            void *dcb = upload(cb, d.k * es), *dg = upload(gamma, d.k * 4);
-            void *dbt = upload(beta, d.k * 4), *dm = upload(mean, d.k * 4);
-            void *dv = upload(var, d.k * 4), *dout = NULL;
+            void *din = gt_upload(in, g.nin * es), *dw = gt_upload(w, g.nw * es);
+            void *dcb = gt_upload(cb, d.k * es), *dg = gt_upload(gamma, d.k * 4);
+            void *dbt = gt_upload(beta, d.k * 4), *dm = gt_upload(mean, d.k * 4);
+            void *dv = gt_upload(var, d.k * 4), *dout = NULL;
             assert_cuda(cudaMalloc(&dout, g.nout * es));
             assert_cuda(cudaMemset(dout, 0xff, g.nout * es));
             /* In place: the weights and the conv bias become the folded ones. */
@@ -339,7 +317,7 @@ static void test_the_folded_conv_matches_conv_then_batchnorm(void **state)
             } else {
                 assert_ok(rc);
                 assert_cuda(cudaStreamSynchronize(stream));
-                void *got = download(dout, g.nout * es);
+                void *got = gt_download(dout, g.nout * es);
                 /* The float64 BN reference, as a relative norm: the conv
                  * with its folded weights rounded to the dtype. */
                 double num = 0, den = 0;
@@ -396,7 +374,8 @@ static void test_a_plan_is_made_once_and_found_on_repeat(void **state)
     cv_geom g = cv_geometry(&d);
     void *in = cv_random(d.dtype, g.nin, -1, 1), *w = cv_random(d.dtype, g.nw, -1, 1);
     void *bias = cv_random(d.dtype, d.k, -1, 1);
-    void *din = upload(in, g.nin * 2), *dw = upload(w, g.nw * 2), *dbias = upload(bias, d.k * 2);
+    void *din = gt_upload(in, g.nin * 2), *dw = gt_upload(w, g.nw * 2),
+         *dbias = gt_upload(bias, d.k * 2);
     void *dout = NULL;
     assert_cuda(cudaMalloc(&dout, g.nout * 2));
     unsigned long long h0, m0, s0, h1, m1, s1, h2, m2, s2;
@@ -430,8 +409,8 @@ static int captured_replay(const char *name, const weft_conv2d_desc *d)
     size_t es = weft__dtype_size(d->dtype);
     void *in = cv_random(d->dtype, g.nin, -1, 1), *w = cv_random(d->dtype, g.nw, -1, 1);
     void *bias = cv_random(d->dtype, d->k, -1, 1), *poison = cv_poisoned(d->dtype, g.nout);
-    void *din = upload(in, g.nin * es), *dw = upload(w, g.nw * es);
-    void *dbias = upload(bias, d->k * es), *dout = upload(poison, g.nout * es);
+    void *din = gt_upload(in, g.nin * es), *dw = gt_upload(w, g.nw * es);
+    void *dbias = gt_upload(bias, d->k * es), *dout = gt_upload(poison, g.nout * es);
     assert_ok(weft_conv2d(stream, d, dout, din, dw, dbias)); /* the shape's first call */
     assert_cuda(cudaStreamSynchronize(stream));
     cudaGraph_t graph;
@@ -458,7 +437,7 @@ static int captured_replay(const char *name, const weft_conv2d_desc *d)
         assert_cuda(cudaMemcpy(dout, poison, g.nout * es, cudaMemcpyHostToDevice));
         assert_cuda(cudaGraphLaunch(exec, stream));
         assert_cuda(cudaStreamSynchronize(stream));
-        void *got = download(dout, g.nout * es);
+        void *got = gt_download(dout, g.nout * es);
         size_t nan_at;
         double e = cv_rel_error(d, in, w, bias, got, &nan_at);
         printf("  %s replay %d: error %.2e\n", name, i, e);
@@ -550,8 +529,8 @@ static void test_many_tasks_on_their_own_streams_at_once(void **state)
         host[t][0] = cv_random(d.dtype, g.nin, -1, 1), host[t][1] = cv_random(d.dtype, g.nw, -1, 1);
         host[t][2] = cv_random(d.dtype, d.k, -1, 1);
         jobs[t].d = d;
-        jobs[t].in = upload(host[t][0], g.nin * 2), jobs[t].w = upload(host[t][1], g.nw * 2);
-        jobs[t].bias = upload(host[t][2], d.k * 2);
+        jobs[t].in = gt_upload(host[t][0], g.nin * 2), jobs[t].w = gt_upload(host[t][1], g.nw * 2);
+        jobs[t].bias = gt_upload(host[t][2], d.k * 2);
         assert_cuda(cudaMalloc(&jobs[t].out, g.nout * 2));
         assert_cuda(cudaMemset(jobs[t].out, 0xff, g.nout * 2));
     }
@@ -562,7 +541,7 @@ static void test_many_tasks_on_their_own_streams_at_once(void **state)
     gt_assert_passed();
     for (int t = 0; t < TASKS; t++) {
         cv_geom g = cv_geometry(&jobs[t].d);
-        void *got = download(jobs[t].out, g.nout * 2);
+        void *got = gt_download(jobs[t].out, g.nout * 2);
         size_t nan_at;
         double e = cv_rel_error(&jobs[t].d, host[t][0], host[t][1], host[t][2], got, &nan_at);
         if (!(e <= bound(&jobs[t].d)) || nan_at != (size_t)-1)
@@ -620,7 +599,7 @@ static void test_bad_arguments_are_refused_before_launch(void **state)
     printf("  %s\n", weft_last_error());
     assert_non_null(strstr(weft_last_error(), "in int"));
     assert_cuda(cudaStreamSynchronize(stream));
-    unsigned char *h = download(buf, 4 * nio * 2 + 256);
+    unsigned char *h = gt_download(buf, 4 * nio * 2 + 256);
     for (size_t i = 0; i < 4 * nio * 2 + 256; i++)
         assert_int_equal(h[i], 0x5a);
     free(h);
@@ -653,20 +632,14 @@ static void test_without_cudnn_the_call_says_so(void **state)
 static int setup(void **state)
 {
     (void)state;
-    weft_config cfg = {.workers = 2, .backend = WEFT_BACKEND_CUDA};
     cv_rng_state = gt_rng(41);
-    if (weft_runtime_create(&runtime, &cfg) != WEFT_OK) {
-        fprintf(stderr, "weft_runtime_create: %s\n", weft_last_error());
-        return -1;
-    }
-    return cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess ? 0 : -1;
+    return gt_stream_setup(&runtime, &stream);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    int ok = cudaStreamDestroy(stream) == cudaSuccess;
-    return weft_runtime_destroy(runtime) == WEFT_OK && ok ? 0 : -1;
+    return gt_stream_teardown(runtime, stream);
 }
 
 int main(void)

@@ -16,7 +16,7 @@
  * test_matmul.c). Every output element must be written and the padding
  * left alone.
  */
-#include "gpu_support/gpu_test.h"
+#include "gpu_support/gpu_stream.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -27,13 +27,6 @@
 
 static weft_runtime *runtime;
 static cudaStream_t stream;
-
-#define assert_cuda(expr)                                                                          \
-    do {                                                                                           \
-        cudaError_t e_ = (expr);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            fail_msg("%s: %s", #expr, cudaGetErrorString(e_));                                     \
-    } while (0)
 
 static double bound(const weft_matmul_desc *d)
 {
@@ -78,21 +71,6 @@ static double rel_error(const weft_matmul_desc *d, const void *a, const void *b,
     return sqrt(num / (den > 0 ? den : 1));
 }
 
-static void *upload(const void *h, size_t bytes)
-{
-    void *p = NULL;
-    assert_cuda(cudaMalloc(&p, bytes ? bytes : 1));
-    assert_cuda(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice));
-    return p;
-}
-
-static void *download(const void *dev, size_t bytes)
-{
-    void *h = malloc(bytes);
-    assert_cuda(cudaMemcpy(h, dev, bytes, cudaMemcpyDeviceToHost));
-    return h;
-}
-
 /* Cases over their bound, counted so that one run lists every case that
  * fails (which types, epilogues and layouts) before the test fails. */
 static unsigned over_bound;
@@ -125,17 +103,17 @@ static void gpu_case(const char *name, weft_matmul_desc desc, int with_c, int in
     void *bias = with_bias ? mm_random(desc.type, desc.n, 1.0) : NULL;
     void *pd = mm_poisoned(desc.type, g.nd), *paux = mm_poisoned(desc.type, g.naux);
 
-    void *da = upload(a, g.na * ei), *db = upload(b, g.nb * ei);
-    void *dc = c ? upload(c, nc * es) : NULL;
-    void *dd = in_place ? dc : upload(pd, g.nd * es);
-    void *dbias = bias ? upload(bias, desc.n * es) : NULL;
-    void *daux = with_aux ? upload(paux, g.naux * es) : NULL;
+    void *da = gt_upload(a, g.na * ei), *db = gt_upload(b, g.nb * ei);
+    void *dc = c ? gt_upload(c, nc * es) : NULL;
+    void *dd = in_place ? dc : gt_upload(pd, g.nd * es);
+    void *dbias = bias ? gt_upload(bias, desc.n * es) : NULL;
+    void *daux = with_aux ? gt_upload(paux, g.naux * es) : NULL;
 
     weft_matmul_desc gd = desc;
     gd.bias = dbias, gd.aux = daux;
     assert_ok(weft_matmul(stream, &gd, dd, da, db, dc));
     assert_cuda(cudaStreamSynchronize(stream));
-    void *got = download(dd, g.nd * es);
+    void *got = gt_download(dd, g.nd * es);
     double lim = bound(&desc);
     weft_matmul_desc rd = desc; /* the reference reads the host's bias */
     rd.bias = bias;
@@ -144,7 +122,7 @@ static void gpu_case(const char *name, weft_matmul_desc desc, int with_c, int in
     if (!(e <= lim))
         over(name, "D", e, lim);
     if (with_aux) {
-        void *got_aux = download(daux, g.naux * es);
+        void *got_aux = gt_download(daux, g.naux * es);
         double ea = rel_error(&rd, a, b, c, got_aux, 1, 1, name);
         if (!(ea <= lim))
             over(name, "aux", ea, lim);
@@ -281,11 +259,11 @@ static void test_cublaslt_gelu_is_the_tanh_form(void **state)
         .m = 128, .n = 128, .k = 64, .type = WEFT_DTYPE_F32, .act = WEFT_MATMUL_ACT_GELU_TANH};
     mm_geom g = mm_geometry(&d);
     void *a = mm_random(WEFT_DTYPE_F32, g.na, 0.5), *b = mm_random(WEFT_DTYPE_F32, g.nb, 0.5);
-    void *da = upload(a, g.na * 4), *db = upload(b, g.nb * 4), *dd = NULL;
+    void *da = gt_upload(a, g.na * 4), *db = gt_upload(b, g.nb * 4), *dd = NULL;
     assert_cuda(cudaMalloc(&dd, g.nd * 4));
     assert_ok(weft_matmul(stream, &d, dd, da, db, NULL));
     assert_cuda(cudaStreamSynchronize(stream));
-    float *got = download(dd, g.nd * 4);
+    float *got = gt_download(dd, g.nd * 4);
     double to_tanh = 0, to_erf = 0, den = 0;
     for (size_t i = 0; i < d.m; i++)
         for (size_t j = 0; j < d.n; j++) {
@@ -314,7 +292,8 @@ static void test_a_plan_is_made_once_and_found_on_repeat(void **state)
     mm_geom g = mm_geometry(&d);
     void *a = mm_random(d.type, g.na, 1), *b = mm_random(d.type, g.nb, 1);
     void *bias = mm_random(d.type, d.n, 1);
-    void *da = upload(a, g.na * 2), *db = upload(b, g.nb * 2), *dbias = upload(bias, d.n * 2);
+    void *da = gt_upload(a, g.na * 2), *db = gt_upload(b, g.nb * 2),
+         *dbias = gt_upload(bias, d.n * 2);
     void *dd = NULL;
     assert_cuda(cudaMalloc(&dd, g.nd * 2));
     d.bias = dbias;
@@ -335,7 +314,7 @@ static void test_a_plan_is_made_once_and_found_on_repeat(void **state)
     assert_int_equal(m2 - m1, 0);
     assert_int_equal(h2 - h1, 1);
     /* Another bias address of the same alignment is the same plan. */
-    void *dbias2 = upload(bias, d.n * 2);
+    void *dbias2 = gt_upload(bias, d.n * 2);
     d.bias = dbias2;
     assert_ok(weft_matmul(stream, &d, dd, da, db, NULL));
     unsigned long long h3, m3;
@@ -360,8 +339,9 @@ static void test_a_captured_matmul_replays_right(void **state)
     mm_geom g = mm_geometry(&d);
     void *a = mm_random(d.type, g.na, 1), *b = mm_random(d.type, g.nb, 1);
     void *bias = mm_random(d.type, d.n, 1), *pd = mm_poisoned(d.type, g.nd);
-    void *da = upload(a, g.na * 2), *db = upload(b, g.nb * 2), *dbias = upload(bias, d.n * 2);
-    void *dd = upload(pd, g.nd * 2);
+    void *da = gt_upload(a, g.na * 2), *db = gt_upload(b, g.nb * 2),
+         *dbias = gt_upload(bias, d.n * 2);
+    void *dd = gt_upload(pd, g.nd * 2);
     weft_matmul_desc gd = d;
     gd.bias = dbias;
     cudaGraph_t graph;
@@ -375,7 +355,7 @@ static void test_a_captured_matmul_replays_right(void **state)
         assert_cuda(cudaMemcpy(dd, pd, g.nd * 2, cudaMemcpyHostToDevice));
         assert_cuda(cudaGraphLaunch(exec, stream));
         assert_cuda(cudaStreamSynchronize(stream));
-        void *got = download(dd, g.nd * 2);
+        void *got = gt_download(dd, g.nd * 2);
         d.bias = bias;
         double e = rel_error(&d, a, b, NULL, got, 0, 1, "captured");
         if (!(e <= bound(&d)))
@@ -428,8 +408,8 @@ static void test_many_tasks_on_their_own_streams_at_once(void **state)
         host[t][0] = mm_random(d.type, g.na, 1), host[t][1] = mm_random(d.type, g.nb, 1);
         host[t][2] = mm_random(d.type, d.n, 1);
         jobs[t].d = d;
-        jobs[t].a = upload(host[t][0], g.na * 2), jobs[t].b = upload(host[t][1], g.nb * 2);
-        jobs[t].bias = upload(host[t][2], d.n * 2);
+        jobs[t].a = gt_upload(host[t][0], g.na * 2), jobs[t].b = gt_upload(host[t][1], g.nb * 2);
+        jobs[t].bias = gt_upload(host[t][2], d.n * 2);
         jobs[t].d.bias = jobs[t].bias;
         assert_cuda(cudaMalloc(&jobs[t].out, g.nd * 2));
         assert_cuda(cudaMemset(jobs[t].out, 0xff, g.nd * 2));
@@ -442,7 +422,7 @@ static void test_many_tasks_on_their_own_streams_at_once(void **state)
     for (int t = 0; t < TASKS; t++) {
         weft_matmul_desc d = jobs[t].d;
         mm_geom g = mm_geometry(&d);
-        void *got = download(jobs[t].out, g.nd * 2);
+        void *got = gt_download(jobs[t].out, g.nd * 2);
         d.bias = host[t][2];
         double e = rel_error(&d, host[t][0], host[t][1], NULL, got, 0, 1, "task");
         if (!(e <= bound(&d)))
@@ -474,7 +454,7 @@ static void test_bad_arguments_are_refused_before_launch(void **state)
     assert_rc(weft_matmul(stream, &d, dd, a, b, NULL), WEFT_EINVAL);
     assert_non_null(strstr(weft_last_error(), "multiples of 8"));
     assert_cuda(cudaStreamSynchronize(stream));
-    unsigned char *h = download(dd, 32 * 32 * 2);
+    unsigned char *h = gt_download(dd, 32 * 32 * 2);
     for (size_t i = 0; i < 32 * 32 * 2; i++)
         assert_int_equal(h[i], 0x5a);
     free(h);
@@ -486,20 +466,14 @@ static void test_bad_arguments_are_refused_before_launch(void **state)
 static int setup(void **state)
 {
     (void)state;
-    weft_config cfg = {.workers = 2, .backend = WEFT_BACKEND_CUDA};
     mm_rng_state = gt_rng(39);
-    if (weft_runtime_create(&runtime, &cfg) != WEFT_OK) {
-        fprintf(stderr, "weft_runtime_create: %s\n", weft_last_error());
-        return -1;
-    }
-    return cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess ? 0 : -1;
+    return gt_stream_setup(&runtime, &stream);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    int ok = cudaStreamDestroy(stream) == cudaSuccess;
-    return weft_runtime_destroy(runtime) == WEFT_OK && ok ? 0 : -1;
+    return gt_stream_teardown(runtime, stream);
 }
 
 int main(void)

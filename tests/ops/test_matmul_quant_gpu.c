@@ -17,7 +17,7 @@
  * poisoned first. Each case prints one line; every failing case is listed
  * before the test fails, with cuBLASLt's refusal where it refused.
  */
-#include "gpu_support/gpu_test.h"
+#include "gpu_support/gpu_stream.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -28,13 +28,6 @@
 
 static weft_runtime *runtime;
 static cudaStream_t stream;
-
-#define assert_cuda(expr)                                                                          \
-    do {                                                                                           \
-        cudaError_t e_ = (expr);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            fail_msg("%s: %s", #expr, cudaGetErrorString(e_));                                     \
-    } while (0)
 
 static const double FP8_EXTRA = 0x1p-12;
 
@@ -66,13 +59,6 @@ static void *upload(const void *h, size_t bytes)
     assert_cuda(cudaMalloc(&p, bytes ? bytes : 1));
     assert_cuda(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice));
     return p;
-}
-
-static void *download(const void *dev, size_t bytes)
-{
-    void *h = malloc(bytes);
-    assert_cuda(cudaMemcpy(h, dev, bytes, cudaMemcpyDeviceToHost));
-    return h;
 }
 
 static size_t round_up(size_t x, size_t q)
@@ -169,8 +155,8 @@ static void gpu_case(const char *name, qm_case *q, int with_aux, int with_amax)
         goto done;
     }
     assert_cuda(cudaStreamSynchronize(stream));
-    void *got = download(dd, q->nd * es);
-    void *got_aux = with_aux ? download(daux, q->naux * es) : NULL;
+    void *got = gt_download(dd, q->nd * es);
+    void *got_aux = with_aux ? gt_download(daux, q->naux * es) : NULL;
     float got_amax = 0;
     if (with_amax)
         assert_cuda(cudaMemcpy(&got_amax, damax, sizeof got_amax, cudaMemcpyDeviceToHost));
@@ -393,7 +379,7 @@ static void test_int8_dequantized_in_place_and_captured(void **state)
     void *dd = upload(q.c, q.nc * 2);
     assert_int_equal(weft_matmul(stream, &gd, dd, x.a, x.b, dd), WEFT_OK);
     assert_cuda(cudaStreamSynchronize(stream));
-    void *got = download(dd, q.nd * 2);
+    void *got = gt_download(dd, q.nd * 2);
     size_t bad = qm_check("int8 in place", &q, got, NULL, NULL, 0.0, act_slack(&q));
     free(got);
     if (bad)
@@ -414,7 +400,7 @@ static void test_int8_dequantized_in_place_and_captured(void **state)
         assert_cuda(cudaMemcpy(dd2, pd, q.nd * 2, cudaMemcpyHostToDevice));
         assert_cuda(cudaGraphLaunch(exec, stream));
         assert_cuda(cudaStreamSynchronize(stream));
-        got = download(dd2, q.nd * 2);
+        got = gt_download(dd2, q.nd * 2);
         bad = qm_check("int8 captured", &q, got, NULL, NULL, 0.0, act_slack(&q));
         free(got);
         if (bad)
@@ -460,7 +446,7 @@ static void test_bad_layouts_are_refused_before_launch(void **state)
     assert_rc(weft_matmul(stream, &x, dd, a, b, NULL), WEFT_EINVAL);
     assert_non_null(strstr(weft_last_error(), "n and k multiples of 4"));
     assert_cuda(cudaStreamSynchronize(stream));
-    unsigned char *h = download(dd, 4096);
+    unsigned char *h = gt_download(dd, 4096);
     for (size_t i = 0; i < 4096; i++)
         assert_int_equal(h[i], 0x5a);
     free(h);
@@ -472,20 +458,14 @@ static void test_bad_layouts_are_refused_before_launch(void **state)
 static int setup(void **state)
 {
     (void)state;
-    weft_config cfg = {.workers = 2, .backend = WEFT_BACKEND_CUDA};
     mm_rng_state = gt_rng(41);
-    if (weft_runtime_create(&runtime, &cfg) != WEFT_OK) {
-        fprintf(stderr, "weft_runtime_create: %s\n", weft_last_error());
-        return -1;
-    }
-    return cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess ? 0 : -1;
+    return gt_stream_setup(&runtime, &stream);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    int ok = cudaStreamDestroy(stream) == cudaSuccess;
-    return weft_runtime_destroy(runtime) == WEFT_OK && ok ? 0 : -1;
+    return gt_stream_teardown(runtime, stream);
 }
 
 int main(void)

@@ -27,7 +27,7 @@
  * applied to D after the product, P's rounding to D's type times GELU's
  * slope (at most 1.13).
  */
-#include "gpu_support/gpu_test.h"
+#include "gpu_support/gpu_stream.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -38,13 +38,6 @@
 
 static weft_runtime *runtime;
 static cudaStream_t stream;
-
-#define assert_cuda(expr)                                                                          \
-    do {                                                                                           \
-        cudaError_t e_ = (expr);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            fail_msg("%s: %s", #expr, cudaGetErrorString(e_));                                     \
-    } while (0)
 
 static const weft_dtype TYPES[] = {WEFT_DTYPE_BF16, WEFT_DTYPE_F16};
 
@@ -130,14 +123,6 @@ static void *upload(const void *h, size_t bytes, size_t offset, void **base)
     return p + offset;
 }
 
-static void *download(const void *dev, size_t bytes)
-{
-    void *h = malloc(bytes ? bytes : 1);
-    assert_non_null(h);
-    assert_cuda(cudaMemcpy(h, dev, bytes, cudaMemcpyDeviceToHost));
-    return h;
-}
-
 /* The padding of each row of a 16-bit operand (elements cols..ld) made NaN:
  * a kernel that reads past k would carry it into D. */
 static void nan_padding(weft_dtype t, void *p, size_t n, size_t ld, size_t cols)
@@ -189,8 +174,8 @@ static void run_case(const char *name, weft_matmul_desc desc, options o)
         fail_msg("%s: weft_matmul returned %d: %s", name, rc, weft_last_error());
     int took = weft__matmul_cuda_skinny_calls() != before;
     assert_cuda(cudaStreamSynchronize(stream));
-    void *got = download(dd, g.nd * es);
-    void *got_aux = o.with_aux ? download(daux, g.naux * es) : NULL;
+    void *got = gt_download(dd, g.nd * es);
+    void *got_aux = o.with_aux ? gt_download(daux, g.naux * es) : NULL;
 
     weft_matmul_desc rd = desc;
     rd.bias = bias;
@@ -421,7 +406,7 @@ static void captured_case(size_t n)
         assert_cuda(cudaMemcpy(dd, pd, g.nd * 2, cudaMemcpyHostToDevice));
         assert_cuda(cudaGraphLaunch(exec, stream));
         assert_cuda(cudaStreamSynchronize(stream));
-        void *got = download(dd, g.nd * 2);
+        void *got = gt_download(dd, g.nd * 2);
         size_t bad = check("captured", &d, a, b, NULL, got, NULL, 1, 0);
         free(got);
         if (bad)
@@ -444,20 +429,14 @@ static void test_a_captured_call_replays_right(void **state)
 static int setup(void **state)
 {
     (void)state;
-    weft_config cfg = {.workers = 2, .backend = WEFT_BACKEND_CUDA};
     mm_rng_state = gt_rng(41);
-    if (weft_runtime_create(&runtime, &cfg) != WEFT_OK) {
-        fprintf(stderr, "weft_runtime_create: %s\n", weft_last_error());
-        return -1;
-    }
-    return cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess ? 0 : -1;
+    return gt_stream_setup(&runtime, &stream);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    int ok = cudaStreamDestroy(stream) == cudaSuccess;
-    return weft_runtime_destroy(runtime) == WEFT_OK && ok ? 0 : -1;
+    return gt_stream_teardown(runtime, stream);
 }
 
 int main(void)

@@ -14,7 +14,7 @@
  * 8192 tokens x 64 experts, k 8 is printed (not asserted: bench/moe/
  * measures it).
  */
-#include "gpu_support/gpu_test.h"
+#include "gpu_support/gpu_stream.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -25,13 +25,6 @@
 static weft_runtime *runtime;
 static cudaStream_t stream;
 
-#define assert_cuda(expr)                                                                          \
-    do {                                                                                           \
-        cudaError_t e_ = (expr);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            fail_msg("%s: %s", #expr, cudaGetErrorString(e_));                                     \
-    } while (0)
-
 #define assert_weft(expr)                                                                          \
     do {                                                                                           \
         int rc_ = (expr);                                                                          \
@@ -39,27 +32,12 @@ static cudaStream_t stream;
             fail_msg("%s: %d %s", #expr, rc_, weft_last_error());                                  \
     } while (0)
 
-static void *upload(const void *h, size_t bytes)
-{
-    void *p = NULL;
-    assert_cuda(cudaMalloc(&p, bytes ? bytes : 1));
-    assert_cuda(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice));
-    return p;
-}
-
 static void *poisoned_dev(size_t bytes)
 {
     void *p = NULL;
     assert_cuda(cudaMalloc(&p, bytes ? bytes : 1));
     assert_cuda(cudaMemset(p, 0xa7, bytes));
     return p;
-}
-
-static void *download(const void *dev, size_t bytes)
-{
-    void *h = malloc(bytes ? bytes : 1);
-    assert_cuda(cudaMemcpy(h, dev, bytes, cudaMemcpyDeviceToHost));
-    return h;
 }
 
 typedef struct dev_routing {
@@ -80,11 +58,11 @@ static dev_routing routing_dev(size_t tokens, size_t experts, size_t k)
 static moe_host_routing routing_down(const dev_routing *r, size_t tokens, size_t experts, size_t k)
 {
     moe_host_routing h;
-    h.weights = download(r->d.weights, tokens * k * 4);
-    h.ids = download(r->d.ids, tokens * k * 4);
-    h.offsets = download(r->d.offsets, (experts + 1) * 4);
-    h.perm = download(r->d.perm, tokens * k * 4);
-    h.inverse = download(r->d.inverse, tokens * k * 4);
+    h.weights = gt_download(r->d.weights, tokens * k * 4);
+    h.ids = gt_download(r->d.ids, tokens * k * 4);
+    h.offsets = gt_download(r->d.offsets, (experts + 1) * 4);
+    h.perm = gt_download(r->d.perm, tokens * k * 4);
+    h.inverse = gt_download(r->d.inverse, tokens * k * 4);
     return h;
 }
 
@@ -121,7 +99,7 @@ static void gate_case(weft_dtype t, weft_moe_score score, int renorm, size_t tok
     void *logits = moe_logits(t, tokens, experts, stride, ties);
     for (int i = 0; i < nans; i++)
         weft__store(t, logits, (moe_rng() % tokens) * stride + moe_rng() % experts, NAN);
-    void *dlogits = upload(logits, n * es);
+    void *dlogits = gt_upload(logits, n * es);
     dev_routing dr = routing_dev(tokens, experts, k);
     weft_moe_routing o = moe_as_routing(&dr.d);
     assert_weft(weft_moe_gate(stream, t, score, renorm, dlogits, tokens, experts, stride, k, &o));
@@ -204,7 +182,7 @@ static void test_permute_and_combine_equal_the_host(void **state)
                 size_t tokens = 333, experts = 60, k = 4, cols = COLS[ci], es = weft__dtype_size(t);
                 size_t in_stride = cols + (ci ? 3 : 8), out_stride = cols + (ci ? 1 : 0);
                 void *logits = moe_logits(WEFT_DTYPE_F32, tokens, experts, experts, 1);
-                void *dlogits = upload(logits, tokens * experts * 4);
+                void *dlogits = gt_upload(logits, tokens * experts * 4);
                 dev_routing dr = routing_dev(tokens, experts, k);
                 weft_moe_routing o = moe_as_routing(&dr.d);
                 assert_weft(weft_moe_gate(stream, WEFT_DTYPE_F32, WEFT_MOE_SOFTMAX, 1, dlogits,
@@ -213,7 +191,7 @@ static void test_permute_and_combine_equal_the_host(void **state)
                 size_t ny = (tokens * k - 1) * out_stride + cols,
                        nout = (tokens - 1) * out_stride + cols;
                 void *x = moe_random(t, nx, 2.0), *res = with_res ? moe_random(t, nout, 1.0) : NULL;
-                void *dx = upload(x, nx * es), *dres = res ? upload(res, nout * es) : NULL;
+                void *dx = gt_upload(x, nx * es), *dres = res ? gt_upload(res, nout * es) : NULL;
                 void *dy = poisoned_dev(ny * es), *dout = poisoned_dev(nout * es);
                 assert_weft(weft_moe_permute(stream, t, dy, dx, dr.d.perm, tokens, k, cols,
                                              in_stride, out_stride));
@@ -221,7 +199,7 @@ static void test_permute_and_combine_equal_the_host(void **state)
                                                dres, tokens, k, cols, out_stride, out_stride));
                 assert_cuda(cudaStreamSynchronize(stream));
                 moe_host_routing g = routing_down(&dr, tokens, experts, k);
-                void *gy = download(dy, ny * es), *gout = download(dout, nout * es);
+                void *gy = gt_download(dy, ny * es), *gout = gt_download(dout, nout * es);
                 void *hy = moe_poisoned(ny * es), *hout = moe_poisoned(nout * es);
                 assert_weft(weft_moe_permute(NULL, t, hy, x, g.perm, tokens, k, cols, in_stride,
                                              out_stride));
@@ -255,13 +233,13 @@ static void grouped_case(const char *name, weft_grouped_matmul_desc d, const int
     /* misalign: X one element into its buffer, which takes the plain loads. */
     char *dxbuf = poisoned_dev(nx * 2 + 2);
     assert_cuda(cudaMemcpy(dxbuf + (misalign ? 2 : 0), x, nx * 2, cudaMemcpyHostToDevice));
-    void *dw = upload(w, nw * 2), *dbias = bias ? upload(bias, d.groups * d.n * 2) : NULL;
-    void *dy = poisoned_dev(ny * 2), *doff = upload(offsets, (d.groups + 1) * 4);
+    void *dw = gt_upload(w, nw * 2), *dbias = bias ? gt_upload(bias, d.groups * d.n * 2) : NULL;
+    void *dy = poisoned_dev(ny * 2), *doff = gt_upload(offsets, (d.groups + 1) * 4);
     weft_grouped_matmul_desc gd = d;
     gd.bias = dbias;
     assert_weft(weft_grouped_matmul(stream, &gd, dy, dxbuf + (misalign ? 2 : 0), dw, doff));
     assert_cuda(cudaStreamSynchronize(stream));
-    void *y = download(dy, ny * 2);
+    void *y = gt_download(dy, ny * 2);
     d.bias = bias;
     size_t bad = moe_check_grouped(name, &d, y, x, w, offsets, 1.0);
     if (bad) {
@@ -320,11 +298,11 @@ static void test_grouped_matmul_clamps_a_bad_table(void **state)
     size_t guard = 4096;
     void *dx = poisoned_dev(40 * 64 * 2), *dw = poisoned_dev(3 * 64 * 64 * 2);
     char *dy = poisoned_dev(40 * 64 * 2 + 2 * guard);
-    void *doff = upload(bad, sizeof bad);
+    void *doff = gt_upload(bad, sizeof bad);
     assert_cuda(cudaMemset(dx, 0, 40 * 64 * 2));
     assert_weft(weft_grouped_matmul(stream, &d, dy + guard, dx, dw, doff));
     assert_cuda(cudaStreamSynchronize(stream));
-    unsigned char *y = download(dy, 40 * 64 * 2 + 2 * guard);
+    unsigned char *y = gt_download(dy, 40 * 64 * 2 + 2 * guard);
     for (size_t i = 0; i < guard; i++)
         if (y[i] != 0xa7 || y[guard + 40 * 64 * 2 + i] != 0xa7)
             fail_msg("byte %zu of the guards around Y was written", i);
@@ -381,7 +359,7 @@ static double layer_check(layer *L, const void *logits, const void *x, const voi
     if (!same_table("layer", "perm", g.perm, h.perm, T * k) ||
         !same_table("layer", "offsets", g.offsets, h.offsets, E + 1))
         fail_msg("the replayed router's tables differ from the host's");
-    void *got = download(L->out, T * n * 2);
+    void *got = gt_download(L->out, T * n * 2);
     double num = 0, den = 0;
     for (size_t i = 0; i < T * n; i++) {
         double a = weft__load(WEFT_DTYPE_BF16, got, i), b = weft__load(WEFT_DTYPE_BF16, out, i);
@@ -399,7 +377,7 @@ static void test_a_captured_layer_replays_on_new_inputs(void **state)
     size_t T = L.tokens, E = L.experts, k = L.k, H = L.hidden, n = L.n;
     L.logits = poisoned_dev(T * E * 2), L.x = poisoned_dev(T * H * 2);
     void *w = moe_random(WEFT_DTYPE_BF16, E * n * H, 0.1);
-    L.w = upload(w, E * n * H * 2);
+    L.w = gt_upload(w, E * n * H * 2);
     L.xp = poisoned_dev(T * k * H * 2), L.yp = poisoned_dev(T * k * n * 2);
     L.out = poisoned_dev(T * n * 2);
     L.r = routing_dev(T, E, k);
@@ -453,7 +431,7 @@ static void test_bad_arguments_are_refused_before_launch(void **state)
     assert_int_equal(weft_grouped_matmul(stream, &d, r.d.weights, logits, logits, r.d.offsets),
                      WEFT_EINVAL);
     assert_cuda(cudaStreamSynchronize(stream));
-    uint32_t *ids = download(r.d.ids, 16 * 2 * 4), *off = download(r.d.offsets, 9 * 4);
+    uint32_t *ids = gt_download(r.d.ids, 16 * 2 * 4), *off = gt_download(r.d.offsets, 9 * 4);
     for (size_t i = 0; i < 32; i++)
         assert_int_equal(ids[i], 0xa7a7a7a7u);
     for (size_t i = 0; i < 9; i++)
@@ -468,7 +446,7 @@ static void test_router_time_at_8192_tokens_64_experts_k8(void **state)
     (void)state;
     size_t T = 8192, E = 64, k = 8;
     void *logits = moe_logits(WEFT_DTYPE_BF16, T, E, E, 0);
-    void *dl = upload(logits, T * E * 2);
+    void *dl = gt_upload(logits, T * E * 2);
     dev_routing r = routing_dev(T, E, k);
     weft_moe_routing o = moe_as_routing(&r.d);
     cudaEvent_t a, b;
@@ -497,20 +475,14 @@ static void test_router_time_at_8192_tokens_64_experts_k8(void **state)
 static int setup(void **state)
 {
     (void)state;
-    weft_config cfg = {.workers = 2, .backend = WEFT_BACKEND_CUDA};
     moe_rng_state = gt_rng(41);
-    if (weft_runtime_create(&runtime, &cfg) != WEFT_OK) {
-        fprintf(stderr, "weft_runtime_create: %s\n", weft_last_error());
-        return -1;
-    }
-    return cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess ? 0 : -1;
+    return gt_stream_setup(&runtime, &stream);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    int ok = cudaStreamDestroy(stream) == cudaSuccess;
-    return weft_runtime_destroy(runtime) == WEFT_OK && ok ? 0 : -1;
+    return gt_stream_teardown(runtime, stream);
 }
 
 int main(void)

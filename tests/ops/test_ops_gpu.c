@@ -27,7 +27,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "gpu_support/gpu_test.h"
+#include "gpu_support/gpu_stream.h"
 #include "ops/ops_internal.h"
 #include "weft/ops.h"
 
@@ -39,13 +39,6 @@ enum { GUARD = 64 }; /* poisoned elements before and after each device tensor */
 static cudaStream_t stream;
 static weft_runtime *runtime; /* for the test on a task's stream */
 static uint64_t rng;
-
-#define assert_cuda(expr)                                                                          \
-    do {                                                                                           \
-        cudaError_t e_ = (expr);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            fail_msg("%s: %s", #expr, cudaGetErrorName(e_));                                       \
-    } while (0)
 
 static double dabs(double x)
 {
@@ -1376,20 +1369,14 @@ static void test_a_refused_launch_names_the_cuda_error(void **state)
 static int setup(void **state)
 {
     (void)state;
-    weft_config cfg = {.workers = 2, .backend = WEFT_BACKEND_CUDA};
     rng = gt_rng(5);
-    if (weft_runtime_create(&runtime, &cfg) != WEFT_OK) {
-        fprintf(stderr, "weft_runtime_create: %s\n", weft_last_error());
-        return -1;
-    }
-    return cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess ? 0 : -1;
+    return gt_stream_setup(&runtime, &stream);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    int ok = cudaStreamDestroy(stream) == cudaSuccess;
-    return weft_runtime_destroy(runtime) == WEFT_OK && ok ? 0 : -1;
+    return gt_stream_teardown(runtime, stream);
 }
 
 int main(void)

@@ -16,7 +16,7 @@
  * Each case prints its shape, the split, and the largest difference from
  * float64 and from the host reference, so one run diagnoses a failure.
  */
-#include "gpu_support/gpu_test.h"
+#include "gpu_support/gpu_stream.h"
 
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -26,22 +26,6 @@
 
 static weft_runtime *runtime;
 static cudaStream_t stream;
-
-#define assert_cuda(expr)                                                                          \
-    do {                                                                                           \
-        cudaError_t e_ = (expr);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            fail_msg("%s: %s", #expr, cudaGetErrorString(e_));                                     \
-    } while (0)
-
-static void *upload(const void *h, size_t bytes)
-{
-    void *p = NULL;
-    assert_cuda(cudaMalloc(&p, bytes ? bytes : 1));
-    if (bytes)
-        assert_cuda(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice));
-    return p;
-}
 
 static void *download(const void *dev, size_t bytes)
 {
@@ -66,20 +50,20 @@ static dev_case dev_make(const pg_case *c, const weft_attention_decode_desc *d)
     size_t pool = c->pool_elems * c->esize;
     void *poison = pg_alloc(pool);
     memset(poison, PG_POISON, pool);
-    g.cache.k = upload(poison, pool);
-    g.cache.v = upload(poison, pool);
+    g.cache.k = gt_upload(poison, pool);
+    g.cache.v = gt_upload(poison, pool);
     free(poison);
-    g.cache.block_table = upload(c->table, c->cache.seqs * c->cache.max_pages * 4);
+    g.cache.block_table = gt_upload(c->table, c->cache.seqs * c->cache.max_pages * 4);
     if (c->s.fp8) {
-        g.cache.k_scale = upload(c->k_scale, c->s.kv_heads * 4);
-        g.cache.v_scale = upload(c->v_scale, c->s.kv_heads * 4);
+        g.cache.k_scale = gt_upload(c->k_scale, c->s.kv_heads * 4);
+        g.cache.v_scale = gt_upload(c->v_scale, c->s.kv_heads * 4);
     }
-    g.k = upload(c->k, c->tokens * c->row * 2);
-    g.v = upload(c->v, c->tokens * c->row * 2);
-    g.seq_ids = upload(c->seq_ids, c->tokens * 4);
-    g.positions = upload(c->positions, c->tokens * 4);
-    g.lens = upload(c->lens, c->s.seqs * 4);
-    g.q = upload(c->q, c->q_elems * 2);
+    g.k = gt_upload(c->k, c->tokens * c->row * 2);
+    g.v = gt_upload(c->v, c->tokens * c->row * 2);
+    g.seq_ids = gt_upload(c->seq_ids, c->tokens * 4);
+    g.positions = gt_upload(c->positions, c->tokens * 4);
+    g.lens = gt_upload(c->lens, c->s.seqs * 4);
+    g.q = gt_upload(c->q, c->q_elems * 2);
     assert_cuda(cudaMalloc(&g.out, c->q_elems * 2));
     assert_cuda(cudaMalloc((void **)&g.lse, c->rows * 4));
     assert_ok(weft_attention_decode_workspace(&g.cache, d, &g.ws_bytes));
@@ -459,22 +443,16 @@ static void test_bad_arguments_are_refused_before_launch(void **state)
 static int setup(void **state)
 {
     (void)state;
-    weft_config cfg = {.workers = 2, .backend = WEFT_BACKEND_CUDA};
     pg_rng_state = gt_rng(41);
     for (size_t b = 0; b < 16; b++)
         BATCH16[b] = (int32_t)(1 + pg_rng() % 4096);
-    if (weft_runtime_create(&runtime, &cfg) != WEFT_OK) {
-        fprintf(stderr, "weft_runtime_create: %s\n", weft_last_error());
-        return -1;
-    }
-    return cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess ? 0 : -1;
+    return gt_stream_setup(&runtime, &stream);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    int ok = cudaStreamDestroy(stream) == cudaSuccess;
-    return weft_runtime_destroy(runtime) == WEFT_OK && ok ? 0 : -1;
+    return gt_stream_teardown(runtime, stream);
 }
 
 int main(void)
