@@ -25,11 +25,14 @@ install(TARGETS weft weft_shared EXPORT weftTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES include/weft.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-if(WEFT_HAVE_MPI)
-  install(DIRECTORY include/weft DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-else()
-  install(DIRECTORY include/weft DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} PATTERN mpi.h EXCLUDE)
+# The headers of the optional libraries go only with their library (libweft_nccl
+# itself is not installed yet: it is used from the build tree).
+set(WEFT_HEADER_EXCLUDES)
+if(NOT WEFT_HAVE_MPI)
+  list(APPEND WEFT_HEADER_EXCLUDES PATTERN mpi.h EXCLUDE)
 endif()
+list(APPEND WEFT_HEADER_EXCLUDES PATTERN nccl.h EXCLUDE)
+install(DIRECTORY include/weft DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} ${WEFT_HEADER_EXCLUDES})
 # The MIT license asks that its notice travel with the library.
 install(FILES LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR})
 
