@@ -307,6 +307,9 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
     const float *logits;
     int joined = 0, rc = -1, n = 0;
     char msg[512] = "";
+    float *pen_scratch = NULL; /* the penalised logits, with what they count */
+    uint8_t *pen_seen = NULL;
+    int32_t *pen_counts = NULL;
     /* a speculative round's verify pass takes up to speculate_k + 1 tokens */
     int spec_step = 1 + (g->speculate_k < g->max_tokens - 1 ? g->speculate_k : g->max_tokens - 1);
     *finish = WL_FINISH_CANCELLED;
@@ -319,8 +322,26 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
         return wl_fail("speculative decoding: %d draft tokens a round (0 to %d) with n-grams up "
                        "to %d (1 to %d, or 0: %d)",
                        g->speculate_k, WL_SPEC_MAX_K, g->ngram, WL_NGRAM_MAX, WL_NGRAM_DEFAULT);
-    if (admit(e, g, &w))
+    if (g->speculate_k && wl_penalties_active(&g->penalties))
+        return wl_fail("speculative decoding does not take repetition, frequency or presence "
+                       "penalties");
+    if (wl_penalties_active(&g->penalties) &&
+        (!(pen_scratch = malloc((size_t)c->vocab * sizeof *pen_scratch)) ||
+         !(pen_seen = calloc((size_t)c->vocab, 1)) ||
+         !(pen_counts = calloc((size_t)c->vocab, sizeof *pen_counts)))) {
+        free(pen_scratch);
+        free(pen_seen);
+        return wl_fail("out of memory for the penalties' counts");
+    }
+    for (int i = 0; pen_seen && i < g->n_prompt; i++)
+        if (g->prompt[i] >= 0 && g->prompt[i] < c->vocab) /* others: wl_forward refuses */
+            pen_seen[g->prompt[i]] = 1;
+    if (admit(e, g, &w)) {
+        free(pen_scratch);
+        free(pen_seen);
+        free(pen_counts);
         return 0; /* cancelled while queued */
+    }
     if (wl_seq_create(&s, e->model, &e->kv, g->n_prompt + g->max_tokens,
                       g->speculate_k && spec_step > g->n_prompt ? spec_step : g->n_prompt))
         goto out;
@@ -336,7 +357,16 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
         goto out;
     joined = 1;
     for (;;) {
-        int32_t id = wl_sample(&sampler, logits, c->vocab);
+        const float *draw_from = logits;
+        if (pen_counts) {
+            wl_penalties_apply(&g->penalties, logits, c->vocab, pen_seen, pen_counts, pen_scratch);
+            draw_from = pen_scratch;
+        }
+        int32_t id = wl_sample(&sampler, draw_from, c->vocab);
+        if (pen_counts) {
+            pen_counts[id]++;
+            pen_seen[id] = 1;
+        }
         if (hand_on(g, c, id, logits, &n, finish))
             break;
         if (wl_batcher_step(e->batcher, s, id, &logits))
@@ -350,5 +380,8 @@ out:
         wl_batcher_leave(e->batcher, s);
     wl_seq_destroy(s); /* its pages go back */
     release(e, w.pages);
+    free(pen_scratch);
+    free(pen_seen);
+    free(pen_counts);
     return rc ? wl_fail("%s", msg) : 0;
 }

@@ -457,6 +457,21 @@ typedef struct wl_sampler {
  * equal ones); else a draw from wl_sampler_dist's distribution. */
 int wl_sample(wl_sampler *s, const float *logits, int vocab);
 
+/* Penalties for what a generation has said, as inference servers define
+ * them: repetition (Hugging Face's: a logit of a token in the prompt or
+ * the output so far is divided by it when positive, multiplied when not;
+ * 1 or 0: none), and OpenAI's frequency and presence penalties (a logit of
+ * a token the output holds c > 0 times loses frequency * c + presence). */
+typedef struct wl_penalties {
+    float repetition, frequency, presence;
+} wl_penalties;
+
+int wl_penalties_active(const wl_penalties *p);
+/* out = logits with the penalties applied: seen[t] (nonzero) marks the
+ * prompt's tokens and the output's, counts[t] the output's occurrences. */
+void wl_penalties_apply(const wl_penalties *p, const float *logits, int vocab, const uint8_t *seen,
+                        const int32_t *counts, float *out);
+
 /* The distribution wl_sample draws from: the tokens kept, in descending
  * order of logit (equal logits: smaller id first), with weights w[i] =
  * exp((l_i - l_max) / T) and p(id[i]) = w[i] / sum. At temperature T > 0
@@ -598,6 +613,9 @@ typedef struct wl_gen {
     int speculate_k;           /* 0, or 1 to WL_SPEC_MAX_K */
     int ngram;                 /* 0 (the default), or 1 to WL_NGRAM_MAX */
     wl_spec_stats *spec_stats; /* the counts, when given */
+    /* Penalties on the logits before each draw (not on those on_token
+     * sees): wl_penalties. Not with speculate_k. */
+    wl_penalties penalties;
 } wl_gen;
 
 /* The errors wl_engine_generate would give a generation of these sizes

@@ -5,7 +5,8 @@
  *   weft-llm generate MODEL_DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
  *            [--seed N] [--temperature T] [--top-k K] [--top-p P] [--backend host|cuda|auto]
  *            [--print-ids] [--print-top] [--kv-pages N] [--parallel N]
- *            [--speculate K [--ngram N]] [--stats]
+ *            [--speculate K [--ngram N]] [--stats] [--repetition-penalty R]
+ *            [--frequency-penalty F] [--presence-penalty P]
  *   weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]
  *   weft-llm check MODEL_DIR
  *   weft-llm loadgen URL [options]   (loadgen.c; --help lists them)
@@ -41,6 +42,7 @@ typedef struct gen {
     int speculate, ngram; /* draft tokens a round (0: off) and the longest n-gram */
     int kv_pages;         /* pages of the model's KV cache, WL_KV_PAGE tokens each */
     wl_sampler sampler;
+    wl_penalties penalties;
     wl_model model;
     wl_engine engine;
     wl_tokenizer *tk;
@@ -59,7 +61,8 @@ static int usage(void)
             "[--max-tokens N] [--seed N] [--kv-pages N] [--parallel N]\n"
             "                [--temperature T] [--top-k K] [--top-p P] [--backend "
             "host|cuda|auto] [--print-ids] [--print-top]\n"
-            "                [--speculate K [--ngram N]] [--stats]\n"
+            "                [--speculate K [--ngram N]] [--stats] [--repetition-penalty R]\n"
+            "                [--frequency-penalty F] [--presence-penalty P]\n"
             "       weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]\n"
             "       weft-llm check MODEL_DIR\n"
             "       weft-llm loadgen URL [--rate R|inf] [--requests N] [--concurrency C] ... "
@@ -199,7 +202,8 @@ static void *sequence_task(void *arg)
                   .ctx = r,
                   .speculate_k = g->speculate,
                   .ngram = g->ngram,
-                  .spec_stats = &r->spec};
+                  .spec_stats = &r->spec,
+                  .penalties = g->penalties};
     wl_finish finish;
     r->t_start = now();
     r->failed = wl_engine_generate(&g->engine, &req, &finish);
@@ -409,6 +413,12 @@ static int cmd_generate(int argc, char **argv)
             g.sampler.top_k = (int)v;
         else if (!strcmp(a, "--top-p") && !parse_num(val, 0, 1, &v))
             g.sampler.top_p = (float)v;
+        else if (!strcmp(a, "--repetition-penalty") && !parse_num(val, 0.01, 100, &v))
+            g.penalties.repetition = (float)v;
+        else if (!strcmp(a, "--frequency-penalty") && !parse_num(val, -2, 2, &v))
+            g.penalties.frequency = (float)v;
+        else if (!strcmp(a, "--presence-penalty") && !parse_num(val, -2, 2, &v))
+            g.penalties.presence = (float)v;
         else {
             fprintf(stderr, "weft-llm generate: bad option or value: %s %s\n", a, val);
             return 2;

@@ -256,15 +256,21 @@ int wl_oai_parse(json_t *body, int chat, const char *model, wl_oai_request *r, i
         r->sampler.state = (uint64_t)v;
         r->seeded = 1;
     }
-    for (int i = 0; i < 2; i++) { /* sampling adjustments not implemented: refused if used */
-        const char *key = i ? "presence_penalty" : "frequency_penalty";
-        d = 0;
-        if (get_number(&k, key, -2, 2, &d))
-            goto fail;
-        if (d != 0) {
-            bad(&k, key, "'%s' is not supported by this server (only 0)", key);
-            goto fail;
-        }
+    d = 0;
+    if (get_number(&k, "frequency_penalty", -2, 2, &d))
+        goto fail;
+    r->penalties.frequency = (float)d;
+    d = 0;
+    if (get_number(&k, "presence_penalty", -2, 2, &d))
+        goto fail;
+    r->penalties.presence = (float)d;
+    d = 1;
+    if (get_number(&k, "repetition_penalty", 0.01, 100, &d)) /* an extension */
+        goto fail;
+    r->penalties.repetition = (float)d;
+    if (r->speculate_k && wl_penalties_active(&r->penalties)) {
+        bad(&k, "speculate", "'speculate' does not take penalties");
+        goto fail;
     }
     if (chat) {
         int want = 0;

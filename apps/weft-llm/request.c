@@ -178,6 +178,7 @@ static void *choice_task(void *arg)
                 .priority = r->q.priority,
                 .speculate_k = r->q.speculate_k,
                 .ngram = r->q.ngram,
+                .penalties = r->q.penalties,
                 .on_token = on_token,
                 .cancelled = client_gone,
                 .ctx = cr};

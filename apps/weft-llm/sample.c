@@ -162,3 +162,22 @@ int wl_sample_draft(wl_sampler *s, const float *logits, int vocab, int32_t draft
     wl_dist_free(&d);
     return id;
 }
+
+int wl_penalties_active(const wl_penalties *p)
+{
+    return (p->repetition != 0 && p->repetition != 1) || p->frequency != 0 || p->presence != 0;
+}
+
+void wl_penalties_apply(const wl_penalties *p, const float *logits, int vocab, const uint8_t *seen,
+                        const int32_t *counts, float *out)
+{
+    int repeat = p->repetition != 0 && p->repetition != 1;
+    for (int t = 0; t < vocab; t++) {
+        float x = logits[t];
+        if (repeat && seen[t])
+            x = x > 0 ? x / p->repetition : x * p->repetition;
+        if (counts[t])
+            x -= p->frequency * (float)counts[t] + p->presence;
+        out[t] = x;
+    }
+}

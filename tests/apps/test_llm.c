@@ -638,6 +638,71 @@ static void draw(wl_sampler sm, const float *logits, int vocab, int n, int *coun
     }
 }
 
+/* The penalties, on logits chosen so each rule shows: repetition divides
+ * a positive logit and multiplies a negative one of a seen token; the
+ * frequency and presence penalties subtract by the output's counts;
+ * unseen tokens are untouched. */
+static void test_penalties(void **state)
+{
+    (void)state;
+    const float logits[5] = {2.0f, -1.0f, 0.5f, 3.0f, -2.0f};
+    const uint8_t seen[5] = {1, 1, 0, 1, 0};
+    const int32_t counts[5] = {0, 2, 0, 1, 0}; /* token 0 is the prompt's only */
+    wl_penalties p = {.repetition = 2.0f, .frequency = 0.25f, .presence = 1.0f};
+    float out[5];
+    assert_true(wl_penalties_active(&p));
+    wl_penalties_apply(&p, logits, 5, seen, counts, out);
+    assert_true(out[0] == 1.0f);                /* 2 / 2 */
+    assert_true(out[1] == -2.0f - 0.5f - 1.0f); /* -1 * 2, then 2 * 0.25 + 1 */
+    assert_true(out[2] == 0.5f);                /* untouched */
+    assert_true(out[3] == 1.5f - 0.25f - 1.0f); /* 3 / 2, then 0.25 + 1 */
+    assert_true(out[4] == -2.0f);               /* untouched */
+    wl_penalties none = {.repetition = 1.0f};
+    assert_false(wl_penalties_active(&none));
+    wl_penalties zero = {0};
+    assert_false(wl_penalties_active(&zero));
+}
+
+/* generate's penalties: a presence penalty of 2 (larger than the tiny
+ * model's logits) forbids repeating an output token, a repetition penalty
+ * of 100 any token of the prompt or the output; without them greedy
+ * decoding of the tiny model repeats itself. */
+static void test_cli_penalties(void **state)
+{
+    (void)state;
+    const char *runs[] = {"", "--presence-penalty 2", "--repetition-penalty 100"};
+    int repeats[3] = {0};
+    for (int r = 0; r < 3; r++) {
+        char cmd[1024], *out, *err;
+        snprintf(cmd, sizeof cmd,
+                 "%s generate %s --prompt-ids 256,296,267 --max-tokens 40 --print-ids --backend "
+                 "host %s",
+                 WL_BIN, model_dir, runs[r]);
+        assert_int_equal(run_capture(cmd, &out, &err), 0);
+        const char *g = strstr(err, "generated ids: ");
+        assert_non_null(g);
+        int ids[64], n = 0;
+        for (const char *p = g + strlen("generated ids: "); n < 64 && *p && *p != '\n';) {
+            ids[n++] = (int)strtol(p, (char **)&p, 10);
+            if (*p == ',')
+                p++;
+        }
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < i; j++)
+                repeats[r] += ids[i] == ids[j];
+        if (r == 2)
+            for (int i = 0; i < n; i++)
+                assert_true(ids[i] != 256 && ids[i] != 296 && ids[i] != 267);
+        printf("  %-26s %d ids, %d repeats\n", runs[r][0] ? runs[r] : "(no penalty)", n,
+               repeats[r]);
+        free(out);
+        free(err);
+    }
+    assert_true(repeats[0] > 0);
+    assert_int_equal(repeats[1], 0);
+    assert_int_equal(repeats[2], 0);
+}
+
 static void test_sampler_modes(void **state)
 {
     (void)state;
@@ -838,6 +903,8 @@ int main(void)
         cmocka_unit_test(test_forward_continuing_a_cache),
         cmocka_unit_test(test_cli_generates_deterministically),
         cmocka_unit_test(test_cli_bench),
+        cmocka_unit_test(test_penalties),
+        cmocka_unit_test(test_cli_penalties),
         cmocka_unit_test(test_cli_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

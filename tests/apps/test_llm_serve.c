@@ -506,6 +506,19 @@ static void test_stop_strings_and_choices(void **state)
     printf("  greedy \"%s\"; with stop \"%s\": \"%s\" (%s)\n", full, stop, cut, finish);
     assert_string_equal(finish, "stop");
     assert_int_equal(strlen(cut), at);
+    /* OpenAI's presence penalty, strong enough to forbid any repeat */
+    json_t *pj;
+    const char *pfinish;
+    free(complete("{\"prompt\":[256,296,267],\"max_tokens\":24,\"temperature\":0,"
+                  "\"ignore_eos\":true,\"presence_penalty\":2,\"return_token_ids\":true}",
+                  &pfinish, &pj));
+    json_t *pids = json_object_get(json_array_get(json_object_get(pj, "choices"), 0), "token_ids");
+    assert_int_equal(json_array_size(pids), 24);
+    for (size_t i = 0; i < 24; i++)
+        for (size_t k2 = 0; k2 < i; k2++)
+            assert_true(json_integer_value(json_array_get(pids, i)) !=
+                        json_integer_value(json_array_get(pids, k2)));
+    json_decref(pj);
     /* speculative decoding: greedy, the same text */
     json_t *sp;
     const char *sfinish;
@@ -610,8 +623,11 @@ static void test_bad_input(void **state)
                  "'priority' is");
     expect_error("POST", "/v1/completions", "{\"prompt\":\"hi\",\"speculate\":99}", 400,
                  "'speculate' is 99");
-    expect_error("POST", "/v1/completions", "{\"prompt\":\"hi\",\"frequency_penalty\":0.5}", 400,
-                 "not supported");
+    expect_error("POST", "/v1/completions", "{\"prompt\":\"hi\",\"presence_penalty\":3}", 400,
+                 "'presence_penalty' is 3");
+    expect_error("POST", "/v1/completions",
+                 "{\"prompt\":\"hi\",\"speculate\":2,\"frequency_penalty\":0.5}", 400,
+                 "does not take penalties");
     expect_error("POST", "/v1/completions", "{\"prompt\":[1, 99999]}", 400,
                  "outside the vocabulary");
     expect_error("POST", "/v1/completions", "{\"prompt\":\"hi\",\"model\":\"gpt-9\"}", 404,
