@@ -457,13 +457,19 @@ typedef struct wl_sampler {
  * equal ones); else a draw from wl_sampler_dist's distribution. */
 int wl_sample(wl_sampler *s, const float *logits, int vocab);
 
-/* Penalties for what a generation has said, as inference servers define
- * them: repetition (Hugging Face's: a logit of a token in the prompt or
- * the output so far is divided by it when positive, multiplied when not;
- * 1 or 0: none), and OpenAI's frequency and presence penalties (a logit of
- * a token the output holds c > 0 times loses frequency * c + presence). */
+/* What shapes each draw besides the sampler, as inference servers define
+ * it: penalties for what the generation has said - repetition (Hugging
+ * Face's: a logit of a token in the prompt or the output so far is divided
+ * by it when positive, multiplied when not; 1 or 0: none), OpenAI's
+ * frequency and presence penalties (a logit of a token the output holds
+ * c > 0 times loses frequency * c + presence) - and then OpenAI's
+ * logit_bias (n_bias tokens' logits plus their bias; ids outside the
+ * vocabulary are skipped). */
 typedef struct wl_penalties {
     float repetition, frequency, presence;
+    const int32_t *bias_ids;
+    const float *bias;
+    int n_bias;
 } wl_penalties;
 
 int wl_penalties_active(const wl_penalties *p);

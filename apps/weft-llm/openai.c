@@ -268,8 +268,41 @@ int wl_oai_parse(json_t *body, int chat, const char *model, wl_oai_request *r, i
     if (get_number(&k, "repetition_penalty", 0.01, 100, &d)) /* an extension */
         goto fail;
     r->penalties.repetition = (float)d;
+    json_t *lb = field(&k, "logit_bias");
+    if (lb) {
+        const char *key;
+        json_t *value;
+        if (!json_is_object(lb) || json_object_size(lb) > 300) {
+            bad(&k, "logit_bias", "'logit_bias' must be an object of at most 300 token ids");
+            goto fail;
+        }
+        size_t n = json_object_size(lb);
+        int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+        float *bias = malloc((n ? n : 1) * sizeof *bias);
+        r->penalties.bias_ids = ids;
+        r->penalties.bias = bias;
+        if (!ids || !bias) {
+            bad(&k, "logit_bias", "out of memory");
+            goto fail;
+        }
+        json_object_foreach(lb, key, value)
+        {
+            char *end;
+            long id = strtol(key, &end, 10);
+            if (!*key || *end || id < 0 || id > INT32_MAX || !json_is_number(value) ||
+                !(json_number_value(value) >= -100 && json_number_value(value) <= 100)) {
+                bad(&k, "logit_bias",
+                    "'logit_bias' maps token ids (strings of digits) to numbers from -100 to "
+                    "100; \"%.40s\" does not",
+                    key);
+                goto fail;
+            }
+            ids[r->penalties.n_bias] = (int32_t)id;
+            bias[r->penalties.n_bias++] = (float)json_number_value(value);
+        }
+    }
     if (r->speculate_k && wl_penalties_active(&r->penalties)) {
-        bad(&k, "speculate", "'speculate' does not take penalties");
+        bad(&k, "speculate", "'speculate' does not take penalties or logit_bias");
         goto fail;
     }
     if (chat) {
@@ -308,6 +341,11 @@ fail:
 
 void wl_oai_request_free(wl_oai_request *r)
 {
+    free((void *)r->penalties.bias_ids);
+    free((void *)r->penalties.bias);
+    r->penalties.bias_ids = NULL;
+    r->penalties.bias = NULL;
+    r->penalties.n_bias = 0;
     for (int i = 0; i < r->n_stop; i++)
         free(r->stop[i]);
     json_decref(r->prompt);

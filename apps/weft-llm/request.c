@@ -211,6 +211,15 @@ void *wl_request_task(void *arg)
     weft_task *tasks[WL_MAX_N];
     int spawned = 1, status = 200;
     memset(runs, 0, sizeof runs);
+    for (int i = 0; i < r->q.penalties.n_bias; i++)
+        if (r->q.penalties.bias_ids[i] >= srv->model.cfg.vocab) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "logit_bias: token %d is outside the vocabulary (%d)",
+                     r->q.penalties.bias_ids[i], srv->model.cfg.vocab);
+            wl_request_answer_error(r, 400, msg, "logit_bias");
+            status = 400;
+            goto out;
+        }
     if (prepare_prompt(r)) {
         wl_request_answer_error(r, 400, wl_error(), r->q.chat ? "messages" : "prompt");
         status = 400;

@@ -165,7 +165,8 @@ int wl_sample_draft(wl_sampler *s, const float *logits, int vocab, int32_t draft
 
 int wl_penalties_active(const wl_penalties *p)
 {
-    return (p->repetition != 0 && p->repetition != 1) || p->frequency != 0 || p->presence != 0;
+    return (p->repetition != 0 && p->repetition != 1) || p->frequency != 0 || p->presence != 0 ||
+           p->n_bias > 0;
 }
 
 void wl_penalties_apply(const wl_penalties *p, const float *logits, int vocab, const uint8_t *seen,
@@ -180,4 +181,7 @@ void wl_penalties_apply(const wl_penalties *p, const float *logits, int vocab, c
             x -= p->frequency * (float)counts[t] + p->presence;
         out[t] = x;
     }
+    for (int i = 0; i < p->n_bias; i++)
+        if (p->bias_ids[i] >= 0 && p->bias_ids[i] < vocab)
+            out[p->bias_ids[i]] += p->bias[i];
 }

@@ -71,7 +71,7 @@ typedef struct wl_oai_request {
     int ignore_eos, return_token_ids; /* extensions, as vLLM spells them */
     weft_priority priority;           /* extension: "high", "normal" or "low" */
     int speculate_k, ngram;           /* extension: speculative decoding (wl_gen's) */
-    wl_penalties penalties;           /* OpenAI's two, and repetition_penalty (extension) */
+    wl_penalties penalties; /* OpenAI's two and logit_bias, and repetition_penalty (extension) */
     wl_sampler sampler;
     int seeded;
     char *stop[WL_MAX_STOPS];

@@ -657,6 +657,14 @@ static void test_penalties(void **state)
     assert_true(out[2] == 0.5f);                /* untouched */
     assert_true(out[3] == 1.5f - 0.25f - 1.0f); /* 3 / 2, then 0.25 + 1 */
     assert_true(out[4] == -2.0f);               /* untouched */
+    /* then logit_bias, after the penalties; an id past the vocabulary skipped */
+    const int32_t ids[3] = {2, 3, 9};
+    const float bias[3] = {-0.5f, 10.0f, 100.0f};
+    wl_penalties b = {.repetition = 1.0f, .bias_ids = ids, .bias = bias, .n_bias = 3};
+    assert_true(wl_penalties_active(&b));
+    wl_penalties_apply(&b, logits, 5, seen, counts, out);
+    assert_true(out[0] == 2.0f && out[1] == -1.0f && out[4] == -2.0f);
+    assert_true(out[2] == 0.0f && out[3] == 13.0f);
     wl_penalties none = {.repetition = 1.0f};
     assert_false(wl_penalties_active(&none));
     wl_penalties zero = {0};

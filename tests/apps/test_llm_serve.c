@@ -519,6 +519,15 @@ static void test_stop_strings_and_choices(void **state)
             assert_true(json_integer_value(json_array_get(pids, i)) !=
                         json_integer_value(json_array_get(pids, k2)));
     json_decref(pj);
+    /* logit_bias: +100 on one token makes greedy decoding say only it */
+    free(complete("{\"prompt\":[256,296,267],\"max_tokens\":6,\"temperature\":0,"
+                  "\"ignore_eos\":true,\"logit_bias\":{\"42\":100},\"return_token_ids\":true}",
+                  &pfinish, &pj));
+    pids = json_object_get(json_array_get(json_object_get(pj, "choices"), 0), "token_ids");
+    assert_int_equal(json_array_size(pids), 6);
+    for (size_t i = 0; i < 6; i++)
+        assert_int_equal(json_integer_value(json_array_get(pids, i)), 42);
+    json_decref(pj);
     /* speculative decoding: greedy, the same text */
     json_t *sp;
     const char *sfinish;
@@ -628,6 +637,10 @@ static void test_bad_input(void **state)
     expect_error("POST", "/v1/completions",
                  "{\"prompt\":\"hi\",\"speculate\":2,\"frequency_penalty\":0.5}", 400,
                  "does not take penalties");
+    expect_error("POST", "/v1/completions", "{\"prompt\":\"hi\",\"logit_bias\":{\"x\":1}}", 400,
+                 "'logit_bias' maps token ids");
+    expect_error("POST", "/v1/completions", "{\"prompt\":\"hi\",\"logit_bias\":{\"99999\":1}}", 400,
+                 "outside the vocabulary");
     expect_error("POST", "/v1/completions", "{\"prompt\":[1, 99999]}", 400,
                  "outside the vocabulary");
     expect_error("POST", "/v1/completions", "{\"prompt\":\"hi\",\"model\":\"gpt-9\"}", 404,
