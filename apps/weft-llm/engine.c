@@ -33,7 +33,8 @@
 typedef struct wl_waiter {
     struct wl_waiter *next;
     int pages;
-    int rank; /* 0 high, 1 normal, 2 low: the queue's order, arrival within a rank */
+    int place; /* it decodes in the batch (a speculative one decodes alone) */
+    int rank;  /* 0 high, 1 normal, 2 low: the queue's order, arrival within a rank */
 } wl_waiter;
 
 static int rank_of(weft_priority p)
@@ -140,8 +141,9 @@ void wl_engine_stats(wl_engine *e, wl_engine_counts *out)
     wl_batcher_stats(e->batcher, &out->steps, &out->rows);
 }
 
-/* Waits (suspended) until w is the queue's head and its pages and a place
- * in the batch are free, or g is cancelled. Returns 0 when admitted. */
+/* Waits (suspended) until w is the queue's head and its pages and (when
+ * it decodes in the batch) a place there are free, or g is cancelled.
+ * Returns 0 when admitted. */
 static int admit(wl_engine *e, const wl_gen *g, wl_waiter *w)
 {
     if (weft_mutex_lock(e->lock) != WEFT_OK)
@@ -153,7 +155,7 @@ static int admit(wl_engine *e, const wl_gen *g, wl_waiter *w)
     *at = w;
     e->queued++;
     int cancelled = 0;
-    while (!(e->queue == w && e->running < e->max_seqs &&
+    while (!(e->queue == w && (!w->place || e->placed < e->max_seqs) &&
              e->reserved_pages + w->pages <= e->kv.pages)) {
         /* a disconnected client is seen by polling: a short timed wait */
         int rc = weft_cond_wait_until(e->admitted, e->lock, weft_deadline_in_ns(50 * 1000000ull));
@@ -169,6 +171,7 @@ static int admit(wl_engine *e, const wl_gen *g, wl_waiter *w)
     e->queued--;
     if (!cancelled) {
         e->running++;
+        e->placed += w->place;
         e->reserved_pages += w->pages;
     }
     weft_cond_broadcast(e->admitted); /* a new head, maybe */
@@ -176,11 +179,12 @@ static int admit(wl_engine *e, const wl_gen *g, wl_waiter *w)
     return cancelled ? -1 : 0;
 }
 
-static void release(wl_engine *e, int pages)
+static void release(wl_engine *e, const wl_waiter *w)
 {
     wl_lock_always(e->lock);
     e->running--;
-    e->reserved_pages -= pages;
+    e->placed -= w->place;
+    e->reserved_pages -= w->pages;
     weft_cond_broadcast(e->admitted);
     weft_mutex_unlock(e->lock);
 }
@@ -301,6 +305,7 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
 {
     const wl_config *c = &e->model->cfg;
     wl_waiter w = {.pages = pages_for(e, g->n_prompt + g->max_tokens),
+                   .place = !g->speculate_k,
                    .rank = rank_of(g->priority)};
     wl_sampler sampler = g->sampler;
     wl_seq *s = NULL;
@@ -379,7 +384,7 @@ out:
     if (joined)
         wl_batcher_leave(e->batcher, s);
     wl_seq_destroy(s); /* its pages go back */
-    release(e, w.pages);
+    release(e, &w);
     free(pen_scratch);
     free(pen_seen);
     free(pen_counts);

@@ -547,8 +547,9 @@ typedef struct wl_spec_stats {
 /* A model served to many generations at once: the weights on the backend,
  * the KV cache and the batcher's task. A generation (wl_engine_generate)
  * is admitted once the pages its prompt and max_tokens can need, and a
- * place in the batch, are free (reserved for its whole life, so it is never
- * preempted); waiters are admitted by priority, then in arrival order. */
+ * place in the batch (unless it decodes alone, speculatively), are free
+ * (reserved for its whole life, so it is never preempted); waiters are
+ * admitted by priority, then in arrival order. */
 typedef struct wl_waiter wl_waiter;
 typedef struct wl_engine {
     wl_model *model;
@@ -560,7 +561,7 @@ typedef struct wl_engine {
     weft_mutex *lock; /* guards the admission state below */
     weft_cond *admitted;
     wl_waiter *queue;
-    int queued, running, reserved_pages;
+    int queued, running, placed, reserved_pages; /* placed: running in the batch */
     char message[512];
 } wl_engine;
 
