@@ -83,8 +83,10 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     TRY(weft_malloc_async(&b->q, B * b->q_dim * es));
     TRY(weft_malloc_async(&b->kvr, B * 2 * b->kv_dim * es));
     TRY(weft_malloc_async(&b->attn, B * b->q_dim * es));
-    TRY(weft_malloc_async(&b->gu, B * 2 * c->intermediate * es));
-    TRY(weft_malloc_async(&b->act, B * c->intermediate * es));
+    if (wl_model_has_dense_mlp(m)) {
+        TRY(weft_malloc_async(&b->gu, B * 2 * c->intermediate * es));
+        TRY(weft_malloc_async(&b->act, B * c->intermediate * es));
+    }
     TRY(weft_malloc_async((void **)&b->logits, B * c->vocab * 4));
     TRY(weft_malloc_async((void **)&b->positions, B * 4));
     TRY(weft_malloc_async((void **)&b->seq_ids, B * 4));

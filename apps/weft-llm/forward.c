@@ -58,6 +58,14 @@ void wl_await_keeping_error(void)
     wl_fail("%s", msg);
 }
 
+int wl_model_has_dense_mlp(const wl_model *m)
+{
+    for (int l = 0; l < m->cfg.layers; l++)
+        if (!wl_config_layer_moe(&m->cfg, l))
+            return 1;
+    return 0;
+}
+
 int wl_seq_create(wl_seq **out, const wl_model *m, wl_kv *kv, int max_tokens, int max_step)
 {
     const wl_config *c = &m->cfg;
@@ -87,8 +95,10 @@ int wl_seq_create(wl_seq **out, const wl_model *m, wl_kv *kv, int max_tokens, in
     TRY(weft_malloc_async(&s->h, T * c->hidden * es));
     TRY(weft_malloc_async(&s->qkv, T * s->qkv_dim * es));
     TRY(weft_malloc_async(&s->attn, T * s->q_dim * es));
-    TRY(weft_malloc_async(&s->gu, T * 2 * c->intermediate * es));
-    TRY(weft_malloc_async(&s->act, T * c->intermediate * es));
+    if (wl_model_has_dense_mlp(m)) {
+        TRY(weft_malloc_async(&s->gu, T * 2 * c->intermediate * es));
+        TRY(weft_malloc_async(&s->act, T * c->intermediate * es));
+    }
     TRY(weft_malloc_async(&s->q_packed, DECODE_CHUNK * s->q_dim * es));
     TRY(weft_malloc_async((void **)&s->logits, (size_t)c->vocab * 4));
     TRY(weft_malloc_async((void **)&s->positions, T * 4));

@@ -51,6 +51,9 @@ struct wl_seq {
         }                                                                                          \
     } while (0)
 
+/* Whether some layer of m has a dense MLP (and so needs the gate/up and
+ * activation buffers a mixture-of-experts layer does not use). */
+int wl_model_has_dense_mlp(const wl_model *m);
 /* weft_await keeping the error line (a task may resume on another worker). */
 void wl_await_keeping_error(void);
 /* RoPE as the model's config defines it (halves layout; Llama 3's scaled
