@@ -104,7 +104,7 @@ static void stream_released(void *cls)
 
 /* The handler's turn on a completion whose task is running: wait
  * (suspended), send the whole answer, or start the stream. */
-static enum MHD_Result continue_completion(server *srv, struct MHD_Connection *conn, conn_state *cs)
+static enum MHD_Result continue_completion(struct MHD_Connection *conn, conn_state *cs)
 {
     request *r = cs->req;
     pthread_mutex_lock(&r->lock);
@@ -133,7 +133,6 @@ static enum MHD_Result continue_completion(server *srv, struct MHD_Connection *c
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     enum MHD_Result rc = MHD_queue_response(conn, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
-    (void)srv;
     return rc;
 }
 
@@ -196,7 +195,7 @@ static enum MHD_Result start_completion(server *srv, struct MHD_Connection *conn
         wl_metrics_request(&srv->metrics, r->endpoint, 500);
         wl_request_unref(r); /* the task's reference */
     }
-    return continue_completion(srv, conn, cs);
+    return continue_completion(conn, cs);
 }
 
 static int endpoint_of(const char *url)
@@ -254,7 +253,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     if (cs->req)
-        return continue_completion(srv, conn, cs);
+        return continue_completion(conn, cs);
     if (cs->too_big || cs->body.failed) {
         char msg[160];
         snprintf(msg, sizeof msg, "the body is over %zu bytes, this server's limit", srv->max_body);
