@@ -6,7 +6,7 @@
  *            [--seed N] [--temperature T] [--top-k K] [--top-p P] [--backend host|cuda|auto]
  *            [--print-ids] [--print-top] [--kv-pages N] [--parallel N]
  *            [--speculate K [--ngram N]] [--stats] [--repetition-penalty R]
- *            [--frequency-penalty F] [--presence-penalty P]
+ *            [--frequency-penalty F] [--presence-penalty P] [--ignore-eos]
  *   weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]
  *   weft-llm check MODEL_DIR
  *   weft-llm loadgen URL [options]   (loadgen.c; --help lists them)
@@ -39,6 +39,7 @@
 typedef struct gen {
     const char *dir, *prompt, *prompt_ids, *backend;
     int max_tokens, print_ids, print_top, parallel, stats;
+    int ignore_eos;       /* generate max_tokens whatever the model ends with */
     int speculate, ngram; /* draft tokens a round (0: off) and the longest n-gram */
     int kv_pages;         /* pages of the model's KV cache, WL_KV_PAGE tokens each */
     wl_sampler sampler;
@@ -62,7 +63,7 @@ static int usage(void)
             "                [--temperature T] [--top-k K] [--top-p P] [--backend "
             "host|cuda|auto] [--print-ids] [--print-top]\n"
             "                [--speculate K [--ngram N]] [--stats] [--repetition-penalty R]\n"
-            "                [--frequency-penalty F] [--presence-penalty P]\n"
+            "                [--frequency-penalty F] [--presence-penalty P] [--ignore-eos]\n"
             "       weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]\n"
             "       weft-llm check MODEL_DIR\n"
             "       weft-llm loadgen URL [--rate R|inf] [--requests N] [--concurrency C] ... "
@@ -203,7 +204,8 @@ static void *sequence_task(void *arg)
                   .speculate_k = g->speculate,
                   .ngram = g->ngram,
                   .spec_stats = &r->spec,
-                  .penalties = g->penalties};
+                  .penalties = g->penalties,
+                  .ignore_eos = g->ignore_eos};
     wl_finish finish;
     r->t_start = now();
     r->failed = wl_engine_generate(&g->engine, &req, &finish);
@@ -384,6 +386,10 @@ static int cmd_generate(int argc, char **argv)
         }
         if (!strcmp(a, "--stats")) {
             g.stats = 1;
+            continue;
+        }
+        if (!strcmp(a, "--ignore-eos")) {
+            g.ignore_eos = 1;
             continue;
         }
         if (!val)

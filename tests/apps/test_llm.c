@@ -678,37 +678,42 @@ static void test_penalties(void **state)
 static void test_cli_penalties(void **state)
 {
     (void)state;
-    const char *runs[] = {"", "--presence-penalty 2", "--repetition-penalty 100"};
-    int repeats[3] = {0};
-    for (int r = 0; r < 3; r++) {
+    /* Decisive whatever the random model: a negative presence penalty lifts
+     * the first generated token by 2 (the tiny model's logits span less than
+     * 2), so it repeats to the end; positive penalties forbid any repeat. */
+    const char *runs[] = {"", "--presence-penalty -2", "--presence-penalty 2",
+                          "--repetition-penalty 100"};
+    enum { RUNS = sizeof runs / sizeof *runs, MAX_TOKENS = 40 };
+    for (int r = 0; r < RUNS; r++) {
         char cmd[1024], *out, *err;
         snprintf(cmd, sizeof cmd,
-                 "%s generate %s --prompt-ids 256,296,267 --max-tokens 40 --print-ids --backend "
-                 "host %s",
-                 WL_BIN, model_dir, runs[r]);
+                 "%s generate %s --prompt-ids 256,296,267 --max-tokens %d --ignore-eos "
+                 "--print-ids --backend host %s",
+                 WL_BIN, model_dir, MAX_TOKENS, runs[r]);
         assert_int_equal(run_capture(cmd, &out, &err), 0);
         const char *g = strstr(err, "generated ids: ");
         assert_non_null(g);
-        int ids[64], n = 0;
-        for (const char *p = g + strlen("generated ids: "); n < 64 && *p && *p != '\n';) {
+        int ids[MAX_TOKENS + 1], n = 0, repeats = 0;
+        for (const char *p = g + strlen("generated ids: "); n <= MAX_TOKENS && *p && *p != '\n';) {
             ids[n++] = (int)strtol(p, (char **)&p, 10);
             if (*p == ',')
                 p++;
         }
+        assert_int_equal(n, MAX_TOKENS); /* --ignore-eos: the end token does not stop it */
         for (int i = 0; i < n; i++)
             for (int j = 0; j < i; j++)
-                repeats[r] += ids[i] == ids[j];
-        if (r == 2)
+                repeats += ids[i] == ids[j];
+        printf("  %-26s %d ids, %d repeats\n", runs[r][0] ? runs[r] : "(no penalty)", n, repeats);
+        if (r == 1)
+            assert_int_equal(repeats, n * (n - 1) / 2);
+        if (r >= 2)
+            assert_int_equal(repeats, 0);
+        if (r == 3) /* the repetition penalty also counts the prompt's tokens */
             for (int i = 0; i < n; i++)
                 assert_true(ids[i] != 256 && ids[i] != 296 && ids[i] != 267);
-        printf("  %-26s %d ids, %d repeats\n", runs[r][0] ? runs[r] : "(no penalty)", n,
-               repeats[r]);
         free(out);
         free(err);
     }
-    assert_true(repeats[0] > 0);
-    assert_int_equal(repeats[1], 0);
-    assert_int_equal(repeats[2], 0);
 }
 
 static void test_sampler_modes(void **state)
