@@ -22,9 +22,11 @@
  * both in CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F mode or both scalars;
  * D's scale and amax pointers are passed as given. Its TN rule (its A
  * transposed, its B not) is our trans_b = 1, trans_a = 0, which matmul.c
- * asks. Without a C, D stands in for C as it does for other types, with a
- * layout of C's type (an fp8 D's C is bf16 or fp16, cuBLASLt's table),
- * which with beta 0 must not be read: the layout spans twice D's bytes.
+ * asks. Without a C, an fp8 D's call passes C as NULL with beta 0 (its
+ * C has a type of its own, bf16 or fp16, cuBLASLt's table, and cuBLASLt
+ * refuses a C that is D under another layout). Its outer-vector scales
+ * have no batched kernel on Hopper: a batched call in that mode runs as
+ * one call a batch, the scales shared as the API says.
  *
  * INT8: cuBLASLt's int8 GEMM (CUBLAS_COMPUTE_32I, int32 alpha and beta)
  * writes the exact int32 product, into D for an int32 D; a bf16, fp16 or
@@ -496,11 +498,11 @@ int weft__matmul_lt_prepare(cudaStream_t stream, const weft__matmul_args *a, wef
 int weft__matmul_lt_launch(cudaStream_t stream, const weft__matmul_args *a, weft__lt_ready *r,
                            void *d)
 {
-    /* cuBLASLt wants a C even when beta is 0: without a C, D stands in. In
-     * place it wants one layout for both; an fp8 D's C has a type of its
-     * own, so its stand-in keeps C's layout (see the top). */
-    const void *c = a->c ? a->c : d;
-    cublasLtMatrixLayout_t lc = c == d && a->c_type == a->type ? &r->p->ld : &r->p->lc;
+    /* Without a C, D stands in for it with D's layout (in place cuBLASLt
+     * wants one layout for both); an fp8 D's C, of another type, is NULL
+     * (see the top). */
+    const void *c = a->c ? a->c : a->c_type == a->type ? d : NULL;
+    cublasLtMatrixLayout_t lc = c == d ? &r->p->ld : &r->p->lc;
     /* INT8's scale type is int32: its alpha and beta are 1 and 0. */
     static const int32_t one = 1, zero = 0;
     const void *alpha = a->kind == WEFT__MM_INT8 ? (const void *)&one : (const void *)&a->alpha;
@@ -509,6 +511,26 @@ int weft__matmul_lt_launch(cudaStream_t stream, const weft__matmul_args *a, weft
                                       c, lc, d, &r->p->ld, &r->p->algo, r->ws, r->ws_size, stream);
     if (s != CUBLAS_STATUS_SUCCESS)
         return lt_fail("cublasLtMatmul", s);
+    return WEFT_OK;
+}
+
+/* A batched FP8 call with outer-vector scales, as one call a batch. */
+static int outer_scaled_batches(cudaStream_t stream, const weft__matmul_args *a)
+{
+    size_t ea = weft__dtype_size(a->in_type), eb = weft__dtype_size(a->in_type_b);
+    size_t ec = weft__dtype_size(a->c_type), ed = weft__dtype_size(a->type);
+    weft__matmul_args one = *a;
+    one.batch = 1;
+    for (size_t bt = 0; bt < a->batch; bt++) {
+        one.a = (const char *)a->a + bt * a->stride_a * ea;
+        one.b = (const char *)a->b + bt * a->stride_b * eb;
+        one.c = a->c ? (const char *)a->c + bt * a->stride_c * ec : NULL;
+        one.d = (char *)a->d + bt * a->stride_d * ed;
+        one.aux = a->aux ? (char *)a->aux + bt * a->stride_aux * ed : NULL;
+        int rc = weft__matmul_cuda(stream, &one);
+        if (rc != WEFT_OK)
+            return rc;
+    }
     return WEFT_OK;
 }
 
@@ -524,6 +546,8 @@ int weft__matmul_cuda(void *stream_arg, const weft__matmul_args *a)
     }
     if (a->kind == WEFT__MM_INT8 && a->type != WEFT_DTYPE_I32)
         return weft__matmul_lt_dequantized(stream, a);
+    if (a->kind == WEFT__MM_FP8 && a->scale_a_mode == WEFT_MATMUL_SCALE_OUTER && a->batch > 1)
+        return outer_scaled_batches(stream, a);
     if ((rc = weft__matmul_lt_prepare(stream, a, &r)) != WEFT_OK ||
         (rc = weft__matmul_lt_launch(stream, a, &r, a->d)) != WEFT_OK)
         return rc;

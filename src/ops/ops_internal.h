@@ -133,7 +133,7 @@ static inline uint8_t weft__f32_to_f8(weft_dtype t, float f)
     float a = fabsf(f);
     if (a >= weft__f8_to_f32(t, max_code))
         return (uint8_t)(sign | max_code);
-    int e;
+    int e = 0; /* frexpf leaves it unset for infinities, which the max_code test has taken */
     frexpf(a, &e);                 /* a = frac 2^e, frac in [0.5, 1) */
     e -= 1;                        /* a in [2^e, 2^(e+1)) */
     if (a == 0.0f || e < 1 - bias) /* subnormal steps reach the first normal: code = steps */

@@ -45,6 +45,25 @@ static inline int gt_stream_teardown(weft_runtime *rt, cudaStream_t stream)
     return weft_runtime_destroy(rt) == WEFT_OK && ok ? 0 : -1;
 }
 
+/* cudaMemset and a copy from pageable memory run on the legacy default
+ * stream and may still be in flight when they return; the test's stream
+ * does not wait for that stream. So each is followed by a device-wide
+ * synchronization before an operator can read or overwrite its bytes. */
+
+/* cudaMemset, finished when it returns. */
+static inline cudaError_t gt_memset(void *dev, int byte, size_t bytes)
+{
+    cudaError_t e = cudaMemset(dev, byte, bytes);
+    return e != cudaSuccess ? e : cudaDeviceSynchronize();
+}
+
+/* A copy of bytes from host memory h to dev, finished when it returns. */
+static inline cudaError_t gt_copy_in(void *dev, const void *h, size_t bytes)
+{
+    cudaError_t e = cudaMemcpy(dev, h, bytes, cudaMemcpyHostToDevice);
+    return e != cudaSuccess ? e : cudaDeviceSynchronize();
+}
+
 /* A device buffer of bytes (at least 1) holding a copy of h; h NULL (or
  * bytes 0): the buffer only, its contents undefined. cudaFree it. */
 static inline void *gt_upload(const void *h, size_t bytes)
@@ -52,7 +71,7 @@ static inline void *gt_upload(const void *h, size_t bytes)
     void *p = NULL;
     assert_cuda(cudaMalloc(&p, bytes ? bytes : 1));
     if (h && bytes)
-        assert_cuda(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice));
+        assert_cuda(gt_copy_in(p, h, bytes));
     return p;
 }
 

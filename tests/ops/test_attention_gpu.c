@@ -380,7 +380,7 @@ static void test_bad_arguments_are_refused_before_launch(void **state)
     size_t bytes = 4 * 64 * 2 * 4 + 64;
     char *buf = NULL;
     assert_cuda(cudaMalloc((void **)&buf, bytes));
-    assert_cuda(cudaMemset(buf, 0x5a, bytes));
+    assert_cuda(gt_memset(buf, 0x5a, bytes));
     weft_attention_desc d = {
         .dtype = WEFT_DTYPE_BF16, .batch = 1, .heads = 1, .head_dim = 64, .seq_q = 4, .seq_k = 4};
     char *q = buf, *k = buf + 512, *v = buf + 1024, *o = buf + 1536;

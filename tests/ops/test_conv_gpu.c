@@ -253,8 +253,8 @@ static void test_the_fold_kernel_equals_the_host_bit_for_bit(void **state)
             void *dg = gt_upload(gamma, d.k * eb), *dbt = gt_upload(beta, d.k * eb);
             void *dm = gt_upload(mean, d.k * eb), *dv = gt_upload(var, d.k * eb);
             void *dwf = gt_upload(hw, g.nw * es), *dbf = gt_upload(hb, d.k * es);
-            assert_cuda(cudaMemset(dwf, 0xff, g.nw * es));
-            assert_cuda(cudaMemset(dbf, 0xff, d.k * es));
+            assert_cuda(gt_memset(dwf, 0xff, g.nw * es));
+            assert_cuda(gt_memset(dbf, 0xff, d.k * es));
             assert_ok(weft_conv2d_fold_bn(stream, &d, bt, dwf, dbf, dw, t == bi ? NULL : dcb, dg,
                                           dbt, dm, dv, eps));
             if (t == bi) /* without the conv bias: the host's again, without it */
@@ -305,7 +305,7 @@ static void test_the_folded_conv_matches_conv_then_batchnorm(void **state)
             void *dbt = gt_upload(beta, d.k * 4), *dm = gt_upload(mean, d.k * 4);
             void *dv = gt_upload(var, d.k * 4), *dout = NULL;
             assert_cuda(cudaMalloc(&dout, g.nout * es));
-            assert_cuda(cudaMemset(dout, 0xff, g.nout * es));
+            assert_cuda(gt_memset(dout, 0xff, g.nout * es));
             /* In place: the weights and the conv bias become the folded ones. */
             assert_ok(weft_conv2d_fold_bn(stream, &d, WEFT_DTYPE_F32, dw, dcb, dw, dcb, dg, dbt, dm,
                                           dv, eps));
@@ -434,7 +434,7 @@ static int captured_replay(const char *name, const weft_conv2d_desc *d)
                  cudaGetErrorString(end));
     assert_cuda(cudaGraphInstantiate(&exec, graph, 0));
     for (int i = 0; i < 2; i++) {
-        assert_cuda(cudaMemcpy(dout, poison, g.nout * es, cudaMemcpyHostToDevice));
+        assert_cuda(gt_copy_in(dout, poison, g.nout * es));
         assert_cuda(cudaGraphLaunch(exec, stream));
         assert_cuda(cudaStreamSynchronize(stream));
         void *got = gt_download(dout, g.nout * es);
@@ -532,7 +532,7 @@ static void test_many_tasks_on_their_own_streams_at_once(void **state)
         jobs[t].in = gt_upload(host[t][0], g.nin * 2), jobs[t].w = gt_upload(host[t][1], g.nw * 2);
         jobs[t].bias = gt_upload(host[t][2], d.k * 2);
         assert_cuda(cudaMalloc(&jobs[t].out, g.nout * 2));
-        assert_cuda(cudaMemset(jobs[t].out, 0xff, g.nout * 2));
+        assert_cuda(gt_memset(jobs[t].out, 0xff, g.nout * 2));
     }
     for (int t = 0; t < TASKS; t++)
         assert_ok(weft_spawn(rt, &tasks[t], job_main, &jobs[t], NULL));
@@ -573,7 +573,7 @@ static void test_bad_arguments_are_refused_before_launch(void **state)
     size_t nio = 8 * 8 * 8;
     char *buf = NULL;
     assert_cuda(cudaMalloc((void **)&buf, 4 * nio * 2 + 256));
-    assert_cuda(cudaMemset(buf, 0x5a, 4 * nio * 2 + 256));
+    assert_cuda(gt_memset(buf, 0x5a, 4 * nio * 2 + 256));
     char *in = buf, *w = buf + nio * 2 + 64, *bias = buf + 2 * nio * 2 + 128;
     char *out = buf + 3 * nio * 2 + 192;
     assert_rc(weft_conv2d(stream, &d, out, in + 1, w, bias), WEFT_EINVAL);
@@ -620,7 +620,7 @@ static void test_without_cudnn_the_call_says_so(void **state)
     assert_cuda(cudaMalloc((void **)&buf, 4 * 128 * sizeof *buf));
     assert_rc(weft_conv2d(stream, &d, buf, buf + 128, buf + 256, buf + 384), WEFT_EINVAL);
     assert_non_null(strstr(weft_last_error(), "built without cuDNN"));
-    assert_cuda(cudaMemset(buf, 0, 4 * 128 * sizeof *buf));
+    assert_cuda(gt_memset(buf, 0, 4 * 128 * sizeof *buf));
     assert_ok(weft_conv2d_fold_bn(stream, &d, WEFT_DTYPE_F32, buf, buf + 64, buf + 128, NULL,
                                   buf + 256, buf + 264, buf + 272, buf + 280, 1.0f));
     assert_cuda(cudaStreamSynchronize(stream));

@@ -352,7 +352,7 @@ static void test_a_captured_matmul_replays_right(void **state)
     assert_ok(rc);
     assert_cuda(cudaGraphInstantiate(&exec, graph, 0));
     for (int i = 0; i < 2; i++) {
-        assert_cuda(cudaMemcpy(dd, pd, g.nd * 2, cudaMemcpyHostToDevice));
+        assert_cuda(gt_copy_in(dd, pd, g.nd * 2));
         assert_cuda(cudaGraphLaunch(exec, stream));
         assert_cuda(cudaStreamSynchronize(stream));
         void *got = gt_download(dd, g.nd * 2);
@@ -412,7 +412,7 @@ static void test_many_tasks_on_their_own_streams_at_once(void **state)
         jobs[t].bias = gt_upload(host[t][2], d.n * 2);
         jobs[t].d.bias = jobs[t].bias;
         assert_cuda(cudaMalloc(&jobs[t].out, g.nd * 2));
-        assert_cuda(cudaMemset(jobs[t].out, 0xff, g.nd * 2));
+        assert_cuda(gt_memset(jobs[t].out, 0xff, g.nd * 2));
     }
     for (int t = 0; t < TASKS; t++)
         assert_ok(weft_spawn(rt, &tasks[t], job_main, &jobs[t], NULL));
@@ -443,7 +443,7 @@ static void test_bad_arguments_are_refused_before_launch(void **state)
     weft_matmul_desc d = {.m = 32, .n = 32, .k = 32, .type = WEFT_DTYPE_BF16};
     char *buf = NULL;
     assert_cuda(cudaMalloc((void **)&buf, 3 * 32 * 32 * 2 + 64));
-    assert_cuda(cudaMemset(buf, 0x5a, 3 * 32 * 32 * 2 + 64));
+    assert_cuda(gt_memset(buf, 0x5a, 3 * 32 * 32 * 2 + 64));
     char *a = buf, *b = buf + 2048 + 16, *dd = buf + 4096 + 32;
     assert_rc(weft_matmul(stream, &d, dd, a + 1, b, NULL), WEFT_EINVAL);
     assert_non_null(strstr(weft_last_error(), "A is not aligned"));

@@ -36,7 +36,7 @@ static void *poisoned_dev(size_t bytes)
 {
     void *p = NULL;
     assert_cuda(cudaMalloc(&p, bytes ? bytes : 1));
-    assert_cuda(cudaMemset(p, 0xa7, bytes));
+    assert_cuda(gt_memset(p, 0xa7, bytes));
     return p;
 }
 
@@ -232,7 +232,7 @@ static void grouped_case(const char *name, weft_grouped_matmul_desc d, const int
     void *bias = d.bias ? moe_random(d.type, d.groups * d.n, 1.0) : NULL;
     /* misalign: X one element into its buffer, which takes the plain loads. */
     char *dxbuf = poisoned_dev(nx * 2 + 2);
-    assert_cuda(cudaMemcpy(dxbuf + (misalign ? 2 : 0), x, nx * 2, cudaMemcpyHostToDevice));
+    assert_cuda(gt_copy_in(dxbuf + (misalign ? 2 : 0), x, nx * 2));
     void *dw = gt_upload(w, nw * 2), *dbias = bias ? gt_upload(bias, d.groups * d.n * 2) : NULL;
     void *dy = poisoned_dev(ny * 2), *doff = gt_upload(offsets, (d.groups + 1) * 4);
     weft_grouped_matmul_desc gd = d;
@@ -299,7 +299,7 @@ static void test_grouped_matmul_clamps_a_bad_table(void **state)
     void *dx = poisoned_dev(40 * 64 * 2), *dw = poisoned_dev(3 * 64 * 64 * 2);
     char *dy = poisoned_dev(40 * 64 * 2 + 2 * guard);
     void *doff = gt_upload(bad, sizeof bad);
-    assert_cuda(cudaMemset(dx, 0, 40 * 64 * 2));
+    assert_cuda(gt_memset(dx, 0, 40 * 64 * 2));
     assert_weft(weft_grouped_matmul(stream, &d, dy + guard, dx, dw, doff));
     assert_cuda(cudaStreamSynchronize(stream));
     unsigned char *y = gt_download(dy, 40 * 64 * 2 + 2 * guard);
@@ -391,9 +391,9 @@ static void test_a_captured_layer_replays_on_new_inputs(void **state)
     for (int round = 0; round < 2; round++) {
         void *logits = moe_logits(WEFT_DTYPE_BF16, T, E, E, round);
         void *x = moe_random(WEFT_DTYPE_BF16, T * H, 1.0);
-        assert_cuda(cudaMemcpy(L.logits, logits, T * E * 2, cudaMemcpyHostToDevice));
-        assert_cuda(cudaMemcpy(L.x, x, T * H * 2, cudaMemcpyHostToDevice));
-        assert_cuda(cudaMemset(L.out, 0xa7, T * n * 2));
+        assert_cuda(gt_copy_in(L.logits, logits, T * E * 2));
+        assert_cuda(gt_copy_in(L.x, x, T * H * 2));
+        assert_cuda(gt_memset(L.out, 0xa7, T * n * 2));
         assert_cuda(cudaGraphLaunch(exec, stream));
         assert_cuda(cudaStreamSynchronize(stream));
         double e = layer_check(&L, logits, x, w);

@@ -109,8 +109,8 @@ static void settle(void)
 /* The device copy := the host's, its guards poisoned. */
 static void tens_upload(const tens *t)
 {
-    assert_cuda(cudaMemset(t->base, 0xff, (2 * GUARD + t->skew + t->n) * t->esize));
-    assert_cuda(cudaMemcpy(t->d, t->h, t->n * t->esize, cudaMemcpyHostToDevice));
+    assert_cuda(gt_memset(t->base, 0xff, (2 * GUARD + t->skew + t->n) * t->esize));
+    assert_cuda(gt_copy_in(t->d, t->h, t->n * t->esize));
     settle();
 }
 
@@ -122,8 +122,8 @@ static void tens_poison(tens *t)
     for (size_t i = 0; i < t->n; i++)
         if (in_row(t, i))
             memset((char *)img + i * t->esize, 0xff, t->esize);
-    assert_cuda(cudaMemset(t->base, 0xff, (2 * GUARD + t->skew + t->n) * t->esize));
-    assert_cuda(cudaMemcpy(t->d, img, t->n * t->esize, cudaMemcpyHostToDevice));
+    assert_cuda(gt_memset(t->base, 0xff, (2 * GUARD + t->skew + t->n) * t->esize));
+    assert_cuda(gt_copy_in(t->d, img, t->n * t->esize));
     settle();
     free(img);
 }
@@ -710,7 +710,7 @@ static void run_rope_scaled(weft_dtype dt, weft_rope_layout layout, rope_case rc
     tens_random(&k, -3, 3);
     tens_upload(&q), tens_upload(&k);
     assert_cuda(cudaMalloc((void **)&dpos, rc.tokens * sizeof *dpos));
-    assert_cuda(cudaMemcpy(dpos, pos, rc.tokens * sizeof *pos, cudaMemcpyHostToDevice));
+    assert_cuda(gt_copy_in(dpos, pos, rc.tokens * sizeof *pos));
     void *kd = rc.k_heads ? k.d : NULL, *kh = rc.k_heads ? k.h : NULL;
     assert_ok(weft_rope_scaled(stream, dt, layout, q.d, rc.q_heads, qs, kd, rc.k_heads, ks,
                                rc.tokens, rc.head_dim, dpos, base, sc));
@@ -1015,9 +1015,8 @@ static int far_rows(void *dev, void *host, size_t width, size_t esize, int uploa
         unsigned char *d = (unsigned char *)dev + r * FAR_STRIDE * esize;
         unsigned char *h = (unsigned char *)host + r * width * esize;
         if (upload) {
-            assert_cuda(cudaMemcpy(d, h, width * esize, cudaMemcpyHostToDevice));
-            assert_cuda(
-                cudaMemcpy(d + width * esize, poison, FAR_AFTER * esize, cudaMemcpyHostToDevice));
+            assert_cuda(gt_copy_in(d, h, width * esize));
+            assert_cuda(gt_copy_in(d + width * esize, poison, FAR_AFTER * esize));
         } else {
             assert_cuda(cudaMemcpy(h, d, width * esize, cudaMemcpyDeviceToHost));
             assert_cuda(
@@ -1054,7 +1053,7 @@ static void test_elementwise_offsets_past_32_bits_match_host(void **state)
         weft__store(dt, in, i, (float)uniform(-6, 6));
     for (size_t j = 0; j < gc; j++)
         weft__store(dt, bias, j, (float)uniform(-1, 1));
-    assert_cuda(cudaMemcpy(bias_d, bias, gc * esize, cudaMemcpyHostToDevice));
+    assert_cuda(gt_copy_in(bias_d, bias, gc * esize));
 
     /* bias + GELU in place on the far rows */
     cmp c = {"gelu_erf far", &gelu_rows, 0, 0};
@@ -1078,7 +1077,7 @@ static void test_elementwise_offsets_past_32_bits_match_host(void **state)
     /* SwiGLU from the far rows, gate then up, into rows side by side */
     cmp g = {"swiglu far", &glu_rows, 0, 0};
     far_rows(far, in, 2 * FAR_COLS, esize, 1);
-    assert_cuda(cudaMemset(out_d, 0xff, FAR_ROWS * FAR_COLS * esize));
+    assert_cuda(gt_memset(out_d, 0xff, FAR_ROWS * FAR_COLS * esize));
     assert_ok(weft_glu(stream, dt, WEFT_GLU_SWIGLU, out_d, far, FAR_ROWS, FAR_COLS, FAR_STRIDE,
                        FAR_COLS));
     sync_ok();
@@ -1111,7 +1110,7 @@ static void test_bad_arguments_are_refused_before_launch(void **state)
     char *mis = (char *)in.d + 2;
     int32_t *pos = NULL;
     assert_cuda(cudaMalloc((void **)&pos, 4 * sizeof *pos));
-    assert_cuda(cudaMemset(pos, 0, 4 * sizeof *pos));
+    assert_cuda(gt_memset(pos, 0, 4 * sizeof *pos));
 
     assert_rc(
         weft_bias_gelu_residual(stream, F, WEFT_GELU_TANH, out.d, in.d, NULL, NULL, 4, 64, 32),

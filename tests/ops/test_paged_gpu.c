@@ -77,12 +77,12 @@ static dev_case dev_make(const pg_case *c, const weft_attention_decode_desc *d)
 
 static void dev_poison(const pg_case *c, dev_case *g)
 {
-    assert_cuda(cudaMemset((void *)g->cache.k, PG_POISON, c->pool_elems * c->esize));
-    assert_cuda(cudaMemset((void *)g->cache.v, PG_POISON, c->pool_elems * c->esize));
-    assert_cuda(cudaMemset(g->out, PG_POISON, c->q_elems * 2));
-    assert_cuda(cudaMemset(g->lse, PG_POISON, c->rows * 4));
+    assert_cuda(gt_memset((void *)g->cache.k, PG_POISON, c->pool_elems * c->esize));
+    assert_cuda(gt_memset((void *)g->cache.v, PG_POISON, c->pool_elems * c->esize));
+    assert_cuda(gt_memset(g->out, PG_POISON, c->q_elems * 2));
+    assert_cuda(gt_memset(g->lse, PG_POISON, c->rows * 4));
     if (g->ws)
-        assert_cuda(cudaMemset(g->ws, PG_POISON, g->ws_bytes));
+        assert_cuda(gt_memset(g->ws, PG_POISON, g->ws_bytes));
     assert_cuda(cudaDeviceSynchronize());
 }
 
@@ -372,12 +372,11 @@ static void test_bad_tables_are_clamped_without_faults(void **state)
     int32_t *table = pg_alloc(entries * 4);
     for (size_t i = 0; i < entries; i++)
         table[i] = i % 2 ? INT32_MAX : -7;
-    assert_cuda(
-        cudaMemcpy((void *)g.cache.block_table, table, entries * 4, cudaMemcpyHostToDevice));
+    assert_cuda(gt_copy_in((void *)g.cache.block_table, table, entries * 4));
     int32_t ids[4] = {-1, 2, 0, 1}, pos[4] = {3, 3, -1, 1 << 30}, lens[2] = {1 << 30, 0};
-    assert_cuda(cudaMemcpy(g.seq_ids, ids, sizeof ids, cudaMemcpyHostToDevice));
-    assert_cuda(cudaMemcpy(g.positions, pos, sizeof pos, cudaMemcpyHostToDevice));
-    assert_cuda(cudaMemcpy(g.lens, lens, sizeof lens, cudaMemcpyHostToDevice));
+    assert_cuda(gt_copy_in(g.seq_ids, ids, sizeof ids));
+    assert_cuda(gt_copy_in(g.positions, pos, sizeof pos));
+    assert_cuda(gt_copy_in(g.lens, lens, sizeof lens));
     assert_cuda(cudaDeviceSynchronize());
     assert_ok(weft_kv_append(stream, &g.cache, g.k, 0, g.v, 0, 4, g.seq_ids, g.positions, NULL));
     assert_ok(
