@@ -191,6 +191,14 @@ typedef struct weft_softmax_opts {
 int weft_softmax(void *stream, weft_dtype dtype, void *out, const void *in, size_t rows,
                  size_t cols, size_t stride, const weft_softmax_opts *opts);
 
+/* ids[r] = the index of the largest of row r's cols elements (rows stride
+ * apart): greedy decoding's choice over a row of logits. Equal values go
+ * to the lower index; -0 equals +0; NaN ranks below every number, so a row
+ * of NaN gives 0. ids is int32 (device memory with a stream); cols and
+ * rows at most INT32_MAX. Exactly the same ids on every backend. */
+int weft_argmax(void *stream, weft_dtype dtype, int32_t *ids, const void *in, size_t rows,
+                size_t cols, size_t stride);
+
 /* ---- rotary position embedding -------------------------------------- */
 
 typedef enum weft_rope_layout {

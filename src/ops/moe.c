@@ -33,7 +33,7 @@ static void host_select(const weft__moe_gate_args *g, size_t t, int32_t *ids)
         int have = 0;
         for (size_t e = 0; e < g->experts; e++) {
             float x = weft__load(g->dtype, g->logits, t * g->stride + e);
-            uint64_t r = weft__moe_rank(weft__f32_bits(x), (unsigned)e);
+            uint64_t r = weft__rank(weft__f32_bits(x), (unsigned)e);
             int used = 0;
             for (size_t i = 0; i < j; i++)
                 used |= taken[i] == r;
@@ -41,7 +41,7 @@ static void host_select(const weft__moe_gate_args *g, size_t t, int32_t *ids)
                 best = r, have = 1;
         }
         taken[j] = best;
-        ids[j] = (int32_t)(0xffffffffu - (uint32_t)best);
+        ids[j] = (int32_t)weft__rank_index(best);
     }
 }
 

@@ -6,7 +6,7 @@
  * The router is a memset and three kernels, all on the stream, so that no
  * size ever goes back to the host and the sequence captures into a graph:
  *  1. select: a warp a token. Each lane holds up to 8 of the token's
- *     logits; k rounds of a warp-wide maximum of the 64-bit rank (moe.h)
+ *     logits; k rounds of a warp-wide maximum of the 64-bit rank (rank.h)
  *     pick the experts in slot order, the softmax's max and sum are warp
  *     reductions, lanes j < k write slot j. A block's choices are counted
  *     in shared memory and added to the global counts, kept in
@@ -69,7 +69,7 @@ template <typename T> __global__ void __launch_bounds__(SELECT_THREADS) select_k
         for (int i = 0; i < PER_LANE; i++) {
             const unsigned e = lane + 32u * i;
             v[i] = e < p.experts ? to_f32(row[e]) : -INFINITY;
-            rank[i] = e < p.experts ? weft__moe_rank(__float_as_uint(v[i]), e) : 0;
+            rank[i] = e < p.experts ? weft__rank(__float_as_uint(v[i]), e) : 0;
             if (e < p.experts)
                 m = fmaxf(m, v[i]);
         }
@@ -95,7 +95,7 @@ template <typename T> __global__ void __launch_bounds__(SELECT_THREADS) select_k
                 uint64_t other = __shfl_xor_sync(0xffffffffu, best, o);
                 best = other > best ? other : best;
             }
-            const int e = (int)(0xffffffffu - (uint32_t)best);
+            const int e = (int)weft__rank_index(best);
 #pragma unroll
             for (int i = 0; i < PER_LANE; i++)
                 if (rank[i] == best)

@@ -6,10 +6,9 @@
  *
  * The selection must give the same ids on the host and the GPU whatever
  * the transcendentals round to, so it compares the logits themselves (the
- * scores are increasing in them) through an integer key: larger logit,
- * larger key; NaN below everything; -0 equal to +0. Ties go to the lower
- * expert, which the 64-bit rank (key, then the index reversed) makes
- * unique, so "the k largest ranks" is one set in one order.
+ * scores are increasing in them) by rank.h's rule: larger logit first, NaN
+ * below everything, -0 equal to +0, ties to the lower expert; the 64-bit
+ * rank makes "the k largest ranks" one set in one order.
  */
 #ifndef WEFT_OPS_MOE_H
 #define WEFT_OPS_MOE_H
@@ -17,17 +16,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ops/rank.h"
 #include "weft/ops.h"
 
 #ifdef __cplusplus
 extern "C" {
-#endif
-
-/* The ranking rule is compiled for both sides from this one text. */
-#ifdef __CUDACC__
-#define WEFT__MOE_HD __host__ __device__
-#else
-#define WEFT__MOE_HD
 #endif
 
 enum { WEFT__MOE_MAX_K = 8, WEFT__MOE_MAX_EXPERTS = 256 };
@@ -69,22 +62,6 @@ typedef struct weft__grouped_matmul_args {
     const int32_t *offsets;
     void *host_ws; /* the host reference's panels */
 } weft__grouped_matmul_args;
-
-/* The ranking key of a logit's bits (see the top of this file). */
-WEFT__MOE_HD static inline uint32_t weft__moe_key_bits(uint32_t u)
-{
-    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: below -Inf's key */
-        return 0;
-    if ((u & 0x7fffffffu) == 0) /* -0 is +0 */
-        u = 0;
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-/* Expert e's rank: the key, then the lower index first. */
-WEFT__MOE_HD static inline uint64_t weft__moe_rank(uint32_t bits, unsigned e)
-{
-    return ((uint64_t)weft__moe_key_bits(bits) << 32) | (uint32_t)(0xffffffffu - e);
-}
 
 #ifdef WEFT_HAVE_CUDA
 /* Enqueue each call's kernels on stream (a cudaStream_t); the arguments
