@@ -27,6 +27,11 @@
  * the step copies are page-locked, so graph mode records those copies as
  * they are. WEFT_LLM_GRAPH=0 runs the steps eagerly (to compare).
  *
+ * A step brings back each row's largest logit's index (weft_argmax on the
+ * backend), and the logits themselves only when a row needs them (a
+ * sampler with a temperature, penalties, logprobs): greedy decoding copies
+ * one int32 a row to the host, not a vocabulary of floats.
+ *
  * The batcher: one weft mutex guards its members' slots; sequences wait on
  * one condition variable (done) for their step's logits and the batcher on
  * another (work) for every member to be waiting. A step is formed only
@@ -55,11 +60,14 @@ struct wl_batch {
     int graph; /* each step a graph-mode region keyed by its size */
     int32_t *pos_host, *table_host, *lens_host;
     float *logits_host;
-    int32_t *ids_host; /* malloc'd: copied once */
+    int32_t *greedy, *greedy_host; /* each row's argmax, on the backend and here */
+    int32_t *ids_host;             /* malloc'd: copied once */
 };
 
 /* The key of a step of n rows' region. */
-#define STEP_REGION(n) (0x776c2d7374657000ull | (uint64_t)(n))
+/* A step's region: its size and what it brings back (logits, greedy ids). */
+#define STEP_REGION(n, logits, greedy)                                                             \
+    (0x776c2d7374657000ull | (uint64_t)(n) | (uint64_t)(logits) << 16 | (uint64_t)(greedy) << 17)
 
 int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens)
 {
@@ -92,6 +100,7 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     TRY(weft_malloc_async((void **)&b->seq_ids, B * 4));
     TRY(weft_malloc_async((void **)&b->table, B * P * 4));
     TRY(weft_malloc_async((void **)&b->seq_lens, B * 4));
+    TRY(weft_malloc_async((void **)&b->greedy, B * 4));
     if (c->experts && wl_moe_bufs_create(&b->moe, m, max_seqs))
         goto fail;
     /* the decode workspace for any batch size: the split the op chooses
@@ -115,6 +124,7 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     TRY(weft_host_alloc(b->rt, (void **)&b->table_host, B * P * 4));
     TRY(weft_host_alloc(b->rt, (void **)&b->lens_host, B * 4));
     TRY(weft_host_alloc(b->rt, (void **)&b->logits_host, B * c->vocab * 4));
+    TRY(weft_host_alloc(b->rt, (void **)&b->greedy_host, B * 4));
     memset(b->table_host, 0, B * P * 4);
     b->ids_host = malloc(B * 4);
     if (!b->ids_host) {
@@ -140,14 +150,15 @@ void wl_batch_destroy(wl_batch *b)
     if (!b)
         return;
     weft_await();
-    void *dev[] = {b->x,         b->h,      b->q,         b->kvr,     b->attn,  b->gu,      b->act,
-                   b->workspace, b->logits, b->positions, b->seq_ids, b->table, b->seq_lens};
+    void *dev[] = {b->x,       b->h,     b->q,         b->kvr,    b->attn,
+                   b->gu,      b->act,   b->workspace, b->logits, b->positions,
+                   b->seq_ids, b->table, b->seq_lens,  b->greedy};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i])
             weft_free_async(dev[i]);
     wl_moe_bufs_destroy(&b->moe);
     weft_await();
-    void *host[] = {b->pos_host, b->table_host, b->lens_host, b->logits_host};
+    void *host[] = {b->pos_host, b->table_host, b->lens_host, b->logits_host, b->greedy_host};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++)
         if (host[i])
             weft_host_free(b->rt, host[i]);
@@ -204,7 +215,7 @@ fail:
 }
 
 int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n,
-                     const float **logits)
+                     const float **logits, int32_t *greedy)
 {
     const wl_model *m = b->m;
     const wl_config *c = &m->cfg;
@@ -240,7 +251,7 @@ int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n
     /* the step's device work, a graph per batch size: a repeating step is
      * one graph launch (the host backend runs it as it comes) */
     if (b->graph)
-        TRY(weft_region_begin(STEP_REGION(n)));
+        TRY(weft_region_begin(STEP_REGION(n, logits != NULL, greedy != NULL)));
     in_region = b->graph;
     TRY(weft_memcpy_async(b->positions, b->pos_host, (size_t)n * 4));
     TRY(weft_memcpy_async(b->seq_lens, b->lens_host, (size_t)n * 4));
@@ -255,14 +266,23 @@ int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n
                      (float)c->rms_eps, (size_t)n, H, H));
     TRY(wl_linear(m, b->logits, (size_t)c->vocab, b->h, H, m->lm_head, (size_t)c->vocab, NULL, NULL,
                   n, WEFT_DTYPE_F32));
-    TRY(weft_memcpy_async(b->logits_host, b->logits, (size_t)n * c->vocab * 4));
+    if (greedy) {
+        TRY(weft_argmax(WEFT_TASK_STREAM, WEFT_DTYPE_F32, b->greedy, b->logits, (size_t)n,
+                        (size_t)c->vocab, (size_t)c->vocab));
+        TRY(weft_memcpy_async(b->greedy_host, b->greedy, (size_t)n * 4));
+    }
+    if (logits)
+        TRY(weft_memcpy_async(b->logits_host, b->logits, (size_t)n * c->vocab * 4));
     in_region = 0;
     if (b->graph)
         TRY(weft_region_end());
     TRY(weft_await());
     for (int i = 0; i < n; i++) {
         seqs[i]->pos++;
-        logits[i] = b->logits_host + (size_t)i * c->vocab;
+        if (logits)
+            logits[i] = b->logits_host + (size_t)i * c->vocab;
+        if (greedy)
+            greedy[i] = b->greedy_host[i];
     }
     return 0;
 fail:
@@ -283,8 +303,10 @@ typedef struct slot {
     int32_t id;
     int waiting; /* handed a token; cleared when its logits (or error) are in */
     int taken;   /* its token is in the step the batcher is running */
+    int wants_logits;
     int rc;
-    const float *logits;
+    const float *logits; /* NULL when no member of the step wanted them */
+    int32_t greedy;
     char message[512];
 } slot;
 
@@ -300,6 +322,7 @@ struct wl_batcher {
     int32_t *ids;
     int *rows;
     const float **logits;
+    int32_t *greedy;
 };
 
 int wl_batcher_create(wl_batcher **out, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens)
@@ -314,7 +337,8 @@ int wl_batcher_create(wl_batcher **out, const wl_model *m, wl_kv *kv, int max_se
     bt->ids = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->ids);
     bt->rows = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->rows);
     bt->logits = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->logits);
-    if (!bt->slots || !bt->seqs || !bt->ids || !bt->rows || !bt->logits) {
+    bt->greedy = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->greedy);
+    if (!bt->slots || !bt->seqs || !bt->ids || !bt->rows || !bt->logits || !bt->greedy) {
         wl_batcher_destroy(bt);
         return wl_fail("out of memory");
     }
@@ -350,6 +374,7 @@ void wl_batcher_destroy(wl_batcher *bt)
     free(bt->ids);
     free(bt->rows);
     free(bt->logits);
+    free(bt->greedy);
     free(bt);
 }
 
@@ -364,10 +389,11 @@ void *wl_batcher_run(void *arg)
                 goto out; /* the batcher's task was cancelled */
         if (bt->members == 0)
             break; /* closed, and every sequence has left */
-        int n = 0;
+        int n = 0, wants_logits = 0;
         for (int i = 0; i < bt->max_seqs; i++)
             if (bt->slots[i].seq && bt->slots[i].waiting) {
                 bt->slots[i].taken = 1;
+                wants_logits |= bt->slots[i].wants_logits;
                 bt->rows[n] = i;
                 bt->seqs[n] = bt->slots[i].seq;
                 bt->ids[n++] = bt->slots[i].id;
@@ -375,14 +401,16 @@ void *wl_batcher_run(void *arg)
         /* every member waits in wl_batcher_step until we clear waiting:
          * none can join's slot or leave while the step runs unlocked */
         weft_mutex_unlock(bt->lock);
-        int rc = wl_forward_batch(bt->batch, bt->seqs, bt->ids, n, bt->logits);
+        int rc = wl_forward_batch(bt->batch, bt->seqs, bt->ids, n, wants_logits ? bt->logits : NULL,
+                                  bt->greedy);
         char msg[512];
         snprintf(msg, sizeof msg, "%s", rc ? wl_error() : "");
         wl_lock_always(bt->lock);
         for (int r = 0; r < n; r++) {
             slot *sl = &bt->slots[bt->rows[r]];
             sl->rc = rc;
-            sl->logits = rc ? NULL : bt->logits[r];
+            sl->logits = rc || !wants_logits ? NULL : bt->logits[r];
+            sl->greedy = bt->greedy[r];
             snprintf(sl->message, sizeof sl->message, "%s", msg);
             sl->waiting = sl->taken = 0;
         }
@@ -423,9 +451,10 @@ int wl_batcher_join(wl_batcher *bt, wl_seq *s)
     return 0;
 }
 
-int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const float **logits)
+int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const float **logits, int32_t *greedy)
 {
-    *logits = NULL;
+    if (logits)
+        *logits = NULL;
     if (weft_cancelled())
         return wl_fail("batcher: the sequence's task was cancelled");
     wl_lock_always(bt->lock);
@@ -435,6 +464,7 @@ int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const float **logits)
         return wl_fail("batcher: the sequence has not joined");
     }
     sl->id = id;
+    sl->wants_logits = logits != NULL;
     sl->waiting = 1;
     bt->waiting++;
     if (bt->waiting == bt->members)
@@ -460,7 +490,10 @@ int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const float **logits)
     char msg[512];
     snprintf(msg, sizeof msg, "%s",
              withdrawn ? "batcher: the sequence's task was cancelled" : sl->message);
-    *logits = rc ? NULL : sl->logits;
+    if (logits)
+        *logits = rc ? NULL : sl->logits;
+    if (greedy)
+        *greedy = rc ? -1 : sl->greedy;
     weft_mutex_unlock(bt->lock);
     return rc ? wl_fail("%s", msg) : 0;
 }

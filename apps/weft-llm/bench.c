@@ -10,6 +10,7 @@
  *    prompt length (median of the repeats);
  *  - decode: B sequences prefilled with a short prompt, then wl_forward_batch
  *    steps of all of them (the batcher's step without its task handoffs),
+ *    greedy: each step's ids chosen on the backend, no logits copied back,
  *    for each batch size: the median step, tokens per second, the step's
  *    roofline (its weight and KV bytes at the copy rate) and the host CPU
  *    time per step (getrusage over the timed steps; on the host backend it
@@ -174,9 +175,10 @@ static int measure_decode(bench *b, int bi, uint64_t *st)
     int32_t *ids = malloc((size_t)(P > B ? P : B) * sizeof *ids);
     double *t = malloc((size_t)b->steps * sizeof *t);
     wl_batch *batch = NULL;
-    const float **rows = calloc((size_t)B, sizeof *rows), *logits;
+    int32_t *greedy = calloc((size_t)B, sizeof *greedy);
+    const float *logits;
     int rc = -1;
-    if (!seqs || !ids || !t || !rows) {
+    if (!seqs || !ids || !t || !greedy) {
         wl_fail("out of memory");
         goto out;
     }
@@ -193,7 +195,7 @@ static int measure_decode(bench *b, int bi, uint64_t *st)
         random_ids(ids, B, b->model.cfg.vocab, st);
         double c0 = cpu_seconds();
         uint64_t t0 = weft_now_ns();
-        if (wl_forward_batch(batch, seqs, ids, B, rows))
+        if (wl_forward_batch(batch, seqs, ids, B, NULL, greedy))
             goto out;
         if (step >= 0) {
             t[step] = (double)(weft_now_ns() - t0) * 1e-6;
@@ -213,7 +215,7 @@ out:
     free(seqs);
     free(ids);
     free(t);
-    free(rows);
+    free(greedy);
     return rc;
 }
 

@@ -361,20 +361,30 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
     if (wl_batcher_join(e->batcher, s))
         goto out;
     joined = 1;
+    /* greedy with nothing reading the logits: each step chooses on the
+     * backend and copies back the id alone (the prefill's token is drawn
+     * from its logits as any other) */
+    int backend_greedy = sampler.temperature == 0 && !pen_counts && !g->wants_logits;
+    int32_t greedy = -1;
     for (;;) {
-        const float *draw_from = logits;
-        if (pen_counts) {
-            wl_penalties_apply(&g->penalties, logits, c->vocab, pen_seen, pen_counts, pen_scratch);
-            draw_from = pen_scratch;
+        int32_t id = greedy;
+        if (logits) {
+            const float *draw_from = logits;
+            if (pen_counts) {
+                wl_penalties_apply(&g->penalties, logits, c->vocab, pen_seen, pen_counts,
+                                   pen_scratch);
+                draw_from = pen_scratch;
+            }
+            id = wl_sample(&sampler, draw_from, c->vocab);
         }
-        int32_t id = wl_sample(&sampler, draw_from, c->vocab);
         if (pen_counts) {
             pen_counts[id]++;
             pen_seen[id] = 1;
         }
         if (hand_on(g, c, id, logits, &n, finish))
             break;
-        if (wl_batcher_step(e->batcher, s, id, &logits))
+        logits = NULL;
+        if (wl_batcher_step(e->batcher, s, id, backend_greedy ? NULL : &logits, &greedy))
             goto out;
     }
     rc = 0;

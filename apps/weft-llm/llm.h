@@ -406,12 +406,15 @@ void wl_batch_destroy(wl_batch *b); /* task only */
  * already prefilled by wl_forward, none twice): token ids[i] at seqs[i]'s
  * next position. Every op runs once over the n rows (weft_matmul with m =
  * n, one weft_kv_append with per-token sequence ids and positions, one
- * weft_attention_decode over the n block tables and lengths); logits[i]
- * is seqs[i]'s row (fp32, vocab; host memory of the batch's, valid until
- * its next step). Each row goes through the ops that wl_forward runs for
- * one token, in the same order. */
+ * weft_attention_decode over the n block tables and lengths). Each row
+ * goes through the ops that wl_forward runs for one token, in the same
+ * order. What comes back, each optional (NULL: not made):
+ *  - logits[i], seqs[i]'s row (fp32, vocab; host memory of the batch's,
+ *    valid until its next step);
+ *  - greedy[i], the index of that row's largest logit (weft_argmax, on the
+ *    backend: a step that needs no logits copies back one int32 a row). */
 int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n,
-                     const float **logits);
+                     const float **logits, int32_t *greedy);
 
 /* A batcher: a task (wl_batcher_run) that forms each decode step's batch
  * from the sequences that have joined it. A sequence task prefills itself
@@ -436,9 +439,11 @@ int wl_batcher_create(wl_batcher **bt, const wl_model *m, wl_kv *kv, int max_seq
 void *wl_batcher_run(void *batcher);
 /* At most max_seqs sequences at once; an error past that. */
 int wl_batcher_join(wl_batcher *bt, wl_seq *s);
-/* Task only: s's next token; *logits as wl_forward_batch's row, valid until
- * s's next step or its leave. An error of the step is every member's. */
-int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const float **logits);
+/* Task only: s's next token. *logits as wl_forward_batch's row, valid
+ * until s's next step or its leave, and *greedy its largest logit's index;
+ * logits NULL: s needs only greedy (a step whose members all say so copies
+ * no logits to the host). An error of the step is every member's. */
+int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const float **logits, int32_t *greedy);
 void wl_batcher_leave(wl_batcher *bt, wl_seq *s);
 void wl_batcher_close(wl_batcher *bt);
 /* Steps run so far and the rows (tokens) they took. */
@@ -601,6 +606,10 @@ typedef struct wl_gen {
      * set: it ends the generation), with the logits it was drawn from.
      * Returns 0 to go on, > 0 to stop (a stop string), < 0 to cancel. */
     int (*on_token)(void *ctx, int32_t id, int eos, const float *logits);
+    /* on_token reads the logits (logprobs, a display of them). Without it
+     * a greedy generation's decode steps choose on the backend and hand
+     * on_token NULL logits. */
+    int wants_logits;
     /* Polled while queued and after each token; NULL: never. */
     int (*cancelled)(void *ctx);
     void *ctx;

@@ -205,7 +205,8 @@ static void *sequence_task(void *arg)
                   .ngram = g->ngram,
                   .spec_stats = &r->spec,
                   .penalties = g->penalties,
-                  .ignore_eos = g->ignore_eos};
+                  .ignore_eos = g->ignore_eos,
+                  .wants_logits = g->print_top};
     wl_finish finish;
     r->t_start = now();
     r->failed = wl_engine_generate(&g->engine, &req, &finish);

@@ -180,6 +180,7 @@ static void *choice_task(void *arg)
                 .ngram = r->q.ngram,
                 .penalties = r->q.penalties,
                 .on_token = on_token,
+                .wants_logits = r->q.logprobs >= 0,
                 .cancelled = client_gone,
                 .ctx = cr};
     g.sampler.state += (uint64_t)cr->index; /* choice i: seed + i, as generate --parallel */

@@ -207,6 +207,11 @@ typedef struct batch_run {
     const int32_t *ids[BR_MAX_SEQS];
     int prompt[BR_MAX_SEQS], total[BR_MAX_SEQS], stop[BR_MAX_SEQS], cancel[BR_MAX_SEQS];
     float *logits[BR_MAX_SEQS];
+    /* greedy_only[q]: q's steps ask for no logits (its rows past the
+     * prompt's stay unwritten); greedy[q] (optional) gets each step's
+     * greedy id, [steps] */
+    int greedy_only[BR_MAX_SEQS];
+    int32_t *greedy[BR_MAX_SEQS];
     /* results */
     int steps_done[BR_MAX_SEQS];
     long steps, rows; /* the batcher's steps and the tokens they took */
@@ -272,14 +277,18 @@ static inline void *br_seq_task(void *arg)
             break; /* stopped: it leaves while the others go on */
         if (r->cancel[q] && r->steps_done[q] == r->cancel[q]) {
             weft_cancel(weft_task_current());
-            if (!wl_batcher_step(j->e->bt, s, r->ids[q][t], &lg) ||
+            if (!wl_batcher_step(j->e->bt, s, r->ids[q][t], &lg, NULL) ||
                 !strstr(wl_error(), "cancelled"))
                 goto out; /* a step after the cancellation must fail, saying so */
             break;
         }
-        if (wl_batcher_step(j->e->bt, s, r->ids[q][t], &lg))
+        int32_t greedy = -1;
+        if (wl_batcher_step(j->e->bt, s, r->ids[q][t], r->greedy_only[q] ? NULL : &lg, &greedy))
             goto out;
-        memcpy(r->logits[q] + (size_t)(r->steps_done[q] + 1) * V, lg, (size_t)V * 4);
+        if (r->greedy[q])
+            r->greedy[q][r->steps_done[q]] = greedy;
+        if (!r->greedy_only[q])
+            memcpy(r->logits[q] + (size_t)(r->steps_done[q] + 1) * V, lg, (size_t)V * 4);
         __atomic_store_n(&r->steps_done[q], r->steps_done[q] + 1, __ATOMIC_RELEASE);
     }
     j->failed = 0;
@@ -384,7 +393,8 @@ static inline int gr_collect(void *ctx, int32_t id, int eos, const float *logits
         return -1;
     r->ids[r->n] = id;
     r->eos[r->n] = eos;
-    memcpy(r->logits + (size_t)r->n * vocab, logits, sizeof(float) * vocab);
+    if (r->logits)
+        memcpy(r->logits + (size_t)r->n * vocab, logits, sizeof(float) * vocab);
     r->n++;
     return r->stop_after && r->n == r->stop_after ? 1 : 0;
 }
@@ -397,6 +407,7 @@ static inline void *gr_task(void *arg)
                 .max_tokens = r->max_tokens,
                 .sampler = r->sampler,
                 .on_token = gr_collect,
+                .wants_logits = r->logits != NULL,
                 .ctx = r,
                 .speculate_k = r->speculate,
                 .spec_stats = &r->st};

@@ -2,8 +2,9 @@
  * test_llm_batch.c - weft-llm's batched decoding on the host backend: the
  * batcher task and wl_forward_batch against each sequence run alone with
  * the one-sequence path (wl_forward), the KV pages coming back, a sequence
- * stopped midway leaving the others going, wl_forward_batch's errors, and
- * generate --parallel on the command line; for the tiny Llama and the
+ * stopped midway leaving the others going, wl_forward_batch's errors,
+ * greedy ids chosen on the backend (no logits copied) against those drawn
+ * from the logits, and generate --parallel on the command line; for the tiny Llama and the
  * mixture-of-experts presets (Mixtral, Qwen2-MoE).
  * Token ids and the model are drawn from the printed seed.
  */
@@ -66,7 +67,7 @@ enum { STOP = 2, CANCEL = 3 };
 static void batched_decode_matches_alone(const char *model)
 {
     enum { STEPS = MAX_TOTAL };
-    int32_t ids[SEQS][MAX_TOTAL];
+    int32_t ids[SEQS][MAX_TOTAL], greedy[SEQS][MAX_TOTAL];
     uint64_t st = seed ^ 0xba7c;
     float *alone = malloc(sizeof(float) * SEQS * STEPS * V);
     float *together = malloc(sizeof(float) * SEQS * STEPS * V);
@@ -86,6 +87,8 @@ static void batched_decode_matches_alone(const char *model)
         r.stop[q] = q == 3 ? STOP : 0;
         r.cancel[q] = q == 4 ? CANCEL : 0;
         r.logits[q] = together + (size_t)q * STEPS * V;
+        r.greedy[q] = greedy[q];
+        r.greedy_only[q] = q == 1; /* the longest: its last steps are alone, no logits copied */
     }
     printf("  %s\n", model);
     if (run_batched(WEFT_BACKEND_HOST, model, &r))
@@ -104,7 +107,7 @@ static void batched_decode_matches_alone(const char *model)
     double worst = 0, scale = 0;
     long differing = 0;
     for (int q = 0; q < SEQS; q++)
-        for (int k = 0; k <= r.steps_done[q]; k++)
+        for (int k = 0; k <= (r.greedy_only[q] ? 0 : r.steps_done[q]); k++)
             for (int i = 0; i < V; i++) {
                 size_t at = ((size_t)q * STEPS + k) * V + i;
                 assert_false(isnan(together[at]));
@@ -118,6 +121,21 @@ static void batched_decode_matches_alone(const char *model)
     /* The host backend runs each row through the same ops in the same
      * order, so the only freedom is sgemm's for m rows against one row. */
     assert_true(worst <= scale / 128);
+    /* each step's greedy id: the first maximum of the row it came with, and
+     * for the sequence that took no logits, a maximum of its row alone
+     * (within the batch's rounding) */
+    for (int q = 0; q < SEQS; q++)
+        for (int k = 0; k < r.steps_done[q]; k++) {
+            const float *row =
+                (r.greedy_only[q] ? alone : together) + ((size_t)q * STEPS + k + 1) * V;
+            int first = 0;
+            for (int i = 1; i < V; i++)
+                first = row[i] > row[first] ? i : first;
+            if (r.greedy_only[q])
+                assert_true(row[greedy[q][k]] >= row[first] - 2 * worst);
+            else
+                assert_int_equal(greedy[q][k], first);
+        }
     free(alone);
     free(together);
 }
@@ -178,7 +196,7 @@ static void *errors_task(void *arg)
             if (wl_seq_create(&fresh, j->m, &kv, 16, 16))
                 goto out;
             wl_seq *pair[2] = {s[0], fresh};
-            int rc = wl_forward_batch(b, pair, ids, 2, lg);
+            int rc = wl_forward_batch(b, pair, ids, 2, lg, NULL);
             int ok = rc == -1 && strstr(wl_error(), cases[c].want);
             wl_seq_destroy(fresh);
             if (!ok) {
@@ -189,7 +207,7 @@ static void *errors_task(void *arg)
         }
         wl_seq *pair[3] = {cases[c].a, cases[c].b, s[1]};
         int free_before = wl_kv_free_pages(&kv);
-        int rc = wl_forward_batch(b, pair, cases[c].ids, cases[c].n, lg);
+        int rc = wl_forward_batch(b, pair, cases[c].ids, cases[c].n, lg, NULL);
         if (rc != -1 || !strstr(wl_error(), cases[c].want) ||
             wl_kv_free_pages(&kv) != free_before) {
             snprintf(p, cap, "case %d: rc %d, %s", c, rc, wl_error());
@@ -198,7 +216,7 @@ static void *errors_task(void *arg)
     }
     /* and a good batch of the two still runs */
     wl_seq *pair[2] = {s[0], s[1]};
-    if (wl_forward_batch(b, pair, ids, 2, lg)) {
+    if (wl_forward_batch(b, pair, ids, 2, lg, NULL)) {
         snprintf(p, cap, "good batch: %s", wl_error());
         goto out;
     }
@@ -538,6 +556,7 @@ static void *prefix_task(void *arg)
                 .n_prompt = r->n,
                 .max_tokens = 1,
                 .on_token = keep_first_logits,
+                .wants_logits = 1,
                 .ctx = r};
     wl_finish f;
     r->failed = wl_engine_generate(r->e, &g, &f);
@@ -589,6 +608,58 @@ static void test_engine_shares_prompt_prefixes(void **state)
     wl_model_close(&m);
 }
 
+/* A greedy generation whose on_token reads no logits takes each decode
+ * step's id from the backend's argmax (no logits copied back): the same
+ * tokens as one that asks for the logits and draws from them on the host;
+ * and one of each at once, sharing steps. */
+static void test_greedy_without_logits_chooses_the_same_tokens(void **state)
+{
+    (void)state;
+    enum { NP = 6, MAXT = 40 };
+    int32_t prompt[NP];
+    uint64_t st = seed ^ 0x6e3d;
+    for (int i = 0; i < NP; i++)
+        prompt[i] = (int32_t)(wl_rand_next(&st) % V);
+    wl_model m;
+    wl_engine e;
+    weft_runtime *rt;
+    weft_config cfg = WEFT_CONFIG_INIT;
+    cfg.workers = 2;
+    cfg.backend = WEFT_BACKEND_HOST;
+    cfg.stack_size = 1 << 20;
+    assert_int_equal(wl_model_open(&m, model_dir), 0);
+    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
+    assert_int_equal(wl_engine_start(&e, rt, &m, 16, 2, 64), 0);
+    gen_run *with = calloc(1, sizeof *with), *without = calloc(1, sizeof *without);
+    assert_true(with && without);
+    *with = (gen_run){.e = &e, .prompt = prompt, .n_prompt = NP, .max_tokens = MAXT};
+    *without = *with;
+    with->logits = malloc(sizeof(float) * MAXT * V);
+    assert_non_null(with->logits);
+    for (int together = 0; together < 2; together++) {
+        weft_task *a, *b;
+        assert_int_equal(weft_spawn(rt, &a, gr_task, with, NULL), WEFT_OK);
+        if (!together)
+            assert_int_equal(weft_join(a, NULL), WEFT_OK);
+        assert_int_equal(weft_spawn(rt, &b, gr_task, without, NULL), WEFT_OK);
+        if (together)
+            assert_int_equal(weft_join(a, NULL), WEFT_OK);
+        assert_int_equal(weft_join(b, NULL), WEFT_OK);
+        if (with->failed || without->failed)
+            fail_msg("%s%s", with->message, without->message);
+        assert_int_equal(with->n, without->n);
+        for (int i = 0; i < with->n; i++)
+            assert_int_equal(with->ids[i], without->ids[i]);
+        printf("  %s: %d tokens alike\n", together ? "at once" : "one after the other", with->n);
+    }
+    assert_int_equal(wl_engine_stop(&e), 0);
+    weft_runtime_destroy(rt);
+    wl_model_close(&m);
+    free(with->logits);
+    free(with);
+    free(without);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -598,6 +669,7 @@ int main(void)
         cmocka_unit_test(test_engine_admission_order),
         cmocka_unit_test(test_engine_shares_prompt_prefixes),
         cmocka_unit_test(test_engine_survives_cancellation),
+        cmocka_unit_test(test_greedy_without_logits_chooses_the_same_tokens),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
