@@ -22,10 +22,13 @@
  *
  * Graph mode: a step's device work (the copies in, every layer, the
  * logits out) is one weft region keyed by the batch size, so a step that
- * repeats with the same number of rows is one graph launch; nothing in it
- * waits (the step's one weft_await follows the region). The host buffers
- * the step copies are page-locked, so graph mode records those copies as
- * they are. WEFT_LLM_GRAPH=0 runs the steps eagerly (to compare).
+ * repeats with the same number of rows is one graph launch. Its inputs
+ * (token ids, positions, tables) are copied from fixed page-locked
+ * buffers and the embeddings gathered by those ids on the device
+ * (weft_gather_rows), so the recorded work is the same whatever the
+ * tokens. Nothing in it waits (the step's one weft_await follows the
+ * region); the host buffers being page-locked, graph mode records the
+ * copies as they are. WEFT_LLM_GRAPH=0 runs the steps eagerly (to compare).
  *
  * A step brings back each row's largest logit's index (weft_argmax on the
  * backend), and the logits themselves only when a row needs them (a
@@ -61,6 +64,7 @@ struct wl_batch {
     int32_t *pos_host, *table_host, *lens_host;
     float *logits_host;
     int32_t *greedy, *greedy_host; /* each row's argmax, on the backend and here */
+    int32_t *tokens, *tokens_host; /* the step's token ids, there and here */
     int32_t *ids_host;             /* malloc'd: copied once */
 };
 
@@ -101,6 +105,7 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     TRY(weft_malloc_async((void **)&b->table, B * P * 4));
     TRY(weft_malloc_async((void **)&b->seq_lens, B * 4));
     TRY(weft_malloc_async((void **)&b->greedy, B * 4));
+    TRY(weft_malloc_async((void **)&b->tokens, B * 4));
     if (c->experts && wl_moe_bufs_create(&b->moe, m, max_seqs))
         goto fail;
     /* the decode workspace for any batch size: the split the op chooses
@@ -125,6 +130,7 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     TRY(weft_host_alloc(b->rt, (void **)&b->lens_host, B * 4));
     TRY(weft_host_alloc(b->rt, (void **)&b->logits_host, B * c->vocab * 4));
     TRY(weft_host_alloc(b->rt, (void **)&b->greedy_host, B * 4));
+    TRY(weft_host_alloc(b->rt, (void **)&b->tokens_host, B * 4));
     memset(b->table_host, 0, B * P * 4);
     b->ids_host = malloc(B * 4);
     if (!b->ids_host) {
@@ -152,13 +158,14 @@ void wl_batch_destroy(wl_batch *b)
     weft_await();
     void *dev[] = {b->x,       b->h,     b->q,         b->kvr,    b->attn,
                    b->gu,      b->act,   b->workspace, b->logits, b->positions,
-                   b->seq_ids, b->table, b->seq_lens,  b->greedy};
+                   b->seq_ids, b->table, b->seq_lens,  b->greedy, b->tokens};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i])
             weft_free_async(dev[i]);
     wl_moe_bufs_destroy(&b->moe);
     weft_await();
-    void *host[] = {b->pos_host, b->table_host, b->lens_host, b->logits_host, b->greedy_host};
+    void *host[] = {b->pos_host,    b->table_host,  b->lens_host,
+                    b->logits_host, b->greedy_host, b->tokens_host};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++)
         if (host[i])
             weft_host_free(b->rt, host[i]);
@@ -219,7 +226,7 @@ int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n
 {
     const wl_model *m = b->m;
     const wl_config *c = &m->cfg;
-    size_t es = wl_dtype_size(m->dtype), H = (size_t)c->hidden, P = (size_t)b->max_pages;
+    size_t H = (size_t)c->hidden, P = (size_t)b->max_pages;
     int in_region = 0;
     if (n < 1 || n > b->max_seqs)
         return wl_fail("batch: %d sequences; the batch takes 1 to %d", n, b->max_seqs);
@@ -246,6 +253,7 @@ int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n
         const wl_seq *s = seqs[i];
         b->pos_host[i] = s->pos;
         b->lens_host[i] = s->pos + 1;
+        b->tokens_host[i] = ids[i];
         memcpy(b->table_host + i * P, s->pages.table, (size_t)s->pages.used * 4);
     }
     /* the step's device work, a graph per batch size: a repeating step is
@@ -256,9 +264,9 @@ int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n
     TRY(weft_memcpy_async(b->positions, b->pos_host, (size_t)n * 4));
     TRY(weft_memcpy_async(b->seq_lens, b->lens_host, (size_t)n * 4));
     TRY(weft_memcpy_async(b->table, b->table_host, (size_t)n * P * 4));
-    for (int i = 0; i < n; i++)
-        TRY(weft_memcpy_async((char *)b->x + i * H * es,
-                              (const char *)m->embed + (size_t)ids[i] * H * es, H * es));
+    TRY(weft_memcpy_async(b->tokens, b->tokens_host, (size_t)n * 4));
+    TRY(weft_gather_rows(WEFT_TASK_STREAM, m->dtype, b->x, m->embed, b->tokens, (size_t)n, H,
+                         (size_t)c->vocab, H, H));
     for (int li = 0; li < c->layers; li++)
         if (layer_batch(b, li, n))
             goto fail;

@@ -191,6 +191,16 @@ typedef struct weft_softmax_opts {
 int weft_softmax(void *stream, weft_dtype dtype, void *out, const void *in, size_t rows,
                  size_t cols, size_t stride, const weft_softmax_opts *opts);
 
+/* out row r = table row ids[r], for the rows rows (cols elements each;
+ * rows of the table table_stride apart, of out out_stride): an embedding
+ * lookup by ids in int32 (device memory with a stream), read when the copy
+ * runs. An id outside [0, table_rows) gives a row of zeros (the GPU cannot
+ * refuse it before it runs), never a read outside the table. out must not
+ * overlap the table. A copy: exact on every backend. */
+int weft_gather_rows(void *stream, weft_dtype dtype, void *out, const void *table,
+                     const int32_t *ids, size_t rows, size_t cols, size_t table_rows,
+                     size_t table_stride, size_t out_stride);
+
 /* ids[r] = the index of the largest of row r's cols elements (rows stride
  * apart): greedy decoding's choice over a row of logits. Equal values go
  * to the lower index; -0 equals +0; NaN ranks below every number, so a row
