@@ -110,6 +110,9 @@ def test_bench():
     check(lf.prefill_flops(one, L) == want, "prefill FLOPs")
     r = lf.step_roofline_s(one, 4000, 32, 1000)
     check(abs(r - (lf.weight_bytes(one) + 32 * 1000 * 32768) / 4e12) < 1e-15, "step roofline")
+    check(lf.roofline_gbs(2597.0, 4185.0) == 4185.0 and lf.roofline_gbs(2597.0, None) == 2597.0
+          and math.isnan(lf.roofline_gbs(None, float("nan"))),
+          "rooflines at the better copy rate of the run")
 
 
 GEN_ERR = """prompt ids: 256,296,267
@@ -269,6 +272,11 @@ def test_report():
             results.validate(r, "row %d" % i)
         except results.Bad as e:
             check(False, "report: %s" % e)
+    b32 = [r for r in rows if r["case"] == "decode step, batch 32" and r.get("config") == "1b"]
+    check(len(b32) == 1 and "at 13 GB/s" in b32[0]["detail"] and
+          "roofline 8.792 ms" in b32[0]["detail"],
+          "report: batch 32's roofline taken again at torch's faster copy (9 ms x 12.7 / 13): %s"
+          % (b32[0]["detail"] if b32 else None))
     peers = [r for r in rows if r.get("peer", "").startswith("transformers")]
     check(len(peers) == 1 and peers[0]["peer_value"] == 20.0,
           "report: transformers' batch 1 beside weft's, its failed batch 32 left out")
