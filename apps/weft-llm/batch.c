@@ -65,7 +65,6 @@ struct wl_batch {
     float *logits_host;
     int32_t *greedy, *greedy_host; /* each row's argmax, on the backend and here */
     int32_t *tokens, *tokens_host; /* the step's token ids, there and here */
-    int32_t *ids_host;             /* malloc'd: copied once */
 };
 
 /* The key of a step of n rows' region. */
@@ -132,14 +131,11 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     TRY(weft_host_alloc(b->rt, (void **)&b->greedy_host, B * 4));
     TRY(weft_host_alloc(b->rt, (void **)&b->tokens_host, B * 4));
     memset(b->table_host, 0, B * P * 4);
-    b->ids_host = malloc(B * 4);
-    if (!b->ids_host) {
-        wl_fail("out of memory for a batch of %d sequences", max_seqs);
-        goto fail;
-    }
+    /* row i is sequence i of the batch's table: set once, through the
+     * token buffer, which the steps overwrite after the await */
     for (int i = 0; i < max_seqs; i++)
-        b->ids_host[i] = i; /* row i is sequence i of the batch's table */
-    TRY(weft_memcpy_async(b->seq_ids, b->ids_host, B * 4));
+        b->tokens_host[i] = i;
+    TRY(weft_memcpy_async(b->seq_ids, b->tokens_host, B * 4));
     TRY(weft_await());
     *out = b;
     return 0;
@@ -169,7 +165,6 @@ void wl_batch_destroy(wl_batch *b)
     for (size_t i = 0; i < sizeof host / sizeof *host; i++)
         if (host[i])
             weft_host_free(b->rt, host[i]);
-    free(b->ids_host);
     free(b);
 }
 
