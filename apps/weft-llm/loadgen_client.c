@@ -36,8 +36,7 @@ typedef struct lg_req {
     CURL *easy;
     char *body;
     wl_sse sse;
-    char *buf; /* the body kept whole (see MAX_BODY) */
-    size_t len, cap;
+    wl_buf kept;       /* the body kept whole (see MAX_BODY) */
     int want_stream;   /* a request with "stream": true */
     int got_body;      /* the first bytes of the body came */
     int streaming;     /* a 200 event stream: the bytes go to the parser */
@@ -209,27 +208,17 @@ static size_t on_write(char *p, size_t size, size_t nmemb, void *arg)
     long status = 0;
     curl_easy_getinfo(q->easy, CURLINFO_RESPONSE_CODE, &status);
     size_t limit = status == 200 ? MAX_BODY : ERROR_BODY;
-    if (q->len + n > limit) {
+    if (q->kept.len + n > limit) {
         if (status != 200)
             return n; /* the message is in the first bytes; the rest is dropped */
         stop(q, WL_LG_MALFORMED, "a response longer than %zu bytes", MAX_BODY);
         return 0;
     }
-    if (q->len + n + 1 > q->cap) {
-        size_t cap = q->cap ? q->cap : 4096;
-        while (cap < q->len + n + 1)
-            cap *= 2;
-        char *b = realloc(q->buf, cap);
-        if (!b) {
-            stop(q, WL_LG_TRANSPORT, "out of memory");
-            return 0;
-        }
-        q->buf = b;
-        q->cap = cap;
+    wl_buf_append(&q->kept, p, n);
+    if (q->kept.failed) {
+        stop(q, WL_LG_TRANSPORT, "out of memory");
+        return 0;
     }
-    memcpy(q->buf + q->len, p, n);
-    q->len += n;
-    q->buf[q->len] = 0;
     return n;
 }
 
@@ -297,10 +286,10 @@ int wl_lg_ask_model(wl_lg_client *g, char **model)
                 err[0] ? err : curl_easy_strerror(c));
     } else if (status != 200) {
         char msg[256];
-        error_message(q.buf ? q.buf : "", q.len, msg, sizeof msg);
+        error_message(q.kept.data ? q.kept.data : "", q.kept.len, msg, sizeof msg);
         wl_fail("GET %s: HTTP %ld: %s (give --model NAME)", url, status, msg);
     } else {
-        j = json_loadb(q.buf ? q.buf : "", q.len, 0, NULL);
+        j = json_loadb(q.kept.data ? q.kept.data : "", q.kept.len, 0, NULL);
         const char *id =
             json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
         if (!id || !*id)
@@ -311,7 +300,7 @@ int wl_lg_ask_model(wl_lg_client *g, char **model)
             rc = 0;
     }
     json_decref(j);
-    free(q.buf);
+    wl_buf_free(&q.kept);
     free(q.fail_msg);
     return rc;
 }
@@ -356,7 +345,7 @@ static void free_req(CURLM *m, lg_req *q)
     }
     wl_sse_free(&q->sse);
     free(q->body);
-    free(q->buf);
+    wl_buf_free(&q->kept);
     free(q->fail_msg);
     free(q);
 }
@@ -418,7 +407,7 @@ static void take_response(lg_req *q)
 {
     wl_lg_result *r = q->res;
     json_error_t je;
-    json_t *j = json_loadb(q->buf ? q->buf : "", q->len, JSON_ALLOW_NUL, &je);
+    json_t *j = json_loadb(q->kept.data ? q->kept.data : "", q->kept.len, JSON_ALLOW_NUL, &je);
     if (!json_is_object(j))
         set_error(r, WL_LG_MALFORMED, "the response is not a JSON object (%s)",
                   j ? "another JSON value" : je.text);
@@ -448,7 +437,7 @@ static void finish(lg_req *q, CURLcode c)
         set_error(r, WL_LG_TRANSPORT, "%s", why);
     } else if (r->http_status != 200) {
         char msg[512];
-        error_message(q->buf ? q->buf : "", q->len, msg, sizeof msg);
+        error_message(q->kept.data ? q->kept.data : "", q->kept.len, msg, sizeof msg);
         set_error(r, WL_LG_HTTP, "HTTP %ld: %s", r->http_status, msg[0] ? msg : "(no body)");
     } else if (!q->want_stream) {
         take_response(q);
