@@ -457,6 +457,17 @@ int weft_mapped_free(weft_runtime *rt, void *host);
  * WEFT_ESTATE (the recorded work has no point in time yet). Task only. */
 int weft_region_begin(uint64_t key);
 int weft_region_end(void);
+/* Launch the graph a region of key left, as it stands, recording nothing:
+ * for work that repeats exactly (the same operations on the same buffers
+ * with the same arguments, only the buffers' contents new), where
+ * recording it again would cost the host more than the launch. The caller
+ * promises the region would record the same; a graph's nodes hold the
+ * arguments of its last recording. *replayed is 1 when it launched (as
+ * weft_region_end would have, awaited the same way), 0 when there is no
+ * idle graph of key (none recorded yet, evicted, in use by another task,
+ * or the host backend, which keeps none): then run the region as usual.
+ * WEFT_ESTATE inside an open region. Task only. */
+int weft_region_replay(uint64_t key, int *replayed);
 
 /* What graph mode did so far (also in weft_stats). */
 int weft_graph_stats_get(weft_runtime *rt, weft_graph_stats *stats);

@@ -25,10 +25,14 @@
  * repeats with the same number of rows is one graph launch. Its inputs
  * (token ids, positions, tables) are copied from fixed page-locked
  * buffers and the embeddings gathered by those ids on the device
- * (weft_gather_rows), so the recorded work is the same whatever the
- * tokens. Nothing in it waits (the step's one weft_await follows the
+ * (weft_gather_rows), so the work is the same whatever the tokens: once
+ * a step of a size has been recorded, the next ones replay its graph as
+ * it stands (weft_region_replay), with no recording and no update, the
+ * host's part of a step being the copies into those buffers and one
+ * launch. Nothing in it waits (the step's one weft_await follows the
  * region); the host buffers being page-locked, graph mode records the
- * copies as they are. WEFT_LLM_GRAPH=0 runs the steps eagerly (to compare).
+ * copies as they are. WEFT_LLM_GRAPH=0 runs the steps eagerly and
+ * WEFT_LLM_REPLAY=0 records every step (to compare).
  *
  * A step brings back each row's largest logit's index (weft_argmax on the
  * backend), and the logits themselves only when a row needs them (a
@@ -60,7 +64,8 @@ struct wl_batch {
     /* host memory: page-locked (weft_host_alloc) where a step copies it,
      * so that graph mode records the copies as they are */
     weft_runtime *rt;
-    int graph; /* each step a graph-mode region keyed by its size */
+    int graph;  /* each step a graph-mode region keyed by its size */
+    int replay; /* a repeating step replays its graph without recording it */
     int32_t *pos_host, *table_host, *lens_host;
     float *logits_host;
     int32_t *greedy, *greedy_host; /* each row's argmax, on the backend and here */
@@ -121,8 +126,9 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     }
     if (b->workspace_bytes)
         TRY(weft_malloc_async(&b->workspace, b->workspace_bytes));
-    const char *graph = getenv("WEFT_LLM_GRAPH");
+    const char *graph = getenv("WEFT_LLM_GRAPH"), *replay = getenv("WEFT_LLM_REPLAY");
     b->graph = !(graph && !strcmp(graph, "0"));
+    b->replay = b->graph && !(replay && !strcmp(replay, "0"));
     b->rt = weft_runtime_current();
     TRY(weft_host_alloc(b->rt, (void **)&b->pos_host, B * 4));
     TRY(weft_host_alloc(b->rt, (void **)&b->table_host, B * P * 4));
@@ -216,12 +222,44 @@ fail:
     return -1;
 }
 
+/* A step's device work for its n rows, from the inputs in the host
+ * buffers to the greedy ids and the logits (each when asked) in theirs. */
+static int enqueue_step(wl_batch *b, int n, int want_logits, int want_greedy)
+{
+    const wl_model *m = b->m;
+    const wl_config *c = &m->cfg;
+    size_t H = (size_t)c->hidden, P = (size_t)b->max_pages;
+    TRY(weft_memcpy_async(b->positions, b->pos_host, (size_t)n * 4));
+    TRY(weft_memcpy_async(b->seq_lens, b->lens_host, (size_t)n * 4));
+    TRY(weft_memcpy_async(b->table, b->table_host, (size_t)n * P * 4));
+    TRY(weft_memcpy_async(b->tokens, b->tokens_host, (size_t)n * 4));
+    TRY(weft_gather_rows(WEFT_TASK_STREAM, m->dtype, b->x, m->embed, b->tokens, (size_t)n, H,
+                         (size_t)c->vocab, H, H));
+    for (int li = 0; li < c->layers; li++)
+        if (layer_batch(b, li, n))
+            return -1;
+    TRY(weft_rmsnorm(WEFT_TASK_STREAM, m->dtype, b->h, NULL, b->x, NULL, m->final_norm,
+                     (float)c->rms_eps, (size_t)n, H, H));
+    TRY(wl_linear(m, b->logits, (size_t)c->vocab, b->h, H, m->lm_head, (size_t)c->vocab, NULL, NULL,
+                  n, WEFT_DTYPE_F32));
+    if (want_greedy) {
+        TRY(weft_argmax(WEFT_TASK_STREAM, WEFT_DTYPE_F32, b->greedy, b->logits, (size_t)n,
+                        (size_t)c->vocab, (size_t)c->vocab));
+        TRY(weft_memcpy_async(b->greedy_host, b->greedy, (size_t)n * 4));
+    }
+    if (want_logits)
+        TRY(weft_memcpy_async(b->logits_host, b->logits, (size_t)n * c->vocab * 4));
+    return 0;
+fail:
+    return -1;
+}
+
 int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n,
                      const float **logits, int32_t *greedy)
 {
     const wl_model *m = b->m;
     const wl_config *c = &m->cfg;
-    size_t H = (size_t)c->hidden, P = (size_t)b->max_pages;
+    size_t P = (size_t)b->max_pages;
     int in_region = 0;
     if (n < 1 || n > b->max_seqs)
         return wl_fail("batch: %d sequences; the batch takes 1 to %d", n, b->max_seqs);
@@ -251,34 +289,24 @@ int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n
         b->tokens_host[i] = ids[i];
         memcpy(b->table_host + i * P, s->pages.table, (size_t)s->pages.used * 4);
     }
-    /* the step's device work, a graph per batch size: a repeating step is
-     * one graph launch (the host backend runs it as it comes) */
-    if (b->graph)
-        TRY(weft_region_begin(STEP_REGION(n, logits != NULL, greedy != NULL)));
-    in_region = b->graph;
-    TRY(weft_memcpy_async(b->positions, b->pos_host, (size_t)n * 4));
-    TRY(weft_memcpy_async(b->seq_lens, b->lens_host, (size_t)n * 4));
-    TRY(weft_memcpy_async(b->table, b->table_host, (size_t)n * P * 4));
-    TRY(weft_memcpy_async(b->tokens, b->tokens_host, (size_t)n * 4));
-    TRY(weft_gather_rows(WEFT_TASK_STREAM, m->dtype, b->x, m->embed, b->tokens, (size_t)n, H,
-                         (size_t)c->vocab, H, H));
-    for (int li = 0; li < c->layers; li++)
-        if (layer_batch(b, li, n))
+    /* the step's device work, a graph per batch size and what it brings
+     * back: a repeating step replays its graph as it stands (its inputs
+     * are the buffers just filled), else records it (the host backend runs
+     * it as it comes) */
+    uint64_t key = STEP_REGION(n, logits != NULL, greedy != NULL);
+    int replayed = 0;
+    if (b->replay)
+        TRY(weft_region_replay(key, &replayed));
+    if (!replayed) {
+        if (b->graph)
+            TRY(weft_region_begin(key));
+        in_region = b->graph;
+        if (enqueue_step(b, n, logits != NULL, greedy != NULL))
             goto fail;
-    TRY(weft_rmsnorm(WEFT_TASK_STREAM, m->dtype, b->h, NULL, b->x, NULL, m->final_norm,
-                     (float)c->rms_eps, (size_t)n, H, H));
-    TRY(wl_linear(m, b->logits, (size_t)c->vocab, b->h, H, m->lm_head, (size_t)c->vocab, NULL, NULL,
-                  n, WEFT_DTYPE_F32));
-    if (greedy) {
-        TRY(weft_argmax(WEFT_TASK_STREAM, WEFT_DTYPE_F32, b->greedy, b->logits, (size_t)n,
-                        (size_t)c->vocab, (size_t)c->vocab));
-        TRY(weft_memcpy_async(b->greedy_host, b->greedy, (size_t)n * 4));
+        in_region = 0;
+        if (b->graph)
+            TRY(weft_region_end());
     }
-    if (logits)
-        TRY(weft_memcpy_async(b->logits_host, b->logits, (size_t)n * c->vocab * 4));
-    in_region = 0;
-    if (b->graph)
-        TRY(weft_region_end());
     TRY(weft_await());
     for (int i = 0; i < n; i++) {
         seqs[i]->pos++;

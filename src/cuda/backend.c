@@ -498,6 +498,7 @@ static const weft__device_ops cuda_ops = {
     .region_begin = weft__cuda_region_begin,
     .region_end = weft__cuda_region_end,
     .region_abandon = weft__cuda_region_abandon,
+    .region_replay = weft__cuda_region_replay,
     .graph_stats = weft__cuda_graph_stats,
     .stats = cuda_stats,
     .poll = weft__cuda_poll,

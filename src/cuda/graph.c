@@ -11,7 +11,9 @@
  * is built from the record and instantiated. Work that cannot be recorded
  * turns the region into a stream capture; then cudaGraphExecUpdate brings
  * a cached graph up to date, and a refused update (another shape) means
- * instantiating again.
+ * instantiating again. weft_region_replay launches an idle graph of the
+ * key as its nodes stand, recording nothing (the caller's promise that
+ * the work would be the same).
  *
  * Invariants:
  *  - An executable graph serves one task at a time: from being taken until
@@ -33,6 +35,7 @@
  *  - graph_lock guards the cache and the stats; instantiating, updating and
  *    launching happen outside it, on a graph taken (marked busy) under it.
  */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "core/error.h"
@@ -229,9 +232,10 @@ static cuda_graph *make_room(weft__cuda_device *dev, weft__stream *s, cuda_graph
 
 /* ---- replaying --------------------------------------------------------- */
 
-/* Launch exec on s and count it; a cached graph g (or NULL) becomes busy
- * until s's next marker. */
-static int launch(weft__stream *s, cuda_graph *g, cudaGraphExec_t exec, bool hit, bool updated)
+/* Launch exec on s for op and count it; a cached graph g (or NULL)
+ * becomes busy until s's next marker. */
+static int launch(const char *op, weft__stream *s, cuda_graph *g, cudaGraphExec_t exec, bool hit,
+                  bool updated)
 {
     weft__cuda_device *dev = s->dev;
     weft__cuda_note_work(s);
@@ -247,7 +251,11 @@ static int launch(weft__stream *s, cuda_graph *g, cudaGraphExec_t exec, bool hit
     dev->graph.graph_stats.updates += updated;
     weft__lock_release(&dev->graph.graph_lock);
     weft__lock_release(&s->lock);
-    return e == cudaSuccess ? WEFT_OK : weft__cuda_fail(dev, "weft_region_end: cudaGraphLaunch", e);
+    if (e == cudaSuccess)
+        return WEFT_OK;
+    char what[64];
+    snprintf(what, sizeof what, "%s: cudaGraphLaunch", op);
+    return weft__cuda_fail(dev, what, e);
 }
 
 /* Put a newly instantiated exec (with what it was built from, if
@@ -287,7 +295,7 @@ static void drop(weft__cuda_device *dev, cuda_graph *g)
 /* Launch what g holds (or made, used once) and count it. */
 static int finish(weft__stream *s, cuda_graph *g, cuda_graph *made, bool hit, bool updated)
 {
-    int rc = launch(s, g, g ? g->exec : made->exec, hit, updated);
+    int rc = launch("weft_region_end", s, g, g ? g->exec : made->exec, hit, updated);
     if (!g) /* CUDA frees an executable graph in flight once it is done */
         release(made);
     return rc;
@@ -387,4 +395,21 @@ static int end_captured(weft__stream *s, weft__stream *c, uint64_t key)
 int weft__cuda_region_end(weft__stream *s, weft__stream *capture, uint64_t key)
 {
     return capture->graph.recording ? end_recorded(s, capture, key) : end_captured(s, capture, key);
+}
+
+/* The idle graph of key launched as its nodes stand, nothing recorded. */
+int weft__cuda_region_replay(weft__stream *s, uint64_t key, bool *replayed)
+{
+    weft__cuda_device *dev = s->dev;
+    *replayed = false;
+    int rc = weft__cuda_enter(s, "weft_region_replay");
+    if (rc)
+        return rc;
+    weft__lock_acquire(&dev->graph.graph_lock);
+    cuda_graph *g = take(dev, key, s);
+    weft__lock_release(&dev->graph.graph_lock);
+    if (!g)
+        return WEFT_OK;
+    *replayed = true;
+    return launch("weft_region_replay", s, g, g->exec, true, false);
 }

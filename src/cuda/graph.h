@@ -39,6 +39,7 @@ void weft__cuda_graph_fini(weft__cuda_device *dev);
 int weft__cuda_region_begin(weft__stream *s, weft__stream **capture);
 int weft__cuda_region_end(weft__stream *s, weft__stream *capture, uint64_t key);
 void weft__cuda_region_abandon(weft__stream *capture);
+int weft__cuda_region_replay(weft__stream *s, uint64_t key, bool *replayed);
 /* Turn a recording region into a stream capture, its record enqueued
  * first; nothing when it is capturing already. */
 int weft__cuda_region_capture(weft__stream *capture);

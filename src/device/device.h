@@ -97,10 +97,13 @@ typedef struct weft__device_ops {
     /* Graph mode (NULL: the backend runs regions eagerly). region_begin
      * gives a stream that records instead of running: the region's work
      * goes there. region_end stops recording and launches the work on s as
-     * one graph, cached under key; region_abandon stops and drops it. */
+     * one graph, cached under key; region_abandon stops and drops it.
+     * region_replay launches an idle graph of key on s as it stands
+     * (*replayed true), or does nothing (false: none to replay). */
     int (*region_begin)(weft__stream *s, weft__stream **capture);
     int (*region_end)(weft__stream *s, weft__stream *capture, uint64_t key);
     void (*region_abandon)(weft__stream *capture);
+    int (*region_replay)(weft__stream *s, uint64_t key, bool *replayed);
     void (*graph_stats)(weft__device *dev, weft_graph_stats *sum);
 
     /* Add the device's counters for the run's diagnosis to *sum

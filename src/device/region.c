@@ -5,8 +5,8 @@
  * The backend does the recording and the replaying (for CUDA,
  * src/cuda/graph.c); here are the task's side of it: which
  * stream the region's work goes to, the rules (no nesting, no suspending
- * inside: see weft__task_may_suspend), and dropping a region that broke
- * them or that its task returned from.
+ * inside: see weft__task_may_suspend), dropping a region that broke
+ * them or that its task returned from, and a replay with no recording.
  */
 #include "device/device.h"
 #include "task/tasks.h"
@@ -70,6 +70,33 @@ int weft_region_end(void)
     weft__op_bracket b = weft__op_bracket_open(t, t->stream, "weft_region_end", WEFT__OP_GRAPH);
     int rc = ops->region_end(t->stream, capture, t->region_key);
     weft__op_bracket_close(t, t->stream, b, (weft__op_info){.kind = WEFT__OP_GRAPH});
+    return rc;
+}
+
+int weft_region_replay(uint64_t key, int *replayed)
+{
+    weft__task *t = NULL;
+    weft__stream *s;
+    if (!replayed)
+        return weft__fail(WEFT_EINVAL, "weft_region_replay: replayed is NULL");
+    *replayed = 0;
+    int rc = weft__task_stream("weft_region_replay", &t, &s);
+    if (rc)
+        return rc;
+    if (t->region_open)
+        return weft__fail(WEFT_ESTATE, "weft_region_replay: a region is open");
+    const weft__device_ops *ops = t->stream_device->ops;
+    if (!ops->region_replay) /* the backend runs regions eagerly: nothing is kept */
+        return WEFT_OK;
+    bool done = false;
+    if (!weft__trace_on()) {
+        rc = ops->region_replay(s, key, &done);
+    } else {
+        weft__op_bracket b = weft__op_bracket_open(t, s, "weft_region_replay", WEFT__OP_GRAPH);
+        rc = ops->region_replay(s, key, &done);
+        weft__op_bracket_close(t, s, b, (weft__op_info){.kind = WEFT__OP_GRAPH});
+    }
+    *replayed = done;
     return rc;
 }
 

@@ -240,8 +240,10 @@ static void test_cli_generates_on_the_gpu(void **state)
 }
 
 /* Graph mode: the batch's decode steps are graphs on the GPU (weft-llm
- * bench counts their launches), and the tokens of generate are the same
- * with graph mode off (WEFT_LLM_GRAPH=0: every op launched as it comes). */
+ * bench counts their launches), and the tokens of generate, whose steps
+ * after the first replay the recorded graph as it stands, are the same
+ * with every step recorded (WEFT_LLM_REPLAY=0) and with graph mode off
+ * (WEFT_LLM_GRAPH=0: every op launched as it comes). */
 static void test_gpu_decode_steps_are_graphs(void **state)
 {
     (void)state;
@@ -263,15 +265,21 @@ static void test_gpu_decode_steps_are_graphs(void **state)
              "%s generate %s --prompt 'The old woman' --max-tokens 16 --print-ids --backend cuda",
              WL_BIN, model_dir);
     assert_int_equal(run_capture(cmd, &out, &err), 0);
-    char eager[2200];
+    char eager[2200], *out_r, *err_r;
     snprintf(eager, sizeof eager, "WEFT_LLM_GRAPH=0 %s", cmd);
     assert_int_equal(run_capture(eager, &out_e, &err_e), 0);
-    printf("  graphs: %s  eager: %s", err, err_e);
-    assert_string_equal(err, err_e); /* one sequence: the same kernels, launched two ways */
+    snprintf(eager, sizeof eager, "WEFT_LLM_REPLAY=0 %s", cmd);
+    assert_int_equal(run_capture(eager, &out_r, &err_r), 0);
+    printf("  graphs: %s  recorded every step: %s  eager: %s", err, err_r, err_e);
+    /* one sequence: the same kernels, launched three ways */
+    assert_string_equal(err, err_e);
+    assert_string_equal(err, err_r);
     free(out);
     free(err);
     free(out_e);
     free(err_e);
+    free(out_r);
+    free(err_r);
 }
 
 /* Speculative decoding on the GPU: greedy with 4 draft tokens a round

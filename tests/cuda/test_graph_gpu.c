@@ -1,6 +1,7 @@
 /*
  * test_graph.c - graph mode on the GPU: a region replays bit-identical to
- * eager execution, honours new pointers and scalars, re-instantiates when
+ * eager execution, honours new pointers and scalars, replays as it stands
+ * without recording (weft_region_replay), re-instantiates when
  * its shape changes, evicts under a small cache bound, serves 1000 tasks
  * sharing one key, and turns every misuse into an error that leaves the
  * runtime working.
@@ -128,6 +129,63 @@ static void test_replay_matches_eager_and_follows_new_pointers(void **state)
     weft_stats all;
     assert_ok(weft_stats_get(rt, &all));
     assert_memory_equal(&all.graph, &st, sizeof st); /* the same counters, there too */
+    gt_runtime_destroy(rt);
+}
+
+/* Recorded once, then replayed as it stands on new contents of the same
+ * buffers: each launch computes from what the input holds now, with the
+ * recorded scalars; nothing is recorded or updated. A key never recorded
+ * replays nothing, and an open region refuses a replay. */
+static void *replay_as_is_main(void *arg)
+{
+    (void)arg;
+    weft_runtime *rt = weft_runtime_current();
+    uint64_t rng = gt_rng(77);
+    uint32_t *in, *out, *ref = gt_xmalloc(N * sizeof *ref), *dev = NULL;
+    const uint32_t a = gt_u32(&rng) | 1, b = gt_u32(&rng);
+    int replayed = -1;
+    if (!GT_OK(weft_host_alloc(rt, (void **)&in, N * sizeof *in)) ||
+        !GT_OK(weft_host_alloc(rt, (void **)&out, N * sizeof *out)) ||
+        !GT_OK(weft_malloc_async((void **)&dev, N * sizeof *dev)))
+        return NULL;
+    if (GT_OK(weft_region_replay(0x5eed, &replayed)))
+        GT_CHECK(replayed == 0, "a key never recorded replayed");
+    gt_fill(&rng, in, N * sizeof *in);
+    if (!step(0x5eed, dev, in, out, a, b, 2) || !GT_OK(weft_await()))
+        return NULL;
+    for (unsigned r = 0; r < 10; r++) {
+        gt_fill(&rng, in, N * sizeof *in);
+        memset(out, GT_POISON, N * sizeof *out);
+        if (!GT_OK(weft_region_replay(0x5eed, &replayed)) ||
+            !GT_CHECK(replayed == 1, "round %u: no replay", r) || !GT_OK(weft_await()))
+            break;
+        reference(in, ref, a, b, 2);
+        if (!GT_CHECK(memcmp(out, ref, N * sizeof *out) == 0,
+                      "round %u: the replay differs from the host", r))
+            break;
+    }
+    if (GT_OK(weft_region_begin(0x5eed))) {
+        GT_RC(weft_region_replay(0x5eed, &replayed), WEFT_ESTATE);
+        GT_OK(weft_region_end());
+    }
+    GT_OK(weft_free_async(dev));
+    GT_OK(weft_await());
+    weft_host_free(rt, in);
+    weft_host_free(rt, out);
+    free(ref);
+    return NULL;
+}
+
+static void test_a_replay_runs_the_graph_as_it_stands(void **state)
+{
+    weft_runtime *rt = gt_runtime(2);
+    weft_graph_stats st;
+    (void)state;
+    gt_run(rt, replay_as_is_main, NULL);
+    assert_ok(weft_graph_stats_get(rt, &st));
+    assert_int_equal(st.instantiations, 1);
+    assert_int_equal(st.launches, 11); /* the recording's and ten replays */
+    assert_int_equal(st.updates, 0);
     gt_runtime_destroy(rt);
 }
 
@@ -382,6 +440,7 @@ int main(void)
         return skip;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_replay_matches_eager_and_follows_new_pointers),
+        cmocka_unit_test(test_a_replay_runs_the_graph_as_it_stands),
         cmocka_unit_test(test_a_new_shape_instantiates_again),
         cmocka_unit_test(test_a_small_cache_evicts_the_least_recently_used),
         cmocka_unit_test(test_1000_tasks_share_one_key),

@@ -1,6 +1,7 @@
 /*
  * test_region_host.c - graph regions on the host backend: they run eagerly,
- * and the rules hold (no suspending inside, no nesting, end needs begin).
+ * keep nothing to replay, and the rules hold (no suspending inside, no
+ * nesting, end needs begin, no replay inside a region).
  * Explicit graphs are for CUDA: the host backend refuses them clearly.
  */
 #include <stdarg.h>
@@ -61,19 +62,25 @@ static void *misuse(void *arg)
     (void)arg;
     intptr_t bad = 0;
     int v[64] = {0};
-    bad |= (weft_region_end() != WEFT_ESTATE) << 0;      /* end without begin */
+    bad |= (weft_region_end() != WEFT_ESTATE) << 0; /* end without begin */
     bad |= (weft_region_begin(1) != WEFT_OK) << 1;
-    bad |= (weft_region_begin(2) != WEFT_ESTATE) << 2;   /* no nesting */
+    bad |= (weft_region_begin(2) != WEFT_ESTATE) << 2; /* no nesting */
     bad |= (weft_host_async(add_one, v) != WEFT_OK) << 3;
-    bad |= (weft_await() != WEFT_ESTATE) << 4;           /* no suspending inside */
+    bad |= (weft_await() != WEFT_ESTATE) << 4; /* no suspending inside */
     bad |= (weft_yield() != WEFT_ESTATE) << 5;
     bad |= (weft_sleep_ns(1000) != WEFT_ESTATE) << 6;
-    bad |= (weft_region_end() != WEFT_ESTATE) << 7;      /* the region was dropped */
-    bad |= (weft_await() != WEFT_OK) << 8;               /* and the task goes on */
-    bad |= (weft_region_begin(3) != WEFT_OK) << 9;       /* a new region works */
+    bad |= (weft_region_end() != WEFT_ESTATE) << 7; /* the region was dropped */
+    bad |= (weft_await() != WEFT_OK) << 8;          /* and the task goes on */
+    bad |= (weft_region_begin(3) != WEFT_OK) << 9;  /* a new region works */
     weft_event *ev = NULL;
     bad |= (weft_event_record(&ev) != WEFT_ESTATE) << 11; /* no events inside */
     bad |= (weft_region_end() != WEFT_OK) << 10;
+    int replayed = -1; /* the host backend keeps no graph to replay */
+    bad |= (weft_region_replay(3, &replayed) != WEFT_OK || replayed != 0) << 12;
+    bad |= (weft_region_replay(3, NULL) != WEFT_EINVAL) << 13;
+    bad |= (weft_region_begin(4) != WEFT_OK) << 14;
+    bad |= (weft_region_replay(4, &replayed) != WEFT_ESTATE) << 15; /* not inside a region */
+    bad |= (weft_region_end() != WEFT_OK) << 16;
     return (void *)bad;
 }
 
@@ -85,6 +92,8 @@ static void test_region_misuse_gets_clear_errors_and_the_task_goes_on(void **sta
     assert_int_equal((intptr_t)r, 0);
     assert_int_equal(weft_region_begin(1), WEFT_ENOTASK);
     assert_int_equal(weft_region_end(), WEFT_ENOTASK);
+    int replayed = -1;
+    assert_int_equal(weft_region_replay(1, &replayed), WEFT_ENOTASK);
     weft_graph_stats st;
     assert_int_equal(weft_graph_stats_get(*state, &st), WEFT_OK);
     assert_int_equal(st.launches, 0); /* the host backend launches no graphs */
