@@ -11,6 +11,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -28,15 +29,20 @@ static inline uint64_t am_next(void) /* splitmix64 */
     return z ^ (z >> 31);
 }
 
-/* The seed: WEFT_TEST_SEED when set, else the clock; printed by the caller. */
-static inline uint64_t am_seed(void)
+/* A host test group's setup: the seed (WEFT_TEST_SEED when set, else the
+ * clock) printed and taken. */
+static inline int am_setup(void **state)
 {
+    (void)state;
     const char *s = getenv("WEFT_TEST_SEED");
-    if (s && *s)
-        return strtoull(s, NULL, 0);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000007ull + (uint64_t)ts.tv_nsec;
+    uint64_t seed =
+        s && *s ? strtoull(s, NULL, 0) : (uint64_t)ts.tv_sec * 1000000007ull + (uint64_t)ts.tv_nsec;
+    printf("seed %llu (WEFT_TEST_SEED=%llu repeats it)\n", (unsigned long long)seed,
+           (unsigned long long)seed);
+    am_state = seed;
+    return 0;
 }
 
 typedef enum am_kind {

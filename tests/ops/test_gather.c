@@ -151,16 +151,6 @@ static void test_bad_arguments_are_refused(void **state)
     refused(weft_gather_rows(NULL, (weft_dtype)77, out, table, ids, 2, 8, 8, 8, 8), out, "dtype");
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    uint64_t seed = am_seed();
-    printf("seed %llu (WEFT_TEST_SEED=%llu repeats it)\n", (unsigned long long)seed,
-           (unsigned long long)seed);
-    am_state = seed;
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -168,5 +158,5 @@ int main(void)
         cmocka_unit_test(test_in_a_tasks_stream_order),
         cmocka_unit_test(test_bad_arguments_are_refused),
     };
-    return cmocka_run_group_tests(tests, setup, NULL);
+    return cmocka_run_group_tests(tests, am_setup, NULL);
 }
