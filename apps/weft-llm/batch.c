@@ -550,6 +550,20 @@ void wl_batcher_close(wl_batcher *bt)
     weft_mutex_unlock(bt->lock);
 }
 
+int wl_batcher_next_step(wl_batcher *bt)
+{
+    wl_lock_always(bt->lock);
+    long seen = bt->steps;
+    int rc = 0;
+    while (bt->members > 0 && !bt->closed && bt->steps == seen)
+        if (weft_cond_wait(bt->done, bt->lock) == WEFT_ECANCELED) {
+            rc = -1;
+            break;
+        }
+    weft_mutex_unlock(bt->lock);
+    return rc ? wl_fail("batcher: the task was cancelled while its prompt waited for a step") : 0;
+}
+
 void wl_batcher_stats(wl_batcher *bt, long *steps, long *rows)
 {
     wl_lock_always(bt->lock);

@@ -83,6 +83,7 @@ int wl_engine_start(wl_engine *e, weft_runtime *rt, wl_model *m, int kv_pages, i
     e->kv_pages = kv_pages;
     e->max_seqs = max_seqs;
     e->max_tokens = max_tokens;
+    e->prefill_chunk = WL_PREFILL_CHUNK;
     if (max_seqs < 1 || max_tokens < 1 || kv_pages < 1)
         return wl_fail("engine: %d sequences of %d tokens in %d pages", max_seqs, max_tokens,
                        kv_pages);
@@ -347,12 +348,21 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
         free(pen_counts);
         return 0; /* cancelled while queued */
     }
+    int chunk =
+        e->prefill_chunk > 0 && e->prefill_chunk < g->n_prompt ? e->prefill_chunk : g->n_prompt;
     if (wl_seq_create(&s, e->model, &e->kv, g->n_prompt + g->max_tokens,
-                      g->speculate_k && spec_step > g->n_prompt ? spec_step : g->n_prompt))
+                      g->speculate_k && spec_step > chunk ? spec_step : chunk))
         goto out;
-    int shared = wl_seq_share_prefix(s, g->prompt, g->n_prompt);
-    if (wl_forward(s, g->prompt + shared, g->n_prompt - shared, &logits))
-        goto out;
+    /* the prompt in chunks, each after the batcher's next step while
+     * others decode: a long prompt delays their tokens by a chunk at most */
+    for (int at = wl_seq_share_prefix(s, g->prompt, g->n_prompt); at < g->n_prompt;) {
+        int len = g->n_prompt - at < chunk ? g->n_prompt - at : chunk;
+        if (wl_forward(s, g->prompt + at, len, &logits))
+            goto out;
+        at += len;
+        if (at < g->n_prompt && wl_batcher_next_step(e->batcher))
+            goto out;
+    }
     wl_seq_publish_prefix(s, g->prompt, g->n_prompt);
     if (g->speculate_k) { /* alone, outside the batcher */
         rc = speculate(e, g, s, logits, finish);

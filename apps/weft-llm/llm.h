@@ -448,6 +448,10 @@ void wl_batcher_leave(wl_batcher *bt, wl_seq *s);
 void wl_batcher_close(wl_batcher *bt);
 /* Steps run so far and the rows (tokens) they took. */
 void wl_batcher_stats(wl_batcher *bt, long *steps, long *rows);
+/* Task only: returns once the batcher has run one more step, or at once
+ * when no sequence is decoding (or it is closed). An error when the
+ * calling task is cancelled while it waits. */
+int wl_batcher_next_step(wl_batcher *bt);
 /* Task only, after the batcher's task has returned. */
 void wl_batcher_destroy(wl_batcher *bt);
 
@@ -556,10 +560,17 @@ typedef struct wl_spec_stats {
  * (reserved for its whole life, so it is never preempted); waiters are
  * admitted by priority, then in arrival order. */
 typedef struct wl_waiter wl_waiter;
+enum { WL_PREFILL_CHUNK = 512 };
 typedef struct wl_engine {
     wl_model *model;
     weft_runtime *rt;
     int kv_pages, max_seqs, max_tokens; /* max_tokens: a sequence's, prompt and output */
+    /* Prompts are prefilled in chunks of this many tokens (0: whole), each
+     * chunk after one more decode step of the batch when sequences are
+     * decoding, so a long prompt never holds their tokens back by more
+     * than a chunk's time. WL_PREFILL_CHUNK unless changed; read as each
+     * generation starts. */
+    int prefill_chunk;
     wl_kv kv;
     wl_batcher *batcher;
     weft_task *batcher_task;

@@ -352,7 +352,7 @@ static int usage(void)
             "host|cuda|auto]\n"
             "                [--max-body-bytes N] [--idle-timeout S] [--body-timeout S] "
             "[--drain-seconds S]\n"
-            "                [--share-prefixes 1|0]\n");
+            "                [--share-prefixes 1|0] [--prefill-chunk 512]\n");
     return 2;
 }
 
@@ -443,6 +443,7 @@ static int run_server(server *srv)
         goto out;
     engine_up = 1;
     srv->engine.kv.sharing = srv->share_prefixes; /* before any sequence */
+    srv->engine.prefill_chunk = srv->prefill_chunk;
     struct sockaddr_storage sa;
     if (resolve(srv->host, srv->port, &sa))
         goto out;
@@ -529,7 +530,8 @@ int wl_serve_main(int argc, char **argv)
                   .idle_timeout = 30,
                   .body_timeout = 30,
                   .max_body = 1 << 20,
-                  .share_prefixes = 1};
+                  .share_prefixes = 1,
+                  .prefill_chunk = WL_PREFILL_CHUNK};
     if (argc < 1 || argv[0][0] == '-')
         return usage();
     srv.dir = argv[0];
@@ -566,6 +568,8 @@ int wl_serve_main(int argc, char **argv)
             bad |= parse_int(v, 0, 86400, &srv.drain_seconds);
         else if (!strcmp(a, "--share-prefixes"))
             bad |= parse_int(v, 0, 1, &srv.share_prefixes);
+        else if (!strcmp(a, "--prefill-chunk"))
+            bad |= parse_int(v, 0, 1 << 24, &srv.prefill_chunk);
         else
             bad = 1;
         if (bad) {

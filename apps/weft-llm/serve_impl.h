@@ -17,6 +17,7 @@ typedef struct server {
     const char *dir, *host, *backend, *port_file, *name;
     int port, max_seqs, kv_pages, max_model_len, default_max_tokens, workers, drain_seconds;
     int idle_timeout, body_timeout, share_prefixes;
+    int prefill_chunk; /* the engine's: prompt tokens a chunk, 0 whole */
     size_t max_body;
     /* parts */
     wl_model model;

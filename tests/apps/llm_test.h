@@ -374,7 +374,7 @@ out:
 typedef struct gen_run {
     wl_engine *e;
     const int32_t *prompt;
-    int n_prompt, max_tokens, speculate, stop_after;
+    int n_prompt, max_tokens, speculate, stop_after, ignore_eos;
     wl_sampler sampler;
     float *logits;
     /* results */
@@ -408,6 +408,7 @@ static inline void *gr_task(void *arg)
                 .sampler = r->sampler,
                 .on_token = gr_collect,
                 .wants_logits = r->logits != NULL,
+                .ignore_eos = r->ignore_eos,
                 .ctx = r,
                 .speculate_k = r->speculate,
                 .spec_stats = &r->st};

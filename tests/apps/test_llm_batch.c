@@ -4,7 +4,8 @@
  * the one-sequence path (wl_forward), the KV pages coming back, a sequence
  * stopped midway leaving the others going, wl_forward_batch's errors,
  * greedy ids chosen on the backend (no logits copied) against those drawn
- * from the logits, and generate --parallel on the command line; for the tiny Llama and the
+ * from the logits, a long prompt prefilled in chunks between another
+ * sequence's decode steps, and generate --parallel on the command line; for the tiny Llama and the
  * mixture-of-experts presets (Mixtral, Qwen2-MoE).
  * Token ids and the model are drawn from the printed seed.
  */
@@ -660,6 +661,75 @@ static void test_greedy_without_logits_chooses_the_same_tokens(void **state)
     free(without);
 }
 
+/* A long prompt arriving while another sequence decodes is prefilled in
+ * chunks, each after one more decode step: the decoder takes a step at
+ * every chunk boundary, and the prompt's logits are those of a prefill in
+ * one piece. */
+static void test_a_long_prompt_is_prefilled_between_steps(void **state)
+{
+    (void)state;
+    enum { NA = 4, NB = 41, CHUNK = 8, BOUNDARIES = (NB - 1) / CHUNK };
+    int32_t pa[NA], pb[NB];
+    uint64_t st = seed ^ 0xc4a2;
+    for (int i = 0; i < NA; i++)
+        pa[i] = (int32_t)(wl_rand_next(&st) % V);
+    for (int i = 0; i < NB; i++)
+        pb[i] = (int32_t)(wl_rand_next(&st) % V);
+    wl_model m;
+    wl_engine e;
+    weft_runtime *rt;
+    weft_config cfg = WEFT_CONFIG_INIT;
+    cfg.workers = 2;
+    cfg.backend = WEFT_BACKEND_HOST;
+    cfg.stack_size = 1 << 20;
+    assert_int_equal(wl_model_open(&m, model_dir), 0);
+    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
+    assert_int_equal(wl_engine_start(&e, rt, &m, 16, 2, 128), 0);
+    e.prefill_chunk = CHUNK;
+    gen_run *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b), *whole = calloc(1, sizeof *whole);
+    assert_true(a && b && whole);
+    *a = (gen_run){.e = &e, .prompt = pa, .n_prompt = NA, .max_tokens = 60, .ignore_eos = 1};
+    *b = (gen_run){.e = &e, .prompt = pb, .n_prompt = NB, .max_tokens = 1};
+    *whole = *b;
+    b->logits = malloc(sizeof(float) * V);
+    whole->logits = malloc(sizeof(float) * V);
+    assert_true(b->logits && whole->logits);
+    weft_task *ta, *tb;
+    assert_int_equal(weft_spawn(rt, &ta, gr_task, a, NULL), WEFT_OK);
+    wl_engine_counts c0, c1;
+    do { /* the decoder is under way */
+        usleep(1000);
+        wl_engine_stats(&e, &c0);
+    } while (c0.steps < 2);
+    assert_int_equal(weft_spawn(rt, &tb, gr_task, b, NULL), WEFT_OK);
+    assert_int_equal(weft_join(tb, NULL), WEFT_OK);
+    wl_engine_stats(&e, &c1);
+    assert_int_equal(weft_join(ta, NULL), WEFT_OK);
+    if (a->failed || b->failed)
+        fail_msg("%s%s", a->message, b->message);
+    printf("  %d prompt tokens in chunks of %d: %ld decode steps ran meanwhile\n", NB, CHUNK,
+           c1.steps - c0.steps);
+    assert_int_equal(a->n, 60); /* it decoded throughout */
+    assert_true(c1.steps - c0.steps >= BOUNDARIES);
+    e.prefill_chunk = 0; /* the same prompt in one piece, alone */
+    assert_int_equal(run_generation(rt, whole), 0);
+    double worst = 0, scale = 0;
+    for (int i = 0; i < V; i++) {
+        worst = fmax(worst, fabs((double)b->logits[i] - whole->logits[i]));
+        scale = fmax(scale, fabs((double)whole->logits[i]));
+    }
+    printf("  its logits against one piece's: max difference %.3e (max |logit| %.4f)\n", worst,
+           scale);
+    assert_true(scale > 0.01);
+    assert_true(worst <= scale / 128);
+    assert_int_equal(wl_engine_stop(&e), 0);
+    weft_runtime_destroy(rt);
+    wl_model_close(&m);
+    free(a);
+    free(b->logits), free(b);
+    free(whole->logits), free(whole);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -670,6 +740,7 @@ int main(void)
         cmocka_unit_test(test_engine_shares_prompt_prefixes),
         cmocka_unit_test(test_engine_survives_cancellation),
         cmocka_unit_test(test_greedy_without_logits_chooses_the_same_tokens),
+        cmocka_unit_test(test_a_long_prompt_is_prefilled_between_steps),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
