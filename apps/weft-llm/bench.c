@@ -7,7 +7,8 @@
  *    (bytes read plus bytes written, per second), the bandwidth that bounds
  *    a decode step, which reads every weight once;
  *  - prefill: a fresh sequence's wl_forward over L random tokens, for each
- *    prompt length (median of the repeats);
+ *    prompt length (median of the repeats, after one untimed run that
+ *    makes the length's plans: a first call's cost is not prefill's);
  *  - decode: B sequences prefilled with a short prompt, then wl_forward_batch
  *    steps of all of them (the batcher's step without its task handoffs),
  *    greedy: each step's ids chosen on the backend, no logits copied back,
@@ -146,7 +147,7 @@ static int measure_prefill(bench *b, int li, uint64_t *st)
     int32_t *ids = malloc((size_t)L * sizeof *ids);
     if (!ids)
         return wl_fail("out of memory");
-    for (int r = 0; r < b->repeats; r++) {
+    for (int r = -1; r < b->repeats; r++) { /* r -1: a warm-up, untimed */
         wl_seq *s = NULL;
         const float *logits;
         random_ids(ids, L, b->model.cfg.vocab, st);
@@ -156,7 +157,8 @@ static int measure_prefill(bench *b, int li, uint64_t *st)
         }
         uint64_t t0 = weft_now_ns();
         int rc = wl_forward(s, ids, L, &logits);
-        t[r] = (double)(weft_now_ns() - t0) * 1e-6;
+        if (r >= 0)
+            t[r] = (double)(weft_now_ns() - t0) * 1e-6;
         wl_seq_destroy(s);
         if (rc) {
             free(ids);
