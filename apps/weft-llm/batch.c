@@ -72,8 +72,8 @@ struct wl_batch {
     int32_t *tokens, *tokens_host; /* the step's token ids, there and here */
 };
 
-/* The key of a step of n rows' region. */
-/* A step's region: its size and what it brings back (logits, greedy ids). */
+/* The key of a step's region: its rows and what it brings back (logits,
+ * greedy ids). */
 #define STEP_REGION(n, logits, greedy)                                                             \
     (0x776c2d7374657000ull | (uint64_t)(n) | (uint64_t)(logits) << 16 | (uint64_t)(greedy) << 17)
 
