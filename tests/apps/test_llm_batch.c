@@ -390,19 +390,33 @@ static void *adm_task(void *arg)
     return NULL;
 }
 
+/* The tiny model's engine on a runtime of 2 host workers: pages of the
+ * cache, places in the batch, tokens a sequence. */
+static void engine_up(wl_model *m, wl_engine *e, weft_runtime **rt, int pages, int seqs, int tokens)
+{
+    weft_config cfg = WEFT_CONFIG_INIT;
+    cfg.workers = 2;
+    cfg.backend = WEFT_BACKEND_HOST;
+    cfg.stack_size = 1 << 20;
+    assert_int_equal(wl_model_open(m, model_dir), 0);
+    assert_int_equal(weft_runtime_create(rt, &cfg), WEFT_OK);
+    assert_int_equal(wl_engine_start(e, *rt, m, pages, seqs, tokens), 0);
+}
+
+static void engine_down(wl_model *m, wl_engine *e, weft_runtime *rt)
+{
+    assert_int_equal(wl_engine_stop(e), 0);
+    weft_runtime_destroy(rt);
+    wl_model_close(m);
+}
+
 static void test_engine_admission_order(void **state)
 {
     (void)state;
     wl_model m;
     wl_engine e;
     weft_runtime *rt;
-    weft_config cfg = WEFT_CONFIG_INIT;
-    cfg.workers = 2;
-    cfg.backend = WEFT_BACKEND_HOST;
-    cfg.stack_size = 1 << 20;
-    assert_int_equal(wl_model_open(&m, model_dir), 0);
-    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
-    assert_int_equal(wl_engine_start(&e, rt, &m, 16, 1, 64), 0);
+    engine_up(&m, &e, &rt, 16, 1, 64);
     adm_run runs[4] = {{.e = &e, .priority = WEFT_PRIO_LOW},
                        {.e = &e, .priority = WEFT_PRIO_NORMAL},
                        {.e = &e, .priority = WEFT_PRIO_NORMAL, .cancel = 1},
@@ -434,9 +448,7 @@ static void test_engine_admission_order(void **state)
     wl_engine_counts c;
     wl_engine_stats(&e, &c);
     assert_int_equal(c.running + c.queued + c.reserved_pages + c.used_pages, 0);
-    assert_int_equal(wl_engine_stop(&e), 0);
-    weft_runtime_destroy(rt);
-    wl_model_close(&m);
+    engine_down(&m, &e, rt);
 }
 
 /* Generations cancelled by other tasks at random moments (queued, in
@@ -491,14 +503,8 @@ static void test_engine_survives_cancellation(void **state)
     wl_model m;
     wl_engine e;
     weft_runtime *rt;
-    weft_config cfg = WEFT_CONFIG_INIT;
-    cfg.workers = 2;
-    cfg.backend = WEFT_BACKEND_HOST;
-    cfg.stack_size = 1 << 20;
     uint64_t st = seed ^ 0xca9c;
-    assert_int_equal(wl_model_open(&m, model_dir), 0);
-    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
-    assert_int_equal(wl_engine_start(&e, rt, &m, 16, 3, 64), 0);
+    engine_up(&m, &e, &rt, 16, 3, 64);
     long ended_early = 0, tokens = 0;
     for (int round = 0; round < ROUNDS; round++) {
         cancel_run runs[GENS];
@@ -526,9 +532,7 @@ static void test_engine_survives_cancellation(void **state)
     printf("  %d generations cancelled at random: %ld ended early, %ld tokens in all\n",
            ROUNDS * GENS, ended_early, tokens);
     assert_true(ended_early > 0);
-    assert_int_equal(wl_engine_stop(&e), 0);
-    weft_runtime_destroy(rt);
-    wl_model_close(&m);
+    engine_down(&m, &e, rt);
 }
 
 /* A prompt whose first pages another prompt published: the second
@@ -575,13 +579,7 @@ static void test_engine_shares_prompt_prefixes(void **state)
     wl_model m;
     wl_engine e;
     weft_runtime *rt;
-    weft_config cfg = WEFT_CONFIG_INIT;
-    cfg.workers = 2;
-    cfg.backend = WEFT_BACKEND_HOST;
-    cfg.stack_size = 1 << 20;
-    assert_int_equal(wl_model_open(&m, model_dir), 0);
-    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
-    assert_int_equal(wl_engine_start(&e, rt, &m, 16, 2, 64), 0);
+    engine_up(&m, &e, &rt, 16, 2, 64);
     e.kv.sharing = 1;
     prefix_run first = {.e = &e, .prompt = prompt, .n = N},
                second = {.e = &e, .prompt = prompt, .n = N};
@@ -604,9 +602,7 @@ static void test_engine_shares_prompt_prefixes(void **state)
     assert_int_equal(c.shared_tokens, 32); /* two whole pages of 16 */
     assert_true(scale > 0.01);
     assert_true(worst <= scale / 128);
-    assert_int_equal(wl_engine_stop(&e), 0);
-    weft_runtime_destroy(rt);
-    wl_model_close(&m);
+    engine_down(&m, &e, rt);
 }
 
 /* A greedy generation whose on_token reads no logits takes each decode
@@ -624,13 +620,7 @@ static void test_greedy_without_logits_chooses_the_same_tokens(void **state)
     wl_model m;
     wl_engine e;
     weft_runtime *rt;
-    weft_config cfg = WEFT_CONFIG_INIT;
-    cfg.workers = 2;
-    cfg.backend = WEFT_BACKEND_HOST;
-    cfg.stack_size = 1 << 20;
-    assert_int_equal(wl_model_open(&m, model_dir), 0);
-    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
-    assert_int_equal(wl_engine_start(&e, rt, &m, 16, 2, 64), 0);
+    engine_up(&m, &e, &rt, 16, 2, 64);
     gen_run *with = calloc(1, sizeof *with), *without = calloc(1, sizeof *without);
     assert_true(with && without);
     *with = (gen_run){.e = &e, .prompt = prompt, .n_prompt = NP, .max_tokens = MAXT};
@@ -653,9 +643,7 @@ static void test_greedy_without_logits_chooses_the_same_tokens(void **state)
             assert_int_equal(with->ids[i], without->ids[i]);
         printf("  %s: %d tokens alike\n", together ? "at once" : "one after the other", with->n);
     }
-    assert_int_equal(wl_engine_stop(&e), 0);
-    weft_runtime_destroy(rt);
-    wl_model_close(&m);
+    engine_down(&m, &e, rt);
     free(with->logits);
     free(with);
     free(without);
@@ -678,13 +666,7 @@ static void test_a_long_prompt_is_prefilled_between_steps(void **state)
     wl_model m;
     wl_engine e;
     weft_runtime *rt;
-    weft_config cfg = WEFT_CONFIG_INIT;
-    cfg.workers = 2;
-    cfg.backend = WEFT_BACKEND_HOST;
-    cfg.stack_size = 1 << 20;
-    assert_int_equal(wl_model_open(&m, model_dir), 0);
-    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
-    assert_int_equal(wl_engine_start(&e, rt, &m, 16, 2, 128), 0);
+    engine_up(&m, &e, &rt, 16, 2, 128);
     e.prefill_chunk = CHUNK;
     gen_run *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b), *whole = calloc(1, sizeof *whole);
     assert_true(a && b && whole);
@@ -722,9 +704,7 @@ static void test_a_long_prompt_is_prefilled_between_steps(void **state)
            scale);
     assert_true(scale > 0.01);
     assert_true(worst <= scale / 128);
-    assert_int_equal(wl_engine_stop(&e), 0);
-    weft_runtime_destroy(rt);
-    wl_model_close(&m);
+    engine_down(&m, &e, rt);
     free(a);
     free(b->logits), free(b);
     free(whole->logits), free(whole);
