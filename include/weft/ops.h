@@ -209,6 +209,35 @@ int weft_gather_rows(void *stream, weft_dtype dtype, void *out, const void *tabl
 int weft_argmax(void *stream, weft_dtype dtype, int32_t *ids, const void *in, size_t rows,
                 size_t cols, size_t stride);
 
+/* How one row of weft_sample draws its token. */
+typedef struct weft_sampling {
+    float temperature; /* > 0: a draw; 0, below or NaN: greedy (weft_argmax's id) */
+    float top_p;       /* in (0, 1): keep the fewest tokens whose mass reaches it; else all */
+    int32_t top_k;     /* > 0: keep the top_k likeliest first; else all */
+    uint32_t reserved; /* 0 */
+    uint64_t seed;     /* the draw is Philox4x32-10's at (seed, offset): the same pair, */
+    uint64_t offset;   /* the same token; a generation counts offset up a token at a time */
+} weft_sampling;
+
+/* ids[r] = a token drawn from row r's cols logits (rows stride apart) by
+ * params[r], as an inference server samples: logits l_i at temperature T
+ * weigh w_i = exp((l_i - l_max) / T), held as integers floor(w_i * 2^32)
+ * so that every sum is exact and the same in any order (a token under
+ * 2^-32 of the likeliest's weight is never drawn). The tokens stand in
+ * weft_argmax's order (larger logit first, equal ones lower index first,
+ * NaN last: weight 0); top_k keeps the first k, then top_p the fewest
+ * first ones whose weight reaches ceil(top_p * their total); the draw u
+ * in [0, 1) from Philox picks the first token at which the kept weights,
+ * summed in that order, pass floor(u * total). A row whose largest logit
+ * is +Inf (or only NaN) is greedy. params is rows entries read when the
+ * call runs (device memory, or pinned host memory, with a stream), so a
+ * captured call replays with the values of each replay. Same seed and
+ * offset: the same id on one backend; across backends the same but where
+ * exp's last bit moves a boundary. cols at most 2^23, rows at most
+ * INT32_MAX. */
+int weft_sample(void *stream, weft_dtype dtype, int32_t *ids, const void *logits, size_t rows,
+                size_t cols, size_t stride, const weft_sampling *params);
+
 /* ---- rotary position embedding -------------------------------------- */
 
 typedef enum weft_rope_layout {
