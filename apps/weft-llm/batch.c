@@ -34,10 +34,12 @@
  * copies as they are. WEFT_LLM_GRAPH=0 runs the steps eagerly and
  * WEFT_LLM_REPLAY=0 records every step (to compare).
  *
- * A step brings back each row's largest logit's index (weft_argmax on the
- * backend), and the logits themselves only when a row needs them (a
- * sampler with a temperature, penalties, logprobs): greedy decoding copies
- * one int32 a row to the host, not a vocabulary of floats.
+ * A step brings back each row's next token, drawn on the backend by
+ * weft_sample with the row's own parameters (temperature, top-k, top-p,
+ * seed and offset: page-locked like the other inputs, so a replayed graph
+ * draws with each step's), and the logits themselves only when a row
+ * needs them (penalties, logprobs): decoding copies one int32 a row to the
+ * host, not a vocabulary of floats.
  *
  * The batcher: one weft mutex guards its members' slots; sequences wait on
  * one condition variable (done) for their step's logits and the batcher on
@@ -68,14 +70,15 @@ struct wl_batch {
     int replay; /* a repeating step replays its graph without recording it */
     int32_t *pos_host, *table_host, *lens_host;
     float *logits_host;
-    int32_t *greedy, *greedy_host; /* each row's argmax, on the backend and here */
-    int32_t *tokens, *tokens_host; /* the step's token ids, there and here */
+    weft_sampling *sampling, *sampling_host; /* how each row draws, there and here */
+    int32_t *picked, *picked_host;           /* each row's token, there and here */
+    int32_t *tokens, *tokens_host;           /* the step's token ids, there and here */
 };
 
 /* The key of a step's region: its rows and what it brings back (logits,
- * greedy ids). */
-#define STEP_REGION(n, logits, greedy)                                                             \
-    (0x776c2d7374657000ull | (uint64_t)(n) | (uint64_t)(logits) << 16 | (uint64_t)(greedy) << 17)
+ * tokens). */
+#define STEP_REGION(n, logits, picked)                                                             \
+    (0x776c2d7374657000ull | (uint64_t)(n) | (uint64_t)(logits) << 16 | (uint64_t)(picked) << 17)
 
 int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens)
 {
@@ -108,7 +111,8 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     TRY(weft_malloc_async((void **)&b->seq_ids, B * 4));
     TRY(weft_malloc_async((void **)&b->table, B * P * 4));
     TRY(weft_malloc_async((void **)&b->seq_lens, B * 4));
-    TRY(weft_malloc_async((void **)&b->greedy, B * 4));
+    TRY(weft_malloc_async((void **)&b->sampling, B * sizeof *b->sampling));
+    TRY(weft_malloc_async((void **)&b->picked, B * 4));
     TRY(weft_malloc_async((void **)&b->tokens, B * 4));
     if (c->experts && wl_moe_bufs_create(&b->moe, m, max_seqs))
         goto fail;
@@ -134,7 +138,8 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     TRY(weft_host_alloc(b->rt, (void **)&b->table_host, B * P * 4));
     TRY(weft_host_alloc(b->rt, (void **)&b->lens_host, B * 4));
     TRY(weft_host_alloc(b->rt, (void **)&b->logits_host, B * c->vocab * 4));
-    TRY(weft_host_alloc(b->rt, (void **)&b->greedy_host, B * 4));
+    TRY(weft_host_alloc(b->rt, (void **)&b->sampling_host, B * sizeof *b->sampling_host));
+    TRY(weft_host_alloc(b->rt, (void **)&b->picked_host, B * 4));
     TRY(weft_host_alloc(b->rt, (void **)&b->tokens_host, B * 4));
     memset(b->table_host, 0, B * P * 4);
     /* row i is sequence i of the batch's table: set once, through the
@@ -158,16 +163,16 @@ void wl_batch_destroy(wl_batch *b)
     if (!b)
         return;
     weft_await();
-    void *dev[] = {b->x,       b->h,     b->q,         b->kvr,    b->attn,
-                   b->gu,      b->act,   b->workspace, b->logits, b->positions,
-                   b->seq_ids, b->table, b->seq_lens,  b->greedy, b->tokens};
+    void *dev[] = {b->x,        b->h,         b->q,      b->kvr,       b->attn,    b->gu,
+                   b->act,      b->workspace, b->logits, b->positions, b->seq_ids, b->table,
+                   b->seq_lens, b->sampling,  b->picked, b->tokens};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i])
             weft_free_async(dev[i]);
     wl_moe_bufs_destroy(&b->moe);
     weft_await();
-    void *host[] = {b->pos_host,    b->table_host,  b->lens_host,
-                    b->logits_host, b->greedy_host, b->tokens_host};
+    void *host[] = {b->pos_host,      b->table_host,  b->lens_host,  b->logits_host,
+                    b->sampling_host, b->picked_host, b->tokens_host};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++)
         if (host[i])
             weft_host_free(b->rt, host[i]);
@@ -223,8 +228,8 @@ fail:
 }
 
 /* A step's device work for its n rows, from the inputs in the host
- * buffers to the greedy ids and the logits (each when asked) in theirs. */
-static int enqueue_step(wl_batch *b, int n, int want_logits, int want_greedy)
+ * buffers to the drawn tokens and the logits (each when asked) in theirs. */
+static int enqueue_step(wl_batch *b, int n, int want_logits, int want_picked)
 {
     const wl_model *m = b->m;
     const wl_config *c = &m->cfg;
@@ -242,10 +247,11 @@ static int enqueue_step(wl_batch *b, int n, int want_logits, int want_greedy)
                      (float)c->rms_eps, (size_t)n, H, H));
     TRY(wl_linear(m, b->logits, (size_t)c->vocab, b->h, H, m->lm_head, (size_t)c->vocab, NULL, NULL,
                   n, WEFT_DTYPE_F32));
-    if (want_greedy) {
-        TRY(weft_argmax(WEFT_TASK_STREAM, WEFT_DTYPE_F32, b->greedy, b->logits, (size_t)n,
-                        (size_t)c->vocab, (size_t)c->vocab));
-        TRY(weft_memcpy_async(b->greedy_host, b->greedy, (size_t)n * 4));
+    if (want_picked) {
+        TRY(weft_memcpy_async(b->sampling, b->sampling_host, (size_t)n * sizeof *b->sampling));
+        TRY(weft_sample(WEFT_TASK_STREAM, WEFT_DTYPE_F32, b->picked, b->logits, (size_t)n,
+                        (size_t)c->vocab, (size_t)c->vocab, b->sampling));
+        TRY(weft_memcpy_async(b->picked_host, b->picked, (size_t)n * 4));
     }
     if (want_logits)
         TRY(weft_memcpy_async(b->logits_host, b->logits, (size_t)n * c->vocab * 4));
@@ -255,7 +261,7 @@ fail:
 }
 
 int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n,
-                     const float **logits, int32_t *greedy)
+                     const float **logits, const weft_sampling *sampling, int32_t *picked)
 {
     const wl_model *m = b->m;
     const wl_config *c = &m->cfg;
@@ -287,13 +293,14 @@ int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n
         b->pos_host[i] = s->pos;
         b->lens_host[i] = s->pos + 1;
         b->tokens_host[i] = ids[i];
+        b->sampling_host[i] = sampling ? sampling[i] : (weft_sampling){0};
         memcpy(b->table_host + i * P, s->pages.table, (size_t)s->pages.used * 4);
     }
     /* the step's device work, a graph per batch size and what it brings
      * back: a repeating step replays its graph as it stands (its inputs
      * are the buffers just filled), else records it (the host backend runs
      * it as it comes) */
-    uint64_t key = STEP_REGION(n, logits != NULL, greedy != NULL);
+    uint64_t key = STEP_REGION(n, logits != NULL, picked != NULL);
     int replayed = 0;
     if (b->replay)
         TRY(weft_region_replay(key, &replayed));
@@ -301,7 +308,7 @@ int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n
         if (b->graph)
             TRY(weft_region_begin(key));
         in_region = b->graph;
-        if (enqueue_step(b, n, logits != NULL, greedy != NULL))
+        if (enqueue_step(b, n, logits != NULL, picked != NULL))
             goto fail;
         in_region = 0;
         if (b->graph)
@@ -312,8 +319,8 @@ int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n
         seqs[i]->pos++;
         if (logits)
             logits[i] = b->logits_host + (size_t)i * c->vocab;
-        if (greedy)
-            greedy[i] = b->greedy_host[i];
+        if (picked)
+            picked[i] = b->picked_host[i];
     }
     return 0;
 fail:
@@ -335,9 +342,10 @@ typedef struct slot {
     int waiting; /* handed a token; cleared when its logits (or error) are in */
     int taken;   /* its token is in the step the batcher is running */
     int wants_logits;
+    weft_sampling how; /* its draw's parameters */
     int rc;
     const float *logits; /* NULL when no member of the step wanted them */
-    int32_t greedy;
+    int32_t picked;
     char message[512];
 } slot;
 
@@ -353,7 +361,8 @@ struct wl_batcher {
     int32_t *ids;
     int *rows;
     const float **logits;
-    int32_t *greedy;
+    weft_sampling *sampling;
+    int32_t *picked;
 };
 
 int wl_batcher_create(wl_batcher **out, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens)
@@ -368,8 +377,10 @@ int wl_batcher_create(wl_batcher **out, const wl_model *m, wl_kv *kv, int max_se
     bt->ids = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->ids);
     bt->rows = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->rows);
     bt->logits = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->logits);
-    bt->greedy = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->greedy);
-    if (!bt->slots || !bt->seqs || !bt->ids || !bt->rows || !bt->logits || !bt->greedy) {
+    bt->sampling = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->sampling);
+    bt->picked = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->picked);
+    if (!bt->slots || !bt->seqs || !bt->ids || !bt->rows || !bt->logits || !bt->sampling ||
+        !bt->picked) {
         wl_batcher_destroy(bt);
         return wl_fail("out of memory");
     }
@@ -405,7 +416,8 @@ void wl_batcher_destroy(wl_batcher *bt)
     free(bt->ids);
     free(bt->rows);
     free(bt->logits);
-    free(bt->greedy);
+    free(bt->sampling);
+    free(bt->picked);
     free(bt);
 }
 
@@ -427,13 +439,14 @@ void *wl_batcher_run(void *arg)
                 wants_logits |= bt->slots[i].wants_logits;
                 bt->rows[n] = i;
                 bt->seqs[n] = bt->slots[i].seq;
+                bt->sampling[n] = bt->slots[i].how;
                 bt->ids[n++] = bt->slots[i].id;
             }
         /* every member waits in wl_batcher_step until we clear waiting:
          * none can join's slot or leave while the step runs unlocked */
         weft_mutex_unlock(bt->lock);
         int rc = wl_forward_batch(bt->batch, bt->seqs, bt->ids, n, wants_logits ? bt->logits : NULL,
-                                  bt->greedy);
+                                  bt->sampling, bt->picked);
         char msg[512];
         snprintf(msg, sizeof msg, "%s", rc ? wl_error() : "");
         wl_lock_always(bt->lock);
@@ -441,7 +454,7 @@ void *wl_batcher_run(void *arg)
             slot *sl = &bt->slots[bt->rows[r]];
             sl->rc = rc;
             sl->logits = rc || !wants_logits ? NULL : bt->logits[r];
-            sl->greedy = bt->greedy[r];
+            sl->picked = bt->picked[r];
             snprintf(sl->message, sizeof sl->message, "%s", msg);
             sl->waiting = sl->taken = 0;
         }
@@ -482,7 +495,8 @@ int wl_batcher_join(wl_batcher *bt, wl_seq *s)
     return 0;
 }
 
-int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const float **logits, int32_t *greedy)
+int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const weft_sampling *how,
+                    const float **logits, int32_t *picked)
 {
     if (logits)
         *logits = NULL;
@@ -496,6 +510,7 @@ int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const float **logits,
     }
     sl->id = id;
     sl->wants_logits = logits != NULL;
+    sl->how = how ? *how : (weft_sampling){0};
     sl->waiting = 1;
     bt->waiting++;
     if (bt->waiting == bt->members)
@@ -523,8 +538,8 @@ int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const float **logits,
              withdrawn ? "batcher: the sequence's task was cancelled" : sl->message);
     if (logits)
         *logits = rc ? NULL : sl->logits;
-    if (greedy)
-        *greedy = rc ? -1 : sl->greedy;
+    if (picked)
+        *picked = rc ? -1 : sl->picked;
     weft_mutex_unlock(bt->lock);
     return rc ? wl_fail("%s", msg) : 0;
 }

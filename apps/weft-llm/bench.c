@@ -11,12 +11,11 @@
  *    makes the length's plans: a first call's cost is not prefill's);
  *  - decode: B sequences prefilled with a short prompt, then wl_forward_batch
  *    steps of all of them (the batcher's step without its task handoffs),
- *    greedy: each step's ids chosen on the backend, no logits copied back,
- *    for each batch size: the median step, tokens per second, the step's
- *    roofline (its weight and KV bytes at the copy rate) and the host CPU
- *    time per step (getrusage over the timed steps; on the host backend it
- *    is the computation itself).
- * A table on stdout, then one `BENCH <name> <value> <unit>` line a figure.
+ *    each step's ids drawn on the backend (greedy, or at --temperature with
+ *    --top-p: weft_sample), no logits copied back, for each batch size: the median step, tokens per
+ * second, the step's roofline (its weight and KV bytes at the copy rate) and the host CPU time per
+ * step (getrusage over the timed steps; on the host backend it is the computation itself). A table
+ * on stdout, then one `BENCH <name> <value> <unit>` line a figure.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -32,6 +31,7 @@ typedef struct bench {
     int lens[MAX_POINTS], n_lens;
     int batches[MAX_POINTS], n_batches;
     int steps, repeats, decode_prompt;
+    float temperature, top_p; /* the decode steps' draws */
     wl_model model;
     wl_kv kv;
     /* results */
@@ -48,7 +48,8 @@ static int usage(void)
     fprintf(stderr, "usage: weft-llm bench MODEL_DIR [--backend host|cuda|auto] "
                     "[--prompt-lens 128,512,2048]\n"
                     "                [--batches 1,8,32,128] [--steps 32] [--repeats 3] "
-                    "[--decode-prompt 128]\n");
+                    "[--decode-prompt 128]\n"
+                    "                [--temperature 0] [--top-p 1]\n");
     return 2;
 }
 
@@ -177,10 +178,11 @@ static int measure_decode(bench *b, int bi, uint64_t *st)
     int32_t *ids = malloc((size_t)(P > B ? P : B) * sizeof *ids);
     double *t = malloc((size_t)b->steps * sizeof *t);
     wl_batch *batch = NULL;
-    int32_t *greedy = calloc((size_t)B, sizeof *greedy);
+    int32_t *picked = calloc((size_t)B, sizeof *picked);
+    weft_sampling *how = calloc((size_t)B, sizeof *how);
     const float *logits;
     int rc = -1;
-    if (!seqs || !ids || !t || !greedy) {
+    if (!seqs || !ids || !t || !picked || !how) {
         wl_fail("out of memory");
         goto out;
     }
@@ -195,9 +197,14 @@ static int measure_decode(bench *b, int bi, uint64_t *st)
     double kv_read = 0, cpu = 0;
     for (int step = -2; step < b->steps; step++) { /* two steps to warm up */
         random_ids(ids, B, b->model.cfg.vocab, st);
+        for (int i = 0; i < B; i++)
+            how[i] = (weft_sampling){.temperature = b->temperature,
+                                     .top_p = b->top_p,
+                                     .seed = (uint64_t)i,
+                                     .offset = (uint64_t)(step + 2)};
         double c0 = cpu_seconds();
         uint64_t t0 = weft_now_ns();
-        if (wl_forward_batch(batch, seqs, ids, B, NULL, greedy))
+        if (wl_forward_batch(batch, seqs, ids, B, NULL, how, picked))
             goto out;
         if (step >= 0) {
             t[step] = (double)(weft_now_ns() - t0) * 1e-6;
@@ -217,7 +224,8 @@ out:
     free(seqs);
     free(ids);
     free(t);
-    free(greedy);
+    free(picked);
+    free(how);
     return rc;
 }
 
@@ -275,6 +283,9 @@ static void report(const bench *b)
     for (int i = 0; i < b->n_lens; i++)
         printf("| %d | %.3f | %.0f |\n", b->lens[i], b->prefill_ms[i],
                b->lens[i] / (b->prefill_ms[i] * 1e-3));
+    if (b->temperature > 0)
+        printf("\ndecode steps draw at temperature %g, top-p %g (weft_sample)\n", b->temperature,
+               b->top_p);
     printf("\n| decode batch | ms a step | tokens/s | roofline ms | of roofline | host CPU us a "
            "step |\n|---:|---:|---:|---:|---:|---:|\n");
     for (int i = 0; i < b->n_batches; i++)
@@ -310,7 +321,8 @@ int wl_bench_main(int argc, char **argv)
                .n_batches = 4,
                .steps = 32,
                .repeats = 3,
-               .decode_prompt = 128};
+               .decode_prompt = 128,
+               .top_p = 1};
     if (argc < 1 || argv[0][0] == '-')
         return usage();
     b.dir = argv[0];
@@ -333,6 +345,11 @@ int wl_bench_main(int argc, char **argv)
                 *(!strcmp(a, "--steps")     ? &b.steps
                   : !strcmp(a, "--repeats") ? &b.repeats
                                             : &b.decode_prompt) = n;
+        } else if (!strcmp(a, "--temperature") || !strcmp(a, "--top-p")) {
+            float x = strtof(v, &end);
+            bad |= !*v || *end || !(x >= 0 && x <= 100);
+            if (!bad)
+                *(!strcmp(a, "--temperature") ? &b.temperature : &b.top_p) = x;
         } else
             bad = 1;
         if (bad) {

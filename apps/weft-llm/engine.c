@@ -371,14 +371,15 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
     if (wl_batcher_join(e->batcher, s))
         goto out;
     joined = 1;
-    /* greedy with nothing reading the logits: each step chooses on the
-     * backend and copies back the id alone (the prefill's token is drawn
-     * from its logits as any other) */
-    int backend_greedy = sampler.temperature == 0 && !pen_counts && !g->wants_logits;
-    int32_t greedy = -1;
-    for (;;) {
-        int32_t id = greedy;
-        if (logits) {
+    /* each step draws on the backend and copies back the id alone, but
+     * for penalties, which the host applies to the step's logits before
+     * its draw (the prefill's token is drawn here from its logits); the
+     * same op and (seed, offset) either way */
+    int draws_here = pen_counts != NULL;
+    int32_t picked = -1;
+    for (int first = 1;; first = 0) {
+        int32_t id = picked;
+        if (first || draws_here) {
             const float *draw_from = logits;
             if (pen_counts) {
                 wl_penalties_apply(&g->penalties, logits, c->vocab, pen_seen, pen_counts,
@@ -394,7 +395,9 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
         if (hand_on(g, c, id, logits, &n, finish))
             break;
         logits = NULL;
-        if (wl_batcher_step(e->batcher, s, id, backend_greedy ? NULL : &logits, &greedy))
+        weft_sampling how = draws_here ? (weft_sampling){0} : wl_sampler_next(&sampler);
+        if (wl_batcher_step(e->batcher, s, id, &how, draws_here || g->wants_logits ? &logits : NULL,
+                            &picked))
             goto out;
     }
     rc = 0;

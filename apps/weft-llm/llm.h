@@ -411,10 +411,11 @@ void wl_batch_destroy(wl_batch *b); /* task only */
  * order. What comes back, each optional (NULL: not made):
  *  - logits[i], seqs[i]'s row (fp32, vocab; host memory of the batch's,
  *    valid until its next step);
- *  - greedy[i], the index of that row's largest logit (weft_argmax, on the
- *    backend: a step that needs no logits copies back one int32 a row). */
+ *  - picked[i], the token drawn from that row by weft_sample with
+ *    sampling[i] (NULL: every row greedy, its largest logit's index), on
+ *    the backend: a step that needs no logits copies back one int32 a row. */
 int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n,
-                     const float **logits, int32_t *greedy);
+                     const float **logits, const weft_sampling *sampling, int32_t *picked);
 
 /* A batcher: a task (wl_batcher_run) that forms each decode step's batch
  * from the sequences that have joined it. A sequence task prefills itself
@@ -439,11 +440,13 @@ int wl_batcher_create(wl_batcher **bt, const wl_model *m, wl_kv *kv, int max_seq
 void *wl_batcher_run(void *batcher);
 /* At most max_seqs sequences at once; an error past that. */
 int wl_batcher_join(wl_batcher *bt, wl_seq *s);
-/* Task only: s's next token. *logits as wl_forward_batch's row, valid
- * until s's next step or its leave, and *greedy its largest logit's index;
- * logits NULL: s needs only greedy (a step whose members all say so copies
- * no logits to the host). An error of the step is every member's. */
-int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const float **logits, int32_t *greedy);
+/* Task only: s's next token. *picked is the token the step drew for s by
+ * *how (NULL: greedy, its largest logit); *logits, when asked for, its
+ * row as wl_forward_batch gives it, valid until s's next step or its
+ * leave (a step whose members ask for none copies no logits to the host).
+ * An error of the step is every member's. */
+int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const weft_sampling *how,
+                    const float **logits, int32_t *picked);
 void wl_batcher_leave(wl_batcher *bt, wl_seq *s);
 void wl_batcher_close(wl_batcher *bt);
 /* Steps run so far and the rows (tokens) they took. */
@@ -459,11 +462,18 @@ typedef struct wl_sampler {
     float temperature; /* 0: greedy */
     int top_k;         /* 0: all */
     float top_p;       /* 1 (or 0): all */
+    /* The seed: the key of weft_sample's draws, and the generator of
+     * speculative decoding's acceptance (which moves it). */
     uint64_t state;
+    uint64_t drawn; /* draws so far: the next one's Philox offset */
 } wl_sampler;
 
+/* The next draw's parameters for weft_sample, on the backend or the host:
+ * the same (seed, offset) either way, so one seed gives one text. */
+weft_sampling wl_sampler_next(wl_sampler *s);
+
 /* The token: greedy (temperature 0) the largest logit (the smallest id of
- * equal ones); else a draw from wl_sampler_dist's distribution. */
+ * equal ones); else weft_sample's draw on the host with wl_sampler_next. */
 int wl_sample(wl_sampler *s, const float *logits, int vocab);
 
 /* What shapes each draw besides the sampler, as inference servers define
@@ -487,7 +497,8 @@ int wl_penalties_active(const wl_penalties *p);
 void wl_penalties_apply(const wl_penalties *p, const float *logits, int vocab, const uint8_t *seen,
                         const int32_t *counts, float *out);
 
-/* The distribution wl_sample draws from: the tokens kept, in descending
+/* The distribution wl_sample draws from (in double here; weft_sample's
+ * integer weights round each token's below 2^-32): the tokens kept, in descending
  * order of logit (equal logits: smaller id first), with weights w[i] =
  * exp((l_i - l_max) / T) and p(id[i]) = w[i] / sum. At temperature T > 0
  * the top_k largest are kept (0: all), then of those the fewest whose mass
@@ -618,8 +629,8 @@ typedef struct wl_gen {
      * Returns 0 to go on, > 0 to stop (a stop string), < 0 to cancel. */
     int (*on_token)(void *ctx, int32_t id, int eos, const float *logits);
     /* on_token reads the logits (logprobs, a display of them). Without it
-     * a greedy generation's decode steps choose on the backend and hand
-     * on_token NULL logits. */
+     * (and without penalties) the decode steps draw on the backend and
+     * hand on_token NULL logits. */
     int wants_logits;
     /* Polled while queued and after each token; NULL: never. */
     int (*cancelled)(void *ctx);

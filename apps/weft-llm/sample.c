@@ -3,9 +3,12 @@
  * temperature from the top-k tokens and the top-p mass of those, with the
  * sampler's own seeded generator (so a seed gives the same text).
  *
- * The filtered distribution (wl_sampler_dist) is formed in one place and
- * both wl_sample's draw and speculative decoding's acceptance of a draft
- * token (wl_sample_draft) read it, so the two cannot disagree on what p is.
+ * A draw is weft_sample's, whether the decode step made it on the backend
+ * or wl_sample makes it here from logits on the host (penalised ones, or a
+ * prefill's): the same op with the same (seed, offset), so the path taken
+ * does not change the text. Speculative decoding's acceptance of a draft
+ * token (wl_sample_draft) needs the probabilities themselves: it reads
+ * wl_sampler_dist's, the same distribution in double.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -111,17 +114,23 @@ static int draw(wl_sampler *s, const wl_dist *d, int skip, double sum)
     return id;
 }
 
+weft_sampling wl_sampler_next(wl_sampler *s)
+{
+    weft_sampling p = {.temperature = s->temperature > 0 ? s->temperature : 0,
+                       .top_p = s->top_p,
+                       .top_k = s->top_k,
+                       .seed = s->state,
+                       .offset = s->drawn++};
+    return p;
+}
+
 int wl_sample(wl_sampler *s, const float *logits, int vocab)
 {
-    if (!(s->temperature > 0))
-        return argmax(logits, vocab);
-    wl_dist d;
-    if (wl_dist_alloc(&d, vocab) || wl_sampler_dist(s, logits, vocab, &d)) {
-        wl_dist_free(&d);
-        return argmax(logits, vocab); /* out of memory: the likeliest token */
-    }
-    int id = draw(s, &d, -1, d.sum);
-    wl_dist_free(&d);
+    weft_sampling p = wl_sampler_next(s);
+    int32_t id;
+    if (!(s->temperature > 0) ||
+        weft_sample(NULL, WEFT_DTYPE_F32, &id, logits, 1, (size_t)vocab, (size_t)vocab, &p))
+        return argmax(logits, vocab); /* or out of memory: the likeliest token */
     return id;
 }
 

@@ -208,10 +208,12 @@ typedef struct batch_run {
     int prompt[BR_MAX_SEQS], total[BR_MAX_SEQS], stop[BR_MAX_SEQS], cancel[BR_MAX_SEQS];
     float *logits[BR_MAX_SEQS];
     /* greedy_only[q]: q's steps ask for no logits (its rows past the
-     * prompt's stay unwritten); greedy[q] (optional) gets each step's
-     * greedy id, [steps] */
+     * prompt's stay unwritten); picked[q] (optional) gets each step's
+     * token, [steps]: drawn with how[q] at offset how[q].offset + step
+     * (how[q] NULL: greedy) */
     int greedy_only[BR_MAX_SEQS];
-    int32_t *greedy[BR_MAX_SEQS];
+    int32_t *picked[BR_MAX_SEQS];
+    const weft_sampling *how[BR_MAX_SEQS];
     /* results */
     int steps_done[BR_MAX_SEQS];
     long steps, rows; /* the batcher's steps and the tokens they took */
@@ -277,16 +279,20 @@ static inline void *br_seq_task(void *arg)
             break; /* stopped: it leaves while the others go on */
         if (r->cancel[q] && r->steps_done[q] == r->cancel[q]) {
             weft_cancel(weft_task_current());
-            if (!wl_batcher_step(j->e->bt, s, r->ids[q][t], &lg, NULL) ||
+            if (!wl_batcher_step(j->e->bt, s, r->ids[q][t], NULL, &lg, NULL) ||
                 !strstr(wl_error(), "cancelled"))
                 goto out; /* a step after the cancellation must fail, saying so */
             break;
         }
-        int32_t greedy = -1;
-        if (wl_batcher_step(j->e->bt, s, r->ids[q][t], r->greedy_only[q] ? NULL : &lg, &greedy))
+        int32_t picked = -1;
+        weft_sampling how = {0};
+        if (r->how[q])
+            how = *r->how[q], how.offset += (uint64_t)r->steps_done[q];
+        if (wl_batcher_step(j->e->bt, s, r->ids[q][t], &how, r->greedy_only[q] ? NULL : &lg,
+                            &picked))
             goto out;
-        if (r->greedy[q])
-            r->greedy[q][r->steps_done[q]] = greedy;
+        if (r->picked[q])
+            r->picked[q][r->steps_done[q]] = picked;
         if (!r->greedy_only[q])
             memcpy(r->logits[q] + (size_t)(r->steps_done[q] + 1) * V, lg, (size_t)V * 4);
         __atomic_store_n(&r->steps_done[q], r->steps_done[q] + 1, __ATOMIC_RELEASE);

@@ -3,11 +3,11 @@
  * batcher task and wl_forward_batch against each sequence run alone with
  * the one-sequence path (wl_forward), the KV pages coming back, a sequence
  * stopped midway leaving the others going, wl_forward_batch's errors,
- * greedy ids chosen on the backend (no logits copied) against those drawn
- * from the logits, a long prompt prefilled in chunks between another
- * sequence's decode steps, and generate --parallel on the command line; for the tiny Llama and the
- * mixture-of-experts presets (Mixtral, Qwen2-MoE).
- * Token ids and the model are drawn from the printed seed.
+ * tokens drawn on the backend (greedy, no logits copied, or sampled by
+ * each sequence's own parameters) against those drawn from the logits, a long prompt prefilled in
+ * chunks between another sequence's decode steps, and generate --parallel on the command line; for
+ * the tiny Llama and the mixture-of-experts presets (Mixtral, Qwen2-MoE). Token ids and the model
+ * are drawn from the printed seed.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -68,7 +68,11 @@ enum { STOP = 2, CANCEL = 3 };
 static void batched_decode_matches_alone(const char *model)
 {
     enum { STEPS = MAX_TOTAL };
-    int32_t ids[SEQS][MAX_TOTAL], greedy[SEQS][MAX_TOTAL];
+    int32_t ids[SEQS][MAX_TOTAL], picked[SEQS][MAX_TOTAL];
+    /* sequences 0 and 2 sample, each by its own parameters; the rest greedy */
+    const weft_sampling sampled[2] = {
+        {.temperature = 0.9f, .top_p = 0.95f, .seed = seed, .offset = 5},
+        {.temperature = 1.3f, .top_k = 7, .seed = seed + 1}};
     uint64_t st = seed ^ 0xba7c;
     float *alone = malloc(sizeof(float) * SEQS * STEPS * V);
     float *together = malloc(sizeof(float) * SEQS * STEPS * V);
@@ -88,7 +92,8 @@ static void batched_decode_matches_alone(const char *model)
         r.stop[q] = q == 3 ? STOP : 0;
         r.cancel[q] = q == 4 ? CANCEL : 0;
         r.logits[q] = together + (size_t)q * STEPS * V;
-        r.greedy[q] = greedy[q];
+        r.picked[q] = picked[q];
+        r.how[q] = q == 0 ? &sampled[0] : q == 2 ? &sampled[1] : NULL;
         r.greedy_only[q] = q == 1; /* the longest: its last steps are alone, no logits copied */
     }
     printf("  %s\n", model);
@@ -122,9 +127,11 @@ static void batched_decode_matches_alone(const char *model)
     /* The host backend runs each row through the same ops in the same
      * order, so the only freedom is sgemm's for m rows against one row. */
     assert_true(worst <= scale / 128);
-    /* each step's greedy id: the first maximum of the row it came with, and
-     * for the sequence that took no logits, a maximum of its row alone
-     * (within the batch's rounding) */
+    /* each step's token: a sampling sequence's, weft_sample's draw from the
+     * row it came with by its parameters at that step's offset; a greedy
+     * one's, the first maximum of that row, and for the sequence that took
+     * no logits, a maximum of its row alone (within the batch's rounding) */
+    int draws_differ = 0;
     for (int q = 0; q < SEQS; q++)
         for (int k = 0; k < r.steps_done[q]; k++) {
             const float *row =
@@ -132,11 +139,21 @@ static void batched_decode_matches_alone(const char *model)
             int first = 0;
             for (int i = 1; i < V; i++)
                 first = row[i] > row[first] ? i : first;
-            if (r.greedy_only[q])
-                assert_true(row[greedy[q][k]] >= row[first] - 2 * worst);
-            else
-                assert_int_equal(greedy[q][k], first);
+            if (r.how[q]) {
+                weft_sampling how = *r.how[q];
+                how.offset += (uint64_t)k;
+                int32_t want = -1;
+                assert_int_equal(weft_sample(NULL, WEFT_DTYPE_F32, &want, row, 1, V, V, &how),
+                                 WEFT_OK);
+                assert_int_equal(picked[q][k], want);
+                draws_differ += want != first;
+            } else if (r.greedy_only[q]) {
+                assert_true(row[picked[q][k]] >= row[first] - 2 * worst);
+            } else {
+                assert_int_equal(picked[q][k], first);
+            }
         }
+    printf("  %d sampled tokens are not their row's maximum\n", draws_differ);
     free(alone);
     free(together);
 }
@@ -197,7 +214,7 @@ static void *errors_task(void *arg)
             if (wl_seq_create(&fresh, j->m, &kv, 16, 16))
                 goto out;
             wl_seq *pair[2] = {s[0], fresh};
-            int rc = wl_forward_batch(b, pair, ids, 2, lg, NULL);
+            int rc = wl_forward_batch(b, pair, ids, 2, lg, NULL, NULL);
             int ok = rc == -1 && strstr(wl_error(), cases[c].want);
             wl_seq_destroy(fresh);
             if (!ok) {
@@ -208,7 +225,7 @@ static void *errors_task(void *arg)
         }
         wl_seq *pair[3] = {cases[c].a, cases[c].b, s[1]};
         int free_before = wl_kv_free_pages(&kv);
-        int rc = wl_forward_batch(b, pair, cases[c].ids, cases[c].n, lg, NULL);
+        int rc = wl_forward_batch(b, pair, cases[c].ids, cases[c].n, lg, NULL, NULL);
         if (rc != -1 || !strstr(wl_error(), cases[c].want) ||
             wl_kv_free_pages(&kv) != free_before) {
             snprintf(p, cap, "case %d: rc %d, %s", c, rc, wl_error());
@@ -217,7 +234,7 @@ static void *errors_task(void *arg)
     }
     /* and a good batch of the two still runs */
     wl_seq *pair[2] = {s[0], s[1]};
-    if (wl_forward_batch(b, pair, ids, 2, lg, NULL)) {
+    if (wl_forward_batch(b, pair, ids, 2, lg, NULL, NULL)) {
         snprintf(p, cap, "good batch: %s", wl_error());
         goto out;
     }

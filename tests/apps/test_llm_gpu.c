@@ -243,7 +243,9 @@ static void test_cli_generates_on_the_gpu(void **state)
  * bench counts their launches), and the tokens of generate, whose steps
  * after the first replay the recorded graph as it stands, are the same
  * with every step recorded (WEFT_LLM_REPLAY=0) and with graph mode off
- * (WEFT_LLM_GRAPH=0: every op launched as it comes). */
+ * (WEFT_LLM_GRAPH=0: every op launched as it comes); greedy, and sampled
+ * with a seed (a replayed step draws with its own offset: a graph that
+ * kept the first step's would repeat its draws). */
 static void test_gpu_decode_steps_are_graphs(void **state)
 {
     (void)state;
@@ -261,25 +263,30 @@ static void test_gpu_decode_steps_are_graphs(void **state)
     assert_true(launches >= 2 * 8); /* each batch size: 2 warm-up steps and 6 timed */
     free(out);
     free(err);
-    snprintf(cmd, sizeof cmd,
-             "%s generate %s --prompt 'The old woman' --max-tokens 16 --print-ids --backend cuda",
-             WL_BIN, model_dir);
-    assert_int_equal(run_capture(cmd, &out, &err), 0);
-    char eager[2200], *out_r, *err_r;
-    snprintf(eager, sizeof eager, "WEFT_LLM_GRAPH=0 %s", cmd);
-    assert_int_equal(run_capture(eager, &out_e, &err_e), 0);
-    snprintf(eager, sizeof eager, "WEFT_LLM_REPLAY=0 %s", cmd);
-    assert_int_equal(run_capture(eager, &out_r, &err_r), 0);
-    printf("  graphs: %s  recorded every step: %s  eager: %s", err, err_r, err_e);
-    /* one sequence: the same kernels, launched three ways */
-    assert_string_equal(err, err_e);
-    assert_string_equal(err, err_r);
-    free(out);
-    free(err);
-    free(out_e);
-    free(err_e);
-    free(out_r);
-    free(err_r);
+    static const char *const draws[] = {"", "--temperature 0.8 --top-p 0.9 --seed 7"};
+    for (int d = 0; d < 2; d++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s generate %s --prompt 'The old woman' --max-tokens 16 --print-ids "
+                 "--backend cuda %s",
+                 WL_BIN, model_dir, draws[d]);
+        assert_int_equal(run_capture(cmd, &out, &err), 0);
+        char eager[2200], *out_r, *err_r;
+        snprintf(eager, sizeof eager, "WEFT_LLM_GRAPH=0 %s", cmd);
+        assert_int_equal(run_capture(eager, &out_e, &err_e), 0);
+        snprintf(eager, sizeof eager, "WEFT_LLM_REPLAY=0 %s", cmd);
+        assert_int_equal(run_capture(eager, &out_r, &err_r), 0);
+        printf("  %s\n  graphs: %s  recorded every step: %s  eager: %s", d ? draws[d] : "greedy",
+               err, err_r, err_e);
+        /* one sequence: the same kernels, launched three ways */
+        assert_string_equal(err, err_e);
+        assert_string_equal(err, err_r);
+        free(out);
+        free(err);
+        free(out_e);
+        free(err_e);
+        free(out_r);
+        free(err_r);
+    }
 }
 
 /* Speculative decoding on the GPU: greedy with 4 draft tokens a round
