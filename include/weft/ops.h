@@ -238,6 +238,36 @@ typedef struct weft_sampling {
 int weft_sample(void *stream, weft_dtype dtype, int32_t *ids, const void *logits, size_t rows,
                 size_t cols, size_t stride, const weft_sampling *params);
 
+/* One token's adjustment of its logit in weft_penalize. */
+typedef struct weft_logit_adjust {
+    int32_t token;
+    int32_t count; /* > 0: the output holds it count times (frequency, presence) */
+    uint32_t seen; /* nonzero: the prompt or the output holds it (repetition) */
+    float bias;    /* added last (OpenAI's logit_bias); 0: none */
+} weft_logit_adjust;
+
+/* One row's penalties in weft_penalize, as inference servers define them. */
+typedef struct weft_penalties {
+    float repetition; /* a seen token's logit: divided by it if positive, else multiplied; 0, 1:
+                         none */
+    float frequency;  /* a token the output holds c > 0 times loses frequency * c + presence */
+    float presence;
+    uint32_t first, count; /* the row's adjustments: adjust[first, first + count) */
+} weft_penalties;
+
+/* The penalties of what a generation has said, applied in place to row r
+ * of the logits (cols each, rows stride apart) before its draw: for each
+ * of its adjustments whose token is in [0, cols) (others are skipped: the
+ * GPU cannot refuse them before it runs), the logit x becomes
+ *   seen ? (x > 0 ? x / repetition : x * repetition) : x,
+ * minus frequency * count + presence when count > 0, plus bias; in fp32,
+ * stored in dtype. A token should have one adjustment a row (a second
+ * applies again). params (rows entries) and adjust are read when the call
+ * runs (device memory, or pinned host memory, with a stream), so a
+ * captured call replays with the values of each replay. */
+int weft_penalize(void *stream, weft_dtype dtype, void *logits, size_t rows, size_t cols,
+                  size_t stride, const weft_penalties *params, const weft_logit_adjust *adjust);
+
 /* ---- rotary position embedding -------------------------------------- */
 
 typedef enum weft_rope_layout {
