@@ -37,9 +37,11 @@
  * A step brings back each row's next token, drawn on the backend by
  * weft_sample with the row's own parameters (temperature, top-k, top-p,
  * seed and offset: page-locked like the other inputs, so a replayed graph
- * draws with each step's), and the logits themselves only when a row
- * needs them (penalties, logprobs): decoding copies one int32 a row to the
- * host, not a vocabulary of floats.
+ * draws with each step's) after weft_penalize has applied the row's
+ * penalties (its adjustments read from page-locked memory as the step
+ * runs), and the logits themselves only when a row needs them
+ * (logprobs): decoding copies one int32 a row to the host, not a
+ * vocabulary of floats.
  *
  * The batcher: one weft mutex guards its members' slots; sequences wait on
  * one condition variable (done) for their step's logits and the batcher on
@@ -72,13 +74,20 @@ struct wl_batch {
     float *logits_host;
     weft_sampling *sampling, *sampling_host; /* how each row draws, there and here */
     int32_t *picked, *picked_host;           /* each row's token, there and here */
-    int32_t *tokens, *tokens_host;           /* the step's token ids, there and here */
+    /* each row's penalties, and its adjustments from row * adjust_row on:
+     * page-locked, read by the kernel as it runs (taken at the first step
+     * with penalties, at their most, so a recorded step's stay valid) */
+    weft_penalties *pen_host;
+    weft_logit_adjust *adjust_host;
+    size_t adjust_row;
+    int32_t *tokens, *tokens_host; /* the step's token ids, there and here */
 };
 
-/* The key of a step's region: its rows and what it brings back (logits,
- * tokens). */
-#define STEP_REGION(n, logits, picked)                                                             \
-    (0x776c2d7374657000ull | (uint64_t)(n) | (uint64_t)(logits) << 16 | (uint64_t)(picked) << 17)
+/* The key of a step's region: its rows, what it brings back (logits,
+ * tokens) and whether it penalises. */
+#define STEP_REGION(n, logits, picked, penalised)                                                  \
+    (0x776c2d7374657000ull | (uint64_t)(n) | (uint64_t)(logits) << 16 | (uint64_t)(picked) << 17 | \
+     (uint64_t)(penalised) << 18)
 
 int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens)
 {
@@ -94,6 +103,7 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     b->kv = kv;
     b->max_seqs = max_seqs;
     b->max_pages = (max_tokens + kv->page_size - 1) / kv->page_size;
+    b->adjust_row = (size_t)max_tokens + WL_MAX_BIAS;
     b->q_dim = (size_t)c->heads * c->head_dim;
     b->kv_dim = (size_t)c->kv_heads * c->head_dim;
     size_t P = (size_t)b->max_pages;
@@ -171,8 +181,8 @@ void wl_batch_destroy(wl_batch *b)
             weft_free_async(dev[i]);
     wl_moe_bufs_destroy(&b->moe);
     weft_await();
-    void *host[] = {b->pos_host,      b->table_host,  b->lens_host,  b->logits_host,
-                    b->sampling_host, b->picked_host, b->tokens_host};
+    void *host[] = {b->pos_host,    b->table_host,  b->lens_host, b->logits_host, b->sampling_host,
+                    b->picked_host, b->tokens_host, b->pen_host,  b->adjust_host};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++)
         if (host[i])
             weft_host_free(b->rt, host[i]);
@@ -229,7 +239,7 @@ fail:
 
 /* A step's device work for its n rows, from the inputs in the host
  * buffers to the drawn tokens and the logits (each when asked) in theirs. */
-static int enqueue_step(wl_batch *b, int n, int want_logits, int want_picked)
+static int enqueue_step(wl_batch *b, int n, int want_logits, int want_picked, int penalised)
 {
     const wl_model *m = b->m;
     const wl_config *c = &m->cfg;
@@ -247,26 +257,60 @@ static int enqueue_step(wl_batch *b, int n, int want_logits, int want_picked)
                      (float)c->rms_eps, (size_t)n, H, H));
     TRY(wl_linear(m, b->logits, (size_t)c->vocab, b->h, H, m->lm_head, (size_t)c->vocab, NULL, NULL,
                   n, WEFT_DTYPE_F32));
+    if (want_logits) /* as the model gave them, before the penalties */
+        TRY(weft_memcpy_async(b->logits_host, b->logits, (size_t)n * c->vocab * 4));
+    if (penalised)
+        TRY(weft_penalize(WEFT_TASK_STREAM, WEFT_DTYPE_F32, b->logits, (size_t)n, (size_t)c->vocab,
+                          (size_t)c->vocab, b->pen_host, b->adjust_host));
     if (want_picked) {
         TRY(weft_memcpy_async(b->sampling, b->sampling_host, (size_t)n * sizeof *b->sampling));
         TRY(weft_sample(WEFT_TASK_STREAM, WEFT_DTYPE_F32, b->picked, b->logits, (size_t)n,
                         (size_t)c->vocab, (size_t)c->vocab, b->sampling));
         TRY(weft_memcpy_async(b->picked_host, b->picked, (size_t)n * 4));
     }
-    if (want_logits)
-        TRY(weft_memcpy_async(b->logits_host, b->logits, (size_t)n * c->vocab * 4));
+    return 0;
+fail:
+    return -1;
+}
+
+/* Row i's penalties into the page-locked buffers (taken at the first
+ * penalised step); whether any row has some. */
+static int stage_penalties(wl_batch *b, const wl_draw *draws, int n, int *penalised)
+{
+    *penalised = 0;
+    for (int i = 0; draws && i < n; i++)
+        *penalised |= draws[i].pen != NULL;
+    if (!*penalised)
+        return 0;
+    size_t B = (size_t)b->max_seqs;
+    if (!b->pen_host)
+        TRY(weft_host_alloc(b->rt, (void **)&b->pen_host, B * sizeof *b->pen_host));
+    if (!b->adjust_host)
+        TRY(weft_host_alloc(b->rt, (void **)&b->adjust_host,
+                            B * b->adjust_row * sizeof *b->adjust_host));
+    for (int i = 0; i < n; i++) {
+        const wl_pen_track *t = draws[i].pen;
+        if (t && t->row.count > b->adjust_row)
+            return wl_fail("batch: %u penalised tokens in a row; the batch holds %zu", t->row.count,
+                           b->adjust_row);
+        b->pen_host[i] = t ? t->row : (weft_penalties){0};
+        b->pen_host[i].first = (uint32_t)((size_t)i * b->adjust_row);
+        if (t)
+            memcpy(b->adjust_host + (size_t)i * b->adjust_row, t->adjust,
+                   t->row.count * sizeof *t->adjust);
+    }
     return 0;
 fail:
     return -1;
 }
 
 int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n,
-                     const float **logits, const weft_sampling *sampling, int32_t *picked)
+                     const float **logits, const wl_draw *draws, int32_t *picked)
 {
     const wl_model *m = b->m;
     const wl_config *c = &m->cfg;
     size_t P = (size_t)b->max_pages;
-    int in_region = 0;
+    int in_region = 0, penalised = 0;
     if (n < 1 || n > b->max_seqs)
         return wl_fail("batch: %d sequences; the batch takes 1 to %d", n, b->max_seqs);
     for (int i = 0; i < n; i++) {
@@ -285,6 +329,8 @@ int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n
             if (seqs[j] == s)
                 return wl_fail("batch: sequence %d is also row %d", i, j);
     }
+    if (stage_penalties(b, draws, n, &penalised))
+        return -1;
     for (int i = 0; i < n; i++)
         if (wl_kv_seq_grow(&seqs[i]->pages, seqs[i]->pos + 1))
             return -1; /* nothing enqueued; pages taken stay the sequences' */
@@ -293,14 +339,14 @@ int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n
         b->pos_host[i] = s->pos;
         b->lens_host[i] = s->pos + 1;
         b->tokens_host[i] = ids[i];
-        b->sampling_host[i] = sampling ? sampling[i] : (weft_sampling){0};
+        b->sampling_host[i] = draws ? draws[i].how : (weft_sampling){0};
         memcpy(b->table_host + i * P, s->pages.table, (size_t)s->pages.used * 4);
     }
     /* the step's device work, a graph per batch size and what it brings
      * back: a repeating step replays its graph as it stands (its inputs
      * are the buffers just filled), else records it (the host backend runs
      * it as it comes) */
-    uint64_t key = STEP_REGION(n, logits != NULL, picked != NULL);
+    uint64_t key = STEP_REGION(n, logits != NULL, picked != NULL, penalised);
     int replayed = 0;
     if (b->replay)
         TRY(weft_region_replay(key, &replayed));
@@ -308,7 +354,7 @@ int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n
         if (b->graph)
             TRY(weft_region_begin(key));
         in_region = b->graph;
-        if (enqueue_step(b, n, logits != NULL, picked != NULL))
+        if (enqueue_step(b, n, logits != NULL, picked != NULL, penalised))
             goto fail;
         in_region = 0;
         if (b->graph)
@@ -342,7 +388,7 @@ typedef struct slot {
     int waiting; /* handed a token; cleared when its logits (or error) are in */
     int taken;   /* its token is in the step the batcher is running */
     int wants_logits;
-    weft_sampling how; /* its draw's parameters */
+    wl_draw draw; /* how its token is drawn */
     int rc;
     const float *logits; /* NULL when no member of the step wanted them */
     int32_t picked;
@@ -361,7 +407,7 @@ struct wl_batcher {
     int32_t *ids;
     int *rows;
     const float **logits;
-    weft_sampling *sampling;
+    wl_draw *draws;
     int32_t *picked;
 };
 
@@ -377,9 +423,9 @@ int wl_batcher_create(wl_batcher **out, const wl_model *m, wl_kv *kv, int max_se
     bt->ids = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->ids);
     bt->rows = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->rows);
     bt->logits = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->logits);
-    bt->sampling = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->sampling);
+    bt->draws = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->draws);
     bt->picked = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->picked);
-    if (!bt->slots || !bt->seqs || !bt->ids || !bt->rows || !bt->logits || !bt->sampling ||
+    if (!bt->slots || !bt->seqs || !bt->ids || !bt->rows || !bt->logits || !bt->draws ||
         !bt->picked) {
         wl_batcher_destroy(bt);
         return wl_fail("out of memory");
@@ -416,7 +462,7 @@ void wl_batcher_destroy(wl_batcher *bt)
     free(bt->ids);
     free(bt->rows);
     free(bt->logits);
-    free(bt->sampling);
+    free(bt->draws);
     free(bt->picked);
     free(bt);
 }
@@ -439,14 +485,14 @@ void *wl_batcher_run(void *arg)
                 wants_logits |= bt->slots[i].wants_logits;
                 bt->rows[n] = i;
                 bt->seqs[n] = bt->slots[i].seq;
-                bt->sampling[n] = bt->slots[i].how;
+                bt->draws[n] = bt->slots[i].draw;
                 bt->ids[n++] = bt->slots[i].id;
             }
         /* every member waits in wl_batcher_step until we clear waiting:
          * none can join's slot or leave while the step runs unlocked */
         weft_mutex_unlock(bt->lock);
         int rc = wl_forward_batch(bt->batch, bt->seqs, bt->ids, n, wants_logits ? bt->logits : NULL,
-                                  bt->sampling, bt->picked);
+                                  bt->draws, bt->picked);
         char msg[512];
         snprintf(msg, sizeof msg, "%s", rc ? wl_error() : "");
         wl_lock_always(bt->lock);
@@ -495,7 +541,7 @@ int wl_batcher_join(wl_batcher *bt, wl_seq *s)
     return 0;
 }
 
-int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const weft_sampling *how,
+int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const wl_draw *draw,
                     const float **logits, int32_t *picked)
 {
     if (logits)
@@ -510,7 +556,7 @@ int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const weft_sampling *
     }
     sl->id = id;
     sl->wants_logits = logits != NULL;
-    sl->how = how ? *how : (weft_sampling){0};
+    sl->draw = draw ? *draw : (wl_draw){{0}, NULL};
     sl->waiting = 1;
     bt->waiting++;
     if (bt->waiting == bt->members)

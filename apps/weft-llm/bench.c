@@ -179,7 +179,7 @@ static int measure_decode(bench *b, int bi, uint64_t *st)
     double *t = malloc((size_t)b->steps * sizeof *t);
     wl_batch *batch = NULL;
     int32_t *picked = calloc((size_t)B, sizeof *picked);
-    weft_sampling *how = calloc((size_t)B, sizeof *how);
+    wl_draw *how = calloc((size_t)B, sizeof *how);
     const float *logits;
     int rc = -1;
     if (!seqs || !ids || !t || !picked || !how) {
@@ -198,10 +198,10 @@ static int measure_decode(bench *b, int bi, uint64_t *st)
     for (int step = -2; step < b->steps; step++) { /* two steps to warm up */
         random_ids(ids, B, b->model.cfg.vocab, st);
         for (int i = 0; i < B; i++)
-            how[i] = (weft_sampling){.temperature = b->temperature,
-                                     .top_p = b->top_p,
-                                     .seed = (uint64_t)i,
-                                     .offset = (uint64_t)(step + 2)};
+            how[i].how = (weft_sampling){.temperature = b->temperature,
+                                         .top_p = b->top_p,
+                                         .seed = (uint64_t)i,
+                                         .offset = (uint64_t)(step + 2)};
         double c0 = cpu_seconds();
         uint64_t t0 = weft_now_ns();
         if (wl_forward_batch(batch, seqs, ids, B, NULL, how, picked))

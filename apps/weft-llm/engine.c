@@ -313,9 +313,9 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
     const float *logits;
     int joined = 0, rc = -1, n = 0;
     char msg[512] = "";
-    float *pen_scratch = NULL; /* the penalised logits, with what they count */
-    uint8_t *pen_seen = NULL;
-    int32_t *pen_counts = NULL;
+    wl_pen_track pen = {0}; /* what the penalties count, when there are some */
+    int penalised = wl_penalties_active(&g->penalties);
+    float *pen_scratch = NULL; /* the prefill's penalised logits */
     /* a speculative round's verify pass takes up to speculate_k + 1 tokens */
     int spec_step = 1 + (g->speculate_k < g->max_tokens - 1 ? g->speculate_k : g->max_tokens - 1);
     *finish = WL_FINISH_CANCELLED;
@@ -331,21 +331,19 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
     if (g->speculate_k && wl_penalties_active(&g->penalties))
         return wl_fail("speculative decoding does not take repetition, frequency or presence "
                        "penalties");
-    if (wl_penalties_active(&g->penalties) &&
-        (!(pen_scratch = malloc((size_t)c->vocab * sizeof *pen_scratch)) ||
-         !(pen_seen = calloc((size_t)c->vocab, 1)) ||
-         !(pen_counts = calloc((size_t)c->vocab, sizeof *pen_counts)))) {
-        free(pen_scratch);
-        free(pen_seen);
-        return wl_fail("out of memory for the penalties' counts");
+    if (g->penalties.n_bias > WL_MAX_BIAS)
+        return wl_fail("%d logit biases; at most %d", g->penalties.n_bias, WL_MAX_BIAS);
+    if (penalised) {
+        if (wl_pen_track_init(&pen, &g->penalties, g->prompt, g->n_prompt, g->max_tokens, c->vocab))
+            return -1;
+        if (!(pen_scratch = malloc((size_t)c->vocab * sizeof *pen_scratch))) {
+            wl_pen_track_free(&pen);
+            return wl_fail("out of memory for the penalised logits");
+        }
     }
-    for (int i = 0; pen_seen && i < g->n_prompt; i++)
-        if (g->prompt[i] >= 0 && g->prompt[i] < c->vocab) /* others: wl_forward refuses */
-            pen_seen[g->prompt[i]] = 1;
     if (admit(e, g, &w)) {
         free(pen_scratch);
-        free(pen_seen);
-        free(pen_counts);
+        wl_pen_track_free(&pen);
         return 0; /* cancelled while queued */
     }
     int chunk =
@@ -371,33 +369,32 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
     if (wl_batcher_join(e->batcher, s))
         goto out;
     joined = 1;
-    /* each step draws on the backend and copies back the id alone, but
-     * for penalties, which the host applies to the step's logits before
-     * its draw (the prefill's token is drawn here from its logits); the
-     * same op and (seed, offset) either way */
-    int draws_here = pen_counts != NULL;
+    /* each step penalises and draws on the backend and copies back the id
+     * alone; the prefill's token is drawn here from its logits, by the
+     * same ops with the same (seed, offset) */
     int32_t picked = -1;
     for (int first = 1;; first = 0) {
         int32_t id = picked;
-        if (first || draws_here) {
+        if (first) {
             const float *draw_from = logits;
-            if (pen_counts) {
-                wl_penalties_apply(&g->penalties, logits, c->vocab, pen_seen, pen_counts,
-                                   pen_scratch);
+            if (penalised) {
+                memcpy(pen_scratch, logits, (size_t)c->vocab * sizeof *pen_scratch);
+                if (weft_penalize(NULL, WEFT_DTYPE_F32, pen_scratch, 1, (size_t)c->vocab,
+                                  (size_t)c->vocab, &pen.row, pen.adjust) != WEFT_OK) {
+                    wl_fail("penalties: %s", weft_last_error());
+                    goto out;
+                }
                 draw_from = pen_scratch;
             }
             id = wl_sample(&sampler, draw_from, c->vocab);
         }
-        if (pen_counts) {
-            pen_counts[id]++;
-            pen_seen[id] = 1;
-        }
+        if (penalised)
+            wl_pen_track_add(&pen, id);
         if (hand_on(g, c, id, logits, &n, finish))
             break;
         logits = NULL;
-        weft_sampling how = draws_here ? (weft_sampling){0} : wl_sampler_next(&sampler);
-        if (wl_batcher_step(e->batcher, s, id, &how, draws_here || g->wants_logits ? &logits : NULL,
-                            &picked))
+        wl_draw draw = {wl_sampler_next(&sampler), penalised ? &pen : NULL};
+        if (wl_batcher_step(e->batcher, s, id, &draw, g->wants_logits ? &logits : NULL, &picked))
             goto out;
     }
     rc = 0;
@@ -409,7 +406,6 @@ out:
     wl_seq_destroy(s); /* its pages go back */
     release(e, &w);
     free(pen_scratch);
-    free(pen_seen);
-    free(pen_counts);
+    wl_pen_track_free(&pen);
     return rc ? wl_fail("%s", msg) : 0;
 }

@@ -395,6 +395,13 @@ int wl_model_release(wl_model *m);
 
 /* ---- batched decoding (batch.c) -------------------------------------------- */
 
+/* How a decode step draws a row's token: the sampler's next draw
+ * (wl_sampler_next), after the generation's penalties (NULL: none). */
+typedef struct wl_draw {
+    weft_sampling how;
+    const struct wl_pen_track *pen;
+} wl_draw;
+
 /* Buffers for one decode step of up to max_seqs sequences of up to
  * max_tokens tokens each, all of model m and cache kv. */
 typedef struct wl_batch wl_batch;
@@ -411,11 +418,12 @@ void wl_batch_destroy(wl_batch *b); /* task only */
  * order. What comes back, each optional (NULL: not made):
  *  - logits[i], seqs[i]'s row (fp32, vocab; host memory of the batch's,
  *    valid until its next step);
- *  - picked[i], the token drawn from that row by weft_sample with
- *    sampling[i] (NULL: every row greedy, its largest logit's index), on
- *    the backend: a step that needs no logits copies back one int32 a row. */
+ *  - picked[i], the token drawn from that row by draws[i] (NULL: every
+ *    row greedy, its largest logit's index), on the backend: a step that
+ *    needs no logits copies back one int32 a row. The logits come back as
+ *    the model gave them, before the penalties. */
 int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n,
-                     const float **logits, const weft_sampling *sampling, int32_t *picked);
+                     const float **logits, const wl_draw *draws, int32_t *picked);
 
 /* A batcher: a task (wl_batcher_run) that forms each decode step's batch
  * from the sequences that have joined it. A sequence task prefills itself
@@ -441,11 +449,12 @@ void *wl_batcher_run(void *batcher);
 /* At most max_seqs sequences at once; an error past that. */
 int wl_batcher_join(wl_batcher *bt, wl_seq *s);
 /* Task only: s's next token. *picked is the token the step drew for s by
- * *how (NULL: greedy, its largest logit); *logits, when asked for, its
+ * *draw (NULL: greedy, its largest logit; draw's tracker is read during
+ * the step); *logits, when asked for, its
  * row as wl_forward_batch gives it, valid until s's next step or its
  * leave (a step whose members ask for none copies no logits to the host).
  * An error of the step is every member's. */
-int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const weft_sampling *how,
+int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const wl_draw *draw,
                     const float **logits, int32_t *picked);
 void wl_batcher_leave(wl_batcher *bt, wl_seq *s);
 void wl_batcher_close(wl_batcher *bt);
@@ -491,11 +500,25 @@ typedef struct wl_penalties {
     int n_bias;
 } wl_penalties;
 
+#define WL_MAX_BIAS 300 /* logit_bias entries at most, as OpenAI allows */
+
 int wl_penalties_active(const wl_penalties *p);
-/* out = logits with the penalties applied: seen[t] (nonzero) marks the
- * prompt's tokens and the output's, counts[t] the output's occurrences. */
-void wl_penalties_apply(const wl_penalties *p, const float *logits, int vocab, const uint8_t *seen,
-                        const int32_t *counts, float *out);
+
+/* A generation's penalties as weft_penalize applies them: one adjustment
+ * a token of the prompt, of the output or of the biases (the biases of an
+ * id given twice summed, ids outside the vocabulary left out), kept as
+ * the output grows. */
+typedef struct wl_pen_track {
+    weft_penalties row;        /* the penalties; first 0, count the adjustments */
+    weft_logit_adjust *adjust; /* cap entries */
+    int32_t *at;               /* vocab entries: a token's adjustment, or -1 */
+    int cap, vocab;
+} wl_pen_track;
+/* For a prompt and at most max_tokens generated; -1 out of memory. */
+int wl_pen_track_init(wl_pen_track *t, const wl_penalties *p, const int32_t *prompt, int n_prompt,
+                      int max_tokens, int vocab);
+void wl_pen_track_add(wl_pen_track *t, int32_t token); /* a generated token */
+void wl_pen_track_free(wl_pen_track *t);
 
 /* The distribution wl_sample draws from (in double here; weft_sample's
  * integer weights round each token's below 2^-32): the tokens kept, in descending

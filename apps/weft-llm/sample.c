@@ -12,6 +12,7 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "llm.h"
 
@@ -172,25 +173,61 @@ int wl_sample_draft(wl_sampler *s, const float *logits, int vocab, int32_t draft
     return id;
 }
 
+/* token's adjustment, made on its first mention (room for each token of
+ * the prompt, the output and the biases was taken at the start) */
+static weft_logit_adjust *adjustment(wl_pen_track *t, int32_t token)
+{
+    if (t->at[token] < 0) {
+        t->at[token] = (int32_t)t->row.count++;
+        t->adjust[t->at[token]] = (weft_logit_adjust){.token = token};
+    }
+    return &t->adjust[t->at[token]];
+}
+
 int wl_penalties_active(const wl_penalties *p)
 {
     return (p->repetition != 0 && p->repetition != 1) || p->frequency != 0 || p->presence != 0 ||
            p->n_bias > 0;
 }
 
-void wl_penalties_apply(const wl_penalties *p, const float *logits, int vocab, const uint8_t *seen,
-                        const int32_t *counts, float *out)
+int wl_pen_track_init(wl_pen_track *t, const wl_penalties *p, const int32_t *prompt, int n_prompt,
+                      int max_tokens, int vocab)
 {
-    int repeat = p->repetition != 0 && p->repetition != 1;
-    for (int t = 0; t < vocab; t++) {
-        float x = logits[t];
-        if (repeat && seen[t])
-            x = x > 0 ? x / p->repetition : x * p->repetition;
-        if (counts[t])
-            x -= p->frequency * (float)counts[t] + p->presence;
-        out[t] = x;
+    memset(t, 0, sizeof *t);
+    t->row = (weft_penalties){
+        .repetition = p->repetition, .frequency = p->frequency, .presence = p->presence};
+    t->cap = n_prompt + max_tokens + p->n_bias;
+    t->vocab = vocab;
+    t->adjust = malloc((size_t)(t->cap > 0 ? t->cap : 1) * sizeof *t->adjust);
+    t->at = malloc((size_t)vocab * sizeof *t->at);
+    if (!t->adjust || !t->at) {
+        wl_pen_track_free(t);
+        return wl_fail("out of memory for the penalties' counts");
     }
+    for (int i = 0; i < vocab; i++)
+        t->at[i] = -1;
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] >= 0 && prompt[i] < vocab) /* others: wl_forward refuses */
+            adjustment(t, prompt[i])->seen = 1;
     for (int i = 0; i < p->n_bias; i++)
         if (p->bias_ids[i] >= 0 && p->bias_ids[i] < vocab)
-            out[p->bias_ids[i]] += p->bias[i];
+            adjustment(t, p->bias_ids[i])->bias += p->bias[i];
+    return 0;
+}
+
+void wl_pen_track_add(wl_pen_track *t, int32_t token)
+{
+    if (token < 0 || token >= t->vocab)
+        return;
+    weft_logit_adjust *a = adjustment(t, token);
+    a->seen = 1;
+    a->count++;
+}
+
+void wl_pen_track_free(wl_pen_track *t)
+{
+    free(t->adjust);
+    free(t->at);
+    t->adjust = NULL;
+    t->at = NULL;
 }

@@ -285,9 +285,9 @@ static inline void *br_seq_task(void *arg)
             break;
         }
         int32_t picked = -1;
-        weft_sampling how = {0};
+        wl_draw how = {{0}, NULL};
         if (r->how[q])
-            how = *r->how[q], how.offset += (uint64_t)r->steps_done[q];
+            how.how = *r->how[q], how.how.offset += (uint64_t)r->steps_done[q];
         if (wl_batcher_step(j->e->bt, s, r->ids[q][t], &how, r->greedy_only[q] ? NULL : &lg,
                             &picked))
             goto out;

@@ -639,30 +639,43 @@ static void draw(wl_sampler sm, const float *logits, int vocab, int n, int *coun
 }
 
 /* The penalties, on logits chosen so each rule shows: repetition divides
- * a positive logit and multiplies a negative one of a seen token; the
- * frequency and presence penalties subtract by the output's counts;
- * unseen tokens are untouched. */
+ * a positive logit and multiplies a negative one of a seen token (of the
+ * prompt or the output); the frequency and presence penalties subtract by
+ * the output's counts; unseen tokens are untouched. The tracker makes the
+ * adjustments weft_penalize applies. */
+static void penalise(const wl_penalties *p, const int32_t *prompt, int n_prompt,
+                     const int32_t *output, int n_output, const float *logits, float *out)
+{
+    wl_pen_track t;
+    assert_int_equal(wl_pen_track_init(&t, p, prompt, n_prompt, n_output, 5), 0);
+    for (int i = 0; i < n_output; i++)
+        wl_pen_track_add(&t, output[i]);
+    memcpy(out, logits, 5 * sizeof *out);
+    assert_int_equal(weft_penalize(NULL, WEFT_DTYPE_F32, out, 1, 5, 5, &t.row, t.adjust), WEFT_OK);
+    wl_pen_track_free(&t);
+}
+
 static void test_penalties(void **state)
 {
     (void)state;
     const float logits[5] = {2.0f, -1.0f, 0.5f, 3.0f, -2.0f};
-    const uint8_t seen[5] = {1, 1, 0, 1, 0};
-    const int32_t counts[5] = {0, 2, 0, 1, 0}; /* token 0 is the prompt's only */
+    const int32_t prompt[2] = {0, 1}, output[3] = {1, 3, 1}; /* token 0 is the prompt's only */
     wl_penalties p = {.repetition = 2.0f, .frequency = 0.25f, .presence = 1.0f};
     float out[5];
     assert_true(wl_penalties_active(&p));
-    wl_penalties_apply(&p, logits, 5, seen, counts, out);
+    penalise(&p, prompt, 2, output, 3, logits, out);
     assert_true(out[0] == 1.0f);                /* 2 / 2 */
     assert_true(out[1] == -2.0f - 0.5f - 1.0f); /* -1 * 2, then 2 * 0.25 + 1 */
     assert_true(out[2] == 0.5f);                /* untouched */
     assert_true(out[3] == 1.5f - 0.25f - 1.0f); /* 3 / 2, then 0.25 + 1 */
     assert_true(out[4] == -2.0f);               /* untouched */
-    /* then logit_bias, after the penalties; an id past the vocabulary skipped */
-    const int32_t ids[3] = {2, 3, 9};
-    const float bias[3] = {-0.5f, 10.0f, 100.0f};
-    wl_penalties b = {.repetition = 1.0f, .bias_ids = ids, .bias = bias, .n_bias = 3};
+    /* then logit_bias, after the penalties (an id given twice: both); an id
+     * past the vocabulary skipped */
+    const int32_t ids[4] = {2, 3, 9, 2};
+    const float bias[4] = {-0.25f, 10.0f, 100.0f, -0.25f};
+    wl_penalties b = {.repetition = 1.0f, .bias_ids = ids, .bias = bias, .n_bias = 4};
     assert_true(wl_penalties_active(&b));
-    wl_penalties_apply(&b, logits, 5, seen, counts, out);
+    penalise(&b, prompt, 2, output, 3, logits, out);
     assert_true(out[0] == 2.0f && out[1] == -1.0f && out[4] == -2.0f);
     assert_true(out[2] == 0.0f && out[3] == 13.0f);
     wl_penalties none = {.repetition = 1.0f};

@@ -224,6 +224,35 @@ static void test_cli_generates_on_the_gpu(void **state)
     free(err_h);
     free(out_g);
     free(err_g);
+    /* penalties applied on the GPU before each step's draw: a presence
+     * penalty of 2 (above the tiny model's logits' span) forbids repeating
+     * an output token, a repetition penalty of 100 the prompt's too */
+    static const char *const penalties[] = {"--presence-penalty 2", "--repetition-penalty 100"};
+    for (int p = 0; p < 2; p++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s generate %s --prompt-ids 256,296,267 --max-tokens 40 --ignore-eos "
+                 "--print-ids --backend cuda %s",
+                 WL_BIN, model_dir, penalties[p]);
+        assert_int_equal(run_capture(cmd, &out_g, &err_g), 0);
+        const char *at = strstr(err_g, "generated ids: ");
+        assert_non_null(at);
+        int ids[41], n = 0, repeats = 0;
+        for (const char *q = at + strlen("generated ids: "); n < 41 && *q && *q != '\n';) {
+            ids[n++] = (int)strtol(q, (char **)&q, 10);
+            if (*q == ',')
+                q++;
+        }
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < i; j++)
+                repeats += ids[i] == ids[j];
+        for (int i = 0; p == 1 && i < n; i++)
+            repeats += ids[i] == 256 || ids[i] == 296 || ids[i] == 267;
+        printf("  cuda %s: %d ids, %d repeats\n", penalties[p], n, repeats);
+        assert_int_equal(n, 40);
+        assert_int_equal(repeats, 0);
+        free(out_g);
+        free(err_g);
+    }
     /* the MoE presets on the GPU, one sequence and three batched */
     for (int m = 1; m < MODELS; m++) {
         snprintf(cmd, sizeof cmd,
