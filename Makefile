@@ -23,6 +23,8 @@
 #                   PyTorch eager conv->bn->relu and torch with the BN folded
 #   make gpu-bench-decode  weft_attention_decode over a paged KV cache against
 #                   torch's scaled_dot_product_attention and a copy's ceiling
+#   make gpu-bench-sample  weft_sample and weft_penalize against PyTorch's
+#                   sampling (argmax, sort and top-p, top-k, multinomial)
 #   make gpu-bench-attention  weft_attention against PyTorch's
 #                   scaled_dot_product_attention (flash, cuDNN, efficient)
 #   make gpu-bench-llm  weft-llm (bench, speculative decoding, serve under
@@ -191,6 +193,14 @@ gpu-bench-decode: deps
 	$(PYTHON) bench/attention/bench_decode.py --lib build-release/libweft.so \
 	  --rows $(ROWS_DIR)/decode.rows.jsonl $(BENCH_DECODE_ARGS)
 	$(call record,$(ROWS_DIR)/decode.rows.jsonl)
+
+.PHONY: gpu-bench-sample
+gpu-bench-sample: deps
+	$(CMAKE) -S . -B build-release $(BENCH_CONFIG)
+	$(CMAKE) --build build-release -j $(JOBS) --target weft_shared
+	$(PYTHON) bench/sample/bench_sample.py --lib build-release/libweft.so \
+	  --rows $(ROWS_DIR)/sample.rows.jsonl $(BENCH_SAMPLE_ARGS)
+	$(call record,$(ROWS_DIR)/sample.rows.jsonl)
 
 .PHONY: gpu-bench-ops
 gpu-bench-ops: deps

@@ -11,7 +11,7 @@ the prose of the runs, are under bench/history/.
 
 A row:
   benchmark  "cpu", "gpu", "images", "ops", "matmul", "moe", "conv", "attention",
-             "decode" or "llm" (BENCHMARKS below)
+             "decode", "sample" or "llm" (BENCHMARKS below)
   case       what was measured, e.g. "fiber switch (one way)"
   metric     which figure of the case, e.g. "median", "jobs/s"
   value      a number; unit: its unit
@@ -89,6 +89,11 @@ BENCHMARKS = {
                "scaled_dot_product_attention on the same K/V laid out contiguously, and a "
                "device-to-device copy's ceiling, in the same run; what the rows measure: "
                "bench/attention/bench_decode.py's opening comment"),
+    "sample": ("Sampling: bench_sample", "`make gpu-bench-sample` (bench/sample/bench_sample.py)",
+               "weft_sample and weft_penalize against PyTorch's per-step sampling (argmax; "
+               "sort, softmax, cumulative sum and top-p mask; top-k; multinomial; the "
+               "repetition penalty's gather and scatter) on the same logits in the same run; "
+               "what the rows measure: bench/sample/bench_sample.py's opening comment"),
     "llm": ("weft-llm: bench_llm", "`make gpu-bench-llm` (bench/llm/bench_llm.py)",
             "weft-llm's bench, speculative generate and serve (under weft-llm loadgen) on "
             "random Llama-shaped bf16 models, against transformers' generate, torch.matmul and "
