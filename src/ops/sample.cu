@@ -5,15 +5,15 @@
  * the one the draw lands on) is "the first token in that order at which a
  * running total reaches a goal", and the block finds it by a radix walk
  * down the 64-bit rank, a byte a pass: a histogram of the candidates'
- * next byte (their count, weight and largest rank) says which bin the goal
- * falls in; the walk stops early once that bin holds one token. Counts
- * and weights are integers, so the histograms' sums do not depend on the
+ * next byte (their count and weight) says which bin the goal falls in;
+ * once that bin holds one token, one more pass finds it. Counts and
+ * weights are integers, so the histograms' sums do not depend on the
  * order of the atomics, and the token is the host's.
  *
  * A pass reads the row (a 128k vocabulary of fp32 is 512 KB: L2 holds it
- * after the first). Lanes of a warp that fall in one bin add to it once,
- * so the first passes, where most tokens share a few bins, do not queue
- * on one shared-memory address.
+ * after the first). Lanes of a warp that fall in one bin add to it once
+ * (a warp reduction over the bin's lanes), so the first passes, where
+ * most tokens share a few bins, do not queue on one shared-memory address.
  */
 #include "ops/ops_cuda.cuh"
 #include "ops/rank.h"
@@ -27,14 +27,15 @@ namespace
 constexpr int SAMPLE_THREADS = 512;
 constexpr int SAMPLE_WARPS = SAMPLE_THREADS / 32;
 constexpr int BINS = 256;
+constexpr int LOADS = 4; /* a pass's loads in flight per thread: L2's latency is long */
 constexpr unsigned FULL = 0xffffffffu;
 
 typedef unsigned long long u64;
 
 struct bins {
     u64 weight[BINS];
-    u64 top[BINS]; /* the largest rank in the bin */
     unsigned count[BINS];
+    u64 hit; /* the token found, once its bin holds it alone */
 };
 
 /* What warp 0 tells the block after a pass. */
@@ -78,8 +79,7 @@ template <bool largest> __device__ u64 block_reduce(u64 v, u64 *warps)
 }
 
 /* A warp's candidates into the bins: the lanes of one bin as one add. */
-__device__ __forceinline__ void add_to_bins(bins &h, bool candidate, unsigned bin, u64 rank,
-                                            u64 weight)
+__device__ __forceinline__ void add_to_bins(bins &h, bool candidate, unsigned bin, u64 weight)
 {
     unsigned todo = __ballot_sync(FULL, candidate);
     while (todo) {
@@ -87,12 +87,22 @@ __device__ __forceinline__ void add_to_bins(bins &h, bool candidate, unsigned bi
         const unsigned b = __shfl_sync(FULL, bin, leader);
         const bool mine = candidate && bin == b;
         const unsigned group = __ballot_sync(FULL, mine);
-        const u64 w = warp_sum(mine ? weight : 0), top = warp_max(mine ? rank : 0);
+#if __CUDA_ARCH__ >= 800
+        if (mine) { /* a weight is at most 2^32: 32 of its halves fit 32 bits */
+            const u64 hi = __reduce_add_sync(group, (unsigned)(weight >> 16));
+            const u64 lo = __reduce_add_sync(group, (unsigned)(weight & 0xffffu));
+            if ((int)(threadIdx.x % 32) == leader) {
+                atomicAdd(&h.count[b], (unsigned)__popc(group));
+                atomicAdd(&h.weight[b], (hi << 16) + lo);
+            }
+        }
+#else
+        const u64 w = warp_sum(mine ? weight : 0);
         if ((int)(threadIdx.x % 32) == leader) {
             atomicAdd(&h.count[b], (unsigned)__popc(group));
             atomicAdd(&h.weight[b], w);
-            atomicMax(&h.top[b], top);
         }
+#endif
         todo &= ~group;
     }
 }
@@ -136,6 +146,21 @@ __device__ void choose_bin(const bins &h, u64 goal, bool by_count, choice *out)
         *out = choice{bin, left, above};
 }
 
+/* The token of the row ranked at least floor whose rank's top 64 - shift
+ * bits are prefix, there being one. */
+template <typename T>
+__device__ u64 the_one(const T *row, size_t cols, u64 floor, u64 prefix, int shift, bins &h)
+{
+#pragma unroll 4
+    for (size_t j = threadIdx.x; j < cols; j += SAMPLE_THREADS) {
+        const u64 rank = weft__rank(__float_as_uint(to_f32(row[j])), (uint32_t)j);
+        if (rank >= floor && rank >> shift == prefix)
+            h.hit = rank;
+    }
+    __syncthreads();
+    return h.hit;
+}
+
 /* The first token (in rank order, of those ranked at least floor) at which
  * the running count (by_count) or weight reaches goal; goal is at least 1
  * and at most the candidates' total. */
@@ -147,23 +172,24 @@ __device__ found find(const T *row, size_t cols, float l_max, float t, u64 floor
     for (int shift = 56;; shift -= 8) {
         __syncthreads(); /* the last pass's (or call's) readers are done with h */
         for (int b = threadIdx.x; b < BINS; b += SAMPLE_THREADS)
-            h.weight[b] = 0, h.top[b] = 0, h.count[b] = 0;
+            h.weight[b] = 0, h.count[b] = 0;
         __syncthreads();
-        for (size_t base = 0; base < cols; base += SAMPLE_THREADS) {
-            const size_t j = base + threadIdx.x;
-            bool candidate = false;
-            unsigned bin = 0;
-            u64 rank = 0, weight = 0;
-            if (j < cols) {
-                const float l = to_f32(row[j]);
-                rank = weft__rank(__float_as_uint(l), (uint32_t)j);
-                candidate = rank >= floor && (shift == 56 || rank >> (shift + 8) == prefix);
-                if (candidate) {
-                    bin = (unsigned)(rank >> shift) & (BINS - 1);
-                    weight = weft__sample_weight(l, l_max, t);
-                }
+        for (size_t base = 0; base < cols; base += SAMPLE_THREADS * LOADS) {
+            float l[LOADS]; /* the loads first, all in flight at once */
+#pragma unroll
+            for (int u = 0; u < LOADS; u++) {
+                const size_t j = base + u * SAMPLE_THREADS + threadIdx.x;
+                l[u] = j < cols ? to_f32(row[j]) : 0.0f;
             }
-            add_to_bins(h, candidate, bin, rank, weight);
+#pragma unroll
+            for (int u = 0; u < LOADS; u++) {
+                const size_t j = base + u * SAMPLE_THREADS + threadIdx.x;
+                const u64 rank = weft__rank(__float_as_uint(l[u]), (uint32_t)j);
+                const bool candidate =
+                    j < cols && rank >= floor && (shift == 56 || rank >> (shift + 8) == prefix);
+                const unsigned bin = (unsigned)(rank >> shift) & (BINS - 1);
+                add_to_bins(h, candidate, bin, candidate ? weft__sample_weight(l[u], l_max, t) : 0);
+            }
         }
         __syncthreads();
         if (threadIdx.x < 32)
@@ -173,8 +199,12 @@ __device__ found find(const T *row, size_t cols, float l_max, float t, u64 floor
         prefix = prefix << 8 | b;
         goal = c.goal;
         above += c.above;
-        if (h.count[b] <= 1 || shift == 0)
-            return found{h.top[b], above + h.weight[b]};
+        if (shift == 0)
+            return found{prefix, above + h.weight[b]};
+        if (h.count[b] <= 1) {
+            const u64 upto = above + h.weight[b];
+            return found{the_one(row, cols, floor, prefix, shift, h), upto};
+        }
     }
 }
 
@@ -190,6 +220,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     const weft_sampling p = params[blockIdx.x];
 
     u64 best = 0;
+#pragma unroll 4
     for (size_t j = threadIdx.x; j < cols; j += SAMPLE_THREADS) {
         const u64 k = weft__rank(__float_as_uint(to_f32(row[j])), (uint32_t)j);
         best = k > best ? k : best;
@@ -208,6 +239,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         const found k = find(row, cols, l_max, t, 0, (u64)p.top_k, true, h, c);
         floor = k.rank, total = k.upto;
     } else {
+#pragma unroll 4
         for (size_t j = threadIdx.x; j < cols; j += SAMPLE_THREADS)
             total += weft__sample_weight(to_f32(row[j]), l_max, t);
         total = block_reduce<false>(total, warps);
