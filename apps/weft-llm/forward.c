@@ -433,9 +433,60 @@ static size_t weight_slots(wl_model *m, const void ***slot, size_t *bytes)
     return n;
 }
 
+/* An fp32 model computes in bf16, as weft's attention and paged cache
+ * need: every weight (the experts too) rounded once, to nearest, into a
+ * host block the model keeps, at its first upload; then it is a bf16
+ * model. */
+static int narrow_to_bf16(wl_model *m)
+{
+    const wl_config *c = &m->cfg;
+    size_t E = (size_t)c->experts, max = 3 + 16 * (size_t)c->layers + 3 * E * c->layers;
+    const void ***slot = malloc(max * sizeof *slot);
+    size_t *bytes = malloc(max * sizeof *bytes), n, total = 0;
+    if (!slot || !bytes) {
+        free(slot);
+        free(bytes);
+        return wl_fail("out of memory");
+    }
+    n = weight_slots(m, slot, bytes);
+    size_t H = (size_t)c->hidden, M = (size_t)c->moe_intermediate;
+    for (int i = 0; i < c->layers; i++)
+        for (size_t j = 0; m->layer[i].moe && j < 3 * E; j++) {
+            slot[n] = (const void **)&m->layer[i].expert[j];
+            bytes[n++] = M * H * 4; /* gate, up and down alike: M x H or H x M */
+        }
+    for (size_t i = 0; i < n; i++)
+        total += bytes[i] / 2;
+    char *block = malloc(total ? total : 1);
+    if (!block) {
+        free(slot);
+        free(bytes);
+        return wl_fail("out of memory for the fp32 model's %zu bytes in bf16", total);
+    }
+    for (size_t i = 0, off = 0; i < n; i++) {
+        const char *from = *slot[i]; /* a file's bytes: no alignment promised */
+        for (size_t e = 0; e < bytes[i] / 4; e++) {
+            float v;
+            memcpy(&v, from + 4 * e, 4);
+            wl_store(WEFT_DTYPE_BF16, block + off, e, v);
+        }
+        *slot[i] = block + off;
+        off += bytes[i] / 2;
+    }
+    free(slot);
+    free(bytes);
+    m->narrow_block = block;
+    m->dtype = WEFT_DTYPE_BF16;
+    if (c->tie_embeddings)
+        m->lm_head = m->embed;
+    return 0;
+}
+
 int wl_model_upload(wl_model *m)
 {
     void *stream = NULL;
+    if (m->dtype == WEFT_DTYPE_F32 && narrow_to_bf16(m))
+        return -1;
     TRY(weft_stream(&stream));
     if (!stream) /* the host backend reads the mapped files, the experts packed */
         return wl_moe_pack_host(m);

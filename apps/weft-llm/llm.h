@@ -172,7 +172,7 @@ typedef struct wl_layer {
 
 typedef struct wl_model {
     wl_config cfg;
-    weft_dtype dtype; /* of every weight */
+    weft_dtype dtype; /* of every weight (an fp32 model's: bf16 once uploaded) */
     wl_st_file *files;
     size_t n_files;
     const void *embed, *final_norm, *lm_head;
@@ -180,6 +180,7 @@ typedef struct wl_model {
     const void **expert_ptrs; /* what the layers' expert arrays point into */
     void *device_block;       /* weights copied to a GPU (NULL on the host backend) */
     void *host_block;         /* the experts packed on the host (moe.c) */
+    void *narrow_block;       /* an fp32 model's weights rounded to bf16 */
 } wl_model;
 
 /* Reads dir's config and safetensors (one file or an index of shards) and
@@ -277,6 +278,7 @@ typedef struct wl_write_opts {
     uint64_t seed;
     int config_only;    /* config, generation config, tokenizer and its config; no weights */
     size_t shard_bytes; /* split the weights into shards of about this size; 0: preset's */
+    int fp32;           /* the weights in fp32 (the same bf16 values, widened) */
 } wl_write_opts;
 
 int wl_write_random_model(const char *dir, const wl_write_opts *o);

@@ -249,6 +249,8 @@ void wl_model_close(wl_model *m)
     free(m->layer);
     free(m->expert_ptrs);
     free(m->host_block);
+    free(m->narrow_block);
+    m->narrow_block = NULL;
     m->files = NULL;
     m->layer = NULL;
     m->expert_ptrs = NULL;

@@ -109,7 +109,7 @@ static int write_json(const char *dir, const char *name, json_t *j)
     return rc ? wl_fail("%s: cannot write", path) : 0;
 }
 
-static json_t *config_json(const preset *p)
+static json_t *config_json(const preset *p, int fp32)
 {
     static const char *const type[] = {"llama", "mixtral", "qwen2_moe"};
     static const char *const arch[] = {"LlamaForCausalLM", "MixtralForCausalLM",
@@ -123,7 +123,7 @@ static json_t *config_json(const preset *p)
         p->vocab, "max_position_embeddings", p->max_pos, "rms_norm_eps", 1e-5, "rope_theta",
         p->theta, "tie_word_embeddings", p->tied, "attention_bias", 0, "bos_token_id", p->bos,
         "eos_token_id", p->eos, p->im_start + 1, "hidden_act", "silu", "initializer_range", 0.02,
-        "torch_dtype", "bfloat16", "mlp_bias", 0, "use_cache", 1);
+        "torch_dtype", fp32 ? "float32" : "bfloat16", "mlp_bias", 0, "use_cache", 1);
     if (p->llama3_scaling)
         json_object_set_new(c, "rope_scaling",
                             json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor",
@@ -156,6 +156,7 @@ typedef struct spec_list {
     double *sd;
     size_t n, cap;
     char **names;
+    weft_dtype dtype; /* every tensor's */
 } spec_list;
 
 enum { ONES = 0 };
@@ -179,10 +180,8 @@ static void add(spec_list *l, double sd, uint64_t rows, uint64_t cols, const cha
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
     l->names[l->n] = strdup(name);
-    l->s[l->n] = (wl_st_spec){.name = l->names[l->n],
-                              .dtype = WEFT_DTYPE_BF16,
-                              .ndim = cols ? 2 : 1,
-                              .shape = {rows, cols}};
+    l->s[l->n] = (wl_st_spec){
+        .name = l->names[l->n], .dtype = l->dtype, .ndim = cols ? 2 : 1, .shape = {rows, cols}};
     l->sd[l->n++] = sd;
 }
 
@@ -242,24 +241,33 @@ static void list_tensors(const preset *p, spec_list *l)
 
 static uint64_t spec_bytes(const wl_st_spec *s)
 {
-    return s->shape[0] * (s->ndim == 2 ? s->shape[1] : 1) * 2;
+    return s->shape[0] * (s->ndim == 2 ? s->shape[1] : 1) * wl_dtype_size(s->dtype);
+}
+
+/* A bf16 value, in the tensor's dtype (fp32: the same value, widened). */
+static void put(const wl_st_spec *s, void *buf, size_t i, float v)
+{
+    uint16_t b;
+    wl_store(WEFT_DTYPE_BF16, &b, 0, v);
+    wl_store(s->dtype, buf, i, wl_load(WEFT_DTYPE_BF16, &b, 0));
 }
 
 static int fill(FILE *f, const wl_st_spec *s, double sd, uint64_t seed)
 {
     enum { CHUNK = 1 << 16 };
-    static uint16_t buf[CHUNK];
-    uint64_t count = spec_bytes(s) / 2, state = seed;
+    static float buf[CHUNK];
+    size_t es = wl_dtype_size(s->dtype);
+    uint64_t count = spec_bytes(s) / es, state = seed;
     while (count) {
         size_t n = count < CHUNK ? (size_t)count : CHUNK;
         for (size_t i = 0; i < n; i += 2) { /* Box-Muller gives two normals a draw */
             double r = sd * sqrt(-2.0 * log1p(-wl_rand_uniform(&state)));
             double a = 2.0 * M_PI * wl_rand_uniform(&state);
-            wl_store(WEFT_DTYPE_BF16, buf, i, sd == ONES ? 1.0f : (float)(r * cos(a)));
+            put(s, buf, i, sd == ONES ? 1.0f : (float)(r * cos(a)));
             if (i + 1 < n)
-                wl_store(WEFT_DTYPE_BF16, buf, i + 1, sd == ONES ? 1.0f : (float)(r * sin(a)));
+                put(s, buf, i + 1, sd == ONES ? 1.0f : (float)(r * sin(a)));
         }
-        if (fwrite(buf, 2, n, f) != n)
+        if (fwrite(buf, es, n, f) != n)
             return wl_fail("write failed: %s", strerror(errno));
         count -= n;
     }
@@ -285,7 +293,7 @@ static int write_shard(const char *path, const spec_list *l, size_t from, size_t
 
 static int write_weights(const char *dir, const preset *p, const wl_write_opts *o)
 {
-    spec_list l = {0};
+    spec_list l = {.dtype = o->fp32 ? WEFT_DTYPE_F32 : WEFT_DTYPE_BF16};
     list_tensors(p, &l);
     size_t limit = o->shard_bytes ? o->shard_bytes : (size_t)2 << 30;
     size_t starts[4096], n_shards = 0;
@@ -341,7 +349,7 @@ int wl_write_random_model(const char *dir, const wl_write_opts *o)
     int special_ids[] = {p->bos, p->eos, p->im_start, p->im_start + 1};
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    if (write_json(dir, "config.json", config_json(p)) ||
+    if (write_json(dir, "config.json", config_json(p, o->fp32)) ||
         write_json(dir, "generation_config.json",
                    json_pack("{s:i, s:[i, i], s:b}", "bos_token_id", p->bos, "eos_token_id", p->eos,
                              p->im_start + 1, "do_sample", 0)) ||

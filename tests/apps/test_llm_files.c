@@ -392,6 +392,56 @@ static void test_model_shards_match_one_file(void **state)
     free(many);
 }
 
+/* An fp32 model computes in bf16: written as the bf16 twin's values
+ * widened, it reads as fp32 and its logits are the twin's, bit for bit
+ * (the tiny Llama and the Qwen2-MoE preset, whose experts are rounded
+ * too). */
+static void test_fp32_model_runs_as_its_bf16_twin(void **state)
+{
+    (void)state;
+    static const char *const presets[] = {"tiny", "qwen2moe"};
+    enum { PROMPT = 5, TOTAL = 8 };
+    const int32_t ids[TOTAL] = {256, 296, 267, 300, 41, 7, 99, 3};
+    for (int p = 0; p < 2; p++) {
+        char name[32];
+        snprintf(name, sizeof name, "%s16", presets[p]);
+        char *d16 = path_in(dir, name);
+        snprintf(name, sizeof name, "%s32", presets[p]);
+        char *d32 = path_in(dir, name);
+        wl_write_opts o = {.preset = presets[p], .seed = 11};
+        assert_int_equal(wl_write_random_model(d16, &o), 0);
+        o.fp32 = 1;
+        assert_int_equal(wl_write_random_model(d32, &o), 0);
+        wl_model a, b;
+        assert_int_equal(wl_model_open(&a, d16), 0);
+        assert_int_equal(wl_model_open(&b, d32), 0);
+        assert_int_equal(b.dtype, WEFT_DTYPE_F32);
+        assert_int_equal(b.cfg.dtype, WEFT_DTYPE_F32); /* torch_dtype "float32" */
+        for (int i = 0; i < 64 * 64; i++)
+            assert_true(wl_load(WEFT_DTYPE_BF16, a.layer[0].q, (size_t)i) ==
+                        wl_load(WEFT_DTYPE_F32, b.layer[0].q, (size_t)i));
+        wl_model_close(&a);
+        wl_model_close(&b);
+        int V = p ? 0 : TINY_VOCAB;
+        if (!V) { /* the preset's vocabulary, from its config */
+            wl_model m;
+            assert_int_equal(wl_model_open(&m, d16), 0);
+            V = m.cfg.vocab;
+            wl_model_close(&m);
+        }
+        size_t n = (size_t)(TOTAL - PROMPT + 1) * V;
+        float *l16 = malloc(n * 4), *l32 = malloc(n * 4);
+        char msg[512];
+        assert_true(l16 && l32);
+        if (run_forward(WEFT_BACKEND_HOST, d16, ids, PROMPT, TOTAL, l16, msg) ||
+            run_forward(WEFT_BACKEND_HOST, d32, ids, PROMPT, TOTAL, l32, msg))
+            fail_msg("%s: %s", presets[p], msg);
+        assert_memory_equal(l16, l32, n * 4);
+        printf("  %s: fp32 and bf16 give the same %zu logits\n", presets[p], n);
+        free(l16), free(l32), free(d16), free(d32);
+    }
+}
+
 static void test_config_fields_and_errors(void **state)
 {
     (void)state;
@@ -516,6 +566,7 @@ int main(void)
         cmocka_unit_test(test_model_folder_checks),
         cmocka_unit_test(test_model_shards_match_one_file),
         cmocka_unit_test(test_moe_folder_checks),
+        cmocka_unit_test(test_fp32_model_runs_as_its_bf16_twin),
         cmocka_unit_test(test_config_fields_and_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

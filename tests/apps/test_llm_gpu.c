@@ -114,6 +114,28 @@ static void test_gpu_logits_match_host(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* An fp32 model on the GPU: rounded to bf16 at its upload, its logits are
+ * its bf16 twin's, bit for bit. */
+static void test_gpu_fp32_model_runs_as_its_bf16_twin(void **state)
+{
+    (void)state;
+    enum { PROMPT = 5, TOTAL = 9 };
+    const int32_t ids[TOTAL] = {256, 296, 267, 300, 41, 7, 99, 3, 12};
+    char *d16 = path_in(dir, "twin16"), *d32 = path_in(dir, "twin32"), msg[512];
+    wl_write_opts o = {.preset = "tiny", .seed = 13};
+    assert_int_equal(wl_write_random_model(d16, &o), 0);
+    o.fp32 = 1;
+    assert_int_equal(wl_write_random_model(d32, &o), 0);
+    size_t n = (size_t)(TOTAL - PROMPT + 1) * TINY_VOCAB;
+    float *l16 = malloc(n * 4), *l32 = malloc(n * 4);
+    assert_true(l16 && l32);
+    if (run_forward(WEFT_BACKEND_CUDA, d16, ids, PROMPT, TOTAL, l16, msg) ||
+        run_forward(WEFT_BACKEND_CUDA, d32, ids, PROMPT, TOTAL, l32, msg))
+        fail_msg("%s", msg);
+    assert_memory_equal(l16, l32, n * 4);
+    free(l16), free(l32), free(d16), free(d32);
+}
+
 /* Three sequences of different lengths through the batcher on the GPU,
  * one stopped midway, against each alone on the GPU: the batch's matmuls
  * (m = the batch) and its one decode attention may pick other kernels or
@@ -427,6 +449,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpu_logits_match_host),
+        cmocka_unit_test(test_gpu_fp32_model_runs_as_its_bf16_twin),
         cmocka_unit_test(test_gpu_batched_matches_alone),
         cmocka_unit_test(test_cli_generates_on_the_gpu),
         cmocka_unit_test(test_gpu_speculative_matches_plain),
