@@ -388,6 +388,7 @@ typedef struct slot {
     int waiting; /* handed a token; cleared when its logits (or error) are in */
     int taken;   /* its token is in the step the batcher is running */
     int wants_logits;
+    int evicted;  /* preempted: its next step returns WL_PREEMPTED */
     wl_draw draw; /* how its token is drawn */
     int rc;
     const float *logits; /* NULL when no member of the step wanted them */
@@ -554,6 +555,10 @@ int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const wl_draw *draw,
         weft_mutex_unlock(bt->lock);
         return wl_fail("batcher: the sequence has not joined");
     }
+    if (sl->evicted) {
+        weft_mutex_unlock(bt->lock);
+        return WL_PREEMPTED;
+    }
     sl->id = id;
     sl->wants_logits = logits != NULL;
     sl->draw = draw ? *draw : (wl_draw){{0}, NULL};
@@ -561,8 +566,14 @@ int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const wl_draw *draw,
     bt->waiting++;
     if (bt->waiting == bt->members)
         weft_cond_signal(bt->work);
-    int withdrawn = 0;
+    int withdrawn = 0, evicted = 0;
     while (sl->waiting) {
+        if (sl->evicted && !sl->taken) { /* preempted before a step took its token */
+            sl->waiting = 0;
+            bt->waiting--;
+            evicted = 1;
+            break;
+        }
         if (weft_cond_wait(bt->done, bt->lock) != WEFT_ECANCELED)
             continue;
         /* cancelled while waiting: a token not yet in a step is withdrawn;
@@ -577,6 +588,10 @@ int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const wl_draw *draw,
         weft_mutex_unlock(bt->lock);
         weft_yield();
         wl_lock_always(bt->lock);
+    }
+    if (evicted) {
+        weft_mutex_unlock(bt->lock);
+        return WL_PREEMPTED;
     }
     int rc = withdrawn ? -1 : sl->rc;
     char msg[512];
@@ -603,6 +618,16 @@ void wl_batcher_leave(wl_batcher *bt, wl_seq *s)
     weft_mutex_unlock(bt->lock);
 }
 
+void wl_batcher_evict(wl_batcher *bt, const wl_seq *s)
+{
+    wl_lock_always(bt->lock);
+    slot *sl = find(bt, s);
+    if (sl)
+        sl->evicted = 1;
+    weft_cond_broadcast(bt->done);
+    weft_mutex_unlock(bt->lock);
+}
+
 void wl_batcher_close(wl_batcher *bt)
 {
     wl_lock_always(bt->lock);
@@ -611,18 +636,33 @@ void wl_batcher_close(wl_batcher *bt)
     weft_mutex_unlock(bt->lock);
 }
 
-int wl_batcher_next_step(wl_batcher *bt)
+int wl_batcher_next_step(wl_batcher *bt, int (*stop)(void *ctx), void *ctx)
 {
     wl_lock_always(bt->lock);
     long seen = bt->steps;
     int rc = 0;
-    while (bt->members > 0 && !bt->closed && bt->steps == seen)
-        if (weft_cond_wait(bt->done, bt->lock) == WEFT_ECANCELED) {
+    while (bt->members > 0 && !bt->closed && bt->steps == seen) {
+        /* stop is asked between waits of at most 50 ms, outside the lock
+         * (it may take its caller's) */
+        int w = weft_cond_wait_until(bt->done, bt->lock, weft_deadline_in_ns(50 * 1000000ull));
+        if (w == WEFT_ECANCELED) {
             rc = -1;
             break;
         }
+        if (stop) {
+            weft_mutex_unlock(bt->lock);
+            int go = stop(ctx);
+            wl_lock_always(bt->lock);
+            if (go) {
+                rc = WL_PREEMPTED;
+                break;
+            }
+        }
+    }
     weft_mutex_unlock(bt->lock);
-    return rc ? wl_fail("batcher: the task was cancelled while its prompt waited for a step") : 0;
+    if (rc == -1)
+        return wl_fail("batcher: the task was cancelled while its prompt waited for a step");
+    return rc;
 }
 
 void wl_batcher_stats(wl_batcher *bt, long *steps, long *rows)

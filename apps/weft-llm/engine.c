@@ -9,17 +9,22 @@
  * first tokens end, when the cache shares prefixes (kv.c); its own
  * whole pages are published after its prefill.
  *
- * Admission: a generation reserves the pages its prompt and max_tokens can
- * ever need, and a place in the batch, before it starts. Reserving the
- * worst case means a running sequence never runs out of pages (nothing is
- * preempted) at the price of pages reserved but not yet written. Waiters
- * are admitted in order of priority, then of arrival (a queue of nodes on
- * their tasks' stacks), so a long prompt is not starved by a stream of
- * short ones of its class; one that is cancelled while it waits leaves
- * the queue.
+ * Admission: a generation reserves the pages its prompt and its first
+ * step need, and a place in the batch, before it starts, and grows its
+ * reservation a page at a time as it decodes. When the cache cannot
+ * promise a page, the newest running generation in the batch is
+ * preempted: its task gives its pages and place back, queues again ahead
+ * of later arrivals of its priority, and once admitted recomputes what it
+ * had (its prompt and tokens, a prefill) and decodes on from its pending
+ * token, its sampler and penalties where they were. The newest goes, so
+ * the oldest always progress; a generation that is itself the newest
+ * gives its own pages back. Waiters are admitted in order of priority,
+ * then of arrival (a queue of nodes on their tasks' stacks), so a long
+ * prompt is not starved by a stream of short ones of its class; one that
+ * is cancelled while it waits leaves the queue.
  *
  * A generation that asks for speculative decoding (wl_gen's speculate_k)
- * is admitted the same way and holds the same pages and place, but after
+ * reserves what it can ever need (it is never preempted) and a place, but after
  * its prefill it decodes alone in its task (speculate), not through the
  * batcher: a round runs several tokens of one sequence, which a batch step
  * (one token of each member) does not take. It is the batch-1 latency path.
@@ -29,12 +34,17 @@
 
 #include "llm.h"
 
-/* One waiting generation, a node of the admission queue. */
+/* One generation, a node of the admission queue while it waits, of the
+ * running list once admitted. */
 typedef struct wl_waiter {
     struct wl_waiter *next;
-    int pages;
-    int place; /* it decodes in the batch (a speculative one decodes alone) */
-    int rank;  /* 0 high, 1 normal, 2 low: the queue's order, arrival within a rank */
+    int pages;         /* reserved, or to reserve */
+    int place;         /* it decodes in the batch (a speculative one decodes alone) */
+    int rank;          /* 0 high, 1 normal, 2 low: the queue's order, arrival within a rank */
+    int front;         /* preempted: queued ahead of its rank's later arrivals */
+    long serial;       /* its first admission's: the newest is the largest */
+    int preempt;       /* told to give its pages back (under the engine's lock) */
+    const wl_seq *seq; /* its sequence, while it has one */
 } wl_waiter;
 
 static int rank_of(weft_priority p)
@@ -133,6 +143,7 @@ void wl_engine_stats(wl_engine *e, wl_engine_counts *out)
     out->running = e->running;
     out->queued = e->queued;
     out->reserved_pages = e->reserved_pages;
+    out->preemptions = e->preemptions;
     weft_mutex_unlock(e->lock);
     out->pages = e->kv.pages;
     out->used_pages = e->kv.pages - wl_kv_free_pages(&e->kv);
@@ -143,21 +154,23 @@ void wl_engine_stats(wl_engine *e, wl_engine_counts *out)
 }
 
 /* Waits (suspended) until w is the queue's head and its pages and (when
- * it decodes in the batch) a place there are free, or g is cancelled.
+ * it decodes in the batch) a place there are free, or g is cancelled;
+ * a page a running batch generation is kept free besides, room for their
+ * growth, so that an admission does not at once preempt another.
  * Returns 0 when admitted. */
 static int admit(wl_engine *e, const wl_gen *g, wl_waiter *w)
 {
     if (weft_mutex_lock(e->lock) != WEFT_OK)
         return wl_fail("generation: cancelled");
     wl_waiter **at = &e->queue; /* behind every waiter of its rank or a higher one */
-    while (*at && (*at)->rank <= w->rank)
+    while (*at && ((*at)->rank < w->rank || ((*at)->rank == w->rank && !w->front)))
         at = &(*at)->next;
     w->next = *at;
     *at = w;
     e->queued++;
     int cancelled = 0;
     while (!(e->queue == w && (!w->place || e->placed < e->max_seqs) &&
-             e->reserved_pages + w->pages <= e->kv.pages)) {
+             e->reserved_pages + w->pages + e->placed <= e->kv.pages)) {
         /* a disconnected client is seen by polling: a short timed wait */
         int rc = weft_cond_wait_until(e->admitted, e->lock, weft_deadline_in_ns(50 * 1000000ull));
         if (rc == WEFT_ECANCELED || (g->cancelled && g->cancelled(g->ctx))) {
@@ -174,15 +187,25 @@ static int admit(wl_engine *e, const wl_gen *g, wl_waiter *w)
         e->running++;
         e->placed += w->place;
         e->reserved_pages += w->pages;
+        if (!w->serial)
+            w->serial = ++e->admissions;
+        w->preempt = 0;
+        w->next = e->runners;
+        e->runners = w;
     }
     weft_cond_broadcast(e->admitted); /* a new head, maybe */
     weft_mutex_unlock(e->lock);
     return cancelled ? -1 : 0;
 }
 
-static void release(wl_engine *e, const wl_waiter *w)
+static void release(wl_engine *e, wl_waiter *w)
 {
     wl_lock_always(e->lock);
+    wl_waiter **p = &e->runners;
+    while (*p != w)
+        p = &(*p)->next;
+    *p = w->next;
+    w->seq = NULL;
     e->running--;
     e->placed -= w->place;
     e->reserved_pages -= w->pages;
@@ -302,20 +325,121 @@ out:
     return rc;
 }
 
+/* grow's answer when the generation's own hook cancels it: it ends as
+ * hand_on ends a cancelled one. */
+#define CANCELLED 2
+
+/* Whether w has been told to give its pages back. */
+static int told_to_go(wl_engine *e, const wl_waiter *w)
+{
+    wl_lock_always(e->lock);
+    int go = w->preempt;
+    weft_mutex_unlock(e->lock);
+    return go;
+}
+
+typedef struct prefilling {
+    wl_engine *e;
+    const wl_waiter *w;
+} prefilling;
+
+static int prefill_told_to_go(void *ctx)
+{
+    const prefilling *p = ctx;
+    return told_to_go(p->e, p->w);
+}
+
+/* w's reservation grown to need pages. While the cache cannot promise
+ * them, the newest running generation in the batch is told to give its
+ * pages back (wl_batcher_evict wakes it wherever it waits on the batch) and
+ * w waits for them; w itself, when it is the newest. Returns 0,
+ * WL_PREEMPTED (w is to give its pages back), CANCELLED (the caller's
+ * hook said so) or -1 (the task was cancelled). */
+static int grow(wl_engine *e, const wl_gen *g, wl_waiter *w, int need)
+{
+    int rc = 0;
+    wl_lock_always(e->lock);
+    while (!w->preempt && e->reserved_pages - w->pages + need > e->kv.pages) {
+        wl_waiter *newest = NULL;
+        for (wl_waiter *r = e->runners; r; r = r->next)
+            if (r->place && !r->preempt && r->seq && (!newest || r->serial > newest->serial))
+                newest = r;
+        if (newest == w)
+            break;
+        if (newest) {
+            newest->preempt = 1;
+            e->preemptions++;
+            wl_batcher_evict(e->batcher, newest->seq);
+            weft_cond_broadcast(e->admitted); /* it may be growing too */
+        }
+        int wr = weft_cond_wait_until(e->admitted, e->lock, weft_deadline_in_ns(50 * 1000000ull));
+        if (wr == WEFT_ECANCELED) {
+            rc = wl_fail("generation: the task was cancelled while it waited for KV pages");
+            break;
+        }
+        if (g->cancelled && g->cancelled(g->ctx)) {
+            rc = CANCELLED;
+            break;
+        }
+    }
+    if (!rc && (w->preempt || e->reserved_pages - w->pages + need > e->kv.pages)) {
+        if (!w->preempt)
+            e->preemptions++; /* the newest: itself */
+        rc = WL_PREEMPTED;
+    } else if (!rc) {
+        e->reserved_pages += need - w->pages;
+        w->pages = need;
+    }
+    weft_mutex_unlock(e->lock);
+    return rc ? rc : 0;
+}
+
+/* The cache filled with toks[0, n) in chunks, each after the batcher's next
+ * step while others decode (a long prompt delays their tokens by a chunk
+ * at most); *logits the last chunk's. WL_PREEMPTED when w is told to give
+ * its pages back between chunks. */
+static int prefill(wl_engine *e, const wl_waiter *w, wl_seq *s, const int32_t *toks, int n,
+                   int chunk, const float **logits)
+{
+    prefilling p = {e, w};
+    for (int at = wl_seq_share_prefix(s, toks, n); at < n;) {
+        int len = n - at < chunk ? n - at : chunk, rc;
+        if (wl_forward(s, toks + at, len, logits))
+            return -1;
+        at += len;
+        if (at < n && (rc = wl_batcher_next_step(e->batcher, prefill_told_to_go, &p)) != 0)
+            return rc;
+        if (at < n && told_to_go(e, w))
+            return WL_PREEMPTED;
+    }
+    return 0;
+}
+
+/* Sets w's sequence (NULL: none), which a preemption evicts. */
+static void set_seq(wl_engine *e, wl_waiter *w, const wl_seq *s)
+{
+    wl_lock_always(e->lock);
+    w->seq = s;
+    weft_mutex_unlock(e->lock);
+}
+
 int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
 {
     const wl_config *c = &e->model->cfg;
-    wl_waiter w = {.pages = pages_for(e, g->n_prompt + g->max_tokens),
+    /* a batch generation starts with its prompt's pages and its first
+     * step's; a speculative one takes all it can need */
+    wl_waiter w = {.pages = pages_for(e, g->n_prompt + (g->speculate_k ? g->max_tokens : 1)),
                    .place = !g->speculate_k,
                    .rank = rank_of(g->priority)};
     wl_sampler sampler = g->sampler;
     wl_seq *s = NULL;
-    const float *logits;
-    int joined = 0, rc = -1, n = 0;
+    const float *logits = NULL;
+    int joined = 0, admitted = 0, rc = -1, n = 0;
     char msg[512] = "";
     wl_pen_track pen = {0}; /* what the penalties count, when there are some */
     int penalised = wl_penalties_active(&g->penalties);
     float *pen_scratch = NULL; /* the prefill's penalised logits */
+    int32_t *toks = NULL;      /* the prompt, then each token handed on */
     /* a speculative round's verify pass takes up to speculate_k + 1 tokens */
     int spec_step = 1 + (g->speculate_k < g->max_tokens - 1 ? g->speculate_k : g->max_tokens - 1);
     *finish = WL_FINISH_CANCELLED;
@@ -333,49 +457,50 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
                        "penalties");
     if (g->penalties.n_bias > WL_MAX_BIAS)
         return wl_fail("%d logit biases; at most %d", g->penalties.n_bias, WL_MAX_BIAS);
-    if (penalised) {
-        if (wl_pen_track_init(&pen, &g->penalties, g->prompt, g->n_prompt, g->max_tokens, c->vocab))
-            return -1;
-        if (!(pen_scratch = malloc((size_t)c->vocab * sizeof *pen_scratch))) {
-            wl_pen_track_free(&pen);
-            return wl_fail("out of memory for the penalised logits");
-        }
-    }
-    if (admit(e, g, &w)) {
-        free(pen_scratch);
+    if (!(toks = malloc(((size_t)g->n_prompt + g->max_tokens) * sizeof *toks)))
+        return wl_fail("out of memory for %d tokens", g->n_prompt + g->max_tokens);
+    memcpy(toks, g->prompt, (size_t)g->n_prompt * sizeof *toks);
+    if (penalised &&
+        (wl_pen_track_init(&pen, &g->penalties, g->prompt, g->n_prompt, g->max_tokens, c->vocab) ||
+         !(pen_scratch = malloc((size_t)c->vocab * sizeof *pen_scratch)))) {
+        if (pen.adjust)
+            wl_fail("out of memory for the penalised logits");
+        free(toks);
         wl_pen_track_free(&pen);
-        return 0; /* cancelled while queued */
+        return -1;
     }
     int chunk =
         e->prefill_chunk > 0 && e->prefill_chunk < g->n_prompt ? e->prefill_chunk : g->n_prompt;
-    if (wl_seq_create(&s, e->model, &e->kv, g->n_prompt + g->max_tokens,
-                      g->speculate_k && spec_step > chunk ? spec_step : chunk))
-        goto out;
-    /* the prompt in chunks, each after the batcher's next step while
-     * others decode: a long prompt delays their tokens by a chunk at most */
-    for (int at = wl_seq_share_prefix(s, g->prompt, g->n_prompt); at < g->n_prompt;) {
-        int len = g->n_prompt - at < chunk ? g->n_prompt - at : chunk;
-        if (wl_forward(s, g->prompt + at, len, &logits))
+    /* A life: admitted, the cache filled, then decoding; again from
+     * admission after a preemption, with the tokens so far. After the
+     * first token the cache holds all but the last token handed on, id,
+     * which the next step feeds. */
+    int32_t id = -1;
+    for (;;) {
+        if (admit(e, g, &w)) {
+            rc = 0; /* cancelled while queued */
             goto out;
-        at += len;
-        if (at < g->n_prompt && wl_batcher_next_step(e->batcher))
+        }
+        admitted = 1;
+        int held = g->n_prompt + (n ? n - 1 : 0);
+        if (wl_seq_create(&s, e->model, &e->kv, g->n_prompt + g->max_tokens,
+                          g->speculate_k && spec_step > chunk ? spec_step : chunk))
             goto out;
-    }
-    wl_seq_publish_prefix(s, g->prompt, g->n_prompt);
-    if (g->speculate_k) { /* alone, outside the batcher */
-        rc = speculate(e, g, s, logits, finish);
-        goto out;
-    }
-    if (wl_batcher_join(e->batcher, s))
-        goto out;
-    joined = 1;
-    /* each step penalises and draws on the backend and copies back the id
-     * alone; the prefill's token is drawn here from its logits, by the
-     * same ops with the same (seed, offset) */
-    int32_t picked = -1;
-    for (int first = 1;; first = 0) {
-        int32_t id = picked;
-        if (first) {
+        set_seq(e, &w, s);
+        int r = prefill(e, &w, s, toks, held, chunk, &logits);
+        if (r == 0 && !n)
+            wl_seq_publish_prefix(s, g->prompt, g->n_prompt);
+        if (r == 0 && g->speculate_k) { /* alone, outside the batcher */
+            rc = speculate(e, g, s, logits, finish);
+            goto out;
+        }
+        if (r == 0 && !(r = wl_batcher_join(e->batcher, s)))
+            joined = 1;
+        if (r == 0 && told_to_go(e, &w)) /* told before it joined, where no eviction reached */
+            r = WL_PREEMPTED;
+        if (r == 0 && !n) {
+            /* the prefill's token, drawn here from its logits by the ops
+             * the steps draw with, with the same (seed, offset) */
             const float *draw_from = logits;
             if (penalised) {
                 memcpy(pen_scratch, logits, (size_t)c->vocab * sizeof *pen_scratch);
@@ -387,16 +512,51 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
                 draw_from = pen_scratch;
             }
             id = wl_sample(&sampler, draw_from, c->vocab);
+            if (penalised)
+                wl_pen_track_add(&pen, id);
+            toks[g->n_prompt + n] = id;
+            if (hand_on(g, c, id, logits, &n, finish))
+                break;
         }
-        if (penalised)
-            wl_pen_track_add(&pen, id);
-        if (hand_on(g, c, id, logits, &n, finish))
-            break;
-        logits = NULL;
-        wl_draw draw = {wl_sampler_next(&sampler), penalised ? &pen : NULL};
-        if (wl_batcher_step(e->batcher, s, id, &draw, g->wants_logits ? &logits : NULL, &picked))
+        /* each step penalises and draws on the backend and copies back
+         * the id alone */
+        while (r == 0) {
+            int need = pages_for(e, g->n_prompt + n); /* what it holds, and id */
+            if (need > w.pages && (r = grow(e, g, &w, need)) != 0)
+                break;
+            wl_draw draw = {wl_sampler_next(&sampler), penalised ? &pen : NULL};
+            int32_t picked;
+            logits = NULL;
+            if ((r = wl_batcher_step(e->batcher, s, id, &draw, g->wants_logits ? &logits : NULL,
+                                     &picked)) != 0) {
+                if (r == WL_PREEMPTED)
+                    sampler.drawn--; /* the draw was not made: the next step makes it */
+                break;
+            }
+            id = picked;
+            if (penalised)
+                wl_pen_track_add(&pen, id);
+            toks[g->n_prompt + n] = id;
+            if (hand_on(g, c, id, logits, &n, finish))
+                goto done;
+        }
+        if (r == CANCELLED)
+            goto done; /* *finish says so */
+        if (r != WL_PREEMPTED)
             goto out;
+        /* preempted: the pages and the place go back; admitted again, the
+         * cache is refilled with what it held */
+        if (joined)
+            wl_batcher_leave(e->batcher, s);
+        joined = 0;
+        wl_seq_destroy(s);
+        s = NULL;
+        release(e, &w);
+        admitted = 0;
+        w.front = 1;
+        w.pages = pages_for(e, g->n_prompt + (n ? n - 1 : 0) + 1);
     }
+done:
     rc = 0;
 out:
     if (rc) /* the line is the thread's, and the waits below may move the task */
@@ -404,8 +564,10 @@ out:
     if (joined)
         wl_batcher_leave(e->batcher, s);
     wl_seq_destroy(s); /* its pages go back */
-    release(e, &w);
+    if (admitted)
+        release(e, &w);
     free(pen_scratch);
+    free(toks);
     wl_pen_track_free(&pen);
     return rc ? wl_fail("%s", msg) : 0;
 }

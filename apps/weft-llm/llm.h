@@ -450,22 +450,31 @@ int wl_batcher_create(wl_batcher **bt, const wl_model *m, wl_kv *kv, int max_seq
 void *wl_batcher_run(void *batcher);
 /* At most max_seqs sequences at once; an error past that. */
 int wl_batcher_join(wl_batcher *bt, wl_seq *s);
+/* What wl_batcher_step returns to a sequence preempted (wl_batcher_evict)
+ * before a step took its token: it has left no token in the batch. */
+#define WL_PREEMPTED 1
+
 /* Task only: s's next token. *picked is the token the step drew for s by
  * *draw (NULL: greedy, its largest logit; draw's tracker is read during
  * the step); *logits, when asked for, its
  * row as wl_forward_batch gives it, valid until s's next step or its
  * leave (a step whose members ask for none copies no logits to the host).
- * An error of the step is every member's. */
+ * An error of the step is every member's; WL_PREEMPTED once s is evicted. */
 int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const wl_draw *draw,
                     const float **logits, int32_t *picked);
 void wl_batcher_leave(wl_batcher *bt, wl_seq *s);
+/* s's next wl_batcher_step returns WL_PREEMPTED (at once, if it waits for
+ * a step that has not taken its token; else when it next calls). Any
+ * thread or task. */
+void wl_batcher_evict(wl_batcher *bt, const wl_seq *s);
 void wl_batcher_close(wl_batcher *bt);
 /* Steps run so far and the rows (tokens) they took. */
 void wl_batcher_stats(wl_batcher *bt, long *steps, long *rows);
 /* Task only: returns once the batcher has run one more step, or at once
- * when no sequence is decoding (or it is closed). An error when the
- * calling task is cancelled while it waits. */
-int wl_batcher_next_step(wl_batcher *bt);
+ * when no sequence is decoding (or it is closed); WL_PREEMPTED as soon as
+ * stop(ctx) (asked every 50 ms at most; NULL: never) says so. An error
+ * when the calling task is cancelled while it waits. */
+int wl_batcher_next_step(wl_batcher *bt, int (*stop)(void *ctx), void *ctx);
 /* Task only, after the batcher's task has returned. */
 void wl_batcher_destroy(wl_batcher *bt);
 
@@ -612,8 +621,9 @@ typedef struct wl_engine {
     weft_task *batcher_task;
     weft_mutex *lock; /* guards the admission state below */
     weft_cond *admitted;
-    wl_waiter *queue;
+    wl_waiter *queue, *runners;                  /* waiting, and admitted (the latter unordered) */
     int queued, running, placed, reserved_pages; /* placed: running in the batch */
+    long admissions, preemptions;
     char message[512];
 } wl_engine;
 
@@ -629,6 +639,7 @@ typedef struct wl_engine_counts {
     int running, queued;   /* generations admitted, and waiting */
     int pages, used_pages; /* the cache's pages, and those holding tokens */
     int reserved_pages;    /* promised to the running generations */
+    long preemptions;      /* generations that gave their pages back to recompute later */
     long shared_tokens;    /* prompt tokens found in pages other prompts published */
     long steps, rows;      /* the batcher's steps and their tokens */
 } wl_engine_counts;

@@ -126,8 +126,12 @@ void wl_metrics_write(wl_metrics *m, const wl_engine_counts *e, int in_flight, w
                   "# HELP weft_llm_prefix_shared_tokens_total Prompt tokens whose KV pages "
                   "another prompt had computed.\n"
                   "# TYPE weft_llm_prefix_shared_tokens_total counter\n"
-                  "weft_llm_prefix_shared_tokens_total %ld\n",
-                  snap.prompt_tokens, snap.generated_tokens, e->steps, e->rows, e->shared_tokens);
+                  "weft_llm_prefix_shared_tokens_total %ld\n"
+                  "# HELP weft_llm_preemptions_total Sequences that gave their KV pages back, "
+                  "to recompute them when admitted again.\n"
+                  "# TYPE weft_llm_preemptions_total counter\nweft_llm_preemptions_total %ld\n",
+                  snap.prompt_tokens, snap.generated_tokens, e->steps, e->rows, e->shared_tokens,
+                  e->preemptions);
     put_gauge(out, "weft_llm_requests_in_flight", "Completion requests being handled.", in_flight);
     put_gauge(out, "weft_llm_sequences_running", "Sequences admitted and generating.", e->running);
     put_gauge(out, "weft_llm_sequences_queued", "Sequences waiting for KV pages or a batch place.",

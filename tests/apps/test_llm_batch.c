@@ -513,15 +513,14 @@ static void *cancel_later(void *arg)
     return NULL;
 }
 
-static void test_engine_survives_cancellation(void **state)
+static void survives_cancellation(int pages)
 {
-    (void)state;
     enum { ROUNDS = 30, GENS = 4 };
     wl_model m;
     wl_engine e;
     weft_runtime *rt;
     uint64_t st = seed ^ 0xca9c;
-    engine_up(&m, &e, &rt, 16, 3, 64);
+    engine_up(&m, &e, &rt, pages, 3, 64);
     long ended_early = 0, tokens = 0;
     for (int round = 0; round < ROUNDS; round++) {
         cancel_run runs[GENS];
@@ -546,10 +545,101 @@ static void test_engine_survives_cancellation(void **state)
         wl_engine_stats(&e, &c);
         assert_int_equal(c.running + c.queued + c.reserved_pages + c.used_pages, 0);
     }
-    printf("  %d generations cancelled at random: %ld ended early, %ld tokens in all\n",
-           ROUNDS * GENS, ended_early, tokens);
+    wl_engine_counts c;
+    wl_engine_stats(&e, &c);
+    printf("  %d pages: %d generations cancelled at random: %ld ended early, %ld tokens in all, "
+           "%ld preemptions\n",
+           pages, ROUNDS * GENS, ended_early, tokens, c.preemptions);
     assert_true(ended_early > 0);
     engine_down(&m, &e, rt);
+}
+
+/* With room for all (16 pages), and with room for two of the three that
+ * decode at once (6 pages of 3 a generation), where cancellations land
+ * in preemptions too. */
+static void test_engine_survives_cancellation(void **state)
+{
+    (void)state;
+    survives_cancellation(16);
+    survives_cancellation(6);
+}
+
+/* More generations than the cache holds at their longest: six of 10 + 60
+ * tokens (5 pages each at the end) on 10 pages. Each is admitted with the
+ * pages of its prompt and grows; when the cache runs out the newest is
+ * preempted and later recomputes its prompt and tokens. Every one ends
+ * with its 60 tokens, the very tokens it makes alone on a roomy cache
+ * (greedy), and every page comes back. */
+typedef struct preempt_run {
+    wl_engine *e;
+    int32_t prompt[10], ids[60];
+    int n, failed;
+    wl_finish finish;
+} preempt_run;
+
+static int keep_token(void *ctx, int32_t id, int eos, const float *logits)
+{
+    (void)eos, (void)logits;
+    preempt_run *r = ctx;
+    if (r->n < 60)
+        r->ids[r->n] = id;
+    r->n++;
+    return 0;
+}
+
+static void *preempt_task(void *arg)
+{
+    preempt_run *r = arg;
+    wl_gen g = {.prompt = r->prompt,
+                .n_prompt = 10,
+                .max_tokens = 60,
+                .ignore_eos = 1,
+                .on_token = keep_token,
+                .ctx = r};
+    r->failed = wl_engine_generate(r->e, &g, &r->finish);
+    return NULL;
+}
+
+static void run_all(int pages, preempt_run *runs, int count, wl_engine_counts *after)
+{
+    wl_model m;
+    wl_engine e;
+    weft_runtime *rt;
+    weft_task *t[8];
+    engine_up(&m, &e, &rt, pages, count, 80);
+    for (int i = 0; i < count; i++) {
+        runs[i].e = &e;
+        runs[i].n = 0;
+        assert_int_equal(weft_spawn(rt, &t[i], preempt_task, &runs[i], NULL), WEFT_OK);
+    }
+    for (int i = 0; i < count; i++)
+        assert_int_equal(weft_join(t[i], NULL), WEFT_OK);
+    wl_engine_stats(&e, after);
+    engine_down(&m, &e, rt);
+}
+
+static void test_engine_preempts_and_recomputes(void **state)
+{
+    (void)state;
+    enum { GENS = 6 };
+    preempt_run tight[GENS], roomy[GENS];
+    uint64_t st = seed ^ 0x9e37;
+    for (int i = 0; i < GENS; i++)
+        for (int j = 0; j < 10; j++)
+            tight[i].prompt[j] = roomy[i].prompt[j] = (int32_t)(wl_rand_next(&st) % V);
+    wl_engine_counts c;
+    run_all(64, roomy, GENS, &c);
+    assert_int_equal(c.preemptions, 0);
+    run_all(10, tight, GENS, &c);
+    printf("  %d generations on 10 pages: %ld preemptions\n", GENS, c.preemptions);
+    assert_true(c.preemptions > 0);
+    assert_int_equal(c.running + c.queued + c.reserved_pages + c.used_pages, 0);
+    for (int i = 0; i < GENS; i++) {
+        assert_false(tight[i].failed);
+        assert_int_equal(tight[i].n, 60);
+        assert_int_equal(tight[i].finish, WL_FINISH_LENGTH);
+        assert_memory_equal(tight[i].ids, roomy[i].ids, sizeof tight[i].ids);
+    }
 }
 
 /* A prompt whose first pages another prompt published: the second
@@ -736,6 +826,7 @@ int main(void)
         cmocka_unit_test(test_engine_admission_order),
         cmocka_unit_test(test_engine_shares_prompt_prefixes),
         cmocka_unit_test(test_engine_survives_cancellation),
+        cmocka_unit_test(test_engine_preempts_and_recomputes),
         cmocka_unit_test(test_greedy_without_logits_chooses_the_same_tokens),
         cmocka_unit_test(test_a_long_prompt_is_prefilled_between_steps),
     };
