@@ -151,6 +151,19 @@ int weft__op_enqueue_host(const char *op, void (*host)(const void *args), const 
     return rc;
 }
 
+int weft__task_stream_op_ws(const char *op, void **stream, int (*prepare)(void *args),
+                            void (*host)(const void *args), void *args, size_t size, void **ws)
+{
+    int rc = weft__op_task_stream(op, stream);
+    if (rc != WEFT_OK || (rc = prepare(args)) != WEFT_OK)
+        return rc;
+    if ((rc = weft__op_enqueue_host(op, host, args, size)) != WEFT_OK) {
+        free(*ws); /* not enqueued: the memory is still the caller's */
+        *ws = NULL;
+    }
+    return rc;
+}
+
 int weft__task_stream_op(const char *op, void **stream, void (*host)(const void *args),
                          const void *args, size_t size)
 {

@@ -147,24 +147,12 @@ static int check_desc(const weft_grouped_matmul_desc *d, void *y, const void *x,
 }
 
 /* The workspace of weft_matmul's host reference, for every group. */
-static int host_prepare(weft__grouped_matmul_args *a)
+static int host_prepare(void *args)
 {
+    weft__grouped_matmul_args *a = args;
     weft__matmul_args m = matmul_args(a, 1);
     int rc = weft__matmul_host_prepare(OP, &m);
     a->host_ws = m.host_ws;
-    return rc;
-}
-
-/* WEFT_TASK_STREAM: the task's CUDA stream in *stream, or (host backend)
- * the host reference enqueued in the task's stream order with its
- * workspace already taken. */
-static int task_stream(void **stream, weft__grouped_matmul_args *a)
-{
-    int rc = weft__op_task_stream(OP, stream);
-    if (rc != WEFT_OK || (rc = host_prepare(a)) != WEFT_OK)
-        return rc;
-    if ((rc = weft__op_enqueue_host(OP, run_host, a, sizeof *a)) != WEFT_OK)
-        free(a->host_ws); /* not enqueued: the workspace is still ours */
     return rc;
 }
 
@@ -177,7 +165,9 @@ int weft_grouped_matmul(void *stream, const weft_grouped_matmul_desc *desc, void
     if ((rc = check_desc(desc, y, x, w, offsets, &a)) != WEFT_OK ||
         (rc = weft__check_stream(OP, stream)) != WEFT_OK)
         return rc;
-    if (stream == WEFT_TASK_STREAM && (rc = task_stream(&stream, &a)) != WEFT__ON_STREAM)
+    if (stream == WEFT_TASK_STREAM &&
+        (rc = weft__task_stream_op_ws(OP, &stream, host_prepare, run_host, &a, sizeof a,
+                                      &a.host_ws)) != WEFT__ON_STREAM)
         return rc;
 #ifdef WEFT_HAVE_CUDA
     if (stream)

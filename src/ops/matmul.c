@@ -463,16 +463,9 @@ static void run_host(const void *args)
     weft__matmul_host_run(&x);
 }
 
-/* WEFT_TASK_STREAM: the task's CUDA stream in *stream, or (host backend)
- * the host reference enqueued in the task's stream order. */
-static int task_stream(void **stream, weft__matmul_args *x)
+static int host_prepare(void *args)
 {
-    int rc = weft__op_task_stream(OP, stream);
-    if (rc != WEFT_OK || (rc = weft__matmul_host_prepare(OP, x)) != WEFT_OK)
-        return rc;
-    if ((rc = weft__op_enqueue_host(OP, run_host, x, sizeof *x)) != WEFT_OK)
-        free(x->host_ws); /* not enqueued: the panels are still ours */
-    return rc;
+    return weft__matmul_host_prepare(OP, args);
 }
 
 int weft_matmul(void *stream, const weft_matmul_desc *desc, void *d, const void *a, const void *b,
@@ -484,7 +477,9 @@ int weft_matmul(void *stream, const weft_matmul_desc *desc, void *d, const void 
     if ((rc = check_desc(desc, d, a, b, c, &x)) != WEFT_OK ||
         (rc = weft__check_stream(OP, stream)) != WEFT_OK)
         return rc;
-    if (stream == WEFT_TASK_STREAM && (rc = task_stream(&stream, &x)) != WEFT__ON_STREAM)
+    if (stream == WEFT_TASK_STREAM &&
+        (rc = weft__task_stream_op_ws(OP, &stream, host_prepare, run_host, &x, sizeof x,
+                                      &x.host_ws)) != WEFT__ON_STREAM)
         return rc;
 #ifdef WEFT_HAVE_CUDA
     if (stream)

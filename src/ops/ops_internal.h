@@ -133,9 +133,9 @@ static inline uint8_t weft__f32_to_f8(weft_dtype t, float f)
     float a = fabsf(f);
     if (a >= weft__f8_to_f32(t, max_code))
         return (uint8_t)(sign | max_code);
-    int e = 0; /* frexpf leaves it unset for infinities, which the max_code test has taken */
-    frexpf(a, &e);                 /* a = frac 2^e, frac in [0.5, 1) */
-    e -= 1;                        /* a in [2^e, 2^(e+1)) */
+    int e = 0;     /* frexpf leaves it unset for infinities, which the max_code test has taken */
+    frexpf(a, &e); /* a = frac 2^e, frac in [0.5, 1) */
+    e -= 1;        /* a in [2^e, 2^(e+1)) */
     if (a == 0.0f || e < 1 - bias) /* subnormal steps reach the first normal: code = steps */
         return (uint8_t)(sign | (uint8_t)rintf(ldexpf(a, bias - 1 + mbits)));
     unsigned q = (unsigned)rintf(ldexpf(a, mbits - e)); /* in [2^mbits, 2^(mbits+1)] */
@@ -278,6 +278,12 @@ int weft__task_stream_op(const char *op, void **stream, void (*host)(const void 
 int weft__op_task_stream(const char *op, void **stream);
 int weft__op_enqueue_host(const char *op, void (*host)(const void *args), const void *args,
                           size_t size);
+/* weft__task_stream_op for an op whose host reference takes memory at the
+ * call: on the host backend prepare(args) takes it (into *ws, a field of
+ * args, which host frees once it has run) before host(args) is enqueued;
+ * freed here when the enqueue fails. */
+int weft__task_stream_op_ws(const char *op, void **stream, int (*prepare)(void *args),
+                            void (*host)(const void *args), void *args, size_t size, void **ws);
 
 /* Sums of many fp32 terms: terms go into blocks of WEFT__SUM_BLOCK, block
  * sums into a total, which keeps the rounding error near that of a tree

@@ -89,24 +89,12 @@ static void run_host(const void *args)
     free(a->host_ws);
 }
 
-static int host_prepare(weft__sample_args *a)
+static int host_prepare(void *args)
 {
+    weft__sample_args *a = args;
     a->host_ws = malloc(a->cols * sizeof(ranked));
     return a->host_ws ? WEFT_OK
                       : weft__fail(WEFT_ENOMEM, "%s: no memory to rank %zu logits", OP, a->cols);
-}
-
-/* WEFT_TASK_STREAM: the task's CUDA stream in *stream, or (host backend)
- * the host reference enqueued in the task's stream order with its
- * workspace already taken. */
-static int task_stream(void **stream, weft__sample_args *a)
-{
-    int rc = weft__op_task_stream(OP, stream);
-    if (rc != WEFT_OK || (rc = host_prepare(a)) != WEFT_OK)
-        return rc;
-    if ((rc = weft__op_enqueue_host(OP, run_host, a, sizeof *a)) != WEFT_OK)
-        free(a->host_ws); /* not enqueued: the workspace is still ours */
-    return rc;
 }
 
 int weft_sample(void *stream, weft_dtype dtype, int32_t *ids, const void *logits, size_t rows,
@@ -132,7 +120,9 @@ int weft_sample(void *stream, weft_dtype dtype, int32_t *ids, const void *logits
     if ((uintptr_t)params % _Alignof(weft_sampling) != 0)
         return weft__fail(WEFT_EINVAL, "%s: params is not aligned to its %zu-byte entries", OP,
                           _Alignof(weft_sampling));
-    if (stream == WEFT_TASK_STREAM && (rc = task_stream(&stream, &a)) != WEFT__ON_STREAM)
+    if (stream == WEFT_TASK_STREAM &&
+        (rc = weft__task_stream_op_ws(OP, &stream, host_prepare, run_host, &a, sizeof a,
+                                      &a.host_ws)) != WEFT__ON_STREAM)
         return rc;
 #ifdef WEFT_HAVE_CUDA
     if (stream)
