@@ -258,6 +258,7 @@ static void test_health_models_metrics(void **state)
     free(r);
     assert_true(metric("weft_llm_kv_pages_total") > 0);
     assert_int_equal((int)metric("weft_llm_kv_pages_used"), 0);
+    assert_int_equal((int)metric("weft_llm_preemptions_total"), 0);
 }
 
 /* One completion of the 32 run at once. */
