@@ -567,17 +567,43 @@ static void test_chat_completion(void **state)
     assert_string_equal(json_string_value(json_object_get(msg, "role")), "assistant");
     assert_true(json_is_string(json_object_get(msg, "content")));
     json_t *lp = json_object_get(json_object_get(c, "logprobs"), "content");
-    assert_true(json_array_size(lp) >= 1);
-    /* greedy: each token is its own top alternative, and log-probabilities are <= 0 */
-    json_t *first = json_array_get(lp, 0);
-    double l = json_number_value(json_object_get(first, "logprob"));
-    json_t *top = json_array_get(json_object_get(first, "top_logprobs"), 0);
-    assert_true(l <= 0);
-    assert_true(fabs(l - json_number_value(json_object_get(top, "logprob"))) < 1e-6);
-    assert_int_equal(json_array_size(json_object_get(first, "top_logprobs")), 2);
+    const char *content = json_string_value(json_object_get(msg, "content"));
+    if (!content[0]) { /* the random model's first greedy token ended it: no tokens to show */
+        assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "stop");
+        assert_int_equal(json_array_size(lp), 0);
+    } else {
+        /* greedy: each token is its own top alternative, and log-probabilities are <= 0 */
+        json_t *first = json_array_get(lp, 0);
+        double l = json_number_value(json_object_get(first, "logprob"));
+        json_t *top = json_array_get(json_object_get(first, "top_logprobs"), 0);
+        assert_true(l <= 0);
+        assert_true(fabs(l - json_number_value(json_object_get(top, "logprob"))) < 1e-6);
+        assert_int_equal(json_array_size(json_object_get(first, "top_logprobs")), 2);
+    }
     /* the prompt is the template's rendering: more tokens than the words */
     assert_true(json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens")) >
                 8);
+    json_decref(j);
+    free(r);
+    /* the end tokens (257, and <|im_end|> 513) biased away: six tokens, each with its
+     * log-probability and two alternatives, the larger first */
+    r = http("POST", "/v1/chat/completions",
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me about the old woman.\"}],"
+             "\"max_tokens\":6,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":2,"
+             "\"logit_bias\":{\"257\":-100,\"513\":-100}}",
+             &status);
+    assert_int_equal(status, 200);
+    j = parse(r);
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    lp = json_object_get(json_object_get(c, "logprobs"), "content");
+    assert_int_equal(json_array_size(lp), 6);
+    for (size_t i = 0; i < 6; i++) {
+        json_t *e = json_array_get(lp, i), *alt = json_object_get(e, "top_logprobs");
+        assert_true(json_number_value(json_object_get(e, "logprob")) <= 0);
+        assert_int_equal(json_array_size(alt), 2);
+        assert_true(json_number_value(json_object_get(json_array_get(alt, 0), "logprob")) >=
+                    json_number_value(json_object_get(json_array_get(alt, 1), "logprob")));
+    }
     json_decref(j);
     free(r);
 }
