@@ -179,10 +179,10 @@ static int measure_decode(bench *b, int bi, uint64_t *st)
     double *t = malloc((size_t)b->steps * sizeof *t);
     wl_batch *batch = NULL;
     int32_t *picked = calloc((size_t)B, sizeof *picked);
-    wl_draw *how = calloc((size_t)B, sizeof *how);
+    wl_draw *draws = calloc((size_t)B, sizeof *draws);
     const float *logits;
     int rc = -1;
-    if (!seqs || !ids || !t || !picked || !how) {
+    if (!seqs || !ids || !t || !picked || !draws) {
         wl_fail("out of memory");
         goto out;
     }
@@ -198,13 +198,13 @@ static int measure_decode(bench *b, int bi, uint64_t *st)
     for (int step = -2; step < b->steps; step++) { /* two steps to warm up */
         random_ids(ids, B, b->model.cfg.vocab, st);
         for (int i = 0; i < B; i++)
-            how[i].how = (weft_sampling){.temperature = b->temperature,
-                                         .top_p = b->top_p,
-                                         .seed = (uint64_t)i,
-                                         .offset = (uint64_t)(step + 2)};
+            draws[i].how = (weft_sampling){.temperature = b->temperature,
+                                           .top_p = b->top_p,
+                                           .seed = (uint64_t)i,
+                                           .offset = (uint64_t)(step + 2)};
         double c0 = cpu_seconds();
         uint64_t t0 = weft_now_ns();
-        if (wl_forward_batch(batch, seqs, ids, B, NULL, how, picked))
+        if (wl_forward_batch(batch, seqs, ids, B, NULL, draws, picked))
             goto out;
         if (step >= 0) {
             t[step] = (double)(weft_now_ns() - t0) * 1e-6;
@@ -225,7 +225,7 @@ out:
     free(ids);
     free(t);
     free(picked);
-    free(how);
+    free(draws);
     return rc;
 }
 

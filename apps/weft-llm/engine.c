@@ -349,6 +349,12 @@ static int prefill_told_to_go(void *ctx)
     return told_to_go(p->e, p->w);
 }
 
+/* Whether the cache cannot promise w need pages (under the engine's lock). */
+static int short_of(const wl_engine *e, const wl_waiter *w, int need)
+{
+    return e->reserved_pages - w->pages + need > e->kv.pages;
+}
+
 /* w's reservation grown to need pages. While the cache cannot promise
  * them, the newest running generation in the batch is told to give its
  * pages back (wl_batcher_evict wakes it wherever it waits on the batch) and
@@ -359,7 +365,7 @@ static int grow(wl_engine *e, const wl_gen *g, wl_waiter *w, int need)
 {
     int rc = 0;
     wl_lock_always(e->lock);
-    while (!w->preempt && e->reserved_pages - w->pages + need > e->kv.pages) {
+    while (!w->preempt && short_of(e, w, need)) {
         wl_waiter *newest = NULL;
         for (wl_waiter *r = e->runners; r; r = r->next)
             if (r->place && !r->preempt && r->seq && (!newest || r->serial > newest->serial))
@@ -382,7 +388,7 @@ static int grow(wl_engine *e, const wl_gen *g, wl_waiter *w, int need)
             break;
         }
     }
-    if (!rc && (w->preempt || e->reserved_pages - w->pages + need > e->kv.pages)) {
+    if (!rc && (w->preempt || short_of(e, w, need))) {
         if (!w->preempt)
             e->preemptions++; /* the newest: itself */
         rc = WL_PREEMPTED;

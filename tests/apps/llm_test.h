@@ -285,10 +285,10 @@ static inline void *br_seq_task(void *arg)
             break;
         }
         int32_t picked = -1;
-        wl_draw how = {{0}, NULL};
+        wl_draw draw = {{0}, NULL};
         if (r->how[q])
-            how.how = *r->how[q], how.how.offset += (uint64_t)r->steps_done[q];
-        if (wl_batcher_step(j->e->bt, s, r->ids[q][t], &how, r->greedy_only[q] ? NULL : &lg,
+            draw.how = *r->how[q], draw.how.offset += (uint64_t)r->steps_done[q];
+        if (wl_batcher_step(j->e->bt, s, r->ids[q][t], &draw, r->greedy_only[q] ? NULL : &lg,
                             &picked))
             goto out;
         if (r->picked[q])
