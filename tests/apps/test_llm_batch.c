@@ -568,21 +568,33 @@ static void test_engine_survives_cancellation(void **state)
  * tokens (5 pages each at the end) on 10 pages. Each is admitted with the
  * pages of its prompt and grows; when the cache runs out the newest is
  * preempted and later recomputes its prompt and tokens. Every one ends
- * with its 60 tokens, the very tokens it makes alone on a roomy cache
- * (greedy), and every page comes back. */
+ * with its 60 tokens, the tokens it makes on a roomy cache (greedy), and
+ * every page comes back. A recomputed prefix runs its matmuls over many
+ * rows where the steps ran one, and a bf16 activation may round the other
+ * way, so two runs may part at a near tie (top two within a bf16 unit of
+ * the largest, 1/128 of it), never elsewhere. */
 typedef struct preempt_run {
     wl_engine *e;
     int32_t prompt[10], ids[60];
+    float gap[60]; /* between the two largest logits of each token's row, over the largest's size */
     int n, failed;
     wl_finish finish;
 } preempt_run;
 
 static int keep_token(void *ctx, int32_t id, int eos, const float *logits)
 {
-    (void)eos, (void)logits;
+    (void)eos;
     preempt_run *r = ctx;
-    if (r->n < 60)
+    if (r->n < 60) {
+        float top = -INFINITY, second = -INFINITY;
+        for (int i = 0; i < V; i++)
+            if (logits[i] > top)
+                second = top, top = logits[i];
+            else if (logits[i] > second)
+                second = logits[i];
         r->ids[r->n] = id;
+        r->gap[r->n] = (top - second) / fabsf(top);
+    }
     r->n++;
     return 0;
 }
@@ -595,6 +607,7 @@ static void *preempt_task(void *arg)
                 .max_tokens = 60,
                 .ignore_eos = 1,
                 .on_token = keep_token,
+                .wants_logits = 1,
                 .ctx = r};
     r->failed = wl_engine_generate(r->e, &g, &r->finish);
     return NULL;
@@ -638,7 +651,13 @@ static void test_engine_preempts_and_recomputes(void **state)
         assert_false(tight[i].failed);
         assert_int_equal(tight[i].n, 60);
         assert_int_equal(tight[i].finish, WL_FINISH_LENGTH);
-        assert_memory_equal(tight[i].ids, roomy[i].ids, sizeof tight[i].ids);
+        for (int k = 0; k < 60; k++)
+            if (tight[i].ids[k] != roomy[i].ids[k]) {
+                printf("  generation %d parts at token %d, a near tie (gap %.2g of the top)\n", i,
+                       k, roomy[i].gap[k]);
+                assert_true(roomy[i].gap[k] < 1.0f / 128);
+                break;
+            }
     }
 }
 
