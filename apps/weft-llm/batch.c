@@ -13,9 +13,8 @@
  * call over all the rows: weft_matmul with m = the batch, one
  * weft_kv_append with a sequence id and a position per token, and one
  * weft_attention_decode over the batch's block tables (row i of the
- * device table is seqs[i]'s table) and lengths. q and the K|V rows are
- * kept in two buffers (not side by side as forward.c keeps them) so that
- * q is already the packed [seqs][heads][head_dim] the attention takes.
+ * device table is seqs[i]'s table) and lengths, which reads q from the
+ * q | k | v rows of the packed projection (its q_stride).
  *
  * Prefill stays per sequence (each sequence's own wl_forward over its
  * prompt, in its task) for now; only decode steps are batched.
@@ -59,9 +58,9 @@ struct wl_batch {
     const wl_model *m;
     wl_kv *kv;
     int max_seqs, max_pages;
-    size_t q_dim, kv_dim, workspace_bytes;
+    size_t q_dim, kv_dim, qkv_dim, workspace_bytes;
     /* the backend's memory, max_seqs rows each */
-    void *x, *h, *q, *kvr, *attn, *gu, *act, *workspace;
+    void *x, *h, *qkv, *attn, *gu, *act, *workspace;
     wl_moe_bufs moe; /* a mixture-of-experts model's */
     float *logits;
     int32_t *positions, *seq_ids, *table, *seq_lens;
@@ -106,11 +105,11 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     b->adjust_row = (size_t)max_tokens + WL_MAX_BIAS;
     b->q_dim = (size_t)c->heads * c->head_dim;
     b->kv_dim = (size_t)c->kv_heads * c->head_dim;
+    b->qkv_dim = b->q_dim + 2 * b->kv_dim;
     size_t P = (size_t)b->max_pages;
     TRY(weft_malloc_async(&b->x, B * c->hidden * es));
     TRY(weft_malloc_async(&b->h, B * c->hidden * es));
-    TRY(weft_malloc_async(&b->q, B * b->q_dim * es));
-    TRY(weft_malloc_async(&b->kvr, B * 2 * b->kv_dim * es));
+    TRY(weft_malloc_async(&b->qkv, B * b->qkv_dim * es));
     TRY(weft_malloc_async(&b->attn, B * b->q_dim * es));
     if (wl_model_has_dense_mlp(m)) {
         TRY(weft_malloc_async(&b->gu, B * 2 * c->intermediate * es));
@@ -173,9 +172,9 @@ void wl_batch_destroy(wl_batch *b)
     if (!b)
         return;
     weft_await();
-    void *dev[] = {b->x,        b->h,         b->q,      b->kvr,       b->attn,    b->gu,
-                   b->act,      b->workspace, b->logits, b->positions, b->seq_ids, b->table,
-                   b->seq_lens, b->sampling,  b->picked, b->tokens};
+    void *dev[] = {b->x,     b->h,         b->qkv,      b->attn,      b->gu,
+                   b->act,   b->workspace, b->logits,   b->positions, b->seq_ids,
+                   b->table, b->seq_lens,  b->sampling, b->picked,    b->tokens};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i])
             weft_free_async(dev[i]);
@@ -197,39 +196,31 @@ static int layer_batch(wl_batch *b, int li, int n)
     const wl_layer *L = &m->layer[li];
     weft_dtype dt = m->dtype;
     size_t es = wl_dtype_size(dt), H = (size_t)c->hidden, I = (size_t)c->intermediate;
-    size_t hd = (size_t)c->head_dim, kv2 = 2 * b->kv_dim;
-    char *k = b->kvr, *v = (char *)b->kvr + b->kv_dim * es;
+    size_t qkv_dim = b->qkv_dim;
+    char *q = b->qkv, *k = q + b->q_dim * es, *v = k + b->kv_dim * es;
     float eps = (float)c->rms_eps;
     TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->h, NULL, b->x, NULL, L->attn_norm, eps, (size_t)n, H,
                      H));
-    TRY(wl_linear(m, b->q, b->q_dim, b->h, H, L->q, b->q_dim, L->q_bias, NULL, n, dt));
-    TRY(wl_linear(m, k, kv2, b->h, H, L->k, b->kv_dim, L->k_bias, NULL, n, dt));
-    TRY(wl_linear(m, v, kv2, b->h, H, L->v, b->kv_dim, L->v_bias, NULL, n, dt));
-    if (c->qk_norm) { /* per head: q's rows are packed, K's are kv2 apart */
-        TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->q, NULL, b->q, NULL, L->q_norm, eps,
-                         (size_t)n * c->heads, hd, hd));
-        for (int t = 0; t < n; t++) {
-            char *row = k + (size_t)t * kv2 * es;
-            TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, row, NULL, row, NULL, L->k_norm, eps,
-                             (size_t)c->kv_heads, hd, hd));
-        }
-    }
-    TRY(wl_rope(m, b->q, b->q_dim, k, kv2, n, b->positions));
+    TRY(wl_linear(m, q, qkv_dim, b->h, H, L->qkv, qkv_dim, L->qkv_bias, NULL, n, dt));
+    if (c->qk_norm && wl_qk_norm(m, L, q, qkv_dim, n))
+        goto fail;
+    TRY(wl_rope(m, q, qkv_dim, k, qkv_dim, n, b->positions));
     weft_kv_cache cache = wl_kv_layer(b->kv, li, b->table, b->max_pages);
     cache.seqs = (size_t)n;
-    TRY(weft_kv_append(WEFT_TASK_STREAM, &cache, k, kv2, v, kv2, (size_t)n, b->seq_ids,
+    TRY(weft_kv_append(WEFT_TASK_STREAM, &cache, k, qkv_dim, v, qkv_dim, (size_t)n, b->seq_ids,
                        b->positions, NULL));
-    weft_attention_decode_desc d = {
-        .q_len = 1, .heads = (size_t)c->heads, .window = (size_t)c->sliding_window};
-    TRY(weft_attention_decode(WEFT_TASK_STREAM, &cache, &d, b->attn, NULL, b->q, b->seq_lens,
+    weft_attention_decode_desc d = {.q_len = 1,
+                                    .heads = (size_t)c->heads,
+                                    .window = (size_t)c->sliding_window,
+                                    .q_stride = qkv_dim};
+    TRY(weft_attention_decode(WEFT_TASK_STREAM, &cache, &d, b->attn, NULL, q, b->seq_lens,
                               b->workspace, b->workspace_bytes));
     TRY(wl_linear(m, b->x, H, b->attn, b->q_dim, L->o, H, NULL, b->x, n, dt));
     TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->h, NULL, b->x, NULL, L->mlp_norm, eps, (size_t)n, H,
                      H));
     if (L->moe)
         return wl_moe_mlp(m, &b->moe, li, b->x, b->h, n);
-    TRY(wl_linear(m, b->gu, 2 * I, b->h, H, L->gate, I, NULL, NULL, n, dt));
-    TRY(wl_linear(m, (char *)b->gu + I * es, 2 * I, b->h, H, L->up, I, NULL, NULL, n, dt));
+    TRY(wl_linear(m, b->gu, 2 * I, b->h, H, L->gu, 2 * I, NULL, NULL, n, dt));
     TRY(weft_glu(WEFT_TASK_STREAM, dt, WEFT_GLU_SWIGLU, b->act, b->gu, (size_t)n, I, 2 * I, I));
     TRY(wl_linear(m, b->x, H, b->act, I, L->down, H, NULL, b->x, n, dt));
     return 0;

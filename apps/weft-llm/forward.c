@@ -26,14 +26,14 @@
  *  - a prompt that starts the sequence (position 0) is processed in one
  *    call: its keys are the whole prompt, so weft_attention (causal) reads
  *    the dense K and V straight from the projection's rows, not the pages;
- *  - a call that continues the sequence (decode, or a prompt after a
- *    cached prefix) runs weft_attention_decode over the pages, up to 8
- *    queries at a time (its q_len), causal among them.
+ *  - a call that continues the sequence (decode, a prompt's later chunk
+ *    or one after a shared prefix, a verify pass) runs weft_attention_paged
+ *    over the pages, its queries the last of the sequence's keys.
  * Rewinding (wl_seq_rewind, for rejected draft tokens) only moves the
  * sequence's length back: the K and V rows past it stay in the pages until
  * the next append overwrites them, and nothing reads them meanwhile, since
- * weft_attention_decode sees keys below its seq_lens entry only (and the
- * dense prefill path only the call's own rows).
+ * attention sees keys below the sequence's length only (and the dense
+ * prefill path only the call's own rows).
  * Both ops take Mistral's sliding_window as it is: their window counts the
  * keys a query sees, itself included, as transformers' does.
  * RoPE: weft_rope (weft_rope_scaled with Llama 3's scaled frequencies)
@@ -70,7 +70,6 @@ int wl_seq_create(wl_seq **out, const wl_model *m, wl_kv *kv, int max_tokens, in
 {
     const wl_config *c = &m->cfg;
     size_t es = wl_dtype_size(m->dtype), T = (size_t)max_step;
-    size_t chunks = (T + DECODE_CHUNK - 1) / DECODE_CHUNK;
     wl_seq *s = calloc(1, sizeof *s);
     *out = NULL;
     if (!s)
@@ -99,31 +98,17 @@ int wl_seq_create(wl_seq **out, const wl_model *m, wl_kv *kv, int max_tokens, in
         TRY(weft_malloc_async(&s->gu, T * 2 * c->intermediate * es));
         TRY(weft_malloc_async(&s->act, T * c->intermediate * es));
     }
-    TRY(weft_malloc_async(&s->q_packed, DECODE_CHUNK * s->q_dim * es));
     TRY(weft_malloc_async((void **)&s->logits, (size_t)c->vocab * 4));
     TRY(weft_malloc_async((void **)&s->positions, T * 4));
     TRY(weft_malloc_async((void **)&s->seq_ids, T * 4));
     TRY(weft_malloc_async((void **)&s->table, (size_t)s->pages.max_pages * 4));
-    TRY(weft_malloc_async((void **)&s->seq_lens, chunks * 4));
+    TRY(weft_malloc_async((void **)&s->seq_len, 4));
     if (c->experts && wl_moe_bufs_create(&s->moe, m, max_step))
         goto fail;
-    /* the decode workspace for the longest call: any q_len, the whole table */
-    for (size_t ql = 1; ql <= DECODE_CHUNK; ql++) {
-        weft_kv_cache cache = wl_kv_layer(kv, 0, s->table, s->pages.max_pages);
-        weft_attention_decode_desc d = {
-            .q_len = ql, .heads = (size_t)c->heads, .window = (size_t)c->sliding_window};
-        size_t b = 0;
-        TRY(weft_attention_decode_workspace(&cache, &d, &b));
-        if (b > s->workspace_bytes)
-            s->workspace_bytes = b;
-    }
-    if (s->workspace_bytes)
-        TRY(weft_malloc_async(&s->workspace, s->workspace_bytes));
-    s->pos_host = malloc(T * 4);
+    s->pos_host = malloc((T + 1) * 4);
     s->zeros = calloc(T, 4);
-    s->lens_host = malloc(chunks * 4);
     s->logits_host = malloc((size_t)c->vocab * 4);
-    if (!s->pos_host || !s->zeros || !s->lens_host || !s->logits_host) {
+    if (!s->pos_host || !s->zeros || !s->logits_host) {
         wl_fail("out of memory for a sequence of %d tokens", max_tokens);
         goto fail;
     }
@@ -143,9 +128,8 @@ void wl_seq_destroy(wl_seq *s)
     if (!s)
         return;
     weft_await(); /* nothing of ours may still be in flight */
-    void *dev[] = {s->x,       s->h,        s->qkv,       s->attn,   s->gu,
-                   s->act,     s->q_packed, s->workspace, s->logits, s->positions,
-                   s->seq_ids, s->table,    s->seq_lens};
+    void *dev[] = {s->x,      s->h,         s->qkv,     s->attn,  s->gu,     s->act,
+                   s->logits, s->positions, s->seq_ids, s->table, s->seq_len};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i])
             weft_free_async(dev[i]);
@@ -154,7 +138,6 @@ void wl_seq_destroy(wl_seq *s)
     wl_kv_seq_release(&s->pages); /* ended or cancelled: the pages go back */
     free(s->pos_host);
     free(s->zeros);
-    free(s->lens_host);
     free(s->logits_host);
     free(s);
 }
@@ -173,6 +156,24 @@ int wl_rope(const wl_model *m, void *q, size_t q_stride, void *k, size_t k_strid
                             c->rope_llama3 ? &llama3 : NULL);
 }
 
+int wl_qk_norm(const wl_model *m, const wl_layer *L, void *qkv, size_t qkv_stride, int n)
+{
+    const wl_config *c = &m->cfg;
+    size_t es = wl_dtype_size(m->dtype), hd = (size_t)c->head_dim;
+    size_t q_dim = (size_t)c->heads * hd;
+    float eps = (float)c->rms_eps;
+    for (int t = 0; t < n; t++) {
+        char *row = (char *)qkv + (size_t)t * qkv_stride * es;
+        TRY(weft_rmsnorm(WEFT_TASK_STREAM, m->dtype, row, NULL, row, NULL, L->q_norm, eps,
+                         (size_t)c->heads, hd, hd));
+        TRY(weft_rmsnorm(WEFT_TASK_STREAM, m->dtype, row + q_dim * es, NULL, row + q_dim * es, NULL,
+                         L->k_norm, eps, (size_t)c->kv_heads, hd, hd));
+    }
+    return 0;
+fail:
+    return -1;
+}
+
 /* Attention of the n new tokens (rows of qkv, rotated) for layer li: their
  * K and V into the pages, then the queries against the keys, into attn. */
 static int attend(wl_seq *s, int li, int n)
@@ -185,36 +186,25 @@ static int attend(wl_seq *s, int li, int n)
     TRY(weft_kv_append(WEFT_TASK_STREAM, &cache, qkv + s->q_dim * es, s->qkv_dim,
                        qkv + (s->q_dim + s->kv_dim) * es, s->qkv_dim, (size_t)n, s->seq_ids,
                        s->positions, NULL));
+    weft_attention_desc d = {.dtype = dt,
+                             .batch = 1,
+                             .heads = (size_t)c->heads,
+                             .kv_heads = (size_t)c->kv_heads,
+                             .head_dim = (size_t)c->head_dim,
+                             .seq_q = (size_t)n,
+                             .q_stride = s->qkv_dim,
+                             .causal = 1,
+                             .window = (size_t)c->sliding_window};
     if (s->pos == 0) {
         /* the whole prompt in this call: its dense K and V are all the keys */
-        weft_attention_desc d = {.dtype = dt,
-                                 .batch = 1,
-                                 .heads = (size_t)c->heads,
-                                 .kv_heads = (size_t)c->kv_heads,
-                                 .head_dim = (size_t)c->head_dim,
-                                 .seq_q = (size_t)n,
-                                 .seq_k = (size_t)n,
-                                 .q_stride = s->qkv_dim,
-                                 .k_stride = s->qkv_dim,
-                                 .v_stride = s->qkv_dim,
-                                 .causal = 1,
-                                 .window = (size_t)c->sliding_window};
+        d.seq_k = (size_t)n;
+        d.k_stride = d.v_stride = s->qkv_dim;
         TRY(weft_attention(WEFT_TASK_STREAM, &d, s->attn, qkv, qkv + s->q_dim * es,
                            qkv + (s->q_dim + s->kv_dim) * es));
         return 0;
     }
-    /* continuing a cache: the keys are in the pages */
-    for (int c0 = 0, k = 0; c0 < n; c0 += DECODE_CHUNK, k++) {
-        int ql = n - c0 < DECODE_CHUNK ? n - c0 : DECODE_CHUNK;
-        for (int t = 0; t < ql; t++) /* q packed, as the op takes it */
-            TRY(weft_memcpy_async((char *)s->q_packed + (size_t)t * s->q_dim * es,
-                                  qkv + (size_t)(c0 + t) * s->qkv_dim * es, s->q_dim * es));
-        weft_attention_decode_desc d = {
-            .q_len = (size_t)ql, .heads = (size_t)c->heads, .window = (size_t)c->sliding_window};
-        TRY(weft_attention_decode(WEFT_TASK_STREAM, &cache, &d,
-                                  (char *)s->attn + (size_t)c0 * s->q_dim * es, NULL, s->q_packed,
-                                  s->seq_lens + k, s->workspace, s->workspace_bytes));
-    }
+    /* continuing a cache: the keys are in the pages, the new ones last */
+    TRY(weft_attention_paged(WEFT_TASK_STREAM, &cache, &d, s->seq_len, s->attn, qkv));
     return 0;
 fail:
     return -1;
@@ -247,19 +237,9 @@ static int layer_forward(wl_seq *s, int li, int n)
     float eps = (float)c->rms_eps;
     TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, s->h, NULL, s->x, NULL, L->attn_norm, eps, (size_t)n, H,
                      H));
-    TRY(wl_linear(s->m, qkv, s->qkv_dim, s->h, H, L->q, s->q_dim, L->q_bias, NULL, n, dt));
-    TRY(wl_linear(s->m, qkv + s->q_dim * es, s->qkv_dim, s->h, H, L->k, s->kv_dim, L->k_bias, NULL,
-                  n, dt));
-    TRY(wl_linear(s->m, qkv + (s->q_dim + s->kv_dim) * es, s->qkv_dim, s->h, H, L->v, s->kv_dim,
-                  L->v_bias, NULL, n, dt));
-    for (int t = 0; c->qk_norm && t < n; t++) {
-        char *row = qkv + (size_t)t * s->qkv_dim * es;
-        size_t hd = (size_t)c->head_dim;
-        TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, row, NULL, row, NULL, L->q_norm, eps,
-                         (size_t)c->heads, hd, hd));
-        TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, row + s->q_dim * es, NULL, row + s->q_dim * es, NULL,
-                         L->k_norm, eps, (size_t)c->kv_heads, hd, hd));
-    }
+    TRY(wl_linear(s->m, qkv, s->qkv_dim, s->h, H, L->qkv, s->qkv_dim, L->qkv_bias, NULL, n, dt));
+    if (c->qk_norm && wl_qk_norm(m, L, qkv, s->qkv_dim, n))
+        goto fail;
     TRY(wl_rope(s->m, qkv, s->qkv_dim, qkv + s->q_dim * es, s->qkv_dim, n, s->positions));
     if (attend(s, li, n))
         goto fail;
@@ -268,8 +248,7 @@ static int layer_forward(wl_seq *s, int li, int n)
                      H));
     if (L->moe)
         return wl_moe_mlp(m, &s->moe, li, s->x, s->h, n);
-    TRY(wl_linear(s->m, s->gu, 2 * I, s->h, H, L->gate, I, NULL, NULL, n, dt));
-    TRY(wl_linear(s->m, (char *)s->gu + I * es, 2 * I, s->h, H, L->up, I, NULL, NULL, n, dt));
+    TRY(wl_linear(s->m, s->gu, 2 * I, s->h, H, L->gu, 2 * I, NULL, NULL, n, dt));
     TRY(weft_glu(WEFT_TASK_STREAM, dt, WEFT_GLU_SWIGLU, s->act, s->gu, (size_t)n, I, 2 * I, I));
     TRY(wl_linear(s->m, s->x, H, s->act, I, L->down, H, NULL, s->x, n, dt));
     return 0;
@@ -327,13 +306,11 @@ static int forward(wl_seq *s, const int32_t *ids, int n, int rows, const float *
         s->pos_host[t] = s->pos + t;
     }
     if (grow_rows(s, rows) || wl_kv_seq_grow(&s->pages, s->pos + n))
-        return -1; /* nothing enqueued */
-    for (int c0 = 0, k = 0; c0 < n; c0 += DECODE_CHUNK, k++)
-        s->lens_host[k] = s->pos + (n - c0 < DECODE_CHUNK ? n : c0 + DECODE_CHUNK);
+        return -1;               /* nothing enqueued */
+    s->pos_host[n] = s->pos + n; /* the keys once these are appended */
     TRY(weft_memcpy_async(s->positions, s->pos_host, (size_t)n * 4));
     TRY(weft_memcpy_async(s->table, s->pages.table, (size_t)s->pages.used * 4));
-    TRY(weft_memcpy_async(s->seq_lens, s->lens_host,
-                          (size_t)(n + DECODE_CHUNK - 1) / DECODE_CHUNK * 4));
+    TRY(weft_memcpy_async(s->seq_len, s->pos_host + n, 4));
     for (int t = 0; t < n; t++)
         TRY(weft_memcpy_async((char *)s->x + t * H * es,
                               (const char *)m->embed + (size_t)ids[t] * H * es, H * es));
@@ -385,8 +362,10 @@ int wl_seq_rewind(wl_seq *s, int pos)
     return 0;
 }
 
-/* Each weight pointer of m with its size in bytes, for the upload. */
-static size_t weight_slots(wl_model *m, const void ***slot, size_t *bytes)
+/* Each weight pointer of m with its size in bytes: those pack.c leaves
+ * alone (the upload's), or with packed nonzero every tensor of the files
+ * but the experts (the narrowing's). */
+static size_t weight_slots(wl_model *m, const void ***slot, size_t *bytes, int packed)
 {
     const wl_config *c = &m->cfg;
     size_t es = wl_dtype_size(m->dtype), n = 0, H = (size_t)c->hidden;
@@ -401,25 +380,31 @@ static size_t weight_slots(wl_model *m, const void ***slot, size_t *bytes)
     for (int i = 0; i < c->layers; i++) {
         wl_layer *L = &m->layer[i];
         SLOT(L->attn_norm, H);
-        SLOT(L->q, q * H);
-        SLOT(L->k, kv * H);
-        SLOT(L->v, kv * H);
         SLOT(L->o, H * q);
         SLOT(L->mlp_norm, H);
+        if (packed) {
+            SLOT(L->q, q * H);
+            SLOT(L->k, kv * H);
+            SLOT(L->v, kv * H);
+        }
         if (!L->moe) {
-            SLOT(L->gate, I * H);
-            SLOT(L->up, I * H);
             SLOT(L->down, H * I);
-        } else { /* the experts go in packed blocks (wl_moe_pack_device) */
+            if (packed) {
+                SLOT(L->gate, I * H);
+                SLOT(L->up, I * H);
+            }
+        } else {
             SLOT(L->router, E * H);
             if (S) {
-                SLOT(L->shared_gate, S * H);
-                SLOT(L->shared_up, S * H);
                 SLOT(L->shared_down, H * S);
                 SLOT(L->shared_router, H);
             }
+            if (S && packed) {
+                SLOT(L->shared_gate, S * H);
+                SLOT(L->shared_up, S * H);
+            }
         }
-        if (c->attention_bias) {
+        if (c->attention_bias && packed) {
             SLOT(L->q_bias, q);
             SLOT(L->k_bias, kv);
             SLOT(L->v_bias, kv);
@@ -448,7 +433,7 @@ static int narrow_to_bf16(wl_model *m)
         free(bytes);
         return wl_fail("out of memory");
     }
-    n = weight_slots(m, slot, bytes);
+    n = weight_slots(m, slot, bytes, 1);
     size_t H = (size_t)c->hidden, M = (size_t)c->moe_intermediate;
     for (int i = 0; i < c->layers; i++)
         for (size_t j = 0; m->layer[i].moe && j < 3 * E; j++) {
@@ -488,8 +473,8 @@ int wl_model_upload(wl_model *m)
     if (m->dtype == WEFT_DTYPE_F32 && narrow_to_bf16(m))
         return -1;
     TRY(weft_stream(&stream));
-    if (!stream) /* the host backend reads the mapped files, the experts packed */
-        return wl_moe_pack_host(m);
+    if (!stream) /* the host backend reads the mapped files and its packed block */
+        return wl_pack_host(m);
     size_t max = 3 + 16 * (size_t)m->cfg.layers, n, total = 0;
     const void ***slot = malloc(max * sizeof *slot);
     size_t *bytes = malloc(max * sizeof *bytes);
@@ -498,11 +483,17 @@ int wl_model_upload(wl_model *m)
         free(bytes);
         return wl_fail("out of memory");
     }
-    n = weight_slots(m, slot, bytes);
+    n = weight_slots(m, slot, bytes, 0);
     for (size_t i = 0; i < n; i++)
         total += (bytes[i] + 255) / 256 * 256; /* each weight 256-byte aligned */
-    size_t experts_at = total;
-    total += wl_moe_packed_bytes(m);
+    size_t packed_at = total;
+    long long packed = wl_packed_bytes(m);
+    if (packed < 0) {
+        free(slot);
+        free(bytes);
+        return -1;
+    }
+    total += (size_t)packed;
     char *block = NULL;
     if (weft_malloc_async((void **)&block, total) != WEFT_OK) {
         free(slot);
@@ -524,7 +515,7 @@ int wl_model_upload(wl_model *m)
     }
     free(slot);
     free(bytes);
-    if (wl_moe_pack_device(m, block + experts_at)) {
+    if (wl_pack_device(m, block + packed_at)) {
         wl_await_keeping_error();
         return -1;
     }

@@ -9,9 +9,6 @@
 
 #include "llm.h"
 
-/* Queries per weft_attention_decode call (its q_len's limit). */
-#define DECODE_CHUNK 8
-
 /* The buffers of a mixture-of-experts MLP over up to tokens rows (moe.c),
  * carved from one allocation of the backend's memory: the router's logits
  * and tables, the rows in expert order and the experts' activations; for
@@ -31,15 +28,15 @@ struct wl_seq {
     wl_kv_seq pages;               /* this sequence's pages of kv, its table on the host */
     int max_tokens, max_step, pos; /* max_step: the most tokens one wl_forward takes */
     int rows;                      /* logits rows the buffers hold (wl_forward_rows grows them) */
-    size_t q_dim, kv_dim, qkv_dim, workspace_bytes;
+    size_t q_dim, kv_dim, qkv_dim;
     /* the backend's memory (weft_malloc_async) */
-    void *x, *h, *qkv, *attn, *gu, *act, *q_packed, *workspace;
-    wl_moe_bufs moe;                                 /* a mixture-of-experts model's */
-    float *logits;                                   /* rows x vocab */
-    int32_t *positions, *seq_ids, *table, *seq_lens; /* seq_lens: one a decode chunk */
+    void *x, *h, *qkv, *attn, *gu, *act;
+    wl_moe_bufs moe;                                /* a mixture-of-experts model's */
+    float *logits;                                  /* rows x vocab */
+    int32_t *positions, *seq_ids, *table, *seq_len; /* seq_len: after the call's tokens */
     /* host memory */
-    int32_t *pos_host, *zeros, *lens_host;
-    float *logits_host; /* rows x vocab */
+    int32_t *pos_host, *zeros; /* pos_host: the call's positions, then its seq_len */
+    float *logits_host;        /* rows x vocab */
 };
 
 #define TRY(call)                                                                                  \
@@ -61,6 +58,9 @@ void wl_await_keeping_error(void);
  * calling task's stream. */
 int wl_rope(const wl_model *m, void *q, size_t q_stride, void *k, size_t k_stride, int n,
             const int32_t *positions);
+/* Qwen3's RMSNorm of each head of q and k, in place, in n rows of q | k | v
+ * qkv_stride elements apart, on the calling task's stream. */
+int wl_qk_norm(const wl_model *m, const wl_layer *L, void *qkv, size_t qkv_stride, int n);
 /* d (rows n, leading dimension ldd) = a W^T (+ bias) (+ c), W n_out x k, on
  * the calling task's stream. */
 int wl_linear(const wl_model *m, void *d, size_t ldd, const void *a, size_t k, const void *w,
@@ -78,12 +78,16 @@ void wl_moe_bufs_destroy(wl_moe_bufs *b);
  * normed rows h (+ the shared expert's). The same ops in the same order
  * for any n, so a row gives what it gives alone up to the matmuls' sums. */
 int wl_moe_mlp(const wl_model *m, wl_moe_bufs *b, int li, void *x, const void *h, int n);
-/* The bytes of m's packed expert blocks, and the packing into dst (that
- * many bytes of the task's device memory, copied in stream order): every
- * MoE layer's experts_gu and experts_down point into dst afterwards. */
-size_t wl_moe_packed_bytes(const wl_model *m);
-int wl_moe_pack_device(wl_model *m, char *dst);
-/* The host backend's upload: packs the experts into m->host_block once. */
-int wl_moe_pack_host(wl_model *m);
+
+/* ---- packed weights (pack.c) ---- */
+
+/* The bytes of m's packed weights (-1: out of memory), and the packing into
+ * dst (that many bytes of the task's device memory, copied in stream
+ * order): every layer's qkv, qkv_bias, gu, shared_gu, experts_gu and
+ * experts_down (those it has) point into dst afterwards. */
+long long wl_packed_bytes(wl_model *m);
+int wl_pack_device(wl_model *m, char *dst);
+/* The host backend's upload: packs them into m->host_block once. */
+int wl_pack_host(wl_model *m);
 
 #endif

@@ -158,6 +158,10 @@ int wl_config_layer_moe(const wl_config *c, int layer);
 typedef struct wl_layer {
     const void *attn_norm, *q, *k, *v, *o, *q_bias, *k_bias, *v_bias, *q_norm, *k_norm;
     const void *mlp_norm, *gate, *up, *down; /* the dense MLP (NULL in a MoE layer) */
+    /* Packed by wl_model_upload (pack.c), what the forward pass reads:
+     * [q + 2 kv][hidden] q, k and v rows and their biases; [2 I][hidden]
+     * gate and up rows (dense MLP); the shared expert's likewise. */
+    const void *qkv, *qkv_bias, *gu, *shared_gu;
     /* A mixture-of-experts layer (moe set), E experts of MLP size I: */
     int moe;
     const void *router;       /* [E][hidden] */
@@ -179,16 +183,16 @@ typedef struct wl_model {
     wl_layer *layer;
     const void **expert_ptrs; /* what the layers' expert arrays point into */
     void *device_block;       /* weights copied to a GPU (NULL on the host backend) */
-    void *host_block;         /* the experts packed on the host (moe.c) */
+    void *host_block;         /* the packed weights on the host (pack.c) */
     void *narrow_block;       /* an fp32 model's weights rounded to bf16 */
 } wl_model;
 
 /* Reads dir's config and safetensors (one file or an index of shards) and
  * binds every weight the forward pass needs, checking name, shape and dtype.
- * A mixture-of-experts layer's experts are separate tensors in the files;
- * the grouped matmul takes each layer's as one [E][...] block, which
- * wl_model_upload packs (on the GPU, or in host memory for the host
- * backend), so experts_gu and experts_down are NULL until then. */
+ * Some tensors are read as one block (a layer's q, k and v; gate and up;
+ * a mixture of experts' experts), which wl_model_upload packs (on the GPU,
+ * or in host memory for the host backend): the layers' packed pointers
+ * are NULL until then. */
 int wl_model_open(wl_model *m, const char *dir);
 void wl_model_close(wl_model *m);
 
@@ -389,9 +393,9 @@ int wl_forward_rows(wl_seq *s, const int32_t *ids, int n, const float **rows);
  * at once, and a generation's pages are reserved for its whole life
  * anyway); wl_seq_destroy gives them back. An error for pos out of range. */
 int wl_seq_rewind(wl_seq *s, int pos);
-/* Task only: copies the weights to the task's device when it has one; on
- * the host backend packs a mixture of experts' weights (once, kept until
- * wl_model_close; several tasks may call it at once there). */
+/* Task only: copies the weights to the task's device when it has one,
+ * packed (pack.c); on the host backend packs them in host memory (once,
+ * kept until wl_model_close; several tasks may call it at once there). */
 int wl_model_upload(wl_model *m);
 int wl_model_release(wl_model *m);
 

@@ -28,15 +28,9 @@
  * The sequence of ops is the same for any number of rows, so a batch's
  * row goes through what the row alone goes through.
  *
- * Packing: the grouped matmul reads a layer's experts as one [E][n][k]
- * block, while a checkpoint stores each expert's matrices as separate
- * tensors. wl_model_upload packs them, gate and up of expert e as rows
- * [2 I e, 2 I e + I) and [2 I e + I, 2 I (e + 1)) of one [E][2 I][H]
- * block and the downs as [E][H][I]: into the device block on a GPU, into
- * one host allocation on the host backend (made once, under a lock since
- * several tasks may upload one model at once, and freed with the model).
+ * The grouped matmul reads a layer's experts as one [E][n][k] block, which
+ * wl_model_upload packs (pack.c).
  */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -114,9 +108,8 @@ static int shared_expert(const wl_model *m, wl_moe_bufs *b, const wl_layer *L, v
 {
     const wl_config *c = &m->cfg;
     weft_dtype dt = m->dtype;
-    size_t es = wl_dtype_size(dt), H = (size_t)c->hidden, S = (size_t)c->shared_intermediate;
-    TRY(wl_linear(m, b->sgu, 2 * S, h, H, L->shared_gate, S, NULL, NULL, n, dt));
-    TRY(wl_linear(m, (char *)b->sgu + S * es, 2 * S, h, H, L->shared_up, S, NULL, NULL, n, dt));
+    size_t H = (size_t)c->hidden, S = (size_t)c->shared_intermediate;
+    TRY(wl_linear(m, b->sgu, 2 * S, h, H, L->shared_gu, 2 * S, NULL, NULL, n, dt));
     TRY(weft_glu(WEFT_TASK_STREAM, dt, WEFT_GLU_SWIGLU, b->sact, b->sgu, (size_t)n, S, 2 * S, S));
     TRY(wl_linear(m, b->sy, H, b->sact, S, L->shared_down, H, NULL, NULL, n, dt));
     TRY(wl_linear(m, b->slogit, 1, h, H, L->shared_router, 1, NULL, NULL, n, dt));
@@ -152,81 +145,4 @@ int wl_moe_mlp(const wl_model *m, wl_moe_bufs *b, int li, void *x, const void *h
     return 0;
 fail:
     return -1;
-}
-
-/* ---- packing ---------------------------------------------------------------- */
-
-enum pack_mode { POINT, COPY_HOST, COPY_DEVICE };
-
-/* Lays m's MoE layers' blocks out from dst (one after another, each
- * 256-byte aligned, wl_moe_packed_bytes in all) and points the layers at
- * them; copies the experts' tensors there unless mode is POINT. */
-static int layout(wl_model *m, char *dst, enum pack_mode mode)
-{
-    const wl_config *c = &m->cfg;
-    size_t es = wl_dtype_size(m->dtype), H = (size_t)c->hidden, I = (size_t)c->moe_intermediate;
-    size_t mat = I * H * es, off = 0;
-    for (int li = 0; li < c->layers; li++) {
-        wl_layer *L = &m->layer[li];
-        if (!L->moe)
-            continue;
-        size_t gu = carve(&off, (size_t)c->experts * 2 * mat);
-        size_t down = carve(&off, (size_t)c->experts * mat);
-        for (int e = 0; mode != POINT && e < c->experts; e++) {
-            char *to[3] = {dst + gu + (size_t)(2 * e) * mat, dst + gu + (size_t)(2 * e + 1) * mat,
-                           dst + down + (size_t)e * mat};
-            for (int j = 0; j < 3; j++) {
-                if (mode == COPY_HOST) {
-                    memcpy(to[j], L->expert[3 * e + j], mat);
-                } else if (weft_memcpy_async(to[j], L->expert[3 * e + j], mat) != WEFT_OK) {
-                    return wl_fail("upload: layer %d expert %d: %s", li, e, weft_last_error());
-                }
-            }
-        }
-        if (L->experts_gu != dst + gu || L->experts_down != dst + down) {
-            /* written only when they move: other tasks may be reading them */
-            L->experts_gu = dst + gu;
-            L->experts_down = dst + down;
-        }
-    }
-    return 0;
-}
-
-size_t wl_moe_packed_bytes(const wl_model *m)
-{
-    const wl_config *c = &m->cfg;
-    size_t mat = (size_t)c->moe_intermediate * c->hidden * wl_dtype_size(m->dtype), off = 0;
-    for (int li = 0; li < c->layers; li++)
-        if (m->layer[li].moe) {
-            carve(&off, (size_t)c->experts * 2 * mat);
-            carve(&off, (size_t)c->experts * mat);
-        }
-    return off;
-}
-
-int wl_moe_pack_device(wl_model *m, char *dst)
-{
-    return layout(m, dst, COPY_DEVICE);
-}
-
-/* Held only while a model's host block is made or found: no weft call
- * under it. The first upload of a large model holds it for the copy. */
-static pthread_mutex_t host_pack_lock = PTHREAD_MUTEX_INITIALIZER;
-
-int wl_moe_pack_host(wl_model *m)
-{
-    size_t bytes = wl_moe_packed_bytes(m);
-    int rc = 0;
-    if (!bytes)
-        return 0;
-    pthread_mutex_lock(&host_pack_lock);
-    if (m->host_block) { /* packed by an earlier upload: point the layers back at it */
-        rc = layout(m, m->host_block, POINT);
-    } else if (!(m->host_block = malloc(bytes))) {
-        rc = wl_fail("upload: out of memory for %zu bytes of packed experts", bytes);
-    } else {
-        rc = layout(m, m->host_block, COPY_HOST);
-    }
-    pthread_mutex_unlock(&host_pack_lock);
-    return rc;
 }

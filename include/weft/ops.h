@@ -917,6 +917,33 @@ int weft_kv_append(void *stream, const weft_kv_cache *cache, const void *k, size
                    const void *v, size_t v_stride, size_t tokens, const int32_t *seq_ids,
                    const int32_t *positions, const weft_kv_rope *rope);
 
+/* Attention over a paged cache: weft_attention whose keys and values are
+ * those weft_kv_append wrote into cache's pages, for prefill that
+ * continues a cached prefix (chunked prefill, shared prompt prefixes) and
+ * for steps that mix several sequences' chunks. Sequence b < desc->batch
+ * (at most cache->seqs) is row b of the cache's block table: its keys are
+ * positions 0 .. Lk - 1, Lk = seq_lens[b] (int32, read where the work
+ * runs) clamped into [0, seq_k]; its queries are desc's, dense (seq_q a
+ * sequence) or packed by cu_seqlens_q, and under causal they are the last
+ * Lq of the Lk positions (the chunk's own keys appended before the call).
+ * desc as weft_attention takes it, except: dtype is the cache's, kv_heads
+ * and head_dim 0 or the cache's; seq_k the longest length (0: the table's
+ * capacity, max_pages * page_size, its limit); cu_seqlens_k, k_positions,
+ * k_stride and v_stride zero. q_positions (optional) rotates Q as it is
+ * read; the cache's keys are stored rotated (weft_kv_append's rope).
+ * Pages of the cache's dtype only (an FP8 cache is refused: FP8 pages are
+ * weft_attention_decode's). The arithmetic, the masks, an unseen query's
+ * zeros and -Inf LSE, and the requirements on Q and O are weft_attention's,
+ * and so are the results: on either backend the same as weft_attention
+ * over the same keys and values laid out densely, bit for bit (the keys
+ * are read in the same order). On the NULL stream a length outside [0,
+ * seq_k] or a table entry outside [0, pages) among the pages a length
+ * uses is refused with WEFT_EINVAL before anything is written; where the
+ * tables are read too late to refuse they are clamped (lengths into [0,
+ * seq_k], entries into [0, pages - 1]): nothing outside the pools is read. */
+int weft_attention_paged(void *stream, const weft_kv_cache *cache, const weft_attention_desc *desc,
+                         const int32_t *seq_lens, void *o, const void *q);
+
 /* The shape and options of one weft_attention_decode. reserved must stay
  * zero. */
 typedef struct weft_attention_decode_desc {
@@ -935,7 +962,11 @@ typedef struct weft_attention_decode_desc {
      * seqs x kv_heads cannot fill the GPU), 1 = never split, n > 1 = n
      * parts (at most one a page). The host reference never splits. */
     size_t splits;
-    uint64_t reserved[4];
+    /* elements from one query row (a token's heads) of q to the next: 0
+     * means heads * head_dim (packed); a multiple of 8, >= that, so q may
+     * be a view into a fused projection's rows. out is always packed. */
+    size_t q_stride;
+    uint64_t reserved[3];
 } weft_attention_decode_desc;
 
 /* Bytes of workspace weft_attention_decode needs for this cache and desc
@@ -953,9 +984,9 @@ int weft_attention_decode_workspace(const weft_kv_cache *cache,
  *                                         (FP8: each element times its head's scale)
  *   out[b][i][h] = sum_j exp(s_j - m) V[j] / sum_j exp(s_j - m),  m = max s_j
  *   lse[b][i][h] = m + log(sum_j exp(s_j - m))   (natural log)
- * q and out are [seqs][q_len][heads][head_dim] of the cache's dtype,
- * 16-byte aligned; lse (optional, NULL = none) is fp32 [seqs][q_len][heads].
- * A query that sees no key (L = 0, or p < 0 when L < q_len) gets zeros and
+ * q and out are [seqs][q_len][heads][head_dim] of the cache's dtype
+ * (q's rows q_stride apart), 16-byte aligned; lse (optional, NULL = none) is fp32
+ * [seqs][q_len][heads]. A query that sees no key (L = 0, or p < 0 when L < q_len) gets zeros and
  * lse = -Inf. seq_lens is int32 [seqs], read where the work runs.
  * Arithmetic: dot products and sums in fp32; exp and log correctly
  * rounded to fp32 on the host, exp2f-based in the kernels (within a few

@@ -21,11 +21,19 @@
 #include "core/error.h"
 #include "ops/attention.h"
 #include "ops/ops_internal.h"
+#include "ops/paged.h"
 
-static const char OP[] = "weft_attention";
+static const char DENSE[] = "weft_attention", PAGED[] = "weft_attention_paged";
 
 /* The grid's second and third dimensions hold heads and sequences. */
 enum { GRID_LIMIT = 65535 };
+
+/* A paged sequence's keys: its length clamped into [0, seq_k]. */
+static size_t paged_keys(const weft__attention_args *a, size_t b)
+{
+    int64_t n = a->k_lens[b];
+    return n < 0 ? 0 : n > (int64_t)a->seq_k ? a->seq_k : (size_t)n;
+}
 
 void weft__attention_sequence(const weft__attention_args *a, size_t b, size_t *q0, size_t *lq,
                               size_t *k0, size_t *lk)
@@ -33,14 +41,21 @@ void weft__attention_sequence(const weft__attention_args *a, size_t b, size_t *q
     if (!a->cu_seqlens_q) {
         *q0 = b * a->seq_q, *lq = a->seq_q;
         *k0 = b * a->seq_k, *lk = a->seq_k;
+        if (a->paged)
+            *k0 = 0, *lk = paged_keys(a, b);
         return;
     }
     int64_t qs = a->cu_seqlens_q[b], qe = a->cu_seqlens_q[b + 1];
-    int64_t ks = a->cu_seqlens_k[b], ke = a->cu_seqlens_k[b + 1];
-    int64_t nq = qe - qs, nk = ke - ks;
+    int64_t nq = qe - qs;
     nq = nq < 0 ? 0 : nq > (int64_t)a->seq_q ? (int64_t)a->seq_q : nq;
-    nk = nk < 0 ? 0 : nk > (int64_t)a->seq_k ? (int64_t)a->seq_k : nk;
     *q0 = qs < 0 ? 0 : (size_t)qs, *lq = (size_t)nq;
+    if (a->paged) {
+        *k0 = 0, *lk = paged_keys(a, b);
+        return;
+    }
+    int64_t ks = a->cu_seqlens_k[b], ke = a->cu_seqlens_k[b + 1];
+    int64_t nk = ke - ks;
+    nk = nk < 0 ? 0 : nk > (int64_t)a->seq_k ? (int64_t)a->seq_k : nk;
     *k0 = ks < 0 ? 0 : (size_t)ks, *lk = (size_t)nk;
 }
 
@@ -63,8 +78,8 @@ void weft__attention_keys(const weft__attention_args *a, size_t i, size_t lq, si
 
 /* A tensor of rows x width elements, stride apart (0 = width): checks it
  * and returns the resolved stride in *out. */
-static int check_tensor(const char *what, const void *p, size_t rows, size_t width, size_t stride,
-                        weft_dtype dtype, size_t *out)
+static int check_tensor(const char *OP, const char *what, const void *p, size_t rows, size_t width,
+                        size_t stride, weft_dtype dtype, size_t *out)
 {
     int rc;
     if (stride == 0)
@@ -81,7 +96,7 @@ static int check_tensor(const char *what, const void *p, size_t rows, size_t wid
     return WEFT_OK;
 }
 
-static int check_int32(const char *what, const int32_t *p)
+static int check_int32(const char *OP, const char *what, const int32_t *p)
 {
     if (p && (uintptr_t)p % sizeof *p != 0)
         return weft__fail(WEFT_EINVAL, "%s: %s is not 4-byte aligned", OP, what);
@@ -90,8 +105,8 @@ static int check_int32(const char *what, const int32_t *p)
 
 /* A varlen table on the host: nondecreasing from cu[0] >= 0, lengths at
  * most longest; *rows gets cu[batch]. */
-static int check_table(const char *what, const int32_t *cu, size_t batch, size_t longest,
-                       size_t *rows)
+static int check_table(const char *OP, const char *what, const int32_t *cu, size_t batch,
+                       size_t longest, size_t *rows)
 {
     if (cu[0] < 0)
         return weft__fail(WEFT_EINVAL, "%s: %s[0] is %d, negative", OP, what, (int)cu[0]);
@@ -108,15 +123,63 @@ static int check_table(const char *what, const int32_t *cu, size_t batch, size_t
     return WEFT_OK;
 }
 
+/* What a paged call asks of the cache and of desc's fields about K and V;
+ * *out is desc with the cache's sizes where desc leaves them zero. */
+static int check_paged(const char *OP, const weft_kv_cache *c, const weft_attention_desc *d,
+                       weft_attention_desc *out)
+{
+    int rc;
+    if ((rc = weft__kv_check_cache(OP, c)) != WEFT_OK)
+        return rc;
+    if (c->format != WEFT_KV_DTYPE)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: FP8 pages are read by weft_attention_decode only; this call "
+                          "takes pages of the cache's dtype",
+                          OP);
+    *out = *d;
+    out->kv_heads = d->kv_heads ? d->kv_heads : c->kv_heads;
+    out->head_dim = d->head_dim ? d->head_dim : c->head_dim;
+    size_t capacity = c->max_pages * c->page_size;
+    out->seq_k = d->seq_k ? d->seq_k : capacity;
+    if (d->dtype != c->dtype)
+        return weft__fail(WEFT_EINVAL, "%s: desc's dtype %d is not the cache's %d", OP,
+                          (int)d->dtype, (int)c->dtype);
+    if (out->kv_heads != c->kv_heads || out->head_dim != c->head_dim)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: desc's kv_heads %zu and head_dim %zu are not the cache's %zu "
+                          "and %zu",
+                          OP, out->kv_heads, out->head_dim, c->kv_heads, c->head_dim);
+    if (d->batch > c->seqs)
+        return weft__fail(WEFT_EINVAL, "%s: batch %zu is more than the cache's %zu sequences", OP,
+                          d->batch, c->seqs);
+    if (out->seq_k > capacity)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: seq_k %zu is over the table's capacity %zu (%zu pages of %zu)", OP,
+                          out->seq_k, capacity, c->max_pages, c->page_size);
+    if (d->cu_seqlens_k || d->k_positions || d->k_stride || d->v_stride)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: the keys are the cache's: cu_seqlens_k, k_positions, k_stride "
+                          "and v_stride must be zero (seq_lens gives the lengths; keys are "
+                          "rotated as they are appended)",
+                          OP);
+    return WEFT_OK;
+}
+
 /* The rows Q and K hold: dense batch * seq, varlen cu[batch] where the
  * tables can be read now (the NULL stream), else at least the longest
  * sequence's (what can be checked). */
-static int check_desc(void *stream, const weft_attention_desc *d, void *o, const void *q,
-                      const void *k, const void *v, weft__attention_args *x)
+static int check_desc(const char *OP, void *stream, const weft_attention_desc *d,
+                      const weft_kv_cache *cache, void *o, const void *q, const void *k,
+                      const void *v, weft__attention_args *x)
 {
     int rc;
     if (!d)
         return weft__fail(WEFT_EINVAL, "%s: desc is NULL", OP);
+    weft_attention_desc paged_desc;
+    if (cache && (rc = check_paged(OP, cache, d, &paged_desc)) != WEFT_OK)
+        return rc;
+    if (cache)
+        d = &paged_desc; /* the cache's sizes filled in */
     for (size_t i = 0; i < sizeof d->reserved / sizeof d->reserved[0]; i++)
         if (d->reserved[i] != 0)
             return weft__fail(WEFT_EINVAL, "%s: desc->reserved[%zu] is not zero", OP, i);
@@ -147,9 +210,9 @@ static int check_desc(void *stream, const weft_attention_desc *d, void *o, const
                           OP);
     if (!isfinite(d->scale))
         return weft__fail(WEFT_EINVAL, "%s: scale %g is not finite", OP, (double)d->scale);
-    if ((d->cu_seqlens_q == NULL) != (d->cu_seqlens_k == NULL))
+    if (!cache && (d->cu_seqlens_q == NULL) != (d->cu_seqlens_k == NULL))
         return weft__fail(WEFT_EINVAL, "%s: varlen needs both cu_seqlens_q and cu_seqlens_k", OP);
-    if ((d->q_positions == NULL) != (d->k_positions == NULL))
+    if (!cache && (d->q_positions == NULL) != (d->k_positions == NULL))
         return weft__fail(WEFT_EINVAL, "%s: RoPE needs both q_positions and k_positions", OP);
     if (d->q_positions) {
         if (d->rope_layout != WEFT_ROPE_INTERLEAVED && d->rope_layout != WEFT_ROPE_HALVES)
@@ -158,10 +221,10 @@ static int check_desc(void *stream, const weft_attention_desc *d, void *o, const
             return weft__fail(WEFT_EINVAL, "%s: rope_base %g is not finite and > 0", OP,
                               (double)d->rope_base);
     }
-    if ((rc = check_int32("cu_seqlens_q", d->cu_seqlens_q)) != WEFT_OK ||
-        (rc = check_int32("cu_seqlens_k", d->cu_seqlens_k)) != WEFT_OK ||
-        (rc = check_int32("q_positions", d->q_positions)) != WEFT_OK ||
-        (rc = check_int32("k_positions", d->k_positions)) != WEFT_OK)
+    if ((rc = check_int32(OP, "cu_seqlens_q", d->cu_seqlens_q)) != WEFT_OK ||
+        (rc = check_int32(OP, "cu_seqlens_k", d->cu_seqlens_k)) != WEFT_OK ||
+        (rc = check_int32(OP, "q_positions", d->q_positions)) != WEFT_OK ||
+        (rc = check_int32(OP, "k_positions", d->k_positions)) != WEFT_OK)
         return rc;
     if (d->lse && (uintptr_t)d->lse % sizeof(float) != 0)
         return weft__fail(WEFT_EINVAL, "%s: lse is not 4-byte aligned", OP);
@@ -170,10 +233,10 @@ static int check_desc(void *stream, const weft_attention_desc *d, void *o, const
     if (d->cu_seqlens_q) {
         q_rows = d->seq_q, k_rows = d->seq_k;
         if (stream == NULL &&
-            ((rc = check_table("cu_seqlens_q", d->cu_seqlens_q, d->batch, d->seq_q, &q_rows)) !=
+            ((rc = check_table(OP, "cu_seqlens_q", d->cu_seqlens_q, d->batch, d->seq_q, &q_rows)) !=
                  WEFT_OK ||
-             (rc = check_table("cu_seqlens_k", d->cu_seqlens_k, d->batch, d->seq_k, &k_rows)) !=
-                 WEFT_OK))
+             (!cache && (rc = check_table(OP, "cu_seqlens_k", d->cu_seqlens_k, d->batch, d->seq_k,
+                                          &k_rows)) != WEFT_OK)))
             return rc;
         if (q_rows == 0)
             q_rows = 1; /* every sequence empty: nothing is read */
@@ -199,12 +262,24 @@ static int check_desc(void *stream, const weft_attention_desc *d, void *o, const
     x->o = o, x->q = q, x->k = k, x->v = v;
 
     size_t qw = d->heads * d->head_dim, kw = kvh * d->head_dim;
-    if ((rc = check_tensor("Q", q, q_rows, qw, d->q_stride, d->dtype, &x->q_stride)) != WEFT_OK ||
-        (rc = check_tensor("K", k, k_rows, kw, d->k_stride, d->dtype, &x->k_stride)) != WEFT_OK ||
-        (rc = check_tensor("V", v, k_rows, kw, d->v_stride, d->dtype, &x->v_stride)) != WEFT_OK ||
-        (rc = check_tensor("O", o, q_rows, qw, d->o_stride, d->dtype, &x->o_stride)) != WEFT_OK)
+    if ((rc = check_tensor(OP, "Q", q, q_rows, qw, d->q_stride, d->dtype, &x->q_stride)) !=
+            WEFT_OK ||
+        (rc = check_tensor(OP, "O", o, q_rows, qw, d->o_stride, d->dtype, &x->o_stride)) != WEFT_OK)
         return rc;
-    if (o == q || o == k || o == v)
+    if (cache) {
+        x->paged = 1;
+        x->k = cache->k, x->v = cache->v;
+        x->k_stride = x->v_stride = kw;
+        x->table = cache->block_table;
+        x->page_size = cache->page_size, x->pages = cache->pages;
+        x->max_pages = cache->max_pages;
+    } else if ((rc = check_tensor(OP, "K", k, k_rows, kw, d->k_stride, d->dtype, &x->k_stride)) !=
+                   WEFT_OK ||
+               (rc = check_tensor(OP, "V", v, k_rows, kw, d->v_stride, d->dtype, &x->v_stride)) !=
+                   WEFT_OK) {
+        return rc;
+    }
+    if (o == q || o == x->k || o == x->v)
         return weft__fail(WEFT_EINVAL, "%s: O must be a buffer of its own", OP);
 
     if (d->lse) {
@@ -233,7 +308,7 @@ static void run_host(const void *args)
 
 /* WEFT_TASK_STREAM: the task's CUDA stream in *stream, or (host backend)
  * the host reference enqueued in the task's stream order. */
-static int task_stream(void **stream, weft__attention_args *x)
+static int task_stream(const char *OP, void **stream, weft__attention_args *x)
 {
     void *s = NULL;
     int rc = weft_stream(&s);
@@ -256,23 +331,70 @@ static int task_stream(void **stream, weft__attention_args *x)
     return rc;
 }
 
+static int run(const char *OP, void *stream, weft__attention_args *x)
+{
+    int rc;
+    if (stream == WEFT_TASK_STREAM && (rc = task_stream(OP, &stream, x)) != WEFT__ON_STREAM)
+        return rc;
+#ifdef WEFT_HAVE_CUDA
+    if (stream)
+        return weft__attention_cuda(stream, x);
+#endif
+    if ((rc = weft__attention_host_prepare(OP, x)) != WEFT_OK)
+        return rc;
+    weft__attention_host_run(x);
+    return WEFT_OK;
+}
+
 int weft_attention(void *stream, const weft_attention_desc *desc, void *o, const void *q,
                    const void *k, const void *v)
 {
     weft__attention_args x;
     int rc;
 
-    if ((rc = check_desc(stream, desc, o, q, k, v, &x)) != WEFT_OK ||
-        (rc = weft__check_stream(OP, stream)) != WEFT_OK)
+    if ((rc = check_desc(DENSE, stream, desc, NULL, o, q, k, v, &x)) != WEFT_OK ||
+        (rc = weft__check_stream(DENSE, stream)) != WEFT_OK)
         return rc;
-    if (stream == WEFT_TASK_STREAM && (rc = task_stream(&stream, &x)) != WEFT__ON_STREAM)
-        return rc;
-#ifdef WEFT_HAVE_CUDA
-    if (stream)
-        return weft__attention_cuda(stream, &x);
-#endif
-    if ((rc = weft__attention_host_prepare(OP, &x)) != WEFT_OK)
-        return rc;
-    weft__attention_host_run(&x);
+    return run(DENSE, stream, &x);
+}
+
+/* A paged call's NULL-stream checks, where the tables are host memory read
+ * now: every length within [0, seq_k], and the table entries of the pages
+ * those lengths use within the pool. */
+static int check_paged_tables(const weft__attention_args *x, const int32_t *seq_lens)
+{
+    for (size_t b = 0; b < x->batch; b++) {
+        if (seq_lens[b] < 0 || (size_t)seq_lens[b] > x->seq_k)
+            return weft__fail(WEFT_EINVAL, "%s: seq_lens[%zu] is %d, outside [0, %zu]", PAGED, b,
+                              (int)seq_lens[b], x->seq_k);
+        size_t used = ((size_t)seq_lens[b] + x->page_size - 1) / x->page_size;
+        for (size_t i = 0; i < used; i++) {
+            int32_t page = x->table[b * x->max_pages + i];
+            if (page < 0 || (size_t)page >= x->pages)
+                return weft__fail(WEFT_EINVAL,
+                                  "%s: sequence %zu's page %zu is %d, outside the pool's %zu",
+                                  PAGED, b, i, (int)page, x->pages);
+        }
+    }
     return WEFT_OK;
+}
+
+int weft_attention_paged(void *stream, const weft_kv_cache *cache, const weft_attention_desc *desc,
+                         const int32_t *seq_lens, void *o, const void *q)
+{
+    weft__attention_args x;
+    int rc;
+
+    if (!cache)
+        return weft__fail(WEFT_EINVAL, "%s: cache is NULL", PAGED);
+    if ((rc = check_desc(PAGED, stream, desc, cache, o, q, NULL, NULL, &x)) != WEFT_OK ||
+        (rc = check_int32(PAGED, "seq_lens", seq_lens)) != WEFT_OK ||
+        (rc = weft__check_stream(PAGED, stream)) != WEFT_OK)
+        return rc;
+    if (!seq_lens)
+        return weft__fail(WEFT_EINVAL, "%s: seq_lens is NULL", PAGED);
+    if (stream == NULL && (rc = check_paged_tables(&x, seq_lens)) != WEFT_OK)
+        return rc;
+    x.k_lens = seq_lens;
+    return run(PAGED, stream, &x);
 }

@@ -36,6 +36,11 @@
  * zero-filled by the copy (cp.async's source size 0), so they add nothing
  * and NaN padding beyond them is never read.
  *
+ * Paged (weft_attention_paged): the same kernel, its K and V tiles
+ * gathered a row at a time from the pages the sequence's block table
+ * names (page_size >= 16 rows apiece, so each 16-byte chunk is still one
+ * cp.async); the keys are stored rotated, so RoPE turns Q only.
+ *
  * RoPE, when asked, turns the Q tile once and each K tile as it arrives,
  * in shared memory, rounding to the dtype as weft_rope stores. Angles are
  * formed in double (position times the inverse frequency, computed once a
@@ -66,6 +71,8 @@ template <typename T> struct attention_params {
     T *o;
     float *lse;
     const int32_t *cu_q, *cu_k, *pos_q, *pos_k;
+    const int32_t *table, *k_lens; /* paged: the block table and the key lengths */
+    int page_shift, pages, max_pages;
     long long q_stride, k_stride, v_stride, o_stride, lse_stride;
     int seq_q, seq_k, group; /* group: query heads per kv head */
     int causal, halves;
@@ -161,6 +168,47 @@ __device__ __forceinline__ void load_tile(T *dst, const T *src, long long stride
     }
 }
 
+/* Rows [row0, row0 + R) of a sequence's keys in a paged pool (base: the
+ * pool plus the kv head's offset, rows stride apart; key t in slot t %
+ * page_size of page table[t / page_size], clamped into the pool) into the
+ * swizzled tile dst; rows at or past `rows` zero-filled. */
+template <typename T, int D, int R, int THREADS>
+__device__ __forceinline__ void load_paged_tile(T *dst, const T *base, long long stride, int row0,
+                                                int rows, const int32_t *table, int shift,
+                                                int pages)
+{
+    constexpr int CHUNKS = D / 8;
+#pragma unroll
+    for (int i = threadIdx.x; i < R * CHUNKS; i += THREADS) {
+        const int r = i / CHUNKS, c = i % CHUNKS, t = row0 + r;
+        const bool ok = t < rows;
+        const T *from = base;
+        if (ok) {
+            int page = table[t >> shift];
+            page = page < 0 ? 0 : page >= pages ? pages - 1 : page;
+            const long long row = ((long long)page << shift) + (t & ((1 << shift) - 1));
+            from = base + row * stride + c * 8;
+        }
+        cp_async16(dst + r * D + ((c ^ (r & 7)) << 3), from, ok ? 16 : 0);
+    }
+}
+
+/* K and V tiles from rows n0 on, from dense rows or the pages. */
+template <typename T, int D, bool PAGED, int THREADS>
+__device__ __forceinline__ void load_kv(T *ks, T *vs, const attention_params<T> &p, const T *kh,
+                                        const T *vh, const int32_t *table, int n0, int lk)
+{
+    if (PAGED) {
+        load_paged_tile<T, D, BN, THREADS>(ks, kh, p.k_stride, n0, lk, table, p.page_shift,
+                                           p.pages);
+        load_paged_tile<T, D, BN, THREADS>(vs, vh, p.v_stride, n0, lk, table, p.page_shift,
+                                           p.pages);
+    } else {
+        load_tile<T, D, BN, THREADS>(ks, kh, p.k_stride, n0, lk);
+        load_tile<T, D, BN, THREADS>(vs, vh, p.v_stride, n0, lk);
+    }
+}
+
 /* RoPE on rows [0, R) of a swizzled tile in place: row r is sequence row
  * row0 + r (below rows), at position pos[row0 + r]. */
 template <typename T, int D, int R, int THREADS>
@@ -187,7 +235,7 @@ __device__ void rotate_tile(T *tile, const int32_t *pos, int row0, int rows, boo
 /* MI: each warp takes MI tiles of 16 query rows, so that every K and V
  * fragment it reads from shared memory serves MI row tiles. Two blocks an
  * SM where the shared memory allows (head_dim 64). */
-template <typename T, int D, int MI, bool ROPE>
+template <typename T, int D, int MI, bool ROPE, bool PAGED>
 __global__ void __launch_bounds__(threads_for<MI>(), D == 64 ? 2 : 1)
     attention_kernel(attention_params<T> p)
 {
@@ -203,15 +251,30 @@ __global__ void __launch_bounds__(threads_for<MI>(), D == 64 ? 2 : 1)
     long long q0, k0;
     int lq, lk;
     if (p.cu_q) {
-        const long long qs = p.cu_q[b], ks = p.cu_k[b];
-        long long nq = p.cu_q[b + 1] - qs, nk = p.cu_k[b + 1] - ks;
+        const long long qs = p.cu_q[b];
+        long long nq = p.cu_q[b + 1] - qs;
         nq = nq < 0 ? 0 : nq > p.seq_q ? p.seq_q : nq;
-        nk = nk < 0 ? 0 : nk > p.seq_k ? p.seq_k : nk;
-        q0 = qs < 0 ? 0 : qs, k0 = ks < 0 ? 0 : ks;
-        lq = (int)nq, lk = (int)nk;
+        q0 = qs < 0 ? 0 : qs;
+        lq = (int)nq;
     } else {
-        q0 = (long long)b * p.seq_q, k0 = (long long)b * p.seq_k;
-        lq = p.seq_q, lk = p.seq_k;
+        q0 = (long long)b * p.seq_q;
+        lq = p.seq_q;
+    }
+    const int32_t *table = nullptr;
+    if (PAGED) { /* keys from position 0 of the sequence's pages */
+        const long long nk = p.k_lens[b];
+        k0 = 0;
+        lk = (int)(nk < 0 ? 0 : nk > p.seq_k ? p.seq_k : nk);
+        table = p.table + (long long)b * p.max_pages;
+    } else if (p.cu_k) {
+        const long long ks = p.cu_k[b];
+        long long nk = p.cu_k[b + 1] - ks;
+        nk = nk < 0 ? 0 : nk > p.seq_k ? p.seq_k : nk;
+        k0 = ks < 0 ? 0 : ks;
+        lk = (int)nk;
+    } else {
+        k0 = (long long)b * p.seq_k;
+        lk = p.seq_k;
     }
     const int m0 = mb * BM;
     if (m0 >= lq)
@@ -239,8 +302,7 @@ __global__ void __launch_bounds__(threads_for<MI>(), D == 64 ? 2 : 1)
     cp_async_commit();
     const bool any = n_begin < n_end;
     if (any) {
-        load_tile<T, D, BN, THREADS>(sk, kh, p.k_stride, (int)n_begin, lk);
-        load_tile<T, D, BN, THREADS>(sv, vh, p.v_stride, (int)n_begin, lk);
+        load_kv<T, D, PAGED, THREADS>(sk, sv, p, kh, vh, table, (int)n_begin, lk);
         cp_async_commit();
         cp_async_wait<1>();
     } else {
@@ -284,17 +346,15 @@ __global__ void __launch_bounds__(threads_for<MI>(), D == 64 ? 2 : 1)
     for (long long n0 = n_begin; n0 < n_end; n0 += BN, stage ^= 1) {
         T *ks = sk + stage * BN * D, *vs = sv + stage * BN * D;
         if (n0 + BN < n_end) {
-            load_tile<T, D, BN, THREADS>(sk + (stage ^ 1) * BN * D, kh, p.k_stride, (int)(n0 + BN),
-                                         lk);
-            load_tile<T, D, BN, THREADS>(sv + (stage ^ 1) * BN * D, vh, p.v_stride, (int)(n0 + BN),
-                                         lk);
+            load_kv<T, D, PAGED, THREADS>(sk + (stage ^ 1) * BN * D, sv + (stage ^ 1) * BN * D, p,
+                                          kh, vh, table, (int)(n0 + BN), lk);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();
-        if (ROPE) {
+        if (ROPE && !PAGED) { /* paged keys are stored rotated */
             rotate_tile<T, D, BN, THREADS>(ks, p.pos_k + k0, (int)n0, lk, p.halves, inv_freq);
             __syncthreads();
         }
@@ -422,10 +482,10 @@ __global__ void __launch_bounds__(threads_for<MI>(), D == 64 ? 2 : 1)
         }
 }
 
-template <typename T, int D, int MI, bool ROPE>
+template <typename T, int D, int MI, bool ROPE, bool PAGED = false>
 int launch_one(cudaStream_t stream, const attention_params<T> &p, dim3 grid)
 {
-    auto kernel = attention_kernel<T, D, MI, ROPE>;
+    auto kernel = attention_kernel<T, D, MI, ROPE, PAGED>;
     const size_t bytes =
         (size_t)(BM + 4 * BN) * D * sizeof(T) + (ROPE ? D / 2 * sizeof(double) : 0);
     cudaError_t e =
@@ -456,6 +516,17 @@ template <typename T> int launch(cudaStream_t stream, const weft__attention_args
     p.rope_base = a->rope_base;
     dim3 grid((unsigned)((a->seq_q + BM - 1) / BM), (unsigned)a->heads, (unsigned)a->batch);
     const bool rope = a->q_positions != NULL;
+    if (a->paged) { /* head_dim 64 or 128, as the cache allows */
+        p.table = a->table, p.k_lens = a->k_lens;
+        p.pages = (int)a->pages, p.max_pages = (int)a->max_pages;
+        while ((1u << p.page_shift) < a->page_size)
+            p.page_shift++;
+        if (a->head_dim == 64)
+            return rope ? launch_one<T, 64, 2, true, true>(stream, p, grid)
+                        : launch_one<T, 64, 2, false, true>(stream, p, grid);
+        return rope ? launch_one<T, 128, 1, true, true>(stream, p, grid)
+                    : launch_one<T, 128, 1, false, true>(stream, p, grid);
+    }
     if (a->head_dim == 256)
         return rope ? launch_one<T, 256, 1, true>(stream, p, grid)
                     : launch_one<T, 256, 1, false>(stream, p, grid);

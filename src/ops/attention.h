@@ -31,11 +31,17 @@ typedef struct weft__attention_args {
     size_t window; /* 0: none */
     float *lse;
     size_t lse_stride;
-    const int32_t *q_positions, *k_positions; /* NULL: no rotation */
+    const int32_t *q_positions, *k_positions; /* NULL: no rotation (paged: K never rotates) */
     weft_rope_layout rope_layout;
     float rope_base;
     void *o;
     const void *q, *k, *v;
+    /* weft_attention_paged: K and V are the cache's pools (k, v above, rows
+     * of kv_heads * head_dim: k_stride), sequence b's keys its table row's
+     * first k_lens[b] tokens (clamped into [0, seq_k]) */
+    int paged;
+    const int32_t *table, *k_lens;
+    size_t page_size, pages, max_pages;
     float *host_ws; /* the host reference's scratch (weft__attention_host_prepare) */
 } weft__attention_args;
 
@@ -43,6 +49,15 @@ typedef struct weft__attention_args {
  * weft_attention_desc says), from host-readable tables. */
 void weft__attention_sequence(const weft__attention_args *a, size_t b, size_t *q0, size_t *lq,
                               size_t *k0, size_t *lk);
+
+/* Sequence b's key j's row in a paged cache's pools: its table entry
+ * clamped into the pool. */
+static inline size_t weft__attention_page_row(const weft__attention_args *a, size_t b, size_t j)
+{
+    int64_t page = a->table[b * a->max_pages + j / a->page_size];
+    page = page < 0 ? 0 : page >= (int64_t)a->pages ? (int64_t)a->pages - 1 : page;
+    return (size_t)page * a->page_size + j % a->page_size;
+}
 
 /* The keys [*lo, *hi) that query i of a sequence of lq queries and lk keys
  * sees (an empty range when none). */

@@ -10,6 +10,9 @@
  * blocks (weft__sum's blocks), so a sum over 10^5 keys keeps a tree's
  * accuracy. A query that sees nothing gets zeros and LSE -Inf.
  *
+ * A paged call (weft_attention_paged) reads sequence b's key j from the
+ * pool row its block table names, already rotated.
+ *
  * The scratch (the group's keys and values, one row of scores) is taken at
  * the call (weft__attention_host_prepare), so a call either fails there
  * with WEFT_ENOMEM or runs to the end.
@@ -130,6 +133,12 @@ void weft__attention_host_run(weft__attention_args *a)
         weft__attention_sequence(a, b, &q0, &lq, &k0, &lk);
         for (size_t g = 0; g < a->kv_heads; g++) {
             for (size_t j = 0; j < lk; j++) {
+                if (a->paged) { /* stored rotated */
+                    size_t row = weft__attention_page_row(a, b, j);
+                    load_head(a, a->k, a->k_stride, row, g, NULL, 0, keys + j * dim);
+                    load_head(a, a->v, a->v_stride, row, g, NULL, 0, values + j * dim);
+                    continue;
+                }
                 int32_t pos = rope ? a->k_positions[k0 + j] : 0;
                 load_head(a, a->k, a->k_stride, k0 + j, g, rope, pos, keys + j * dim);
                 load_head(a, a->v, a->v_stride, k0 + j, g, NULL, 0, values + j * dim);

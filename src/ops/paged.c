@@ -39,7 +39,7 @@ static int reserved_zero(const uint64_t *r, size_t n)
     return 1;
 }
 
-static int check_cache(const char *op, const weft_kv_cache *c)
+int weft__kv_check_cache(const char *op, const weft_kv_cache *c)
 {
     size_t n;
 
@@ -115,7 +115,7 @@ int weft_kv_append(void *stream, const weft_kv_cache *cache, const void *k, size
 {
     int rc;
 
-    if ((rc = check_cache(APPEND, cache)) != WEFT_OK)
+    if ((rc = weft__kv_check_cache(APPEND, cache)) != WEFT_OK)
         return rc;
     size_t row = cache->kv_heads * cache->head_dim; /* cannot overflow: the pools' size did not */
     if (tokens == 0)
@@ -188,7 +188,7 @@ static int check_decode_shape(const weft_kv_cache *c, const weft_attention_decod
     int rc;
     size_t rows, n;
 
-    if ((rc = check_cache(DECODE, c)) != WEFT_OK)
+    if ((rc = weft__kv_check_cache(DECODE, c)) != WEFT_OK)
         return rc;
     if (d == NULL)
         return weft__fail(WEFT_EINVAL, "%s: desc is NULL", DECODE);
@@ -211,7 +211,14 @@ static int check_decode_shape(const weft_kv_cache *c, const weft_attention_decod
     if (!mul_ok(c->seqs, d->q_len, &rows) || !mul_ok(rows, d->heads, &rows) ||
         !mul_ok(rows, c->head_dim, &n) || !mul_ok(n, sizeof(uint16_t), &n) || rows > INT32_MAX)
         return weft__fail(WEFT_EINVAL, "%s: q's size overflows", DECODE);
+    size_t width = d->heads * c->head_dim;
+    if (d->q_stride != 0 && (d->q_stride < width || d->q_stride % 8 != 0))
+        return weft__fail(WEFT_EINVAL,
+                          "%s: q_stride %zu is below a row's %zu elements or not a "
+                          "multiple of 8",
+                          DECODE, d->q_stride, width);
     a->c = *c;
+    a->q_stride = d->q_stride ? d->q_stride : width;
     a->q_len = d->q_len;
     a->heads = d->heads;
     a->window = d->window;
@@ -263,12 +270,13 @@ int weft_attention_decode(void *stream, const weft_kv_cache *cache,
 
     if ((rc = check_decode_shape(cache, desc, &a, &need)) != WEFT_OK)
         return rc;
-    size_t bytes = cache->seqs * desc->q_len * desc->heads * cache->head_dim * 2;
+    size_t rows = cache->seqs * desc->q_len, width = desc->heads * cache->head_dim;
+    size_t out_bytes = rows * width * 2, q_bytes = ((rows - 1) * a.q_stride + width) * 2;
     if (q == NULL || out == NULL)
         return weft__fail(WEFT_EINVAL, "%s: %s is NULL", DECODE, q ? "out" : "q");
     if ((uintptr_t)q % 16 != 0 || (uintptr_t)out % 16 != 0)
         return weft__fail(WEFT_EINVAL, "%s: q and out must be 16-byte aligned", DECODE);
-    if (overlaps(q, bytes, out, bytes))
+    if (overlaps(q, q_bytes, out, out_bytes))
         return weft__fail(WEFT_EINVAL, "%s: out overlaps q", DECODE);
     if (lse && (uintptr_t)lse % sizeof *lse != 0)
         return weft__fail(WEFT_EINVAL, "%s: lse is not 4-byte aligned", DECODE);

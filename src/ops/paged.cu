@@ -149,6 +149,7 @@ template <typename T> struct decode_params {
     const void *kp, *vp; /* T, or FP8 bytes */
     const float *k_scale, *v_scale;
     const T *q;
+    long long q_stride; /* elements between query rows */
     T *out;
     float *lse;
     const int32_t *table, *seq_lens;
@@ -260,7 +261,7 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_kernel(decode_params<T>
         float v = 0.0f;
         if (gr < p.rows) {
             int i = gr / p.group, head = h * p.group + gr % p.group;
-            v = to_f32(p.q[(((size_t)b * p.q_len + i) * p.heads + head) * DIM + e]);
+            v = to_f32(p.q[((size_t)b * p.q_len + i) * p.q_stride + (size_t)head * DIM + e]);
         }
         q_s[r][e] = v;
     }
@@ -477,6 +478,7 @@ template <typename T> int launch_decode(cudaStream_t stream, const weft__decode_
     p.k_scale = c->k_scale;
     p.v_scale = c->v_scale;
     p.q = (const T *)a->q;
+    p.q_stride = (long long)a->q_stride;
     p.out = (T *)a->out;
     p.lse = a->lse;
     p.table = c->block_table;

@@ -86,7 +86,8 @@ typedef struct weft__kv_append_args {
 typedef struct weft__decode_args {
     weft_kv_cache c;
     size_t q_len, heads, window, max_seq_len;
-    float scale; /* resolved: 0 replaced by 1 / sqrt(head_dim) */
+    size_t q_stride; /* resolved: elements between q's rows */
+    float scale;     /* resolved: 0 replaced by 1 / sqrt(head_dim) */
     /* the split: 1 = none; else the most parts (the workspace's size),
      * and whether the caller fixed the count */
     size_t max_splits;
@@ -97,6 +98,10 @@ typedef struct weft__decode_args {
     const int32_t *seq_lens;
     void *workspace;
 } weft__decode_args;
+
+/* What every call over the cache asks of it (any format): WEFT_EINVAL with
+ * op's name and the reason, before anything is read through it. */
+int weft__kv_check_cache(const char *op, const weft_kv_cache *c);
 
 /* The most parts a call of this shape splits into (1: never splits). */
 size_t weft__decode_max_splits(const weft_kv_cache *c, const weft_attention_decode_desc *d,

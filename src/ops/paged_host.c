@@ -151,7 +151,8 @@ static void attend(const weft__decode_args *a, size_t b, size_t i, size_t h, lon
 {
     const weft_kv_cache *c = &a->c;
     size_t d = c->head_dim, kvh = h / (a->heads / c->kv_heads);
-    size_t row = (b * a->q_len + i) * a->heads + h, qr = row * d;
+    size_t row = (b * a->q_len + i) * a->heads + h, out_at = row * d;
+    size_t qr = (b * a->q_len + i) * a->q_stride + h * d;
     float acc[128] = {0}, m = -INFINITY;
     weft__sum total = {0};
 
@@ -169,7 +170,7 @@ static void attend(const weft__decode_args *a, size_t b, size_t i, size_t h, lon
     float l = weft__sum_get(&total);
     int none = hi < lo;
     for (size_t e = 0; e < d; e++)
-        weft__store(c->dtype, a->out, qr + e, none ? 0.0f : acc[e] / l);
+        weft__store(c->dtype, a->out, out_at + e, none ? 0.0f : acc[e] / l);
     if (a->lse)
         a->lse[row] = none ? -INFINITY : m + (float)log((double)l);
 }

@@ -204,6 +204,82 @@ static inline void at_free(at_data *a)
     memset(a, 0, sizeof *a);
 }
 
+/* A case's keys and values (rotated, as the reference reads them) in a
+ * paged cache for weft_attention_paged: pages of page_size tokens in
+ * shuffled order, sequence b's keys at positions 0 .. of table row b;
+ * every slot no key fills, and every page no sequence takes, NaN. */
+typedef struct at_pages {
+    weft_kv_cache cache; /* host pointers */
+    weft_attention_desc d;
+    int32_t *lens, *table;
+    void *kp, *vp;
+} at_pages;
+
+static inline at_pages at_paginate(const at_data *a, size_t page_size)
+{
+    const weft_attention_desc *d = &a->d;
+    at_pages p;
+    memset(&p, 0, sizeof p);
+    size_t ps = page_size, kw = a->k_width, max_pages = (d->seq_k + ps - 1) / ps, pages = 1;
+    p.lens = at_alloc(d->batch * sizeof(int32_t));
+    for (size_t b = 0; b < d->batch; b++) {
+        size_t q0, lq, k0, lk;
+        at_sequence(a, b, &q0, &lq, &k0, &lk);
+        p.lens[b] = (int32_t)lk;
+        pages += (lk + ps - 1) / ps;
+    }
+    size_t *order = at_alloc(pages * sizeof *order);
+    for (size_t i = 0; i < pages; i++)
+        order[i] = i;
+    for (size_t i = pages - 1; i > 0; i--) { /* Fisher-Yates */
+        size_t j = at_rng() % (i + 1), t = order[i];
+        order[i] = order[j], order[j] = t;
+    }
+    p.kp = at_alloc(pages * ps * kw * 2), p.vp = at_alloc(pages * ps * kw * 2);
+    for (size_t i = 0; i < pages * ps * kw; i++) {
+        weft__store(d->dtype, p.kp, i, NAN);
+        weft__store(d->dtype, p.vp, i, NAN);
+    }
+    p.table = at_alloc(d->batch * max_pages * sizeof(int32_t));
+    for (size_t i = 0; i < d->batch * max_pages; i++)
+        p.table[i] = -1;
+    size_t next = 0;
+    for (size_t b = 0; b < d->batch; b++) {
+        size_t q0, lq, k0, lk;
+        at_sequence(a, b, &q0, &lq, &k0, &lk);
+        for (size_t j = 0; j < lk; j++) {
+            if (j % ps == 0)
+                p.table[b * max_pages + j / ps] = (int32_t)order[next++];
+            size_t row = (size_t)p.table[b * max_pages + j / ps] * ps + j % ps;
+            for (size_t e = 0; e < kw; e++) {
+                weft__store(d->dtype, p.kp, row * kw + e, (float)a->rk[(k0 + j) * kw + e]);
+                weft__store(d->dtype, p.vp, row * kw + e, (float)a->rv[(k0 + j) * kw + e]);
+            }
+        }
+    }
+    free(order);
+    p.cache = (weft_kv_cache){.dtype = d->dtype,
+                              .k = p.kp,
+                              .v = p.vp,
+                              .pages = pages,
+                              .page_size = ps,
+                              .kv_heads = d->kv_heads,
+                              .head_dim = d->head_dim,
+                              .block_table = p.table,
+                              .seqs = d->batch,
+                              .max_pages = max_pages};
+    p.d = *d;
+    p.d.cu_seqlens_k = NULL, p.d.k_positions = NULL;
+    p.d.k_stride = p.d.v_stride = 0;
+    return p;
+}
+
+static inline void at_pages_free(at_pages *p)
+{
+    free(p->lens), free(p->table), free(p->kp), free(p->vp);
+    memset(p, 0, sizeof *p);
+}
+
 /* The reference's row: out[dim], *lse, the terms' sizes S[dim] and the
  * largest scale * sum |q k| (*t). Returns the keys seen. */
 static inline size_t at_row(const at_data *a, size_t q0, size_t lq, size_t k0, size_t lk, size_t h,

@@ -7,8 +7,9 @@
  * nothing), sliding windows, grouped-query ratios 1 to 32, varlen batches
  * mixing 1 and 3000 tokens, strided views into a fused QKV row, the LSE,
  * and RoPE in both layouts (also bit for bit against weft_rope followed by
- * attention); every bad argument refused with its reason before anything
- * is written.
+ * attention); weft_attention_paged over keys in shuffled pages, bit for
+ * bit what the same keys give densely; every bad argument refused with its
+ * reason before anything is written.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -252,6 +253,79 @@ static void test_rope_matches_float64_and_weft_rope_then_attention(void **state)
 
 /* ---- the task's stream on the host backend ------------------------------ */
 
+/* ---- paged keys ----------------------------------------------------------- */
+
+/* The case with its keys in shuffled pages: weft_attention_paged gives
+ * what weft_attention gives over the same keys laid out densely, bit for
+ * bit, and both pass the float64 reference. */
+static void paged_case(const char *name, weft_attention_desc d, const int32_t *lq,
+                       const int32_t *lk, size_t page_size, int rope)
+{
+    at_data a = at_new(d, lq, lk, 1, rope, 4.0);
+    at_pages p = at_paginate(&a, page_size);
+    run(name, &a); /* dense, into a.o and a.lse */
+    size_t qr = a.q_rows ? a.q_rows : 1, lse_n = a.d.heads * a.d.lse_stride;
+    void *dense_o = at_alloc(qr * a.d.o_stride * 2);
+    float *dense_lse = at_alloc(lse_n * sizeof(float));
+    memcpy(dense_o, a.o, qr * a.d.o_stride * 2);
+    memcpy(dense_lse, a.lse, lse_n * sizeof(float));
+    memset(a.o, 0xff, qr * a.d.o_stride * 2);
+    memset(a.lse, 0xff, lse_n * sizeof(float));
+    int rc = weft_attention_paged(NULL, &p.cache, &p.d, p.lens, a.o, a.q);
+    if (rc != WEFT_OK)
+        fail_msg("%s: weft_attention_paged returned %d: %s", name, rc, weft_last_error());
+    double rel, lse_err;
+    if (at_check(&a, a.o, a.lse, 0, name, &rel, &lse_err))
+        fail_msg("%s: paged: elements out of bounds", name);
+    if (memcmp(dense_o, a.o, qr * a.d.o_stride * 2) != 0 ||
+        memcmp(dense_lse, a.lse, lse_n * sizeof(float)) != 0)
+        fail_msg("%s: paged and dense keys give different results", name);
+    free(dense_o), free(dense_lse);
+    at_pages_free(&p);
+    at_free(&a);
+}
+
+static void test_paged_keys_give_what_dense_keys_give(void **state)
+{
+    (void)state;
+    /* a chunk continuing a cached prefix: 17 queries, the last of 100 keys */
+    for (int t = 0; t < 2; t++)
+        for (size_t dim = 64; dim <= 128; dim *= 2) {
+            weft_attention_desc d = {.dtype = TYPES[t],
+                                     .batch = 2,
+                                     .heads = 8,
+                                     .kv_heads = 2,
+                                     .head_dim = dim,
+                                     .seq_q = 17,
+                                     .seq_k = 100,
+                                     .causal = 1};
+            char name[96];
+            snprintf(name, sizeof name, "paged chunk dtype %d dim %zu", (int)d.dtype, dim);
+            paged_case(name, d, NULL, NULL, 16, 0);
+            snprintf(name, sizeof name, "paged chunk dtype %d dim %zu rope", (int)d.dtype, dim);
+            d.rope_layout = t ? WEFT_ROPE_HALVES : WEFT_ROPE_INTERLEAVED;
+            paged_case(name, d, NULL, NULL, 256, 1);
+        }
+    /* a step mixing decode rows, chunks and an empty sequence; GQA 4; windows */
+    static const int32_t LQ[] = {1, 300, 17, 0, 1}, LK[] = {1, 1000, 40, 5, 700};
+    for (int w = 0; w < 2; w++) {
+        weft_attention_desc d = {.dtype = TYPES[w],
+                                 .batch = 5,
+                                 .heads = 8,
+                                 .kv_heads = 2,
+                                 .head_dim = 128,
+                                 .seq_q = 300,
+                                 .seq_k = 1000,
+                                 .causal = 1,
+                                 .window = w ? 129 : 0};
+        paged_case(w ? "paged varlen window 129" : "paged varlen", d, LQ, LK, w ? 256 : 16, w);
+    }
+    /* not causal: every query sees every key of its sequence */
+    weft_attention_desc d = {
+        .dtype = WEFT_DTYPE_BF16, .batch = 3, .heads = 4, .head_dim = 64, .seq_q = 33, .seq_k = 47};
+    paged_case("paged not causal", d, NULL, NULL, 32, 0);
+}
+
 typedef struct task_job {
     at_data *a;
     void *o;
@@ -413,6 +487,81 @@ static void test_bad_arguments_are_refused_with_the_reason(void **state)
     at_free(&a);
 }
 
+/* A paged call must fail with WEFT_EINVAL naming why, and leave O alone. */
+static void paged_refused(const weft_kv_cache *c, const weft_attention_desc *d, const int32_t *lens,
+                          at_data *a, const char *why)
+{
+    size_t n = a->q_rows * a->d.o_stride * 2;
+    memset(a->o, 0xff, n);
+    int rc = weft_attention_paged(NULL, c, d, lens, a->o, a->q);
+    if (rc != WEFT_EINVAL)
+        fail_msg("%s: returned %d, not WEFT_EINVAL", why, rc);
+    if (!strstr(weft_last_error(), why))
+        fail_msg("expected \"%s\" in \"%s\"", why, weft_last_error());
+    for (size_t i = 0; i < n / 2; i++)
+        if (!at_poisoned16(a->o, i))
+            fail_msg("%s: O was written", why);
+}
+
+static void test_paged_bad_arguments_are_refused_with_the_reason(void **state)
+{
+    (void)state;
+    weft_attention_desc d0 = {.dtype = WEFT_DTYPE_BF16,
+                              .batch = 2,
+                              .heads = 4,
+                              .kv_heads = 2,
+                              .head_dim = 64,
+                              .seq_q = 5,
+                              .seq_k = 40,
+                              .causal = 1};
+    at_data a = at_new(d0, NULL, NULL, 0, 0, 1.0);
+    at_pages p = at_paginate(&a, 16);
+    weft_kv_cache c = p.cache;
+    weft_attention_desc d = p.d;
+    int32_t lens[2] = {40, 40};
+    assert_int_equal(weft_attention_paged(NULL, &c, &d, lens, a.o, a.q), WEFT_OK);
+#define PAGED_DESC(field, value, why)                                                              \
+    do {                                                                                           \
+        d = p.d;                                                                                   \
+        d.field = value;                                                                           \
+        paged_refused(&c, &d, lens, &a, why);                                                      \
+        d = p.d;                                                                                   \
+    } while (0)
+    PAGED_DESC(dtype, WEFT_DTYPE_F16, "not the cache's");
+    PAGED_DESC(kv_heads, 4, "not the cache's");
+    PAGED_DESC(head_dim, 128, "not the cache's");
+    PAGED_DESC(batch, 3, "more than the cache's 2 sequences");
+    PAGED_DESC(seq_k, 49, "over the table's capacity");
+    PAGED_DESC(cu_seqlens_k, lens, "the keys are the cache's");
+    PAGED_DESC(k_positions, lens, "the keys are the cache's");
+    PAGED_DESC(k_stride, 128, "the keys are the cache's");
+    d.causal = 0, d.window = 3;
+    paged_refused(&c, &d, lens, &a, "sliding window needs causal");
+    d = p.d;
+    c.format = WEFT_KV_FP8_E4M3;
+    c.k_scale = c.v_scale = (const float *)lens;
+    paged_refused(&c, &d, lens, &a, "FP8 pages are read by weft_attention_decode only");
+    c = p.cache;
+    c.page_size = 24;
+    paged_refused(&c, &d, lens, &a, "not a power of two");
+    c = p.cache;
+    paged_refused(NULL, &d, lens, &a, "cache is NULL");
+    paged_refused(&c, &d, NULL, &a, "seq_lens is NULL");
+    /* the tables, read in time on the NULL stream */
+    lens[1] = 41;
+    paged_refused(&c, &d, lens, &a, "seq_lens[1] is 41, outside [0, 40]");
+    lens[1] = -1;
+    paged_refused(&c, &d, lens, &a, "seq_lens[1] is -1");
+    lens[1] = 40;
+    p.table[c.max_pages + 2] = (int32_t)c.pages;
+    paged_refused(&c, &d, lens, &a, "sequence 1's page 2");
+    lens[1] = 32; /* its third page unused: not read, not refused */
+    assert_int_equal(weft_attention_paged(NULL, &c, &d, lens, a.o, a.q), WEFT_OK);
+#undef PAGED_DESC
+    at_pages_free(&p);
+    at_free(&a);
+}
+
 int main(void)
 {
     const char *seed = getenv("WEFT_TEST_SEED");
@@ -425,6 +574,8 @@ int main(void)
         cmocka_unit_test(test_grouped_query_ratios),
         cmocka_unit_test(test_sliding_windows),
         cmocka_unit_test(test_strided_views_into_a_fused_projection),
+        cmocka_unit_test(test_paged_keys_give_what_dense_keys_give),
+        cmocka_unit_test(test_paged_bad_arguments_are_refused_with_the_reason),
         cmocka_unit_test(test_rope_matches_float64_and_weft_rope_then_attention),
         cmocka_unit_test(test_varlen_batches_mix_one_and_three_thousand_tokens),
         cmocka_unit_test(test_long_sequences_with_few_heads),

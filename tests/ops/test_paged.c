@@ -50,6 +50,24 @@ static void run_case(const char *name, const pg_shape *s)
         fail_msg("%s: decode: %s", name, weft_last_error());
     if (pg_check_decode(name, &c, out, lse))
         fail_msg("%s: decode differs from float64", name);
+
+    /* q as a view into wider rows (a fused projection's), NaN between:
+     * the same output, bit for bit */
+    size_t width = s->heads * s->head_dim, stride = width + 24;
+    uint16_t *wide = pg_alloc(c.q_elems / width * stride * 2);
+    void *out2 = pg_alloc(c.q_elems * 2);
+    for (size_t r = 0; r < c.q_elems / width; r++) {
+        memcpy(wide + r * stride, (const uint16_t *)c.q + r * width, width * 2);
+        for (size_t e = width; e < stride; e++)
+            wide[r * stride + e] = 0x7fc1; /* NaN in bf16 and fp16 */
+    }
+    d.q_stride = stride;
+    rc = weft_attention_decode(NULL, &c.cache, &d, out2, NULL, wide, c.lens, work, ws);
+    if (rc != WEFT_OK)
+        fail_msg("%s: decode with q_stride: %s", name, weft_last_error());
+    if (memcmp(out, out2, c.q_elems * 2) != 0)
+        fail_msg("%s: decode with q_stride %zu differs from packed q", name, stride);
+    free(wide), free(out2);
     free(work), free(out), free(lse);
     pg_free(&c);
 }
@@ -323,6 +341,8 @@ static void test_bad_arguments_are_refused_before_anything_is_written(void **sta
     BAD_DESC(scale, NAN, "NaN scale");
     BAD_DESC(max_seq_len, c.cache.max_pages * 16 + 1, "max_seq_len past the capacity");
     BAD_DESC(reserved[0], 7, "desc reserved");
+    BAD_DESC(q_stride, d.heads * c.cache.head_dim - 8, "q_stride below a row");
+    BAD_DESC(q_stride, d.heads * c.cache.head_dim + 4, "q_stride not a multiple of 8");
     expect_einval(DECODE(cc, NULL, out, lse, c.q, c.lens, work, ws), "NULL desc");
     expect_einval(weft_attention_decode_workspace(cc, &d, NULL), "NULL bytes");
     expect_einval(DECODE(cc, &d, NULL, lse, c.q, c.lens, work, ws), "NULL out");
