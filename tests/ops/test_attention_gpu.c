@@ -7,7 +7,10 @@
  * varlen batches mixing 1 and 3000 tokens and one of 100,000, strided
  * views, RoPE in both layouts), the LSE, and tiles that cross every
  * boundary (lengths around multiples of the 128-row and 64-key blocks);
- * a task's own stream (WEFT_TASK_STREAM) gives the bits a stream gives.
+ * a task's own stream (WEFT_TASK_STREAM) gives the bits a stream gives;
+ * weft_attention_paged over keys in shuffled pages (a chunk continuing a
+ * prefix, a mixed step of decode rows and chunks), bit for bit the dense
+ * call's.
  * Outputs are poisoned before each launch (NaN bytes) and must be written
  * completely, their padding left alone; bad arguments are refused before
  * anything is enqueued.
@@ -330,6 +333,112 @@ typedef struct task_job {
     void *o, *q, *k, *v;
 } task_job;
 
+/* ---- paged keys ----------------------------------------------------------- */
+
+/* The case's keys in shuffled pages (NaN wherever no key is): the kernel's
+ * paged output checked against float64 and, without RoPE (where the dense
+ * call rotates K itself), bit for bit against the dense call on the GPU. */
+static void paged_case(const char *name, weft_attention_desc d, const int32_t *lq,
+                       const int32_t *lk, size_t page_size, int rope)
+{
+    at_data a = at_new(d, lq, lk, 1, rope, 4.0);
+    at_pages p = at_paginate(&a, page_size);
+    const weft_attention_desc *ad = &a.d;
+    size_t qr = a.q_rows ? a.q_rows : 1, kr = a.k_rows ? a.k_rows : 1;
+    size_t on = qr * ad->o_stride * 2, ln = ad->heads * ad->lse_stride * sizeof(float);
+    size_t pool = p.cache.pages * page_size * a.k_width * 2, tb = (ad->batch + 1) * 4;
+    void *dq = gt_upload(a.q, qr * ad->q_stride * 2), *dout = gt_upload(a.o, on);
+    float *dlse = gt_upload(a.lse, ln);
+    int32_t *dcq = a.cu_q ? gt_upload(a.cu_q, tb) : NULL;
+    int32_t *dpq = a.pos_q ? gt_upload(a.pos_q, qr * 4) : NULL;
+    weft_kv_cache c = p.cache;
+    c.k = gt_upload(p.kp, pool), c.v = gt_upload(p.vp, pool);
+    c.block_table = gt_upload(p.table, ad->batch * c.max_pages * 4);
+    int32_t *dlens = gt_upload(p.lens, ad->batch * 4);
+    weft_attention_desc g = p.d;
+    g.lse = dlse, g.cu_seqlens_q = dcq, g.q_positions = dpq;
+    int rc = weft_attention_paged(stream, &c, &g, dlens, dout, dq);
+    if (rc != WEFT_OK)
+        fail_msg("%s: weft_attention_paged returned %d: %s", name, rc, weft_last_error());
+    assert_cuda(cudaStreamSynchronize(stream));
+    void *o = download(dout, on);
+    float *lse = download(dlse, ln);
+    double rel, lse_err;
+    size_t bad = at_check(&a, o, lse, 1, name, &rel, &lse_err);
+    const char *same = "";
+    if (!rope) { /* the dense call over the same keys, into fresh poisoned outputs */
+        void *dk = gt_upload(a.k, kr * ad->k_stride * 2),
+             *dv = gt_upload(a.v, kr * ad->v_stride * 2);
+        int32_t *dck = a.cu_k ? gt_upload(a.cu_k, tb) : NULL;
+        void *dout2 = gt_upload(a.o, on);
+        float *dlse2 = gt_upload(a.lse, ln);
+        weft_attention_desc e = *ad;
+        e.lse = dlse2, e.cu_seqlens_q = dcq, e.cu_seqlens_k = dck;
+        assert_ok(weft_attention(stream, &e, dout2, dq, dk, dv));
+        assert_cuda(cudaStreamSynchronize(stream));
+        void *o2 = download(dout2, on);
+        float *lse2 = download(dlse2, ln);
+        if (memcmp(o, o2, on) != 0 || memcmp(lse, lse2, ln) != 0) {
+            printf("  %s: paged and dense keys give different bits\n", name);
+            bad++;
+        }
+        same = "  = dense";
+        free(o2), free(lse2);
+        cudaFree(dk), cudaFree(dv), cudaFree(dck), cudaFree(dout2), cudaFree(dlse2);
+    }
+    printf("  %-46s rel %.2e  lse %.2e%s%s\n", name, rel, lse_err, same, bad ? "  FAILED" : "");
+    if (bad)
+        failed_cases++;
+    free(o), free(lse);
+    cudaFree(dq), cudaFree(dout), cudaFree(dlse), cudaFree(dcq), cudaFree(dpq), cudaFree(dlens);
+    cudaFree(c.k), cudaFree(c.v), cudaFree((void *)c.block_table);
+    at_pages_free(&p);
+    at_free(&a);
+}
+
+static void test_paged_keys_match_float64_and_the_dense_call(void **state)
+{
+    (void)state;
+    char name[128];
+    for (int t = 0; t < 2; t++)
+        for (size_t dim = 64; dim <= 128; dim *= 2) {
+            weft_attention_desc d = {.dtype = TYPES[t],
+                                     .batch = 2,
+                                     .heads = 8,
+                                     .kv_heads = 2,
+                                     .head_dim = dim,
+                                     .seq_q = 17,
+                                     .seq_k = 100,
+                                     .causal = 1};
+            snprintf(name, sizeof name, "paged %s dim %zu chunk 17 of 100", t ? "f16" : "bf16",
+                     dim);
+            paged_case(name, d, NULL, NULL, 16, 0);
+            d.rope_layout = t ? WEFT_ROPE_HALVES : WEFT_ROPE_INTERLEAVED;
+            snprintf(name, sizeof name, "paged %s dim %zu rope, pages of 256", t ? "f16" : "bf16",
+                     dim);
+            paged_case(name, d, NULL, NULL, 256, 1);
+        }
+    /* a mixed step: decode rows, chunks, an empty sequence; GQA 4; a window */
+    static const int32_t LQ[] = {1, 512, 17, 0, 1, 300}, LK[] = {1, 3512, 40, 5, 700, 300};
+    for (int w = 0; w < 2; w++) {
+        weft_attention_desc d = {.dtype = TYPES[w],
+                                 .batch = 6,
+                                 .heads = 32,
+                                 .kv_heads = 8,
+                                 .head_dim = 128,
+                                 .seq_q = 512,
+                                 .seq_k = 3512,
+                                 .causal = 1,
+                                 .window = w ? 1000 : 0};
+        paged_case(w ? "paged varlen mixed step, window 1000" : "paged varlen mixed step", d, LQ,
+                   LK, w ? 128 : 16, 0);
+    }
+    weft_attention_desc d = {
+        .dtype = WEFT_DTYPE_BF16, .batch = 3, .heads = 4, .head_dim = 64, .seq_q = 33, .seq_k = 47};
+    paged_case("paged not causal", d, NULL, NULL, 32, 0);
+    no_case_failed();
+}
+
 static void *task_main(void *arg)
 {
     task_job *j = arg;
@@ -426,6 +535,7 @@ int main(void)
         cmocka_unit_test(test_strided_views_and_rope),
         cmocka_unit_test(test_varlen_batches_mixing_1_to_100000_tokens),
         cmocka_unit_test(test_long_sequences),
+        cmocka_unit_test(test_paged_keys_match_float64_and_the_dense_call),
         cmocka_unit_test(test_a_tasks_stream_computes_what_a_stream_does),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
