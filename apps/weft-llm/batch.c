@@ -58,18 +58,22 @@ struct wl_batch {
     const wl_model *m;
     wl_kv *kv;
     int max_seqs, max_pages;
+    int chunk, max_rows; /* a mixed step's most tokens of one sequence, and in all */
     size_t q_dim, kv_dim, qkv_dim, workspace_bytes;
-    /* the backend's memory, max_seqs rows each */
+    /* the backend's memory: max_rows token rows, max_seqs sequences */
     void *x, *h, *qkv, *attn, *gu, *act, *workspace;
     wl_moe_bufs moe; /* a mixture-of-experts model's */
-    float *logits;
+    float *logits;   /* a row a sequence */
     int32_t *positions, *seq_ids, *table, *seq_lens;
+    /* a mixed step's: each row's sequence, the query rows' prefix sums, and
+     * each sequence's last row */
+    int32_t *row_seqs, *cu_rows, *last_rows;
     /* host memory: page-locked (weft_host_alloc) where a step copies it,
      * so that graph mode records the copies as they are */
     weft_runtime *rt;
     int graph;  /* each step a graph-mode region keyed by its size */
     int replay; /* a repeating step replays its graph without recording it */
-    int32_t *pos_host, *table_host, *lens_host;
+    int32_t *pos_host, *table_host, *lens_host, *rows_host; /* rows_host: the three above */
     float *logits_host;
     weft_sampling *sampling, *sampling_host; /* how each row draws, there and here */
     int32_t *picked, *picked_host;           /* each row's token, there and here */
@@ -88,13 +92,15 @@ struct wl_batch {
     (0x776c2d7374657000ull | (uint64_t)(n) | (uint64_t)(logits) << 16 | (uint64_t)(picked) << 17 | \
      (uint64_t)(penalised) << 18)
 
-int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens)
+int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens,
+                    int chunk)
 {
     const wl_config *c = &m->cfg;
-    size_t es = wl_dtype_size(m->dtype), B = (size_t)max_seqs;
+    size_t es = wl_dtype_size(m->dtype), B = (size_t)max_seqs, R = B + (size_t)chunk;
     *out = NULL;
-    if (max_seqs < 1 || max_tokens < 1)
-        return wl_fail("batch: %d sequences of %d tokens", max_seqs, max_tokens);
+    if (max_seqs < 1 || max_tokens < 1 || chunk < 0 || chunk > max_tokens)
+        return wl_fail("batch: %d sequences of %d tokens, chunks of %d", max_seqs, max_tokens,
+                       chunk);
     wl_batch *b = calloc(1, sizeof *b);
     if (!b)
         return wl_fail("out of memory");
@@ -102,28 +108,33 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     b->kv = kv;
     b->max_seqs = max_seqs;
     b->max_pages = (max_tokens + kv->page_size - 1) / kv->page_size;
+    b->chunk = chunk;
+    b->max_rows = (int)R;
     b->adjust_row = (size_t)max_tokens + WL_MAX_BIAS;
     b->q_dim = (size_t)c->heads * c->head_dim;
     b->kv_dim = (size_t)c->kv_heads * c->head_dim;
     b->qkv_dim = b->q_dim + 2 * b->kv_dim;
     size_t P = (size_t)b->max_pages;
-    TRY(weft_malloc_async(&b->x, B * c->hidden * es));
-    TRY(weft_malloc_async(&b->h, B * c->hidden * es));
-    TRY(weft_malloc_async(&b->qkv, B * b->qkv_dim * es));
-    TRY(weft_malloc_async(&b->attn, B * b->q_dim * es));
+    TRY(weft_malloc_async(&b->x, R * c->hidden * es));
+    TRY(weft_malloc_async(&b->h, R * c->hidden * es));
+    TRY(weft_malloc_async(&b->qkv, R * b->qkv_dim * es));
+    TRY(weft_malloc_async(&b->attn, R * b->q_dim * es));
     if (wl_model_has_dense_mlp(m)) {
-        TRY(weft_malloc_async(&b->gu, B * 2 * c->intermediate * es));
-        TRY(weft_malloc_async(&b->act, B * c->intermediate * es));
+        TRY(weft_malloc_async(&b->gu, R * 2 * c->intermediate * es));
+        TRY(weft_malloc_async(&b->act, R * c->intermediate * es));
     }
     TRY(weft_malloc_async((void **)&b->logits, B * c->vocab * 4));
-    TRY(weft_malloc_async((void **)&b->positions, B * 4));
+    TRY(weft_malloc_async((void **)&b->positions, R * 4));
     TRY(weft_malloc_async((void **)&b->seq_ids, B * 4));
+    TRY(weft_malloc_async((void **)&b->row_seqs, R * 4));
+    TRY(weft_malloc_async((void **)&b->cu_rows, (B + 1) * 4));
+    TRY(weft_malloc_async((void **)&b->last_rows, B * 4));
     TRY(weft_malloc_async((void **)&b->table, B * P * 4));
     TRY(weft_malloc_async((void **)&b->seq_lens, B * 4));
     TRY(weft_malloc_async((void **)&b->sampling, B * sizeof *b->sampling));
     TRY(weft_malloc_async((void **)&b->picked, B * 4));
-    TRY(weft_malloc_async((void **)&b->tokens, B * 4));
-    if (c->experts && wl_moe_bufs_create(&b->moe, m, max_seqs))
+    TRY(weft_malloc_async((void **)&b->tokens, R * 4));
+    if (c->experts && wl_moe_bufs_create(&b->moe, m, (int)R))
         goto fail;
     /* the decode workspace for any batch size: the split the op chooses
      * (more parts for fewer sequences) need not grow with the batch */
@@ -143,13 +154,14 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     b->graph = !(graph && !strcmp(graph, "0"));
     b->replay = b->graph && !(replay && !strcmp(replay, "0"));
     b->rt = weft_runtime_current();
-    TRY(weft_host_alloc(b->rt, (void **)&b->pos_host, B * 4));
+    TRY(weft_host_alloc(b->rt, (void **)&b->pos_host, R * 4));
+    TRY(weft_host_alloc(b->rt, (void **)&b->rows_host, (R + 2 * B + 1) * 4));
     TRY(weft_host_alloc(b->rt, (void **)&b->table_host, B * P * 4));
     TRY(weft_host_alloc(b->rt, (void **)&b->lens_host, B * 4));
     TRY(weft_host_alloc(b->rt, (void **)&b->logits_host, B * c->vocab * 4));
     TRY(weft_host_alloc(b->rt, (void **)&b->sampling_host, B * sizeof *b->sampling_host));
     TRY(weft_host_alloc(b->rt, (void **)&b->picked_host, B * 4));
-    TRY(weft_host_alloc(b->rt, (void **)&b->tokens_host, B * 4));
+    TRY(weft_host_alloc(b->rt, (void **)&b->tokens_host, R * 4));
     memset(b->table_host, 0, B * P * 4);
     /* row i is sequence i of the batch's table: set once, through the
      * token buffer, which the steps overwrite after the await */
@@ -172,24 +184,26 @@ void wl_batch_destroy(wl_batch *b)
     if (!b)
         return;
     weft_await();
-    void *dev[] = {b->x,     b->h,         b->qkv,      b->attn,      b->gu,
-                   b->act,   b->workspace, b->logits,   b->positions, b->seq_ids,
-                   b->table, b->seq_lens,  b->sampling, b->picked,    b->tokens};
+    void *dev[] = {b->x,         b->h,      b->qkv,       b->attn,     b->gu,      b->act,
+                   b->workspace, b->logits, b->positions, b->seq_ids,  b->table,   b->seq_lens,
+                   b->sampling,  b->picked, b->tokens,    b->row_seqs, b->cu_rows, b->last_rows};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i])
             weft_free_async(dev[i]);
     wl_moe_bufs_destroy(&b->moe);
     weft_await();
     void *host[] = {b->pos_host,    b->table_host,  b->lens_host, b->logits_host, b->sampling_host,
-                    b->picked_host, b->tokens_host, b->pen_host,  b->adjust_host};
+                    b->picked_host, b->tokens_host, b->pen_host,  b->adjust_host, b->rows_host};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++)
         if (host[i])
             weft_host_free(b->rt, host[i]);
     free(b);
 }
 
-/* Layer li over the batch's n rows (x holds the residuals). */
-static int layer_batch(wl_batch *b, int li, int n)
+/* Layer li over the step's rows, those of n sequences (x holds the
+ * residuals): a decode step's one a sequence, or a mixed step's (mixed:
+ * each sequence's rows consecutive, as cu_rows says). */
+static int layer_batch(wl_batch *b, int li, int rows, int n, int mixed)
 {
     const wl_model *m = b->m;
     const wl_config *c = &m->cfg;
@@ -199,53 +213,79 @@ static int layer_batch(wl_batch *b, int li, int n)
     size_t qkv_dim = b->qkv_dim;
     char *q = b->qkv, *k = q + b->q_dim * es, *v = k + b->kv_dim * es;
     float eps = (float)c->rms_eps;
-    TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->h, NULL, b->x, NULL, L->attn_norm, eps, (size_t)n, H,
-                     H));
-    TRY(wl_linear(m, q, qkv_dim, b->h, H, L->qkv, qkv_dim, L->qkv_bias, NULL, n, dt));
-    if (c->qk_norm && wl_qk_norm(m, L, q, qkv_dim, n))
+    TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->h, NULL, b->x, NULL, L->attn_norm, eps, (size_t)rows,
+                     H, H));
+    TRY(wl_linear(m, q, qkv_dim, b->h, H, L->qkv, qkv_dim, L->qkv_bias, NULL, rows, dt));
+    if (c->qk_norm && wl_qk_norm(m, L, q, qkv_dim, rows))
         goto fail;
-    TRY(wl_rope(m, q, qkv_dim, k, qkv_dim, n, b->positions));
+    TRY(wl_rope(m, q, qkv_dim, k, qkv_dim, rows, b->positions));
     weft_kv_cache cache = wl_kv_layer(b->kv, li, b->table, b->max_pages);
     cache.seqs = (size_t)n;
-    TRY(weft_kv_append(WEFT_TASK_STREAM, &cache, k, qkv_dim, v, qkv_dim, (size_t)n, b->seq_ids,
-                       b->positions, NULL));
-    weft_attention_decode_desc d = {.q_len = 1,
-                                    .heads = (size_t)c->heads,
-                                    .window = (size_t)c->sliding_window,
-                                    .q_stride = qkv_dim};
-    TRY(weft_attention_decode(WEFT_TASK_STREAM, &cache, &d, b->attn, NULL, q, b->seq_lens,
-                              b->workspace, b->workspace_bytes));
-    TRY(wl_linear(m, b->x, H, b->attn, b->q_dim, L->o, H, NULL, b->x, n, dt));
-    TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->h, NULL, b->x, NULL, L->mlp_norm, eps, (size_t)n, H,
-                     H));
+    TRY(weft_kv_append(WEFT_TASK_STREAM, &cache, k, qkv_dim, v, qkv_dim, (size_t)rows,
+                       mixed ? b->row_seqs : b->seq_ids, b->positions, NULL));
+    if (mixed) { /* each sequence's rows against its pages, the new keys last */
+        weft_attention_desc d = {.dtype = dt,
+                                 .batch = (size_t)n,
+                                 .heads = (size_t)c->heads,
+                                 .seq_q = (size_t)b->chunk > 1 ? (size_t)b->chunk : 1,
+                                 .cu_seqlens_q = b->cu_rows,
+                                 .q_stride = qkv_dim,
+                                 .causal = 1,
+                                 .window = (size_t)c->sliding_window};
+        TRY(weft_attention_paged(WEFT_TASK_STREAM, &cache, &d, b->seq_lens, b->attn, q));
+    } else {
+        weft_attention_decode_desc d = {.q_len = 1,
+                                        .heads = (size_t)c->heads,
+                                        .window = (size_t)c->sliding_window,
+                                        .q_stride = qkv_dim};
+        TRY(weft_attention_decode(WEFT_TASK_STREAM, &cache, &d, b->attn, NULL, q, b->seq_lens,
+                                  b->workspace, b->workspace_bytes));
+    }
+    TRY(wl_linear(m, b->x, H, b->attn, b->q_dim, L->o, H, NULL, b->x, rows, dt));
+    TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->h, NULL, b->x, NULL, L->mlp_norm, eps, (size_t)rows,
+                     H, H));
     if (L->moe)
-        return wl_moe_mlp(m, &b->moe, li, b->x, b->h, n);
-    TRY(wl_linear(m, b->gu, 2 * I, b->h, H, L->gu, 2 * I, NULL, NULL, n, dt));
-    TRY(weft_glu(WEFT_TASK_STREAM, dt, WEFT_GLU_SWIGLU, b->act, b->gu, (size_t)n, I, 2 * I, I));
-    TRY(wl_linear(m, b->x, H, b->act, I, L->down, H, NULL, b->x, n, dt));
+        return wl_moe_mlp(m, &b->moe, li, b->x, b->h, rows);
+    TRY(wl_linear(m, b->gu, 2 * I, b->h, H, L->gu, 2 * I, NULL, NULL, rows, dt));
+    TRY(weft_glu(WEFT_TASK_STREAM, dt, WEFT_GLU_SWIGLU, b->act, b->gu, (size_t)rows, I, 2 * I, I));
+    TRY(wl_linear(m, b->x, H, b->act, I, L->down, H, NULL, b->x, rows, dt));
     return 0;
 fail:
     return -1;
 }
 
-/* A step's device work for its n rows, from the inputs in the host
- * buffers to the drawn tokens and the logits (each when asked) in theirs. */
-static int enqueue_step(wl_batch *b, int n, int want_logits, int want_picked, int penalised)
+/* A step's device work for its rows of n sequences (mixed: as
+ * wl_forward_mixed lays them out), from the inputs in the host buffers to
+ * the drawn tokens and the logits (each when asked) in theirs. */
+static int enqueue_step(wl_batch *b, int rows, int n, int mixed, int want_logits, int want_picked,
+                        int penalised)
 {
     const wl_model *m = b->m;
     const wl_config *c = &m->cfg;
     size_t H = (size_t)c->hidden, P = (size_t)b->max_pages;
-    TRY(weft_memcpy_async(b->positions, b->pos_host, (size_t)n * 4));
+    TRY(weft_memcpy_async(b->positions, b->pos_host, (size_t)rows * 4));
     TRY(weft_memcpy_async(b->seq_lens, b->lens_host, (size_t)n * 4));
     TRY(weft_memcpy_async(b->table, b->table_host, (size_t)n * P * 4));
-    TRY(weft_memcpy_async(b->tokens, b->tokens_host, (size_t)n * 4));
-    TRY(weft_gather_rows(WEFT_TASK_STREAM, m->dtype, b->x, m->embed, b->tokens, (size_t)n, H,
+    TRY(weft_memcpy_async(b->tokens, b->tokens_host, (size_t)rows * 4));
+    if (mixed) {
+        TRY(weft_memcpy_async(b->row_seqs, b->rows_host, (size_t)rows * 4));
+        TRY(weft_memcpy_async(b->cu_rows, b->rows_host + rows, (size_t)(n + 1) * 4));
+        TRY(weft_memcpy_async(b->last_rows, b->rows_host + rows + n + 1, (size_t)n * 4));
+    }
+    TRY(weft_gather_rows(WEFT_TASK_STREAM, m->dtype, b->x, m->embed, b->tokens, (size_t)rows, H,
                          (size_t)c->vocab, H, H));
     for (int li = 0; li < c->layers; li++)
-        if (layer_batch(b, li, n))
+        if (layer_batch(b, li, rows, n, mixed))
             return -1;
-    TRY(weft_rmsnorm(WEFT_TASK_STREAM, m->dtype, b->h, NULL, b->x, NULL, m->final_norm,
-                     (float)c->rms_eps, (size_t)n, H, H));
+    if (mixed) { /* each sequence's last row: the logits it continues from */
+        TRY(weft_gather_rows(WEFT_TASK_STREAM, m->dtype, b->h, b->x, b->last_rows, (size_t)n, H,
+                             (size_t)rows, H, H));
+        TRY(weft_rmsnorm(WEFT_TASK_STREAM, m->dtype, b->h, NULL, b->h, NULL, m->final_norm,
+                         (float)c->rms_eps, (size_t)n, H, H));
+    } else {
+        TRY(weft_rmsnorm(WEFT_TASK_STREAM, m->dtype, b->h, NULL, b->x, NULL, m->final_norm,
+                         (float)c->rms_eps, (size_t)n, H, H));
+    }
     TRY(wl_linear(m, b->logits, (size_t)c->vocab, b->h, H, m->lm_head, (size_t)c->vocab, NULL, NULL,
                   n, WEFT_DTYPE_F32));
     if (want_logits) /* as the model gave them, before the penalties */
@@ -295,65 +335,86 @@ fail:
     return -1;
 }
 
-int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n,
-                     const float **logits, const wl_draw *draws, int32_t *picked)
+/* wl_forward_batch (counts NULL: a token each) and wl_forward_mixed. */
+static int forward_step(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, const int *counts,
+                        int n, const float **logits, const wl_draw *draws, int32_t *picked)
 {
     const wl_model *m = b->m;
     const wl_config *c = &m->cfg;
     size_t P = (size_t)b->max_pages;
-    int in_region = 0, penalised = 0;
+    int in_region = 0, penalised = 0, rows = 0, mixed = 0;
     if (n < 1 || n > b->max_seqs)
         return wl_fail("batch: %d sequences; the batch takes 1 to %d", n, b->max_seqs);
     for (int i = 0; i < n; i++) {
         const wl_seq *s = seqs[i];
+        int k = counts ? counts[i] : 1;
         if (s->m != m || s->kv != b->kv)
             return wl_fail("batch: sequence %d is of another model or KV cache", i);
-        if (s->pos < 1)
+        if (!counts && s->pos < 1)
             return wl_fail("batch: sequence %d has no prompt yet (prefill it with wl_forward)", i);
-        if (s->pos >= s->max_tokens || s->pages.max_pages > b->max_pages)
+        if (k < 1 || (counts && k > (b->chunk > 1 ? b->chunk : 1)))
+            return wl_fail("batch: %d tokens of sequence %d; a step takes 1 to %d of one", k, i,
+                           b->chunk > 1 ? b->chunk : 1);
+        if (s->pos + k > s->max_tokens || s->pages.max_pages > b->max_pages)
             return wl_fail("batch: sequence %d is full (%d tokens) or longer than the batch's %d "
                            "pages",
                            i, s->max_tokens, b->max_pages);
-        if (ids[i] < 0 || ids[i] >= c->vocab)
-            return wl_fail("batch: token id %d is outside the vocabulary (%d)", ids[i], c->vocab);
+        for (int t = 0; t < k; t++)
+            if (ids[rows + t] < 0 || ids[rows + t] >= c->vocab)
+                return wl_fail("batch: token id %d is outside the vocabulary (%d)", ids[rows + t],
+                               c->vocab);
         for (int j = 0; j < i; j++)
             if (seqs[j] == s)
                 return wl_fail("batch: sequence %d is also row %d", i, j);
+        rows += k;
+        mixed |= k > 1;
     }
+    if (rows > b->max_rows)
+        return wl_fail("batch: a step of %d tokens; the batch holds %d", rows, b->max_rows);
     if (stage_penalties(b, draws, n, &penalised))
         return -1;
     for (int i = 0; i < n; i++)
-        if (wl_kv_seq_grow(&seqs[i]->pages, seqs[i]->pos + 1))
+        if (wl_kv_seq_grow(&seqs[i]->pages, seqs[i]->pos + (counts ? counts[i] : 1)))
             return -1; /* nothing enqueued; pages taken stay the sequences' */
-    for (int i = 0; i < n; i++) {
+    int32_t *row_seqs = b->rows_host, *cu = row_seqs + rows, *last = cu + n + 1;
+    cu[0] = 0;
+    for (int i = 0, r = 0; i < n; i++) {
         const wl_seq *s = seqs[i];
-        b->pos_host[i] = s->pos;
-        b->lens_host[i] = s->pos + 1;
-        b->tokens_host[i] = ids[i];
+        int k = counts ? counts[i] : 1;
+        for (int t = 0; t < k; t++, r++) {
+            b->pos_host[r] = s->pos + t;
+            b->tokens_host[r] = ids[r];
+            row_seqs[r] = i;
+        }
+        cu[i + 1] = r;
+        last[i] = r - 1;
+        b->lens_host[i] = s->pos + k;
         b->sampling_host[i] = draws ? draws[i].how : (weft_sampling){0};
         memcpy(b->table_host + i * P, s->pages.table, (size_t)s->pages.used * 4);
     }
     /* the step's device work, a graph per batch size and what it brings
      * back: a repeating step replays its graph as it stands (its inputs
      * are the buffers just filled), else records it (the host backend runs
-     * it as it comes) */
+     * it as it comes). A mixed step, whose rows change with its chunks,
+     * runs eagerly. */
+    int graph = b->graph && !mixed;
     uint64_t key = STEP_REGION(n, logits != NULL, picked != NULL, penalised);
     int replayed = 0;
-    if (b->replay)
+    if (graph && b->replay)
         TRY(weft_region_replay(key, &replayed));
     if (!replayed) {
-        if (b->graph)
+        if (graph)
             TRY(weft_region_begin(key));
-        in_region = b->graph;
-        if (enqueue_step(b, n, logits != NULL, picked != NULL, penalised))
+        in_region = graph;
+        if (enqueue_step(b, rows, n, mixed, logits != NULL, picked != NULL, penalised))
             goto fail;
         in_region = 0;
-        if (b->graph)
+        if (graph)
             TRY(weft_region_end());
     }
     TRY(weft_await());
     for (int i = 0; i < n; i++) {
-        seqs[i]->pos++;
+        seqs[i]->pos += counts ? counts[i] : 1;
         if (logits)
             logits[i] = b->logits_host + (size_t)i * c->vocab;
         if (picked)
@@ -371,11 +432,27 @@ fail:
     return -1;
 }
 
+int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n,
+                     const float **logits, const wl_draw *draws, int32_t *picked)
+{
+    return forward_step(b, seqs, ids, NULL, n, logits, draws, picked);
+}
+
+int wl_forward_mixed(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, const int *counts, int n,
+                     const float **logits, const wl_draw *draws, int32_t *picked)
+{
+    if (!counts)
+        return wl_fail("batch: a mixed step needs its counts");
+    return forward_step(b, seqs, ids, counts, n, logits, draws, picked);
+}
+
 /* ---- the batcher ------------------------------------------------------------ */
 
 typedef struct slot {
     wl_seq *seq; /* NULL: free */
     int32_t id;
+    const int32_t *toks; /* its tokens for the step: &id, or a prompt's chunk */
+    int count;
     int waiting; /* handed a token; cleared when its logits (or error) are in */
     int taken;   /* its token is in the step the batcher is running */
     int wants_logits;
@@ -391,34 +468,38 @@ struct wl_batcher {
     wl_batch *batch;
     weft_mutex *lock;
     weft_cond *work, *done;
-    int max_seqs, members, waiting, closed;
+    int max_seqs, max_rows, chunk, members, waiting, closed;
     long steps, rows_run;
     slot *slots;
-    /* the step's rows (the batcher's own, outside the lock) */
+    /* the step's sequences and tokens (the batcher's own, outside the lock) */
     wl_seq **seqs;
-    int32_t *ids;
-    int *rows;
+    int32_t *ids; /* max_rows */
+    int *rows, *counts;
     const float **logits;
     wl_draw *draws;
     int32_t *picked;
 };
 
-int wl_batcher_create(wl_batcher **out, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens)
+int wl_batcher_create(wl_batcher **out, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens,
+                      int chunk)
 {
     wl_batcher *bt = calloc(1, sizeof *bt);
     *out = NULL;
     if (!bt)
         return wl_fail("out of memory");
     bt->max_seqs = max_seqs;
+    bt->chunk = chunk > 0 ? chunk : 0;
+    bt->max_rows = max_seqs + bt->chunk;
     bt->slots = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->slots);
     bt->seqs = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->seqs);
-    bt->ids = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->ids);
+    bt->ids = calloc((size_t)(bt->max_rows > 0 ? bt->max_rows : 1), sizeof *bt->ids);
     bt->rows = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->rows);
+    bt->counts = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->counts);
     bt->logits = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->logits);
     bt->draws = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->draws);
     bt->picked = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->picked);
-    if (!bt->slots || !bt->seqs || !bt->ids || !bt->rows || !bt->logits || !bt->draws ||
-        !bt->picked) {
+    if (!bt->slots || !bt->seqs || !bt->ids || !bt->rows || !bt->counts || !bt->logits ||
+        !bt->draws || !bt->picked) {
         wl_batcher_destroy(bt);
         return wl_fail("out of memory");
     }
@@ -428,7 +509,7 @@ int wl_batcher_create(wl_batcher **out, const wl_model *m, wl_kv *kv, int max_se
         wl_batcher_destroy(bt);
         return -1;
     }
-    if (wl_batch_create(&bt->batch, m, kv, max_seqs, max_tokens)) {
+    if (wl_batch_create(&bt->batch, m, kv, max_seqs, max_tokens, bt->chunk)) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", wl_error());
         wl_batcher_destroy(bt);
@@ -453,6 +534,7 @@ void wl_batcher_destroy(wl_batcher *bt)
     free(bt->seqs);
     free(bt->ids);
     free(bt->rows);
+    free(bt->counts);
     free(bt->logits);
     free(bt->draws);
     free(bt->picked);
@@ -470,21 +552,29 @@ void *wl_batcher_run(void *arg)
                 goto out; /* the batcher's task was cancelled */
         if (bt->members == 0)
             break; /* closed, and every sequence has left */
-        int n = 0, wants_logits = 0;
-        for (int i = 0; i < bt->max_seqs; i++)
-            if (bt->slots[i].seq && bt->slots[i].waiting) {
-                bt->slots[i].taken = 1;
-                wants_logits |= bt->slots[i].wants_logits;
+        /* every decode token, then prompts' chunks while the rows last (a
+         * chunk left out stays waiting, for the next step) */
+        int n = 0, tokens = 0, wants_logits = 0;
+        for (int pass = 0; pass < 2; pass++)
+            for (int i = 0; i < bt->max_seqs; i++) {
+                slot *sl = &bt->slots[i];
+                if (!sl->seq || !sl->waiting || (sl->count > 1) != pass ||
+                    tokens + sl->count > bt->max_rows)
+                    continue;
+                sl->taken = 1;
+                wants_logits |= sl->wants_logits;
                 bt->rows[n] = i;
-                bt->seqs[n] = bt->slots[i].seq;
-                bt->draws[n] = bt->slots[i].draw;
-                bt->ids[n++] = bt->slots[i].id;
+                bt->seqs[n] = sl->seq;
+                bt->draws[n] = sl->draw;
+                bt->counts[n++] = sl->count;
+                memcpy(bt->ids + tokens, sl->toks, (size_t)sl->count * sizeof *bt->ids);
+                tokens += sl->count;
             }
         /* every member waits in wl_batcher_step until we clear waiting:
          * none can join's slot or leave while the step runs unlocked */
         weft_mutex_unlock(bt->lock);
-        int rc = wl_forward_batch(bt->batch, bt->seqs, bt->ids, n, wants_logits ? bt->logits : NULL,
-                                  bt->draws, bt->picked);
+        int rc = wl_forward_mixed(bt->batch, bt->seqs, bt->ids, bt->counts, n,
+                                  wants_logits ? bt->logits : NULL, bt->draws, bt->picked);
         char msg[512];
         snprintf(msg, sizeof msg, "%s", rc ? wl_error() : "");
         wl_lock_always(bt->lock);
@@ -498,7 +588,7 @@ void *wl_batcher_run(void *arg)
         }
         bt->waiting -= n;
         bt->steps++;
-        bt->rows_run += n;
+        bt->rows_run += tokens;
         weft_cond_broadcast(bt->done);
     }
 out:
@@ -533,8 +623,9 @@ int wl_batcher_join(wl_batcher *bt, wl_seq *s)
     return 0;
 }
 
-int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const wl_draw *draw,
-                    const float **logits, int32_t *picked)
+/* wl_batcher_step (a token) and wl_batcher_prefill (a chunk). */
+static int submit(wl_batcher *bt, wl_seq *s, int32_t id, const int32_t *chunk, int count,
+                  const wl_draw *draw, const float **logits, int32_t *picked)
 {
     if (logits)
         *logits = NULL;
@@ -551,6 +642,8 @@ int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const wl_draw *draw,
         return WL_PREEMPTED;
     }
     sl->id = id;
+    sl->toks = chunk ? chunk : &sl->id;
+    sl->count = count;
     sl->wants_logits = logits != NULL;
     sl->draw = draw ? *draw : (wl_draw){{0}, NULL};
     sl->waiting = 1;
@@ -594,6 +687,21 @@ int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const wl_draw *draw,
         *picked = rc ? -1 : sl->picked;
     weft_mutex_unlock(bt->lock);
     return rc ? wl_fail("%s", msg) : 0;
+}
+
+int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const wl_draw *draw,
+                    const float **logits, int32_t *picked)
+{
+    return submit(bt, s, id, NULL, 1, draw, logits, picked);
+}
+
+int wl_batcher_prefill(wl_batcher *bt, wl_seq *s, const int32_t *ids, int n, const wl_draw *draw,
+                       const float **logits, int32_t *picked)
+{
+    if (n < 1 || n > (bt->chunk > 1 ? bt->chunk : 1))
+        return wl_fail("batcher: a chunk of %d tokens; its steps take 1 to %d", n,
+                       bt->chunk > 1 ? bt->chunk : 1);
+    return submit(bt, s, ids[0], ids, n, draw, logits, picked);
 }
 
 void wl_batcher_leave(wl_batcher *bt, wl_seq *s)

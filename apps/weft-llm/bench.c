@@ -192,7 +192,7 @@ static int measure_decode(bench *b, int bi, uint64_t *st)
             wl_forward(seqs[i], ids, P, &logits))
             goto out;
     }
-    if (wl_batch_create(&batch, &b->model, &b->kv, B, total))
+    if (wl_batch_create(&batch, &b->model, &b->kv, B, total, 0))
         goto out;
     double kv_read = 0, cpu = 0;
     for (int step = -2; step < b->steps; step++) { /* two steps to warm up */

@@ -7,7 +7,10 @@
  *
  * A prompt starts where the pages other prompts published for the same
  * first tokens end, when the cache shares prefixes (kv.c); its own
- * whole pages are published after its prefill.
+ * whole pages are published after its prefill. A batch generation joins
+ * the batcher at once and hands its prompt to the batcher's steps a chunk
+ * at a time (wl_batcher_prefill), so prompts are prefilled together and
+ * beside the running decodes, one pass over every row a step.
  *
  * Admission: a generation reserves the pages its prompt and its first
  * step need, and a place in the batch, before it starts, and grows its
@@ -62,7 +65,8 @@ static void *setup_task(void *arg)
     wl_engine *e = arg;
     int failed = wl_model_upload(e->model) ||
                  wl_kv_create(&e->kv, e->model, e->kv_pages, WL_KV_PAGE) ||
-                 wl_batcher_create(&e->batcher, e->model, &e->kv, e->max_seqs, e->max_tokens);
+                 wl_batcher_create(&e->batcher, e->model, &e->kv, e->max_seqs, e->max_tokens,
+                                   e->batcher_chunk);
     if (!failed &&
         (weft_mutex_create(&e->lock) != WEFT_OK || weft_cond_create(&e->admitted) != WEFT_OK))
         failed = wl_fail("engine: %s", weft_last_error());
@@ -94,6 +98,7 @@ int wl_engine_start(wl_engine *e, weft_runtime *rt, wl_model *m, int kv_pages, i
     e->max_seqs = max_seqs;
     e->max_tokens = max_tokens;
     e->prefill_chunk = WL_PREFILL_CHUNK;
+    e->batcher_chunk = WL_PREFILL_CHUNK < max_tokens ? WL_PREFILL_CHUNK : max_tokens;
     if (max_seqs < 1 || max_tokens < 1 || kv_pages < 1)
         return wl_fail("engine: %d sequences of %d tokens in %d pages", max_seqs, max_tokens,
                        kv_pages);
@@ -421,6 +426,23 @@ static int prefill(wl_engine *e, const wl_waiter *w, wl_seq *s, const int32_t *t
     return 0;
 }
 
+/* The cache filled with toks[0, n) through the batcher, a chunk a step
+ * beside the other members' decode tokens (s has joined it); *logits the
+ * last chunk's. WL_PREEMPTED when w is evicted meanwhile. */
+static int prefill_in_steps(wl_engine *e, wl_seq *s, const int32_t *toks, int n, int chunk,
+                            const float **logits)
+{
+    for (int at = wl_seq_share_prefix(s, toks, n); at < n;) {
+        int len = n - at < chunk ? n - at : chunk, rc;
+        rc = wl_batcher_prefill(e->batcher, s, toks + at, len, NULL, at + len == n ? logits : NULL,
+                                NULL);
+        if (rc)
+            return rc;
+        at += len;
+    }
+    return 0;
+}
+
 /* Sets w's sequence (NULL: none), which a preemption evicts. */
 static void set_seq(wl_engine *e, wl_waiter *w, const wl_seq *s)
 {
@@ -477,6 +499,10 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
     }
     int chunk =
         e->prefill_chunk > 0 && e->prefill_chunk < g->n_prompt ? e->prefill_chunk : g->n_prompt;
+    /* a batch generation's prompt goes through the batcher's steps when its
+     * chunks fit them; else (whole prompts, longer chunks, speculation) it
+     * prefills itself and joins after */
+    int in_steps = !g->speculate_k && e->prefill_chunk > 0 && chunk <= e->batcher_chunk;
     /* A life: admitted, the cache filled, then decoding; again from
      * admission after a preemption, with the tokens so far. After the
      * first token the cache holds all but the last token handed on, id,
@@ -490,17 +516,24 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
         admitted = 1;
         int held = g->n_prompt + (n ? n - 1 : 0);
         if (wl_seq_create(&s, e->model, &e->kv, g->n_prompt + g->max_tokens,
-                          g->speculate_k && spec_step > chunk ? spec_step : chunk))
+                          in_steps                              ? 1
+                          : g->speculate_k && spec_step > chunk ? spec_step
+                                                                : chunk))
             goto out;
         set_seq(e, &w, s);
-        int r = prefill(e, &w, s, toks, held, chunk, &logits);
+        int r = 0;
+        if (in_steps && !(r = wl_batcher_join(e->batcher, s)))
+            joined = 1;
+        if (r == 0)
+            r = in_steps ? prefill_in_steps(e, s, toks, held, chunk, &logits)
+                         : prefill(e, &w, s, toks, held, chunk, &logits);
         if (r == 0 && !n)
             wl_seq_publish_prefix(s, g->prompt, g->n_prompt);
         if (r == 0 && g->speculate_k) { /* alone, outside the batcher */
             rc = speculate(e, g, s, logits, finish);
             goto out;
         }
-        if (r == 0 && !(r = wl_batcher_join(e->batcher, s)))
+        if (r == 0 && !joined && !(r = wl_batcher_join(e->batcher, s)))
             joined = 1;
         if (r == 0 && told_to_go(e, &w)) /* told before it joined, where no eviction reached */
             r = WL_PREEMPTED;

@@ -408,12 +408,15 @@ typedef struct wl_draw {
     const struct wl_pen_track *pen;
 } wl_draw;
 
-/* Buffers for one decode step of up to max_seqs sequences of up to
- * max_tokens tokens each, all of model m and cache kv. */
+/* Buffers for one step of up to max_seqs sequences of up to max_tokens
+ * tokens each, all of model m and cache kv: a decode step, or a mixed one
+ * that also takes up to chunk tokens of a sequence's prompt (0: decode
+ * steps only), max_seqs + chunk tokens in all. */
 typedef struct wl_batch wl_batch;
 
 /* Task only. */
-int wl_batch_create(wl_batch **b, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens);
+int wl_batch_create(wl_batch **b, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens,
+                    int chunk);
 void wl_batch_destroy(wl_batch *b); /* task only */
 /* Task only: one decode step of n sequences at once (n <= max_seqs, each
  * already prefilled by wl_forward, none twice): token ids[i] at seqs[i]'s
@@ -430,13 +433,25 @@ void wl_batch_destroy(wl_batch *b); /* task only */
  *    the model gave them, before the penalties. */
 int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n,
                      const float **logits, const wl_draw *draws, int32_t *picked);
+/* Task only: a mixed step, wl_forward_batch whose sequence i takes
+ * counts[i] tokens (1 to the batch's chunk; at most max_seqs + chunk in
+ * all) at its next positions: ids holds them one sequence after another.
+ * A prompt's chunk (position 0 included) goes in with other sequences'
+ * decode tokens and chunks: one pass of every op over all the rows,
+ * attention by weft_attention_paged over each sequence's pages (its new
+ * keys appended first). What comes back is each sequence's last row's, as
+ * wl_forward_batch gives it. Runs eagerly (its rows vary from step to
+ * step); a step of one token a sequence goes as wl_forward_batch. */
+int wl_forward_mixed(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, const int *counts, int n,
+                     const float **logits, const wl_draw *draws, int32_t *picked);
 
-/* A batcher: a task (wl_batcher_run) that forms each decode step's batch
- * from the sequences that have joined it. A sequence task prefills itself
- * (wl_forward), joins, then hands each next token to wl_batcher_step, which
- * suspends it (a weft condition variable: no worker is blocked) until the
- * batcher has run the step; the batcher runs a step once every joined
- * sequence is waiting in wl_batcher_step, so each step takes all of them.
+/* A batcher: a task (wl_batcher_run) that forms each step's batch from the
+ * sequences that have joined it. A sequence task joins, hands its prompt
+ * in chunks to wl_batcher_prefill (or prefills itself with wl_forward
+ * first), then each next token to wl_batcher_step, which suspends it (a
+ * weft condition variable: no worker is blocked) until the batcher has run
+ * the step; the batcher runs a step once every joined sequence is waiting,
+ * so each step takes all of them (a chunk that does not fit, the next).
  * A sequence that ends or stops (a cancelled request) leaves
  * (wl_batcher_leave) before it is destroyed (its pages go back with
  * wl_seq_destroy); the others go on. A member's task that cancels itself
@@ -447,8 +462,10 @@ int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n
  * back). */
 typedef struct wl_batcher wl_batcher;
 
-/* Task only (makes the batch's buffers). */
-int wl_batcher_create(wl_batcher **bt, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens);
+/* Task only (makes the batch's buffers: chunk as wl_batch_create takes it,
+ * the most tokens of one prompt a step takes; 0: decode steps only). */
+int wl_batcher_create(wl_batcher **bt, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens,
+                      int chunk);
 /* The batcher task's body (arg: the batcher): returns once wl_batcher_close
  * was called and every sequence has left. */
 void *wl_batcher_run(void *batcher);
@@ -466,6 +483,14 @@ int wl_batcher_join(wl_batcher *bt, wl_seq *s);
  * An error of the step is every member's; WL_PREEMPTED once s is evicted. */
 int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const wl_draw *draw,
                     const float **logits, int32_t *picked);
+/* Task only: as wl_batcher_step, but n tokens of s's prompt (1 to the
+ * batcher's chunk; ids stay the caller's while it waits), at its next
+ * positions (0 included: a member may join before its prefill); *logits
+ * and *picked are those of the chunk's last token. A step takes every
+ * decode token first, then chunks while its rows last; a chunk left out
+ * waits for the next step. */
+int wl_batcher_prefill(wl_batcher *bt, wl_seq *s, const int32_t *ids, int n, const wl_draw *draw,
+                       const float **logits, int32_t *picked);
 void wl_batcher_leave(wl_batcher *bt, wl_seq *s);
 /* s's next wl_batcher_step returns WL_PREEMPTED (at once, if it waits for
  * a step that has not taken its token; else when it next calls). Any
@@ -614,14 +639,17 @@ typedef struct wl_engine {
     wl_model *model;
     weft_runtime *rt;
     int kv_pages, max_seqs, max_tokens; /* max_tokens: a sequence's, prompt and output */
-    /* Prompts are prefilled in chunks of this many tokens (0: whole), each
-     * chunk after one more decode step of the batch when sequences are
-     * decoding, so a long prompt never holds their tokens back by more
-     * than a chunk's time. WL_PREFILL_CHUNK unless changed; read as each
-     * generation starts. */
+    /* Prompts are prefilled in chunks of this many tokens (0: whole): a
+     * chunk a batcher step, beside the running decodes and other prompts'
+     * chunks, so a long prompt never holds their tokens back by more than
+     * a chunk's time. WL_PREFILL_CHUNK unless changed; read as each
+     * generation starts. A chunk longer than the batcher's steps take
+     * (batcher_chunk: WL_PREFILL_CHUNK, or max_tokens when smaller), or a
+     * whole prompt, is prefilled by its own task between steps. */
     int prefill_chunk;
     wl_kv kv;
     wl_batcher *batcher;
+    int batcher_chunk;
     weft_task *batcher_task;
     weft_mutex *lock; /* guards the admission state below */
     weft_cond *admitted;

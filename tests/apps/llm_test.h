@@ -194,7 +194,8 @@ static inline int run_forward(weft_backend backend, const char *dir, const int32
 /* ---- sequences through the batcher --------------------------------------- */
 
 /* A run of seqs sequences through a batcher: sequence q's prompt is
- * ids[q][0, prompt[q]) (prefilled alone), then ids[q][prompt[q],
+ * ids[q][0, prompt[q]) (prefilled alone, or with chunk > 0 through the
+ * batcher's mixed steps, chunk tokens at a time), then ids[q][prompt[q],
  * total[q]) a step at a time through the batcher, unless stop[q] > 0 stops
  * it after that many steps (as a request dropped), and cancel[q] > 0 has
  * its task cancel itself (weft_cancel) after that many: its next step must
@@ -203,7 +204,7 @@ static inline int run_forward(weft_backend backend, const char *dir, const int32
 #define BR_MAX_SEQS 8
 #define BR_MAX_TOTAL 64
 typedef struct batch_run {
-    int seqs, pages;
+    int seqs, pages, chunk;
     const int32_t *ids[BR_MAX_SEQS];
     int prompt[BR_MAX_SEQS], total[BR_MAX_SEQS], stop[BR_MAX_SEQS], cancel[BR_MAX_SEQS];
     float *logits[BR_MAX_SEQS];
@@ -243,7 +244,7 @@ static inline void *br_setup_task(void *arg)
     for (int q = 0; q < e->r->seqs; q++)
         longest = e->r->total[q] > longest ? e->r->total[q] : longest;
     e->failed = wl_model_upload(&e->m) || wl_kv_create(&e->kv, &e->m, e->r->pages, 16) ||
-                wl_batcher_create(&e->bt, &e->m, &e->kv, e->r->seqs, longest);
+                wl_batcher_create(&e->bt, &e->m, &e->kv, e->r->seqs, longest, e->r->chunk);
     snprintf(e->message, sizeof e->message, "%s", wl_error());
     return NULL;
 }
@@ -267,11 +268,22 @@ static inline void *br_seq_task(void *arg)
     wl_seq *s = NULL;
     const float *lg;
     j->failed = 1;
-    if (wl_seq_create(&s, &j->e->m, &j->e->kv, r->total[q], r->total[q]) ||
-        wl_forward(s, r->ids[q], r->prompt[q], &lg))
+    if (wl_seq_create(&s, &j->e->m, &j->e->kv, r->total[q], r->total[q]))
         goto out;
+    if (r->chunk > 0) { /* joined first, the prompt in the batcher's steps */
+        if (wl_batcher_join(j->e->bt, s))
+            goto out;
+        joined = 1;
+        for (int at = 0; at < r->prompt[q]; at += r->chunk) {
+            int len = r->prompt[q] - at < r->chunk ? r->prompt[q] - at : r->chunk;
+            if (wl_batcher_prefill(j->e->bt, s, r->ids[q] + at, len, NULL, &lg, NULL))
+                goto out;
+        }
+    } else if (wl_forward(s, r->ids[q], r->prompt[q], &lg)) {
+        goto out;
+    }
     memcpy(r->logits[q], lg, (size_t)V * 4);
-    if (wl_batcher_join(j->e->bt, s))
+    if (!joined && wl_batcher_join(j->e->bt, s))
         goto out;
     joined = 1;
     for (int t = r->prompt[q]; t < r->total[q]; t++) {

@@ -65,7 +65,7 @@ static const int prompt_len[SEQS] = {5, 3, 7, 4, 2};
 static const int total_len[SEQS] = {9, 14, 12, 13, 14};
 enum { STOP = 2, CANCEL = 3 };
 
-static void batched_decode_matches_alone(const char *model)
+static void batched_decode_matches_alone(const char *model, int chunk)
 {
     enum { STEPS = MAX_TOTAL };
     int32_t ids[SEQS][MAX_TOTAL], picked[SEQS][MAX_TOTAL];
@@ -79,7 +79,7 @@ static void batched_decode_matches_alone(const char *model)
     char msg[512];
     for (size_t i = 0; i < (size_t)SEQS * STEPS * V; i++)
         together[i] = NAN; /* every row a sequence decodes must be written */
-    batch_run r = {.seqs = SEQS, .pages = PAGES};
+    batch_run r = {.seqs = SEQS, .pages = PAGES, .chunk = chunk};
     for (int q = 0; q < SEQS; q++) {
         for (int i = 0; i < MAX_TOTAL; i++)
             ids[q][i] = (int32_t)(wl_rand_next(&st) % V);
@@ -96,7 +96,7 @@ static void batched_decode_matches_alone(const char *model)
         r.how[q] = q == 0 ? &sampled[0] : q == 2 ? &sampled[1] : NULL;
         r.greedy_only[q] = q == 1; /* the longest: its last steps are alone, no logits copied */
     }
-    printf("  %s\n", model);
+    printf("  %s, %s\n", model, chunk ? "prompts in the batcher's steps" : "prompts alone");
     if (run_batched(WEFT_BACKEND_HOST, model, &r))
         fail_msg("batched: %s", r.message);
     assert_int_equal(r.free_pages, PAGES); /* every page back */
@@ -106,7 +106,10 @@ static void batched_decode_matches_alone(const char *model)
         assert_int_equal(r.steps_done[q], decoded);
         want_rows += decoded;
     }
-    printf("  %ld decode tokens in %ld batched steps\n", r.rows, r.steps);
+    if (chunk) /* the prompts' tokens went through the steps too */
+        for (int q = 0; q < SEQS; q++)
+            want_rows += prompt_len[q];
+    printf("  %ld tokens in %ld batched steps\n", r.rows, r.steps);
     assert_int_equal(r.rows, want_rows);
     assert_true(r.steps < r.rows); /* sequences shared steps */
     /* step for step, each sequence's logits are those it gives alone */
@@ -163,14 +166,26 @@ static void batched_decode_matches_alone(const char *model)
 static void test_batched_decode_matches_alone(void **state)
 {
     (void)state;
-    batched_decode_matches_alone(model_dir);
+    batched_decode_matches_alone(model_dir, 0);
     for (int i = 0; i < 2; i++)
-        batched_decode_matches_alone(moe_dirs[i]);
+        batched_decode_matches_alone(moe_dirs[i], 0);
+}
+
+/* Prompts handed to the batcher in chunks of 3 (wl_batcher_prefill): each
+ * step mixes decode tokens with chunks of other prompts (a chunk at
+ * position 0, and the later ones over their pages), and every row comes
+ * out as the sequence gives it alone. */
+static void test_prompts_in_mixed_steps_match_alone(void **state)
+{
+    (void)state;
+    batched_decode_matches_alone(model_dir, 3);
+    batched_decode_matches_alone(moe_dirs[1], 3);
 }
 
 /* wl_forward_batch refuses, before anything runs, a sequence with no
  * prompt yet, one given twice, a token outside the vocabulary and a batch
- * larger than its buffers. */
+ * larger than its buffers; wl_forward_mixed a chunk longer than the batch
+ * takes. */
 typedef struct err_job {
     wl_model *m;
     int failed;
@@ -189,7 +204,7 @@ static void *errors_task(void *arg)
     size_t cap = sizeof j->message;
     j->failed = 1;
     if (wl_model_upload(j->m) || wl_kv_create(&kv, j->m, 4, 16) ||
-        wl_batch_create(&b, j->m, &kv, 2, 16) || wl_seq_create(&s[0], j->m, &kv, 16, 16) ||
+        wl_batch_create(&b, j->m, &kv, 2, 16, 0) || wl_seq_create(&s[0], j->m, &kv, 16, 16) ||
         wl_seq_create(&s[1], j->m, &kv, 16, 16)) {
         snprintf(p, cap, "setup: %s", wl_error());
         goto out;
@@ -231,6 +246,14 @@ static void *errors_task(void *arg)
             snprintf(p, cap, "case %d: rc %d, %s", c, rc, wl_error());
             goto out;
         }
+    }
+    /* a batch made for decode steps takes no chunk */
+    int counts[2] = {2, 1};
+    wl_seq *two[2] = {s[0], s[1]};
+    if (wl_forward_mixed(b, two, ids, counts, 2, lg, NULL, NULL) != -1 ||
+        !strstr(wl_error(), "a step takes 1 to 1 of one")) {
+        snprintf(p, cap, "a chunk in a decode batch: %s", wl_error());
+        goto out;
     }
     /* and a good batch of the two still runs */
     wl_seq *pair[2] = {s[0], s[1]};
@@ -840,6 +863,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_decode_matches_alone),
+        cmocka_unit_test(test_prompts_in_mixed_steps_match_alone),
         cmocka_unit_test(test_forward_batch_errors),
         cmocka_unit_test(test_cli_parallel),
         cmocka_unit_test(test_engine_admission_order),
