@@ -137,12 +137,13 @@ static void test_gpu_fp32_model_runs_as_its_bf16_twin(void **state)
 }
 
 /* Three sequences of different lengths through the batcher on the GPU,
- * one stopped midway, against each alone on the GPU: the batch's matmuls
+ * one stopped midway (their prompts prefilled alone, or in chunks of 2
+ * through the batcher's mixed steps), against each alone on the GPU: the batch's matmuls
  * (m = the batch) and its one decode attention may pick other kernels or
  * splits than one row does, so a bf16 activation may round the other way:
  * within 4 bf16 units at the logits' scale, every logit written, every
  * page back. */
-static int gpu_batched_matches_alone(const char *model)
+static int gpu_batched_matches_alone(const char *model, int chunk)
 {
     enum { SEQS = 3, V = TINY_VOCAB, MAX_TOTAL = 14, STEPS = MAX_TOTAL };
     static const int prompt[SEQS] = {5, 3, 7}, total[SEQS] = {9, 14, 12};
@@ -151,7 +152,7 @@ static int gpu_batched_matches_alone(const char *model)
     float *alone = malloc(sizeof(float) * SEQS * STEPS * V);
     float *together = malloc(sizeof(float) * SEQS * STEPS * V);
     char msg[512];
-    batch_run r = {.seqs = SEQS, .pages = 8};
+    batch_run r = {.seqs = SEQS, .pages = 8, .chunk = chunk};
     for (size_t i = 0; i < (size_t)SEQS * STEPS * V; i++)
         together[i] = NAN;
     for (int q = 0; q < SEQS; q++) {
@@ -166,10 +167,10 @@ static int gpu_batched_matches_alone(const char *model)
         r.stop[q] = q == 1 ? 3 : 0;
         r.logits[q] = together + (size_t)q * STEPS * V;
     }
-    printf("  %s\n", model);
+    printf("  %s, %s\n", model, chunk ? "prompts in chunks of 2 in the steps" : "prompts alone");
     if (run_batched(WEFT_BACKEND_CUDA, model, &r))
         fail_msg("batched on the GPU: %s", r.message);
-    printf("  %ld decode tokens in %ld batched steps, %d of 8 pages free after\n", r.rows, r.steps,
+    printf("  %ld tokens in %ld batched steps, %d of 8 pages free after\n", r.rows, r.steps,
            r.free_pages);
     int bad = r.free_pages != 8;
     for (int q = 0; q < SEQS; q++) {
@@ -205,7 +206,7 @@ static void test_gpu_batched_matches_alone(void **state)
     (void)state;
     int bad = 0;
     for (int i = 0; i < MODELS; i++)
-        bad += gpu_batched_matches_alone(models[i]);
+        bad += gpu_batched_matches_alone(models[i], 0) + gpu_batched_matches_alone(models[i], 2);
     assert_int_equal(bad, 0);
 }
 
