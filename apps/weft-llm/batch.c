@@ -16,8 +16,14 @@
  * device table is seqs[i]'s table) and lengths, which reads q from the
  * q | k | v rows of the packed projection (its q_stride).
  *
- * Prefill stays per sequence (each sequence's own wl_forward over its
- * prompt, in its task) for now; only decode steps are batched.
+ * A mixed step (wl_forward_mixed) also takes prompts' chunks: a sequence's
+ * rows are consecutive (its chunk's tokens at their positions), K and V of
+ * every row are appended first, and one weft_attention_paged call attends
+ * each sequence's rows over its pages, causally (the new keys last); the
+ * final norm and the lm_head then run over each sequence's last row only,
+ * gathered by weft_gather_rows. The rows change with the chunks, so a
+ * mixed step runs eagerly; a step of one token a sequence is the decode
+ * step above, whatever brought its members there.
  *
  * Graph mode: a step's device work (the copies in, every layer, the
  * logits out) is one weft region keyed by the batch size, so a step that

@@ -78,45 +78,45 @@ void weft__attention_keys(const weft__attention_args *a, size_t i, size_t lq, si
 
 /* A tensor of rows x width elements, stride apart (0 = width): checks it
  * and returns the resolved stride in *out. */
-static int check_tensor(const char *OP, const char *what, const void *p, size_t rows, size_t width,
+static int check_tensor(const char *op, const char *what, const void *p, size_t rows, size_t width,
                         size_t stride, weft_dtype dtype, size_t *out)
 {
     int rc;
     if (stride == 0)
         stride = width;
-    if ((rc = weft__check_ptr(OP, what, p, 0, dtype)) != WEFT_OK ||
-        (rc = weft__check_rows(OP, what, rows, width, stride, dtype)) != WEFT_OK)
+    if ((rc = weft__check_ptr(op, what, p, 0, dtype)) != WEFT_OK ||
+        (rc = weft__check_rows(op, what, rows, width, stride, dtype)) != WEFT_OK)
         return rc;
     if ((uintptr_t)p % 16 != 0)
-        return weft__fail(WEFT_EINVAL, "%s: %s is not 16-byte aligned", OP, what);
+        return weft__fail(WEFT_EINVAL, "%s: %s is not 16-byte aligned", op, what);
     if (stride % 8 != 0)
-        return weft__fail(WEFT_EINVAL, "%s: %s's stride %zu is not a multiple of 8 elements", OP,
+        return weft__fail(WEFT_EINVAL, "%s: %s's stride %zu is not a multiple of 8 elements", op,
                           what, stride);
     *out = stride;
     return WEFT_OK;
 }
 
-static int check_int32(const char *OP, const char *what, const int32_t *p)
+static int check_int32(const char *op, const char *what, const int32_t *p)
 {
     if (p && (uintptr_t)p % sizeof *p != 0)
-        return weft__fail(WEFT_EINVAL, "%s: %s is not 4-byte aligned", OP, what);
+        return weft__fail(WEFT_EINVAL, "%s: %s is not 4-byte aligned", op, what);
     return WEFT_OK;
 }
 
 /* A varlen table on the host: nondecreasing from cu[0] >= 0, lengths at
  * most longest; *rows gets cu[batch]. */
-static int check_table(const char *OP, const char *what, const int32_t *cu, size_t batch,
+static int check_table(const char *op, const char *what, const int32_t *cu, size_t batch,
                        size_t longest, size_t *rows)
 {
     if (cu[0] < 0)
-        return weft__fail(WEFT_EINVAL, "%s: %s[0] is %d, negative", OP, what, (int)cu[0]);
+        return weft__fail(WEFT_EINVAL, "%s: %s[0] is %d, negative", op, what, (int)cu[0]);
     for (size_t b = 0; b < batch; b++) {
         if (cu[b + 1] < cu[b])
-            return weft__fail(WEFT_EINVAL, "%s: %s decreases at %zu (%d then %d)", OP, what, b,
+            return weft__fail(WEFT_EINVAL, "%s: %s decreases at %zu (%d then %d)", op, what, b,
                               (int)cu[b], (int)cu[b + 1]);
         if ((size_t)(cu[b + 1] - cu[b]) > longest)
             return weft__fail(WEFT_EINVAL,
-                              "%s: sequence %zu of %s has %d rows, more than the longest (%zu)", OP,
+                              "%s: sequence %zu of %s has %d rows, more than the longest (%zu)", op,
                               b, what, (int)(cu[b + 1] - cu[b]), longest);
     }
     *rows = (size_t)cu[batch];
@@ -125,117 +125,117 @@ static int check_table(const char *OP, const char *what, const int32_t *cu, size
 
 /* What a paged call asks of the cache and of desc's fields about K and V;
  * *out is desc with the cache's sizes where desc leaves them zero. */
-static int check_paged(const char *OP, const weft_kv_cache *c, const weft_attention_desc *d,
+static int check_paged(const char *op, const weft_kv_cache *c, const weft_attention_desc *d,
                        weft_attention_desc *out)
 {
     int rc;
-    if ((rc = weft__kv_check_cache(OP, c)) != WEFT_OK)
+    if ((rc = weft__kv_check_cache(op, c)) != WEFT_OK)
         return rc;
     if (c->format != WEFT_KV_DTYPE)
         return weft__fail(WEFT_EINVAL,
                           "%s: FP8 pages are read by weft_attention_decode only; this call "
                           "takes pages of the cache's dtype",
-                          OP);
+                          op);
     *out = *d;
     out->kv_heads = d->kv_heads ? d->kv_heads : c->kv_heads;
     out->head_dim = d->head_dim ? d->head_dim : c->head_dim;
     size_t capacity = c->max_pages * c->page_size;
     out->seq_k = d->seq_k ? d->seq_k : capacity;
     if (d->dtype != c->dtype)
-        return weft__fail(WEFT_EINVAL, "%s: desc's dtype %d is not the cache's %d", OP,
+        return weft__fail(WEFT_EINVAL, "%s: desc's dtype %d is not the cache's %d", op,
                           (int)d->dtype, (int)c->dtype);
     if (out->kv_heads != c->kv_heads || out->head_dim != c->head_dim)
         return weft__fail(WEFT_EINVAL,
                           "%s: desc's kv_heads %zu and head_dim %zu are not the cache's %zu "
                           "and %zu",
-                          OP, out->kv_heads, out->head_dim, c->kv_heads, c->head_dim);
+                          op, out->kv_heads, out->head_dim, c->kv_heads, c->head_dim);
     if (d->batch > c->seqs)
-        return weft__fail(WEFT_EINVAL, "%s: batch %zu is more than the cache's %zu sequences", OP,
+        return weft__fail(WEFT_EINVAL, "%s: batch %zu is more than the cache's %zu sequences", op,
                           d->batch, c->seqs);
     if (out->seq_k > capacity)
         return weft__fail(WEFT_EINVAL,
-                          "%s: seq_k %zu is over the table's capacity %zu (%zu pages of %zu)", OP,
+                          "%s: seq_k %zu is over the table's capacity %zu (%zu pages of %zu)", op,
                           out->seq_k, capacity, c->max_pages, c->page_size);
     if (d->cu_seqlens_k || d->k_positions || d->k_stride || d->v_stride)
         return weft__fail(WEFT_EINVAL,
                           "%s: the keys are the cache's: cu_seqlens_k, k_positions, k_stride "
                           "and v_stride must be zero (seq_lens gives the lengths; keys are "
                           "rotated as they are appended)",
-                          OP);
+                          op);
     return WEFT_OK;
 }
 
 /* The rows Q and K hold: dense batch * seq, varlen cu[batch] where the
  * tables can be read now (the NULL stream), else at least the longest
  * sequence's (what can be checked). */
-static int check_desc(const char *OP, void *stream, const weft_attention_desc *d,
+static int check_desc(const char *op, void *stream, const weft_attention_desc *d,
                       const weft_kv_cache *cache, void *o, const void *q, const void *k,
                       const void *v, weft__attention_args *x)
 {
     int rc;
     if (!d)
-        return weft__fail(WEFT_EINVAL, "%s: desc is NULL", OP);
+        return weft__fail(WEFT_EINVAL, "%s: desc is NULL", op);
     weft_attention_desc paged_desc;
-    if (cache && (rc = check_paged(OP, cache, d, &paged_desc)) != WEFT_OK)
+    if (cache && (rc = check_paged(op, cache, d, &paged_desc)) != WEFT_OK)
         return rc;
     if (cache)
         d = &paged_desc; /* the cache's sizes filled in */
     for (size_t i = 0; i < sizeof d->reserved / sizeof d->reserved[0]; i++)
         if (d->reserved[i] != 0)
-            return weft__fail(WEFT_EINVAL, "%s: desc->reserved[%zu] is not zero", OP, i);
+            return weft__fail(WEFT_EINVAL, "%s: desc->reserved[%zu] is not zero", op, i);
     if (d->dtype != WEFT_DTYPE_BF16 && d->dtype != WEFT_DTYPE_F16)
-        return weft__fail(WEFT_EINVAL, "%s: dtype %d is not bf16 or fp16", OP, (int)d->dtype);
+        return weft__fail(WEFT_EINVAL, "%s: dtype %d is not bf16 or fp16", op, (int)d->dtype);
     if (d->batch == 0 || d->heads == 0 || d->seq_q == 0 || d->seq_k == 0)
         return weft__fail(WEFT_EINVAL,
                           "%s: batch, heads, seq_q and seq_k must be >= 1 (%zu, %zu, "
                           "%zu, %zu)",
-                          OP, d->batch, d->heads, d->seq_q, d->seq_k);
+                          op, d->batch, d->heads, d->seq_q, d->seq_k);
     if (d->batch > GRID_LIMIT || d->heads > GRID_LIMIT)
-        return weft__fail(WEFT_EINVAL, "%s: batch (%zu) and heads (%zu) must be at most %d", OP,
+        return weft__fail(WEFT_EINVAL, "%s: batch (%zu) and heads (%zu) must be at most %d", op,
                           d->batch, d->heads, GRID_LIMIT);
     if (d->head_dim != 64 && d->head_dim != 128 && d->head_dim != 256)
-        return weft__fail(WEFT_EINVAL, "%s: head_dim %zu is not supported (64, 128 or 256)", OP,
+        return weft__fail(WEFT_EINVAL, "%s: head_dim %zu is not supported (64, 128 or 256)", op,
                           d->head_dim);
     size_t kvh = d->kv_heads ? d->kv_heads : d->heads;
     if (d->heads % kvh != 0)
-        return weft__fail(WEFT_EINVAL, "%s: kv_heads %zu does not divide heads %zu", OP, kvh,
+        return weft__fail(WEFT_EINVAL, "%s: kv_heads %zu does not divide heads %zu", op, kvh,
                           d->heads);
     /* the kernel counts rows and keys in int, a block's reach past the end too */
     if (d->seq_q > INT32_MAX - 256 || d->seq_k > INT32_MAX - 256)
-        return weft__fail(WEFT_EINVAL, "%s: seq_q and seq_k must be below 2^31 - 256", OP);
+        return weft__fail(WEFT_EINVAL, "%s: seq_q and seq_k must be below 2^31 - 256", op);
     if (d->window && !d->causal)
         return weft__fail(WEFT_EINVAL,
                           "%s: a sliding window needs causal (a window on both sides is not "
                           "supported)",
-                          OP);
+                          op);
     if (!isfinite(d->scale))
-        return weft__fail(WEFT_EINVAL, "%s: scale %g is not finite", OP, (double)d->scale);
+        return weft__fail(WEFT_EINVAL, "%s: scale %g is not finite", op, (double)d->scale);
     if (!cache && (d->cu_seqlens_q == NULL) != (d->cu_seqlens_k == NULL))
-        return weft__fail(WEFT_EINVAL, "%s: varlen needs both cu_seqlens_q and cu_seqlens_k", OP);
+        return weft__fail(WEFT_EINVAL, "%s: varlen needs both cu_seqlens_q and cu_seqlens_k", op);
     if (!cache && (d->q_positions == NULL) != (d->k_positions == NULL))
-        return weft__fail(WEFT_EINVAL, "%s: RoPE needs both q_positions and k_positions", OP);
+        return weft__fail(WEFT_EINVAL, "%s: RoPE needs both q_positions and k_positions", op);
     if (d->q_positions) {
         if (d->rope_layout != WEFT_ROPE_INTERLEAVED && d->rope_layout != WEFT_ROPE_HALVES)
-            return weft__fail(WEFT_EINVAL, "%s: unknown RoPE layout %d", OP, (int)d->rope_layout);
+            return weft__fail(WEFT_EINVAL, "%s: unknown RoPE layout %d", op, (int)d->rope_layout);
         if (!isfinite(d->rope_base) || d->rope_base < 0)
-            return weft__fail(WEFT_EINVAL, "%s: rope_base %g is not finite and > 0", OP,
+            return weft__fail(WEFT_EINVAL, "%s: rope_base %g is not finite and > 0", op,
                               (double)d->rope_base);
     }
-    if ((rc = check_int32(OP, "cu_seqlens_q", d->cu_seqlens_q)) != WEFT_OK ||
-        (rc = check_int32(OP, "cu_seqlens_k", d->cu_seqlens_k)) != WEFT_OK ||
-        (rc = check_int32(OP, "q_positions", d->q_positions)) != WEFT_OK ||
-        (rc = check_int32(OP, "k_positions", d->k_positions)) != WEFT_OK)
+    if ((rc = check_int32(op, "cu_seqlens_q", d->cu_seqlens_q)) != WEFT_OK ||
+        (rc = check_int32(op, "cu_seqlens_k", d->cu_seqlens_k)) != WEFT_OK ||
+        (rc = check_int32(op, "q_positions", d->q_positions)) != WEFT_OK ||
+        (rc = check_int32(op, "k_positions", d->k_positions)) != WEFT_OK)
         return rc;
     if (d->lse && (uintptr_t)d->lse % sizeof(float) != 0)
-        return weft__fail(WEFT_EINVAL, "%s: lse is not 4-byte aligned", OP);
+        return weft__fail(WEFT_EINVAL, "%s: lse is not 4-byte aligned", op);
 
     size_t q_rows, k_rows;
     if (d->cu_seqlens_q) {
         q_rows = d->seq_q, k_rows = d->seq_k;
         if (stream == NULL &&
-            ((rc = check_table(OP, "cu_seqlens_q", d->cu_seqlens_q, d->batch, d->seq_q, &q_rows)) !=
+            ((rc = check_table(op, "cu_seqlens_q", d->cu_seqlens_q, d->batch, d->seq_q, &q_rows)) !=
                  WEFT_OK ||
-             (!cache && (rc = check_table(OP, "cu_seqlens_k", d->cu_seqlens_k, d->batch, d->seq_k,
+             (!cache && (rc = check_table(op, "cu_seqlens_k", d->cu_seqlens_k, d->batch, d->seq_k,
                                           &k_rows)) != WEFT_OK)))
             return rc;
         if (q_rows == 0)
@@ -244,7 +244,7 @@ static int check_desc(const char *OP, void *stream, const weft_attention_desc *d
             k_rows = 1;
     } else {
         if (d->batch > SIZE_MAX / d->seq_q || d->batch > SIZE_MAX / d->seq_k)
-            return weft__fail(WEFT_EINVAL, "%s: batch * seq overflows", OP);
+            return weft__fail(WEFT_EINVAL, "%s: batch * seq overflows", op);
         q_rows = d->batch * d->seq_q, k_rows = d->batch * d->seq_k;
     }
 
@@ -262,9 +262,9 @@ static int check_desc(const char *OP, void *stream, const weft_attention_desc *d
     x->o = o, x->q = q, x->k = k, x->v = v;
 
     size_t qw = d->heads * d->head_dim, kw = kvh * d->head_dim;
-    if ((rc = check_tensor(OP, "Q", q, q_rows, qw, d->q_stride, d->dtype, &x->q_stride)) !=
+    if ((rc = check_tensor(op, "Q", q, q_rows, qw, d->q_stride, d->dtype, &x->q_stride)) !=
             WEFT_OK ||
-        (rc = check_tensor(OP, "O", o, q_rows, qw, d->o_stride, d->dtype, &x->o_stride)) != WEFT_OK)
+        (rc = check_tensor(op, "O", o, q_rows, qw, d->o_stride, d->dtype, &x->o_stride)) != WEFT_OK)
         return rc;
     if (cache) {
         x->paged = 1;
@@ -273,14 +273,14 @@ static int check_desc(const char *OP, void *stream, const weft_attention_desc *d
         x->table = cache->block_table;
         x->page_size = cache->page_size, x->pages = cache->pages;
         x->max_pages = cache->max_pages;
-    } else if ((rc = check_tensor(OP, "K", k, k_rows, kw, d->k_stride, d->dtype, &x->k_stride)) !=
+    } else if ((rc = check_tensor(op, "K", k, k_rows, kw, d->k_stride, d->dtype, &x->k_stride)) !=
                    WEFT_OK ||
-               (rc = check_tensor(OP, "V", v, k_rows, kw, d->v_stride, d->dtype, &x->v_stride)) !=
+               (rc = check_tensor(op, "V", v, k_rows, kw, d->v_stride, d->dtype, &x->v_stride)) !=
                    WEFT_OK) {
         return rc;
     }
     if (o == q || o == x->k || o == x->v)
-        return weft__fail(WEFT_EINVAL, "%s: O must be a buffer of its own", OP);
+        return weft__fail(WEFT_EINVAL, "%s: O must be a buffer of its own", op);
 
     if (d->lse) {
         x->lse = d->lse;
@@ -288,14 +288,14 @@ static int check_desc(const char *OP, void *stream, const weft_attention_desc *d
         if (x->lse_stride == 0) {
             if (d->cu_seqlens_q)
                 return weft__fail(WEFT_EINVAL, "%s: a varlen call with lse must give lse_stride",
-                                  OP);
+                                  op);
             x->lse_stride = q_rows;
         }
         if (x->lse_stride < q_rows)
-            return weft__fail(WEFT_EINVAL, "%s: lse_stride %zu is smaller than Q's rows (%zu)", OP,
+            return weft__fail(WEFT_EINVAL, "%s: lse_stride %zu is smaller than Q's rows (%zu)", op,
                               x->lse_stride, q_rows);
         if (x->lse_stride > SIZE_MAX / sizeof(float) / d->heads)
-            return weft__fail(WEFT_EINVAL, "%s: heads * lse_stride is too large", OP);
+            return weft__fail(WEFT_EINVAL, "%s: heads * lse_stride is too large", op);
     }
     return WEFT_OK;
 }
@@ -308,39 +308,39 @@ static void run_host(const void *args)
 
 /* WEFT_TASK_STREAM: the task's CUDA stream in *stream, or (host backend)
  * the host reference enqueued in the task's stream order. */
-static int task_stream(const char *OP, void **stream, weft__attention_args *x)
+static int task_stream(const char *op, void **stream, weft__attention_args *x)
 {
     void *s = NULL;
     int rc = weft_stream(&s);
     if (rc == WEFT_ENOTASK)
-        return weft__fail(rc, "%s: WEFT_TASK_STREAM outside a task", OP);
+        return weft__fail(rc, "%s: WEFT_TASK_STREAM outside a task", op);
     if (rc != WEFT_OK) {
         char why[256];
         snprintf(why, sizeof why, "%s", weft_last_error());
-        return weft__fail(rc, "%s: the task's stream: %s", OP, why);
+        return weft__fail(rc, "%s: the task's stream: %s", op, why);
     }
     if (s) {
         *stream = s;
         return WEFT__ON_STREAM;
     }
-    if ((rc = weft__attention_host_prepare(OP, x)) != WEFT_OK)
+    if ((rc = weft__attention_host_prepare(op, x)) != WEFT_OK)
         return rc;
-    rc = weft__task_stream_op(OP, stream, run_host, x, sizeof *x);
+    rc = weft__task_stream_op(op, stream, run_host, x, sizeof *x);
     if (rc != WEFT_OK)
         free(x->host_ws); /* not enqueued: the scratch is still ours */
     return rc;
 }
 
-static int run(const char *OP, void *stream, weft__attention_args *x)
+static int run(const char *op, void *stream, weft__attention_args *x)
 {
     int rc;
-    if (stream == WEFT_TASK_STREAM && (rc = task_stream(OP, &stream, x)) != WEFT__ON_STREAM)
+    if (stream == WEFT_TASK_STREAM && (rc = task_stream(op, &stream, x)) != WEFT__ON_STREAM)
         return rc;
 #ifdef WEFT_HAVE_CUDA
     if (stream)
         return weft__attention_cuda(stream, x);
 #endif
-    if ((rc = weft__attention_host_prepare(OP, x)) != WEFT_OK)
+    if ((rc = weft__attention_host_prepare(op, x)) != WEFT_OK)
         return rc;
     weft__attention_host_run(x);
     return WEFT_OK;
