@@ -5,6 +5,9 @@ Cases (bf16, dense [batch, seq, heads, dim] tensors, on PyTorch's current
 stream, the same tensors for every side):
   B4 H32 S4096 D128             not causal, and causal
   B2 H32 Hkv8 S8192 D128        causal, grouped-query (4 query heads a kv head)
+  B4 H32 Hkv8 D128 paged        a chunk of 512 after 3584 keys in pages of 16:
+                                weft_attention_paged against weft_attention on
+                                the same keys dense (the same bits)
 Peers: torch.nn.functional.scaled_dot_product_attention with each of its
 fused backends forced through torch.nn.attention.sdpa_kernel: flash
 (FlashAttention-2), cuDNN and memory-efficient, on views of the same
@@ -53,11 +56,23 @@ class AttentionDesc(ctypes.Structure):
                 ("reserved", ctypes.c_uint64 * 8)]
 
 
+class KvCache(ctypes.Structure):
+    """weft_kv_cache (include/weft/ops.h), field for field."""
+    Z, P = ctypes.c_size_t, ctypes.c_void_p
+    _fields_ = [("dtype", ctypes.c_int), ("k", P), ("v", P), ("pages", Z), ("page_size", Z),
+                ("kv_heads", Z), ("head_dim", Z), ("block_table", P), ("seqs", Z),
+                ("max_pages", Z), ("format", ctypes.c_int), ("k_scale", P), ("v_scale", P),
+                ("reserved", ctypes.c_uint64 * 4)]
+
+
 def load_weft(path):
     lib = ctypes.CDLL(path)
     P = ctypes.c_void_p
     lib.weft_attention.argtypes = [P, ctypes.POINTER(AttentionDesc), P, P, P, P]
     lib.weft_attention.restype = ctypes.c_int
+    lib.weft_attention_paged.argtypes = [P, ctypes.POINTER(KvCache), ctypes.POINTER(AttentionDesc),
+                                         P, P, P]
+    lib.weft_attention_paged.restype = ctypes.c_int
     lib.weft_last_error.argtypes = []
     lib.weft_last_error.restype = ctypes.c_char_p
     return lib
@@ -163,6 +178,44 @@ def check_layout(lib):
         die("AttentionDesc does not match weft_attention_desc: output off by %.2e" % worst)
     print("bench_attention: AttentionDesc matches weft_attention_desc (%d bytes)" %
           ctypes.sizeof(AttentionDesc))
+    check_paged_layout(lib)
+
+
+def check_paged_layout(lib):
+    """A host call of weft_attention_paged through KvCache, its keys in
+    pages of 16 in reverse order, against weft_attention over the same keys
+    dense: the same bits, or the struct drifted from weft_kv_cache."""
+    heads, kvh, dim, sq, sk, page = 2, 1, 64, 3, 40, 16
+    pages = (sk + page - 1) // page
+    u16 = ctypes.c_uint16
+    Q, O, O2 = Aligned(u16, sq * heads * dim), Aligned(u16, sq * heads * dim), \
+        Aligned(u16, sq * heads * dim)
+    K, V = Aligned(u16, sk * kvh * dim), Aligned(u16, sk * kvh * dim)
+    KP, VP = Aligned(u16, pages * page * kvh * dim), Aligned(u16, pages * page * kvh * dim)
+    for i in range(sq * heads * dim):
+        Q.view[i] = struct.unpack("H", struct.pack("e", math.sin(0.3 * i)))[0]
+    table, lens = Aligned(ctypes.c_int32, pages), Aligned(ctypes.c_int32, 1)
+    for p in range(pages):
+        table.view[p] = pages - 1 - p
+    lens.view[0] = sk
+    for j in range(sk):
+        row = table.view[j // page] * page + j % page
+        for e in range(kvh * dim):
+            kb = struct.unpack("H", struct.pack("e", math.cos(0.7 * j + 0.05 * e)))[0]
+            vb = struct.unpack("H", struct.pack("e", math.sin(0.2 * j - 0.03 * e)))[0]
+            K.view[j * kvh * dim + e], V.view[j * kvh * dim + e] = kb, vb
+            KP.view[row * kvh * dim + e], VP.view[row * kvh * dim + e] = kb, vb
+    desc = AttentionDesc(dtype=F16, batch=1, heads=heads, kv_heads=kvh, head_dim=dim, seq_q=sq,
+                         seq_k=sk, causal=1)
+    check(lib, lib.weft_attention(None, ctypes.byref(desc), O.addr, Q.addr, K.addr, V.addr),
+          "weft_attention")
+    cache = KvCache(dtype=F16, k=KP.addr, v=VP.addr, pages=pages, page_size=page, kv_heads=kvh,
+                    head_dim=dim, block_table=table.addr, seqs=1, max_pages=pages)
+    check(lib, lib.weft_attention_paged(None, ctypes.byref(cache), ctypes.byref(desc), lens.addr,
+                                        O2.addr, Q.addr), "weft_attention_paged")
+    if any(O.view[i] != O2.view[i] for i in range(sq * heads * dim)):
+        die("KvCache does not match weft_kv_cache: paged keys give other bits than dense ones")
+    print("bench_attention: KvCache matches weft_kv_cache (%d bytes)" % ctypes.sizeof(KvCache))
 
 
 # ---- the benchmark --------------------------------------------------------
@@ -185,6 +238,50 @@ def weft_call(torch, lib, out, q, k, v, causal):
             die("weft_attention returned %d: %s" % (rc, lib.weft_last_error().decode()))
     call.desc = desc  # kept alive with the closure
     return call
+
+
+def paged_case(torch, lib, quick):
+    """Chunked prefill: B4 H32 Hkv8 D128, a chunk of 512 queries continuing
+    a prefix (keys 4096 in all, 1024 quick) in shuffled pages of 16:
+    weft_attention_paged against weft_attention over the same keys laid out
+    densely, whose bits it must equal."""
+    b, h, hkv, d, lq, lk, page = 4, 32, 8, 128, 512, 1024 if quick else 4096, 16
+    per = lk // page
+    q = torch.randn(b, lq, h, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, lk, hkv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, lk, hkv, d, device="cuda", dtype=torch.bfloat16)
+    table = torch.randperm(b * per, device="cuda", dtype=torch.int32).view(b, per)
+    kp = torch.empty(b * per, page, hkv, d, device="cuda", dtype=torch.bfloat16)
+    vp = torch.empty_like(kp)
+    kp[table.flatten().long()] = k.reshape(b * per, page, hkv, d)
+    vp[table.flatten().long()] = v.reshape(b * per, page, hkv, d)
+    lens = torch.full((b,), lk, device="cuda", dtype=torch.int32)
+    out, out_dense = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    desc = AttentionDesc(dtype=BF16, batch=b, heads=h, kv_heads=hkv, head_dim=d, seq_q=lq,
+                         seq_k=lk, causal=1)
+    cache = KvCache(dtype=BF16, k=kp.data_ptr(), v=vp.data_ptr(), pages=b * per, page_size=page,
+                    kv_heads=hkv, head_dim=d, block_table=table.data_ptr(), seqs=b,
+                    max_pages=per)
+
+    def paged():
+        st = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        check(lib, lib.weft_attention_paged(st, ctypes.byref(cache), ctypes.byref(desc),
+                                            lens.data_ptr(), out.data_ptr(), q.data_ptr()),
+              "weft_attention_paged")
+    dense = weft_call(torch, lib, out_dense, q, k, v, True)
+    paged()
+    dense()
+    torch.cuda.synchronize()
+    if not torch.equal(out, out_dense):
+        die("paged keys give other bits than the same keys dense")
+    pairs = lq * (lk - lq) + lq * (lq + 1) // 2  # what the causal chunk sees
+    flop = 4.0 * b * h * d * pairs
+    tp, td = time_per_call(torch, paged), time_per_call(torch, dense)
+    case = "paged prefill bf16 B%d H%d Hkv%d D%d, chunk %d after %d keys, pages of %d" % (
+        b, h, hkv, d, lq, lk - lq, page)
+    detail = "%.1f us; dense keys %.1f us; the same bits" % (tp * 1e6, td * 1e6)
+    print("%-44s weft %6.1f TFLOP/s  %s" % (case, flop / tp / 1e12, detail))
+    return case, flop / tp / 1e12, {"dense": flop / td / 1e12}, detail
 
 
 def main():
@@ -269,6 +366,8 @@ def run(torch, lib, args):
         del q, k, v, out, qt, kt, vt, ref
         torch.cuda.empty_cache()
 
+    results.append(paged_case(torch, lib, args.quick))
+
     if args.no_rows:
         return
     mach, commit = machine(torch)
@@ -281,7 +380,13 @@ def run(torch, lib, args):
         for case, tflops, rates, detail in results:
             row = dict(common, case=case, metric="TFLOP/s", value=round(tflops, 2),
                        unit="TFLOP/s", detail=detail)
-            if rates.get("flash") is not None:
+            if rates.get("dense") is not None:
+                row.update(peer="weft_attention, the same keys dense",
+                           peer_value=round(rates["dense"], 2))
+                row["targets"] = [{"goal": "within 5% of the same call on dense keys",
+                                   "op": ">=", "needed": round(0.95 * rates["dense"], 2),
+                                   "met": tflops >= 0.95 * rates["dense"]}]
+            elif rates.get("flash") is not None:
                 row.update(peer="torch SDPA flash", peer_value=round(rates["flash"], 2))
                 row["targets"] = [{"goal": "at or above torch's flash backend in the same run",
                                    "op": ">=", "needed": round(rates["flash"], 2),

@@ -64,7 +64,8 @@ class DecodeDesc(ctypes.Structure):
     """weft_attention_decode_desc."""
     Z = ctypes.c_size_t
     _fields_ = [("q_len", Z), ("heads", Z), ("scale", ctypes.c_float), ("window", Z),
-                ("max_seq_len", Z), ("splits", Z), ("reserved", ctypes.c_uint64 * 4)]
+                ("max_seq_len", Z), ("splits", Z), ("q_stride", Z),
+                ("reserved", ctypes.c_uint64 * 3)]
 
 
 def load_weft(path):
