@@ -8,7 +8,10 @@
  *    a decode step, which reads every weight once;
  *  - prefill: a fresh sequence's wl_forward over L random tokens, for each
  *    prompt length (median of the repeats, after one untimed run that
- *    makes the length's plans: a first call's cost is not prefill's);
+ *    makes the length's plans: a first call's cost is not prefill's); and
+ *    for lengths up to a batcher's chunk (WL_PREFILL_CHUNK) 8 fresh prompts
+ *    of L tokens in one mixed step (wl_forward_mixed), as the batcher runs
+ *    prompts that arrive together;
  *  - decode: B sequences prefilled with a short prompt, then wl_forward_batch
  *    steps of all of them (the batcher's step without its task handoffs),
  *    each step's ids drawn on the backend (greedy, or at --temperature with
@@ -36,7 +39,7 @@ typedef struct bench {
     wl_kv kv;
     /* results */
     double copy_gbs;
-    double prefill_ms[MAX_POINTS];
+    double prefill_ms[MAX_POINTS], mixed_ms[MAX_POINTS]; /* mixed: 0 when not measured */
     double step_ms[MAX_POINTS], roofline_ms[MAX_POINTS], cpu_us[MAX_POINTS];
     weft_graph_stats graph; /* graph mode over the decode steps */
     int failed;
@@ -171,6 +174,52 @@ static int measure_prefill(bench *b, int li, uint64_t *st)
     return 0;
 }
 
+enum { MIXED_PROMPTS = 8 };
+
+/* MIXED_PROMPTS fresh prompts of L tokens in one mixed step. */
+static int measure_mixed(bench *b, int li, uint64_t *st)
+{
+    int L = b->lens[li], P = MIXED_PROMPTS, rc = -1;
+    double t[64];
+    wl_batch *batch = NULL;
+    wl_seq *seqs[MIXED_PROMPTS] = {0};
+    int counts[MIXED_PROMPTS];
+    int32_t picked[MIXED_PROMPTS], *ids = malloc((size_t)P * L * sizeof *ids);
+    if (L > WL_PREFILL_CHUNK)
+        return free(ids), 0;
+    /* rows for all the prompts at once: P + chunk of them */
+    if (!ids)
+        return wl_fail("out of memory");
+    if (wl_batch_create(&batch, &b->model, &b->kv, P, P * L, P * L - P))
+        goto out;
+    for (int r = -1; r < b->repeats; r++) { /* r -1: a warm-up, untimed */
+        random_ids(ids, P * L, b->model.cfg.vocab, st);
+        for (int i = 0; i < P; i++) {
+            counts[i] = L;
+            if (wl_seq_create(&seqs[i], &b->model, &b->kv, L, 1))
+                goto out;
+        }
+        uint64_t t0 = weft_now_ns();
+        if (wl_forward_mixed(batch, seqs, ids, counts, P, NULL, NULL, picked))
+            goto out;
+        if (r >= 0)
+            t[r] = (double)(weft_now_ns() - t0) * 1e-6;
+        for (int i = 0; i < P; i++) {
+            wl_seq_destroy(seqs[i]);
+            seqs[i] = NULL;
+        }
+    }
+    b->mixed_ms[li] = median(t, b->repeats);
+    rc = 0;
+out:
+    for (int i = 0; i < P; i++)
+        wl_seq_destroy(seqs[i]);
+    if (batch)
+        wl_batch_destroy(batch);
+    free(ids);
+    return rc;
+}
+
 static int measure_decode(bench *b, int bi, uint64_t *st)
 {
     int B = b->batches[bi], P = b->decode_prompt, total = P + b->steps + 2;
@@ -241,6 +290,10 @@ static void *bench_task(void *arg)
         pages = need > pages ? need : pages;
     }
     pages = pages > longest / WL_KV_PAGE + 1 ? pages : longest / WL_KV_PAGE + 1;
+    for (int i = 0; i < b->n_lens; i++) { /* the mixed step's prompts */
+        int need = MIXED_PROMPTS * (b->lens[i] / WL_KV_PAGE + 1);
+        pages = b->lens[i] <= WL_PREFILL_CHUNK && need > pages ? need : pages;
+    }
     b->failed = 1;
     if (longest > b->model.cfg.max_positions) {
         wl_fail("bench: %d tokens exceed the model's context (%d)", longest,
@@ -251,7 +304,7 @@ static void *bench_task(void *arg)
         measure_copy(b))
         goto out;
     for (int i = 0; i < b->n_lens; i++)
-        if (measure_prefill(b, i, &st))
+        if (measure_prefill(b, i, &st) || measure_mixed(b, i, &st))
             goto out;
     weft_graph_stats before, after;
     weft_graph_stats_get(weft_runtime_current(), &before);
@@ -279,10 +332,18 @@ static void report(const bench *b)
            "GB/s\n",
            b->dir, c->model_type, c->layers, c->hidden, wl_dtype_name(b->model.dtype),
            weight_bytes(&b->model) * 1e-9, b->copy_gbs);
-    printf("\n| prefill tokens | ms | tokens/s |\n|---:|---:|---:|\n");
-    for (int i = 0; i < b->n_lens; i++)
-        printf("| %d | %.3f | %.0f |\n", b->lens[i], b->prefill_ms[i],
+    printf("\n| prefill tokens | ms | tokens/s | %d prompts in one mixed step: ms | tokens/s |\n"
+           "|---:|---:|---:|---:|---:|\n",
+           MIXED_PROMPTS);
+    for (int i = 0; i < b->n_lens; i++) {
+        printf("| %d | %.3f | %.0f |", b->lens[i], b->prefill_ms[i],
                b->lens[i] / (b->prefill_ms[i] * 1e-3));
+        if (b->mixed_ms[i] > 0)
+            printf(" %.3f | %.0f |\n", b->mixed_ms[i],
+                   MIXED_PROMPTS * b->lens[i] / (b->mixed_ms[i] * 1e-3));
+        else
+            printf(" | |\n");
+    }
     if (b->temperature > 0)
         printf("\ndecode steps draw at temperature %g, top-p %g (weft_sample)\n", b->temperature,
                b->top_p);
@@ -299,9 +360,13 @@ static void report(const bench *b)
     printf("\nBENCH llm.copy_rate %.1f GB/s\n", b->copy_gbs);
     printf("BENCH llm.decode.graph_launches %llu launches\n",
            (unsigned long long)b->graph.launches);
-    for (int i = 0; i < b->n_lens; i++)
+    for (int i = 0; i < b->n_lens; i++) {
         printf("BENCH llm.prefill.L%d.tokens_per_s %.1f tokens/s\n", b->lens[i],
                b->lens[i] / (b->prefill_ms[i] * 1e-3));
+        if (b->mixed_ms[i] > 0)
+            printf("BENCH llm.prefill.mixed%d.L%d.tokens_per_s %.1f tokens/s\n", MIXED_PROMPTS,
+                   b->lens[i], MIXED_PROMPTS * b->lens[i] / (b->mixed_ms[i] * 1e-3));
+    }
     for (int i = 0; i < b->n_batches; i++) {
         printf("BENCH llm.decode.B%d.step_ms %.4f ms\n", b->batches[i], b->step_ms[i]);
         printf("BENCH llm.decode.B%d.tokens_per_s %.1f tokens/s\n", b->batches[i],

@@ -854,7 +854,8 @@ static void expect_cli_error(const char *args, int status, const char *message)
     free(err);
 }
 
-/* weft-llm bench on the tiny model: every figure's BENCH line, positive;
+/* weft-llm bench on the tiny model: every figure's BENCH line (8 prompts in
+ * one mixed step too), positive;
  * a bad list is a usage error. */
 static void test_cli_bench(void **state)
 {
@@ -869,6 +870,7 @@ static void test_cli_bench(void **state)
     const char *names[] = {"llm.copy_rate",
                            "llm.prefill.L16.tokens_per_s",
                            "llm.prefill.L40.tokens_per_s",
+                           "llm.prefill.mixed8.L40.tokens_per_s",
                            "llm.decode.B1.step_ms",
                            "llm.decode.B3.tokens_per_s",
                            "llm.decode.B3.of_roofline",
