@@ -21,7 +21,10 @@
  * had (its prompt and tokens, a prefill) and decodes on from its pending
  * token, its sampler and penalties where they were. The newest goes, so
  * the oldest always progress; a generation that is itself the newest
- * gives its own pages back. Waiters are admitted in order of priority,
+ * gives its own pages back. With a swap budget (swap_bytes), a decoding
+ * generation's keys and values go to host memory instead and come back
+ * into new pages when it is admitted again, bit for bit: nothing is
+ * recomputed. Waiters are admitted in order of priority,
  * then of arrival (a queue of nodes on their tasks' stacks), so a long
  * prompt is not starved by a stream of short ones of its class; one that
  * is cancelled while it waits leaves the queue.
@@ -149,6 +152,7 @@ void wl_engine_stats(wl_engine *e, wl_engine_counts *out)
     out->queued = e->queued;
     out->reserved_pages = e->reserved_pages;
     out->preemptions = e->preemptions;
+    out->swaps = e->swaps;
     weft_mutex_unlock(e->lock);
     out->pages = e->kv.pages;
     out->used_pages = e->kv.pages - wl_kv_free_pages(&e->kv);
@@ -443,6 +447,34 @@ static int prefill_in_steps(wl_engine *e, wl_seq *s, const int32_t *toks, int n,
     return 0;
 }
 
+/* Host memory for bytes of a preempted generation's cache, within the
+ * engine's swap budget; NULL: recompute instead. */
+static void *take_swap(wl_engine *e, size_t bytes)
+{
+    wl_lock_always(e->lock);
+    int fits = e->swap_bytes && e->swapped + bytes <= e->swap_bytes;
+    if (fits)
+        e->swapped += bytes;
+    weft_mutex_unlock(e->lock);
+    void *buf = fits ? malloc(bytes) : NULL;
+    if (fits && !buf) {
+        wl_lock_always(e->lock);
+        e->swapped -= bytes;
+        weft_mutex_unlock(e->lock);
+    }
+    return buf;
+}
+
+static void give_swap(wl_engine *e, void *buf, size_t bytes)
+{
+    if (!buf)
+        return;
+    free(buf);
+    wl_lock_always(e->lock);
+    e->swapped -= bytes;
+    weft_mutex_unlock(e->lock);
+}
+
 /* Sets w's sequence (NULL: none), which a preemption evicts. */
 static void set_seq(wl_engine *e, wl_waiter *w, const wl_seq *s)
 {
@@ -461,6 +493,8 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
                    .rank = rank_of(g->priority)};
     wl_sampler sampler = g->sampler;
     wl_seq *s = NULL;
+    void *swap = NULL; /* a preempted generation's cache, in host memory */
+    size_t swap_size = 0;
     const float *logits = NULL;
     int joined = 0, admitted = 0, rc = -1, n = 0;
     char msg[512] = "";
@@ -522,11 +556,17 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
             goto out;
         set_seq(e, &w, s);
         int r = 0;
-        if (in_steps && !(r = wl_batcher_join(e->batcher, s)))
-            joined = 1;
-        if (r == 0)
-            r = in_steps ? prefill_in_steps(e, s, toks, held, chunk, &logits)
-                         : prefill(e, &w, s, toks, held, chunk, &logits);
+        if (swap) { /* its cache back as it was: nothing to recompute */
+            r = wl_seq_swap_in(s, swap, held);
+            give_swap(e, swap, swap_size);
+            swap = NULL;
+        } else {
+            if (in_steps && !(r = wl_batcher_join(e->batcher, s)))
+                joined = 1;
+            if (r == 0)
+                r = in_steps ? prefill_in_steps(e, s, toks, held, chunk, &logits)
+                             : prefill(e, &w, s, toks, held, chunk, &logits);
+        }
         if (r == 0 && !n)
             wl_seq_publish_prefix(s, g->prompt, g->n_prompt);
         if (r == 0 && g->speculate_k) { /* alone, outside the batcher */
@@ -584,10 +624,24 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
         if (r != WL_PREEMPTED)
             goto out;
         /* preempted: the pages and the place go back; admitted again, the
-         * cache is refilled with what it held */
+         * cache is refilled with what it held: from host memory when it is
+         * decoding and the swap budget holds its cache, else recomputed */
         if (joined)
             wl_batcher_leave(e->batcher, s);
         joined = 0;
+        int holds = g->n_prompt + (n ? n - 1 : 0);
+        if (n && wl_seq_length(s) == holds) {
+            swap_size = wl_seq_swap_bytes(e->model, holds);
+            if ((swap = take_swap(e, swap_size)) && wl_seq_swap_out(s, swap)) {
+                give_swap(e, swap, swap_size); /* recomputed instead */
+                swap = NULL;
+            }
+            if (swap) {
+                wl_lock_always(e->lock);
+                e->swaps++;
+                weft_mutex_unlock(e->lock);
+            }
+        }
         wl_seq_destroy(s);
         s = NULL;
         release(e, &w);
@@ -603,6 +657,7 @@ out:
     if (joined)
         wl_batcher_leave(e->batcher, s);
     wl_seq_destroy(s); /* its pages go back */
+    give_swap(e, swap, swap_size);
     if (admitted)
         release(e, &w);
     free(pen_scratch);

@@ -362,6 +362,106 @@ int wl_seq_rewind(wl_seq *s, int pos)
     return 0;
 }
 
+int wl_seq_length(const wl_seq *s)
+{
+    return s->pos;
+}
+
+size_t wl_seq_swap_bytes(const wl_model *m, int tokens)
+{
+    const wl_config *c = &m->cfg;
+    return (size_t)tokens * 2 * (size_t)c->layers * c->kv_heads * c->head_dim *
+           wl_dtype_size(m->dtype);
+}
+
+/* A device buffer of bytes, and host copies of the int32 tables the swap
+ * needs, freed together in stream order. */
+typedef struct swap_scratch {
+    void *dev;
+    int32_t *idx; /* device: positions 0 .. n - 1, then n zeros (sequence ids) */
+    int32_t *idx_host;
+} swap_scratch;
+
+static void scratch_free(swap_scratch *x, int failed)
+{
+    if (x->dev)
+        weft_free_async(x->dev);
+    if (x->idx)
+        weft_free_async(x->idx);
+    if (failed) /* the copies read idx_host until they have run */
+        wl_await_keeping_error();
+    else
+        weft_await();
+    free(x->idx_host);
+}
+
+int wl_seq_swap_out(wl_seq *s, void *host)
+{
+    const wl_config *c = &s->m->cfg;
+    size_t es = wl_dtype_size(s->m->dtype), kv = s->kv_dim, n = (size_t)s->pos;
+    size_t ps = (size_t)s->kv->page_size, used = (n + ps - 1) / ps;
+    swap_scratch x = {0};
+    if (n == 0)
+        return 0;
+    /* the whole pages it uses, a token a row, gathered a layer and pool at
+     * a time and copied out */
+    TRY(weft_malloc_async(&x.dev, used * ps * kv * es));
+    TRY(weft_memcpy_async(s->table, s->pages.table, used * 4));
+    for (int li = 0; li < c->layers; li++) {
+        weft_kv_cache cache = wl_kv_layer(s->kv, li, s->table, s->pages.max_pages);
+        const void *pool[2] = {cache.k, cache.v};
+        for (int p = 0; p < 2; p++) {
+            TRY(weft_gather_rows(WEFT_TASK_STREAM, s->m->dtype, x.dev, pool[p], s->table, used,
+                                 ps * kv, cache.pages, ps * kv, ps * kv));
+            TRY(weft_memcpy_async((char *)host + ((size_t)(2 * li + p) * n) * kv * es, x.dev,
+                                  n * kv * es));
+        }
+    }
+    TRY(weft_await());
+    scratch_free(&x, 0);
+    return 0;
+fail:
+    scratch_free(&x, 1);
+    return -1;
+}
+
+int wl_seq_swap_in(wl_seq *s, const void *host, int tokens)
+{
+    const wl_config *c = &s->m->cfg;
+    size_t es = wl_dtype_size(s->m->dtype), kv = s->kv_dim, n = (size_t)tokens;
+    swap_scratch x = {0};
+    if (s->pos != 0 || tokens < 1 || tokens > s->max_tokens)
+        return wl_fail("swap in: %d tokens into a sequence of %d holding %d", tokens, s->max_tokens,
+                       s->pos);
+    if (wl_kv_seq_grow(&s->pages, tokens))
+        return -1;
+    if (!(x.idx_host = malloc(2 * n * sizeof *x.idx_host)))
+        return wl_fail("out of memory for %d tokens' positions", tokens);
+    for (size_t t = 0; t < n; t++)
+        x.idx_host[t] = (int32_t)t, x.idx_host[n + t] = 0;
+    TRY(weft_malloc_async(&x.dev, 2 * n * kv * es));
+    TRY(weft_malloc_async((void **)&x.idx, 2 * n * sizeof *x.idx));
+    TRY(weft_memcpy_async(x.idx, x.idx_host, 2 * n * sizeof *x.idx));
+    TRY(weft_memcpy_async(s->table, s->pages.table, (size_t)s->pages.used * 4));
+    /* each layer's keys and values back, written into the new pages by
+     * position as the forward pass appends them (they are stored rotated) */
+    char *k = x.dev, *v = k + n * kv * es;
+    for (int li = 0; li < c->layers; li++) {
+        weft_kv_cache cache = wl_kv_layer(s->kv, li, s->table, s->pages.max_pages);
+        TRY(weft_memcpy_async(k, (const char *)host + (size_t)(2 * li) * n * kv * es, n * kv * es));
+        TRY(weft_memcpy_async(v, (const char *)host + (size_t)(2 * li + 1) * n * kv * es,
+                              n * kv * es));
+        TRY(weft_kv_append(WEFT_TASK_STREAM, &cache, k, kv, v, kv, n, x.idx + n, x.idx, NULL));
+    }
+    TRY(weft_await());
+    scratch_free(&x, 0);
+    s->pos = tokens;
+    return 0;
+fail:
+    scratch_free(&x, 1);
+    return -1;
+}
+
 /* Each weight pointer of m with its size in bytes: those pack.c leaves
  * alone (the upload's), or with packed nonzero every tensor of the files
  * but the experts (the narrowing's). */

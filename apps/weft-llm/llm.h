@@ -393,6 +393,17 @@ int wl_forward_rows(wl_seq *s, const int32_t *ids, int n, const float **rows);
  * at once, and a generation's pages are reserved for its whole life
  * anyway); wl_seq_destroy gives them back. An error for pos out of range. */
 int wl_seq_rewind(wl_seq *s, int pos);
+/* The tokens the sequence holds (its next position). */
+int wl_seq_length(const wl_seq *s);
+/* Swapping a preempted sequence's cache to host memory and back: the bytes
+ * of tokens tokens' keys and values in every layer; wl_seq_swap_out (task
+ * only) copies s's into host ([layer][k, v][token][kv_heads * head_dim],
+ * the model's dtype); wl_seq_swap_in (task only, a fresh sequence) takes
+ * pages for tokens tokens and writes them back, after which s holds them
+ * bit for bit as the swapped one did. */
+size_t wl_seq_swap_bytes(const wl_model *m, int tokens);
+int wl_seq_swap_out(wl_seq *s, void *host);
+int wl_seq_swap_in(wl_seq *s, const void *host, int tokens);
 /* Task only: copies the weights to the task's device when it has one,
  * packed (pack.c); on the host backend packs them in host memory (once,
  * kept until wl_model_close; several tasks may call it at once there). */
@@ -655,7 +666,11 @@ typedef struct wl_engine {
     weft_cond *admitted;
     wl_waiter *queue, *runners;                  /* waiting, and admitted (the latter unordered) */
     int queued, running, placed, reserved_pages; /* placed: running in the batch */
-    long admissions, preemptions;
+    long admissions, preemptions, swaps;
+    /* Host memory a preempted generation's keys and values may take
+     * (wl_seq_swap_out) to come back without recomputing them: 0 (the
+     * default) recomputes; set before the first generation. In use: swapped. */
+    size_t swap_bytes, swapped;
     char message[512];
 } wl_engine;
 
@@ -672,6 +687,7 @@ typedef struct wl_engine_counts {
     int pages, used_pages; /* the cache's pages, and those holding tokens */
     int reserved_pages;    /* promised to the running generations */
     long preemptions;      /* generations that gave their pages back to recompute later */
+    long swaps;            /* of those, the ones that kept their cache in host memory */
     long shared_tokens;    /* prompt tokens found in pages other prompts published */
     long steps, rows;      /* the batcher's steps and their tokens */
 } wl_engine_counts;

@@ -128,10 +128,13 @@ void wl_metrics_write(wl_metrics *m, const wl_engine_counts *e, int in_flight, w
                   "# TYPE weft_llm_prefix_shared_tokens_total counter\n"
                   "weft_llm_prefix_shared_tokens_total %ld\n"
                   "# HELP weft_llm_preemptions_total Sequences that gave their KV pages back, "
-                  "to recompute them when admitted again.\n"
-                  "# TYPE weft_llm_preemptions_total counter\nweft_llm_preemptions_total %ld\n",
+                  "to recompute them (or swap them back in) when admitted again.\n"
+                  "# TYPE weft_llm_preemptions_total counter\nweft_llm_preemptions_total %ld\n"
+                  "# HELP weft_llm_swaps_total Preempted sequences whose keys and values "
+                  "waited in host memory instead of being recomputed.\n"
+                  "# TYPE weft_llm_swaps_total counter\nweft_llm_swaps_total %ld\n",
                   snap.prompt_tokens, snap.generated_tokens, e->steps, e->rows, e->shared_tokens,
-                  e->preemptions);
+                  e->preemptions, e->swaps);
     put_gauge(out, "weft_llm_requests_in_flight", "Completion requests being handled.", in_flight);
     put_gauge(out, "weft_llm_sequences_running", "Sequences admitted and generating.", e->running);
     put_gauge(out, "weft_llm_sequences_queued", "Sequences waiting for KV pages or a batch place.",

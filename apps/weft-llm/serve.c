@@ -352,7 +352,7 @@ static int usage(void)
             "host|cuda|auto]\n"
             "                [--max-body-bytes N] [--idle-timeout S] [--body-timeout S] "
             "[--drain-seconds S]\n"
-            "                [--share-prefixes 1|0] [--prefill-chunk 512]\n");
+            "                [--share-prefixes 1|0] [--prefill-chunk 512] [--swap-mb 0]\n");
     return 2;
 }
 
@@ -444,6 +444,7 @@ static int run_server(server *srv)
     engine_up = 1;
     srv->engine.kv.sharing = srv->share_prefixes; /* before any sequence */
     srv->engine.prefill_chunk = srv->prefill_chunk;
+    srv->engine.swap_bytes = (size_t)srv->swap_mb << 20;
     struct sockaddr_storage sa;
     if (resolve(srv->host, srv->port, &sa))
         goto out;
@@ -570,6 +571,8 @@ int wl_serve_main(int argc, char **argv)
             bad |= parse_int(v, 0, 1, &srv.share_prefixes);
         else if (!strcmp(a, "--prefill-chunk"))
             bad |= parse_int(v, 0, 1 << 24, &srv.prefill_chunk);
+        else if (!strcmp(a, "--swap-mb"))
+            bad |= parse_int(v, 0, 1 << 24, &srv.swap_mb);
         else
             bad = 1;
         if (bad) {

@@ -18,6 +18,7 @@ typedef struct server {
     int port, max_seqs, kv_pages, max_model_len, default_max_tokens, workers, drain_seconds;
     int idle_timeout, body_timeout, share_prefixes;
     int prefill_chunk; /* the engine's: prompt tokens a chunk, 0 whole */
+    int swap_mb;       /* host memory for preempted sequences' caches; 0: recompute */
     size_t max_body;
     /* parts */
     wl_model model;

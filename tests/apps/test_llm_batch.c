@@ -636,13 +636,15 @@ static void *preempt_task(void *arg)
     return NULL;
 }
 
-static void run_all(int pages, preempt_run *runs, int count, wl_engine_counts *after)
+static void run_all(int pages, size_t swap_bytes, preempt_run *runs, int count,
+                    wl_engine_counts *after)
 {
     wl_model m;
     wl_engine e;
     weft_runtime *rt;
     weft_task *t[8];
     engine_up(&m, &e, &rt, pages, count, 80);
+    e.swap_bytes = swap_bytes;
     for (int i = 0; i < count; i++) {
         runs[i].e = &e;
         runs[i].n = 0;
@@ -654,9 +656,8 @@ static void run_all(int pages, preempt_run *runs, int count, wl_engine_counts *a
     engine_down(&m, &e, rt);
 }
 
-static void test_engine_preempts_and_recomputes(void **state)
+static void preempts_and_comes_back(size_t swap_bytes)
 {
-    (void)state;
     enum { GENS = 6 };
     preempt_run tight[GENS], roomy[GENS];
     uint64_t st = seed ^ 0x9e37;
@@ -664,11 +665,16 @@ static void test_engine_preempts_and_recomputes(void **state)
         for (int j = 0; j < 10; j++)
             tight[i].prompt[j] = roomy[i].prompt[j] = (int32_t)(wl_rand_next(&st) % V);
     wl_engine_counts c;
-    run_all(64, roomy, GENS, &c);
+    run_all(64, 0, roomy, GENS, &c);
     assert_int_equal(c.preemptions, 0);
-    run_all(10, tight, GENS, &c);
-    printf("  %d generations on 10 pages: %ld preemptions\n", GENS, c.preemptions);
+    run_all(10, swap_bytes, tight, GENS, &c);
+    printf("  %d generations on 10 pages: %ld preemptions, %ld of them swapped\n", GENS,
+           c.preemptions, c.swaps);
     assert_true(c.preemptions > 0);
+    if (swap_bytes)
+        assert_true(c.swaps > 0);
+    else
+        assert_int_equal(c.swaps, 0);
     assert_int_equal(c.running + c.queued + c.reserved_pages + c.used_pages, 0);
     for (int i = 0; i < GENS; i++) {
         assert_false(tight[i].failed);
@@ -682,6 +688,112 @@ static void test_engine_preempts_and_recomputes(void **state)
                 break;
             }
     }
+}
+
+static void test_engine_preempts_and_recomputes(void **state)
+{
+    (void)state;
+    preempts_and_comes_back(0);
+}
+
+/* The same with room in host memory for every preempted cache: they come
+ * back swapped in, not recomputed. */
+static void test_engine_preempts_and_swaps(void **state)
+{
+    (void)state;
+    preempts_and_comes_back(64u << 20);
+}
+
+/* A sequence's cache swapped out to host memory and into a fresh
+ * sequence's own pages (taken while the first still holds its) continues
+ * bit for bit: the next token's logits are those of a sequence that never
+ * left; and every page comes back. */
+typedef struct swap_job {
+    wl_model *m;
+    int failed;
+    char message[512];
+} swap_job;
+
+static void *swap_task(void *arg)
+{
+    swap_job *j = arg;
+    wl_kv kv = {0};
+    wl_seq *a = NULL, *b = NULL, *c = NULL;
+    void *host = NULL;
+    const float *lg;
+    float *want = malloc(V * sizeof *want);
+    int32_t ids[23];
+    for (int i = 0; i < 23; i++)
+        ids[i] = (int32_t)((37 * i + 5) % V);
+    j->failed = 1;
+    if (!want || wl_model_upload(j->m) || wl_kv_create(&kv, j->m, 16, 16) ||
+        wl_seq_create(&a, j->m, &kv, 40, 20) || wl_seq_create(&b, j->m, &kv, 40, 20) ||
+        wl_seq_create(&c, j->m, &kv, 40, 20))
+        goto out;
+    if (wl_forward(a, ids, 20, &lg) || wl_forward(b, ids, 20, &lg))
+        goto out;
+    for (int t = 20; t < 23; t++)
+        if (wl_forward(a, ids + t, 1, &lg) || (t < 22 && wl_forward(b, ids + t, 1, &lg)))
+            goto out;
+    memcpy(want, lg, V * sizeof *want);
+    size_t bytes = wl_seq_swap_bytes(j->m, wl_seq_length(b));
+    if (wl_seq_length(b) != 22 || !(host = malloc(bytes))) {
+        wl_fail("b holds %d tokens", wl_seq_length(b));
+        goto out;
+    }
+    if (wl_seq_swap_out(b, host) || wl_seq_swap_in(c, host, 22))
+        goto out;
+    wl_seq_destroy(b);
+    b = NULL;
+    if (wl_forward(c, ids + 22, 1, &lg))
+        goto out;
+    if (memcmp(want, lg, V * sizeof *want) != 0) {
+        wl_fail("the swapped sequence's next logits differ from the one that stayed");
+        goto out;
+    }
+    if (!wl_seq_swap_in(c, host, 22) || !strstr(wl_error(), "holding 23")) {
+        wl_fail("swap in over a sequence's own tokens: %s", wl_error());
+        goto out;
+    }
+    j->failed = 0;
+out:
+    if (j->failed)
+        snprintf(j->message, sizeof j->message, "%s", wl_error());
+    wl_seq_destroy(a);
+    wl_seq_destroy(b);
+    wl_seq_destroy(c);
+    if (!j->failed && wl_kv_free_pages(&kv) != 16) {
+        snprintf(j->message, sizeof j->message, "pages kept: %d free of 16", wl_kv_free_pages(&kv));
+        j->failed = 1;
+    }
+    if (kv.lock_made)
+        wl_kv_destroy(&kv);
+    wl_model_release(j->m);
+    free(host);
+    free(want);
+    return NULL;
+}
+
+static void test_a_swapped_sequence_continues_bit_for_bit(void **state)
+{
+    (void)state;
+    swap_job j = {0};
+    wl_model m;
+    weft_runtime *rt;
+    weft_task *t;
+    weft_config cfg = WEFT_CONFIG_INIT;
+    cfg.workers = 2;
+    cfg.backend = WEFT_BACKEND_HOST;
+    cfg.stack_size = 1 << 20;
+    assert_int_equal(wl_model_open(&m, model_dir), 0);
+    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
+    j.m = &m;
+    assert_int_equal(weft_spawn(rt, &t, swap_task, &j, NULL), WEFT_OK);
+    assert_int_equal(weft_join(t, NULL), WEFT_OK);
+    weft_runtime_destroy(rt);
+    wl_model_close(&m);
+    if (j.failed)
+        fail_msg("%s", j.message);
 }
 
 /* A prompt whose first pages another prompt published: the second
@@ -870,6 +982,8 @@ int main(void)
         cmocka_unit_test(test_engine_shares_prompt_prefixes),
         cmocka_unit_test(test_engine_survives_cancellation),
         cmocka_unit_test(test_engine_preempts_and_recomputes),
+        cmocka_unit_test(test_engine_preempts_and_swaps),
+        cmocka_unit_test(test_a_swapped_sequence_continues_bit_for_bit),
         cmocka_unit_test(test_greedy_without_logits_chooses_the_same_tokens),
         cmocka_unit_test(test_a_long_prompt_is_prefilled_between_steps),
     };
