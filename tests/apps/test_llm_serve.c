@@ -177,7 +177,8 @@ static pid_t start_server(const char *extra)
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
              "exec %s serve %s --port 0 --port-file %s --backend host --max-seqs 16 "
-             "--workers 2 --max-body-bytes 65536 --idle-timeout 2 --drain-seconds 20 %s",
+             "--workers 2 --max-body-bytes 65536 --idle-timeout 2 --drain-seconds 20 "
+             "--swap-mb 16 %s",
              WL_BIN, model_dir, port_file, extra);
     pid_t pid = fork();
     if (pid == 0) {
@@ -259,6 +260,7 @@ static void test_health_models_metrics(void **state)
     assert_true(metric("weft_llm_kv_pages_total") > 0);
     assert_int_equal((int)metric("weft_llm_kv_pages_used"), 0);
     assert_int_equal((int)metric("weft_llm_preemptions_total"), 0);
+    assert_int_equal((int)metric("weft_llm_swaps_total"), 0);
 }
 
 /* One completion of the 32 run at once. */
