@@ -448,4 +448,109 @@ static inline int run_generation(weft_runtime *rt, gen_run *r)
     return r->failed ? -1 : 0;
 }
 
+/* ---- a sequence's cache swapped out and back ----------------------------- */
+
+/* A sequence's cache swapped out to host memory and into a fresh
+ * sequence's own pages (taken while the first still holds its) continues
+ * bit for bit: the next token's logits are those of a sequence that never
+ * left; and every page comes back. */
+typedef struct swap_job {
+    wl_model *m;
+    int failed;
+    char message[512];
+} swap_job;
+
+static inline void *swap_task(void *arg)
+{
+    swap_job *j = arg;
+    wl_kv kv = {0};
+    wl_seq *a = NULL, *b = NULL, *c = NULL;
+    void *host = NULL;
+    const float *lg;
+    int V = j->m->cfg.vocab;
+    float *want = malloc((size_t)V * sizeof *want);
+    int32_t ids[23];
+    for (int i = 0; i < 23; i++)
+        ids[i] = (int32_t)((37 * i + 5) % V);
+    j->failed = 1;
+    if (!want || wl_model_upload(j->m) || wl_kv_create(&kv, j->m, 16, 16) ||
+        wl_seq_create(&a, j->m, &kv, 40, 20) || wl_seq_create(&b, j->m, &kv, 40, 20) ||
+        wl_seq_create(&c, j->m, &kv, 40, 20))
+        goto out;
+    if (wl_forward(a, ids, 20, &lg) || wl_forward(b, ids, 20, &lg))
+        goto out;
+    for (int t = 20; t < 23; t++)
+        if (wl_forward(a, ids + t, 1, &lg) || (t < 22 && wl_forward(b, ids + t, 1, &lg)))
+            goto out;
+    memcpy(want, lg, (size_t)V * sizeof *want);
+    size_t bytes = wl_seq_swap_bytes(j->m, wl_seq_length(b));
+    if (wl_seq_length(b) != 22 || !(host = malloc(bytes))) {
+        wl_fail("b holds %d tokens", wl_seq_length(b));
+        goto out;
+    }
+    if (wl_seq_swap_out(b, host) || wl_seq_swap_in(c, host, 22))
+        goto out;
+    wl_seq_destroy(b);
+    b = NULL;
+    if (wl_forward(c, ids + 22, 1, &lg))
+        goto out;
+    if (memcmp(want, lg, (size_t)V * sizeof *want) != 0) {
+        wl_fail("the swapped sequence's next logits differ from the one that stayed");
+        goto out;
+    }
+    if (!wl_seq_swap_in(c, host, 22) || !strstr(wl_error(), "holding 23")) {
+        wl_fail("swap in over a sequence's own tokens: %s", wl_error());
+        goto out;
+    }
+    j->failed = 0;
+out:
+    if (j->failed)
+        snprintf(j->message, sizeof j->message, "%s", wl_error());
+    wl_seq_destroy(a);
+    wl_seq_destroy(b);
+    wl_seq_destroy(c);
+    if (!j->failed && wl_kv_free_pages(&kv) != 16) {
+        snprintf(j->message, sizeof j->message, "pages kept: %d free of 16", wl_kv_free_pages(&kv));
+        j->failed = 1;
+    }
+    if (kv.lock_made)
+        wl_kv_destroy(&kv);
+    wl_model_release(j->m);
+    free(host);
+    free(want);
+    return NULL;
+}
+
+/* swap_task on a runtime of the given backend over the model in dir: 0, or
+ * -1 with the reason in message. */
+static inline int run_swap_roundtrip(weft_backend backend, const char *dir, char message[512])
+{
+    swap_job j = {0};
+    wl_model m;
+    weft_runtime *rt;
+    weft_task *t;
+    weft_config cfg = WEFT_CONFIG_INIT;
+    cfg.workers = 2;
+    cfg.backend = backend;
+    cfg.stack_size = 1 << 20;
+    if (wl_model_open(&m, dir)) {
+        snprintf(message, 512, "%s", wl_error());
+        return -1;
+    }
+    if (weft_runtime_create(&rt, &cfg) != WEFT_OK) {
+        snprintf(message, 512, "runtime: %s", weft_last_error());
+        wl_model_close(&m);
+        return -1;
+    }
+    j.m = &m;
+    if (weft_spawn(rt, &t, swap_task, &j, NULL) != WEFT_OK || weft_join(t, NULL) != WEFT_OK) {
+        j.failed = 1;
+        snprintf(j.message, sizeof j.message, "task: %s", weft_last_error());
+    }
+    weft_runtime_destroy(rt);
+    wl_model_close(&m);
+    snprintf(message, 512, "%s", j.message);
+    return j.failed ? -1 : 0;
+}
+
 #endif

@@ -210,6 +210,17 @@ static void test_gpu_batched_matches_alone(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* A preempted sequence's cache swapped to host memory and back into new
+ * pages on the GPU continues bit for bit (llm_test.h's round trip). */
+static void test_gpu_swapped_sequence_continues_bit_for_bit(void **state)
+{
+    (void)state;
+    char msg[512];
+    for (int i = 0; i < MODELS; i++)
+        if (run_swap_roundtrip(WEFT_BACKEND_CUDA, models[i], msg))
+            fail_msg("%s: %s", models[i], msg);
+}
+
 static void test_cli_generates_on_the_gpu(void **state)
 {
     (void)state;
@@ -452,6 +463,7 @@ int main(void)
         cmocka_unit_test(test_gpu_logits_match_host),
         cmocka_unit_test(test_gpu_fp32_model_runs_as_its_bf16_twin),
         cmocka_unit_test(test_gpu_batched_matches_alone),
+        cmocka_unit_test(test_gpu_swapped_sequence_continues_bit_for_bit),
         cmocka_unit_test(test_cli_generates_on_the_gpu),
         cmocka_unit_test(test_gpu_speculative_matches_plain),
         cmocka_unit_test(test_gpu_decode_steps_are_graphs),
