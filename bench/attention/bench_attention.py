@@ -32,6 +32,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bench_common  # noqa: E402
 from bench_common import machine, own_stream, run_fields  # noqa: E402
+from bench_decode import KvCache  # noqa: E402  (weft_kv_cache, shared with the decode bench)
 
 # median of 5 runs of back-to-back calls, each >= 50 ms
 time_per_call = functools.partial(bench_common.time_per_call, reps=5, min_ms=50.0)
@@ -54,15 +55,6 @@ class AttentionDesc(ctypes.Structure):
                 ("lse", P), ("lse_stride", Z), ("q_positions", P), ("k_positions", P),
                 ("rope_layout", I), ("rope_base", ctypes.c_float),
                 ("reserved", ctypes.c_uint64 * 8)]
-
-
-class KvCache(ctypes.Structure):
-    """weft_kv_cache (include/weft/ops.h), field for field."""
-    Z, P = ctypes.c_size_t, ctypes.c_void_p
-    _fields_ = [("dtype", ctypes.c_int), ("k", P), ("v", P), ("pages", Z), ("page_size", Z),
-                ("kv_heads", Z), ("head_dim", Z), ("block_table", P), ("seqs", Z),
-                ("max_pages", Z), ("format", ctypes.c_int), ("k_scale", P), ("v_scale", P),
-                ("reserved", ctypes.c_uint64 * 4)]
 
 
 def load_weft(path):
