@@ -151,7 +151,8 @@ static void batched_decode_matches_alone(const char *model, int chunk)
                 assert_int_equal(picked[q][k], want);
                 draws_differ += want != first;
             } else if (r.greedy_only[q]) {
-                assert_true(row[picked[q][k]] >= row[first] - 2 * worst);
+                /* its own rows unseen: within the bound the seen rows keep */
+                assert_true(row[picked[q][k]] >= row[first] - fmax(2 * worst, scale / 128));
             } else {
                 assert_int_equal(picked[q][k], first);
             }
