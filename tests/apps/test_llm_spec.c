@@ -463,12 +463,14 @@ static void top_two(const float *l, int *a, int *b)
 
 /* spec against plain: the same tokens, eos flags and end; each handed
  * logits row within a bf16 unit of plain's (another row count in the
- * matmuls), every token its row's argmax. A divergence is reported with
- * both paths' top-two logits, to tell a near tie from a bug. */
+ * matmuls), every token its row's argmax. The two may part where plain's
+ * top two logits are within two bf16 units (a row computed among k + 1
+ * rounds apart from one computed alone), and are compared up to there; a
+ * divergence anywhere else fails, reported with both paths' top two. */
 static double compare_runs(const char *what, const gen_run *plain, const gen_run *spec)
 {
     double worst = 0, scale = 0;
-    int n = plain->n < spec->n ? plain->n : spec->n;
+    int n = plain->n < spec->n ? plain->n : spec->n, parted = 0;
     for (int i = 0; i < n; i++) {
         const float *lp = plain->logits + (size_t)i * V, *ls = spec->logits + (size_t)i * V;
         worst = fmax(worst, max_diff(lp, ls, V, &scale));
@@ -476,20 +478,27 @@ static double compare_runs(const char *what, const gen_run *plain, const gen_run
             int pa, pb, sa, sb;
             top_two(lp, &pa, &pb);
             top_two(ls, &sa, &sb);
-            fail_msg("%s: token %d differs: plain %d (top %d %.6f, next %d %.6f, gap %.2e), "
-                     "speculative %d (top %d %.6f, next %d %.6f, gap %.2e); a bf16 unit at "
-                     "this scale is %.2e: %s",
-                     what, i, plain->ids[i], pa, lp[pa], pb, lp[pb], (double)lp[pa] - lp[pb],
-                     spec->ids[i], sa, ls[sa], sb, ls[sb], (double)ls[sa] - ls[sb], scale / 128,
-                     (double)lp[pa] - lp[pb] < scale / 64 ? "a near tie" : "NOT a near tie");
+            int tie = (double)lp[pa] - lp[pb] < scale / 64;
+            printf("  %s: token %d differs: plain %d (top %d %.6f, next %d %.6f, gap %.2e), "
+                   "speculative %d (top %d %.6f, next %d %.6f, gap %.2e); a bf16 unit at "
+                   "this scale is %.2e: %s\n",
+                   what, i, plain->ids[i], pa, lp[pa], pb, lp[pb], (double)lp[pa] - lp[pb],
+                   spec->ids[i], sa, ls[sa], sb, ls[sb], (double)ls[sa] - ls[sb], scale / 128,
+                   tie ? "a near tie" : "NOT a near tie");
+            if (!tie)
+                fail_msg("%s: the runs part at token %d, not at a near tie", what, i);
+            parted = 1;
+            break;
         }
         int a, b;
         top_two(ls, &a, &b);
         assert_int_equal(spec->ids[i], a);
         assert_int_equal(spec->eos[i], plain->eos[i]);
     }
-    assert_int_equal(spec->n, plain->n);
-    assert_int_equal(spec->finish, plain->finish);
+    if (!parted) {
+        assert_int_equal(spec->n, plain->n);
+        assert_int_equal(spec->finish, plain->finish);
+    }
     /* the counts: every token after the first came from a round */
     const wl_spec_stats *st = &spec->st;
     assert_int_equal(st->tokens, spec->n - 1);
