@@ -64,7 +64,7 @@ struct wl_batch {
     const wl_model *m;
     wl_kv *kv;
     int max_seqs, max_pages;
-    int chunk, max_rows; /* a mixed step's most tokens of one sequence, and in all */
+    int most, max_rows; /* the most tokens of one sequence a step takes (chunk, or 1), and in all */
     size_t q_dim, kv_dim, qkv_dim, workspace_bytes;
     /* the backend's memory: max_rows token rows, max_seqs sequences */
     void *x, *h, *qkv, *attn, *gu, *act, *workspace;
@@ -114,7 +114,7 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     b->kv = kv;
     b->max_seqs = max_seqs;
     b->max_pages = (max_tokens + kv->page_size - 1) / kv->page_size;
-    b->chunk = chunk;
+    b->most = chunk > 1 ? chunk : 1;
     b->max_rows = (int)R;
     b->adjust_row = (size_t)max_tokens + WL_MAX_BIAS;
     b->q_dim = (size_t)c->heads * c->head_dim;
@@ -233,7 +233,7 @@ static int layer_batch(wl_batch *b, int li, int rows, int n, int mixed)
         weft_attention_desc d = {.dtype = dt,
                                  .batch = (size_t)n,
                                  .heads = (size_t)c->heads,
-                                 .seq_q = (size_t)b->chunk > 1 ? (size_t)b->chunk : 1,
+                                 .seq_q = (size_t)b->most,
                                  .cu_seqlens_q = b->cu_rows,
                                  .q_stride = qkv_dim,
                                  .causal = 1,
@@ -358,9 +358,9 @@ static int forward_step(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, co
             return wl_fail("batch: sequence %d is of another model or KV cache", i);
         if (!counts && s->pos < 1)
             return wl_fail("batch: sequence %d has no prompt yet (prefill it with wl_forward)", i);
-        if (k < 1 || (counts && k > (b->chunk > 1 ? b->chunk : 1)))
+        if (k < 1 || k > b->most)
             return wl_fail("batch: %d tokens of sequence %d; a step takes 1 to %d of one", k, i,
-                           b->chunk > 1 ? b->chunk : 1);
+                           b->most);
         if (s->pos + k > s->max_tokens || s->pages.max_pages > b->max_pages)
             return wl_fail("batch: sequence %d is full (%d tokens) or longer than the batch's %d "
                            "pages",
@@ -474,7 +474,7 @@ struct wl_batcher {
     wl_batch *batch;
     weft_mutex *lock;
     weft_cond *work, *done;
-    int max_seqs, max_rows, chunk, members, waiting, closed;
+    int max_seqs, max_rows, members, waiting, closed;
     long steps, rows_run;
     slot *slots;
     /* the step's sequences and tokens (the batcher's own, outside the lock) */
@@ -494,8 +494,8 @@ int wl_batcher_create(wl_batcher **out, const wl_model *m, wl_kv *kv, int max_se
     if (!bt)
         return wl_fail("out of memory");
     bt->max_seqs = max_seqs;
-    bt->chunk = chunk > 0 ? chunk : 0;
-    bt->max_rows = max_seqs + bt->chunk;
+    chunk = chunk > 0 ? chunk : 0;
+    bt->max_rows = max_seqs + chunk; /* the batch's rows */
     bt->slots = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->slots);
     bt->seqs = calloc((size_t)(max_seqs > 0 ? max_seqs : 1), sizeof *bt->seqs);
     bt->ids = calloc((size_t)(bt->max_rows > 0 ? bt->max_rows : 1), sizeof *bt->ids);
@@ -515,7 +515,7 @@ int wl_batcher_create(wl_batcher **out, const wl_model *m, wl_kv *kv, int max_se
         wl_batcher_destroy(bt);
         return -1;
     }
-    if (wl_batch_create(&bt->batch, m, kv, max_seqs, max_tokens, bt->chunk)) {
+    if (wl_batch_create(&bt->batch, m, kv, max_seqs, max_tokens, chunk)) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", wl_error());
         wl_batcher_destroy(bt);
@@ -704,9 +704,8 @@ int wl_batcher_step(wl_batcher *bt, wl_seq *s, int32_t id, const wl_draw *draw,
 int wl_batcher_prefill(wl_batcher *bt, wl_seq *s, const int32_t *ids, int n, const wl_draw *draw,
                        const float **logits, int32_t *picked)
 {
-    if (n < 1 || n > (bt->chunk > 1 ? bt->chunk : 1))
-        return wl_fail("batcher: a chunk of %d tokens; its steps take 1 to %d", n,
-                       bt->chunk > 1 ? bt->chunk : 1);
+    if (n < 1 || n > bt->batch->most)
+        return wl_fail("batcher: a chunk of %d tokens; its steps take 1 to %d", n, bt->batch->most);
     return submit(bt, s, ids[0], ids, n, draw, logits, picked);
 }
 

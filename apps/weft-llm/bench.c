@@ -184,12 +184,12 @@ static int measure_mixed(bench *b, int li, uint64_t *st)
     wl_batch *batch = NULL;
     wl_seq *seqs[MIXED_PROMPTS] = {0};
     int counts[MIXED_PROMPTS];
-    int32_t picked[MIXED_PROMPTS], *ids = malloc((size_t)P * L * sizeof *ids);
+    int32_t picked[MIXED_PROMPTS], *ids;
     if (L > WL_PREFILL_CHUNK)
-        return free(ids), 0;
-    /* rows for all the prompts at once: P + chunk of them */
-    if (!ids)
+        return 0; /* longer prompts go in several steps: not this figure */
+    if (!(ids = malloc((size_t)P * L * sizeof *ids)))
         return wl_fail("out of memory");
+    /* rows for all the prompts at once: P + chunk of them */
     if (wl_batch_create(&batch, &b->model, &b->kv, P, P * L, P * L - P))
         goto out;
     for (int r = -1; r < b->repeats; r++) { /* r -1: a warm-up, untimed */
