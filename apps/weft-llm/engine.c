@@ -78,9 +78,22 @@ static void *setup_task(void *arg)
     return failed ? e : NULL;
 }
 
+/* The draft model's weights and cache, given back (what of them was made). */
+static int drop_draft(wl_engine *e)
+{
+    if (e->draft_kv.lock_made)
+        wl_kv_destroy(&e->draft_kv);
+    memset(&e->draft_kv, 0, sizeof e->draft_kv);
+    int rc = e->draft ? wl_model_release(e->draft) : 0;
+    e->draft = NULL;
+    return rc;
+}
+
 static void *teardown_task(void *arg)
 {
     wl_engine *e = arg;
+    if (drop_draft(e))
+        snprintf(e->message, sizeof e->message, "%s", wl_error());
     wl_batcher_destroy(e->batcher);
     if (e->kv.lock_made)
         wl_kv_destroy(&e->kv);
@@ -120,6 +133,39 @@ int wl_engine_start(wl_engine *e, weft_runtime *rt, wl_model *m, int kv_pages, i
         return wl_fail("%s", e->message);
     }
     return 0;
+}
+
+static void *draft_setup_task(void *arg)
+{
+    wl_engine *e = arg;
+    if (wl_model_upload(e->draft) ||
+        wl_kv_create(&e->draft_kv, e->draft, e->kv_pages, WL_KV_PAGE)) {
+        snprintf(e->message, sizeof e->message, "the draft model: %s", wl_error());
+        drop_draft(e);
+        return e;
+    }
+    return NULL;
+}
+
+int wl_engine_set_draft(wl_engine *e, wl_model *d)
+{
+    weft_task *t;
+    void *failed = NULL;
+    if (e->draft)
+        return wl_fail("the engine has a draft model already");
+    if (d == e->model)
+        return wl_fail("the draft model is the target itself (open its files a second time)");
+    if (d->cfg.vocab > e->model->cfg.vocab)
+        return wl_fail("the draft model's vocabulary (%d tokens) is larger than the target's (%d): "
+                       "a draft must share the target's tokenizer",
+                       d->cfg.vocab, e->model->cfg.vocab);
+    e->draft = d;
+    if (weft_spawn(e->rt, &t, draft_setup_task, e, NULL) != WEFT_OK ||
+        weft_join(t, &failed) != WEFT_OK) {
+        e->draft = NULL; /* nothing of it was made */
+        return wl_fail("engine: the draft's setup task: %s", weft_last_error());
+    }
+    return failed ? wl_fail("%s", e->message) : 0;
 }
 
 int wl_engine_stop(wl_engine *e)
@@ -272,9 +318,80 @@ static int hand_on(const wl_gen *g, const wl_config *c, int32_t id, const float 
     return 0;
 }
 
+/* A speculative generation's proposer: n-grams of the text so far, or
+ * the draft model's own decoding in a sequence of its own, which holds a
+ * prefix of the generation's text: after a round it keeps what the target
+ * accepted (rewound past the rest) and catches up on the rest of the text
+ * at the next round's start. */
+typedef struct proposer {
+    int ngram;          /* the longest n-gram looked up (n-grams) */
+    wl_seq *seq;        /* the draft model's sequence; NULL: n-grams */
+    wl_sampler sampler; /* the draft's draws: the generation's settings, its own generator */
+    int vocab, step;    /* the draft's vocabulary, and its sequence's most tokens a call */
+    float *q;           /* [k][vocab]: the draft's rows its tokens were drawn from */
+} proposer;
+
+static int proposer_open(proposer *p, wl_engine *e, const wl_gen *g)
+{
+    memset(p, 0, sizeof *p);
+    p->ngram = g->ngram ? g->ngram : WL_NGRAM_DEFAULT;
+    if (!g->use_draft)
+        return 0;
+    p->sampler = g->sampler;
+    p->sampler.state ^= 0x9e3779b97f4a7c15ull; /* draws apart from the target's */
+    p->sampler.drawn = 0;
+    p->vocab = e->draft->cfg.vocab;
+    /* the prompt's catch-up in chunks, then a round's 1 or 2 tokens */
+    p->step = g->n_prompt + 1 < WL_PREFILL_CHUNK ? g->n_prompt + 1 : WL_PREFILL_CHUNK;
+    if (!(p->q = malloc((size_t)g->speculate_k * p->vocab * sizeof *p->q)))
+        return wl_fail("out of memory for %d draft rows", g->speculate_k);
+    return wl_seq_create(&p->seq, e->draft, &e->draft_kv, g->n_prompt + g->max_tokens, p->step);
+}
+
+static void proposer_close(proposer *p)
+{
+    wl_seq_destroy(p->seq);
+    free(p->q);
+}
+
+/* Up to k draft tokens to follow toks[0, len); returns how many. The draft
+ * model's sequence ends holding toks and all but the last of them. */
+static int propose(proposer *p, const int32_t *toks, int len, int k, int32_t *draft)
+{
+    if (!p->seq)
+        return wl_ngram_propose(toks, len, p->ngram, k, draft);
+    if (k < 1)
+        return 0;
+    const float *row = NULL;
+    if (wl_seq_length(p->seq) >= len) /* a round always leaves it a token to catch up on */
+        return wl_fail("the draft model's sequence holds %d tokens of a text of %d",
+                       wl_seq_length(p->seq), len);
+    for (int at = wl_seq_length(p->seq); at < len;) { /* catch up on the text */
+        int n = len - at < p->step ? len - at : p->step;
+        if (wl_forward(p->seq, toks + at, n, &row))
+            return -1;
+        at += n;
+    }
+    for (int i = 0; i < k; i++) {
+        float *q = p->q + (size_t)i * p->vocab;
+        memcpy(q, row, (size_t)p->vocab * sizeof *q);
+        draft[i] = wl_sample(&p->sampler, q, p->vocab);
+        if (i + 1 < k && wl_forward(p->seq, &draft[i], 1, &row))
+            return -1;
+    }
+    return k;
+}
+
+/* After a round that kept toks[0, len): the draft model's sequence keeps
+ * no more than that. */
+static int proposer_keep(proposer *p, int len)
+{
+    return p->seq && wl_seq_length(p->seq) > len ? wl_seq_rewind(p->seq, len) : 0;
+}
+
 /* The decoding of a speculative generation, alone (not in the batcher),
  * from its prefill's logits. Each round verifies the last token and the
- * n-gram draft in one forward pass; the sequence then keeps the last token
+ * draft in one forward pass; the sequence then keeps the last token
  * and the accepted draft tokens (rewound past the rest), and the round's
  * last token (the correction or bonus) is fed with the next round's
  * draft. The draft is cut to the tokens max_tokens still allows less one,
@@ -284,16 +401,19 @@ static int speculate(wl_engine *e, const wl_gen *g, wl_seq *s, const float *logi
                      wl_finish *finish)
 {
     const wl_config *c = &e->model->cfg;
-    int V = c->vocab, ngram = g->ngram ? g->ngram : WL_NGRAM_DEFAULT, n = 0, rc = -1;
+    int V = c->vocab, n = 0, rc = -1;
     wl_sampler sampler = g->sampler;
     wl_spec_stats st = {0};
     int32_t in[WL_SPEC_MAX_K + 1], out[WL_SPEC_MAX_K + 1];
-    /* the prompt and every token handed on: what the proposer looks up */
+    proposer pr;
+    /* the prompt and every token handed on: what the proposer reads */
     int32_t *toks = malloc(((size_t)g->n_prompt + g->max_tokens) * sizeof *toks);
     int len = g->n_prompt;
     if (!toks)
         return wl_fail("out of memory for %d tokens", g->n_prompt + g->max_tokens);
     memcpy(toks, g->prompt, (size_t)g->n_prompt * sizeof *toks);
+    if (proposer_open(&pr, e, g))
+        goto out;
     int32_t id = wl_sample(&sampler, logits, V);
     toks[len++] = id;
     if (hand_on(g, c, id, logits, &n, finish))
@@ -307,15 +427,16 @@ static int speculate(wl_engine *e, const wl_gen *g, wl_seq *s, const float *logi
             goto out;
         }
         in[0] = id; /* the sequence holds everything before it (len - 1 tokens) */
-        int drafted = wl_ngram_propose(toks, len, ngram, k, in + 1);
-        if (wl_forward_rows(s, in, drafted + 1, &rows))
+        int drafted = propose(&pr, toks, len, k, in + 1);
+        if (drafted < 0 || wl_forward_rows(s, in, drafted + 1, &rows))
             goto out;
-        int m = wl_spec_accept(&sampler, rows, V, in + 1, drafted, out);
+        int m =
+            wl_spec_accept(&sampler, rows, V, in + 1, drafted, pr.seq ? pr.q : NULL, pr.vocab, out);
         st.rounds++;
         st.proposed += drafted;
         st.accepted += m - 1;
         /* keep id and the accepted draft; out[m - 1] is fed next round */
-        if (wl_seq_rewind(s, len + m - 1))
+        if (wl_seq_rewind(s, len + m - 1) || proposer_keep(&pr, len + m - 1))
             goto out;
         for (int j = 0; j < m; j++) {
             id = out[j];
@@ -330,6 +451,7 @@ done:
 out:
     if (g->spec_stats)
         *g->spec_stats = st;
+    proposer_close(&pr);
     free(toks);
     return rc;
 }
@@ -514,6 +636,11 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
         return wl_fail("speculative decoding: %d draft tokens a round (0 to %d) with n-grams up "
                        "to %d (1 to %d, or 0: %d)",
                        g->speculate_k, WL_SPEC_MAX_K, g->ngram, WL_NGRAM_MAX, WL_NGRAM_DEFAULT);
+    if (g->use_draft && (!g->speculate_k || g->ngram || !e->draft))
+        return wl_fail("%s", !g->speculate_k ? "a draft model proposes for speculative decoding: "
+                                               "give speculate_k too"
+                             : g->ngram      ? "the draft model or n-grams propose, not both"
+                                             : "the engine has no draft model");
     if (g->speculate_k && wl_penalties_active(&g->penalties))
         return wl_fail("speculative decoding does not take repetition, frequency or presence "
                        "penalties");

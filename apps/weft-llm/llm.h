@@ -213,6 +213,13 @@ int wl_encode(const wl_tokenizer *tk, const char *text, size_t len, int add_spec
 int wl_decode_token(const wl_tokenizer *tk, int32_t id, int keep_special, int at_start, char *buf,
                     size_t cap);
 size_t wl_tokenizer_size(const wl_tokenizer *tk); /* one more than the largest id */
+/* Whether two tokenizers map every id to the same token (a draft model's
+ * and its target's): 0, or -1 naming the first difference. */
+int wl_tokenizers_agree(const wl_tokenizer *a, const wl_tokenizer *b);
+/* Opens dir's model (model.c) to draft for a target whose tokenizer is tk
+ * (NULL: not known, not checked): dir's tokenizer.json must give every id
+ * the target's token. */
+int wl_draft_open(wl_model *d, const char *dir, const wl_tokenizer *tk);
 /* GPT-2's byte-to-unicode table: the character (UTF-8, terminated) that
  * stands for byte b in byte-level tokens. */
 void wl_byte_char(unsigned char b, char out[3]);
@@ -587,15 +594,20 @@ int wl_dist_alloc(wl_dist *d, int vocab); /* -1: out of memory */
 void wl_dist_free(wl_dist *d);
 int wl_sampler_dist(const wl_sampler *s, const float *logits, int vocab, wl_dist *d);
 
-/* Speculative decoding's acceptance of one draft token x proposed
- * deterministically (by n-gram lookup: q is one-hot at x), with logits the
- * target's row for its position. Greedy: accepted when x is the argmax,
- * and the argmax is returned either way. Sampled: accepted with
- * probability p(x) under wl_sampler_dist's p (one draw of the sampler's
- * generator); on rejection the token is drawn (a second draw) from p with
- * x removed and renormalised. Either way the token returned is
- * distributed as p, as wl_sample's is. *accepted says which. */
-int wl_sample_draft(wl_sampler *s, const float *logits, int vocab, int32_t draft, int *accepted);
+/* Speculative decoding's acceptance of one draft token x, with logits the
+ * target's row for its position, p its distribution under
+ * wl_sampler_dist. The draft's q is one-hot at x (q_logits NULL: an
+ * n-gram proposed it), or a draft model's wl_sampler_dist over its row
+ * q_logits (q_vocab <= vocab tokens; x was drawn from it). Greedy:
+ * accepted when x is the argmax, and the argmax is returned either way.
+ * Sampled: accepted with probability min(1, p(x) / q(x)) (one draw of the
+ * sampler's generator); on rejection the token is drawn (a second draw)
+ * from max(0, p - q), renormalised (with q one-hot: p without x). Either
+ * way the token returned is distributed as p, as wl_sample's is (up to
+ * weft_sample's rounding of q's weights below 2^-32). *accepted says
+ * which. */
+int wl_sample_draft(wl_sampler *s, const float *logits, int vocab, int32_t draft,
+                    const float *q_logits, int q_vocab, int *accepted);
 
 /* ---- speculative decoding (spec.c) ---------------------------------------- */
 
@@ -615,13 +627,15 @@ int wl_ngram_propose(const int32_t *toks, int n, int max_ngram, int k, int32_t *
 
 /* One verify round's acceptance: rows[i] (vocab logits each) are the
  * target's rows after the last token and after draft[0, i), n_draft + 1 of
- * them. Draft tokens are taken in order through wl_sample_draft while
- * accepted; the first rejected one is replaced by the token drawn there
- * (the correction), or, all accepted, a token is sampled from the last row
- * (the bonus). out gets the accepted draft tokens then that token; returns
- * their count (accepted + 1). Greedy, out is plain greedy decoding's. */
+ * them; q_rows[i] (q_vocab logits each), the draft model's rows draft[i]
+ * was drawn from (NULL: n-grams proposed the draft). Draft tokens are
+ * taken in order through wl_sample_draft while accepted; the first
+ * rejected one is replaced by the token drawn there (the correction), or,
+ * all accepted, a token is sampled from the last row (the bonus). out gets
+ * the accepted draft tokens then that token; returns their count
+ * (accepted + 1). Greedy, out is plain greedy decoding's. */
 int wl_spec_accept(wl_sampler *s, const float *rows, int vocab, const int32_t *draft, int n_draft,
-                   int32_t *out);
+                   const float *q_rows, int q_vocab, int32_t *out);
 
 /* A speculative generation's counts, for the acceptance rate
  * (accepted / proposed) and the tokens a verify pass gives (tokens /
@@ -671,6 +685,10 @@ typedef struct wl_engine {
      * (wl_seq_swap_out) to come back without recomputing them: 0 (the
      * default) recomputes; set before the first generation. In use: swapped. */
     size_t swap_bytes, swapped;
+    /* The draft model of the speculative generations that ask for one
+     * (wl_engine_set_draft; NULL: none), and its cache. */
+    wl_model *draft;
+    wl_kv draft_kv;
     char message[512];
 } wl_engine;
 
@@ -679,6 +697,15 @@ typedef struct wl_engine {
  * WL_KV_PAGE tokens, the batch max_seqs places. */
 int wl_engine_start(wl_engine *e, weft_runtime *rt, wl_model *m, int kv_pages, int max_seqs,
                     int max_tokens);
+/* From a thread, after wl_engine_start and before any generation: d (open,
+ * outliving the engine) becomes the draft model of the speculative
+ * generations that ask for one (wl_gen's use_draft). Its tokenizer must be
+ * the target's (the caller checks the files: wl_tokenizers_agree); its
+ * vocabulary may be smaller (a draft with a trimmed embedding), not
+ * larger. Its weights go to rt's device beside the target's, its cache
+ * gets the target's page count (a draft sequence holds fewer tokens than
+ * its generation reserves in the target's). */
+int wl_engine_set_draft(wl_engine *e, wl_model *d);
 /* From a thread, once every generation has returned. */
 int wl_engine_stop(wl_engine *e);
 
@@ -719,21 +746,28 @@ typedef struct wl_gen {
     /* Polled while queued and after each token; NULL: never. */
     int (*cancelled)(void *ctx);
     void *ctx;
-    /* Speculative decoding with the n-gram proposer (0: off): the
-     * generation then runs alone, outside the batcher (the batch-1 latency
-     * path). After the prefill's token, each round proposes up to
-     * speculate_k tokens (wl_ngram_propose over the prompt and the tokens
-     * so far, n-grams up to ngram long, 0: WL_NGRAM_DEFAULT; the draft is
-     * cut so a round never passes max_tokens), verifies the last token and
-     * the draft in one wl_forward_rows, accepts by wl_spec_accept and
-     * rewinds past the rejected tokens. on_token sees each accepted token
-     * in order with the row it was drawn from, as in a plain generation
-     * (eos, stop, cancellation and max_tokens alike). Greedy, the tokens
-     * are plain greedy decoding's; sampled, each token's distribution is
-     * the sampler's (the draws, not the distribution, differ from a
-     * plain run's). */
-    int speculate_k;           /* 0, or 1 to WL_SPEC_MAX_K */
-    int ngram;                 /* 0 (the default), or 1 to WL_NGRAM_MAX */
+    /* Speculative decoding (0: off), by the n-gram proposer or the
+     * engine's draft model (use_draft): the generation then runs alone,
+     * outside the batcher (the batch-1 latency path). After the prefill's
+     * token, each round proposes up to speculate_k tokens (wl_ngram_propose
+     * over the prompt and the tokens so far, n-grams up to ngram long, 0:
+     * WL_NGRAM_DEFAULT; or the draft model's; the draft is cut so a round
+     * never passes max_tokens), verifies the last token and the draft in
+     * one wl_forward_rows, accepts by wl_spec_accept and rewinds past the
+     * rejected tokens. on_token sees each accepted token in order with the
+     * row it was drawn from, as in a plain generation (eos, stop,
+     * cancellation and max_tokens alike). Greedy, the tokens are plain
+     * greedy decoding's; sampled, each token's distribution is the
+     * sampler's (the draws, not the distribution, differ from a plain
+     * run's). */
+    int speculate_k; /* 0, or 1 to WL_SPEC_MAX_K */
+    int ngram;       /* 0 (the default), or 1 to WL_NGRAM_MAX */
+    /* The engine's draft model proposes instead of n-grams (not with
+     * ngram): its own sequence decodes the speculate_k tokens one at a
+     * time, greedy or drawn from its row by the sampler's settings with a
+     * generator of its own, and wl_spec_accept weighs each against the
+     * draft's distribution. */
+    int use_draft;
     wl_spec_stats *spec_stats; /* the counts, when given */
     /* Penalties on the logits before each draw (not on those on_token
      * sees): wl_penalties. Not with speculate_k. */

@@ -5,7 +5,7 @@
  *   weft-llm generate MODEL_DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
  *            [--seed N] [--temperature T] [--top-k K] [--top-p P] [--backend host|cuda|auto]
  *            [--print-ids] [--print-top] [--kv-pages N] [--parallel N]
- *            [--speculate K [--ngram N]] [--stats] [--repetition-penalty R]
+ *            [--speculate K [--ngram N | --draft DIR]] [--stats] [--repetition-penalty R]
  *            [--frequency-penalty F] [--presence-penalty P] [--ignore-eos]
  *   weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]
  *   weft-llm check MODEL_DIR
@@ -21,7 +21,8 @@
  * sampling with seed + i; each copy's text is printed once all are done,
  * on a line of its own that opens with its index ("[i] "). --speculate K
  * decodes the one sequence speculatively (alone, not batched): up to K
- * draft tokens a round from n-grams (up to N long) of the text so far,
+ * draft tokens a round from n-grams (up to N long) of the text so far, or
+ * from the draft model in DIR (a smaller model with the same tokenizer),
  * verified in one forward pass; with --print-ids or --stats the
  * acceptance counts follow on stderr, and --stats adds the time to the
  * first token and the decode rate. Errors go to stderr as one line, exit
@@ -39,9 +40,11 @@
 typedef struct gen {
     const char *dir, *prompt, *prompt_ids, *backend;
     int max_tokens, print_ids, print_top, parallel, stats;
-    int ignore_eos;       /* generate max_tokens whatever the model ends with */
-    int speculate, ngram; /* draft tokens a round (0: off) and the longest n-gram */
-    int kv_pages;         /* pages of the model's KV cache, WL_KV_PAGE tokens each */
+    int ignore_eos;        /* generate max_tokens whatever the model ends with */
+    int speculate, ngram;  /* draft tokens a round (0: off) and the longest n-gram */
+    const char *draft_dir; /* the draft model proposes, not n-grams */
+    wl_model draft;
+    int kv_pages; /* pages of the model's KV cache, WL_KV_PAGE tokens each */
     wl_sampler sampler;
     wl_penalties penalties;
     wl_model model;
@@ -62,7 +65,8 @@ static int usage(void)
             "[--max-tokens N] [--seed N] [--kv-pages N] [--parallel N]\n"
             "                [--temperature T] [--top-k K] [--top-p P] [--backend "
             "host|cuda|auto] [--print-ids] [--print-top]\n"
-            "                [--speculate K [--ngram N]] [--stats] [--repetition-penalty R]\n"
+            "                [--speculate K [--ngram N | --draft DIR]] [--stats] "
+            "[--repetition-penalty R]\n"
             "                [--frequency-penalty F] [--presence-penalty P] [--ignore-eos]\n"
             "       weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]\n"
             "       weft-llm check MODEL_DIR\n"
@@ -203,6 +207,7 @@ static void *sequence_task(void *arg)
                   .ctx = r,
                   .speculate_k = g->speculate,
                   .ngram = g->ngram,
+                  .use_draft = g->draft_dir != NULL,
                   .spec_stats = &r->spec,
                   .penalties = g->penalties,
                   .ignore_eos = g->ignore_eos,
@@ -263,6 +268,10 @@ static int run_tasks(gen *g, weft_runtime *rt)
     if (wl_engine_start(&g->engine, rt, &g->model, g->kv_pages, n, (int)g->n_ids + g->max_tokens)) {
         snprintf(g->message, sizeof g->message, "%s", wl_error());
         goto out;
+    }
+    if (g->draft_dir && wl_engine_set_draft(&g->engine, &g->draft)) {
+        snprintf(g->message, sizeof g->message, "%s", wl_error());
+        goto join; /* spawned nothing: stops the engine */
     }
     weft_task_opts opts = WEFT_TASK_OPTS_INIT;
     opts.name = "sequence";
@@ -332,6 +341,8 @@ static int run_generate(gen *g)
         fprintf(stderr, "weft-llm: no tokenizer (%s); printing ids only\n", wl_error());
         g->print_ids = 1;
     }
+    if (g->draft_dir && wl_draft_open(&g->draft, g->draft_dir, g->tk))
+        goto out;
     if (g->prompt_ids ? parse_ids(g->prompt_ids, &g->ids, &g->n_ids)
                       : wl_encode(g->tk, g->prompt, strlen(g->prompt), 1, &g->ids, &g->n_ids))
         goto out;
@@ -360,6 +371,7 @@ out:
         fprintf(stderr, "weft-llm: %s\n", wl_error());
     wl_tokenizer_free(g->tk);
     wl_model_close(&g->model);
+    wl_model_close(&g->draft);
     free(g->ids);
     return rc;
 }
@@ -412,6 +424,8 @@ static int cmd_generate(int argc, char **argv)
             g.speculate = (int)v;
         else if (!strcmp(a, "--ngram") && !parse_num(val, 1, WL_NGRAM_MAX, &v))
             g.ngram = (int)v;
+        else if (!strcmp(a, "--draft"))
+            g.draft_dir = val;
         else if (!strcmp(a, "--seed") && !parse_num(val, 0, 1.8e19, &v))
             g.sampler.state = (uint64_t)v;
         else if (!strcmp(a, "--temperature") && !parse_num(val, 0, 100, &v))
@@ -440,8 +454,14 @@ static int cmd_generate(int argc, char **argv)
                         "latency path); it takes --parallel 1\n");
         return 2;
     }
-    if (g.ngram && !g.speculate) {
-        fprintf(stderr, "weft-llm generate: --ngram is the proposer's, for --speculate\n");
+    if ((g.ngram || g.draft_dir) && !g.speculate) {
+        fprintf(stderr, "weft-llm generate: --%s is the proposer's, for --speculate\n",
+                g.ngram ? "ngram" : "draft");
+        return 2;
+    }
+    if (g.ngram && g.draft_dir) {
+        fprintf(stderr, "weft-llm generate: the draft model or n-grams propose: --draft or "
+                        "--ngram, not both\n");
         return 2;
     }
     if (strcmp(g.backend, "host") && strcmp(g.backend, "cuda") && strcmp(g.backend, "auto")) {

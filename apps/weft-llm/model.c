@@ -257,3 +257,23 @@ void wl_model_close(wl_model *m)
     m->host_block = NULL;
     m->n_files = 0;
 }
+
+int wl_draft_open(wl_model *d, const char *dir, const wl_tokenizer *tk)
+{
+    char path[PATH_MAX];
+    wl_tokenizer *own = NULL;
+    if (wl_model_open(d, dir))
+        return wl_fail("the draft model: %s", wl_error());
+    if (!tk)
+        return 0;
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    int rc =
+        wl_tokenizer_load(&own, path) ? wl_fail("the draft model's tokenizer: %s", wl_error())
+        : wl_tokenizers_agree(tk, own)
+            ? wl_fail("the draft model's tokenizer (%s) is not the target's: %s", path, wl_error())
+            : 0;
+    wl_tokenizer_free(own);
+    if (rc)
+        wl_model_close(d);
+    return rc;
+}

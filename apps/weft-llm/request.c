@@ -178,6 +178,7 @@ static void *choice_task(void *arg)
                 .priority = r->q.priority,
                 .speculate_k = r->q.speculate_k,
                 .ngram = r->q.ngram,
+                .use_draft = r->q.speculate_k && !r->q.ngram && r->srv->engine.draft,
                 .penalties = r->q.penalties,
                 .on_token = on_token,
                 .wants_logits = r->q.logprobs >= 0,

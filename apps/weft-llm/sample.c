@@ -7,8 +7,9 @@
  * or wl_sample makes it here from logits on the host (penalised ones, or a
  * prefill's): the same op with the same (seed, offset), so the path taken
  * does not change the text. Speculative decoding's acceptance of a draft
- * token (wl_sample_draft) needs the probabilities themselves: it reads
- * wl_sampler_dist's, the same distribution in double.
+ * token (wl_sample_draft) needs the probabilities themselves, the
+ * target's and the draft model's: it reads wl_sampler_dist's, the same
+ * distribution in double.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -99,13 +100,13 @@ int wl_sampler_dist(const wl_sampler *s, const float *logits, int vocab, wl_dist
     return 0;
 }
 
-/* A draw from d's tokens but skip (-1: none), whose weights total sum. */
-static int draw(wl_sampler *s, const wl_dist *d, int skip, double sum)
+/* A draw from d's tokens of nonzero weight, whose weights total sum. */
+static int draw(wl_sampler *s, const wl_dist *d, double sum)
 {
     double u = wl_rand_uniform(&s->state) * sum;
     int id = -1;
     for (int i = 0; i < d->n; i++) {
-        if (i == skip)
+        if (d->w[i] <= 0)
             continue;
         id = d->id[i]; /* the last one kept, should rounding leave u past them all */
         if (u < d->w[i])
@@ -135,41 +136,60 @@ int wl_sample(wl_sampler *s, const float *logits, int vocab)
     return id;
 }
 
-int wl_sample_draft(wl_sampler *s, const float *logits, int vocab, int32_t draft, int *accepted)
+int wl_sample_draft(wl_sampler *s, const float *logits, int vocab, int32_t draft,
+                    const float *q_logits, int q_vocab, int *accepted)
 {
     if (!(s->temperature > 0)) {
         int id = argmax(logits, vocab);
         *accepted = id == draft;
         return id;
     }
-    wl_dist d;
+    wl_dist d = {0}, dq = {0};
+    double *q = NULL; /* the draft model's probabilities by id */
+    int id = -1;
     *accepted = 0;
-    if (wl_dist_alloc(&d, vocab) || wl_sampler_dist(s, logits, vocab, &d)) {
-        wl_dist_free(&d);
-        int id = argmax(logits, vocab); /* out of memory: the likeliest token */
-        *accepted = id == draft;
-        return id;
+    if (wl_dist_alloc(&d, vocab) || wl_sampler_dist(s, logits, vocab, &d))
+        goto out;
+    if (q_logits) {
+        if (wl_dist_alloc(&dq, q_vocab) || wl_sampler_dist(s, q_logits, q_vocab, &dq) ||
+            !(q = calloc((size_t)vocab, sizeof *q)))
+            goto out;
+        for (int i = 0; i < dq.n; i++)
+            q[dq.id[i]] = dq.w[i] / dq.sum;
     }
-    int at = -1;
-    for (int i = 0; i < d.n && at < 0; i++)
+    double px = 0, qx = q ? q[draft] : 1;
+    for (int i = 0; i < d.n; i++)
         if (d.id[i] == draft)
-            at = i;
-    double px = at < 0 ? 0 : d.w[at] / d.sum, rest = 0;
-    int id = draft;
-    /* accepted with probability p(x): min(1, p(x) / q(x)) with q one-hot */
-    if (wl_rand_uniform(&s->state) < px) {
+            px = d.w[i] / d.sum;
+    /* accepted with probability min(1, p(x) / q(x)) */
+    if (wl_rand_uniform(&s->state) * qx < px) {
         *accepted = 1;
-    } else {
-        /* rejected: the residual max(0, p - q), renormalised, is p without
-         * x; its total summed afresh, not as sum - w[x], which cancels */
-        for (int i = 0; i < d.n; i++)
-            rest += i == at ? 0 : d.w[i];
-        if (rest > 0)
-            id = draw(s, &d, at, rest);
-        else
-            *accepted = 1; /* x is p's only token: u < 1 = p(x) in exact arithmetic */
+        id = draft;
+        goto out;
+    }
+    /* rejected: drawn from the residual max(0, p - q), renormalised (with
+     * q one-hot at x, p without x); its total summed afresh, not as
+     * 1 - p(x), which cancels */
+    double rest = 0;
+    for (int i = 0; i < d.n; i++) {
+        double qi = q ? q[d.id[i]] : d.id[i] == draft;
+        d.w[i] = fmax(0, d.w[i] / d.sum - qi);
+        rest += d.w[i];
+    }
+    if (rest > 0) {
+        id = draw(s, &d, rest);
+    } else { /* p is within q: u < p(x) / q(x) = 1 in exact arithmetic */
+        *accepted = 1;
+        id = draft;
+    }
+out:
+    if (id < 0) { /* out of memory: the likeliest token */
+        id = argmax(logits, vocab);
+        *accepted = id == draft;
     }
     wl_dist_free(&d);
+    wl_dist_free(&dq);
+    free(q);
     return id;
 }
 

@@ -19,6 +19,10 @@
  * its connection is suspended, by the task's poll of the socket between
  * steps; the generation is then cancelled and its KV pages go back.
  *
+ * A request's "speculate" extension decodes it speculatively (alone, the
+ * batch-1 latency path), with the draft model of --draft when the server
+ * has one and the request gives no "ngram", else with n-grams.
+ *
  * SIGTERM or SIGINT drains: the listening socket closes, requests already
  * in flight finish (new ones on open connections get 503) until
  * --drain-seconds, then the rest are cancelled; the server exits 0.
@@ -352,7 +356,8 @@ static int usage(void)
             "host|cuda|auto]\n"
             "                [--max-body-bytes N] [--idle-timeout S] [--body-timeout S] "
             "[--drain-seconds S]\n"
-            "                [--share-prefixes 1|0] [--prefill-chunk 512] [--swap-mb 0]\n");
+            "                [--share-prefixes 1|0] [--prefill-chunk 512] [--swap-mb 0] "
+            "[--draft DIR]\n");
     return 2;
 }
 
@@ -413,6 +418,8 @@ static int run_server(server *srv)
     snprintf(path, sizeof path, "%s/tokenizer.json", srv->dir);
     if (wl_tokenizer_load(&srv->tk, path))
         goto out;
+    if (srv->draft_dir && wl_draft_open(&srv->draft, srv->draft_dir, srv->tk))
+        goto out;
     if (wl_chat_load(&srv->chat, srv->dir)) {
         fprintf(stderr, "weft-llm serve: no chat completions: %s\n", wl_error());
         srv->chat = NULL;
@@ -442,6 +449,8 @@ static int run_server(server *srv)
     if (wl_engine_start(&srv->engine, srv->rt, &srv->model, srv->kv_pages, srv->max_seqs, context))
         goto out;
     engine_up = 1;
+    if (srv->draft_dir && wl_engine_set_draft(&srv->engine, &srv->draft))
+        goto out;
     srv->engine.kv.sharing = srv->share_prefixes; /* before any sequence */
     srv->engine.prefill_chunk = srv->prefill_chunk;
     srv->engine.swap_bytes = (size_t)srv->swap_mb << 20;
@@ -514,6 +523,7 @@ out:
     wl_chat_free(srv->chat);
     wl_tokenizer_free(srv->tk);
     wl_model_close(&srv->model);
+    wl_model_close(&srv->draft);
     if (!rc)
         fprintf(stderr, "weft-llm serve: stopped\n");
     return rc;
@@ -573,6 +583,8 @@ int wl_serve_main(int argc, char **argv)
             bad |= parse_int(v, 0, 1 << 24, &srv.prefill_chunk);
         else if (!strcmp(a, "--swap-mb"))
             bad |= parse_int(v, 0, 1 << 24, &srv.swap_mb);
+        else if (!strcmp(a, "--draft"))
+            srv.draft_dir = v;
         else
             bad = 1;
         if (bad) {

@@ -20,8 +20,9 @@ typedef struct server {
     int prefill_chunk; /* the engine's: prompt tokens a chunk, 0 whole */
     int swap_mb;       /* host memory for preempted sequences' caches; 0: recompute */
     size_t max_body;
+    const char *draft_dir; /* speculative requests' draft model; NULL: n-grams */
     /* parts */
-    wl_model model;
+    wl_model model, draft;
     wl_tokenizer *tk;
     wl_chat *chat;
     weft_runtime *rt;

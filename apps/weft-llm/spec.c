@@ -1,15 +1,17 @@
 /*
  * spec.c - speculative decoding's pure parts: the n-gram (prompt-lookup)
  * proposer and the acceptance of one verify round's draft. The engine
- * (engine.c) runs the rounds: it proposes, verifies the draft in one
- * wl_forward_rows and rewinds the sequence past what was rejected.
+ * (engine.c) runs the rounds: it proposes (by n-grams, or by a draft
+ * model's own decoding), verifies the draft in one wl_forward_rows and
+ * rewinds the sequence past what was rejected.
  *
- * The proposer guesses that text repeats itself: the most recent earlier
- * occurrence of the last n tokens is likely followed by what follows them
- * now. It costs no model, and a draft it gets wrong costs only the verify
- * pass's extra rows (its logits are computed anyway), never a wrong token:
- * acceptance (wl_spec_accept) keeps the output distributed as the target
- * model's alone, token for token under greedy decoding.
+ * The n-gram proposer guesses that text repeats itself: the most recent
+ * earlier occurrence of the last n tokens is likely followed by what
+ * follows them now. It costs no model, and a draft it gets wrong costs
+ * only the verify pass's extra rows (its logits are computed anyway),
+ * never a wrong token: acceptance (wl_spec_accept) keeps the output
+ * distributed as the target model's alone, token for token under greedy
+ * decoding, whichever proposer drafted.
  */
 #include "llm.h"
 
@@ -44,11 +46,13 @@ int wl_ngram_propose(const int32_t *toks, int n, int max_ngram, int k, int32_t *
 }
 
 int wl_spec_accept(wl_sampler *s, const float *rows, int vocab, const int32_t *draft, int n_draft,
-                   int32_t *out)
+                   const float *q_rows, int q_vocab, int32_t *out)
 {
     for (int i = 0; i < n_draft; i++) {
         int accepted;
-        out[i] = wl_sample_draft(s, rows + (size_t)i * vocab, vocab, draft[i], &accepted);
+        const float *q = q_rows ? q_rows + (size_t)i * q_vocab : NULL;
+        out[i] = wl_sample_draft(s, rows + (size_t)i * vocab, vocab, draft[i], q, q_vocab,
+                                 &accepted);
         if (!accepted)
             return i + 1; /* the correction ends the round */
     }

@@ -590,3 +590,15 @@ int wl_decode_token(const wl_tokenizer *tk, int32_t id, int keep_special, int at
     }
     return (int)n;
 }
+
+int wl_tokenizers_agree(const wl_tokenizer *a, const wl_tokenizer *b)
+{
+    if (a->size != b->size)
+        return wl_fail("their vocabularies differ: %zu and %zu tokens", a->size, b->size);
+    for (size_t i = 0; i < a->size; i++) {
+        const char *x = a->by_id[i] ? a->by_id[i] : "", *y = b->by_id[i] ? b->by_id[i] : "";
+        if (strcmp(x, y) || a->is_special[i] != b->is_special[i] || a->sp != b->sp)
+            return wl_fail("token %zu differs (\"%s\" and \"%s\")", i, x, y);
+    }
+    return 0;
+}

@@ -17,10 +17,12 @@ static _Thread_local char error_line[512];
 
 int wl_fail(const char *fmt, ...)
 {
+    char line[sizeof error_line]; /* the arguments may hold wl_error()'s line */
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(error_line, sizeof error_line, fmt, ap);
+    vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
+    memcpy(error_line, line, sizeof line);
     return -1;
 }
 

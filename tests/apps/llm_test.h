@@ -393,6 +393,7 @@ typedef struct gen_run {
     wl_engine *e;
     const int32_t *prompt;
     int n_prompt, max_tokens, speculate, stop_after, ignore_eos;
+    int use_draft, ngram; /* speculate's proposer: the engine's draft model, n-grams */
     wl_sampler sampler;
     float *logits;
     /* results */
@@ -429,6 +430,8 @@ static inline void *gr_task(void *arg)
                 .ignore_eos = r->ignore_eos,
                 .ctx = r,
                 .speculate_k = r->speculate,
+                .use_draft = r->use_draft,
+                .ngram = r->ngram,
                 .spec_stats = &r->st};
     r->n = 0;
     memset(&r->st, 0xff, sizeof r->st); /* must be written */

@@ -567,6 +567,26 @@ static void test_stop_strings_and_choices(void **state)
     assert_string_equal(sfinish, "length");
     free(spec);
     json_decref(sp);
+    /* a server with a draft model (the same files: it drafts for itself)
+     * gives the same greedy text, drafted or, asked for, by n-grams */
+    int main_port = port;
+    char extra[1024];
+    snprintf(extra, sizeof extra, "--draft %s", model_dir);
+    pid_t drafting = start_server(extra);
+    const char *bodies[] = {"{\"prompt\":\"The old woman\",\"max_tokens\":24,\"temperature\":0,"
+                            "\"ignore_eos\":true,\"speculate\":4}",
+                            "{\"prompt\":\"The old woman\",\"max_tokens\":24,\"temperature\":0,"
+                            "\"ignore_eos\":true,\"speculate\":3,\"ngram\":2}"};
+    for (int b = 0; b < 2; b++) {
+        spec = complete(bodies[b], &sfinish, &sp);
+        printf("  --draft, %s: %s\n", b ? "n-grams" : "the draft model", spec);
+        assert_string_equal(spec, full);
+        assert_string_equal(sfinish, "length");
+        free(spec);
+        json_decref(sp);
+    }
+    assert_int_equal(stop_server(drafting), 0);
+    port = main_port;
     assert_int_equal(strncmp(cut, full, at), 0);
     free(body);
     json_decref(js);

@@ -207,7 +207,7 @@ static void test_draft_acceptance_distribution(void **state)
         for (int di = 0; di < 3; di++) {
             int x = drafts[di], count[N] = {0}, accepted_n = 0;
             for (int t = 0; t < TRIALS; t++) {
-                int acc = -1, id = wl_sample_draft(&sm, logits, N, x, &acc);
+                int acc = -1, id = wl_sample_draft(&sm, logits, N, x, NULL, 0, &acc);
                 assert_true(id >= 0 && id < N);
                 assert_true(acc == 0 || acc == 1);
                 assert_true(acc ? id == x : id != x); /* a rejected draft is never drawn */
@@ -234,20 +234,89 @@ static void test_draft_acceptance_distribution(void **state)
      * returned either way; no draw is taken */
     wl_sampler g = {.state = 5};
     int acc;
-    assert_int_equal(wl_sample_draft(&g, logits, N, 3, &acc), 3);
+    assert_int_equal(wl_sample_draft(&g, logits, N, 3, NULL, 0, &acc), 3);
     assert_int_equal(acc, 1);
-    assert_int_equal(wl_sample_draft(&g, logits, N, 0, &acc), 3);
+    assert_int_equal(wl_sample_draft(&g, logits, N, 0, NULL, 0, &acc), 3);
     assert_int_equal(acc, 0);
     assert_int_equal(g.state, 5);
     /* a draft p holds all of (top-k 1) is always accepted, and one out of
      * top-k 1 always replaced by the top token */
     wl_sampler k1 = {.temperature = 1, .top_k = 1, .state = seed};
     for (int t = 0; t < 1000; t++) {
-        assert_int_equal(wl_sample_draft(&k1, logits, N, 3, &acc), 3);
+        assert_int_equal(wl_sample_draft(&k1, logits, N, 3, NULL, 0, &acc), 3);
         assert_int_equal(acc, 1);
-        assert_int_equal(wl_sample_draft(&k1, logits, N, 2, &acc), 3);
+        assert_int_equal(wl_sample_draft(&k1, logits, N, 2, NULL, 0, &acc), 3);
         assert_int_equal(acc, 0);
     }
+}
+
+/* A draft model's token: x drawn from the draft's q, then accepted with
+ * probability min(1, p(x) / q(x)) or replaced from max(0, p - q). The
+ * emitted token must be distributed as p, and the draft accepted with
+ * probability sum_x min(p(x), q(x)); q may leave out tokens p keeps and
+ * keep some p leaves out, and may cover fewer tokens than the target's
+ * vocabulary (a draft model with a smaller embedding). */
+static void test_draft_model_acceptance_distribution(void **state)
+{
+    (void)state;
+    enum { N = 6, TRIALS = 200000 };
+    const float logits[N] = {2.0f, 1.0f, 0.5f, 3.0f, -1.0f, 0.25f};
+    const float draft_logits[N] = {1.0f, 2.5f, 0.5f, 2.0f, 1.5f, -2.0f};
+    struct {
+        float T;
+        int top_k;
+        float top_p;
+        int q_vocab;
+    } modes[4] = {{1.0f, 0, 1.0f, N}, {0.7f, 3, 1.0f, N}, {1.3f, 0, 0.8f, N}, {1.0f, 0, 1.0f, 5}};
+    for (int mi = 0; mi < 4; mi++) {
+        wl_sampler sm = {.temperature = modes[mi].T,
+                         .top_k = modes[mi].top_k,
+                         .top_p = modes[mi].top_p,
+                         .state = seed + 100 + (uint64_t)mi};
+        uint64_t proposer = seed ^ 0x5bd1e995u;
+        int qv = modes[mi].q_vocab;
+        double p[N], q[N] = {0}, overlap = 0;
+        reference_p(logits, N, modes[mi].T, modes[mi].top_k, modes[mi].top_p, p);
+        reference_p(draft_logits, qv, modes[mi].T, modes[mi].top_k, modes[mi].top_p, q);
+        for (int i = 0; i < N; i++)
+            overlap += fmin(p[i], q[i]);
+        int count[N] = {0}, accepted_n = 0;
+        for (int t = 0; t < TRIALS; t++) {
+            double u = wl_rand_uniform(&proposer);
+            int x = 0;
+            while (x < qv - 1 && (u -= q[x]) >= 0)
+                x++;
+            while (q[x] == 0) /* rounding left u past the last kept token */
+                x--;
+            int acc = -1, id = wl_sample_draft(&sm, logits, N, x, draft_logits, qv, &acc);
+            assert_true(id >= 0 && id < N);
+            assert_true(acc ? id == x : 1);
+            count[id]++;
+            accepted_n += acc == 1;
+        }
+        printf("  T %.1f top-k %d top-p %.1f, draft vocabulary %d: accepted %.4f (expected "
+               "%.4f)\n",
+               modes[mi].T, modes[mi].top_k, modes[mi].top_p, qv, (double)accepted_n / TRIALS,
+               overlap);
+        double sa = sqrt(TRIALS * overlap * (1 - overlap));
+        assert_true(fabs(accepted_n - TRIALS * overlap) <= 5 * sa + 1);
+        for (int i = 0; i < N; i++) {
+            double want = TRIALS * p[i], sigma = sqrt(TRIALS * p[i] * (1 - p[i]));
+            printf("    token %d: p %.4f q %.4f, emitted %6d, expected %8.1f (%+.2f sigma)\n", i,
+                   p[i], q[i], count[i], want, sigma > 0 ? (count[i] - want) / sigma : 0.0);
+            if (p[i] == 0)
+                assert_int_equal(count[i], 0);
+            else
+                assert_true(fabs(count[i] - want) <= 5 * sigma + 1);
+        }
+    }
+    /* greedy ignores q: the target's argmax, accepted when it is the draft */
+    wl_sampler g = {.state = 5};
+    int acc;
+    assert_int_equal(wl_sample_draft(&g, logits, N, 1, draft_logits, N, &acc), 3);
+    assert_int_equal(acc, 0);
+    assert_int_equal(wl_sample_draft(&g, logits, N, 3, draft_logits, N, &acc), 3);
+    assert_int_equal(acc, 1);
 }
 
 /* A round's acceptance over rows whose argmaxes are set: greedy takes the
@@ -264,16 +333,16 @@ static void test_round_acceptance(void **state)
     wl_sampler g = {0};
     int32_t out[R];
     /* all four accepted: the fifth row's argmax is the bonus */
-    assert_int_equal(wl_spec_accept(&g, rows, W, (int32_t[]){6, 2, 5, 1}, 4, out), 5);
+    assert_int_equal(wl_spec_accept(&g, rows, W, (int32_t[]){6, 2, 5, 1}, 4, NULL, 0, out), 5);
     assert_memory_equal(out, ((int32_t[]){6, 2, 5, 1, 7}), sizeof out);
     /* the third is wrong: two accepted, then the correction */
-    assert_int_equal(wl_spec_accept(&g, rows, W, (int32_t[]){6, 2, 4, 1}, 4, out), 3);
+    assert_int_equal(wl_spec_accept(&g, rows, W, (int32_t[]){6, 2, 4, 1}, 4, NULL, 0, out), 3);
     assert_memory_equal(out, ((int32_t[]){6, 2, 5}), 3 * sizeof *out);
     /* the first is wrong */
-    assert_int_equal(wl_spec_accept(&g, rows, W, (int32_t[]){0, 2}, 2, out), 1);
+    assert_int_equal(wl_spec_accept(&g, rows, W, (int32_t[]){0, 2}, 2, NULL, 0, out), 1);
     assert_int_equal(out[0], 6);
     /* no draft: a plain step */
-    assert_int_equal(wl_spec_accept(&g, rows, W, NULL, 0, out), 1);
+    assert_int_equal(wl_spec_accept(&g, rows, W, NULL, 0, NULL, 0, out), 1);
     assert_int_equal(out[0], 6);
 }
 
@@ -435,12 +504,14 @@ static void generate(weft_runtime *rt, gen_run *r)
         fail_msg("generate (speculate %d): %s", r->speculate, r->message);
 }
 
-/* base's generation plainly, then with 4 draft tokens a round. */
+/* base's generation plainly, then with 4 draft tokens a round (from
+ * base's proposer). */
 static void run_pair(weft_runtime *rt, const gen_run *base, gen_run *plain, gen_run *spec)
 {
     float *lp = plain->logits, *ls = spec->logits;
     *plain = *base;
     plain->logits = lp;
+    plain->use_draft = 0;
     generate(rt, plain);
     *spec = *base;
     spec->logits = ls;
@@ -606,6 +677,264 @@ static void test_greedy_matches_plain(void **state)
     free(spec);
 }
 
+/* ---- a draft model -------------------------------------------------------------- */
+
+/* An engine whose draft model is opened from dir (its own wl_model). */
+typedef struct drafted {
+    wl_model target, draft;
+    weft_runtime *rt;
+    wl_engine e;
+} drafted;
+
+static void drafted_start(drafted *d, const char *draft_dir, double theta_times)
+{
+    assert_int_equal(wl_model_open(&d->target, model_dir), 0);
+    assert_int_equal(wl_model_open(&d->draft, draft_dir), 0);
+    d->draft.cfg.rope_theta *= theta_times;
+    weft_config cfg = WEFT_CONFIG_INIT;
+    cfg.workers = 2;
+    cfg.backend = WEFT_BACKEND_HOST;
+    cfg.stack_size = 1 << 20;
+    assert_int_equal(weft_runtime_create(&d->rt, &cfg), WEFT_OK);
+    if (wl_engine_start(&d->e, d->rt, &d->target, 8, 1, 128) ||
+        wl_engine_set_draft(&d->e, &d->draft))
+        fail_msg("engine: %s", wl_error());
+}
+
+/* Every page of both caches back, then the engine's end. */
+static void drafted_stop(drafted *d)
+{
+    wl_engine_counts counts;
+    wl_engine_stats(&d->e, &counts);
+    assert_int_equal(counts.used_pages, 0);
+    assert_int_equal(counts.reserved_pages, 0);
+    assert_int_equal(wl_kv_free_pages(&d->e.draft_kv), d->e.draft_kv.pages);
+    assert_int_equal(wl_engine_stop(&d->e), 0);
+    assert_int_equal(weft_runtime_destroy(d->rt), WEFT_OK);
+    wl_model_close(&d->target);
+    wl_model_close(&d->draft);
+}
+
+/* A prompt of distinct ids: nothing an n-gram would find. */
+static void distinct_prompt(int32_t *ids, int n)
+{
+    for (int i = 0; i < n; i++)
+        ids[i] = (int32_t)((i * 37 + (int)(seed % 97)) % V);
+}
+
+/* The target drafting for itself (its files opened a second time): greedy
+ * output is plain decoding's, and the draft, decoding one token a call
+ * where the verify pass runs k + 1 rows, agrees with the target nearly
+ * always: an acceptance rate below 80% would mean its cache went out of
+ * step with the text (a catch-up or a rewind wrong). Ends at max_tokens,
+ * at on_token's stop (mid-round too) and at a page boundary. Sampled, a
+ * seed gives one text, the draft is mostly accepted, and draws differ
+ * from a different seed's. */
+static void test_draft_model_drafting_for_itself(void **state)
+{
+    (void)state;
+    enum { NP = 29 };
+    int32_t prompt[NP];
+    distinct_prompt(prompt, NP);
+    drafted d;
+    drafted_start(&d, model_dir, 1);
+    gen_run *plain = calloc(1, sizeof *plain), *spec = calloc(1, sizeof *spec);
+    plain->logits = malloc(sizeof(float) * MAXT * V);
+    spec->logits = malloc(sizeof(float) * MAXT * V);
+    long proposed = 0, accepted = 0;
+    const int lengths[] = {1, 2, 3, 4, 5, 6, 19, 50};
+    for (size_t li = 0; li < sizeof lengths / sizeof *lengths; li++) {
+        gen_run base = {.e = &d.e,
+                        .prompt = prompt,
+                        .n_prompt = NP,
+                        .max_tokens = lengths[li],
+                        .use_draft = 1,
+                        .ignore_eos = 1};
+        char what[128];
+        snprintf(what, sizeof what, "self-draft, max_tokens %d", lengths[li]);
+        run_pair(d.rt, &base, plain, spec);
+        compare_runs(what, plain, spec);
+        assert_int_equal(spec->n, lengths[li]);
+        proposed += spec->st.proposed;
+        accepted += spec->st.accepted;
+    }
+    for (int stop = 6; stop <= 11; stop++) {
+        gen_run base = {.e = &d.e,
+                        .prompt = prompt,
+                        .n_prompt = NP,
+                        .max_tokens = 40,
+                        .use_draft = 1,
+                        .stop_after = stop,
+                        .ignore_eos = 1};
+        char what[128];
+        snprintf(what, sizeof what, "self-draft, stopped after %d", stop);
+        run_pair(d.rt, &base, plain, spec);
+        compare_runs(what, plain, spec);
+        assert_int_equal(spec->n, stop);
+        assert_int_equal(spec->finish, WL_FINISH_STOP);
+    }
+    printf("  self-draft, greedy: %ld of %ld draft tokens accepted\n", accepted, proposed);
+    assert_true(proposed > 40);
+    assert_true(accepted >= proposed * 8 / 10);
+    /* sampled */
+    gen_run base = {.e = &d.e,
+                    .prompt = prompt,
+                    .n_prompt = NP,
+                    .max_tokens = 60,
+                    .use_draft = 1,
+                    .speculate = 4,
+                    .ignore_eos = 1,
+                    .sampler = {.temperature = 0.8f, .top_p = 0.95f, .state = seed}};
+    gen_run *again = calloc(1, sizeof *again), *other = calloc(1, sizeof *other);
+    *spec = base;
+    *again = base;
+    *other = base;
+    other->sampler.state = seed + 1;
+    generate(d.rt, spec);
+    generate(d.rt, again);
+    generate(d.rt, other);
+    assert_int_equal(spec->n, 60);
+    assert_int_equal(again->n, 60);
+    assert_memory_equal(spec->ids, again->ids, 60 * sizeof *spec->ids);
+    printf("  self-draft, sampled at T 0.8, top-p 0.95: %ld of %ld accepted; seed + 1 %s\n",
+           spec->st.accepted, spec->st.proposed,
+           memcmp(spec->ids, other->ids, 60 * sizeof *spec->ids) ? "differs" : "is the same");
+    assert_true(spec->st.accepted >= spec->st.proposed / 2);
+    assert_true(memcmp(spec->ids, other->ids, 60 * sizeof *spec->ids) != 0);
+    drafted_stop(&d);
+    free(plain->logits);
+    free(spec->logits);
+    free(plain);
+    free(spec);
+    free(again);
+    free(other);
+}
+
+/* Another model drafting (another seed's weights, the same tokenizer):
+ * its tokens are mostly rejected, and the output is still plain greedy
+ * decoding's, token for token. */
+static void test_draft_model_of_other_weights(void **state)
+{
+    (void)state;
+    enum { NP = 23 };
+    int32_t prompt[NP];
+    distinct_prompt(prompt, NP);
+    char *other_dir = path_in(dir, "tiny-other");
+    wl_write_opts o = {.preset = "tiny", .seed = seed + 1};
+    if (wl_write_random_model(other_dir, &o))
+        fail_msg("%s", wl_error());
+    drafted d;
+    drafted_start(&d, other_dir, 1);
+    gen_run *plain = calloc(1, sizeof *plain), *spec = calloc(1, sizeof *spec);
+    plain->logits = malloc(sizeof(float) * MAXT * V);
+    spec->logits = malloc(sizeof(float) * MAXT * V);
+    gen_run base = {.e = &d.e,
+                    .prompt = prompt,
+                    .n_prompt = NP,
+                    .max_tokens = 50,
+                    .use_draft = 1,
+                    .ignore_eos = 1};
+    run_pair(d.rt, &base, plain, spec);
+    compare_runs("another model's draft", plain, spec);
+    assert_int_equal(spec->n, 50);
+    drafted_stop(&d);
+    free(plain->logits);
+    free(spec->logits);
+    free(plain);
+    free(spec);
+    free(other_dir);
+}
+
+/* A near twin drafting: the target's weights with RoPE's theta changed,
+ * mostly accepted (about 90%) and sometimes rejected, so rounds end both
+ * ways, the draft's cache rewound past rejected tokens or catching up on
+ * the correction and the bonus; greedy output is plain decoding's. */
+static void test_draft_model_near_twin(void **state)
+{
+    (void)state;
+    enum { NP = 23 };
+    int32_t prompt[NP];
+    drafted d;
+    drafted_start(&d, model_dir, 0.05);
+    gen_run *plain = calloc(1, sizeof *plain), *spec = calloc(1, sizeof *spec);
+    plain->logits = malloc(sizeof(float) * MAXT * V);
+    spec->logits = malloc(sizeof(float) * MAXT * V);
+    long proposed = 0, accepted = 0;
+    for (int p = 0; p < 6; p++) {
+        uint64_t st = seed + 77 * p;
+        for (int i = 0; i < NP; i++)
+            prompt[i] = (int32_t)(wl_rand_next(&st) % V);
+        gen_run base = {.e = &d.e,
+                        .prompt = prompt,
+                        .n_prompt = NP,
+                        .max_tokens = 60,
+                        .use_draft = 1,
+                        .ignore_eos = 1};
+        run_pair(d.rt, &base, plain, spec);
+        compare_runs("near twin", plain, spec);
+        proposed += spec->st.proposed;
+        accepted += spec->st.accepted;
+    }
+    printf("  near twin: %ld of %ld accepted\n", accepted, proposed);
+    assert_true(accepted >= proposed / 2);
+    drafted_stop(&d);
+    free(plain->logits);
+    free(spec->logits);
+    free(plain);
+    free(spec);
+}
+
+/* A generation that asks for a draft the engine lacks, with n-grams too,
+ * or without speculate; a draft whose vocabulary is larger than the
+ * target's; a second draft. */
+static void test_draft_model_refusals(void **state)
+{
+    (void)state;
+    int32_t prompt[5] = {300, 301, 302, 303, 304};
+    wl_model m, big;
+    assert_int_equal(wl_model_open(&m, model_dir), 0);
+    assert_int_equal(wl_model_open(&big, model_dir), 0);
+    weft_runtime *rt;
+    weft_config cfg = WEFT_CONFIG_INIT;
+    cfg.workers = 1;
+    cfg.backend = WEFT_BACKEND_HOST;
+    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
+    wl_engine e;
+    if (wl_engine_start(&e, rt, &m, 8, 1, 64))
+        fail_msg("engine: %s", wl_error());
+    struct {
+        int speculate, use_draft, ngram;
+        const char *says;
+    } cases[] = {{4, 1, 0, "no draft model"}, {0, 1, 0, "give speculate_k"}, {4, 1, 2, "not both"}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        gen_run r = {.e = &e,
+                     .prompt = prompt,
+                     .n_prompt = 5,
+                     .max_tokens = 4,
+                     .speculate = cases[i].speculate,
+                     .use_draft = cases[i].use_draft,
+                     .ngram = cases[i].ngram};
+        assert_int_equal(run_generation(rt, &r), -1);
+        printf("  speculate %d, draft %d, ngram %d: %s\n", cases[i].speculate, cases[i].use_draft,
+               cases[i].ngram, r.message);
+        assert_non_null(strstr(r.message, cases[i].says));
+    }
+    big.cfg.vocab = V + 1;
+    assert_int_equal(wl_engine_set_draft(&e, &big), -1);
+    printf("  a larger vocabulary: %s\n", wl_error());
+    assert_non_null(strstr(wl_error(), "larger than the target's"));
+    assert_int_equal(wl_engine_set_draft(&e, &m), -1);
+    assert_non_null(strstr(wl_error(), "the target itself"));
+    big.cfg.vocab = V;
+    assert_int_equal(wl_engine_set_draft(&e, &big), 0);
+    assert_int_equal(wl_engine_set_draft(&e, &big), -1);
+    assert_non_null(strstr(wl_error(), "already"));
+    assert_int_equal(wl_engine_stop(&e), 0);
+    assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
+    wl_model_close(&m);
+    wl_model_close(&big);
+}
+
 /* ---- the command line ---------------------------------------------------------- */
 
 static char *run_ok(const char *args, char **err)
@@ -682,15 +1011,102 @@ static void test_cli_speculate(void **state)
     free(e4);
 }
 
+/* --draft: greedy text and ids equal the plain run's, the draft's counts
+ * reported; a seed gives one sampled text; a draft whose tokenizer is not
+ * the target's is refused naming the difference (exit 1), --draft without
+ * --speculate or with --ngram is bad usage. */
+static void test_cli_draft(void **state)
+{
+    (void)state;
+    const char *prompt = "a quiet river ran past the mill, and the miller listened";
+    char args[2048], *e1, *e2, *e3, *e4;
+    snprintf(args, sizeof args,
+             "generate %s --prompt '%s' --max-tokens 40 --print-ids --backend host --ignore-eos",
+             model_dir, prompt);
+    char *plain = run_ok(args, &e1);
+    snprintf(args + strlen(args), sizeof args - strlen(args), " --speculate 3 --draft %s --stats",
+             model_dir);
+    char *spec = run_ok(args, &e2);
+    printf("  plain: %s%s  drafted: %s%s", plain, e1, spec, e2);
+    assert_string_equal(plain, spec);
+    const char *g1 = strstr(e1, "generated ids: "), *g2 = strstr(e2, "generated ids: ");
+    assert_non_null(g1);
+    assert_non_null(g2);
+    assert_int_equal(strncmp(g1, g2, strcspn(g1, "\n") + 1), 0);
+    const char *counts = strstr(e2, "speculative: ");
+    assert_non_null(counts);
+    long rounds, proposed, accepted;
+    assert_int_equal(sscanf(counts, "speculative: %ld rounds, %ld draft tokens, %ld accepted",
+                            &rounds, &proposed, &accepted),
+                     3);
+    assert_true(proposed > 0 && accepted > 0); /* the target's own weights draft for it */
+    snprintf(args, sizeof args,
+             "generate %s --prompt '%s' --max-tokens 30 --print-ids --backend host --temperature "
+             "0.9 --top-p 0.9 --seed 11 --speculate 2 --draft %s",
+             model_dir, prompt, model_dir);
+    char *s1 = run_ok(args, &e3), *s2 = run_ok(args, &e4);
+    printf("  sampled: %s%s", s1, e3);
+    assert_string_equal(s1, s2);
+    assert_string_equal(e3, e4);
+    /* another tokenizer beside the same weights */
+    char *other = path_in(dir, "other-tokenizer"), cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p %s && ln -sf %s/config.json %s/model.safetensors %s/ && cp %s/gpt2-"
+             "tokenizer.json %s/tokenizer.json",
+             other, model_dir, model_dir, other, WL_DATA_DIR, other);
+    assert_int_equal(system(cmd), 0);
+    char *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s generate %s --prompt hi --backend host --speculate 2 --draft %s",
+             WL_BIN, model_dir, other);
+    int rc = run_capture(cmd, &out, &err);
+    printf("  another tokenizer -> %d: %s", rc, err);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(err, "is not the target's"));
+    assert_non_null(strstr(err, "vocabularies differ"));
+    wl_tokenizer *a, *b, *c;
+    char *tk_path = path_in(model_dir, "tokenizer.json");
+    assert_int_equal(wl_tokenizer_load(&a, tk_path), 0);
+    assert_int_equal(wl_tokenizer_load(&b, tk_path), 0);
+    assert_int_equal(wl_tokenizer_load(&c, WL_DATA_DIR "/gpt2-tokenizer.json"), 0);
+    assert_int_equal(wl_tokenizers_agree(a, b), 0);
+    assert_int_equal(wl_tokenizers_agree(a, c), -1);
+    wl_tokenizer_free(a);
+    wl_tokenizer_free(b);
+    wl_tokenizer_free(c);
+    snprintf(args, sizeof args, "generate %s --prompt hi --draft %s", model_dir, model_dir);
+    expect_usage_error(args, "--draft is the proposer's, for --speculate");
+    snprintf(args, sizeof args, "generate %s --prompt hi --speculate 2 --ngram 2 --draft %s",
+             model_dir, model_dir);
+    expect_usage_error(args, "not both");
+    free(tk_path);
+    free(out);
+    free(err);
+    free(other);
+    free(plain);
+    free(spec);
+    free(s1);
+    free(s2);
+    free(e1);
+    free(e2);
+    free(e3);
+    free(e4);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ngram_proposer),
         cmocka_unit_test(test_draft_acceptance_distribution),
+        cmocka_unit_test(test_draft_model_acceptance_distribution),
         cmocka_unit_test(test_round_acceptance),
         cmocka_unit_test(test_verify_pass_and_rewind),
         cmocka_unit_test(test_greedy_matches_plain),
+        cmocka_unit_test(test_draft_model_drafting_for_itself),
+        cmocka_unit_test(test_draft_model_of_other_weights),
+        cmocka_unit_test(test_draft_model_near_twin),
+        cmocka_unit_test(test_draft_model_refusals),
         cmocka_unit_test(test_cli_speculate),
+        cmocka_unit_test(test_cli_draft),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
