@@ -51,6 +51,7 @@ typedef struct wl_waiter {
     long serial;       /* its first admission's: the newest is the largest */
     int preempt;       /* told to give its pages back (under the engine's lock) */
     const wl_seq *seq; /* its sequence, while it has one */
+    weft_cond *turn;   /* signalled when, queued, it may be admitted */
 } wl_waiter;
 
 static int rank_of(weft_priority p)
@@ -71,7 +72,7 @@ static void *setup_task(void *arg)
                  wl_batcher_create(&e->batcher, e->model, &e->kv, e->max_seqs, e->max_tokens,
                                    e->batcher_chunk);
     if (!failed &&
-        (weft_mutex_create(&e->lock) != WEFT_OK || weft_cond_create(&e->admitted) != WEFT_OK))
+        (weft_mutex_create(&e->lock) != WEFT_OK || weft_cond_create(&e->pages_back) != WEFT_OK))
         failed = wl_fail("engine: %s", weft_last_error());
     if (failed)
         snprintf(e->message, sizeof e->message, "%s", wl_error());
@@ -179,11 +180,11 @@ int wl_engine_stop(wl_engine *e)
     }
     if (weft_spawn(e->rt, &t, teardown_task, e, NULL) != WEFT_OK || weft_join(t, NULL) != WEFT_OK)
         snprintf(e->message, sizeof e->message, "engine: the teardown task: %s", weft_last_error());
-    if (e->admitted)
-        weft_cond_destroy(e->admitted);
+    if (e->pages_back)
+        weft_cond_destroy(e->pages_back);
     if (e->lock)
         weft_mutex_destroy(e->lock);
-    e->admitted = NULL;
+    e->pages_back = NULL;
     e->lock = NULL;
     return e->message[0] ? wl_fail("%s", e->message) : 0;
 }
@@ -208,6 +209,15 @@ void wl_engine_stats(wl_engine *e, wl_engine_counts *out)
     wl_batcher_stats(e->batcher, &out->steps, &out->rows);
 }
 
+/* Under the engine's lock, after a change that may admit the queue's
+ * head (pages or a place given back, a new head): only the head is woken,
+ * so a thousand waiters cost no more than one. */
+static void wake_head(wl_engine *e)
+{
+    if (e->queue)
+        weft_cond_signal(e->queue->turn);
+}
+
 /* Waits (suspended) until w is the queue's head and its pages and (when
  * it decodes in the batch) a place there are free, or g is cancelled;
  * a page a running batch generation is kept free besides, room for their
@@ -215,6 +225,8 @@ void wl_engine_stats(wl_engine *e, wl_engine_counts *out)
  * Returns 0 when admitted. */
 static int admit(wl_engine *e, const wl_gen *g, wl_waiter *w)
 {
+    if (!w->turn && weft_cond_create(&w->turn) != WEFT_OK)
+        return wl_fail("generation: %s", weft_last_error());
     if (weft_mutex_lock(e->lock) != WEFT_OK)
         return wl_fail("generation: cancelled");
     wl_waiter **at = &e->queue; /* behind every waiter of its rank or a higher one */
@@ -227,7 +239,7 @@ static int admit(wl_engine *e, const wl_gen *g, wl_waiter *w)
     while (!(e->queue == w && (!w->place || e->placed < e->max_seqs) &&
              e->reserved_pages + w->pages + e->placed <= e->kv.pages)) {
         /* a disconnected client is seen by polling: a short timed wait */
-        int rc = weft_cond_wait_until(e->admitted, e->lock, weft_deadline_in_ns(50 * 1000000ull));
+        int rc = weft_cond_wait_until(w->turn, e->lock, weft_deadline_in_ns(50 * 1000000ull));
         if (rc == WEFT_ECANCELED || (g->cancelled && g->cancelled(g->ctx))) {
             cancelled = 1;
             break;
@@ -248,7 +260,7 @@ static int admit(wl_engine *e, const wl_gen *g, wl_waiter *w)
         w->next = e->runners;
         e->runners = w;
     }
-    weft_cond_broadcast(e->admitted); /* a new head, maybe */
+    wake_head(e); /* a new head, maybe */
     weft_mutex_unlock(e->lock);
     return cancelled ? -1 : 0;
 }
@@ -264,7 +276,8 @@ static void release(wl_engine *e, wl_waiter *w)
     e->running--;
     e->placed -= w->place;
     e->reserved_pages -= w->pages;
-    weft_cond_broadcast(e->admitted);
+    weft_cond_broadcast(e->pages_back); /* the growing generations */
+    wake_head(e);
     weft_mutex_unlock(e->lock);
 }
 
@@ -507,9 +520,9 @@ static int grow(wl_engine *e, const wl_gen *g, wl_waiter *w, int need)
             newest->preempt = 1;
             e->preemptions++;
             wl_batcher_evict(e->batcher, newest->seq);
-            weft_cond_broadcast(e->admitted); /* it may be growing too */
+            weft_cond_broadcast(e->pages_back); /* it may be growing too */
         }
-        int wr = weft_cond_wait_until(e->admitted, e->lock, weft_deadline_in_ns(50 * 1000000ull));
+        int wr = weft_cond_wait_until(e->pages_back, e->lock, weft_deadline_in_ns(50 * 1000000ull));
         if (wr == WEFT_ECANCELED) {
             rc = wl_fail("generation: the task was cancelled while it waited for KV pages");
             break;
@@ -787,6 +800,8 @@ out:
     give_swap(e, swap, swap_size);
     if (admitted)
         release(e, &w);
+    if (w.turn) /* out of the queue: nothing signals it any more */
+        weft_cond_destroy(w.turn);
     free(pen_scratch);
     free(toks);
     wl_pen_track_free(&pen);

@@ -676,8 +676,8 @@ typedef struct wl_engine {
     wl_batcher *batcher;
     int batcher_chunk;
     weft_task *batcher_task;
-    weft_mutex *lock; /* guards the admission state below */
-    weft_cond *admitted;
+    weft_mutex *lock;                            /* guards the admission state below */
+    weft_cond *pages_back;                       /* growing generations wait here for pages */
     wl_waiter *queue, *runners;                  /* waiting, and admitted (the latter unordered) */
     int queued, running, placed, reserved_pages; /* placed: running in the batch */
     long admissions, preemptions, swaps;
