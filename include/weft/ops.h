@@ -452,7 +452,9 @@ typedef struct weft_matmul_desc {
  * Arithmetic: the operands are converted to fp32 and products summed in
  * fp32 (bf16/fp16 in blocks, as the matrix units do; TF32 only when asked),
  * the epilogue is fp32 and D and aux are rounded to type once. The host
- * reference runs on a BLAS (OpenBLAS's cblas_sgemm); the GPU on cuBLASLt
+ * reference runs on a BLAS (OpenBLAS's cblas_sgemm, each call on the
+ * thread that runs it: the host device's executors are its parallelism;
+ * OPENBLAS_NUM_THREADS, when set, is obeyed instead); the GPU on cuBLASLt
  * or weft's decode kernel (below), whose sums run in another order, so
  * results agree to the types' rounding and the sums' length (~1e-5
  * relative for fp32, ~1e-2 for bf16), not bit for bit.
