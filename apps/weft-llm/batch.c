@@ -74,6 +74,7 @@ struct wl_batch {
     /* a mixed step's: each row's sequence, the query rows' prefix sums, and
      * each sequence's last row */
     int32_t *row_seqs, *cu_rows, *last_rows;
+    int32_t *row_ids; /* 0, 1, ...: Qwen3's q/k norms' gathers */
     /* host memory: page-locked (weft_host_alloc) where a step copies it,
      * so that graph mode records the copies as they are */
     weft_runtime *rt;
@@ -140,6 +141,8 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     TRY(weft_malloc_async((void **)&b->sampling, B * sizeof *b->sampling));
     TRY(weft_malloc_async((void **)&b->picked, B * 4));
     TRY(weft_malloc_async((void **)&b->tokens, R * 4));
+    if (c->qk_norm && wl_row_ids(&b->row_ids, R))
+        goto fail;
     if (c->experts && wl_moe_bufs_create(&b->moe, m, (int)R))
         goto fail;
     /* the decode workspace for any batch size: the split the op chooses
@@ -190,9 +193,10 @@ void wl_batch_destroy(wl_batch *b)
     if (!b)
         return;
     weft_await();
-    void *dev[] = {b->x,         b->h,      b->qkv,       b->attn,     b->gu,      b->act,
-                   b->workspace, b->logits, b->positions, b->seq_ids,  b->table,   b->seq_lens,
-                   b->sampling,  b->picked, b->tokens,    b->row_seqs, b->cu_rows, b->last_rows};
+    void *dev[] = {b->x,        b->h,         b->qkv,       b->attn,      b->gu,
+                   b->act,      b->workspace, b->logits,    b->positions, b->seq_ids,
+                   b->table,    b->seq_lens,  b->sampling,  b->picked,    b->tokens,
+                   b->row_seqs, b->cu_rows,   b->last_rows, b->row_ids};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i])
             weft_free_async(dev[i]);
@@ -222,7 +226,7 @@ static int layer_batch(wl_batch *b, int li, int rows, int n, int mixed)
     TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->h, NULL, b->x, NULL, L->attn_norm, eps, (size_t)rows,
                      H, H));
     TRY(wl_linear(m, q, qkv_dim, b->h, H, L->qkv, qkv_dim, L->qkv_bias, NULL, rows, dt));
-    if (c->qk_norm && wl_qk_norm(m, L, q, qkv_dim, rows))
+    if (c->qk_norm && wl_qk_norm(m, L, q, qkv_dim, rows, b->attn, b->row_ids))
         goto fail;
     TRY(wl_rope(m, q, qkv_dim, k, qkv_dim, rows, b->positions));
     weft_kv_cache cache = wl_kv_layer(b->kv, li, b->table, b->max_pages);

@@ -103,6 +103,8 @@ int wl_seq_create(wl_seq **out, const wl_model *m, wl_kv *kv, int max_tokens, in
     TRY(weft_malloc_async((void **)&s->seq_ids, T * 4));
     TRY(weft_malloc_async((void **)&s->table, (size_t)s->pages.max_pages * 4));
     TRY(weft_malloc_async((void **)&s->seq_len, 4));
+    if (c->qk_norm && wl_row_ids(&s->row_ids, T))
+        goto fail;
     if (c->experts && wl_moe_bufs_create(&s->moe, m, max_step))
         goto fail;
     s->pos_host = malloc((T + 1) * 4);
@@ -128,8 +130,8 @@ void wl_seq_destroy(wl_seq *s)
     if (!s)
         return;
     weft_await(); /* nothing of ours may still be in flight */
-    void *dev[] = {s->x,      s->h,         s->qkv,     s->attn,  s->gu,     s->act,
-                   s->logits, s->positions, s->seq_ids, s->table, s->seq_len};
+    void *dev[] = {s->x,      s->h,         s->qkv,     s->attn,  s->gu,      s->act,
+                   s->logits, s->positions, s->seq_ids, s->table, s->seq_len, s->row_ids};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i])
             weft_free_async(dev[i]);
@@ -156,22 +158,56 @@ int wl_rope(const wl_model *m, void *q, size_t q_stride, void *k, size_t k_strid
                             c->rope_llama3 ? &llama3 : NULL);
 }
 
-int wl_qk_norm(const wl_model *m, const wl_layer *L, void *qkv, size_t qkv_stride, int n)
+/* One of q's or k's parts of n rows (heads heads each), normed in place:
+ * one token's heads directly, several tokens' through scratch, where the
+ * part's rows lie one after another, so every head is a row of one call. */
+static int norm_heads(const wl_model *m, char *part, size_t qkv_stride, int n, size_t heads,
+                      const void *weight, void *scratch, const int32_t *row_ids)
 {
     const wl_config *c = &m->cfg;
-    size_t es = wl_dtype_size(m->dtype), hd = (size_t)c->head_dim;
-    size_t q_dim = (size_t)c->heads * hd;
+    size_t hd = (size_t)c->head_dim, width = heads * hd;
     float eps = (float)c->rms_eps;
-    for (int t = 0; t < n; t++) {
-        char *row = (char *)qkv + (size_t)t * qkv_stride * es;
-        TRY(weft_rmsnorm(WEFT_TASK_STREAM, m->dtype, row, NULL, row, NULL, L->q_norm, eps,
-                         (size_t)c->heads, hd, hd));
-        TRY(weft_rmsnorm(WEFT_TASK_STREAM, m->dtype, row + q_dim * es, NULL, row + q_dim * es, NULL,
-                         L->k_norm, eps, (size_t)c->kv_heads, hd, hd));
-    }
+    if (n == 1)
+        return weft_rmsnorm(WEFT_TASK_STREAM, m->dtype, part, NULL, part, NULL, weight, eps, heads,
+                            hd, hd);
+    int rc = weft_gather_rows(WEFT_TASK_STREAM, m->dtype, scratch, part, row_ids, (size_t)n, width,
+                              (size_t)n, qkv_stride, width);
+    if (rc == WEFT_OK)
+        rc = weft_rmsnorm(WEFT_TASK_STREAM, m->dtype, scratch, NULL, scratch, NULL, weight, eps,
+                          (size_t)n * heads, hd, hd);
+    if (rc == WEFT_OK)
+        rc = weft_gather_rows(WEFT_TASK_STREAM, m->dtype, part, scratch, row_ids, (size_t)n, width,
+                              (size_t)n, width, qkv_stride);
+    return rc;
+}
+
+int wl_qk_norm(const wl_model *m, const wl_layer *L, void *qkv, size_t qkv_stride, int n,
+               void *scratch, const int32_t *row_ids)
+{
+    const wl_config *c = &m->cfg;
+    size_t es = wl_dtype_size(m->dtype), q_dim = (size_t)c->heads * c->head_dim;
+    char *q = qkv, *k = q + q_dim * es;
+    TRY(norm_heads(m, q, qkv_stride, n, (size_t)c->heads, L->q_norm, scratch, row_ids));
+    TRY(norm_heads(m, k, qkv_stride, n, (size_t)c->kv_heads, L->k_norm, scratch, row_ids));
     return 0;
 fail:
     return -1;
+}
+
+int wl_row_ids(int32_t **ids, size_t n)
+{
+    int32_t *host = malloc(n * sizeof *host);
+    if (!host)
+        return wl_fail("out of memory for %zu row ids", n);
+    for (size_t i = 0; i < n; i++)
+        host[i] = (int32_t)i;
+    int rc = weft_malloc_async((void **)ids, n * sizeof *host);
+    if (rc == WEFT_OK)
+        rc = weft_memcpy_async(*ids, host, n * sizeof *host);
+    if (rc == WEFT_OK)
+        rc = weft_await(); /* host is freed below */
+    free(host);
+    return rc == WEFT_OK ? 0 : wl_fail("row ids: %s", weft_last_error());
 }
 
 /* Attention of the n new tokens (rows of qkv, rotated) for layer li: their
@@ -238,7 +274,7 @@ static int layer_forward(wl_seq *s, int li, int n)
     TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, s->h, NULL, s->x, NULL, L->attn_norm, eps, (size_t)n, H,
                      H));
     TRY(wl_linear(s->m, qkv, s->qkv_dim, s->h, H, L->qkv, s->qkv_dim, L->qkv_bias, NULL, n, dt));
-    if (c->qk_norm && wl_qk_norm(m, L, qkv, s->qkv_dim, n))
+    if (c->qk_norm && wl_qk_norm(m, L, qkv, s->qkv_dim, n, s->attn, s->row_ids))
         goto fail;
     TRY(wl_rope(s->m, qkv, s->qkv_dim, qkv + s->q_dim * es, s->qkv_dim, n, s->positions));
     if (attend(s, li, n))

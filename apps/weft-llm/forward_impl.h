@@ -34,6 +34,7 @@ struct wl_seq {
     wl_moe_bufs moe;                                /* a mixture-of-experts model's */
     float *logits;                                  /* rows x vocab */
     int32_t *positions, *seq_ids, *table, *seq_len; /* seq_len: after the call's tokens */
+    int32_t *row_ids;                               /* 0, 1, ...: Qwen3's q/k norms' gathers */
     /* host memory */
     int32_t *pos_host, *zeros; /* pos_host: the call's positions, then its seq_len */
     float *logits_host;        /* rows x vocab */
@@ -59,8 +60,14 @@ void wl_await_keeping_error(void);
 int wl_rope(const wl_model *m, void *q, size_t q_stride, void *k, size_t k_stride, int n,
             const int32_t *positions);
 /* Qwen3's RMSNorm of each head of q and k, in place, in n rows of q | k | v
- * qkv_stride elements apart, on the calling task's stream. */
-int wl_qk_norm(const wl_model *m, const wl_layer *L, void *qkv, size_t qkv_stride, int n);
+ * qkv_stride elements apart, on the calling task's stream: two norms of a
+ * token's heads for one row, else q's and k's parts gathered into scratch
+ * (n x heads x head_dim elements) by row_ids (0 to n - 1, wl_row_ids),
+ * normed in one call each and put back: six calls however many rows. */
+int wl_qk_norm(const wl_model *m, const wl_layer *L, void *qkv, size_t qkv_stride, int n,
+               void *scratch, const int32_t *row_ids);
+/* Task only: n int32s 0 to n - 1 in the backend's memory. */
+int wl_row_ids(int32_t **ids, size_t n);
 /* d (rows n, leading dimension ldd) = a W^T (+ bias) (+ c), W n_out x k, on
  * the calling task's stream. */
 int wl_linear(const wl_model *m, void *d, size_t ldd, const void *a, size_t k, const void *w,
