@@ -428,6 +428,7 @@ int wl_bench_main(int argc, char **argv)
         fprintf(stderr, "weft-llm: %s\n", wl_error());
         return 1;
     }
+    wl_show_load_on(&b.model, "weights");
     weft_runtime *rt;
     weft_task *t;
     weft_config cfg = WEFT_CONFIG_INIT;

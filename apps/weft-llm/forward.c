@@ -43,6 +43,7 @@
  * (weft_attention 256 too): other models are refused by wl_kv_create.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -603,64 +604,152 @@ static int narrow_to_bf16(wl_model *m)
     return 0;
 }
 
+/* The upload's copies: pieces of at most this many bytes (the progress
+ * moves by no more), made by this many tasks at once. */
+enum { UPLOAD_PIECE = 64 << 20, UPLOAD_TASKS = 4 };
+
+int wl_copy_add(wl_copy_list *l, void *dst, const void *src, size_t bytes)
+{
+    for (size_t at = 0; at < bytes; at += UPLOAD_PIECE) {
+        if (l->n == l->cap) {
+            size_t cap = l->cap ? 2 * l->cap : 256;
+            wl_copy *grown = realloc(l->at, cap * sizeof *grown);
+            if (!grown)
+                return wl_fail("out of memory for the upload's copies");
+            l->at = grown;
+            l->cap = cap;
+        }
+        size_t piece = bytes - at < UPLOAD_PIECE ? bytes - at : UPLOAD_PIECE;
+        l->at[l->n++] = (wl_copy){(char *)dst + at, (const char *)src + at, piece};
+        l->bytes += piece;
+    }
+    return 0;
+}
+
+/* One task's run of the list, each copy awaited and counted in done. */
+typedef struct upload_part {
+    const wl_copy *copies;
+    size_t n;
+    _Atomic size_t *done;
+    int failed;
+    char message[512];
+} upload_part;
+
+static void *upload_part_task(void *arg)
+{
+    upload_part *u = arg;
+    for (size_t i = 0; i < u->n; i++) {
+        const wl_copy *c = &u->copies[i];
+        if (weft_memcpy_async(c->dst, c->src, c->bytes) != WEFT_OK || weft_await() != WEFT_OK) {
+            snprintf(u->message, sizeof u->message, "upload: %s", weft_last_error());
+            u->failed = 1;
+            break;
+        }
+        atomic_fetch_add(u->done, c->bytes);
+    }
+    return NULL;
+}
+
+/* The list's copies made by up to UPLOAD_TASKS tasks, each a run of about
+ * equal bytes, so that the files' pages are read and the host's side of
+ * the copies made on several threads, while this task hands the progress
+ * to m's on_load every 100 ms. The tasks go to the least loaded device
+ * (weft has no call for the caller's); a copy to another GPU's memory is
+ * made all the same, through the runtime's unified addressing. */
+static int copy_all(wl_model *m, const wl_copy_list *l)
+{
+    upload_part parts[UPLOAD_TASKS] = {{0}};
+    weft_task *tasks[UPLOAD_TASKS];
+    _Atomic size_t done = 0;
+    int spawned = 0, rc = 0;
+    weft_task_opts opts = WEFT_TASK_OPTS_INIT;
+    opts.name = "upload";
+    for (size_t from = 0, acc = 0; from < l->n && spawned < UPLOAD_TASKS; spawned++) {
+        upload_part *u = &parts[spawned];
+        size_t goal = l->bytes / UPLOAD_TASKS * (size_t)(spawned + 1), to = from;
+        while (to < l->n && (to == from || acc < goal || spawned == UPLOAD_TASKS - 1))
+            acc += l->at[to++].bytes;
+        *u = (upload_part){.copies = l->at + from, .n = to - from, .done = &done};
+        from = to;
+        if (weft_spawn(weft_runtime_current(), &tasks[spawned], upload_part_task, u, &opts) !=
+            WEFT_OK) {
+            rc = wl_fail("upload: a copying task: %s", weft_last_error());
+            break;
+        }
+    }
+    for (int i = 0; i < spawned; i++) {
+        int jr;
+        while ((jr = weft_join_until(tasks[i], NULL, weft_deadline_in_ns(100 * 1000000ull))) ==
+               WEFT_ETIMEDOUT)
+            if (m->on_load)
+                m->on_load(m->load_ctx, atomic_load(&done), l->bytes);
+        if (jr != WEFT_OK && !rc)
+            rc = wl_fail("upload: a copying task: %s", weft_last_error());
+        if (parts[i].failed && !rc)
+            rc = wl_fail("%s", parts[i].message);
+    }
+    if (!rc && m->on_load)
+        m->on_load(m->load_ctx, l->bytes, l->bytes);
+    return rc;
+}
+
 int wl_model_upload(wl_model *m)
 {
     void *stream = NULL;
     if (m->dtype == WEFT_DTYPE_F32 && narrow_to_bf16(m))
         return -1;
-    TRY(weft_stream(&stream));
-    if (!stream) /* the host backend reads the mapped files and its packed block */
-        return wl_pack_host(m);
+    if (weft_stream(&stream) != WEFT_OK)
+        return wl_fail("upload: %s", weft_last_error());
+    if (!stream) { /* the host backend reads the mapped files and its packed block */
+        long long packed = wl_packed_bytes(m);
+        int rc = packed < 0 ? -1 : wl_pack_host(m);
+        if (!rc && m->on_load)
+            m->on_load(m->load_ctx, (size_t)packed, (size_t)packed);
+        return rc;
+    }
     size_t max = 3 + 16 * (size_t)m->cfg.layers, n, total = 0;
     const void ***slot = malloc(max * sizeof *slot);
     size_t *bytes = malloc(max * sizeof *bytes);
+    wl_copy_list list = {0};
+    int rc = -1;
     if (!slot || !bytes) {
-        free(slot);
-        free(bytes);
-        return wl_fail("out of memory");
+        wl_fail("out of memory");
+        goto out;
     }
     n = weight_slots(m, slot, bytes, 0);
     for (size_t i = 0; i < n; i++)
         total += (bytes[i] + 255) / 256 * 256; /* each weight 256-byte aligned */
     size_t packed_at = total;
     long long packed = wl_packed_bytes(m);
-    if (packed < 0) {
-        free(slot);
-        free(bytes);
-        return -1;
-    }
+    if (packed < 0)
+        goto out;
     total += (size_t)packed;
     char *block = NULL;
     if (weft_malloc_async((void **)&block, total) != WEFT_OK) {
-        free(slot);
-        free(bytes);
-        return wl_fail("upload: %zu bytes of weights: %s", total, weft_last_error());
+        wl_fail("upload: %zu bytes of weights: %s", total, weft_last_error());
+        goto out;
     }
-    m->device_block = block;
+    m->device_block = block;       /* wl_model_release frees it, whatever happens next */
+    if (weft_await() != WEFT_OK) { /* the block is there before other tasks copy into it */
+        wl_fail("upload: %s", weft_last_error());
+        goto out;
+    }
     for (size_t i = 0, off = 0; i < n; i++) {
-        int rc = weft_memcpy_async(block + off, *slot[i], bytes[i]);
-        if (rc != WEFT_OK) {
-            free(slot);
-            free(bytes);
-            wl_fail("upload: %s", weft_last_error());
-            wl_await_keeping_error();
-            return -1;
-        }
+        if (wl_copy_add(&list, block + off, *slot[i], bytes[i]))
+            goto out;
         *slot[i] = block + off;
         off += (bytes[i] + 255) / 256 * 256;
     }
-    free(slot);
-    free(bytes);
-    if (wl_pack_device(m, block + packed_at)) {
-        wl_await_keeping_error();
-        return -1;
-    }
+    if (wl_pack_list(m, block + packed_at, &list) || copy_all(m, &list))
+        goto out;
     if (m->cfg.tie_embeddings)
         m->lm_head = m->embed;
-    TRY(weft_await());
-    return 0;
-fail:
-    return -1;
+    rc = 0;
+out:
+    free(slot);
+    free(bytes);
+    free(list.at);
+    return rc;
 }
 
 int wl_model_release(wl_model *m)

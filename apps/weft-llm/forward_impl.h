@@ -88,12 +88,26 @@ int wl_moe_mlp(const wl_model *m, wl_moe_bufs *b, int li, void *x, const void *h
 
 /* ---- packed weights (pack.c) ---- */
 
+/* Copies from host memory to the device, listed to be made by several
+ * tasks (forward.c's upload). */
+typedef struct wl_copy {
+    void *dst;
+    const void *src;
+    size_t bytes;
+} wl_copy;
+typedef struct wl_copy_list {
+    wl_copy *at;
+    size_t n, cap;
+    size_t bytes; /* of every copy */
+} wl_copy_list;
+int wl_copy_add(wl_copy_list *l, void *dst, const void *src, size_t bytes); /* -1: out of memory */
+
 /* The bytes of m's packed weights (-1: out of memory), and the packing into
- * dst (that many bytes of the task's device memory, copied in stream
- * order): every layer's qkv, qkv_bias, gu, shared_gu, experts_gu and
- * experts_down (those it has) point into dst afterwards. */
+ * dst (that many bytes of device memory): every layer's qkv, qkv_bias, gu,
+ * shared_gu, experts_gu and experts_down (those it has) point into dst
+ * afterwards, and list gets the copies that fill it. */
 long long wl_packed_bytes(wl_model *m);
-int wl_pack_device(wl_model *m, char *dst);
+int wl_pack_list(wl_model *m, char *dst, wl_copy_list *list);
 /* The host backend's upload: packs them into m->host_block once. */
 int wl_pack_host(wl_model *m);
 

@@ -185,6 +185,11 @@ typedef struct wl_model {
     void *device_block;       /* weights copied to a GPU (NULL on the host backend) */
     void *host_block;         /* the packed weights on the host (pack.c) */
     void *narrow_block;       /* an fp32 model's weights rounded to bf16 */
+    /* Told how an upload goes (wl_model_upload, from its task): bytes
+     * copied of the total, every 100 ms or so and once at the end (done ==
+     * total); NULL: not told. */
+    void (*on_load)(void *ctx, size_t done, size_t total);
+    void *load_ctx;
 } wl_model;
 
 /* Reads dir's config and safetensors (one file or an index of shards) and
@@ -195,6 +200,11 @@ typedef struct wl_model {
  * are NULL until then. */
 int wl_model_open(wl_model *m, const char *dir);
 void wl_model_close(wl_model *m);
+/* An on_load for a terminal: a bar on stderr, redrawn in place, ended by a
+ * newline once done == total; ctx names what loads ("weights"). Set it
+ * where stderr is a terminal (wl_show_load_on). */
+void wl_show_load(void *ctx, size_t done, size_t total);
+void wl_show_load_on(wl_model *m, const char *what);
 
 /* ---- tokenizer ------------------------------------------------------------- */
 
@@ -412,8 +422,10 @@ size_t wl_seq_swap_bytes(const wl_model *m, int tokens);
 int wl_seq_swap_out(wl_seq *s, void *host);
 int wl_seq_swap_in(wl_seq *s, const void *host, int tokens);
 /* Task only: copies the weights to the task's device when it has one,
- * packed (pack.c); on the host backend packs them in host memory (once,
- * kept until wl_model_close; several tasks may call it at once there). */
+ * packed (pack.c), by several tasks at once (telling on_load how far it
+ * is); on the host backend packs them in host memory (once, kept until
+ * wl_model_close; several tasks may call it at once there; on_load is
+ * told the packed bytes once). */
 int wl_model_upload(wl_model *m);
 int wl_model_release(wl_model *m);
 

@@ -333,6 +333,7 @@ static int run_generate(gen *g)
     int rc = 1;
     if (wl_model_open(&g->model, g->dir))
         goto out;
+    wl_show_load_on(&g->model, "weights");
     tokenizer_path(g->dir, path, sizeof path);
     if (wl_tokenizer_load(&g->tk, path)) {
         if (!g->prompt_ids)
@@ -341,8 +342,11 @@ static int run_generate(gen *g)
         fprintf(stderr, "weft-llm: no tokenizer (%s); printing ids only\n", wl_error());
         g->print_ids = 1;
     }
-    if (g->draft_dir && wl_draft_open(&g->draft, g->draft_dir, g->tk))
-        goto out;
+    if (g->draft_dir) {
+        if (wl_draft_open(&g->draft, g->draft_dir, g->tk))
+            goto out;
+        wl_show_load_on(&g->draft, "the draft's weights");
+    }
     if (g->prompt_ids ? parse_ids(g->prompt_ids, &g->ids, &g->n_ids)
                       : wl_encode(g->tk, g->prompt, strlen(g->prompt), 1, &g->ids, &g->n_ids))
         goto out;

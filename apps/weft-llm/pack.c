@@ -15,7 +15,8 @@
  *    reads.
  * Fewer, wider matmuls matter most in decode, where each is a read of its
  * weights with a launch's fixed cost around it.
- * wl_model_upload packs them into the device block on a GPU, and into one
+ * wl_model_upload packs them into the device block on a GPU (listing the
+ * copies for its tasks to make), and into one
  * host allocation on the host backend (made once, under a lock since
  * several tasks may upload one model at once, and freed with the model;
  * the files' pages of the packed tensors are not read again).
@@ -39,13 +40,14 @@ static size_t carve(size_t *at, size_t bytes)
     return o;
 }
 
-enum pack_mode { SIZE_ONLY, POINT, COPY_HOST, COPY_DEVICE };
+enum pack_mode { SIZE_ONLY, POINT, COPY_HOST, LIST };
 
 typedef struct packer {
     char *dst;
     size_t off;
     enum pack_mode mode;
     int failed;
+    wl_copy_list *list; /* LIST: the copies, made later by the upload's tasks */
 } packer;
 
 /* The n tensors src[i] (bytes[i] each) one after another in a new part,
@@ -62,10 +64,10 @@ static void put(packer *p, const void **slot, const void *const *src, const size
         return;
     char *at = p->dst + off, *to = at;
     for (int i = 0; p->mode != POINT && i < n; to += bytes[i], i++) {
-        if (p->mode == COPY_HOST) {
+        if (p->mode == COPY_HOST)
             memcpy(to, src[i], bytes[i]);
-        } else if (weft_memcpy_async(to, src[i], bytes[i]) != WEFT_OK) {
-            wl_fail("upload: layer %d: %s", layer, weft_last_error());
+        else if (wl_copy_add(p->list, to, src[i], bytes[i])) {
+            wl_fail("upload: layer %d: %s", layer, wl_error());
             p->failed = 1;
             return;
         }
@@ -77,14 +79,14 @@ static void put(packer *p, const void **slot, const void *const *src, const size
 /* Lays every packed weight of m out from dst (one part after another, each
  * 256-byte aligned) and points the layers at them, copying the tensors
  * there unless mode is POINT or SIZE_ONLY. The bytes in all, or -1. */
-static long long layout(wl_model *m, char *dst, enum pack_mode mode)
+static long long layout(wl_model *m, char *dst, enum pack_mode mode, wl_copy_list *list)
 {
     const wl_config *c = &m->cfg;
     size_t es = wl_dtype_size(m->dtype), H = (size_t)c->hidden;
     size_t q = (size_t)c->heads * c->head_dim, kv = (size_t)c->kv_heads * c->head_dim;
     size_t I = (size_t)c->intermediate, S = (size_t)c->shared_intermediate;
     size_t mat = (size_t)c->moe_intermediate * H * es, E = (size_t)c->experts;
-    packer p = {dst, 0, mode, 0};
+    packer p = {dst, 0, mode, 0, list};
     const void **src = malloc((2 * E + 3) * sizeof *src);
     size_t *bytes = malloc((2 * E + 3) * sizeof *bytes);
     if (!src || !bytes) {
@@ -127,12 +129,12 @@ static long long layout(wl_model *m, char *dst, enum pack_mode mode)
 
 long long wl_packed_bytes(wl_model *m)
 {
-    return layout(m, NULL, SIZE_ONLY);
+    return layout(m, NULL, SIZE_ONLY, NULL);
 }
 
-int wl_pack_device(wl_model *m, char *dst)
+int wl_pack_list(wl_model *m, char *dst, wl_copy_list *list)
 {
-    return layout(m, dst, COPY_DEVICE) < 0 ? -1 : 0;
+    return layout(m, dst, LIST, list) < 0 ? -1 : 0;
 }
 
 /* Held only while a model's host block is made or found: no weft call
@@ -147,11 +149,11 @@ int wl_pack_host(wl_model *m)
         return -1;
     pthread_mutex_lock(&host_pack_lock);
     if (m->host_block) { /* packed by an earlier upload: point the layers back at it */
-        rc = layout(m, m->host_block, POINT) < 0 ? -1 : 0;
+        rc = layout(m, m->host_block, POINT, NULL) < 0 ? -1 : 0;
     } else if (!(m->host_block = malloc(bytes ? (size_t)bytes : 1))) {
         rc = wl_fail("upload: out of memory for %lld bytes of packed weights", bytes);
     } else {
-        rc = layout(m, m->host_block, COPY_HOST) < 0 ? -1 : 0;
+        rc = layout(m, m->host_block, COPY_HOST, NULL) < 0 ? -1 : 0;
     }
     pthread_mutex_unlock(&host_pack_lock);
     return rc;

@@ -415,11 +415,15 @@ static int run_server(server *srv)
     signal(SIGPIPE, SIG_IGN);
     if (wl_model_open(&srv->model, srv->dir))
         goto out;
+    wl_show_load_on(&srv->model, "weights");
     snprintf(path, sizeof path, "%s/tokenizer.json", srv->dir);
     if (wl_tokenizer_load(&srv->tk, path))
         goto out;
-    if (srv->draft_dir && wl_draft_open(&srv->draft, srv->draft_dir, srv->tk))
-        goto out;
+    if (srv->draft_dir) {
+        if (wl_draft_open(&srv->draft, srv->draft_dir, srv->tk))
+            goto out;
+        wl_show_load_on(&srv->draft, "the draft's weights");
+    }
     if (wl_chat_load(&srv->chat, srv->dir)) {
         fprintf(stderr, "weft-llm serve: no chat completions: %s\n", wl_error());
         srv->chat = NULL;

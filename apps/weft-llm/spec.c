@@ -51,8 +51,8 @@ int wl_spec_accept(wl_sampler *s, const float *rows, int vocab, const int32_t *d
     for (int i = 0; i < n_draft; i++) {
         int accepted;
         const float *q = q_rows ? q_rows + (size_t)i * q_vocab : NULL;
-        out[i] = wl_sample_draft(s, rows + (size_t)i * vocab, vocab, draft[i], q, q_vocab,
-                                 &accepted);
+        out[i] =
+            wl_sample_draft(s, rows + (size_t)i * vocab, vocab, draft[i], q, q_vocab, &accepted);
         if (!accepted)
             return i + 1; /* the correction ends the round */
     }

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "llm.h"
 
@@ -296,4 +297,27 @@ size_t wl_utf8_complete(const char *s, size_t n)
         i += l > 0 ? (size_t)l : 1;
     }
     return n;
+}
+
+void wl_show_load(void *ctx, size_t done, size_t total)
+{
+    enum { WIDTH = 30 };
+    char bar[WIDTH + 1];
+    int filled = total ? (int)((double)done / total * WIDTH) : WIDTH;
+    for (int i = 0; i < WIDTH; i++)
+        bar[i] = i < filled ? '#' : ' ';
+    bar[WIDTH] = 0;
+    double unit = total >= 1e9 ? 1e9 : 1e6;
+    fprintf(stderr, "\rweft-llm: loading %s [%s] %3d%% (%.2f of %.2f %s)%s", (const char *)ctx, bar,
+            total ? (int)(100.0 * done / total) : 100, done / unit, total / unit,
+            unit == 1e9 ? "GB" : "MB", done == total ? "\n" : "");
+    fflush(stderr);
+}
+
+void wl_show_load_on(wl_model *m, const char *what)
+{
+    if (isatty(STDERR_FILENO)) {
+        m->on_load = wl_show_load;
+        m->load_ctx = (void *)what;
+    }
 }

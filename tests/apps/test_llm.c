@@ -895,6 +895,58 @@ static void expect_cli_error(const char *args, int status, const char *message)
     free(err);
 }
 
+/* An engine's start uploads its model and tells on_load how far it is:
+ * on the host backend once, with the packed weights' bytes (q|k|v and
+ * gate|up of both layers); the last call says done. `generate` with
+ * stderr not a terminal draws no bar. */
+typedef struct load_calls {
+    int n;
+    size_t done, total;
+} load_calls;
+
+static void record_load(void *ctx, size_t done, size_t total)
+{
+    load_calls *l = ctx;
+    assert_true(done >= l->done && done <= total); /* only forward */
+    l->n++;
+    l->done = done;
+    l->total = total;
+}
+
+static void test_upload_reports_its_progress(void **state)
+{
+    (void)state;
+    wl_model m;
+    assert_int_equal(wl_model_open(&m, model_dir), 0);
+    load_calls calls = {0};
+    m.on_load = record_load;
+    m.load_ctx = &calls;
+    weft_runtime *rt;
+    weft_config cfg = WEFT_CONFIG_INIT;
+    cfg.backend = WEFT_BACKEND_HOST;
+    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
+    wl_engine e;
+    if (wl_engine_start(&e, rt, &m, 4, 1, 64))
+        fail_msg("%s", wl_error());
+    assert_int_equal(wl_engine_stop(&e), 0);
+    assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
+    const wl_config *c = &m.cfg;
+    size_t per_layer = (size_t)c->hidden *
+                       ((size_t)(c->heads + 2 * c->kv_heads) * c->head_dim + 2 * c->intermediate) *
+                       2;
+    printf("  on_load: %d calls, %zu of %zu bytes\n", calls.n, calls.done, calls.total);
+    assert_int_equal(calls.n, 1);
+    assert_true(calls.done == calls.total && calls.total >= per_layer * (size_t)c->layers);
+    wl_model_close(&m);
+    char cmd[1024], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s generate %s --prompt-ids 1,2,3 --max-tokens 2 --backend host",
+             WL_BIN, model_dir);
+    assert_int_equal(run_capture(cmd, &out, &err), 0);
+    assert_null(strstr(err, "loading weights"));
+    free(out);
+    free(err);
+}
+
 /* weft-llm bench on the tiny model: every figure's BENCH line (8 prompts in
  * one mixed step too), positive;
  * a bad list is a usage error. */
@@ -976,6 +1028,7 @@ int main(void)
         cmocka_unit_test(test_cli_bench),
         cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_cli_penalties),
+        cmocka_unit_test(test_upload_reports_its_progress),
         cmocka_unit_test(test_cli_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
