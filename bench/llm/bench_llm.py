@@ -16,7 +16,8 @@ peer.
            decode steps at batches 1..128 with their rooflines (BENCH lines)
   spec     weft-llm generate on a phrase repeated 20 times, plain and with
            --speculate K: decode tokens/s, acceptance, and the ids compared
-           (a parting is checked for a near tie with --print-top)
+           (a parting is checked for a near tie with --print-top); and with
+           the model as its own draft (--draft), the cost of a draft model
   serve    weft-llm serve on the 1b model; weft-llm loadgen at rising
            Poisson rates and then all at once (saturation), prompts of
            128-2048 tokens (the loadgen's words scaled by the tokens a word
@@ -387,6 +388,21 @@ def stage_spec(run, data, preset, path):
             preset, K, got["tokens_per_s"], plain["tokens_per_s"],
             "same ids" if lf.first_parting(plain["ids"], got["ids"]) is None else
             "ids part at %d" % lf.first_parting(plain["ids"], got["ids"])))
+    # the model drafting for itself (its files opened a second time): every
+    # draft accepted, each round K draft steps and one verify pass for K + 1
+    # tokens, so its rate against plain decoding's is the cost of the draft
+    # model's machinery (1.0 would be none)
+    K = run.args.spec_k[0]
+    got, err = generate(run, "generate-%s-self-draft" % preset, path,
+                        ["--speculate", str(K), "--draft", path])
+    if err:
+        spec["self_draft_error"] = err
+        run.fail(err)
+    else:
+        spec["self_draft"] = dict(got, k=K)
+        parted |= lf.first_parting(plain["ids"], got["ids"]) is not None
+        run.say("%s: drafting for itself, %d a round: %.1f tokens/s against %.1f plain" % (
+            preset, K, got["tokens_per_s"], plain["tokens_per_s"]))
     if parted:  # the plain run again, with each step's top two logits
         top, err = generate(run, "generate-%s-plain-top" % preset, path, ["--print-top"])
         if err:

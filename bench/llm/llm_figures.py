@@ -531,6 +531,19 @@ def _spec_rows(rep, p, m, plan):
                 ag["agreed"], "tokens", config=p, detail=same,
                 targets=[(keys[1], "every id of plain greedy decoding, up to a near tie", ">=",
                           needed)])
+    own = spec.get("self_draft")
+    if plain and own:
+        sp = own.get("spec") or {}
+        ag = agreement(plain["ids"], own["ids"], spec.get("plain_top"))
+        rep.add("speculative decoding, the model drafting for itself, drafts of %d" % own["k"],
+                "decode tokens/s", own["tokens_per_s"], "tokens/s", config=p,
+                detail="acceptance %.1f%% (%s of %s drafted), %.2f tokens a round; each round "
+                "%d draft steps and one verify pass, so against plain decoding this is the draft "
+                "machinery's cost (1.0x: none); ids %s" % (
+                    sp.get("accepted_pct", math.nan), sp.get("accepted"), sp.get("proposed"),
+                    sp.get("per_round", math.nan), own["k"],
+                    "identical" if ag["identical"] else "part at token %s" % ag["parted_at"]),
+                peer="plain greedy decode (batch 1), same prompt", peer_value=plain["tokens_per_s"])
 
 
 def _serve_rows(rep, sv, plan, shapes, torch_copy):

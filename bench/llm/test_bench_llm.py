@@ -199,6 +199,14 @@ def test_loadgen_metrics_proc():
     check(lf.median([3, 1, 2]) == 2 and lf.median([4, 1, 2, 3]) == 2.5, "median")
 
 
+SELF_DRAFT_SPEC = {"rounds": 10, "proposed": 40, "accepted": 40, "accepted_pct": 100.0,
+                   "per_round": 5.0}
+
+
+def plain_rate(data):
+    return data["models"]["1b"]["spec"]["plain"]["tokens_per_s"]
+
+
 def run_data():
     """A run's data: 1b measured (its batch 1 missing the roofline, its
     batch 32 meeting it), 8b's bench missing, serving at one rate and at
@@ -220,7 +228,9 @@ def run_data():
                                            "new_tokens": 128, "prefill_ms": 30.0},
                                     "B32": {"error": "compile failed"}}},
                    "spec": {"plain": plain, "plain_top": {1: (1.28, 0.0)},
-                            "runs": {4: fast, 8: slow}, "errors": {}}},
+                            "runs": {4: fast, 8: slow}, "errors": {},
+                            "self_draft": dict(copy.deepcopy(plain), k=4,
+                                               spec=SELF_DRAFT_SPEC)}},
             "8b": {"bench_error": "weft-llm bench 8b: exit status 1: out of memory"},
         },
         "serve": {"model": "1b", "copy_gbs": 12.7, "prefill_ms": {128: 10.0, 512: 40.0},
@@ -272,6 +282,10 @@ def test_report():
             results.validate(r, "row %d" % i)
         except results.Bad as e:
             check(False, "report: %s" % e)
+    own = [r for r in rows if r["case"].startswith("speculative decoding, the model drafting")]
+    check(len(own) == 1 and own[0]["peer_value"] == plain_rate(data) and not own[0].get("targets")
+          and "acceptance 100.0%" in own[0]["detail"] and "ids identical" in own[0]["detail"],
+          "report: the self-drafting run beside plain decoding, no target: %s" % own)
     b32 = [r for r in rows if r["case"] == "decode step, batch 32" and r.get("config") == "1b"]
     check(len(b32) == 1 and "at 13 GB/s" in b32[0]["detail"] and
           "roofline 8.792 ms" in b32[0]["detail"],
