@@ -490,6 +490,26 @@ typedef struct weft_matmul_desc {
 int weft_matmul(void *stream, const weft_matmul_desc *desc, void *d, const void *a, const void *b,
                 const void *c);
 
+/* FP8 rows with a scale each, as weft_matmul's FP8 operands with
+ * WEFT_MATMUL_SCALE_OUTER take them (dynamic per-token quantization of
+ * activations, or per-channel of a Linear weight stored n x k): for each of
+ * rows rows of cols elements (in: fp32, bf16 or fp16, rows in_stride
+ * apart; out: out_type, E4M3 or E5M2, rows out_stride apart),
+ *   amax_r = max_j |in[r][j]|,  scales[r] = max(amax_r / F, FLT_MIN),
+ *   out[r][j] = fp8(in[r][j] / scales[r])
+ * with F the type's largest finite value (448 for E4M3, 57344 for E5M2),
+ * the division IEEE's and fp8() rounding to nearest even and saturating
+ * (as weft_matmul's fp8 D), so the row's largest element maps to F and
+ * scales[r] * out[r][j] is in[r][j] to the type's precision. A row of
+ * zeros gets zeros and scale FLT_MIN. NaN: a NaN element stays NaN and
+ * does not count toward amax; an Inf makes amax and the scale Inf, so the
+ * row's finite elements become 0 and its infinities NaN. scales is fp32
+ * (device memory with a stream); out must not overlap in. Exactly the same
+ * bytes on every backend (a NaN's sign aside). */
+int weft_quantize_fp8(void *stream, weft_dtype out_type, void *out, float *scales,
+                      weft_dtype in_type, const void *in, size_t rows, size_t cols,
+                      size_t in_stride, size_t out_stride);
+
 /* ---- mixture of experts ------------------------------------------------ */
 
 /* The router's score of a logit x. */
