@@ -519,6 +519,22 @@ static void run_pair(weft_runtime *rt, const gen_run *base, gen_run *plain, gen_
     generate(rt, spec);
 }
 
+/* A generation's record with room for its logits, and its end. */
+static gen_run *new_run(void)
+{
+    gen_run *r = calloc(1, sizeof *r);
+    assert_non_null(r);
+    r->logits = malloc(sizeof(float) * MAXT * V);
+    assert_non_null(r->logits);
+    return r;
+}
+
+static void free_run(gen_run *r)
+{
+    free(r->logits);
+    free(r);
+}
+
 static void top_two(const float *l, int *a, int *b)
 {
     *a = 0;
@@ -606,9 +622,7 @@ static void test_greedy_matches_plain(void **state)
     wl_engine e;
     if (wl_engine_start(&e, rt, &m, 8, 1, 128))
         fail_msg("engine: %s", wl_error());
-    gen_run *plain = calloc(1, sizeof *plain), *spec = calloc(1, sizeof *spec);
-    plain->logits = malloc(sizeof(float) * MAXT * V);
-    spec->logits = malloc(sizeof(float) * MAXT * V);
+    gen_run *plain = new_run(), *spec = new_run();
     const int lengths[] = {1, 2, 3, 5, 8, 13, 50};
     long accepted_repetitive = 0;
     for (int p = 0; p < 2; p++) {
@@ -671,10 +685,8 @@ static void test_greedy_matches_plain(void **state)
     assert_int_equal(wl_engine_stop(&e), 0);
     assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
     wl_model_close(&m);
-    free(plain->logits);
-    free(spec->logits);
-    free(plain);
-    free(spec);
+    free_run(plain);
+    free_run(spec);
 }
 
 /* ---- a draft model -------------------------------------------------------------- */
@@ -738,9 +750,7 @@ static void test_draft_model_drafting_for_itself(void **state)
     distinct_prompt(prompt, NP);
     drafted d;
     drafted_start(&d, model_dir, 1);
-    gen_run *plain = calloc(1, sizeof *plain), *spec = calloc(1, sizeof *spec);
-    plain->logits = malloc(sizeof(float) * MAXT * V);
-    spec->logits = malloc(sizeof(float) * MAXT * V);
+    gen_run *plain = new_run(), *spec = new_run();
     long proposed = 0, accepted = 0;
     const int lengths[] = {1, 2, 3, 4, 5, 6, 19, 50};
     for (size_t li = 0; li < sizeof lengths / sizeof *lengths; li++) {
@@ -803,10 +813,8 @@ static void test_draft_model_drafting_for_itself(void **state)
     assert_true(once->st.accepted >= once->st.proposed / 2);
     assert_true(memcmp(once->ids, other->ids, 60 * sizeof *once->ids) != 0);
     drafted_stop(&d);
-    free(plain->logits);
-    free(spec->logits);
-    free(plain);
-    free(spec);
+    free_run(plain);
+    free_run(spec);
     free(once);
     free(again);
     free(other);
@@ -827,9 +835,7 @@ static void test_draft_model_of_other_weights(void **state)
         fail_msg("%s", wl_error());
     drafted d;
     drafted_start(&d, other_dir, 1);
-    gen_run *plain = calloc(1, sizeof *plain), *spec = calloc(1, sizeof *spec);
-    plain->logits = malloc(sizeof(float) * MAXT * V);
-    spec->logits = malloc(sizeof(float) * MAXT * V);
+    gen_run *plain = new_run(), *spec = new_run();
     gen_run base = {.e = &d.e,
                     .prompt = prompt,
                     .n_prompt = NP,
@@ -840,10 +846,8 @@ static void test_draft_model_of_other_weights(void **state)
     compare_runs("another model's draft", plain, spec);
     assert_int_equal(spec->n, 50);
     drafted_stop(&d);
-    free(plain->logits);
-    free(spec->logits);
-    free(plain);
-    free(spec);
+    free_run(plain);
+    free_run(spec);
     free(other_dir);
 }
 
@@ -858,9 +862,7 @@ static void test_draft_model_near_twin(void **state)
     int32_t prompt[NP];
     drafted d;
     drafted_start(&d, model_dir, 0.05);
-    gen_run *plain = calloc(1, sizeof *plain), *spec = calloc(1, sizeof *spec);
-    plain->logits = malloc(sizeof(float) * MAXT * V);
-    spec->logits = malloc(sizeof(float) * MAXT * V);
+    gen_run *plain = new_run(), *spec = new_run();
     long proposed = 0, accepted = 0;
     for (int p = 0; p < 6; p++) {
         uint64_t st = seed + 77 * p;
@@ -880,10 +882,8 @@ static void test_draft_model_near_twin(void **state)
     printf("  near twin: %ld of %ld accepted\n", accepted, proposed);
     assert_true(accepted >= proposed / 2);
     drafted_stop(&d);
-    free(plain->logits);
-    free(spec->logits);
-    free(plain);
-    free(spec);
+    free_run(plain);
+    free_run(spec);
 }
 
 /* A generation that asks for a draft the engine lacks, with n-grams too,

@@ -19,6 +19,8 @@
 
 #include "ops/argmax_ref.h" /* am_next, am_setup: the seed */
 #include "ops/ops_internal.h"
+#include "weft.h"
+#include "weft/ops.h"
 
 typedef enum qz_kind {
     QZ_RANDOM, /* normal values times 10^e, e per row, within the input type's range */
@@ -148,6 +150,26 @@ static inline int qz_check(const char *what, weft_dtype out_type, weft_dtype in_
         }
     }
     return 0;
+}
+
+/* On a task's stream: a softmax writes in (4 rows of 100 fp32), the
+ * quantization reads it after it in stream order. */
+typedef struct qz_chain {
+    float *in, *scales;
+    uint8_t *out;
+    int rc;
+} qz_chain;
+
+static inline void *qz_chain_task(void *arg)
+{
+    qz_chain *c = (qz_chain *)arg;
+    c->rc = weft_softmax(WEFT_TASK_STREAM, WEFT_DTYPE_F32, c->in, c->in, 4, 100, 100, NULL);
+    if (c->rc == WEFT_OK)
+        c->rc = weft_quantize_fp8(WEFT_TASK_STREAM, WEFT_DTYPE_F8_E4M3, c->out, c->scales,
+                                  WEFT_DTYPE_F32, c->in, 4, 100, 100, 100);
+    if (c->rc == WEFT_OK)
+        c->rc = weft_await();
+    return NULL;
 }
 
 #endif

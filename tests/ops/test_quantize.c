@@ -134,26 +134,8 @@ static void test_feeds_an_fp8_matmul(void **state)
     free(x), free(w), free(xq), free(wq), free(d), free(d_raw);
 }
 
-typedef struct chain {
-    float *in, *scales;
-    uint8_t *out;
-    int rc;
-} chain;
-
-/* Inside a task, on its stream: a softmax writes the input, the
- * quantization reads it after it in stream order. */
-static void *chain_task(void *arg)
-{
-    chain *c = arg;
-    c->rc = weft_softmax(WEFT_TASK_STREAM, WEFT_DTYPE_F32, c->in, c->in, 4, 100, 100, NULL);
-    if (c->rc == WEFT_OK)
-        c->rc = weft_quantize_fp8(WEFT_TASK_STREAM, WEFT_DTYPE_F8_E4M3, c->out, c->scales,
-                                  WEFT_DTYPE_F32, c->in, 4, 100, 100, 100);
-    if (c->rc == WEFT_OK)
-        c->rc = weft_await();
-    return NULL;
-}
-
+/* qz_chain_task on the host backend: the softmax ran first, so every
+ * row's largest, its last, became 448. */
 static void test_on_a_tasks_stream(void **state)
 {
     (void)state;
@@ -161,11 +143,11 @@ static void test_on_a_tasks_stream(void **state)
     weft_config cfg = WEFT_CONFIG_INIT;
     cfg.backend = WEFT_BACKEND_HOST;
     assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
-    chain c = {malloc(400 * 4), malloc(4 * 4), malloc(400), 0};
+    qz_chain c = {malloc(400 * 4), malloc(4 * 4), malloc(400), 0};
     for (int i = 0; i < 400; i++)
         c.in[i] = (float)(i % 100) * 0.05f;
     weft_task *t;
-    assert_int_equal(weft_spawn(rt, &t, chain_task, &c, NULL), WEFT_OK);
+    assert_int_equal(weft_spawn(rt, &t, qz_chain_task, &c, NULL), WEFT_OK);
     assert_int_equal(weft_join(t, NULL), WEFT_OK);
     assert_int_equal(c.rc, WEFT_OK);
     /* the softmax ran first: every row's largest is its last, e^4.95 / sum */

@@ -89,24 +89,6 @@ static void test_every_type_kind_and_size_equals_the_host(void **state)
         fail_msg("%u cases failed (each listed above)", failed_cases);
 }
 
-typedef struct chain {
-    float *in, *scales;
-    uint8_t *out;
-    int rc;
-} chain;
-
-static void *chain_task(void *arg)
-{
-    chain *c = arg;
-    c->rc = weft_softmax(WEFT_TASK_STREAM, WEFT_DTYPE_F32, c->in, c->in, 4, 100, 100, NULL);
-    if (c->rc == WEFT_OK)
-        c->rc = weft_quantize_fp8(WEFT_TASK_STREAM, WEFT_DTYPE_F8_E4M3, c->out, c->scales,
-                                  WEFT_DTYPE_F32, c->in, 4, 100, 100, 100);
-    if (c->rc == WEFT_OK)
-        c->rc = weft_await();
-    return NULL;
-}
-
 /* On a task's stream, after the softmax that writes its input: every
  * row's largest (its last) is 448 and its scale that value over 448. */
 static void test_on_a_tasks_stream_after_its_softmax(void **state)
@@ -115,9 +97,9 @@ static void test_on_a_tasks_stream_after_its_softmax(void **state)
     float host[400];
     for (int i = 0; i < 400; i++)
         host[i] = (float)(i % 100) * 0.05f;
-    chain c = {gt_upload(host, sizeof host), gt_upload(NULL, 16), gt_upload(NULL, 400), 0};
+    qz_chain c = {gt_upload(host, sizeof host), gt_upload(NULL, 16), gt_upload(NULL, 400), 0};
     weft_task *t;
-    assert_int_equal(weft_spawn(runtime, &t, chain_task, &c, NULL), WEFT_OK);
+    assert_int_equal(weft_spawn(runtime, &t, qz_chain_task, &c, NULL), WEFT_OK);
     assert_int_equal(weft_join(t, NULL), WEFT_OK);
     assert_int_equal(c.rc, WEFT_OK);
     float *probs = gt_download(c.in, sizeof host), *scales = gt_download(c.scales, 16);
