@@ -34,6 +34,15 @@
  * its prefill it decodes alone in its task (speculate), not through the
  * batcher: a round runs several tokens of one sequence, which a batch step
  * (one token of each member) does not take. It is the batch-1 latency path.
+ * Its drafts come from n-grams of its text or from the engine's draft model
+ * (wl_engine_set_draft), which decodes them in a sequence of its own, in
+ * a cache of its own with the target's page count: a draft sequence holds
+ * fewer tokens than its generation reserved in the target's cache, and
+ * only speculative generations have one, so the draft's pages never run
+ * out before the target's reservations do.
+ *
+ * Admission wakes only the queue's head (a condition variable a waiter),
+ * so a thousand queued requests cost no more than one when pages come back.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -626,27 +626,46 @@ int wl_copy_add(wl_copy_list *l, void *dst, const void *src, size_t bytes)
     return 0;
 }
 
-/* One task's run of the list, each copy awaited and counted in done. */
-typedef struct upload_part {
-    const wl_copy *copies;
-    size_t n;
-    _Atomic size_t *done;
-    int failed;
+/* The state an upload shares with its copying tasks, on the heap: each
+ * holds a reference, so a task left to finish on its own (its uploader
+ * cancelled) never reads freed memory; the last one out frees it. */
+typedef struct upload {
+    wl_copy *copies;                /* the list's, copied */
+    size_t parts[UPLOAD_TASKS + 1]; /* part i: copies [parts[i], parts[i + 1]) */
+    _Atomic size_t done;            /* bytes copied */
+    _Atomic int refs, failed;
     char message[512];
+} upload;
+
+typedef struct upload_part {
+    upload *u;
+    int i;
 } upload_part;
 
+static void upload_drop(upload *u)
+{
+    if (atomic_fetch_sub(&u->refs, 1) == 1) {
+        free(u->copies);
+        free(u);
+    }
+}
+
+/* Part i of the list, each copy awaited and counted in done. */
 static void *upload_part_task(void *arg)
 {
-    upload_part *u = arg;
-    for (size_t i = 0; i < u->n; i++) {
+    upload_part *p = arg;
+    upload *u = p->u;
+    for (size_t i = u->parts[p->i]; i < u->parts[p->i + 1] && !atomic_load(&u->failed); i++) {
         const wl_copy *c = &u->copies[i];
         if (weft_memcpy_async(c->dst, c->src, c->bytes) != WEFT_OK || weft_await() != WEFT_OK) {
-            snprintf(u->message, sizeof u->message, "upload: %s", weft_last_error());
-            u->failed = 1;
+            if (!atomic_exchange(&u->failed, 1))
+                snprintf(u->message, sizeof u->message, "upload: %s", weft_last_error());
             break;
         }
-        atomic_fetch_add(u->done, c->bytes);
+        atomic_fetch_add(&u->done, c->bytes);
     }
+    free(p);
+    upload_drop(u);
     return NULL;
 }
 
@@ -655,41 +674,70 @@ static void *upload_part_task(void *arg)
  * the copies made on several threads, while this task hands the progress
  * to m's on_load every 100 ms. The tasks go to the least loaded device
  * (weft has no call for the caller's); a copy to another GPU's memory is
- * made all the same, through the runtime's unified addressing. */
-static int copy_all(wl_model *m, const wl_copy_list *l)
+ * made all the same, through the runtime's unified addressing. The
+ * uploading task is not to be cancelled (the engine's setup task never
+ * is): if it is, its copying tasks are cancelled and left to end on their
+ * own, and copies they had under way may still land in the device block. */
+int wl_copy_all(wl_model *m, const wl_copy_list *l)
 {
-    upload_part parts[UPLOAD_TASKS] = {{0}};
     weft_task *tasks[UPLOAD_TASKS];
-    _Atomic size_t done = 0;
     int spawned = 0, rc = 0;
+    upload *u = calloc(1, sizeof *u);
+    if (!u || !(u->copies = malloc((l->n ? l->n : 1) * sizeof *u->copies))) {
+        free(u);
+        return wl_fail("upload: out of memory");
+    }
+    memcpy(u->copies, l->at, l->n * sizeof *u->copies);
+    atomic_init(&u->refs, 1);
     weft_task_opts opts = WEFT_TASK_OPTS_INIT;
     opts.name = "upload";
     for (size_t from = 0, acc = 0; from < l->n && spawned < UPLOAD_TASKS; spawned++) {
-        upload_part *u = &parts[spawned];
         size_t goal = l->bytes / UPLOAD_TASKS * (size_t)(spawned + 1), to = from;
         while (to < l->n && (to == from || acc < goal || spawned == UPLOAD_TASKS - 1))
             acc += l->at[to++].bytes;
-        *u = (upload_part){.copies = l->at + from, .n = to - from, .done = &done};
+        u->parts[spawned] = from;
+        u->parts[spawned + 1] = to;
         from = to;
-        if (weft_spawn(weft_runtime_current(), &tasks[spawned], upload_part_task, u, &opts) !=
+        upload_part *p = malloc(sizeof *p);
+        if (!p) {
+            rc = wl_fail("upload: out of memory");
+            break;
+        }
+        *p = (upload_part){u, spawned};
+        atomic_fetch_add(&u->refs, 1);
+        if (weft_spawn(weft_runtime_current(), &tasks[spawned], upload_part_task, p, &opts) !=
             WEFT_OK) {
+            atomic_fetch_sub(&u->refs, 1);
+            free(p);
             rc = wl_fail("upload: a copying task: %s", weft_last_error());
             break;
         }
     }
+    if (rc)
+        atomic_store(&u->failed, 1); /* the others stop at their next copy */
     for (int i = 0; i < spawned; i++) {
         int jr;
         while ((jr = weft_join_until(tasks[i], NULL, weft_deadline_in_ns(100 * 1000000ull))) ==
                WEFT_ETIMEDOUT)
             if (m->on_load)
-                m->on_load(m->load_ctx, atomic_load(&done), l->bytes);
+                m->on_load(m->load_ctx, atomic_load(&u->done), l->bytes);
+        if (jr == WEFT_ECANCELED) { /* this task's: the copying tasks end on their own */
+            atomic_store(&u->failed, 1);
+            for (int j = i; j < spawned; j++) {
+                weft_cancel(tasks[j]);
+                weft_detach(tasks[j]);
+            }
+            rc = wl_fail("upload: cancelled");
+            break;
+        }
         if (jr != WEFT_OK && !rc)
             rc = wl_fail("upload: a copying task: %s", weft_last_error());
-        if (parts[i].failed && !rc)
-            rc = wl_fail("%s", parts[i].message);
     }
+    if (!rc && atomic_load(&u->failed))
+        rc = wl_fail("%s", u->message);
     if (!rc && m->on_load)
         m->on_load(m->load_ctx, l->bytes, l->bytes);
+    upload_drop(u);
     return rc;
 }
 
@@ -740,7 +788,7 @@ int wl_model_upload(wl_model *m)
         *slot[i] = block + off;
         off += (bytes[i] + 255) / 256 * 256;
     }
-    if (wl_pack_list(m, block + packed_at, &list) || copy_all(m, &list))
+    if (wl_pack_list(m, block + packed_at, &list) || wl_copy_all(m, &list))
         goto out;
     if (m->cfg.tie_embeddings)
         m->lm_head = m->embed;

@@ -100,7 +100,12 @@ typedef struct wl_copy_list {
     size_t n, cap;
     size_t bytes; /* of every copy */
 } wl_copy_list;
-int wl_copy_add(wl_copy_list *l, void *dst, const void *src, size_t bytes); /* -1: out of memory */
+/* Appends a copy, cut into pieces of at most 64 MiB; -1: out of memory. */
+int wl_copy_add(wl_copy_list *l, void *dst, const void *src, size_t bytes);
+/* Task only (not to be cancelled): makes l's copies by up to four tasks at
+ * once, each a run of about equal bytes, telling m's on_load how far it is
+ * every 100 ms and once done. wl_model_upload's; on either backend. */
+int wl_copy_all(wl_model *m, const wl_copy_list *l);
 
 /* The bytes of m's packed weights (-1: out of memory), and the packing into
  * dst (that many bytes of device memory): every layer's qkv, qkv_bias, gu,

@@ -16,6 +16,7 @@
 
 #include <jansson.h>
 
+#include "forward_impl.h" /* wl_copy_all */
 #include "llm_test.h"
 #include "llm_ref.h"
 
@@ -947,6 +948,94 @@ static void test_upload_reports_its_progress(void **state)
     free(err);
 }
 
+/* wl_copy_all, the GPU upload's copier, on the host backend: 300 copies
+ * of 1 to 20000 bytes from their own buffers into one destination, made by
+ * its four tasks: every byte lands where the list says, the progress only
+ * moves forward and ends done; a byte left over by four equal shares is
+ * copied too; 0 copies is done at once. */
+typedef struct copier_job {
+    wl_model *m;
+    wl_copy_list *l;
+    int rc;
+    char message[512];
+} copier_job;
+
+static void *copier_task(void *arg)
+{
+    copier_job *j = arg;
+    j->rc = wl_copy_all(j->m, j->l);
+    snprintf(j->message, sizeof j->message, "%s", j->rc ? wl_error() : "");
+    return NULL;
+}
+
+static void test_upload_copies_by_several_tasks(void **state)
+{
+    (void)state;
+    enum { COPIES = 300 };
+    uint64_t st = seed ^ 0xc0b1;
+    size_t total = 0, sizes[COPIES];
+    for (int i = 0; i < COPIES; i++)
+        total += sizes[i] = 1 + (size_t)(wl_rand_next(&st) % 20000);
+    unsigned char *dst = calloc(total, 1), *src = malloc(total);
+    for (size_t i = 0; i < total; i++)
+        src[i] = (unsigned char)wl_rand_next(&st);
+    /* copy i goes to the place of copy COPIES - 1 - i: every copy moves */
+    wl_copy_list l = {0};
+    size_t *at = malloc(COPIES * sizeof *at), off = 0;
+    for (int i = 0; i < COPIES; i++)
+        at[i] = off, off += sizes[i];
+    for (int i = 0, put = 0; i < COPIES; put += (int)sizes[COPIES - 1 - i], i++)
+        assert_int_equal(
+            wl_copy_add(&l, dst + put, src + at[COPIES - 1 - i], sizes[COPIES - 1 - i]), 0);
+    assert_int_equal(l.n, COPIES);
+    assert_int_equal(l.bytes, total);
+    wl_model m = {0};
+    load_calls calls = {0};
+    m.on_load = record_load;
+    m.load_ctx = &calls;
+    weft_runtime *rt;
+    weft_config cfg = WEFT_CONFIG_INIT;
+    cfg.backend = WEFT_BACKEND_HOST;
+    cfg.workers = 2;
+    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
+    copier_job job = {&m, &l, -1, ""};
+    weft_task *t;
+    assert_int_equal(weft_spawn(rt, &t, copier_task, &job, NULL), WEFT_OK);
+    assert_int_equal(weft_join(t, NULL), WEFT_OK);
+    if (job.rc)
+        fail_msg("%s", job.message);
+    for (int i = 0, put = 0; i < COPIES; put += (int)sizes[COPIES - 1 - i], i++)
+        assert_memory_equal(dst + put, src + at[COPIES - 1 - i], sizes[COPIES - 1 - i]);
+    printf("  %d copies, %zu bytes: on_load %d calls, the last %zu of %zu\n", COPIES, total,
+           calls.n, calls.done, calls.total);
+    assert_true(calls.n >= 1 && calls.done == total && calls.total == total);
+    /* 4 x 5 bytes and 1: the last part takes the byte the others' equal
+     * shares leave over */
+    unsigned char small[21], small_dst[21] = {0};
+    wl_copy_list five = {0};
+    for (int i = 0; i < 21; i++)
+        small[i] = (unsigned char)(i + 1);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(wl_copy_add(&five, small_dst + 5 * i, small + 5 * i, i < 4 ? 5 : 1), 0);
+    job = (copier_job){&m, &five, -1, ""};
+    calls = (load_calls){0};
+    assert_int_equal(weft_spawn(rt, &t, copier_task, &job, NULL), WEFT_OK);
+    assert_int_equal(weft_join(t, NULL), WEFT_OK);
+    assert_int_equal(job.rc, 0);
+    assert_memory_equal(small_dst, small, 21);
+    free(five.at);
+    wl_copy_list empty = {0};
+    load_calls none = {0};
+    m.load_ctx = &none;
+    job = (copier_job){&m, &empty, -1, ""};
+    assert_int_equal(weft_spawn(rt, &t, copier_task, &job, NULL), WEFT_OK);
+    assert_int_equal(weft_join(t, NULL), WEFT_OK);
+    assert_int_equal(job.rc, 0);
+    assert_true(none.n == 1 && none.done == 0 && none.total == 0);
+    assert_int_equal(weft_runtime_destroy(rt), WEFT_OK);
+    free(l.at), free(at), free(dst), free(src);
+}
+
 /* weft-llm bench on the tiny model: every figure's BENCH line (8 prompts in
  * one mixed step too), positive;
  * a bad list is a usage error. */
@@ -1029,6 +1118,7 @@ int main(void)
         cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_cli_penalties),
         cmocka_unit_test(test_upload_reports_its_progress),
+        cmocka_unit_test(test_upload_copies_by_several_tasks),
         cmocka_unit_test(test_cli_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
