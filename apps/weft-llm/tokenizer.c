@@ -595,9 +595,11 @@ int wl_tokenizers_agree(const wl_tokenizer *a, const wl_tokenizer *b)
 {
     if (a->size != b->size)
         return wl_fail("their vocabularies differ: %zu and %zu tokens", a->size, b->size);
+    if (a->sp != b->sp)
+        return wl_fail("one is SentencePiece-style BPE, the other byte-level BPE");
     for (size_t i = 0; i < a->size; i++) {
         const char *x = a->by_id[i] ? a->by_id[i] : "", *y = b->by_id[i] ? b->by_id[i] : "";
-        if (strcmp(x, y) || a->is_special[i] != b->is_special[i] || a->sp != b->sp)
+        if (strcmp(x, y) || a->is_special[i] != b->is_special[i])
             return wl_fail("token %zu differs (\"%s\" and \"%s\")", i, x, y);
     }
     return 0;
