@@ -75,6 +75,7 @@ struct wl_batch {
      * each sequence's last row */
     int32_t *row_seqs, *cu_rows, *last_rows;
     int32_t *row_ids; /* 0, 1, ...: Qwen3's q/k norms' gathers */
+    wl_fp8_in fp8;    /* an FP8 model's projections' inputs */
     /* host memory: page-locked (weft_host_alloc) where a step copies it,
      * so that graph mode records the copies as they are */
     weft_runtime *rt;
@@ -141,7 +142,7 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     TRY(weft_malloc_async((void **)&b->sampling, B * sizeof *b->sampling));
     TRY(weft_malloc_async((void **)&b->picked, B * 4));
     TRY(weft_malloc_async((void **)&b->tokens, R * 4));
-    if (c->qk_norm && wl_row_ids(&b->row_ids, R))
+    if ((c->qk_norm && wl_row_ids(&b->row_ids, R)) || wl_fp8_in_create(&b->fp8, m, R))
         goto fail;
     if (c->experts && wl_moe_bufs_create(&b->moe, m, (int)R))
         goto fail;
@@ -201,6 +202,7 @@ void wl_batch_destroy(wl_batch *b)
         if (dev[i])
             weft_free_async(dev[i]);
     wl_moe_bufs_destroy(&b->moe);
+    wl_fp8_in_destroy(&b->fp8);
     weft_await();
     void *host[] = {b->pos_host,    b->table_host,  b->lens_host, b->logits_host, b->sampling_host,
                     b->picked_host, b->tokens_host, b->pen_host,  b->adjust_host, b->rows_host};
@@ -225,7 +227,8 @@ static int layer_batch(wl_batch *b, int li, int rows, int n, int mixed)
     float eps = (float)c->rms_eps;
     TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->h, NULL, b->x, NULL, L->attn_norm, eps, (size_t)rows,
                      H, H));
-    TRY(wl_linear(m, q, qkv_dim, b->h, H, L->qkv, qkv_dim, L->qkv_bias, NULL, rows, dt));
+    TRY(wl_project(m, &b->fp8, q, qkv_dim, b->h, H, L->qkv, L->qkv_scale, qkv_dim, L->qkv_bias,
+                   NULL, rows));
     if (c->qk_norm && wl_qk_norm(m, L, q, qkv_dim, rows, b->attn, b->row_ids))
         goto fail;
     TRY(wl_rope(m, q, qkv_dim, k, qkv_dim, rows, b->positions));
@@ -251,14 +254,14 @@ static int layer_batch(wl_batch *b, int li, int rows, int n, int mixed)
         TRY(weft_attention_decode(WEFT_TASK_STREAM, &cache, &d, b->attn, NULL, q, b->seq_lens,
                                   b->workspace, b->workspace_bytes));
     }
-    TRY(wl_linear(m, b->x, H, b->attn, b->q_dim, L->o, H, NULL, b->x, rows, dt));
+    TRY(wl_project(m, &b->fp8, b->x, H, b->attn, b->q_dim, L->o, L->o_scale, H, NULL, b->x, rows));
     TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->h, NULL, b->x, NULL, L->mlp_norm, eps, (size_t)rows,
                      H, H));
     if (L->moe)
         return wl_moe_mlp(m, &b->moe, li, b->x, b->h, rows);
-    TRY(wl_linear(m, b->gu, 2 * I, b->h, H, L->gu, 2 * I, NULL, NULL, rows, dt));
+    TRY(wl_project(m, &b->fp8, b->gu, 2 * I, b->h, H, L->gu, L->gu_scale, 2 * I, NULL, NULL, rows));
     TRY(weft_glu(WEFT_TASK_STREAM, dt, WEFT_GLU_SWIGLU, b->act, b->gu, (size_t)rows, I, 2 * I, I));
-    TRY(wl_linear(m, b->x, H, b->act, I, L->down, H, NULL, b->x, rows, dt));
+    TRY(wl_project(m, &b->fp8, b->x, H, b->act, I, L->down, L->down_scale, H, NULL, b->x, rows));
     return 0;
 fail:
     return -1;

@@ -222,6 +222,52 @@ static int parse_dtype_field(const char *path, json_t *root, wl_config *c)
     return 0;
 }
 
+/* quantization_config: none, or FP8 weights as llm-compressor writes them
+ * (compressed-tensors, "float-quantized"): one config group, 8-bit float
+ * weights with a scale per channel or per tensor, and 8-bit float input
+ * activations quantized dynamically per token, which is what the forward
+ * pass does. Anything else is refused naming what it is. */
+static int parse_quantization(const char *path, json_t *root, wl_config *c)
+{
+    json_t *q = json_object_get(root, "quantization_config");
+    if (!q || json_is_null(q))
+        return 0;
+    const char *method = json_string_value(json_object_get(q, "quant_method"));
+    const char *format = json_string_value(json_object_get(q, "format"));
+    if (!method || strcmp(method, "compressed-tensors") || !format ||
+        strcmp(format, "float-quantized"))
+        return wl_fail("%s: quantization_config (quant_method \"%s\", format \"%s\") is not one "
+                       "weft-llm runs: FP8 weights in compressed-tensors' float-quantized format",
+                       path, method ? method : "?", format ? format : "?");
+    json_t *groups = json_object_get(q, "config_groups");
+    if (!json_is_object(groups) || json_object_size(groups) != 1)
+        return wl_fail("%s: quantization_config needs exactly one config group", path);
+    json_t *g = json_object_iter_value(json_object_iter(groups));
+    json_t *w = json_object_get(g, "weights"), *a = json_object_get(g, "input_activations");
+    const char *wtype = json_string_value(json_object_get(w, "type"));
+    const char *strategy = json_string_value(json_object_get(w, "strategy"));
+    if (json_integer_value(json_object_get(w, "num_bits")) != 8 || !wtype ||
+        strcmp(wtype, "float") || !strategy ||
+        (strcmp(strategy, "channel") && strcmp(strategy, "tensor")))
+        return wl_fail("%s: quantization_config's weights are not 8-bit floats with a scale per "
+                       "channel or per tensor",
+                       path);
+    const char *atype = json_string_value(json_object_get(a, "type"));
+    const char *astrategy = json_string_value(json_object_get(a, "strategy"));
+    if (!json_is_true(json_object_get(a, "dynamic")) ||
+        json_integer_value(json_object_get(a, "num_bits")) != 8 || !atype ||
+        strcmp(atype, "float") || !astrategy || strcmp(astrategy, "token"))
+        return wl_fail("%s: quantization_config's input activations are not 8-bit floats "
+                       "quantized dynamically per token (static scales and weight-only FP8 are "
+                       "not supported)",
+                       path);
+    if (c->experts)
+        return wl_fail("%s: FP8 weights in a mixture of experts are not supported", path);
+    c->fp8 = 1;
+    c->fp8_tensor_scale = !strcmp(strategy, "tensor");
+    return 0;
+}
+
 static int parse(const char *path, json_t *root, wl_config *c)
 {
     json_t *mt = json_object_get(root, "model_type");
@@ -271,7 +317,8 @@ static int parse(const char *path, json_t *root, wl_config *c)
         if (get_int(path, root, "sliding_window", 0, 0, &c->sliding_window))
             return -1;
     if (parse_rope_scaling(path, root, c) || parse_token_ids(path, root, c) ||
-        parse_moe(path, root, c) || parse_dtype_field(path, root, c))
+        parse_moe(path, root, c) || parse_dtype_field(path, root, c) ||
+        parse_quantization(path, root, c))
         return -1;
     return 0;
 }

@@ -104,7 +104,7 @@ int wl_seq_create(wl_seq **out, const wl_model *m, wl_kv *kv, int max_tokens, in
     TRY(weft_malloc_async((void **)&s->seq_ids, T * 4));
     TRY(weft_malloc_async((void **)&s->table, (size_t)s->pages.max_pages * 4));
     TRY(weft_malloc_async((void **)&s->seq_len, 4));
-    if (c->qk_norm && wl_row_ids(&s->row_ids, T))
+    if ((c->qk_norm && wl_row_ids(&s->row_ids, T)) || wl_fp8_in_create(&s->fp8, m, T))
         goto fail;
     if (c->experts && wl_moe_bufs_create(&s->moe, m, max_step))
         goto fail;
@@ -136,6 +136,7 @@ void wl_seq_destroy(wl_seq *s)
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i])
             weft_free_async(dev[i]);
+    wl_fp8_in_destroy(&s->fp8);
     wl_moe_bufs_destroy(&s->moe);
     weft_await();
     wl_kv_seq_release(&s->pages); /* ended or cancelled: the pages go back */
@@ -263,6 +264,56 @@ int wl_linear(const wl_model *mod, void *d, size_t ldd, const void *a, size_t k,
     return weft_matmul(WEFT_TASK_STREAM, &desc, d, a, w, c);
 }
 
+int wl_fp8_in_create(wl_fp8_in *in, const wl_model *m, size_t rows)
+{
+    const wl_config *c = &m->cfg;
+    size_t widest = (size_t)c->hidden, q = (size_t)c->heads * c->head_dim;
+    widest = q > widest ? q : widest;
+    widest = (size_t)c->intermediate > widest ? (size_t)c->intermediate : widest;
+    memset(in, 0, sizeof *in);
+    if (!c->fp8)
+        return 0;
+    if (weft_malloc_async(&in->act, rows * widest) != WEFT_OK ||
+        weft_malloc_async((void **)&in->scales, rows * sizeof(float)) != WEFT_OK)
+        return wl_fail("FP8 inputs of %zu rows: %s", rows, weft_last_error());
+    return 0;
+}
+
+void wl_fp8_in_destroy(wl_fp8_in *in)
+{
+    if (in->act)
+        weft_free_async(in->act);
+    if (in->scales)
+        weft_free_async(in->scales);
+    memset(in, 0, sizeof *in);
+}
+
+int wl_project(const wl_model *m, const wl_fp8_in *in, void *d, size_t ldd, const void *a, size_t k,
+               const void *w, const float *w_scale, size_t n_out, const void *bias, const void *c,
+               int n)
+{
+    if (!w_scale)
+        return wl_linear(m, d, ldd, a, k, w, n_out, bias, c, n, m->dtype);
+    int rc = weft_quantize_fp8(WEFT_TASK_STREAM, WEFT_DTYPE_F8_E4M3, in->act, in->scales, m->dtype,
+                               a, (size_t)n, k, k, k);
+    if (rc != WEFT_OK)
+        return rc;
+    weft_matmul_desc desc = {.m = (size_t)n,
+                             .n = n_out,
+                             .k = k,
+                             .type = m->dtype,
+                             .in_type = WEFT_DTYPE_F8_E4M3,
+                             .trans_b = 1,
+                             .ldd = ldd,
+                             .ldc = ldd,
+                             .bias = bias,
+                             .scale_a_mode = WEFT_MATMUL_SCALE_OUTER,
+                             .scale_b_mode = WEFT_MATMUL_SCALE_OUTER,
+                             .scale_a = in->scales,
+                             .scale_b = w_scale};
+    return weft_matmul(WEFT_TASK_STREAM, &desc, d, in->act, w, c);
+}
+
 static int layer_forward(wl_seq *s, int li, int n)
 {
     const wl_model *m = s->m;
@@ -274,20 +325,21 @@ static int layer_forward(wl_seq *s, int li, int n)
     float eps = (float)c->rms_eps;
     TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, s->h, NULL, s->x, NULL, L->attn_norm, eps, (size_t)n, H,
                      H));
-    TRY(wl_linear(s->m, qkv, s->qkv_dim, s->h, H, L->qkv, s->qkv_dim, L->qkv_bias, NULL, n, dt));
+    TRY(wl_project(m, &s->fp8, qkv, s->qkv_dim, s->h, H, L->qkv, L->qkv_scale, s->qkv_dim,
+                   L->qkv_bias, NULL, n));
     if (c->qk_norm && wl_qk_norm(m, L, qkv, s->qkv_dim, n, s->attn, s->row_ids))
         goto fail;
     TRY(wl_rope(s->m, qkv, s->qkv_dim, qkv + s->q_dim * es, s->qkv_dim, n, s->positions));
     if (attend(s, li, n))
         goto fail;
-    TRY(wl_linear(s->m, s->x, H, s->attn, s->q_dim, L->o, H, NULL, s->x, n, dt));
+    TRY(wl_project(m, &s->fp8, s->x, H, s->attn, s->q_dim, L->o, L->o_scale, H, NULL, s->x, n));
     TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, s->h, NULL, s->x, NULL, L->mlp_norm, eps, (size_t)n, H,
                      H));
     if (L->moe)
         return wl_moe_mlp(m, &s->moe, li, s->x, s->h, n);
-    TRY(wl_linear(s->m, s->gu, 2 * I, s->h, H, L->gu, 2 * I, NULL, NULL, n, dt));
+    TRY(wl_project(m, &s->fp8, s->gu, 2 * I, s->h, H, L->gu, L->gu_scale, 2 * I, NULL, NULL, n));
     TRY(weft_glu(WEFT_TASK_STREAM, dt, WEFT_GLU_SWIGLU, s->act, s->gu, (size_t)n, I, 2 * I, I));
-    TRY(wl_linear(s->m, s->x, H, s->act, I, L->down, H, NULL, s->x, n, dt));
+    TRY(wl_project(m, &s->fp8, s->x, H, s->act, I, L->down, L->down_scale, H, NULL, s->x, n));
     return 0;
 fail:
     return -1;
@@ -509,7 +561,9 @@ static size_t weight_slots(wl_model *m, const void ***slot, size_t *bytes, int p
     size_t q = (size_t)c->heads * c->head_dim, kv = (size_t)c->kv_heads * c->head_dim;
     size_t I = (size_t)c->intermediate, hd = (size_t)c->head_dim;
     size_t E = (size_t)c->experts, S = (size_t)c->shared_intermediate;
+    size_t wes = c->fp8 ? 1 : es; /* a projection's elements; its scales are fp32 */
 #define SLOT(p, count) (slot[n] = (const void **)&(p), bytes[n++] = (count)*es)
+#define PROJ(p, count) (slot[n] = (const void **)&(p), bytes[n++] = (count)*wes)
     SLOT(m->embed, (size_t)c->vocab * H);
     SLOT(m->final_norm, H);
     if (!c->tie_embeddings)
@@ -517,18 +571,20 @@ static size_t weight_slots(wl_model *m, const void ***slot, size_t *bytes, int p
     for (int i = 0; i < c->layers; i++) {
         wl_layer *L = &m->layer[i];
         SLOT(L->attn_norm, H);
-        SLOT(L->o, H * q);
+        if (!c->fp8 || packed) /* an FP8 model's o and down are packed (pack.c) */
+            PROJ(L->o, H * q);
         SLOT(L->mlp_norm, H);
         if (packed) {
-            SLOT(L->q, q * H);
-            SLOT(L->k, kv * H);
-            SLOT(L->v, kv * H);
+            PROJ(L->q, q * H);
+            PROJ(L->k, kv * H);
+            PROJ(L->v, kv * H);
         }
         if (!L->moe) {
-            SLOT(L->down, H * I);
+            if (!c->fp8 || packed)
+                PROJ(L->down, H * I);
             if (packed) {
-                SLOT(L->gate, I * H);
-                SLOT(L->up, I * H);
+                PROJ(L->gate, I * H);
+                PROJ(L->up, I * H);
             }
         } else {
             SLOT(L->router, E * H);
@@ -552,6 +608,7 @@ static size_t weight_slots(wl_model *m, const void ***slot, size_t *bytes, int p
         }
     }
 #undef SLOT
+#undef PROJ
     return n;
 }
 
@@ -755,7 +812,7 @@ int wl_model_upload(wl_model *m)
             m->on_load(m->load_ctx, (size_t)packed, (size_t)packed);
         return rc;
     }
-    size_t max = 3 + 16 * (size_t)m->cfg.layers, n, total = 0;
+    size_t max = 3 + 24 * (size_t)m->cfg.layers, n, total = 0;
     const void ***slot = malloc(max * sizeof *slot);
     size_t *bytes = malloc(max * sizeof *bytes);
     wl_copy_list list = {0};

@@ -22,6 +22,14 @@ typedef struct wl_moe_bufs {
     weft_moe_routing sr;
 } wl_moe_bufs;
 
+/* An FP8 model's projections' inputs, quantized a row at a time: rows x
+ * the widest input (hidden, q's or the MLP's width) bytes, and a scale a
+ * row (wl_fp8_in_create makes nothing for other models). */
+typedef struct wl_fp8_in {
+    void *act;
+    float *scales;
+} wl_fp8_in;
+
 struct wl_seq {
     const wl_model *m;
     wl_kv *kv;
@@ -32,6 +40,7 @@ struct wl_seq {
     /* the backend's memory (weft_malloc_async) */
     void *x, *h, *qkv, *attn, *gu, *act;
     wl_moe_bufs moe;                                /* a mixture-of-experts model's */
+    wl_fp8_in fp8;                                  /* an FP8 model's */
     float *logits;                                  /* rows x vocab */
     int32_t *positions, *seq_ids, *table, *seq_len; /* seq_len: after the call's tokens */
     int32_t *row_ids;                               /* 0, 1, ...: Qwen3's q/k norms' gathers */
@@ -68,6 +77,16 @@ int wl_qk_norm(const wl_model *m, const wl_layer *L, void *qkv, size_t qkv_strid
                void *scratch, const int32_t *row_ids);
 /* Task only: n int32s 0 to n - 1 in the backend's memory. */
 int wl_row_ids(int32_t **ids, size_t n);
+/* Task only. */
+int wl_fp8_in_create(wl_fp8_in *in, const wl_model *m, size_t rows);
+void wl_fp8_in_destroy(wl_fp8_in *in);
+/* A layer's projection, as wl_linear with the model's dtype out; with FP8
+ * weights (w_scale, a float per row of w) a's rows are quantized into in
+ * (weft_quantize_fp8, a scale a row) and multiplied in FP8 with both
+ * scales as weft_matmul's outer vectors, bias and c as wl_linear's. */
+int wl_project(const wl_model *m, const wl_fp8_in *in, void *d, size_t ldd, const void *a, size_t k,
+               const void *w, const float *w_scale, size_t n_out, const void *bias, const void *c,
+               int n);
 /* d (rows n, leading dimension ldd) = a W^T (+ bias) (+ c), W n_out x k, on
  * the calling task's stream. */
 int wl_linear(const wl_model *m, void *d, size_t ldd, const void *a, size_t k, const void *w,

@@ -145,6 +145,11 @@ typedef struct wl_config {
     int experts, experts_per_token, moe_intermediate, shared_intermediate;
     int norm_topk_prob, sparse_step;
     uint64_t mlp_only[WL_MAX_LAYER_BITS / 64];
+    /* FP8 weights (a compressed-tensors "float-quantized" checkpoint): the
+     * layers' seven projections are E4M3 with fp32 scales per output
+     * channel (fp8_tensor_scale: one per tensor), and their inputs are
+     * quantized per token as the forward pass goes (weft_quantize_fp8). */
+    int fp8, fp8_tensor_scale;
 } wl_config;
 
 /* Parses and checks dir/config.json. */
@@ -158,6 +163,10 @@ int wl_config_layer_moe(const wl_config *c, int layer);
 typedef struct wl_layer {
     const void *attn_norm, *q, *k, *v, *o, *q_bias, *k_bias, *v_bias, *q_norm, *k_norm;
     const void *mlp_norm, *gate, *up, *down; /* the dense MLP (NULL in a MoE layer) */
+    /* FP8 weights' scales, a float per output row (NULL: not FP8); qkv's
+     * and gu's packed as their weights are */
+    const float *q_scale, *k_scale, *v_scale, *o_scale, *gate_scale, *up_scale, *down_scale;
+    const float *qkv_scale, *gu_scale;
     /* Packed by wl_model_upload (pack.c), what the forward pass reads:
      * [q + 2 kv][hidden] q, k and v rows and their biases; [2 I][hidden]
      * gate and up rows (dense MLP); the shared expert's likewise. */
@@ -185,6 +194,7 @@ typedef struct wl_model {
     void *device_block;       /* weights copied to a GPU (NULL on the host backend) */
     void *host_block;         /* the packed weights on the host (pack.c) */
     void *narrow_block;       /* an fp32 model's weights rounded to bf16 */
+    float *scale_block;       /* FP8 weights' scales as fp32 (model.c) */
     /* Told how an upload goes (wl_model_upload, from its task): bytes
      * copied of the total, every 100 ms or so and once at the end (done ==
      * total); NULL: not told. */
@@ -300,6 +310,9 @@ typedef struct wl_write_opts {
     int config_only;    /* config, generation config, tokenizer and its config; no weights */
     size_t shard_bytes; /* split the weights into shards of about this size; 0: preset's */
     int fp32;           /* the weights in fp32 (the same bf16 values, widened) */
+    /* the layers' projections in FP8 E4M3 with a scale a row (the same
+     * bf16 values, quantized), compressed-tensors' layout; dense presets */
+    int fp8;
 } wl_write_opts;
 
 int wl_write_random_model(const char *dir, const wl_write_opts *o);

@@ -1,7 +1,7 @@
 /*
  * main.c - the weft-llm command line:
  *   weft-llm random-model DIR --preset tiny|1b|8b|moe|qwen2moe [--seed N]
- *            [--config-only] [--shard-mb N] [--fp32]
+ *            [--config-only] [--shard-mb N] [--fp32 | --fp8]
  *   weft-llm generate MODEL_DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
  *            [--seed N] [--temperature T] [--top-k K] [--top-p P] [--backend host|cuda|auto]
  *            [--print-ids] [--print-top] [--kv-pages N] [--parallel N]
@@ -60,7 +60,7 @@ static int usage(void)
 {
     fprintf(stderr,
             "usage: weft-llm random-model DIR --preset tiny|1b|8b|moe|qwen2moe [--seed N] "
-            "[--config-only] [--shard-mb N] [--fp32]\n"
+            "[--config-only] [--shard-mb N] [--fp32 | --fp8]\n"
             "       weft-llm generate MODEL_DIR (--prompt TEXT | --prompt-ids 1,2,3) "
             "[--max-tokens N] [--seed N] [--kv-pages N] [--parallel N]\n"
             "                [--temperature T] [--top-k K] [--top-p P] [--backend "
@@ -483,8 +483,8 @@ static int cmd_random_model(int argc, char **argv)
         return usage();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--config-only") || !strcmp(a, "--fp32")) {
-            *(!strcmp(a, "--fp32") ? &o.fp32 : &o.config_only) = 1;
+        if (!strcmp(a, "--config-only") || !strcmp(a, "--fp32") || !strcmp(a, "--fp8")) {
+            *(!strcmp(a, "--fp32") ? &o.fp32 : !strcmp(a, "--fp8") ? &o.fp8 : &o.config_only) = 1;
             continue;
         }
         if (!val)

@@ -16,6 +16,7 @@
  * a model (`weft-llm check`) still reads only the headers.
  */
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -28,6 +29,7 @@ typedef struct binder {
     wl_model *m;
     json_t *weight_map; /* from the index, or NULL for one file */
     int dtype_set;
+    size_t scales_used; /* of the model's scale block */
 } binder;
 
 static int open_file(wl_model *m, const char *dir, const char *name, size_t *idx)
@@ -54,10 +56,8 @@ static int open_file(wl_model *m, const char *dir, const char *name, size_t *idx
     return 0;
 }
 
-/* The tensor name in whichever file holds it, checked to have the shape
- * (rows, cols; cols 0 for a vector) and the model's dtype. */
-static int bind(binder *b, const char *dir, const char *name, uint64_t rows, uint64_t cols,
-                const void **out)
+/* The tensor name in whichever file holds it. */
+static int find(binder *b, const char *dir, const char *name, const wl_tensor **out)
 {
     wl_model *m = b->m;
     const wl_tensor *t = NULL;
@@ -78,6 +78,15 @@ static int bind(binder *b, const char *dir, const char *name, uint64_t rows, uin
     }
     if (!t)
         return wl_fail("%s: tensor %s is missing from %s", dir, name, where);
+    *out = t;
+    return 0;
+}
+
+/* Whether t has the shape (rows, cols; cols 0 for a vector), an error
+ * saying what it has when not. */
+static int check_shape(const char *dir, const wl_tensor *t, uint64_t rows, uint64_t cols)
+{
+    const char *name = t->name;
     int ok = cols ? t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols
                   : t->ndim == 1 && t->shape[0] == rows;
     if (!ok) {
@@ -91,6 +100,22 @@ static int bind(binder *b, const char *dir, const char *name, uint64_t rows, uin
         return wl_fail("%s: tensor %s has shape [%s]; the config needs [%llu]", dir, name, got,
                        (unsigned long long)rows);
     }
+    return 0;
+}
+
+/* The tensor name, checked to have the shape (rows, cols; cols 0 for a
+ * vector) and the model's dtype. */
+static int bind(binder *b, const char *dir, const char *name, uint64_t rows, uint64_t cols,
+                const void **out)
+{
+    wl_model *m = b->m;
+    const wl_tensor *t;
+    if (find(b, dir, name, &t) || check_shape(dir, t, rows, cols))
+        return -1;
+    if (t->dtype == WEFT_DTYPE_F8_E4M3)
+        return wl_fail("%s: tensor %s is F8_E4M3; only the layers' projections may be, in a "
+                       "model whose config.json has a quantization_config that says so",
+                       dir, name);
     if (!b->dtype_set) {
         m->dtype = t->dtype;
         b->dtype_set = 1;
@@ -102,6 +127,46 @@ static int bind(binder *b, const char *dir, const char *name, uint64_t rows, uin
                        dir, name, wl_dtype_name(t->dtype), wl_dtype_name(m->dtype));
     }
     *out = t->data;
+    return 0;
+}
+
+/* A projection's weight name: E4M3 with the rows x cols shape, and its
+ * weight_scale (fp32, bf16 or fp16; [rows, 1] or [rows] a channel each,
+ * or one for the tensor) read into the next rows floats of the model's
+ * scale block. */
+static int bind_fp8(binder *b, const char *dir, const char *name, uint64_t rows, uint64_t cols,
+                    const void **out, const float **scale)
+{
+    const wl_tensor *t, *st;
+    char sname[192];
+    if (find(b, dir, name, &t) || check_shape(dir, t, rows, cols))
+        return -1;
+    if (t->dtype != WEFT_DTYPE_F8_E4M3)
+        return wl_fail("%s: tensor %s is %s; the config's quantization makes it F8_E4M3", dir, name,
+                       wl_dtype_name(t->dtype));
+    snprintf(sname, sizeof sname, "%.*s_scale", (int)strlen(name), name);
+    if (find(b, dir, sname, &st))
+        return -1;
+    uint64_t n = 1;
+    for (int i = 0; i < st->ndim; i++)
+        n *= st->shape[i];
+    int tensor = b->m->cfg.fp8_tensor_scale;
+    if (n != (tensor ? 1 : rows) || (st->dtype != WEFT_DTYPE_F32 && st->dtype != WEFT_DTYPE_BF16 &&
+                                     st->dtype != WEFT_DTYPE_F16))
+        return wl_fail("%s: tensor %s is %s of %llu elements; FP8 weights of %llu rows need %s "
+                       "in fp32, bf16 or fp16",
+                       dir, sname, wl_dtype_name(st->dtype), (unsigned long long)n,
+                       (unsigned long long)rows, tensor ? "one scale" : "a scale a row");
+    float *to = b->m->scale_block + b->scales_used;
+    for (uint64_t r = 0; r < rows; r++) {
+        to[r] = wl_load(st->dtype, st->data, tensor ? 0 : r);
+        if (!(to[r] > 0) || !isfinite(to[r]))
+            return wl_fail("%s: tensor %s holds %g; a scale must be positive and finite", dir,
+                           sname, to[r]);
+    }
+    b->scales_used += rows;
+    *out = t->data;
+    *scale = to;
     return 0;
 }
 
@@ -150,11 +215,15 @@ static int bind_layer(binder *b, const char *dir, int i)
     char n[160];
 #define BIND(suffix, rows, cols, field)                                                            \
     (snprintf(n, sizeof n, "model.layers.%d.%s", i, suffix), bind(b, dir, n, rows, cols, field))
+    /* a projection: in the model's dtype, or FP8 with its scales */
+#define PROJ(suffix, rows, cols, field, scale)                                                     \
+    (snprintf(n, sizeof n, "model.layers.%d.%s", i, suffix),                                       \
+     c->fp8 ? bind_fp8(b, dir, n, rows, cols, field, scale) : bind(b, dir, n, rows, cols, field))
     if (BIND("input_layernorm.weight", H, 0, &L->attn_norm) ||
-        BIND("self_attn.q_proj.weight", q, H, &L->q) ||
-        BIND("self_attn.k_proj.weight", kv, H, &L->k) ||
-        BIND("self_attn.v_proj.weight", kv, H, &L->v) ||
-        BIND("self_attn.o_proj.weight", H, q, &L->o) ||
+        PROJ("self_attn.q_proj.weight", q, H, &L->q, &L->q_scale) ||
+        PROJ("self_attn.k_proj.weight", kv, H, &L->k, &L->k_scale) ||
+        PROJ("self_attn.v_proj.weight", kv, H, &L->v, &L->v_scale) ||
+        PROJ("self_attn.o_proj.weight", H, q, &L->o, &L->o_scale) ||
         BIND("post_attention_layernorm.weight", H, 0, &L->mlp_norm))
         return -1;
     L->moe = wl_config_layer_moe(c, i);
@@ -162,11 +231,12 @@ static int bind_layer(binder *b, const char *dir, int i)
         L->expert = b->m->expert_ptrs + (size_t)i * 3 * c->experts;
         if (bind_moe(b, dir, i))
             return -1;
-    } else if (BIND("mlp.gate_proj.weight", I, H, &L->gate) ||
-               BIND("mlp.up_proj.weight", I, H, &L->up) ||
-               BIND("mlp.down_proj.weight", H, I, &L->down)) {
+    } else if (PROJ("mlp.gate_proj.weight", I, H, &L->gate, &L->gate_scale) ||
+               PROJ("mlp.up_proj.weight", I, H, &L->up, &L->up_scale) ||
+               PROJ("mlp.down_proj.weight", H, I, &L->down, &L->down_scale)) {
         return -1;
     }
+#undef PROJ
     if (c->attention_bias && (BIND("self_attn.q_proj.bias", q, 0, &L->q_bias) ||
                               BIND("self_attn.k_proj.bias", kv, 0, &L->k_bias) ||
                               BIND("self_attn.v_proj.bias", kv, 0, &L->v_bias)))
@@ -215,6 +285,12 @@ int wl_model_open(wl_model *m, const char *dir)
         if (open_file(m, dir, "model.safetensors", &idx))
             goto fail;
     }
+    size_t per_layer = (size_t)(c->heads + 2 * c->kv_heads) * c->head_dim + 2 * (size_t)c->hidden +
+                       2 * (size_t)c->intermediate;
+    if (c->fp8 && !(m->scale_block = malloc((size_t)c->layers * per_layer * sizeof(float)))) {
+        wl_fail("out of memory");
+        goto fail;
+    }
     if (!(m->layer = calloc((size_t)c->layers, sizeof *m->layer)) ||
         (c->experts &&
          !(m->expert_ptrs = calloc((size_t)c->layers * 3 * c->experts, sizeof *m->expert_ptrs)))) {
@@ -233,6 +309,10 @@ int wl_model_open(wl_model *m, const char *dir)
         m->lm_head = m->embed;
     else if (bind(&b, dir, "lm_head.weight", V, H, &m->lm_head))
         goto fail;
+    if (c->fp8 && m->dtype == WEFT_DTYPE_F32) {
+        wl_fail("%s: FP8 weights beside fp32 ones; weft-llm takes them beside bf16 or fp16", dir);
+        goto fail;
+    }
     json_decref(index);
     return 0;
 fail:
@@ -250,7 +330,9 @@ void wl_model_close(wl_model *m)
     free(m->expert_ptrs);
     free(m->host_block);
     free(m->narrow_block);
+    free(m->scale_block);
     m->narrow_block = NULL;
+    m->scale_block = NULL;
     m->files = NULL;
     m->layer = NULL;
     m->expert_ptrs = NULL;

@@ -10,6 +10,9 @@
  *  - a dense MLP's gate and up are one [2 I][hidden] matrix (gate's rows,
  *    then up's), so one weft_matmul gives the gate | up row weft_glu
  *    takes; Qwen2-MoE's shared expert likewise;
+ *  - FP8 weights' scales (a float a row) are packed as their rows are,
+ *    and an FP8 model's o and down projections are copied in as they are
+ *    (with their scales), since FP8 operands must be 16-byte aligned;
  *  - a mixture of experts' experts are [E][2 I][hidden] (expert e's gate
  *    and up rows) and [E][hidden][I] blocks, which the grouped matmul
  *    reads.
@@ -83,6 +86,7 @@ static long long layout(wl_model *m, char *dst, enum pack_mode mode, wl_copy_lis
 {
     const wl_config *c = &m->cfg;
     size_t es = wl_dtype_size(m->dtype), H = (size_t)c->hidden;
+    size_t wes = c->fp8 ? 1 : es; /* a projection's elements */
     size_t q = (size_t)c->heads * c->head_dim, kv = (size_t)c->kv_heads * c->head_dim;
     size_t I = (size_t)c->intermediate, S = (size_t)c->shared_intermediate;
     size_t mat = (size_t)c->moe_intermediate * H * es, E = (size_t)c->experts;
@@ -96,8 +100,25 @@ static long long layout(wl_model *m, char *dst, enum pack_mode mode, wl_copy_lis
     for (int li = 0; li < c->layers && !p.failed; li++) {
         wl_layer *L = &m->layer[li];
         src[0] = L->q, src[1] = L->k, src[2] = L->v;
-        bytes[0] = q * H * es, bytes[1] = bytes[2] = kv * H * es;
+        bytes[0] = q * H * wes, bytes[1] = bytes[2] = kv * H * wes;
         put(&p, &L->qkv, src, bytes, 3, li);
+        if (c->fp8) {
+            src[0] = L->q_scale, src[1] = L->k_scale, src[2] = L->v_scale;
+            bytes[0] = q * 4, bytes[1] = bytes[2] = kv * 4;
+            put(&p, (const void **)&L->qkv_scale, src, bytes, 3, li);
+            /* o and down too, so that every FP8 operand is 16-byte
+             * aligned (a file's tensors need not be), with their scales */
+            src[0] = L->o, bytes[0] = H * q * wes;
+            put(&p, &L->o, src, bytes, 1, li);
+            src[0] = L->o_scale, bytes[0] = H * 4;
+            put(&p, (const void **)&L->o_scale, src, bytes, 1, li);
+            if (!L->moe) {
+                src[0] = L->down, bytes[0] = H * I * wes;
+                put(&p, &L->down, src, bytes, 1, li);
+                src[0] = L->down_scale, bytes[0] = H * 4;
+                put(&p, (const void **)&L->down_scale, src, bytes, 1, li);
+            }
+        }
         if (c->attention_bias) {
             src[0] = L->q_bias, src[1] = L->k_bias, src[2] = L->v_bias;
             bytes[0] = q * es, bytes[1] = bytes[2] = kv * es;
@@ -105,8 +126,13 @@ static long long layout(wl_model *m, char *dst, enum pack_mode mode, wl_copy_lis
         }
         if (!L->moe) {
             src[0] = L->gate, src[1] = L->up;
-            bytes[0] = bytes[1] = I * H * es;
+            bytes[0] = bytes[1] = I * H * wes;
             put(&p, &L->gu, src, bytes, 2, li);
+            if (c->fp8) {
+                src[0] = L->gate_scale, src[1] = L->up_scale;
+                bytes[0] = bytes[1] = I * 4;
+                put(&p, (const void **)&L->gu_scale, src, bytes, 2, li);
+            }
             continue;
         }
         if (S) {

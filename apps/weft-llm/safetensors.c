@@ -40,19 +40,22 @@ static int cmp_tensor_data(const void *a, const void *b)
 
 static int parse_dtype(const char *path, const char *name, const char *s, weft_dtype *dt)
 {
-    static const char *const others[] = {"F64", "F8_E4M3", "F8_E5M2", "I64", "I32", "I16",
-                                         "I8",  "U64",     "U32",     "U16", "U8",  "BOOL"};
+    static const char *const others[] = {"F64", "F8_E5M2", "I64", "I32", "I16", "I8",
+                                         "U64", "U32",     "U16", "U8",  "BOOL"};
     if (!strcmp(s, "BF16"))
         *dt = WEFT_DTYPE_BF16;
     else if (!strcmp(s, "F16"))
         *dt = WEFT_DTYPE_F16;
     else if (!strcmp(s, "F32"))
         *dt = WEFT_DTYPE_F32;
+    else if (!strcmp(s, "F8_E4M3")) /* FP8 projections (model.c checks where) */
+        *dt = WEFT_DTYPE_F8_E4M3;
     else {
         for (size_t i = 0; i < sizeof others / sizeof *others; i++)
             if (!strcmp(s, others[i]))
-                return wl_fail("%s: tensor %s has dtype %s; weft-llm reads BF16, F16 and F32", path,
-                               name, s);
+                return wl_fail("%s: tensor %s has dtype %s; weft-llm reads BF16, F16, F32 and "
+                               "F8_E4M3",
+                               path, name, s);
         return wl_fail("%s: tensor %s has an unknown dtype \"%s\"", path, name, s);
     }
     return 0;

@@ -109,7 +109,21 @@ static int write_json(const char *dir, const char *name, json_t *j)
     return rc ? wl_fail("%s: cannot write", path) : 0;
 }
 
-static json_t *config_json(const preset *p, int fp32)
+/* FP8 weights as llm-compressor writes them: compressed-tensors'
+ * float-quantized format, weights a scale a channel, activations
+ * quantized dynamically per token, lm_head left alone. */
+static json_t *fp8_quantization(void)
+{
+    return json_pack("{s:s, s:s, s:{s:{s:[s], s:{s:i, s:s, s:s, s:b, s:b}, s:{s:i, s:s, s:s, "
+                     "s:b, s:b}}}, s:[s]}",
+                     "quant_method", "compressed-tensors", "format", "float-quantized",
+                     "config_groups", "group_0", "targets", "Linear", "weights", "num_bits", 8,
+                     "type", "float", "strategy", "channel", "symmetric", 1, "dynamic", 0,
+                     "input_activations", "num_bits", 8, "type", "float", "strategy", "token",
+                     "symmetric", 1, "dynamic", 1, "ignore", "lm_head");
+}
+
+static json_t *config_json(const preset *p, int fp32, int fp8)
 {
     static const char *const type[] = {"llama", "mixtral", "qwen2_moe"};
     static const char *const arch[] = {"LlamaForCausalLM", "MixtralForCausalLM",
@@ -124,6 +138,8 @@ static json_t *config_json(const preset *p, int fp32)
         p->theta, "tie_word_embeddings", p->tied, "attention_bias", 0, "bos_token_id", p->bos,
         "eos_token_id", p->eos, p->im_start + 1, "hidden_act", "silu", "initializer_range", 0.02,
         "torch_dtype", fp32 ? "float32" : "bfloat16", "mlp_bias", 0, "use_cache", 1);
+    if (fp8)
+        json_object_set_new(c, "quantization_config", fp8_quantization());
     if (p->llama3_scaling)
         json_object_set_new(c, "rope_scaling",
                             json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor",
@@ -154,12 +170,17 @@ static json_t *config_json(const preset *p, int fp32)
 typedef struct spec_list {
     wl_st_spec *s;
     double *sd;
-    size_t n, cap;
+    uint64_t *seed_at; /* a tensor's draws: the seed's stream for this value tensor's place */
+    size_t n, cap, values;
     char **names;
-    weft_dtype dtype; /* every tensor's */
+    weft_dtype dtype; /* every tensor's but FP8 projections' and their scales */
+    int fp8;          /* the layers' projections in E4M3, each with its scales after it */
+    float *scales;    /* the last FP8 tensor's, for its scale tensor */
 } spec_list;
 
-enum { ONES = 0 };
+/* sd's meanings besides a standard deviation: ones (a norm's weight), and
+ * the scales of the FP8 tensor before (its place in the list right after). */
+enum { ONES = 0, SCALES = -1 };
 #define INIT_SD 0.02 /* transformers' initializer_range */
 
 static void add(spec_list *l, double sd, uint64_t rows, uint64_t cols, const char *fmt, ...)
@@ -170,8 +191,9 @@ static void add(spec_list *l, double sd, uint64_t rows, uint64_t cols, const cha
         l->cap = l->cap ? 2 * l->cap : 64;
         l->s = realloc(l->s, l->cap * sizeof *l->s);
         l->sd = realloc(l->sd, l->cap * sizeof *l->sd);
+        l->seed_at = realloc(l->seed_at, l->cap * sizeof *l->seed_at);
         l->names = realloc(l->names, l->cap * sizeof *l->names);
-        if (!l->s || !l->sd || !l->names)
+        if (!l->s || !l->sd || !l->seed_at || !l->names)
             abort(); /* out of memory building a list of a few hundred names */
     }
     char name[160];
@@ -182,7 +204,21 @@ static void add(spec_list *l, double sd, uint64_t rows, uint64_t cols, const cha
     l->names[l->n] = strdup(name);
     l->s[l->n] = (wl_st_spec){
         .name = l->names[l->n], .dtype = l->dtype, .ndim = cols ? 2 : 1, .shape = {rows, cols}};
+    l->seed_at[l->n] = sd == SCALES ? 0 : l->values++; /* an FP8 twin draws the same values */
     l->sd[l->n++] = sd;
+}
+
+/* A layer's projection: the last tensor added, made E4M3 with its scales
+ * ([rows, 1], fp32) after it when the list is FP8. */
+static void projection(spec_list *l)
+{
+    if (!l->fp8)
+        return;
+    wl_st_spec *w = &l->s[l->n - 1];
+    uint64_t rows = w->shape[0];
+    w->dtype = WEFT_DTYPE_F8_E4M3;
+    add(l, SCALES, rows, 1, "%s_scale", l->names[l->n - 1]);
+    l->s[l->n - 1].dtype = WEFT_DTYPE_F32;
 }
 
 static void list_tensors(const preset *p, spec_list *l)
@@ -199,9 +235,13 @@ static void list_tensors(const preset *p, spec_list *l)
     for (int i = 0; i < p->layers; i++) {
         add(l, ONES, H, 0, "model.layers.%d.input_layernorm.weight", i);
         add(l, INIT_SD, q, H, "model.layers.%d.self_attn.q_proj.weight", i);
+        projection(l);
         add(l, INIT_SD, kv, H, "model.layers.%d.self_attn.k_proj.weight", i);
+        projection(l);
         add(l, INIT_SD, kv, H, "model.layers.%d.self_attn.v_proj.weight", i);
+        projection(l);
         add(l, INIT_SD, H, q, "model.layers.%d.self_attn.o_proj.weight", i);
+        projection(l);
         if (p->kind == QWEN2_MOE) {
             add(l, bias, q, 0, "model.layers.%d.self_attn.q_proj.bias", i);
             add(l, bias, kv, 0, "model.layers.%d.self_attn.k_proj.bias", i);
@@ -230,8 +270,11 @@ static void list_tensors(const preset *p, spec_list *l)
             add(l, router, 1, H, "model.layers.%d.mlp.shared_expert_gate.weight", i);
         } else {
             add(l, INIT_SD, I, H, "model.layers.%d.mlp.gate_proj.weight", i);
+            projection(l);
             add(l, INIT_SD, I, H, "model.layers.%d.mlp.up_proj.weight", i);
+            projection(l);
             add(l, INIT_SD, H, I, "model.layers.%d.mlp.down_proj.weight", i);
+            projection(l);
         }
     }
     add(l, ONES, H, 0, "model.norm.weight");
@@ -274,15 +317,60 @@ static int fill(FILE *f, const wl_st_spec *s, double sd, uint64_t seed)
     return 0;
 }
 
-static int write_shard(const char *path, const spec_list *l, size_t from, size_t to, uint64_t seed)
+/* An FP8 projection: the values its bf16 twin has (the same draws in the
+ * same order, rounded to bf16), quantized a row at a time by
+ * weft_quantize_fp8 (a scale a row), the scales kept in l for the tensor
+ * after it. */
+static int fill_fp8(FILE *f, spec_list *l, const wl_st_spec *s, double sd, uint64_t seed)
+{
+    enum { CHUNK = 1 << 16 };
+    size_t rows = (size_t)s->shape[0], cols = (size_t)s->shape[1], count = rows * cols;
+    float *v = malloc(count * sizeof *v);
+    uint8_t *codes = malloc(count);
+    free(l->scales);
+    l->scales = malloc(rows * sizeof *l->scales);
+    if (!v || !codes || !l->scales) {
+        free(v), free(codes);
+        return wl_fail("out of memory for %s", s->name);
+    }
+    uint64_t state = seed;
+    for (size_t at = 0; at < count; at += CHUNK) { /* fill's chunks: the same pairs */
+        size_t n = count - at < CHUNK ? count - at : CHUNK;
+        for (size_t i = 0; i < n; i += 2) {
+            double r = sd * sqrt(-2.0 * log1p(-wl_rand_uniform(&state)));
+            double a = 2.0 * M_PI * wl_rand_uniform(&state);
+            v[at + i] = wl_round(WEFT_DTYPE_BF16, (float)(r * cos(a)));
+            if (i + 1 < n)
+                v[at + i + 1] = wl_round(WEFT_DTYPE_BF16, (float)(r * sin(a)));
+        }
+    }
+    int rc = 0;
+    if (weft_quantize_fp8(NULL, WEFT_DTYPE_F8_E4M3, codes, l->scales, WEFT_DTYPE_F32, v, rows, cols,
+                          cols, cols) != WEFT_OK)
+        rc = wl_fail("%s: %s", s->name, weft_last_error());
+    else if (fwrite(codes, 1, count, f) != count)
+        rc = wl_fail("write failed: %s", strerror(errno));
+    free(v), free(codes);
+    return rc;
+}
+
+static int write_shard(const char *path, spec_list *l, size_t from, size_t to, uint64_t seed)
 {
     FILE *f = fopen(path, "wb");
     if (!f)
         return wl_fail("%s: %s", path, strerror(errno));
     int rc = wl_st_write_header(f, l->s + from, to - from);
     for (size_t i = from; !rc && i < to; i++) {
-        uint64_t ts = seed ^ (0x9e3779b97f4a7c15ull * (i + 1));
-        rc = fill(f, &l->s[i], l->sd[i], wl_rand_next(&ts));
+        uint64_t ts = seed ^ (0x9e3779b97f4a7c15ull * (l->seed_at[i] + 1));
+        const wl_st_spec *s = &l->s[i];
+        if (l->sd[i] == SCALES)
+            rc = fwrite(l->scales, sizeof *l->scales, (size_t)s->shape[0], f) == s->shape[0]
+                     ? 0
+                     : wl_fail("write failed: %s", strerror(errno));
+        else if (s->dtype == WEFT_DTYPE_F8_E4M3)
+            rc = fill_fp8(f, l, s, l->sd[i], wl_rand_next(&ts));
+        else
+            rc = fill(f, s, l->sd[i], wl_rand_next(&ts));
     }
     if (fclose(f) && !rc)
         rc = wl_fail("%s: %s", path, strerror(errno));
@@ -293,7 +381,7 @@ static int write_shard(const char *path, const spec_list *l, size_t from, size_t
 
 static int write_weights(const char *dir, const preset *p, const wl_write_opts *o)
 {
-    spec_list l = {.dtype = o->fp32 ? WEFT_DTYPE_F32 : WEFT_DTYPE_BF16};
+    spec_list l = {.dtype = o->fp32 ? WEFT_DTYPE_F32 : WEFT_DTYPE_BF16, .fp8 = o->fp8};
     list_tensors(p, &l);
     size_t limit = o->shard_bytes ? o->shard_bytes : (size_t)2 << 30;
     size_t starts[4096], n_shards = 0;
@@ -331,6 +419,8 @@ static int write_weights(const char *dir, const preset *p, const wl_write_opts *
         free(l.names[i]);
     free(l.s);
     free(l.sd);
+    free(l.seed_at);
+    free(l.scales);
     free(l.names);
     return rc;
 }
@@ -349,7 +439,10 @@ int wl_write_random_model(const char *dir, const wl_write_opts *o)
     int special_ids[] = {p->bos, p->eos, p->im_start, p->im_start + 1};
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    if (write_json(dir, "config.json", config_json(p, o->fp32)) ||
+    if (o->fp8 && (o->fp32 || p->kind != LLAMA))
+        return wl_fail("--fp8 writes a dense model's projections in FP8, beside bf16 weights "
+                       "(not with --fp32 or a mixture of experts)");
+    if (write_json(dir, "config.json", config_json(p, o->fp32, o->fp8)) ||
         write_json(dir, "generation_config.json",
                    json_pack("{s:i, s:[i, i], s:b}", "bos_token_id", p->bos, "eos_token_id", p->eos,
                              p->im_start + 1, "do_sample", 0)) ||

@@ -3,11 +3,14 @@
  * the model's logits to (test_llm.c, test_llm_moe.c): written here with
  * plain loops from the architectures' definitions (Llama with Llama 3's
  * RoPE scaling, Mistral's window, Qwen2's biases, Qwen3's per-head norms,
- * and the mixture-of-experts MLPs of Mixtral, Qwen2-MoE and Qwen3-MoE),
+ * FP8 projections with their inputs quantized per token, and the
+ * mixture-of-experts MLPs of Mixtral, Qwen2-MoE and Qwen3-MoE),
  * one token at a time. Include after cmocka.h and llm_test.h.
  */
 #ifndef LLM_REF_H
 #define LLM_REF_H
+
+#include <float.h>
 
 /* The reference keeps every activation in double but rounds it to the
  * model's dtype where weft-llm stores it between ops, so the two differ
@@ -70,6 +73,61 @@ static void matvec(const wl_model *m, double *out, const double *x, const void *
     }
 }
 
+/* FP8 E4M3's value of a byte, and a float rounded to the nearest one (a
+ * tie to the even code, saturating at 448), both by this file's own
+ * reckoning, for an FP8 model's projections. */
+static double e4m3_value(unsigned b)
+{
+    int e = (int)(b & 0x7f) >> 3, mant = (int)b & 7;
+    double v = e ? ldexp(1 + mant / 8.0, e - 7) : ldexp(mant, -9);
+    return b & 0x80 ? -v : v;
+}
+
+static double e4m3_round(float x)
+{
+    double a = fabs((double)x), best = 0;
+    unsigned code = 0;
+    for (unsigned c = 1; c <= 0x7e; c++) {
+        double d = fabs(a - e4m3_value(c)), db = fabs(a - best);
+        if (d < db || (d == db && (c & 1) == 0 && (code & 1)))
+            best = e4m3_value(c), code = c;
+    }
+    return x < 0 ? -best : best;
+}
+
+/* An FP8 model's projection: x quantized as the forward pass does (its
+ * largest magnitude over 448, in fp32, a floor of FLT_MIN), each product
+ * of the FP8 values in double times both scales, rounded once. */
+static void matvec_fp8(const wl_model *m, double *out, const double *x, const void *W,
+                       const float *w_scale, int n_out, int n_in, const double *add)
+{
+    float amax = 0;
+    for (int i = 0; i < n_in; i++)
+        amax = fmaxf(amax, fabsf((float)x[i]));
+    float sx = fmaxf(amax / 448.0f, FLT_MIN);
+    double xq[512];
+    assert_true(n_in <= 512);
+    for (int i = 0; i < n_in; i++)
+        xq[i] = e4m3_round((float)x[i] / sx);
+    for (int o = 0; o < n_out; o++) {
+        double s = 0;
+        for (int i = 0; i < n_in; i++)
+            s += xq[i] * e4m3_value(((const uint8_t *)W)[(size_t)o * n_in + i]);
+        s *= (double)sx * w_scale[o];
+        out[o] = rnd(m, (add ? add[o] : 0) + s);
+    }
+}
+
+/* A layer's projection: matvec, or matvec_fp8 for FP8 weights. */
+static void project(const wl_model *m, double *out, const double *x, const void *W,
+                    const float *w_scale, int n_out, int n_in, const double *add)
+{
+    if (w_scale)
+        matvec_fp8(m, out, x, W, w_scale, n_out, n_in, add);
+    else
+        matvec(m, out, x, W, n_out, n_in, add, 1);
+}
+
 /* The rotary frequency of pair i; Llama 3's scaling written out as its
  * paper gives it: wavelengths under original / high_freq kept, over
  * original / low_freq divided by factor, a linear blend in 1/wavelength
@@ -108,12 +166,12 @@ static void rope(const wl_model *m, double *v, int heads, int pos)
 
 /* Qwen2's biases: out = x W^T + b, rounded once. */
 static void matvec_bias(const wl_model *m, double *out, const double *x, const void *W,
-                        const void *b, int n_out, int n_in)
+                        const float *w_scale, const void *b, int n_out, int n_in)
 {
     double add[256];
     for (int o = 0; b && o < n_out; o++)
         add[o] = w(m, b, (size_t)o);
-    matvec(m, out, x, W, n_out, n_in, b ? add : NULL, 1);
+    project(m, out, x, W, w_scale, n_out, n_in, b ? add : NULL);
 }
 
 /* Qwen3's RMSNorm over each head. */
@@ -135,13 +193,13 @@ static double silu(double v)
 /* SwiGLU's activation of width I on h, into a: SiLU(h Wg^T) * (h Wu^T),
  * each rounded as the ops store it. */
 static void swiglu(const wl_model *m, double *a, const double *h, const void *gate, const void *up,
-                   int I)
+                   const float *gate_scale, const float *up_scale, int I)
 {
     int H = m->cfg.hidden;
     double u[512];
     assert_true(I <= 512);
-    matvec(m, a, h, gate, I, H, NULL, 1);
-    matvec(m, u, h, up, I, H, NULL, 1);
+    project(m, a, h, gate, gate_scale, I, H, NULL);
+    project(m, u, h, up, up_scale, I, H, NULL);
     for (int i = 0; i < I; i++)
         a[i] = rnd(m, silu(a[i]) * u[i]);
 }
@@ -181,7 +239,7 @@ static void ref_moe(const ref *r, const wl_layer *L, const double *h, double *x)
     for (int j = 0; j < K; j++) {
         int e = r->alt == ALT_EXPERT_SHIFTED ? (chosen[j] + 1) % E : chosen[j];
         const void *const *ex = L->expert + 3 * e;
-        swiglu(m, a, h, ex[0], ex[1], c->moe_intermediate);
+        swiglu(m, a, h, ex[0], ex[1], NULL, NULL, c->moe_intermediate);
         matvec(m, y, a, ex[2], H, c->moe_intermediate, NULL, 1);
         for (int i = 0; i < H; i++)
             acc[i] += (renorm ? p[j] / psum : p[j]) * y[i];
@@ -191,7 +249,7 @@ static void ref_moe(const ref *r, const wl_layer *L, const double *h, double *x)
     if (!c->shared_intermediate)
         return;
     double gl;
-    swiglu(m, a, h, L->shared_gate, L->shared_up, c->shared_intermediate);
+    swiglu(m, a, h, L->shared_gate, L->shared_up, NULL, NULL, c->shared_intermediate);
     matvec(m, y, a, L->shared_down, H, c->shared_intermediate, NULL, 1);
     matvec(m, &gl, h, L->shared_router, 1, H, NULL, 1);
     double scale = r->alt == ALT_SHARED_UNGATED ? 1 : 1 / (1 + exp(-gl));
@@ -212,9 +270,9 @@ static void ref_token(ref *r, int32_t id, double *logits)
     for (int l = 0; l < c->layers; l++) {
         const wl_layer *L = &m->layer[l];
         rmsnorm(m, h, x, L->attn_norm, H);
-        matvec_bias(m, q, h, L->q, L->q_bias, qd, H);
-        matvec_bias(m, k, h, L->k, L->k_bias, kvd, H);
-        matvec_bias(m, v, h, L->v, L->v_bias, kvd, H);
+        matvec_bias(m, q, h, L->q, L->q_scale, L->q_bias, qd, H);
+        matvec_bias(m, k, h, L->k, L->k_scale, L->k_bias, kvd, H);
+        matvec_bias(m, v, h, L->v, L->v_scale, L->v_bias, kvd, H);
         if (c->qk_norm) {
             head_norm(m, q, c->heads, L->q_norm);
             head_norm(m, k, c->kv_heads, L->k_norm);
@@ -248,14 +306,14 @@ static void ref_token(ref *r, int32_t id, double *logits)
                 att[hh * hd + i] = rnd(m, o);
             }
         }
-        matvec(m, x, att, L->o, H, qd, x, 1);
+        project(m, x, att, L->o, L->o_scale, H, qd, x);
         rmsnorm(m, h, x, L->mlp_norm, H);
         if (L->moe) {
             ref_moe(r, L, h, x);
             continue;
         }
-        swiglu(m, a, h, L->gate, L->up, I);
-        matvec(m, x, a, L->down, H, I, x, 1); /* the residual is the matmul's C */
+        swiglu(m, a, h, L->gate, L->up, L->gate_scale, L->up_scale, I);
+        project(m, x, a, L->down, L->down_scale, H, I, x); /* the residual is the matmul's C */
     }
     rmsnorm(m, h, x, m->final_norm, H);
     matvec(m, logits, h, m->lm_head, c->vocab, H, NULL, 0);

@@ -406,6 +406,62 @@ static void test_forward_variants_match_reference(void **state)
         free(v[i]);
 }
 
+/* An FP8 model (random-model --fp8: the tiny model's projections in E4M3
+ * with a scale a row, compressed-tensors' layout) against the float64
+ * reference with its inputs quantized per token as the forward pass does,
+ * prompt and decode steps; its batched and mixed-step rows against each
+ * sequence alone; its logits near its bf16 twin's (the same draws before
+ * quantization: within FP8's precision, far from unrelated logits); and
+ * what a checkpoint may get wrong: static activation scales, FP8 where
+ * the config says nothing. */
+static void test_fp8_weights(void **state)
+{
+    (void)state;
+    char *fp8 = path_in(dir, "fp8");
+    wl_write_opts o = {.preset = "tiny", .seed = seed, .fp8 = 1};
+    if (wl_write_random_model(fp8, &o))
+        fail_msg("%s", wl_error());
+    check_forward(fp8, ALT_NONE, seed);
+    batched_rows_match_alone(fp8);
+    /* against the bf16 twin (model_dir was written with the same seed) */
+    int32_t ids[4] = {256, 300, 301, 302};
+    float *a = malloc(sizeof(float) * 2 * TINY_VOCAB), *b = malloc(sizeof(float) * 2 * TINY_VOCAB);
+    char msg[512];
+    if (run_forward(WEFT_BACKEND_HOST, fp8, ids, 3, 4, a, msg) ||
+        run_forward(WEFT_BACKEND_HOST, model_dir, ids, 3, 4, b, msg))
+        fail_msg("%s", msg);
+    double worst = 0, scale = 0;
+    for (int i = 0; i < 2 * TINY_VOCAB; i++) {
+        worst = fmax(worst, fabs((double)a[i] - b[i]));
+        scale = fmax(scale, fabs((double)b[i]));
+    }
+    printf("  FP8 against its bf16 twin: max |logit| %.4f, largest difference %.4f\n", scale,
+           worst);
+    assert_true(worst < 0.25 * scale && worst > 0);
+    free(a), free(b);
+    /* a checkpoint's mistakes, each refused naming it */
+    char *cfg = path_in(fp8, "config.json");
+    json_t *c = json_load_file(cfg, 0, NULL);
+    json_t *q = json_object_get(c, "quantization_config");
+    json_object_set_new(
+        json_object_get(json_object_get(json_object_get(q, "config_groups"), "group_0"),
+                        "input_activations"),
+        "dynamic", json_false());
+    assert_int_equal(json_dump_file(c, cfg, 0), 0);
+    wl_model m;
+    assert_int_equal(wl_model_open(&m, fp8), -1);
+    printf("  static activation scales: %s\n", wl_error());
+    assert_non_null(strstr(wl_error(), "dynamically per token"));
+    json_object_del(c, "quantization_config");
+    assert_int_equal(json_dump_file(c, cfg, 0), 0);
+    assert_int_equal(wl_model_open(&m, fp8), -1);
+    printf("  no quantization_config: %s\n", wl_error());
+    assert_non_null(strstr(wl_error(), "is F8_E4M3; only the layers' projections"));
+    json_decref(c);
+    free(cfg);
+    free(fp8);
+}
+
 /* A prompt after a cached prefix: 3 tokens, then 10 in one call (decode
  * attention over the pages in chunks of 8 and 2 queries, causal among
  * them), then 1: each call's last logits against the reference. On the
@@ -1112,6 +1168,7 @@ int main(void)
         cmocka_unit_test(test_kv_prefix_sharing),
         cmocka_unit_test(test_forward_matches_float64_reference),
         cmocka_unit_test(test_forward_variants_match_reference),
+        cmocka_unit_test(test_fp8_weights),
         cmocka_unit_test(test_forward_continuing_a_cache),
         cmocka_unit_test(test_cli_generates_deterministically),
         cmocka_unit_test(test_cli_bench),

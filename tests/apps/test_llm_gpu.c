@@ -114,6 +114,21 @@ static void test_gpu_logits_match_host(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* An FP8 model (random-model --fp8) on the GPU: its inputs quantized by
+ * weft_quantize_fp8's kernel and multiplied by cuBLASLt's FP8 product,
+ * against the host's logits as the bf16 models are (an activation a bf16
+ * unit apart may take the next FP8 code: held to the same 4 units). */
+static void test_gpu_fp8_model_matches_host(void **state)
+{
+    (void)state;
+    char *d = path_in(dir, "fp8");
+    wl_write_opts o = {.preset = "tiny", .seed = seed, .fp8 = 1};
+    if (wl_write_random_model(d, &o))
+        fail_msg("%s", wl_error());
+    assert_int_equal(gpu_logits_match_host(d), 0);
+    free(d);
+}
+
 /* An fp32 model on the GPU: rounded to bf16 at its upload, its logits are
  * its bf16 twin's, bit for bit. */
 static void test_gpu_fp32_model_runs_as_its_bf16_twin(void **state)
@@ -486,6 +501,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpu_logits_match_host),
         cmocka_unit_test(test_gpu_fp32_model_runs_as_its_bf16_twin),
+        cmocka_unit_test(test_gpu_fp8_model_matches_host),
         cmocka_unit_test(test_gpu_batched_matches_alone),
         cmocka_unit_test(test_gpu_swapped_sequence_continues_bit_for_bit),
         cmocka_unit_test(test_cli_generates_on_the_gpu),
