@@ -92,14 +92,17 @@ static double median(double *v, int n)
 }
 
 /* The bytes a decode step reads of the weights: every matrix once (the
- * embedding table only where it is also the lm_head). */
+ * embedding table only where it is also the lm_head); an FP8 model's
+ * projections a byte an element, and their scales. */
 static double weight_bytes(const wl_model *m)
 {
     const wl_config *c = &m->cfg;
     double H = c->hidden, I = c->intermediate, q = (double)c->heads * c->head_dim,
-           kv = (double)c->kv_heads * c->head_dim;
-    double layer = H * q + 2 * H * kv + q * H + 3 * H * I;
-    return ((double)c->layers * layer + (double)c->vocab * H) * (double)wl_dtype_size(m->dtype);
+           kv = (double)c->kv_heads * c->head_dim, es = (double)wl_dtype_size(m->dtype);
+    double layer = (H * q + 2 * H * kv + q * H + 3 * H * I) * (c->fp8 ? 1 : es);
+    if (c->fp8)
+        layer += (q + 2 * kv + H + 2 * I + H) * 4;
+    return (double)c->layers * layer + (double)c->vocab * H * es;
 }
 
 static double kv_bytes_per_token(const wl_model *m)
@@ -328,10 +331,10 @@ out:
 static void report(const bench *b)
 {
     const wl_config *c = &b->model.cfg;
-    printf("%s: %s, %d layers, hidden %d, %s; %.4g GB of weights read a step; copy rate %.1f "
+    printf("%s: %s, %d layers, hidden %d, %s%s; %.4g GB of weights read a step; copy rate %.1f "
            "GB/s\n",
            b->dir, c->model_type, c->layers, c->hidden, wl_dtype_name(b->model.dtype),
-           weight_bytes(&b->model) * 1e-9, b->copy_gbs);
+           c->fp8 ? " with FP8 projections" : "", weight_bytes(&b->model) * 1e-9, b->copy_gbs);
     printf("\n| prefill tokens | ms | tokens/s | %d prompts in one mixed step: ms | tokens/s |\n"
            "|---:|---:|---:|---:|---:|\n",
            MIXED_PROMPTS);
