@@ -541,9 +541,13 @@ static int cmd_check(int argc, char **argv)
         fprintf(stderr, "weft-llm: %s\n", wl_error());
         return 1;
     }
-    printf("%s: %s, %d layers, hidden %d, %d heads (%d kv), vocab %d, %s, %zu file(s)\n", argv[0],
+    printf("%s: %s, %d layers, hidden %d, %d heads (%d kv), vocab %d, %s%s, %zu file(s)\n", argv[0],
            m.cfg.model_type, m.cfg.layers, m.cfg.hidden, m.cfg.heads, m.cfg.kv_heads, m.cfg.vocab,
-           wl_dtype_name(m.dtype), m.n_files);
+           wl_dtype_name(m.dtype),
+           m.cfg.fp8 ? (m.cfg.fp8_tensor_scale ? " with FP8 projections (a scale a tensor)"
+                                               : " with FP8 projections (a scale a channel)")
+                     : "",
+           m.n_files);
     wl_model_close(&m);
     return 0;
 }
