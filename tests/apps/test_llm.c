@@ -412,8 +412,8 @@ static void test_forward_variants_match_reference(void **state)
  * prompt and decode steps; its batched and mixed-step rows against each
  * sequence alone; its logits near its bf16 twin's (the same draws before
  * quantization: within FP8's precision, far from unrelated logits); and
- * what a checkpoint may get wrong: static activation scales, FP8 where
- * the config says nothing. */
+ * what a checkpoint may get wrong: static activation scales, scales
+ * that are not what the config says, FP8 where the config says nothing. */
 static void test_fp8_weights(void **state)
 {
     (void)state;
@@ -452,6 +452,13 @@ static void test_fp8_weights(void **state)
     assert_int_equal(wl_model_open(&m, fp8), -1);
     printf("  static activation scales: %s\n", wl_error());
     assert_non_null(strstr(wl_error(), "dynamically per token"));
+    json_t *group = json_object_get(json_object_get(q, "config_groups"), "group_0");
+    json_object_set_new(json_object_get(group, "input_activations"), "dynamic", json_true());
+    json_object_set_new(json_object_get(group, "weights"), "strategy", json_string("tensor"));
+    assert_int_equal(json_dump_file(c, cfg, 0), 0);
+    assert_int_equal(wl_model_open(&m, fp8), -1);
+    printf("  a scale a tensor said, a scale a row found: %s\n", wl_error());
+    assert_non_null(strstr(wl_error(), "need one scale"));
     json_object_del(c, "quantization_config");
     assert_int_equal(json_dump_file(c, cfg, 0), 0);
     assert_int_equal(wl_model_open(&m, fp8), -1);
