@@ -111,8 +111,8 @@ typedef enum weft_backend {
  * The library reads only the fields size covers and takes the others as
  * their defaults (zero), so a program built against this header keeps
  * working with a later weft whose structs have grown (weft_stats_get passes
- * the caller's sizeof itself: a weft_stats needs no initializing). size 0 means the layout of weft 0.1 (the
- * first with a size field), so a zeroed struct is all defaults and
+ * the caller's sizeof itself: a weft_stats needs no initializing). size 0 means the layout of weft
+ * 0.1 (the first with a size field), so a zeroed struct is all defaults and
  * {.workers = 4} still means what it says. A size beyond what the library
  * knows (a program built against a later header) is accepted when the
  * fields the library does not know are zero, and refused with WEFT_EINVAL
@@ -178,13 +178,13 @@ typedef struct weft_stats {
     /* Set by weft_stats_get: the bytes it filled (what both the caller's
      * header and this weft know). */
     size_t size;
-    uint64_t spawned;        /* tasks spawned */
-    uint64_t finished;       /* tasks that ended (ran to the end or were dropped) */
-    uint64_t switches;       /* times a worker switched into a task */
-    uint64_t steals;         /* tasks taken from another worker's queue */
-    uint64_t parks;          /* times a worker went to sleep for want of work */
-    uint64_t awaits;         /* weft_await calls that had device work to wait for */
-    double await_mean_us;    /* their mean time from the call to the return */
+    uint64_t spawned;     /* tasks spawned */
+    uint64_t finished;    /* tasks that ended (ran to the end or were dropped) */
+    uint64_t switches;    /* times a worker switched into a task */
+    uint64_t steals;      /* tasks taken from another worker's queue */
+    uint64_t parks;       /* times a worker went to sleep for want of work */
+    uint64_t awaits;      /* weft_await calls that had device work to wait for */
+    double await_mean_us; /* their mean time from the call to the return */
     /* Per device (the first WEFT_STATS_DEVICES), the time it had work
      * outstanding: from work enqueued while it was idle until the last
      * pending work is seen complete. A GPU counts time its work waits in
@@ -398,8 +398,8 @@ int weft_host_async(void (*fn)(void *arg), void *arg);
 /* Launch kernel - the address of a __global__ function, as for
  * cudaLaunchKernel - with args[i] pointing at its i-th argument. Task only.
  * The host backend has no kernels: WEFT_EINVAL. */
-int weft_launch(const void *kernel, weft_dim3 grid, weft_dim3 block,
-                size_t shared_bytes, void **args);
+int weft_launch(const void *kernel, weft_dim3 grid, weft_dim3 block, size_t shared_bytes,
+                void **args);
 
 /* Suspend until everything the calling task enqueued has completed. Task
  * only. Not cut short by cancellation (work in flight may point into the
@@ -411,6 +411,12 @@ int weft_await(void);
  * launches) can enqueue on it; weft_await covers their work too. NULL with
  * the host backend. Task only. */
 int weft_stream(void **stream);
+
+/* The device of the calling task's stream as WEFT_DEVICE(i) (placing the
+ * task now if it has none yet, as weft_stream does): what a task passes to
+ * weft_task_opts.device so that the tasks it spawns work on its device.
+ * Task only. */
+int weft_task_device(unsigned *device);
 
 /* Device memory from the stream-ordered allocator (cudaMallocAsync on the
  * calling task's stream): usable by work enqueued after it. Task only.
@@ -513,8 +519,8 @@ int weft_graph_add_fill(weft_graph *g, weft_graph_node *node, const weft_graph_n
                         size_t ndeps, void *dst, int value, size_t n);
 int weft_graph_add_host(weft_graph *g, weft_graph_node *node, const weft_graph_node *deps,
                         size_t ndeps, void (*fn)(void *arg), void *arg);
-int weft_graph_add_event_record(weft_graph *g, weft_graph_node *node,
-                                const weft_graph_node *deps, size_t ndeps, void *cuda_event);
+int weft_graph_add_event_record(weft_graph *g, weft_graph_node *node, const weft_graph_node *deps,
+                                size_t ndeps, void *cuda_event);
 int weft_graph_add_event_wait(weft_graph *g, weft_graph_node *node, const weft_graph_node *deps,
                               size_t ndeps, void *cuda_event);
 int weft_graph_add_child(weft_graph *g, weft_graph_node *node, const weft_graph_node *deps,

@@ -729,9 +729,7 @@ static void *upload_part_task(void *arg)
 /* The list's copies made by up to UPLOAD_TASKS tasks, each a run of about
  * equal bytes, so that the files' pages are read and the host's side of
  * the copies made on several threads, while this task hands the progress
- * to m's on_load every 100 ms. The tasks go to the least loaded device
- * (weft has no call for the caller's); a copy to another GPU's memory is
- * made all the same, through the runtime's unified addressing. The
+ * to m's on_load every 100 ms. The tasks work on the caller's device. The
  * uploading task is not to be cancelled (the engine's setup task never
  * is): if it is, its copying tasks are cancelled and left to end on their
  * own, and copies they had under way may still land in the device block. */
@@ -748,6 +746,10 @@ int wl_copy_all(wl_model *m, const wl_copy_list *l)
     atomic_init(&u->refs, 1);
     weft_task_opts opts = WEFT_TASK_OPTS_INIT;
     opts.name = "upload";
+    if (weft_task_device(&opts.device) != WEFT_OK) {
+        upload_drop(u);
+        return wl_fail("upload: %s", weft_last_error());
+    }
     for (size_t from = 0, acc = 0; from < l->n && spawned < UPLOAD_TASKS; spawned++) {
         size_t goal = l->bytes / UPLOAD_TASKS * (size_t)(spawned + 1), to = from;
         while (to < l->n && (to == from || acc < goal || spawned == UPLOAD_TASKS - 1))

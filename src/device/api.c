@@ -201,6 +201,21 @@ int weft_stream(void **stream)
     return rc;
 }
 
+int weft_task_device(unsigned *device)
+{
+    weft__task *t = NULL;
+    weft__stream *s;
+    if (!device)
+        return weft__fail(WEFT_EINVAL, "weft_task_device: device is NULL");
+    int rc = weft__task_stream("weft_task_device", &t, &s);
+    if (rc != WEFT_OK)
+        return rc;
+    if (!t->stream_device) /* a region's recording stream before any of the task's own */
+        return weft__fail(WEFT_ESTATE, "weft_task_device: the task has no device yet");
+    *device = WEFT_DEVICE(t->stream_device->index);
+    return WEFT_OK;
+}
+
 int weft_malloc_async(void **ptr, size_t n)
 {
     weft__task *t = NULL;
