@@ -742,7 +742,8 @@ int wl_copy_all(wl_model *m, const wl_copy_list *l)
         free(u);
         return wl_fail("upload: out of memory");
     }
-    memcpy(u->copies, l->at, l->n * sizeof *u->copies);
+    if (l->n) /* an empty list may have no array */
+        memcpy(u->copies, l->at, l->n * sizeof *u->copies);
     atomic_init(&u->refs, 1);
     weft_task_opts opts = WEFT_TASK_OPTS_INIT;
     opts.name = "upload";
