@@ -144,7 +144,7 @@ static int bind_fp8(binder *b, const char *dir, const char *name, uint64_t rows,
     if (t->dtype != WEFT_DTYPE_F8_E4M3)
         return wl_fail("%s: tensor %s is %s; the config's quantization makes it F8_E4M3", dir, name,
                        wl_dtype_name(t->dtype));
-    snprintf(sname, sizeof sname, "%.*s_scale", (int)strlen(name), name);
+    snprintf(sname, sizeof sname, "%s_scale", name);
     if (find(b, dir, sname, &st))
         return -1;
     uint64_t n = 1;

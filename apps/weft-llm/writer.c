@@ -295,21 +295,32 @@ static void put(const wl_st_spec *s, void *buf, size_t i, float v)
     wl_store(s->dtype, buf, i, wl_load(WEFT_DTYPE_BF16, &b, 0));
 }
 
+/* A tensor's values are drawn in chunks of this many, each chunk n normal
+ * draws of standard deviation sd: Box-Muller gives two a draw (an odd
+ * chunk's last leaves its second unused). */
+enum { CHUNK = 1 << 16 };
+
+static void normals(uint64_t *state, double sd, float *out, size_t n)
+{
+    for (size_t i = 0; i < n; i += 2) {
+        double r = sd * sqrt(-2.0 * log1p(-wl_rand_uniform(state)));
+        double a = 2.0 * M_PI * wl_rand_uniform(state);
+        out[i] = (float)(r * cos(a));
+        if (i + 1 < n)
+            out[i + 1] = (float)(r * sin(a));
+    }
+}
+
 static int fill(FILE *f, const wl_st_spec *s, double sd, uint64_t seed)
 {
-    enum { CHUNK = 1 << 16 };
-    static float buf[CHUNK];
+    static float vals[CHUNK], buf[CHUNK];
     size_t es = wl_dtype_size(s->dtype);
     uint64_t count = spec_bytes(s) / es, state = seed;
     while (count) {
         size_t n = count < CHUNK ? (size_t)count : CHUNK;
-        for (size_t i = 0; i < n; i += 2) { /* Box-Muller gives two normals a draw */
-            double r = sd * sqrt(-2.0 * log1p(-wl_rand_uniform(&state)));
-            double a = 2.0 * M_PI * wl_rand_uniform(&state);
-            put(s, buf, i, sd == ONES ? 1.0f : (float)(r * cos(a)));
-            if (i + 1 < n)
-                put(s, buf, i + 1, sd == ONES ? 1.0f : (float)(r * sin(a)));
-        }
+        normals(&state, sd, vals, n);
+        for (size_t i = 0; i < n; i++)
+            put(s, buf, i, sd == ONES ? 1.0f : vals[i]);
         if (fwrite(buf, es, n, f) != n)
             return wl_fail("write failed: %s", strerror(errno));
         count -= n;
@@ -323,7 +334,6 @@ static int fill(FILE *f, const wl_st_spec *s, double sd, uint64_t seed)
  * after it. */
 static int fill_fp8(FILE *f, spec_list *l, const wl_st_spec *s, double sd, uint64_t seed)
 {
-    enum { CHUNK = 1 << 16 };
     size_t rows = (size_t)s->shape[0], cols = (size_t)s->shape[1], count = rows * cols;
     float *v = malloc(count * sizeof *v);
     uint8_t *codes = malloc(count);
@@ -334,16 +344,10 @@ static int fill_fp8(FILE *f, spec_list *l, const wl_st_spec *s, double sd, uint6
         return wl_fail("out of memory for %s", s->name);
     }
     uint64_t state = seed;
-    for (size_t at = 0; at < count; at += CHUNK) { /* fill's chunks: the same pairs */
-        size_t n = count - at < CHUNK ? count - at : CHUNK;
-        for (size_t i = 0; i < n; i += 2) {
-            double r = sd * sqrt(-2.0 * log1p(-wl_rand_uniform(&state)));
-            double a = 2.0 * M_PI * wl_rand_uniform(&state);
-            v[at + i] = wl_round(WEFT_DTYPE_BF16, (float)(r * cos(a)));
-            if (i + 1 < n)
-                v[at + i + 1] = wl_round(WEFT_DTYPE_BF16, (float)(r * sin(a)));
-        }
-    }
+    for (size_t at = 0; at < count; at += CHUNK) /* fill's chunks: the same draws */
+        normals(&state, sd, v + at, count - at < CHUNK ? count - at : CHUNK);
+    for (size_t i = 0; i < count; i++)
+        v[i] = (float)wl_round(WEFT_DTYPE_BF16, v[i]);
     int rc = 0;
     if (weft_quantize_fp8(NULL, WEFT_DTYPE_F8_E4M3, codes, l->scales, WEFT_DTYPE_F32, v, rows, cols,
                           cols, cols) != WEFT_OK)
