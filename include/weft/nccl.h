@@ -46,13 +46,19 @@
  *  - Order: as with NCCL, every rank must issue the same collectives on a
  *    communicator in the same order, and one communicator must not be used
  *    by two tasks at once.
- *  - A dead peer. NCCL's errors are polled by weft_nccl_comm_check and
- *    weft_nccl_await, not yet by weft's completion engine: a task that
- *    awaits a collective whose peer died with weft_await waits until the
- *    collective ends, which may be never. Await collectives that can hang
- *    with weft_nccl_await and a deadline: it aborts the communicator on an
- *    error or when the deadline passes, which ends the collective's work
- *    on the GPU, and returns WEFT_EDEVICE or WEFT_ETIMEDOUT.
+ *  - A dead peer fails tasks; it does not hang them. A watcher thread
+ *    (running while any communicator exists) follows each collective until
+ *    it ends, polling the busy communicators' asynchronous errors every
+ *    0.1 to 2 ms. On an error (a peer that died, a network failure) or
+ *    when an operation has been in flight longer than the communicator's
+ *    timeout (weft_nccl_comm_set_timeout; none by default), it aborts the
+ *    communicator, which ends its collectives' work on the GPU, and every
+ *    task whose collective had not ended gets the cause from its next
+ *    weft_await (and its join): WEFT_EDEVICE with NCCL's text, or
+ *    WEFT_ETIMEDOUT. Their buffers' contents are then undefined, and the
+ *    communicator takes no more work (WEFT_ESTATE) but its destroy.
+ *    Collectives recorded inside a graph region are not followed (they run
+ *    at the graph's launch); weft_nccl_await bounds those too.
  */
 #ifndef WEFT_NCCL_H
 #define WEFT_NCCL_H
@@ -125,8 +131,17 @@ int weft_nccl_comm_info(const weft_nccl_comm *comm, int *rank, int *nranks, unsi
  * aborted. Does not abort comm. */
 int weft_nccl_comm_check(weft_nccl_comm *comm);
 
+/* Abort comm by itself when one of its operations has been in flight (from
+ * its enqueue, so time queued behind the stream's earlier work counts) for
+ * longer than ns; 0 (the default) never. The tasks whose collectives had
+ * not ended get WEFT_ETIMEDOUT from their weft_await. Choose ns well above
+ * the slowest collective: an abort cannot be undone. WEFT_ESTATE once comm
+ * was aborted. */
+int weft_nccl_comm_set_timeout(weft_nccl_comm *comm, uint64_t ns);
+
 /* Abort comm (ncclCommAbort): its operations in flight end on the GPU
- * (their results are undefined) and NCCL frees it. Every later call with
+ * (their results are undefined; their tasks' weft_await returns
+ * WEFT_EDEVICE) and NCCL frees it. Every later call with
  * comm returns WEFT_ESTATE, but weft_nccl_comm_destroy, which frees the
  * handle. Aborting twice returns WEFT_ESTATE. */
 int weft_nccl_comm_abort(weft_nccl_comm *comm);
@@ -189,11 +204,10 @@ int weft_nccl_group_end(void);
 /* ---- waiting with a bound --------------------------------------------- */
 
 /* Suspend until everything the calling task has enqueued has completed, as
- * weft_await, while polling comm's asynchronous error every few hundred
- * microseconds up to a millisecond or so. On an error NCCL reports, comm is
- * aborted and the call returns WEFT_EDEVICE with NCCL's text; when
- * deadline_ns (weft_now_ns's clock) passes first, comm is aborted and the
- * call returns WEFT_ETIMEDOUT. Either way the aborted collective's work
+ * weft_await does (with the watcher's verdicts: an error NCCL reports
+ * aborts comm and returns WEFT_EDEVICE with NCCL's text); when deadline_ns
+ * (weft_now_ns's clock) passes first, comm is aborted and the call returns
+ * WEFT_ETIMEDOUT. Either way the aborted collective's work
  * ends on the GPU: the call then waits up to 10 s more for the task's
  * stream to drain, and says in the message if it did not (the buffers may
  * then still be in use). On WEFT_OK the task's work has completed, as after

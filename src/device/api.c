@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "core/clock.h"
+#include "device/await_check.h"
 #include "device/device.h"
 #include "device/event.h"
 #include "task/tasks.h"
@@ -238,6 +239,45 @@ int weft_free_async(void *ptr)
 
 /* ---- waiting ----------------------------------------------------------- */
 
+struct weft__await_check_node {
+    struct weft__await_check_node *next;
+    int (*check)(void *arg);
+    void (*release)(void *arg);
+    void *arg;
+};
+
+int weft__await_check_add(int (*check)(void *arg), void (*release)(void *arg), void *arg)
+{
+    weft__task *t = NULL;
+    int rc = self_task("weft__await_check_add", &t);
+    if (rc == WEFT_OK && !t->stream)
+        rc = weft__fail(WEFT_ESTATE, "weft__await_check_add: the task has no device work");
+    struct weft__await_check_node *n = rc ? NULL : malloc(sizeof *n);
+    if (rc == WEFT_OK && !n)
+        rc = weft__fail(WEFT_ENOMEM, "weft__await_check_add: out of memory");
+    if (rc) {
+        release(arg);
+        return rc;
+    }
+    *n = (struct weft__await_check_node){t->checks, check, release, arg};
+    t->checks = n; /* run newest first: the order does not matter */
+    return WEFT_OK;
+}
+
+/* The drain's checks, once t's stream is idle: the first failure wins. */
+static int run_checks(weft__task *t, int rc)
+{
+    while (t->checks) {
+        struct weft__await_check_node *n = t->checks;
+        t->checks = n->next;
+        if (rc == WEFT_OK)
+            rc = n->check(n->arg);
+        n->release(n->arg);
+        free(n);
+    }
+    return rc;
+}
+
 /* Wait for t's stream to drain and give it back; remember a failure. */
 static int drain(weft__task *t)
 {
@@ -253,6 +293,7 @@ static int drain(weft__task *t)
     dev->ops->stream_return(dev, s);
     t->stream = NULL;
     t->stream_device = NULL;
+    rc = run_checks(t, rc);
     if (rc && t->device_status == WEFT_OK)
         t->device_status = rc;
     return rc;

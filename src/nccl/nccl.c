@@ -23,34 +23,26 @@
  *    so no other task runs on the thread before the group ends (checked).
  *    Inside a group nothing is polled; the outermost end polls every
  *    communicator the group used.
+ *  - Every operation on the stream is handed to the watcher (watch.c),
+ *    which fails its task's await if the communicator is aborted before
+ *    the operation ends; a communicator is polled through the watcher's
+ *    lock (weft__nccl_state), never racing an abort.
  */
-#include <cuda_runtime_api.h>
-#include <nccl.h>
-#include <stdatomic.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "core/error.h"
-#include "weft/nccl.h"
+#include "nccl/comm.h"
 
 _Static_assert(sizeof(weft_nccl_id) == sizeof(ncclUniqueId), "weft_nccl_id is ncclUniqueId");
 
 enum {
     NAP_MIN_NS = 20000,   /* first nap while NCCL is in progress */
     NAP_MAX_NS = 1000000, /* the nap grows to this */
-    AWAIT_STEP_MIN_NS = 100000,
-    AWAIT_STEP_MAX_NS = 2000000,
 };
 #define ABORT_DRAIN_NS 10000000000ull /* how long an aborted collective may take to end */
-
-struct weft_nccl_comm {
-    ncclComm_t nc;
-    int device, rank, nranks;
-    atomic_bool aborted; /* nc is gone: only destroy may follow */
-};
 
 /* The group open on this thread, if any. */
 static _Thread_local struct {
@@ -126,13 +118,14 @@ static void restore_device(int saved)
 
 /* Poll c until NCCL is no longer setting it up, or until deadline
  * (WEFT_ETIMEDOUT, without a message: the caller says what timed out). */
-static int settle(const weft_nccl_comm *c, uint64_t deadline, const char *fn)
+static int settle(weft_nccl_comm *c, uint64_t deadline, const char *fn)
 {
     uint64_t ns = NAP_MIN_NS;
     for (;;) {
-        ncclResult_t state = ncclSuccess, r = ncclCommGetAsyncError(c->nc, &state);
-        if (r != ncclSuccess)
-            return nccl_fail(fn, c, r);
+        bool aborted = false;
+        ncclResult_t state = weft__nccl_state(c, &aborted);
+        if (aborted)
+            return weft__fail(WEFT_EDEVICE, "%s: the communicator was aborted", fn);
         if (state == ncclSuccess)
             return WEFT_OK;
         if (state != ncclInProgress)
@@ -262,6 +255,12 @@ int weft_nccl_comm_init_all(weft_runtime *rt, unsigned ndev, const unsigned *dev
     for (unsigned i = 0; i < ndev; i++)
         if ((rc = settle(cs[i], WEFT_FOREVER, fn)))
             goto fail;
+    for (unsigned i = 0; i < ndev; i++)
+        if ((rc = weft__nccl_watch_comm(fn))) {
+            while (i-- > 0)
+                weft__nccl_unwatch_comm(cs[i]);
+            goto fail;
+        }
     memcpy(comms, cs, ndev * sizeof *cs);
     free(cs);
     return WEFT_OK;
@@ -326,6 +325,10 @@ int weft_nccl_comm_init_rank(weft_runtime *rt, unsigned device, int nranks, cons
         discard(&c, 1);
         return rc;
     }
+    if ((rc = weft__nccl_watch_comm(fn))) {
+        discard(&c, 1);
+        return rc;
+    }
     *comm = c;
     return WEFT_OK;
 }
@@ -358,24 +361,28 @@ int weft_nccl_comm_check(weft_nccl_comm *comm)
     int rc = live(comm, fn);
     if (rc)
         return rc;
-    ncclResult_t state = ncclSuccess, r = ncclCommGetAsyncError(comm->nc, &state);
-    if (r == ncclSuccess)
-        r = state;
+    bool aborted = false;
+    ncclResult_t r = weft__nccl_state(comm, &aborted);
+    if (aborted)
+        return live(comm, fn);
     return r == ncclSuccess || r == ncclInProgress ? WEFT_OK : nccl_fail(fn, comm, r);
+}
+
+int weft_nccl_comm_set_timeout(weft_nccl_comm *comm, uint64_t ns)
+{
+    int rc = live(comm, "weft_nccl_comm_set_timeout");
+    if (rc == WEFT_OK)
+        weft__nccl_set_timeout(comm, ns);
+    return rc;
 }
 
 int weft_nccl_comm_abort(weft_nccl_comm *comm)
 {
     if (!comm)
         return weft__fail(WEFT_EINVAL, "weft_nccl_comm_abort: comm is NULL");
-    if (atomic_exchange(&comm->aborted, true))
+    ncclResult_t r = ncclSuccess;
+    if (!weft__nccl_abort(comm, WEFT_EDEVICE, "weft_nccl_comm_abort was called", &r))
         return weft__fail(WEFT_ESTATE, "weft_nccl_comm_abort: the communicator was aborted");
-    int saved = -1;
-    cudaError_t e = cudaGetDevice(&saved);
-    ncclResult_t r = ncclCommAbort(comm->nc);
-    if (e == cudaSuccess)
-        restore_device(saved);
-    comm->nc = NULL;
     return r == ncclSuccess ? WEFT_OK : nccl_fail("weft_nccl_comm_abort", NULL, r);
 }
 
@@ -385,7 +392,7 @@ int weft_nccl_comm_destroy(weft_nccl_comm *comm)
     if (!comm)
         return WEFT_OK;
     int rc = WEFT_OK, saved = -1;
-    if (!atomic_load(&comm->aborted) && (rc = use_device(comm->device, &saved, fn)) == WEFT_OK) {
+    if (!weft__nccl_close(comm) && (rc = use_device(comm->device, &saved, fn)) == WEFT_OK) {
         ncclResult_t r = ncclCommFinalize(comm->nc);
         if (r == ncclSuccess || r == ncclInProgress)
             rc = settle(comm, WEFT_FOREVER, fn);
@@ -396,6 +403,7 @@ int weft_nccl_comm_destroy(weft_nccl_comm *comm)
             rc = nccl_fail(fn, NULL, r);
         restore_device(saved);
     }
+    weft__nccl_unwatch_comm(comm);
     free(comm);
     return rc;
 }
@@ -575,9 +583,10 @@ static int enqueued(const call *k, weft_nccl_comm *c, ncclResult_t r)
 {
     if (r != ncclSuccess && r != ncclInProgress)
         return nccl_fail(k->fn, c, r);
-    if (group.depth > 0 || r == ncclSuccess)
-        return WEFT_OK;
-    return settle(c, WEFT_FOREVER, k->fn);
+    if (group.depth > 0)
+        return WEFT_OK; /* group_end follows what it launches */
+    int rc = r == ncclInProgress ? settle(c, WEFT_FOREVER, k->fn) : WEFT_OK;
+    return rc ? rc : weft__nccl_watch_op(c, k->stream, k->fn);
 }
 
 /* Make c's GPU current around an NCCL call; note c in an open group. */
@@ -739,6 +748,11 @@ int weft_nccl_group_end(void)
     for (size_t i = 0; i < n && rc == WEFT_OK; i++)
         if (r == ncclInProgress)
             rc = settle(cs[i], WEFT_FOREVER, fn);
+    void *stream = NULL;
+    if (rc == WEFT_OK && n > 0)
+        rc = weft_stream(&stream);
+    for (size_t i = 0; i < n && rc == WEFT_OK; i++)
+        rc = weft__nccl_watch_op(cs[i], (cudaStream_t)stream, fn);
     free(cs);
     return rc;
 }
@@ -756,41 +770,21 @@ int weft_nccl_await(weft_nccl_comm *comm, uint64_t deadline_ns)
     weft_event *ev = NULL;
     if ((rc = weft_event_record(&ev)))
         return rc;
-    uint64_t step = AWAIT_STEP_MIN_NS;
-    ncclResult_t fault = ncclSuccess;
-    for (;;) {
-        uint64_t now = weft_now_ns();
-        uint64_t until = deadline_ns <= now || deadline_ns - now <= step ? deadline_ns : now + step;
-        rc = weft_event_await_until(ev, until);
-        if (rc != WEFT_ETIMEDOUT)
-            break; /* done, or the device failed (the message is set) */
-        ncclResult_t state = ncclSuccess, r = ncclCommGetAsyncError(comm->nc, &state);
-        fault = r != ncclSuccess ? r : state;
-        if (fault != ncclSuccess && fault != ncclInProgress)
-            break;
-        fault = ncclSuccess;
-        if (weft_now_ns() >= deadline_ns)
-            break;
-        step = step * 2 < AWAIT_STEP_MAX_NS ? step * 2 : AWAIT_STEP_MAX_NS;
-    }
+    /* The watcher aborts comm on NCCL's errors (the collectives then end,
+     * and weft_await reports them); the deadline is this call's own. */
+    rc = weft_event_await_until(ev, deadline_ns);
     if (rc != WEFT_ETIMEDOUT) {
         weft_event_destroy(ev);
         return rc == WEFT_OK ? weft_await() : rc;
     }
-    /* An error or the deadline: abort, so that the collective's kernels end,
-     * and give the stream a bounded time to drain. */
-    char cause[96];
-    if (fault != ncclSuccess) {
-        const char *last = ncclGetLastError(comm->nc);
-        snprintf(cause, sizeof cause, "NCCL: %s%s%s", ncclGetErrorString(fault),
-                 last && *last ? ": " : "", last ? last : "");
-    } else {
-        snprintf(cause, sizeof cause, "the deadline passed");
-    }
-    weft_nccl_comm_abort(comm);
+    weft__nccl_abort(comm, WEFT_ETIMEDOUT, "weft_nccl_await's deadline passed", NULL);
     int drained = weft_event_await_until(ev, weft_deadline_in_ns(ABORT_DRAIN_NS));
     weft_event_destroy(ev);
-    return weft__fail(fault != ncclSuccess ? WEFT_EDEVICE : WEFT_ETIMEDOUT,
-                      "%s: %s; communicator aborted%s", fn, cause,
-                      drained == WEFT_OK ? "" : ", the stream still busy");
+    if (drained != WEFT_OK)
+        return weft__fail(WEFT_ETIMEDOUT,
+                          "%s: the deadline passed; communicator aborted, the stream still busy",
+                          fn);
+    rc = weft_await(); /* the aborted collectives' verdicts, or the device's */
+    return rc ? rc
+              : weft__fail(WEFT_ETIMEDOUT, "%s: the deadline passed; communicator aborted", fn);
 }

@@ -313,6 +313,7 @@ static int spawn_in(weft_runtime *rt, weft_task **out, void *(*fn)(void *), void
     t->stream = NULL;
     t->stream_device = NULL;
     t->device_status = WEFT_OK;
+    t->checks = NULL;
     t->region_open = t->region_broken = false;
     t->region_stream = NULL;
     t->errmsg.msg[0] = '\0';

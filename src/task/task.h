@@ -73,6 +73,7 @@ typedef struct weft__task {
     struct weft__stream *stream; /* leased on first device work */
     struct weft__device *stream_device; /* the device stream belongs to */
     int device_status;        /* first device failure, kept for join */
+    struct weft__await_check_node *checks; /* run at its next drain (device/await_check.h) */
     bool region_open;         /* between weft_region_begin and _end */
     struct weft__stream *region_stream; /* records the region's work, or NULL */
     bool region_broken;       /* it tried to suspend: the region is dropped */

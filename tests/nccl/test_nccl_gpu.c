@@ -6,12 +6,15 @@
  * 0), where every collective's result is its input - all-reduce with each
  * op, all-gather, reduce-scatter, broadcast, send/recv to self in a group -
  * on fresh random data of several dtypes, outputs poisoned first; the error
- * paths; weft_nccl_await; abort. Two GPUs or more: one communicator over all
- * of them, one task per rank on its device, an all-reduce sum (int32 exact,
- * float32 within rounding) against the host's sum; else it says "skipped:
- * one GPU".
+ * paths; weft_nccl_await; abort; the watcher failing the awaits of
+ * collectives whose communicator timed out or was aborted before they
+ * ended (queued behind a host function that holds the stream). Two GPUs or more: one communicator
+ * over all of them, one task per rank on its device, an all-reduce sum (int32 exact, float32 within
+ * rounding) against the host's sum; else it says "skipped: one GPU".
  */
 #include <math.h>
+#include <stdatomic.h>
+#include <time.h>
 
 #include "gpu_support/gpu_test.h"
 #include "weft/nccl.h"
@@ -259,6 +262,92 @@ static void test_errors(void **state)
     gt_runtime_destroy(rt);
 }
 
+/* ---- the watcher ---------------------------------------------------------- */
+
+enum { HOLD_MS = 300 };
+
+/* Keeps the task's stream busy, so that a collective queued after it
+ * cannot end before its communicator goes. */
+static void hold_stream(void *arg)
+{
+    (void)arg;
+    struct timespec ts = {0, HOLD_MS * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+typedef struct stuck {
+    weft_nccl_comm *comm;
+    atomic_int queued; /* the second collective is on the stream */
+    int awaited;       /* weft_await's result */
+    char cause[256];   /* and its message */
+    double waited;     /* seconds in that await */
+} stuck;
+
+/* A collective that ends before anything goes wrong awaits WEFT_OK; then
+ * one queued behind HOLD_MS of host work, whose fate the test decides. */
+static void *stuck_task(void *arg)
+{
+    stuck *s = arg;
+    void *a = NULL;
+    if (!GT_OK(weft_malloc_async(&a, 64)) || !GT_OK(weft_memset_async(a, 0, 64)) ||
+        !GT_OK(weft_nccl_all_reduce(s->comm, a, a, 16, WEFT_DTYPE_F32, WEFT_NCCL_SUM)) ||
+        !GT_OK(weft_await()))
+        return NULL;
+    if (!GT_OK(weft_host_async(hold_stream, NULL)) ||
+        !GT_OK(weft_nccl_all_reduce(s->comm, a, a, 16, WEFT_DTYPE_F32, WEFT_NCCL_SUM)))
+        return NULL;
+    atomic_store(&s->queued, 1);
+    double t0 = gt_now();
+    s->awaited = weft_await();
+    s->waited = gt_now() - t0;
+    snprintf(s->cause, sizeof s->cause, "%s", weft_last_error());
+    GT_RC(weft_nccl_all_reduce(s->comm, a, a, 16, WEFT_DTYPE_F32, WEFT_NCCL_SUM), WEFT_ESTATE);
+    GT_OK(weft_free_async(a));
+    GT_OK(weft_await()); /* the verdict was given once */
+    return NULL;
+}
+
+static void test_watcher(void **state)
+{
+    (void)state;
+    weft_runtime *rt = gt_runtime(4);
+    weft_task_opts opts = WEFT_TASK_OPTS_INIT;
+    opts.device = WEFT_DEVICE(0);
+    weft_task *t = NULL;
+
+    /* the communicator's timeout passes while the collective waits */
+    stuck s = {.comm = one_comm(rt)};
+    assert_rc(weft_nccl_comm_set_timeout(NULL, 1), WEFT_EINVAL);
+    assert_ok(weft_nccl_comm_set_timeout(s.comm, 50000000ull));
+    assert_ok(weft_spawn(rt, &t, stuck_task, &s, &opts));
+    assert_rc(weft_join(t, NULL), WEFT_ETIMEDOUT); /* the task's join reports it too */
+    gt_assert_passed();
+    assert_int_equal(s.awaited, WEFT_ETIMEDOUT);
+    assert_non_null(strstr(s.cause, "weft_nccl_all_reduce: the communicator was aborted"));
+    assert_non_null(strstr(s.cause, "timeout (50 ms)"));
+    assert_true(s.waited < gt_deadline(10)); /* the hold's time, not forever */
+    assert_rc(weft_nccl_comm_set_timeout(s.comm, 0), WEFT_ESTATE);
+    assert_ok(weft_nccl_comm_destroy(s.comm));
+
+    /* another thread aborts the communicator while the collective waits */
+    stuck u = {.comm = one_comm(rt)};
+    atomic_init(&u.queued, 0);
+    assert_ok(weft_spawn(rt, &t, stuck_task, &u, &opts));
+    double t0 = gt_now();
+    while (!atomic_load(&u.queued) && gt_now() - t0 < gt_deadline(30)) {
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(atomic_load(&u.queued), 1);
+    assert_ok(weft_nccl_comm_abort(u.comm));
+    assert_rc(weft_join(t, NULL), WEFT_EDEVICE);
+    gt_assert_passed();
+    assert_int_equal(u.awaited, WEFT_EDEVICE);
+    assert_non_null(strstr(u.cause, "weft_nccl_comm_abort was called"));
+    assert_ok(weft_nccl_comm_destroy(u.comm));
+    gt_runtime_destroy(rt);
+}
+
 /* ---- every GPU ------------------------------------------------------------ */
 
 enum { MULTI_COUNT = 1 << 20 };
@@ -371,6 +460,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_rank),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_watcher),
         cmocka_unit_test(test_all_gpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
