@@ -510,6 +510,35 @@ int weft_quantize_fp8(void *stream, weft_dtype out_type, void *out, float *scale
                       weft_dtype in_type, const void *in, size_t rows, size_t cols,
                       size_t in_stride, size_t out_stride);
 
+/* weft_rmsnorm into dtype, then weft_quantize_fp8 of that row, in one pass
+ * (an FP8 model's norm before its projections): out (out_type, E4M3 or
+ * E5M2, rows out_stride apart) and scales (fp32, one a row) are byte for
+ * byte what
+ *   weft_rmsnorm(stream, dtype, tmp, sum_out, in, residual, weight, eps,
+ *                rows, cols, stride);
+ *   weft_quantize_fp8(stream, out_type, out, scales, dtype, tmp, rows, cols,
+ *                     stride, out_stride);
+ * write, without tmp: the normalized row is rounded to dtype (as tmp holds
+ * it) before its largest magnitude is taken and before it is divided by
+ * the scale. sum_out (optional) is weft_rmsnorm's, written the same.
+ * On a GPU the pair it equals is the pair on the same stream, tmp 16-byte
+ * aligned (as any allocation is): the row's sum of squares is then taken
+ * as that weft_rmsnorm's kernel takes it, and the scales and codes follow
+ * exactly; the host reference is likewise the pair's host references
+ * exactly. Fastest as weft_rmsnorm says, and with out and out_stride
+ * multiples of 8 bytes (16-byte rows of the input). out and scales must
+ * not overlap each other or any input, nor sum_out.
+ * NaN/Inf: those of the two calls it stands for: a NaN in s = in +
+ * residual makes the row's out NaN and its scale FLT_MIN; an Inf in s (or
+ * squares that overflow fp32) makes its own positions NaN, every finite
+ * one 0 and the scale FLT_MIN; a normalized value past dtype's range (an
+ * fp16 row times a large weight) rounds to Inf, which makes the scale
+ * Inf, that element NaN and the row's finite ones 0. eps = 0 on a row of
+ * zeros gives NaN. */
+int weft_rmsnorm_fp8(void *stream, weft_dtype dtype, weft_dtype out_type, void *out, float *scales,
+                     void *sum_out, const void *in, const void *residual, const void *weight,
+                     float eps, size_t rows, size_t cols, size_t stride, size_t out_stride);
+
 /* ---- mixture of experts ------------------------------------------------ */
 
 /* The router's score of a logit x. */

@@ -26,11 +26,19 @@
  * of forming s (GELU(in + gelu_bias) + residual, as gelu.c computes it):
  * one pass where a framework runs the GELU chain, writes x, and reads it
  * back to normalize. The kernels (norm.cu) share the row machinery too.
+ *
+ * RMSNorm into FP8 (weft_rmsnorm_fp8) is RMSNorm with weft_quantize_fp8
+ * as its output: each normalized value is rounded to the dtype - what
+ * weft_rmsnorm would store - and the row's largest magnitude, the scale
+ * and the codes are taken from those values with quantize.h's helpers, so
+ * that the bytes are the two calls' without the row between them ever
+ * reaching memory.
  */
 #include <math.h>
 
 #include "core/error.h"
 #include "ops/ops_internal.h"
+#include "ops/quantize.h"
 
 typedef weft__norm_args norm_args;
 
@@ -51,6 +59,18 @@ static float sum_at(const norm_args *a, size_t i, size_t j)
     return s;
 }
 
+/* Column j's normalized value from its sum s, given mean (0 for RMSNorm)
+ * and rstd, before it is rounded to the dtype. */
+static float normalized(const norm_args *a, float s, size_t j, float mean, float rstd)
+{
+    float y = (s - mean) * rstd;
+    if (a->weight)
+        y *= weft__load(a->dtype, a->weight, j);
+    if (a->bias)
+        y += weft__load(a->dtype, a->bias, j);
+    return y;
+}
+
 /* Writes row r of out from its sum, given mean (0 for RMSNorm) and rstd. */
 static void write_row(const norm_args *a, size_t r, float mean, float rstd)
 {
@@ -58,15 +78,36 @@ static void write_row(const norm_args *a, size_t r, float mean, float rstd)
 
     for (size_t j = 0; j < a->cols; j++) {
         float s = sum_at(a, base + j, j);
-        float y = (s - mean) * rstd;
-        if (a->weight)
-            y *= weft__load(a->dtype, a->weight, j);
-        if (a->bias)
-            y += weft__load(a->dtype, a->bias, j);
         if (a->sum_out)
             weft__store(a->dtype, a->sum_out, base + j, s);
-        weft__store(a->dtype, a->out, base + j, y);
+        weft__store(a->dtype, a->out, base + j, normalized(a, s, j, mean, rstd));
     }
+}
+
+/* Writes row r of an RMSNorm into FP8 (out, scales): the normalized row
+ * rounded to the dtype, quantized as weft_quantize_fp8 quantizes it. Two
+ * passes, as that op's, forming the same values in each; sum_out is
+ * written in the second, as each element's last read of in and the
+ * residual, which it may be. */
+static void write_row_fp8(const norm_args *a, size_t r, float rstd)
+{
+    size_t base = r * a->stride;
+    uint8_t *out = (uint8_t *)a->out + r * a->out_stride;
+    float amax = 0.0f;
+
+    for (size_t j = 0; j < a->cols; j++) {
+        float y = normalized(a, sum_at(a, base + j, j), j, 0.0f, rstd);
+        amax = fmaxf(amax, fabsf(weft__round_to(a->dtype, y)));
+    }
+    float scale = weft__fp8_scale(a->out_type, amax);
+    for (size_t j = 0; j < a->cols; j++) {
+        float s = sum_at(a, base + j, j);
+        if (a->sum_out)
+            weft__store(a->dtype, a->sum_out, base + j, s);
+        float y = weft__round_to(a->dtype, normalized(a, s, j, 0.0f, rstd));
+        out[j] = weft__fp8_code(a->out_type, y, scale);
+    }
+    a->scales[r] = scale;
 }
 
 static void host_layernorm(const norm_args *a)
@@ -103,24 +144,69 @@ static void host_rmsnorm(const norm_args *a)
             float s = sum_at(a, base + j, j);
             weft__sum_add(&sq, s * s);
         }
-        float ms = weft__sum_get(&sq) / (float)a->cols;
-        write_row(a, r, 0.0f, 1.0f / sqrtf(ms + a->eps));
+        float ms = weft__sum_get(&sq) / (float)a->cols, rstd = 1.0f / sqrtf(ms + a->eps);
+        if (a->fp8)
+            write_row_fp8(a, r, rstd);
+        else
+            write_row(a, r, 0.0f, rstd);
     }
+}
+
+/* weft_rmsnorm_fp8's out and scales against every tensor it reads, sum_out
+ * and each other: it reads a row's inputs in two passes, and other rows'
+ * after writing its own, so no overlap is kept apart as the two calls it
+ * stands for would keep it. */
+static int check_fp8_overlaps(const char *op, const norm_args *a)
+{
+    const size_t es = weft__dtype_size(a->dtype);
+    const struct {
+        const char *name;
+        const void *p;
+        size_t rows, cols, stride, es;
+    } t[] = {
+        {"in", a->in, a->rows, a->cols, a->stride, es},
+        {"residual", a->residual, a->rows, a->cols, a->stride, es},
+        {"weight", a->weight, 1, a->cols, a->cols, es},
+        {"sum_out", a->sum_out, a->rows, a->cols, a->stride, es},
+        {"out", a->out, a->rows, a->cols, a->out_stride, 1},
+        {"scales", a->scales, 1, a->rows, a->rows, sizeof(float)},
+    };
+    enum { OUT = 4, N = sizeof t / sizeof *t };
+
+    for (size_t i = OUT; i < N; i++) {
+        uintptr_t ilo, ihi, klo, khi;
+        weft__extent(t[i].p, t[i].rows, t[i].cols, t[i].stride, t[i].es, &ilo, &ihi);
+        for (size_t k = 0; k < i; k++) {
+            if (!t[k].p)
+                continue;
+            weft__extent(t[k].p, t[k].rows, t[k].cols, t[k].stride, t[k].es, &klo, &khi);
+            if (ilo < khi && klo < ihi)
+                return weft__fail(WEFT_EINVAL, "%s: %s overlaps %s", op, t[i].name, t[k].name);
+        }
+    }
+    return WEFT_OK;
 }
 
 static int check(const char *op, void *stream, const norm_args *a)
 {
     int rc;
 
+    if (a->fp8 && !weft__is_f8(a->out_type))
+        return weft__fail(WEFT_EINVAL, "%s: out_type %d is not FP8 (WEFT_DTYPE_F8_E4M3 or _E5M2)",
+                          op, (int)a->out_type);
     if ((rc = weft__check_dtype(op, a->dtype)) != WEFT_OK)
         return rc;
     if (a->gelu && a->form != WEFT_GELU_TANH && a->form != WEFT_GELU_ERF)
         return weft__fail(WEFT_EINVAL, "%s: unknown GELU form %d", op, (int)a->form);
     if (isnan(a->eps) || isinf(a->eps) || a->eps < 0)
         return weft__fail(WEFT_EINVAL, "%s: eps %g is not finite and >= 0", op, (double)a->eps);
-    if ((rc = weft__check_rows(op, "the input", a->rows, a->cols, a->stride, a->dtype)) !=
-            WEFT_OK ||
-        (rc = weft__check_ptr(op, "out", a->out, 0, a->dtype)) != WEFT_OK ||
+    if ((rc = weft__check_rows(op, "the input", a->rows, a->cols, a->stride, a->dtype)) != WEFT_OK)
+        return rc;
+    if (a->fp8 && (rc = weft__check_rows(op, "the output", a->rows, a->cols, a->out_stride,
+                                         a->out_type)) != WEFT_OK)
+        return rc;
+    if ((rc = weft__check_ptr(op, "out", a->out, 0, a->fp8 ? a->out_type : a->dtype)) != WEFT_OK ||
+        (a->fp8 && (rc = weft__check_ptr(op, "scales", a->scales, 0, WEFT_DTYPE_F32)) != WEFT_OK) ||
         (rc = weft__check_ptr(op, a->gelu ? "x_out" : "sum_out", a->sum_out, 1, a->dtype)) !=
             WEFT_OK ||
         (rc = weft__check_ptr(op, "in", a->in, 0, a->dtype)) != WEFT_OK ||
@@ -130,7 +216,7 @@ static int check(const char *op, void *stream, const norm_args *a)
         (rc = weft__check_ptr(op, "bias", a->bias, 1, a->dtype)) != WEFT_OK ||
         (rc = weft__check_stream(op, stream)) != WEFT_OK)
         return rc;
-    return WEFT_OK;
+    return a->fp8 ? check_fp8_overlaps(op, a) : WEFT_OK;
 }
 
 /* The host reference of the call args describes. */
@@ -196,6 +282,28 @@ int weft_rmsnorm(void *stream, weft_dtype dtype, void *out, void *sum_out, const
                    .cols = cols,
                    .stride = stride};
     return run("weft_rmsnorm", stream, &a);
+}
+
+int weft_rmsnorm_fp8(void *stream, weft_dtype dtype, weft_dtype out_type, void *out, float *scales,
+                     void *sum_out, const void *in, const void *residual, const void *weight,
+                     float eps, size_t rows, size_t cols, size_t stride, size_t out_stride)
+{
+    norm_args a = {.dtype = dtype,
+                   .rms = 1,
+                   .fp8 = 1,
+                   .out = out,
+                   .sum_out = sum_out,
+                   .in = in,
+                   .residual = residual,
+                   .weight = weight,
+                   .eps = eps,
+                   .rows = rows,
+                   .cols = cols,
+                   .stride = stride,
+                   .out_type = out_type,
+                   .scales = scales,
+                   .out_stride = out_stride};
+    return run("weft_rmsnorm_fp8", stream, &a);
 }
 
 int weft_bias_gelu_residual_layernorm(void *stream, weft_dtype dtype, weft_gelu_form form,

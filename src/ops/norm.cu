@@ -18,37 +18,34 @@
  * and one or two writes, nothing else. For the fused op that is 2 reads
  * + 1 write where a framework's GELU kernel, residual add and LayerNorm
  * move 7 row-sized tensors.
+ *
+ * RMSNorm into FP8 (weft_rmsnorm_fp8) takes RMSNorm's path and plan -
+ * planned as for an aligned out, which its FP8 out stands in for - so
+ * that its statistics are those of the weft_rmsnorm call it replaces, and
+ * then writes the row as weft_quantize_fp8 would from that call's output:
+ * each value rounded to the dtype, the largest magnitude (one more
+ * reduction), the scale, the codes (quantize.cuh). 1 byte written an
+ * element where the two calls write the dtype's and read it back.
  */
 #include "ops/norm_launch.cuh"
 
 namespace weft_ops
 {
 
-/* the held path, each mode compiled in a file of its own (norm_launch.cuh) */
+/* the held path, each mode compiled in a file of its own (norm_launch.cuh),
+ * and RMSNorm into FP8 with all its kernels in norm_rms_fp8.cu */
 WEFT_NORM_HELD(extern, NORM_LAYER)
 WEFT_NORM_HELD(extern, NORM_RMS)
 WEFT_NORM_HELD(extern, NORM_GELU_ERF_LAYER)
 WEFT_NORM_HELD(extern, NORM_GELU_TANH_LAYER)
+WEFT_NORM_FP8_ROWS(extern)
 
 namespace
 {
 
-/* f(std::integral_constant<norm_mode, M>) for the args' mode M. */
-template <typename F> int by_mode(const weft__norm_args *a, F f)
-{
-    using std::integral_constant;
-    if (a->gelu && a->form == WEFT_GELU_TANH)
-        return f(integral_constant<norm_mode, NORM_GELU_TANH_LAYER>());
-    if (a->gelu)
-        return f(integral_constant<norm_mode, NORM_GELU_ERF_LAYER>());
-    if (a->rms)
-        return f(integral_constant<norm_mode, NORM_RMS>());
-    return f(integral_constant<norm_mode, NORM_LAYER>());
-}
-
 template <typename T> int launch(cudaStream_t stream, const char *op, const weft__norm_args *a)
 {
-    norm_params<T> p = {(T *)a->out,
+    norm_params<T> p = {a->fp8 ? nullptr : (T *)a->out,
                         (T *)a->sum_out,
                         (const T *)a->in,
                         (const T *)a->gelu_bias,
@@ -62,28 +59,17 @@ template <typename T> int launch(cudaStream_t stream, const char *op, const weft
                         a->rms != 0,
                         a->gelu != 0,
                         a->form};
+    if (!a->fp8)
+        return launch_norm_rows<T>(stream, op, a, p, a->out);
     constexpr int V = vec16<T>();
-    bool vec = aligned16(a->out) && aligned16(a->sum_out) && aligned16(a->in) &&
-               aligned16(a->gelu_bias) && aligned16(a->residual) && aligned16(a->weight) &&
-               aligned16(a->bias) && a->stride % V == 0;
-
-    row_plan staged, held;
-
-    /* 16 values a thread; on calls of few rows (few_rows) 8, in twice the
-     * threads, as a row's latency is then the whole call. */
-    const unsigned values = few_rows(a->rows) ? 8 : 16;
-    if (vec && plan_held(a->cols, V, values, &held)) {
-        return by_mode(a, [&](auto mode) {
-            return launch_held<T, decltype(mode)::value>(stream, op, a, p, held);
-        });
-    }
-    if (vec && plan_staged(a->cols, V, a->residual ? 2 : 1, &staged)) {
-        auto kernel = a->gelu ? norm_staged_kernel<T, true> : norm_staged_kernel<T, false>;
-        return launch_rows(op, stream, staged, p.rows, kernel, p, (size_t)staged.vpt);
-    }
-    if (vec)
-        return launch_plan<T, V>(op, stream, plan_rows(a->cols, V), p);
-    return launch_plan<T, 1>(op, stream, plan_rows(a->cols, 1), p);
+    auto *q = (__nv_fp8_storage_t *)a->out;
+    const norm_fp8_params<T> f = {p,
+                                  q,
+                                  a->scales,
+                                  a->out_stride,
+                                  fp8_type_of(a->out_type),
+                                  (uintptr_t)q % V == 0 && a->out_stride % V == 0};
+    return launch_norm_rows<T>(stream, op, a, f, nullptr);
 }
 
 } // namespace

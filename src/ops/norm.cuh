@@ -4,13 +4,16 @@
  * registers: staged in shared memory (aligned rows too long to hold) and
  * in register tiles (unaligned tensors, longer rows), with the register
  * kernel's launch by plan. The held kernels, the main path, are
- * norm_held.cuh's. Apart from the launcher (norm.cu), which says what
+ * norm_held.cuh's. RMSNorm into FP8 (weft_rmsnorm_fp8) instantiates each
+ * kernel again with norm_fp8_params, its own output after RMSNorm's
+ * statistics. Apart from the launcher (norm.cu), which says what
  * they compute and why, so that bench/ops/ can time other plans of the
  * same kernels side by side.
  */
 #ifndef WEFT_OPS_NORM_CUH
 #define WEFT_OPS_NORM_CUH
 
+#include "ops/quantize.cuh"
 #include "ops/rows.cuh"
 
 namespace weft_ops
@@ -24,6 +27,46 @@ template <typename T> struct norm_params {
     bool rms, gelu;
     weft_gelu_form form;
 };
+
+/* RMSNorm into FP8 (weft_rmsnorm_fp8): norm_params (out unused) and, in
+ * its place, rows of q_type q_stride apart with a scale a row; q_whole
+ * when q and q_stride allow a vector's codes as one store. A type of its
+ * own, so that the kernels of the other norms keep their parameters and
+ * their code. */
+template <typename T> struct norm_fp8_params : norm_params<T> {
+    __nv_fp8_storage_t *q;
+    float *scales;
+    size_t q_stride;
+    fp8_type q_type;
+    bool q_whole;
+};
+
+/* Whether P is norm_fp8_params: a kernel writing FP8. */
+template <typename P> struct writes_fp8 : std::false_type {
+};
+template <typename T> struct writes_fp8<norm_fp8_params<T>> : std::true_type {
+};
+
+/* The codes of the first n of V values (a normalized row rounded to T) at
+ * q, each divided by scale (quantize.cuh): one store of V bytes when
+ * n == V and `whole`, else a byte each. */
+template <int V>
+__device__ __forceinline__ void store_codes(__nv_fp8_storage_t *q, const float (&y)[V], int n,
+                                            float scale, fp8_type type, bool whole)
+{
+    vec<__nv_fp8_storage_t, V> c;
+#pragma unroll
+    for (int e = 0; e < V; e++)
+        c.e[e] = fp8_code(y[e], scale, type);
+    if (n == V && whole) {
+        *reinterpret_cast<vec<__nv_fp8_storage_t, V> *>(q) = c;
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < V; e++)
+        if (e < n)
+            q[e] = c.e[e];
+}
 
 /* The statistics' finish, with a reciprocal in place of each division
  * (within the tests' bounds, and instructions fewer a row). LayerNorm in
@@ -129,12 +172,75 @@ __device__ __forceinline__ void store_row(const norm_params<T> &p, const row_pla
     }
 }
 
+/* RMSNorm's normalized values of the V sums x at column j with their
+ * roundings as store_row's ((s - mean) * rstd, times w: RMSNorm has no
+ * bias), rounded to T: what weft_rmsnorm writes and weft_quantize_fp8
+ * reads back. The register and staged kernels' FP8 output. */
+template <typename T, int V>
+__device__ __forceinline__ void rms_rounded(const norm_params<T> &p, size_t j, const float (&x)[V],
+                                            float mean, float rstd, float (&y)[V])
+{
+    float w[V];
+    if (p.weight && V > 1 && j + V <= p.cols) {
+        load_vec<T, V>(w, p.weight + j);
+    } else {
+#pragma unroll
+        for (int e = 0; e < V; e++)
+            w[e] = p.weight && j + e < p.cols ? to_f32(p.weight[j + e]) : 1.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+        float v = __fmul_rn(x[e] - mean, rstd);
+        if (p.weight)
+            v = __fmul_rn(v, w[e]);
+        y[e] = round_to<T>(v);
+    }
+}
+
+/* The largest magnitude of vector k of tile t's rounded values, and amax. */
+template <typename T, int V>
+__device__ __forceinline__ float rounded_amax(const norm_params<T> &p, const row_place &at,
+                                              size_t t, int k, const float (&x)[V], float mean,
+                                              float rstd, float amax)
+{
+    size_t j = elem_at<V>(at, t, k);
+    float y[V];
+    rms_rounded<T, V>(p, j, x, mean, rstd, y);
+#pragma unroll
+    for (int e = 0; e < V; e++)
+        if (j + e < p.cols)
+            amax = fmaxf(amax, fabsf(y[e]));
+    return amax;
+}
+
+/* Writes vector k of tile t in FP8: s to sum_out, the rounded values'
+ * codes, over the row's scale, to q. */
+template <typename T, int V>
+__device__ __forceinline__ void store_row_fp8(const norm_fp8_params<T> &p, const row_place &at,
+                                              size_t t, int k, const float (&x)[V], float mean,
+                                              float rstd, float scale)
+{
+    size_t j = elem_at<V>(at, t, k);
+    int n = part_of<V>(j, p.cols);
+    float y[V];
+
+    if (n == 0)
+        return;
+    rms_rounded<T, V>(p, j, x, mean, rstd, y);
+    if (p.sum_out)
+        store_part<T, V>(p.sum_out + at.row * p.stride + j, x, n);
+    store_codes<V>(p.q + at.row * p.q_stride + j, y, n, scale, p.q_type, p.q_whole);
+}
+
 /* The register kernel: VPT vectors of V elements a thread, in registers
  * as fp32; `tiles` > 1 makes it loop over tiles, reading each again per
- * pass. */
-template <typename T, int V, int VPT>
+ * pass. P norm_fp8_params: RMSNorm into FP8 (weft_rmsnorm_fp8), the
+ * statistics as RMSNorm's, then a pass for the row's largest magnitude
+ * and one that writes (sum_out there, each vector's last read of in and
+ * the residual, which it may be). */
+template <typename T, int V, int VPT, typename P = norm_params<T>>
 __global__ void __launch_bounds__(512, 2)
-    norm_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t tiles)
+    norm_kernel(P p, size_t row0, unsigned cluster, size_t tiles)
 {
     __shared__ reduce_scratch<float> s1;
     __shared__ reduce_scratch<sum2> s2;
@@ -192,13 +298,80 @@ __global__ void __launch_bounds__(512, 2)
         rstd = layer_rstd(mean, dev, inv_n, p.eps);
     }
 
-    for (size_t t = at.first; t < at.first + tiles; t++) {
+    if constexpr (writes_fp8<P>::value) {
+        float amax = 0.0f;
+        for (size_t t = at.first; t < at.first + tiles; t++) {
 #pragma unroll
-        for (int k = 0; k < VPT; k++) {
-            if (!once)
-                load_sums<T, V>(p, at, t, k, x[k]);
-            store_row<T, V>(p, at, t, k, x[k], mean, rstd);
+            for (int k = 0; k < VPT; k++) {
+                if (!once)
+                    load_sums<T, V>(p, at, t, k, x[k]);
+                amax = rounded_amax<T, V>(p, at, t, k, x[k], mean, rstd, amax);
+            }
         }
+        /* s1 is free again: the statistics' reduction waited for its readers */
+        const float scale = fp8_scale(row_reduce(amax, op_max(), s1, cluster), p.q_type);
+        if (at.tid == 0 && at.rank == 0)
+            p.scales[at.row] = scale;
+        for (size_t t = at.first; t < at.first + tiles; t++) {
+#pragma unroll
+            for (int k = 0; k < VPT; k++) {
+                if (!once)
+                    load_sums<T, V>(p, at, t, k, x[k]);
+                store_row_fp8<T, V>(p, at, t, k, x[k], mean, rstd, scale);
+            }
+        }
+    } else {
+        for (size_t t = at.first; t < at.first + tiles; t++) {
+#pragma unroll
+            for (int k = 0; k < VPT; k++) {
+                if (!once)
+                    load_sums<T, V>(p, at, t, k, x[k]);
+                store_row<T, V>(p, at, t, k, x[k], mean, rstd);
+            }
+        }
+    }
+}
+
+/* The staged kernel's FP8 output, from the row's sums in in_s (this
+ * thread's vectors from `mine`, `step` apart, of the block's segment of
+ * seg elements from column first): the largest magnitude of the rounded
+ * values (s1 is free again), the scale, then sum_out and the codes. */
+template <typename T>
+__device__ __forceinline__ void staged_fp8_out(const norm_fp8_params<T> &p, const row_place &at,
+                                               const T *in_s, size_t first, size_t seg, size_t mine,
+                                               size_t step, float mean, float rstd,
+                                               reduce_scratch<float> &s1, unsigned cluster)
+{
+    constexpr int V = vec16<T>();
+    float amax = 0.0f;
+    for (size_t l = mine; l < seg; l += step) {
+        int m = part_of<V>(first + l, p.cols);
+        if (m == 0)
+            break;
+        float x[V], y[V];
+        load_part<T, V>(x, in_s + l, m);
+        rms_rounded<T, V>(p, first + l, x, mean, rstd, y);
+#pragma unroll
+        for (int e = 0; e < V; e++)
+            if (e < m)
+                amax = fmaxf(amax, fabsf(y[e]));
+    }
+    const float scale = fp8_scale(row_reduce(amax, op_max(), s1, cluster), p.q_type);
+    if (at.tid == 0 && at.rank == 0)
+        p.scales[at.row] = scale;
+    T *sum_g = p.sum_out ? p.sum_out + at.row * p.stride : nullptr;
+    __nv_fp8_storage_t *q = p.q + at.row * p.q_stride;
+    for (size_t l = mine; l < seg; l += step) {
+        size_t j = first + l;
+        int m = part_of<V>(j, p.cols);
+        if (m == 0)
+            break;
+        float x[V], y[V];
+        load_part<T, V>(x, in_s + l, m);
+        rms_rounded<T, V>(p, j, x, mean, rstd, y);
+        if (sum_g)
+            store_part<T, V>(sum_g + j, x, m);
+        store_codes<V>(q + j, y, m, scale, p.q_type, p.q_whole);
     }
 }
 
@@ -208,11 +381,12 @@ __global__ void __launch_bounds__(512, 2)
  * s is formed there and written back over in (s is rounded to the dtype,
  * so it fits), and the statistics and the output read it from there.
  * vpt vectors of V elements a thread, at run time. GELU is a template
- * parameter, so that the plain norms do not pay its registers.
+ * parameter, so that the plain norms do not pay its registers; so is
+ * RMSNorm into FP8 (P, as norm_kernel's).
  */
-template <typename T, bool GELU>
+template <typename T, bool GELU, typename P = norm_params<T>>
 __global__ void __launch_bounds__(512)
-    norm_staged_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t vpt)
+    norm_staged_kernel(P p, size_t row0, unsigned cluster, size_t vpt)
 {
     constexpr int V = vec16<T>();
     __shared__ reduce_scratch<float> s1;
@@ -289,43 +463,47 @@ __global__ void __launch_bounds__(512)
         rstd = layer_rstd(mean, dev, inv_n, p.eps);
     }
 
-    T *out_g = p.out + at.row * p.stride;
-    T *sum_g = p.sum_out ? p.sum_out + at.row * p.stride : nullptr;
-    for (size_t l = mine; l < seg; l += step) {
-        size_t j = first + l;
-        int m = part_of<V>(j, p.cols);
-        if (m == 0)
-            break;
-        float x[V], w[V], b[V], y[V];
-        load_part<T, V>(x, in_s + l, m);
-        if (p.weight)
-            load_part<T, V>(w, p.weight + j, m);
-        if (p.bias)
-            load_part<T, V>(b, p.bias + j, m);
-#pragma unroll
-        for (int e = 0; e < V; e++) {
-            float v = __fmul_rn(x[e] - mean, rstd);
+    if constexpr (writes_fp8<P>::value) {
+        staged_fp8_out<T>(p, at, in_s, first, seg, mine, step, mean, rstd, s1, cluster);
+    } else {
+        T *out_g = p.out + at.row * p.stride;
+        T *sum_g = p.sum_out ? p.sum_out + at.row * p.stride : nullptr;
+        for (size_t l = mine; l < seg; l += step) {
+            size_t j = first + l;
+            int m = part_of<V>(j, p.cols);
+            if (m == 0)
+                break;
+            float x[V], w[V], b[V], y[V];
+            load_part<T, V>(x, in_s + l, m);
             if (p.weight)
-                v = __fmul_rn(v, w[e]);
+                load_part<T, V>(w, p.weight + j, m);
             if (p.bias)
-                v = __fadd_rn(v, b[e]);
-            y[e] = v;
+                load_part<T, V>(b, p.bias + j, m);
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                float v = __fmul_rn(x[e] - mean, rstd);
+                if (p.weight)
+                    v = __fmul_rn(v, w[e]);
+                if (p.bias)
+                    v = __fadd_rn(v, b[e]);
+                y[e] = v;
+            }
+            if (sum_g)
+                store_part<T, V>(sum_g + j, x, m);
+            store_part<T, V>(out_g + j, y, m);
         }
-        if (sum_g)
-            store_part<T, V>(sum_g + j, x, m);
-        store_part<T, V>(out_g + j, y, m);
     }
 }
 
-template <typename T, int V>
-int launch_plan(const char *op, cudaStream_t stream, const row_plan &plan, const norm_params<T> &p)
+template <typename T, int V, typename P>
+int launch_plan(const char *op, cudaStream_t stream, const row_plan &plan, const P &p)
 {
     /* the vectors a thread that plan_rows can ask for */
     return by_vpt<vpt_max(V)>(
         plan.vpt,
         [&](auto k) {
-            return launch_rows(op, stream, plan, p.rows, norm_kernel<T, V, decltype(k)::value>, p,
-                               plan.tiles);
+            return launch_rows(op, stream, plan, p.rows, norm_kernel<T, V, decltype(k)::value, P>,
+                               p, plan.tiles);
         },
         [&] {
             return weft__fail(WEFT_EINVAL, "%s: no kernel for %u vectors a thread", op, plan.vpt);

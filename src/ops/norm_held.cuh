@@ -4,7 +4,10 @@
  * statistics (norm_stats), what a call reads and writes (norm_io), the
  * held row itself, the kernels by values a thread, and the plans of rows
  * kept packed in half types. Rows come straight from global memory.
- * norm_launch.cuh launches them.
+ * norm_launch.cuh launches them. RMSNorm into FP8 (weft_rmsnorm_fp8) is
+ * RMSNorm in every choice that shapes its statistics - plan, packing,
+ * sums of squares - so that its normalized row is weft_rmsnorm's bit for
+ * bit; only its output differs (held_fp8_out).
  */
 #ifndef WEFT_OPS_NORM_HELD_CUH
 #define WEFT_OPS_NORM_HELD_CUH
@@ -15,8 +18,21 @@ namespace weft_ops
 {
 
 /* What a held kernel forms and how it normalizes; a template parameter,
- * so that no element pays for a choice made once per launch. */
-enum norm_mode { NORM_LAYER, NORM_RMS, NORM_GELU_ERF_LAYER, NORM_GELU_TANH_LAYER };
+ * so that no element pays for a choice made once per launch. NORM_RMS_FP8
+ * is NORM_RMS writing its row as FP8 with a scale (weft_rmsnorm_fp8). */
+enum norm_mode { NORM_LAYER, NORM_RMS, NORM_GELU_ERF_LAYER, NORM_GELU_TANH_LAYER, NORM_RMS_FP8 };
+
+/* Whether mode is RMSNorm's, as every choice of its statistics sees it. */
+__host__ __device__ static constexpr bool norm_rms(norm_mode mode)
+{
+    return mode == NORM_RMS || mode == NORM_RMS_FP8;
+}
+
+/* Whether mode writes FP8 with a scale a row. */
+__host__ __device__ static constexpr bool norm_fp8(norm_mode mode)
+{
+    return mode == NORM_RMS_FP8;
+}
 
 /* Whether mode forms the row with a GELU: the fused op. */
 __host__ __device__ static constexpr bool norm_gelu(norm_mode mode)
@@ -26,7 +42,21 @@ __host__ __device__ static constexpr bool norm_gelu(norm_mode mode)
 
 /* What a held row reduces: the sum of squares (RMSNorm), or moments. */
 template <norm_mode MODE>
-using norm_stat = typename std::conditional<MODE == NORM_RMS, float, moments>::type;
+using norm_stat = typename std::conditional<norm_rms(MODE), float, moments>::type;
+
+/* A held kernel's parameters: norm_fp8_params for the FP8 output. */
+template <typename T, norm_mode MODE>
+using held_params =
+    typename std::conditional<norm_fp8(MODE), norm_fp8_params<T>, norm_params<T>>::type;
+
+/* A held row's scratch: its statistics', and for the FP8 output that of its
+ * largest magnitude (a pushed scratch serves one reduction). */
+template <norm_mode MODE, cluster_exchange X> struct held_scratch {
+    reduce_scratch<norm_stat<MODE>, X> stats;
+};
+template <cluster_exchange X> struct held_scratch<NORM_RMS_FP8, X> {
+    reduce_scratch<float, X> stats, amax;
+};
 
 /* How the held kernels take their statistics. LayerNorm's:
  * - STATS_WARP_PASSES: each warp's in two passes over its registers, each
@@ -70,7 +100,7 @@ enum norm_stats { STATS_TUNED, STATS_WARP_PASSES, STATS_THREAD_MOMENTS, STATS_TE
 template <typename T, int VPT, norm_mode MODE, bool PACKED>
 __host__ __device__ constexpr norm_stats held_stats()
 {
-    if constexpr (MODE == NORM_RMS) {
+    if constexpr (norm_rms(MODE)) {
         return sizeof(T) == 2 && !PACKED && VPT * vec16<T>() <= 16 ? STATS_TENSOR_SQUARES
                                                                    : STATS_WARP_PASSES;
     } else if constexpr (norm_gelu(MODE)) {
@@ -89,10 +119,10 @@ __host__ __device__ constexpr norm_stats held_stats()
 template <typename T, int VPT, norm_mode MODE, bool PACKED, norm_stats STATS>
 __host__ __device__ constexpr norm_stats held_stats_as()
 {
-    static_assert(STATS != STATS_TENSOR_SQUARES || (sizeof(T) == 2 && MODE == NORM_RMS),
+    static_assert(STATS != STATS_TENSOR_SQUARES || (sizeof(T) == 2 && norm_rms(MODE)),
                   "the tensor cores' squares are RMSNorm's, in half types");
     constexpr norm_stats S = STATS == STATS_TUNED ? held_stats<T, VPT, MODE, PACKED>() : STATS;
-    return MODE == NORM_RMS && S != STATS_TENSOR_SQUARES ? STATS_WARP_PASSES : S;
+    return norm_rms(MODE) && S != STATS_TENSOR_SQUARES ? STATS_WARP_PASSES : S;
 }
 
 /* What a held row reads and writes besides in and out. The common calls
@@ -143,7 +173,7 @@ __host__ __device__ constexpr bool held_ahead()
         return A == AHEAD_ON;
     else if constexpr ((IO & NORM_IO_CHECKED) != 0)
         return false;
-    else if constexpr (MODE == NORM_RMS)
+    else if constexpr (norm_rms(MODE))
         return !(F16 && PACKED);
     else if constexpr (norm_gelu(MODE))
         return F32;
@@ -161,7 +191,7 @@ template <typename T, norm_mode MODE, unsigned IO> constexpr bool short_rows_ahe
     if constexpr ((IO & NORM_IO_CHECKED) != 0 || norm_gelu(MODE))
         return false;
     else
-        return sizeof(T) == 4 || MODE == NORM_RMS || (IO & NORM_IO_RESIDUAL) != 0;
+        return sizeof(T) == 4 || norm_rms(MODE) || (IO & NORM_IO_RESIDUAL) != 0;
 }
 
 /* How many of a held row's elements this thread holds (part: of each
@@ -221,6 +251,30 @@ __device__ __forceinline__ moments warp_moments(const float (&x)[VPT][V], const 
     return {n, mean, warp_reduce(squared_deviations(x, part, mean), op_sum())};
 }
 
+/* The FP8 output of a held row (NORM_RMS_FP8), weft_quantize_fp8's on the
+ * row norm_held_row has normalized and rounded to T in y (packed in kept,
+ * when PACKED), amax this thread's largest magnitude of it: the row's
+ * largest (a maximum, the same in any order), its scale, each value's
+ * code. */
+template <typename T, int VPT, bool PACKED, typename Index, cluster_exchange X>
+__device__ __forceinline__ void
+held_fp8_out(const norm_fp8_params<T> &p, const row_place &at, const Index (&j)[VPT],
+             const int (&part)[VPT], float (&y)[VPT][vec16<T>()], const uint4 (&kept)[VPT],
+             float amax, reduce_scratch<float, X> &scratch, unsigned cluster)
+{
+    constexpr int V = vec16<T>();
+    const float scale = fp8_scale(row_reduce(amax, op_max(), scratch, cluster), p.q_type);
+    if (at.tid == 0 && at.rank == 0)
+        p.scales[at.row] = scale;
+    if constexpr (PACKED)
+        unpack_kept<T, V, VPT>(y, kept);
+    __nv_fp8_storage_t *q = p.q + at.row * p.q_stride;
+#pragma unroll
+    for (int k = 0; k < VPT; k++)
+        if (part[k] != 0)
+            store_codes<V>(q + j[k], y[k], part[k], scale, p.q_type, p.q_whole);
+}
+
 /*
  * One row of the held kernels (rows.cuh): each thread loads its VPT
  * vectors of in and the residual when there is one, and of the per-column
@@ -232,10 +286,10 @@ __device__ __forceinline__ moments warp_moments(const float (&x)[VPT][V], const 
  */
 template <typename T, int VPT, norm_mode MODE, unsigned IO, bool PACKED, norm_stats STATS,
           cluster_exchange X>
-__device__ __forceinline__ void
-norm_held_row(const norm_params<T> &p, const row_place &at, const global_row<T, vec16<T>()> &in,
-              const global_row<T, vec16<T>()> &res, reduce_scratch<norm_stat<MODE>, X> &scratch,
-              unsigned cluster)
+__device__ __forceinline__ void norm_held_row(const held_params<T, MODE> &p, const row_place &at,
+                                              const global_row<T, vec16<T>()> &in,
+                                              const global_row<T, vec16<T>()> &res,
+                                              held_scratch<MODE, X> &scratch, unsigned cluster)
 {
     constexpr int V = vec16<T>();
     constexpr norm_stats S = held_stats_as<T, VPT, MODE, PACKED, STATS>();
@@ -298,11 +352,11 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const global_row<T, 
         }
 #pragma unroll
         for (int e = 0; e < V; e++)
-            acc += MODE == NORM_RMS ? x[k][e] * x[k][e] : x[k][e];
+            acc += norm_rms(MODE) ? x[k][e] * x[k][e] : x[k][e];
     }
     const float inv_n = 1.0f / (float)p.cols;
     float mean, rstd;
-    if constexpr (MODE == NORM_RMS) {
+    if constexpr (norm_rms(MODE)) {
         float squares = acc;
         if constexpr (S == STATS_TENSOR_SQUARES) {
             tensor_squares<T> tc;
@@ -311,23 +365,25 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const global_row<T, 
                 tc.add(kept[k]);
             squares = tc.lane_part();
         }
-        rstd = rms_rstd(row_reduce(squares, op_sum(), scratch, cluster) * inv_n, p.eps);
+        rstd = rms_rstd(row_reduce(squares, op_sum(), scratch.stats, cluster) * inv_n, p.eps);
         mean = 0.0f;
     } else {
         if constexpr (PACKED)
             unpack_kept<T, V, VPT>(x, kept);
-        moments m =
-            S == STATS_WARP_PASSES
-                ? warps_reduce(warp_moments<V, VPT>(x, part, acc), op_merge(), scratch, cluster)
-                : row_reduce(part_moments<V, VPT>(x, part, acc), op_merge(), scratch, cluster);
+        moments m = S == STATS_WARP_PASSES ? warps_reduce(warp_moments<V, VPT>(x, part, acc),
+                                                          op_merge(), scratch.stats, cluster)
+                                           : row_reduce(part_moments<V, VPT>(x, part, acc),
+                                                        op_merge(), scratch.stats, cluster);
         mean = m.mean;
         rstd = rsqrtf(m.m2 * inv_n + p.eps);
     }
 
-    T *out = p.out + at.row * p.stride;
+    T *out = norm_fp8(MODE) ? nullptr : p.out + at.row * p.stride;
     T *sum_out = has_sum ? p.sum_out + at.row * p.stride : nullptr;
     if constexpr (PACKED)
         unpack_kept<T, V, VPT>(x, kept);
+    /* the FP8 output's largest magnitude (held_fp8_out); x becomes its row */
+    [[maybe_unused]] float amax = 0.0f;
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
         if (part[k] == 0)
@@ -352,7 +408,23 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const global_row<T, 
                 v += b[e];
             y[e] = v;
         }
-        if (part[k] == V) {
+        if constexpr (norm_fp8(MODE)) {
+            if (has_sum) {
+                if (part[k] == V)
+                    store_streamed(sum_out + j[k], KEEPS ? kept[k] : pack<T, V>(x[k]));
+                else
+                    store_partial<T, V>(sum_out + j[k], x[k], part[k]);
+            }
+            /* y as weft_rmsnorm stores it and weft_quantize_fp8 reads it;
+             * past the row's end it is 0 (or NaN), which adds nothing */
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                x[k][e] = round_to<T>(y[e]);
+                amax = fmaxf(amax, fabsf(x[k][e]));
+            }
+            if constexpr (PACKED)
+                kept[k] = pack<T, V>(x[k]);
+        } else if (part[k] == V) {
             if (has_sum)
                 store_streamed(sum_out + j[k], KEEPS ? kept[k] : pack<T, V>(x[k]));
             store_streamed(out + j[k], pack<T, V>(y));
@@ -362,6 +434,8 @@ norm_held_row(const norm_params<T> &p, const row_place &at, const global_row<T, 
             store_partial<T, V>(out + j[k], y, part[k]);
         }
     }
+    if constexpr (norm_fp8(MODE))
+        held_fp8_out<T, VPT, PACKED>(p, at, j, part, x, kept, amax, scratch.amax, cluster);
 }
 
 /* norm_held_kernel's launch bounds: threads a block, blocks resident an SM. */
@@ -385,14 +459,17 @@ __host__ __device__ constexpr unsigned held_resident(bool packed, int vpt, int v
  * its share of the row `lead` rows on, before it loads its own (lead 0:
  * none). */
 template <typename T, int VPT, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
-          bool PACKED = false, norm_stats STATS = STATS_TUNED, bool AHEAD = false>
+          bool PACKED = false, norm_stats STATS = STATS_TUNED, bool AHEAD = false,
+          typename P = held_params<T, MODE>>
 __global__ void __launch_bounds__(held_threads(PACKED), held_resident(PACKED, VPT, vec16<T>()))
-    norm_held_kernel(norm_params<T> p, size_t row0, unsigned cluster, size_t lead)
+    norm_held_kernel(P p, size_t row0, unsigned cluster, size_t lead)
 {
     constexpr int V = vec16<T>();
-    __shared__ reduce_scratch<norm_stat<MODE>, X> scratch;
-    if constexpr (pushes(X))
-        push_setup(cluster, scratch);
+    __shared__ held_scratch<MODE, X> scratch;
+    if constexpr (pushes(X) && norm_fp8(MODE))
+        push_setup(cluster, scratch.stats, scratch.amax);
+    else if constexpr (pushes(X))
+        push_setup(cluster, scratch.stats);
     const row_place at = place_row<V>(row0, cluster, 1, VPT);
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
         return;
@@ -410,7 +487,7 @@ __global__ void __launch_bounds__(held_threads(PACKED), held_resident(PACKED, VP
 /* The held kernel for plan.vpt, or NULL when there is none. */
 template <typename T, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
           norm_stats STATS = STATS_TUNED, norm_ahead A = AHEAD_TUNED>
-static void (*norm_held_for(unsigned vpt))(norm_params<T>, size_t, unsigned, size_t)
+static void (*norm_held_for(unsigned vpt))(held_params<T, MODE>, size_t, unsigned, size_t)
 {
     return held_vpt<vec16<T>()>(vpt, [](auto k) {
         constexpr int VPT = decltype(k)::value;
@@ -424,10 +501,10 @@ static void (*norm_held_for(unsigned vpt))(norm_params<T>, size_t, unsigned, siz
  * none; instantiated from FEWEST values a thread up. */
 template <typename T, norm_mode MODE, unsigned IO, cluster_exchange X = EXCHANGE_BARRIERS,
           unsigned FEWEST = 1, norm_stats STATS = STATS_TUNED, norm_ahead A = AHEAD_TUNED>
-static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, size_t)
+static void (*norm_packed_for(unsigned vpt))(held_params<T, MODE>, size_t, unsigned, size_t)
 {
     static_assert(sizeof(T) == 2, "a packed row is of a half type");
-    using kernel = void (*)(norm_params<T>, size_t, unsigned, size_t);
+    using kernel = void (*)(held_params<T, MODE>, size_t, unsigned, size_t);
     return by_vpt<PACKED_MAX_VALUES / vec16<T>()>(
         vpt,
         [](auto k) -> kernel {
@@ -473,7 +550,7 @@ static void (*norm_packed_for(unsigned vpt))(norm_params<T>, size_t, unsigned, s
 template <typename T, norm_mode MODE> constexpr bool norm_packs(bool checked)
 {
     return sizeof(T) == 2 && !(std::is_same<T, __half>::value && MODE == NORM_LAYER) &&
-           !(checked && MODE == NORM_RMS);
+           !(checked && norm_rms(MODE));
 }
 
 template <typename T, norm_mode MODE>

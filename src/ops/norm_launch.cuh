@@ -1,8 +1,12 @@
 /*
  * norm_launch.cuh - norm.cu's held path for one mode (launch_held), apart
  * so that each mode's kernels compile in a translation unit of their own
- * (norm_layer.cu, norm_rms.cu, norm_fused_erf.cu, norm_fused_tanh.cu), in
- * parallel: the held kernels are most of the library's compile.
+ * (norm_layer.cu, norm_rms.cu, norm_fused_erf.cu, norm_fused_tanh.cu,
+ * norm_rms_fp8.cu), in parallel: the held kernels are most of the
+ * library's compile. And the choice of path and plan for a call
+ * (launch_norm_rows), which RMSNorm into FP8 shares with the other norms
+ * from its own translation unit (norm_rms_fp8.cu), so that it takes
+ * RMSNorm's path and its kernels leave norm.cu's as they are.
  */
 #ifndef WEFT_OPS_NORM_LAUNCH_CUH
 #define WEFT_OPS_NORM_LAUNCH_CUH
@@ -47,7 +51,7 @@ template <typename T, norm_mode MODE, typename F> int by_io(const weft__norm_arg
     if constexpr (MODE == NORM_LAYER)
         return pick_io<WB, WB | ADD, WB | SUM, 0, ADD, SUM, W, W | ADD, W | SUM, B, B | ADD,
                        B | SUM>(io, f);
-    else if constexpr (MODE == NORM_RMS)
+    else if constexpr (norm_rms(MODE))
         return pick_io<W, W | ADD, W | SUM, 0, ADD, SUM>(io, f);
     else
         return pick_io<WB | GB | ADD, WB | GB | SUM, WB | ADD, WB | SUM, WB | GB,
@@ -63,9 +67,9 @@ template <typename T> static size_t ahead_row_bytes(const norm_params<T> &p)
 /* launch_rows for the held kernel, with its lead where it asks L2 for
  * rows ahead (AHEAD): AHEAD_WINDOW bytes of the inputs, on rows of at
  * least `shortest` elements (rows.cuh's held_lead). */
-template <bool AHEAD, typename T, typename K>
+template <bool AHEAD, typename P, typename K>
 static int launch_held_rows(const char *op, cudaStream_t stream, const row_plan &plan, K kernel,
-                            const norm_params<T> &p, size_t shortest)
+                            const P &p, size_t shortest)
 {
     const size_t lead =
         AHEAD ? held_lead(plan, p.rows, p.cols, ahead_row_bytes(p), AHEAD_WINDOW, shortest) : 0;
@@ -79,11 +83,13 @@ static int launch_held_rows(const char *op, cudaStream_t stream, const row_plan 
 enum held_call { HELD_TUNED, HELD_FEW_ROWS, HELD_SHORT_ROWS };
 
 /* The call's rows, held in registers under `held` (plan_held at 16 values
- * a thread) or the plans below, for mode MODE, in the kernels for IO. */
-template <typename T, norm_mode MODE, unsigned IO, held_call CALL = HELD_TUNED>
-int launch_held_io(cudaStream_t stream, const char *op, const norm_params<T> &p,
-                   const row_plan &held)
+ * a thread) or the plans below, for mode MODE, in the kernels for IO. P is
+ * the mode's parameters (held_params), a parameter of its own so that the
+ * host code's signature names no alias. */
+template <typename T, norm_mode MODE, unsigned IO, held_call CALL = HELD_TUNED, typename P>
+int launch_held_io(cudaStream_t stream, const char *op, const P &p, const row_plan &held)
 {
+    static_assert(std::is_same<P, held_params<T, MODE>>::value, "the mode's parameters");
     constexpr int V = vec16<T>();
     constexpr norm_stats STATS = CALL == HELD_FEW_ROWS ? STATS_WARP_PASSES : STATS_TUNED;
     constexpr norm_ahead A = CALL == HELD_FEW_ROWS     ? AHEAD_OFF
@@ -95,7 +101,7 @@ int launch_held_io(cudaStream_t stream, const char *op, const norm_params<T> &p,
      * where one row's latency is the whole time, keep the FMA pipe's, in
      * the kernels that ask L2 for nothing ahead, as those calls have no
      * rows to wait. */
-    if constexpr (CALL == HELD_TUNED && MODE == NORM_RMS && sizeof(T) == 2)
+    if constexpr (CALL == HELD_TUNED && norm_rms(MODE) && sizeof(T) == 2)
         if (few_rows(p.rows))
             return launch_held_io<T, MODE, IO, HELD_FEW_ROWS>(stream, op, p, held);
     /* Short rows ask L2 ahead where that is faster (short_rows_ahead) */
@@ -136,28 +142,96 @@ int launch_held_io(cudaStream_t stream, const char *op, const norm_params<T> &p,
 }
 
 /* launch_held_io for what the args' call reads and writes (by_io). */
-template <typename T, norm_mode MODE>
-int launch_held(cudaStream_t stream, const char *op, const weft__norm_args *a,
-                const norm_params<T> &p, const row_plan &held)
+template <typename T, norm_mode MODE, typename P>
+int launch_held(cudaStream_t stream, const char *op, const weft__norm_args *a, const P &p,
+                const row_plan &held)
 {
     return by_io<T, MODE>(a, [&](auto io) {
         return launch_held_io<T, MODE, decltype(io)::value>(stream, op, p, held);
     });
 }
 
+/* f(std::integral_constant<norm_mode, M>) for the args' mode M, but
+ * RMSNorm into FP8's (launch_norm_rows takes it apart: its parameters are
+ * of their own type). */
+template <typename F> int by_mode(const weft__norm_args *a, F f)
+{
+    using std::integral_constant;
+    if (a->gelu && a->form == WEFT_GELU_TANH)
+        return f(integral_constant<norm_mode, NORM_GELU_TANH_LAYER>());
+    if (a->gelu)
+        return f(integral_constant<norm_mode, NORM_GELU_ERF_LAYER>());
+    if (a->rms)
+        return f(integral_constant<norm_mode, NORM_RMS>());
+    return f(integral_constant<norm_mode, NORM_LAYER>());
+}
+
+/* The call's rows by the path and plan that their length and the tensors'
+ * alignment pick (norm.cu says which), p norm_params or, for RMSNorm into
+ * FP8, norm_fp8_params; out is the output as that test sees it: NULL for
+ * FP8, which so plans as weft_rmsnorm does for an aligned out. */
+template <typename T, typename P>
+int launch_norm_rows(cudaStream_t stream, const char *op, const weft__norm_args *a, const P &p,
+                     const void *out)
+{
+    constexpr int V = vec16<T>();
+    constexpr bool FP8 = writes_fp8<P>::value;
+    bool vec = aligned16(out) && aligned16(a->sum_out) && aligned16(a->in) &&
+               aligned16(a->gelu_bias) && aligned16(a->residual) && aligned16(a->weight) &&
+               aligned16(a->bias) && a->stride % V == 0;
+
+    row_plan staged, held;
+
+    /* 16 values a thread; on calls of few rows (few_rows) 8, in twice the
+     * threads, as a row's latency is then the whole call. */
+    const unsigned values = few_rows(a->rows) ? 8 : 16;
+    if (vec && plan_held(a->cols, V, values, &held)) {
+        if constexpr (FP8)
+            return launch_held<T, NORM_RMS_FP8>(stream, op, a, p, held);
+        else
+            return by_mode(a, [&](auto mode) {
+                return launch_held<T, decltype(mode)::value>(stream, op, a, p, held);
+            });
+    }
+    if (vec && plan_staged(a->cols, V, a->residual ? 2 : 1, &staged)) {
+        void (*kernel)(P, size_t, unsigned, size_t);
+        if constexpr (FP8)
+            kernel = norm_staged_kernel<T, false, P>;
+        else
+            kernel = a->gelu ? norm_staged_kernel<T, true> : norm_staged_kernel<T, false>;
+        return launch_rows(op, stream, staged, p.rows, kernel, p, (size_t)staged.vpt);
+    }
+    if (vec)
+        return launch_plan<T, V>(op, stream, plan_rows(a->cols, V), p);
+    return launch_plan<T, 1>(op, stream, plan_rows(a->cols, 1), p);
+}
+
+/* launch_norm_rows for RMSNorm into FP8, one a dtype: defined with its
+ * kernels in norm_rms_fp8.cu, declared in norm.cu. */
+#define WEFT_NORM_FP8_ROWS(EXTERN)                                                                 \
+    EXTERN template int launch_norm_rows<float>(cudaStream_t, const char *,                        \
+                                                const weft__norm_args *,                           \
+                                                const norm_fp8_params<float> &, const void *);     \
+    EXTERN template int launch_norm_rows<__nv_bfloat16>(                                           \
+        cudaStream_t, const char *, const weft__norm_args *,                                       \
+        const norm_fp8_params<__nv_bfloat16> &, const void *);                                     \
+    EXTERN template int launch_norm_rows<__half>(cudaStream_t, const char *,                       \
+                                                 const weft__norm_args *,                          \
+                                                 const norm_fp8_params<__half> &, const void *);
+
 /* launch_held's instantiations for MODE, one a dtype: defined in the
  * mode's translation unit (WEFT_NORM_HELD(, MODE)), declared in norm.cu
  * (WEFT_NORM_HELD(extern, MODE)), which so compiles none of them. */
 #define WEFT_NORM_HELD(EXTERN, MODE)                                                               \
-    EXTERN template int launch_held<float, MODE>(cudaStream_t, const char *,                       \
-                                                 const weft__norm_args *,                          \
-                                                 const norm_params<float> &, const row_plan &);    \
-    EXTERN template int launch_held<__nv_bfloat16, MODE>(                                          \
-        cudaStream_t, const char *, const weft__norm_args *, const norm_params<__nv_bfloat16> &,   \
+    EXTERN template int launch_held<float, MODE>(                                                  \
+        cudaStream_t, const char *, const weft__norm_args *, const held_params<float, MODE> &,     \
         const row_plan &);                                                                         \
-    EXTERN template int launch_held<__half, MODE>(cudaStream_t, const char *,                      \
-                                                  const weft__norm_args *,                         \
-                                                  const norm_params<__half> &, const row_plan &);
+    EXTERN template int launch_held<__nv_bfloat16, MODE>(                                          \
+        cudaStream_t, const char *, const weft__norm_args *,                                       \
+        const held_params<__nv_bfloat16, MODE> &, const row_plan &);                               \
+    EXTERN template int launch_held<__half, MODE>(                                                 \
+        cudaStream_t, const char *, const weft__norm_args *, const held_params<__half, MODE> &,    \
+        const row_plan &);
 
 } // namespace weft_ops
 

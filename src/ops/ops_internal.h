@@ -322,15 +322,21 @@ typedef struct weft__gelu_args {
 /* LayerNorm, RMSNorm and bias+GELU+residual+LayerNorm: the row sum s is
  *   gelu == 0:  in + residual
  *   gelu != 0:  GELU(in + gelu_bias) + residual
- * rounded to the dtype, then normalized (centred unless rms). */
+ * rounded to the dtype, then normalized (centred unless rms). With fp8
+ * (RMSNorm only: weft_rmsnorm_fp8), out is out_type's, rows out_stride
+ * apart: the normalized row rounded to the dtype, quantized with a scale
+ * a row into scales. */
 typedef struct weft__norm_args {
     weft_dtype dtype;
-    int rms, gelu;
+    int rms, gelu, fp8;
     weft_gelu_form form;
     void *out, *sum_out;
     const void *in, *gelu_bias, *residual, *weight, *bias;
     float eps;
     size_t rows, cols, stride;
+    weft_dtype out_type;
+    float *scales;
+    size_t out_stride;
 } weft__norm_args;
 
 typedef struct weft__softmax_args {

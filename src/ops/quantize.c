@@ -8,7 +8,6 @@
  */
 #include "ops/quantize.h"
 
-#include <float.h>
 #include <math.h>
 
 #include "core/error.h"
@@ -18,15 +17,15 @@ static const char OP[] = "weft_quantize_fp8";
 
 static void host_quantize(const weft__quantize_args *a)
 {
-    float top = a->out_type == WEFT_DTYPE_F8_E4M3 ? 448.0f : 57344.0f;
+    uint8_t *out = a->out;
     for (size_t r = 0; r < a->rows; r++) {
         float amax = 0.0f;
         for (size_t j = 0; j < a->cols; j++)
             amax = fmaxf(amax, fabsf(weft__load(a->in_type, a->in, r * a->in_stride + j)));
-        float scale = fmaxf(amax / top, FLT_MIN);
+        float scale = weft__fp8_scale(a->out_type, amax);
         for (size_t j = 0; j < a->cols; j++)
-            weft__store(a->out_type, a->out, r * a->out_stride + j,
-                        weft__load(a->in_type, a->in, r * a->in_stride + j) / scale);
+            out[r * a->out_stride + j] = weft__fp8_code(
+                a->out_type, weft__load(a->in_type, a->in, r * a->in_stride + j), scale);
         a->scales[r] = scale;
     }
 }
@@ -35,14 +34,6 @@ static void host_quantize(const weft__quantize_args *a)
 static void run_host(const void *args)
 {
     host_quantize(args);
-}
-
-/* The bytes [p, p + rows strided) of a matrix, for the overlap test. */
-static void extent(const void *p, size_t rows, size_t cols, size_t stride, size_t es, uintptr_t *lo,
-                   uintptr_t *hi)
-{
-    *lo = (uintptr_t)p;
-    *hi = *lo + ((rows - 1) * stride + cols) * es;
 }
 
 int weft_quantize_fp8(void *stream, weft_dtype out_type, void *out, float *scales,
@@ -67,8 +58,8 @@ int weft_quantize_fp8(void *stream, weft_dtype out_type, void *out, float *scale
         (rc = weft__check_ptr(OP, "in", in, 0, in_type)) != WEFT_OK ||
         (rc = weft__check_stream(OP, stream)) != WEFT_OK)
         return rc;
-    extent(in, rows, cols, in_stride, weft__dtype_size(in_type), &ilo, &ihi);
-    extent(out, rows, cols, out_stride, 1, &olo, &ohi);
+    weft__extent(in, rows, cols, in_stride, weft__dtype_size(in_type), &ilo, &ihi);
+    weft__extent(out, rows, cols, out_stride, 1, &olo, &ohi);
     if (olo < ihi && ilo < ohi)
         return weft__fail(WEFT_EINVAL, "%s: out overlaps in", OP);
     if ((uintptr_t)scales < ihi && ilo < (uintptr_t)(scales + rows))

@@ -6,11 +6,8 @@
  * writes the row's scale, and every thread converts its elements with
  * IEEE division and the saturating conversion, as the host reference does.
  */
-#include <cuda_fp8.h>
-#include <float.h>
-
 #include "ops/ops_cuda.cuh"
-#include "ops/quantize.h"
+#include "ops/quantize.cuh"
 
 namespace weft_ops
 {
@@ -22,7 +19,7 @@ constexpr int QUANTIZE_THREADS = 256;
 template <typename T>
 __global__ void __launch_bounds__(QUANTIZE_THREADS)
     quantize_kernel(__nv_fp8_storage_t *out, float *scales, const T *in, size_t cols,
-                    size_t in_stride, size_t out_stride, __nv_fp8_interpretation_t kind, float top)
+                    size_t in_stride, size_t out_stride, fp8_type type)
 {
     __shared__ float warp_max[QUANTIZE_THREADS / 32];
     __shared__ float row_scale;
@@ -43,7 +40,7 @@ __global__ void __launch_bounds__(QUANTIZE_THREADS)
         for (int o = 16; o > 0; o /= 2)
             amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
         if (lane == 0) {
-            row_scale = fmaxf(__fdiv_rn(amax, top), FLT_MIN);
+            row_scale = fp8_scale(amax, type);
             scales[blockIdx.x] = row_scale;
         }
     }
@@ -51,7 +48,7 @@ __global__ void __launch_bounds__(QUANTIZE_THREADS)
     const float scale = row_scale;
 #pragma unroll 4
     for (size_t j = threadIdx.x; j < cols; j += QUANTIZE_THREADS)
-        dst[j] = __nv_cvt_float_to_fp8(__fdiv_rn(to_f32(row[j]), scale), __NV_SATFINITE, kind);
+        dst[j] = fp8_code(to_f32(row[j]), scale, type);
 }
 
 } // namespace
@@ -62,12 +59,11 @@ using namespace weft_ops;
 extern "C" int weft__quantize_cuda(void *stream, const weft__quantize_args *a)
 {
     cudaStream_t s = (cudaStream_t)stream;
-    const bool e4 = a->out_type == WEFT_DTYPE_F8_E4M3;
     return by_dtype(a->in_type, [&](auto t) {
         using T = decltype(t);
         quantize_kernel<T><<<(unsigned)a->rows, QUANTIZE_THREADS, 0, s>>>(
             (__nv_fp8_storage_t *)a->out, a->scales, (const T *)a->in, a->cols, a->in_stride,
-            a->out_stride, e4 ? __NV_E4M3 : __NV_E5M2, e4 ? 448.0f : 57344.0f);
+            a->out_stride, fp8_type_of(a->out_type));
         return launched("weft_quantize_fp8");
     });
 }
