@@ -225,10 +225,8 @@ static int layer_batch(wl_batch *b, int li, int rows, int n, int mixed)
     size_t qkv_dim = b->qkv_dim;
     char *q = b->qkv, *k = q + b->q_dim * es, *v = k + b->kv_dim * es;
     float eps = (float)c->rms_eps;
-    TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->h, NULL, b->x, NULL, L->attn_norm, eps, (size_t)rows,
-                     H, H));
-    TRY(wl_project(m, &b->fp8, q, qkv_dim, b->h, H, L->qkv, L->qkv_scale, qkv_dim, L->qkv_bias,
-                   NULL, rows));
+    TRY(wl_norm_project(m, &b->fp8, b->h, b->x, L->attn_norm, rows, q, qkv_dim, L->qkv,
+                        L->qkv_scale, qkv_dim, L->qkv_bias));
     if (c->qk_norm && wl_qk_norm(m, L, q, qkv_dim, rows, b->attn, b->row_ids))
         goto fail;
     TRY(wl_rope(m, q, qkv_dim, k, qkv_dim, rows, b->positions));
@@ -255,11 +253,13 @@ static int layer_batch(wl_batch *b, int li, int rows, int n, int mixed)
                                   b->workspace, b->workspace_bytes));
     }
     TRY(wl_project(m, &b->fp8, b->x, H, b->attn, b->q_dim, L->o, L->o_scale, H, NULL, b->x, rows));
-    TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->h, NULL, b->x, NULL, L->mlp_norm, eps, (size_t)rows,
-                     H, H));
-    if (L->moe)
+    if (L->moe) {
+        TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->h, NULL, b->x, NULL, L->mlp_norm, eps,
+                         (size_t)rows, H, H));
         return wl_moe_mlp(m, &b->moe, li, b->x, b->h, rows);
-    TRY(wl_project(m, &b->fp8, b->gu, 2 * I, b->h, H, L->gu, L->gu_scale, 2 * I, NULL, NULL, rows));
+    }
+    TRY(wl_norm_project(m, &b->fp8, b->h, b->x, L->mlp_norm, rows, b->gu, 2 * I, L->gu, L->gu_scale,
+                        2 * I, NULL));
     TRY(weft_glu(WEFT_TASK_STREAM, dt, WEFT_GLU_SWIGLU, b->act, b->gu, (size_t)rows, I, 2 * I, I));
     TRY(wl_project(m, &b->fp8, b->x, H, b->act, I, L->down, L->down_scale, H, NULL, b->x, rows));
     return 0;

@@ -288,16 +288,11 @@ void wl_fp8_in_destroy(wl_fp8_in *in)
     memset(in, 0, sizeof *in);
 }
 
-int wl_project(const wl_model *m, const wl_fp8_in *in, void *d, size_t ldd, const void *a, size_t k,
-               const void *w, const float *w_scale, size_t n_out, const void *bias, const void *c,
-               int n)
+/* d = in's quantized rows times FP8 w, both scales as outer vectors. */
+static int fp8_product(const wl_model *m, const wl_fp8_in *in, void *d, size_t ldd, size_t k,
+                       const void *w, const float *w_scale, size_t n_out, const void *bias,
+                       const void *c, int n)
 {
-    if (!w_scale)
-        return wl_linear(m, d, ldd, a, k, w, n_out, bias, c, n, m->dtype);
-    int rc = weft_quantize_fp8(WEFT_TASK_STREAM, WEFT_DTYPE_F8_E4M3, in->act, in->scales, m->dtype,
-                               a, (size_t)n, k, k, k);
-    if (rc != WEFT_OK)
-        return rc;
     weft_matmul_desc desc = {.m = (size_t)n,
                              .n = n_out,
                              .k = k,
@@ -314,6 +309,34 @@ int wl_project(const wl_model *m, const wl_fp8_in *in, void *d, size_t ldd, cons
     return weft_matmul(WEFT_TASK_STREAM, &desc, d, in->act, w, c);
 }
 
+int wl_project(const wl_model *m, const wl_fp8_in *in, void *d, size_t ldd, const void *a, size_t k,
+               const void *w, const float *w_scale, size_t n_out, const void *bias, const void *c,
+               int n)
+{
+    if (!w_scale)
+        return wl_linear(m, d, ldd, a, k, w, n_out, bias, c, n, m->dtype);
+    int rc = weft_quantize_fp8(WEFT_TASK_STREAM, WEFT_DTYPE_F8_E4M3, in->act, in->scales, m->dtype,
+                               a, (size_t)n, k, k, k);
+    return rc ? rc : fp8_product(m, in, d, ldd, k, w, w_scale, n_out, bias, c, n);
+}
+
+int wl_norm_project(const wl_model *m, const wl_fp8_in *in, void *h, const void *x,
+                    const void *norm_w, int n, void *d, size_t ldd, const void *w,
+                    const float *w_scale, size_t n_out, const void *bias)
+{
+    size_t H = (size_t)m->cfg.hidden;
+    float eps = (float)m->cfg.rms_eps;
+    int rc;
+    if (!w_scale) {
+        rc = weft_rmsnorm(WEFT_TASK_STREAM, m->dtype, h, NULL, x, NULL, norm_w, eps, (size_t)n, H,
+                          H);
+        return rc ? rc : wl_linear(m, d, ldd, h, H, w, n_out, bias, NULL, n, m->dtype);
+    }
+    rc = weft_rmsnorm_fp8(WEFT_TASK_STREAM, m->dtype, WEFT_DTYPE_F8_E4M3, in->act, in->scales, NULL,
+                          x, NULL, norm_w, eps, (size_t)n, H, H, H);
+    return rc ? rc : fp8_product(m, in, d, ldd, H, w, w_scale, n_out, bias, NULL, n);
+}
+
 static int layer_forward(wl_seq *s, int li, int n)
 {
     const wl_model *m = s->m;
@@ -323,21 +346,21 @@ static int layer_forward(wl_seq *s, int li, int n)
     size_t es = wl_dtype_size(dt), H = (size_t)c->hidden, I = (size_t)c->intermediate;
     char *qkv = s->qkv;
     float eps = (float)c->rms_eps;
-    TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, s->h, NULL, s->x, NULL, L->attn_norm, eps, (size_t)n, H,
-                     H));
-    TRY(wl_project(m, &s->fp8, qkv, s->qkv_dim, s->h, H, L->qkv, L->qkv_scale, s->qkv_dim,
-                   L->qkv_bias, NULL, n));
+    TRY(wl_norm_project(m, &s->fp8, s->h, s->x, L->attn_norm, n, qkv, s->qkv_dim, L->qkv,
+                        L->qkv_scale, s->qkv_dim, L->qkv_bias));
     if (c->qk_norm && wl_qk_norm(m, L, qkv, s->qkv_dim, n, s->attn, s->row_ids))
         goto fail;
     TRY(wl_rope(s->m, qkv, s->qkv_dim, qkv + s->q_dim * es, s->qkv_dim, n, s->positions));
     if (attend(s, li, n))
         goto fail;
     TRY(wl_project(m, &s->fp8, s->x, H, s->attn, s->q_dim, L->o, L->o_scale, H, NULL, s->x, n));
-    TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, s->h, NULL, s->x, NULL, L->mlp_norm, eps, (size_t)n, H,
-                     H));
-    if (L->moe)
+    if (L->moe) {
+        TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, s->h, NULL, s->x, NULL, L->mlp_norm, eps, (size_t)n,
+                         H, H));
         return wl_moe_mlp(m, &s->moe, li, s->x, s->h, n);
-    TRY(wl_project(m, &s->fp8, s->gu, 2 * I, s->h, H, L->gu, L->gu_scale, 2 * I, NULL, NULL, n));
+    }
+    TRY(wl_norm_project(m, &s->fp8, s->h, s->x, L->mlp_norm, n, s->gu, 2 * I, L->gu, L->gu_scale,
+                        2 * I, NULL));
     TRY(weft_glu(WEFT_TASK_STREAM, dt, WEFT_GLU_SWIGLU, s->act, s->gu, (size_t)n, I, 2 * I, I));
     TRY(wl_project(m, &s->fp8, s->x, H, s->act, I, L->down, L->down_scale, H, NULL, s->x, n));
     return 0;
