@@ -12,6 +12,7 @@
  * distribution in double.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,12 +23,38 @@ typedef struct cand {
     int id;
 } cand;
 
-static int by_logit(const void *a, const void *b)
+/* The order tokens are taken in: larger logit first, equal logits by
+ * smaller id, so the order is total. */
+static int before(cand x, cand y)
 {
-    const cand *x = a, *y = b;
-    if (x->logit != y->logit)
-        return x->logit < y->logit ? 1 : -1;
-    return x->id - y->id; /* equal logits: smaller id first, so the order is total */
+    return x.logit != y.logit ? x.logit > y.logit : x.id < y.id;
+}
+
+/* Restore the heap (its first token the one taken first) below i. */
+static void sift_down(cand *h, int n, int i)
+{
+    for (;;) {
+        int l = 2 * i + 1, best = i;
+        if (l < n && before(h[l], h[best]))
+            best = l;
+        if (l + 1 < n && before(h[l + 1], h[best]))
+            best = l + 1;
+        if (best == i)
+            return;
+        cand t = h[i];
+        h[i] = h[best];
+        h[best] = t;
+        i = best;
+    }
+}
+
+/* The heap's first token, taken out. */
+static cand pop(cand *h, int *n)
+{
+    cand top = h[0];
+    h[0] = h[--*n];
+    sift_down(h, *n, 0);
+    return top;
 }
 
 static int argmax(const float *logits, int vocab)
@@ -61,6 +88,11 @@ void wl_dist_free(wl_dist *d)
     d->n = 0;
 }
 
+/* Tokens are taken from a heap in order, as far as the distribution
+ * reaches (top_k tokens; or the fewest whose mass reaches top_p, against
+ * the whole vocabulary's mass summed first): a real model's nucleus is a
+ * few tokens of a vocabulary of 10^5, which a full sort would order a
+ * draft token at a time. */
 int wl_sampler_dist(const wl_sampler *s, const float *logits, int vocab, wl_dist *d)
 {
     if (!(s->temperature > 0)) {
@@ -72,29 +104,45 @@ int wl_sampler_dist(const wl_sampler *s, const float *logits, int vocab, wl_dist
     cand *c = malloc((size_t)vocab * sizeof *c);
     if (!c)
         return wl_fail("out of memory for sampling over %d tokens", vocab);
-    for (int i = 0; i < vocab; i++)
+    int top = 0;
+    for (int i = 0; i < vocab; i++) {
         c[i] = (cand){logits[i] / s->temperature, i};
-    qsort(c, (size_t)vocab, sizeof *c, by_logit);
-    int n = s->top_k > 0 && s->top_k < vocab ? s->top_k : vocab;
+        if (before(c[i], c[top]))
+            top = i;
+    }
+    double first = c[top].logit;
+    int n = s->top_k > 0 && s->top_k < vocab ? s->top_k : vocab, left = vocab;
+    bool nucleus = s->top_p > 0 && s->top_p < 1;
+    double total = 0; /* the mass top_p is a share of */
+    if (nucleus && n == vocab)
+        for (int i = 0; i < vocab; i++)
+            total += exp((double)c[i].logit - first);
+    for (int i = vocab / 2 - 1; i >= 0; i--)
+        sift_down(c, vocab, i);
     double sum = 0, *p = d->w;
-    for (int i = 0; i < n; i++)
-        sum += p[i] = exp((double)c[i].logit - c[0].logit);
-    if (s->top_p > 0 && s->top_p < 1) { /* the fewest tokens whose mass reaches top_p */
+    int taken = 0;
+    while (taken < n) {
+        cand t = pop(c, &left);
+        d->id[taken] = t.id;
+        sum += p[taken] = exp((double)t.logit - first);
+        taken++;
+        if (nucleus && n == vocab && sum >= s->top_p * total)
+            break;
+    }
+    if (nucleus && n < vocab) { /* top_k first, then top_p of those */
         double acc = 0;
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; i < taken; i++) {
             acc += p[i] / sum;
             if (acc >= s->top_p) {
-                n = i + 1;
+                taken = i + 1;
                 break;
             }
         }
         sum = 0;
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < taken; i++)
             sum += p[i];
     }
-    for (int i = 0; i < n; i++)
-        d->id[i] = c[i].id;
-    d->n = n;
+    d->n = taken;
     d->sum = sum;
     free(c);
     return 0;
