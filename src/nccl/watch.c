@@ -175,7 +175,7 @@ static weft_nccl_comm *poll_once(void)
         if (c->closing)
             continue;
         char cause[200];
-        if (c->timeout_ns && now - o->since > c->timeout_ns) {
+        if (c->timeout_ns && now > o->since && now - o->since > c->timeout_ns) {
             snprintf(cause, sizeof cause,
                      "an operation was in flight over the communicator's timeout (%llu ms)",
                      (unsigned long long)(c->timeout_ns / 1000000));
