@@ -508,6 +508,11 @@ static int check_comm(call *k, weft_nccl_comm *c)
                           "(spawn with WEFT_DEVICE(%d))",
                           k->fn, c->device, dev, c->device);
     k->stream = (cudaStream_t)s;
+    /* One rank's average is its sum, and NCCL before 2.29.7 leaves the
+     * last count % blocks elements of a one-rank average unwritten (its
+     * issue 1950): ask for the sum, which takes another path. */
+    if (c->nranks == 1 && k->red == ncclAvg)
+        k->red = ncclSum;
     return WEFT_OK;
 }
 

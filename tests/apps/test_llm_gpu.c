@@ -55,7 +55,7 @@ static int teardown(void **state)
     return 0;
 }
 
-static int gpu_logits_match_host(const char *model)
+static int gpu_logits_match_host(const char *model, double units)
 {
     enum { V = TINY_VOCAB, PROMPT = 7, TOTAL = 12, STEPS = TOTAL - PROMPT + 1 };
     int32_t ids[TOTAL];
@@ -95,7 +95,7 @@ static int gpu_logits_match_host(const char *model)
         printf("  step %d: scale %.4f, max |gpu - host| %.3e = %.2f bf16 units (logit %d: host "
                "%.6f gpu %.6f), argmax host %d gpu %d, top-two gap %.2f units\n",
                s, scale, worst, worst / ulp, worst_at, h[worst_at], g[worst_at], ah, ag, gap / ulp);
-        if (worst > 4 * ulp)
+        if (worst > units * ulp)
             bad++;
         if (ah != ag && gap > 8 * ulp)
             bad++;
@@ -110,14 +110,16 @@ static void test_gpu_logits_match_host(void **state)
     (void)state;
     int bad = 0;
     for (int i = 0; i < MODELS; i++)
-        bad += gpu_logits_match_host(models[i]);
+        bad += gpu_logits_match_host(models[i], 4);
     assert_int_equal(bad, 0);
 }
 
 /* An FP8 model (random-model --fp8) on the GPU: its inputs quantized by
  * weft_quantize_fp8's kernel and multiplied by cuBLASLt's FP8 product,
- * against the host's logits as the bf16 models are (an activation a bf16
- * unit apart may take the next FP8 code: held to the same 4 units). */
+ * against the host's logits as the bf16 models are. An activation one bf16
+ * unit off takes the neighbouring FP8 code about one time in 16 (E4M3
+ * keeps 3 of bf16's 7 fraction bits), a step of 16 units: held to 8 units
+ * where the bf16 models are held to 4 (4.6 seen on an H200). */
 static void test_gpu_fp8_model_matches_host(void **state)
 {
     (void)state;
@@ -125,7 +127,7 @@ static void test_gpu_fp8_model_matches_host(void **state)
     wl_write_opts o = {.preset = "tiny", .seed = seed, .fp8 = 1};
     if (wl_write_random_model(d, &o))
         fail_msg("%s", wl_error());
-    assert_int_equal(gpu_logits_match_host(d), 0);
+    assert_int_equal(gpu_logits_match_host(d, 8), 0);
     free(d);
 }
 

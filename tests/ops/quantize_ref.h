@@ -86,22 +86,26 @@ static inline double qz_decode(weft_dtype t, unsigned code)
 }
 
 /* The code fp8(x): the finite code nearest |x| (a tie to the even code),
- * the largest past it, x's sign; NaN: any NaN code (-1 here). */
+ * the largest past it, x's sign; NaN: any NaN code (-1 here). The
+ * positive codes' values rise with the code, so a bisection finds the two
+ * around |x|. */
 static inline int qz_code(weft_dtype t, float x)
 {
     int e4 = t == WEFT_DTYPE_F8_E4M3;
-    unsigned largest = e4 ? 0x7e : 0x7b, best = 0;
+    unsigned largest = e4 ? 0x7e : 0x7b, best;
     if (isnan(x))
         return -1;
     double a = fabs((double)x);
     if (a >= qz_decode(t, largest)) {
         best = largest;
     } else {
-        for (unsigned c = 1; c <= largest; c++) {
-            double d = fabs(a - qz_decode(t, c)), db = fabs(a - qz_decode(t, best));
-            if (d < db || (d == db && (c & 1) == 0))
-                best = c;
+        unsigned lo = 0, hi = largest; /* decode(lo) <= a < decode(hi) */
+        while (hi - lo > 1) {
+            unsigned mid = (lo + hi) / 2;
+            *(qz_decode(t, mid) <= a ? &lo : &hi) = mid;
         }
+        double dl = a - qz_decode(t, lo), dh = qz_decode(t, hi) - a;
+        best = dl < dh || (dl == dh && (lo & 1) == 0) ? lo : hi;
     }
     return (int)(best | (signbit(x) ? 0x80u : 0u));
 }
