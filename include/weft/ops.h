@@ -461,13 +461,14 @@ typedef struct weft_matmul_desc {
  * GPU: operand pointers aligned to 16 bytes and leading dimensions and
  * strides that keep rows 16-byte aligned get the fastest kernels; anything
  * aligned to its element size works. Decode's shapes - m <= 16, bf16 or
- * fp16 operands, A as stored and B transposed (a Linear weight, n x k), A
+ * fp16 operands, or FP8 ones into a bf16, fp16 or fp32 D with C and bias
+ * of D's type, A as stored and B transposed (a Linear weight, n x k), A
  * and B 16-byte aligned with rows (where m or n > 1) and batch strides of
  * whole 16 bytes, at most 65535 batches, and k <= 32768 unless
  * ceil(n / 16) * batch >= 128 - run weft's own kernel, which reads the
  * weights once for all m rows with the whole epilogue fused (the erf GELU
- * too); its fp32 sums are the tensor cores'. Other calls, FP8 and INT8
- * ones at any m among them, go to cuBLASLt.
+ * too); its fp32 sums are the tensor cores'. Other calls, INT8 ones at any
+ * m among them, go to cuBLASLt.
  * Plans (cuBLASLt's heuristic answer) are cached per shape, types,
  * layout, epilogue and alignment, and each stream gets a workspace of
  * weft's the first time it runs a matmul, so a first call costs more than
@@ -477,6 +478,8 @@ typedef struct weft_matmul_desc {
  * intervals (fast accumulation, which skips that, is never asked for), so
  * results agree to ~2^-12 of the terms' magnitudes and the rounding of D;
  * an fp8 D to one fp8 unit where the two straddle a rounding boundary.
+ * The decode kernel multiplies FP8 through mma steps of 32 products each,
+ * added to fp32 accumulators, and held to the same agreement.
  * INT8: int32 results agree exactly; the dequantized ones to the rounding
  * of D.
  * Bad arguments (sizes, leading dimensions below the row, NULL operands,

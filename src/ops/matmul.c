@@ -9,10 +9,10 @@
  * the one exception: through cuBLASLt it is a second pass
  * (matmul_cublaslt.c).
  *
- * The GPU's two paths: decode's few rows (m <= 16) of bf16 or fp16 times a
- * Linear weight go to weft's own kernel (matmul_skinny.cu), which reads
- * the weights once for all the rows; everything else, FP8 and INT8 at any
- * m among it, to cuBLASLt. weft__matmul_skinny_fits is the whole rule.
+ * The GPU's two paths: decode's few rows (m <= 16) of bf16, fp16 or FP8
+ * times a Linear weight go to weft's own kernel (matmul_skinny.cu), which
+ * reads the weights once for all the rows; everything else, INT8 at any m
+ * among it, to cuBLASLt. weft__matmul_skinny_fits is the whole rule.
  *
  * Every check runs here, before either backend sees the call, so a call
  * fails with WEFT_EINVAL and a reason or runs to the end, and a call valid
@@ -434,9 +434,21 @@ static int plain_types(const weft__matmul_args *a)
            !a->amax_d;
 }
 
-/* The skinny kernel's reach. It multiplies bf16 and fp16 operands only,
- * in a plain product (plain_types), with A as stored (m x k) and B a
- * Linear weight (trans_b: n x k), each row read in 16-byte loads: so A
+/* The operand and epilogue types the skinny kernel multiplies: bf16 or
+ * fp16 operands in a plain product (plain_types); or FP8 ones with their
+ * scales (by tensor or by row and column) into a bf16, fp16 or fp32 D whose
+ * C and bias are of its type (an fp32 D's bf16 bias, an fp8 D with its
+ * scale and amax, go to cuBLASLt). */
+static int skinny_types(const weft__matmul_args *a)
+{
+    if (a->kind == WEFT__MM_FLOAT)
+        return (a->in_type == WEFT_DTYPE_BF16 || a->in_type == WEFT_DTYPE_F16) && plain_types(a);
+    return a->kind == WEFT__MM_FP8 && is_float(a->type) && a->c_type == a->type &&
+           (!a->bias || a->bias_type == a->type) && !a->scale_d && !a->amax_d;
+}
+
+/* The skinny kernel's reach: the types above, with A as stored (m x k) and
+ * B a Linear weight (trans_b: n x k), each row read in 16-byte loads: so A
  * and B, their rows and their batch strides must be 16-byte aligned (a
  * single row's stride is never used: m = 1 with any lda, n = 1 with any
  * ldb). It keeps m's rows in one pass of mma tiles of 16 (m <= 16) and
@@ -452,9 +464,8 @@ int weft__matmul_skinny_fits(const weft__matmul_args *a)
     int aligned = ((uintptr_t)a->a | (uintptr_t)a->b) % 16 == 0 &&
                   (a->m == 1 || a->lda * e % 16 == 0) && (a->n == 1 || a->ldb * e % 16 == 0) &&
                   a->stride_a * e % 16 == 0 && a->stride_b * e % 16 == 0;
-    return a->m <= 16 && (a->in_type == WEFT_DTYPE_BF16 || a->in_type == WEFT_DTYPE_F16) &&
-           plain_types(a) && !a->trans_a && a->trans_b && aligned && a->batch <= 65535 &&
-           tiles <= 0x7fffffff && (a->k <= 32768 || tiles * a->batch >= 128);
+    return a->m <= 16 && skinny_types(a) && !a->trans_a && a->trans_b && aligned &&
+           a->batch <= 65535 && tiles <= 0x7fffffff && (a->k <= 32768 || tiles * a->batch >= 128);
 }
 
 static void run_host(const void *args)

@@ -4,8 +4,8 @@
  * without one) and the GPU paths (with CUDA only): cuBLASLt
  * (matmul_cublaslt.c; INT8 into a dequantized D in matmul_cublaslt_quant.c
  * with its epilogue's kernel in matmul_quant.cu; matmul_cublaslt.h is what
- * those two C files share) and, for decode's few bf16/fp16 rows, weft's
- * own kernel (matmul_skinny.cu), chosen by weft__matmul_skinny_fits.
+ * those two C files share) and, for decode's few bf16, fp16 or FP8 rows,
+ * weft's own kernel (matmul_skinny.cu), chosen by weft__matmul_skinny_fits.
  *
  * matmul.c fills weft__matmul_args from the caller's descriptor with every
  * default resolved (leading dimensions, batch, alpha, beta, the operand

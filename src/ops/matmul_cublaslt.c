@@ -1,8 +1,8 @@
 /*
  * matmul_cublaslt.c - weft_matmul on the GPU, through cuBLASLt; calls that
  * weft__matmul_skinny_fits (matmul.c) go to the skinny kernel instead
- * (matmul_skinny.cu), before any of what follows is asked for. FP8 and
- * INT8 calls never fit it: they always come here.
+ * (matmul_skinny.cu), before any of what follows is asked for. INT8
+ * calls never fit it, FP8 ones only at decode's rows into a 16/32-bit D.
  *
  * Layout: cuBLASLt is column-major, weft row-major. A row-major m x n
  * matrix with leading dimension ld is the column-major n x m matrix with
@@ -540,7 +540,7 @@ int weft__matmul_cuda(void *stream_arg, const weft__matmul_args *a)
     weft__lt_ready r;
     int rc;
 
-    if (use_skinny(a)) { /* 16-bit operands only: see weft__matmul_skinny_fits */
+    if (use_skinny(a)) { /* decode's rows: see weft__matmul_skinny_fits */
         atomic_fetch_add_explicit(&skinny_calls, 1, memory_order_relaxed);
         return weft__matmul_skinny_cuda(stream, a);
     }

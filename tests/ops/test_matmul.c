@@ -281,11 +281,11 @@ static void test_a_valid_call_is_not_refused(void **state)
 #endif
 }
 
-/* Decode's shapes go to the skinny kernel; a row more than 16, another
- * layout or type, any of the quantized fields (FP8 or INT8 operands, an
- * fp8 or int32 D, scales, amax), or anything that breaks its 16-byte loads
- * goes to cuBLASLt. The arguments are resolved ones, as check_desc leaves
- * them (B's, C's and the bias's types set); the pointers are never read. */
+/* Decode's shapes go to the skinny kernel, bf16/fp16 ones and FP8 ones
+ * into a 16/32-bit D; a row more than 16, another layout or type, INT8
+ * operands, an fp8 or int32 D, a quantized field on a 16-bit call, or
+ * anything that breaks its 16-byte loads goes to cuBLASLt. The arguments are resolved ones, as
+ * check_desc leaves them (B's, C's and the bias's types set); the pointers are never read. */
 static void test_the_skinny_kernel_takes_decode_shapes_only(void **state)
 {
     (void)state;
@@ -347,13 +347,53 @@ static void test_the_skinny_kernel_takes_decode_shapes_only(void **state)
     x = up, x.n = 13, x.k = x.lda = x.ldb = 40000; /* one block for a long k */
     assert_false(weft__matmul_skinny_fits(&x));
 
-    /* The quantized products, each at a decode shape that would otherwise
-     * fit, and each quantized field alone on a 16-bit call. */
-    x = up, x.kind = WEFT__MM_FP8, x.in_type = x.in_type_b = WEFT_DTYPE_F8_E4M3;
-    x.scale_a_mode = x.scale_b_mode = WEFT_MATMUL_SCALE_TENSOR, x.scale_a = x.scale_b = &scale;
+    /* FP8 operands with their scales into a 16/32-bit D fit; an fp8 D, an
+     * fp32 D's bf16 bias or a C of another type do not. */
+    const weft__matmul_args fp8 = {.m = 4,
+                                   .n = 4096,
+                                   .k = 2048,
+                                   .batch = 1,
+                                   .kind = WEFT__MM_FP8,
+                                   .type = WEFT_DTYPE_BF16,
+                                   .in_type = WEFT_DTYPE_F8_E4M3,
+                                   .in_type_b = WEFT_DTYPE_F8_E4M3,
+                                   .c_type = WEFT_DTYPE_BF16,
+                                   .bias_type = WEFT_DTYPE_BF16,
+                                   .scale_a_mode = WEFT_MATMUL_SCALE_OUTER,
+                                   .scale_b_mode = WEFT_MATMUL_SCALE_OUTER,
+                                   .scale_a = &scale,
+                                   .scale_b = &scale,
+                                   .trans_b = 1,
+                                   .lda = 2048,
+                                   .ldb = 2048,
+                                   .ldd = 4096,
+                                   .bias = &scale,
+                                   .a = (const void *)(uintptr_t)0x10000,
+                                   .b = (const void *)(uintptr_t)0x20000,
+                                   .d = (void *)(uintptr_t)0x30002};
+    x = fp8;
+    assert_true(weft__matmul_skinny_fits(&x));
+    x = fp8, x.in_type_b = WEFT_DTYPE_F8_E5M2, x.m = 16,
+    x.type = x.c_type = x.bias_type = WEFT_DTYPE_F16;
+    x.scale_a_mode = x.scale_b_mode = WEFT_MATMUL_SCALE_TENSOR;
+    assert_true(weft__matmul_skinny_fits(&x));
+    x = fp8, x.type = x.c_type = WEFT_DTYPE_F32, x.bias = NULL; /* its bf16 bias unused */
+    assert_true(weft__matmul_skinny_fits(&x));
+    x = fp8, x.m = 17;
     assert_false(weft__matmul_skinny_fits(&x));
-    x.type = WEFT_DTYPE_F8_E4M3, x.scale_d = &scale, x.amax_d = &amax; /* an fp8 D */
+    x = fp8, x.type = x.c_type = WEFT_DTYPE_F32; /* a bf16 bias for an fp32 D */
     assert_false(weft__matmul_skinny_fits(&x));
+    x = fp8, x.type = WEFT_DTYPE_F8_E4M3, x.scale_d = &scale, x.amax_d = &amax; /* an fp8 D */
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = fp8, x.amax_d = &amax;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = fp8, x.c_type = WEFT_DTYPE_F16;
+    assert_false(weft__matmul_skinny_fits(&x));
+    x = fp8, x.stride_a = 8, x.batch = 2; /* 8 bytes: breaks the 16-byte loads */
+    assert_false(weft__matmul_skinny_fits(&x));
+
+    /* The other quantized products, each at a decode shape that would
+     * otherwise fit, and each quantized field alone on a 16-bit call. */
     x = up, x.kind = WEFT__MM_INT8, x.in_type = x.in_type_b = WEFT_DTYPE_I8;
     x.type = x.c_type = x.bias_type = WEFT_DTYPE_I32;
     assert_false(weft__matmul_skinny_fits(&x));

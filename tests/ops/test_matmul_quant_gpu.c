@@ -6,9 +6,12 @@
  * (row/column) scales, every activation with bias and residual, an fp8 D
  * with scale_d, saturation and amax_d; INT8 exact into int32 and
  * dequantized by every scale-mode pair with the epilogues and aux, in
- * place, and captured into a CUDA graph; awkward shapes and batches (m
- * from 1, decode's rows: never the 16-bit skinny kernel, whose count of
- * calls is asserted unchanged); and refusals before anything is enqueued.
+ * place, and captured into a CUDA graph; awkward shapes and batches;
+ * decode's rows (m <= 16) of FP8 into a 16/32-bit D on weft's skinny
+ * kernel (every pair, D type, scale mode and activation, a tail of k, a
+ * cluster sharing a long k, shared weights across batches),
+ * every call's path asserted by the kernel's count of calls (INT8 and
+ * an fp8 D never go there); and refusals before anything is enqueued.
  *
  * Bounds: those of matmul_quant_ref.h element by element, with a further
  * 2^-10 of the terms' magnitudes for FP8 (Hopper's FP8 matrix units keep
@@ -124,9 +127,12 @@ static weft_matmul_desc device_desc(const qm_case *q, const dev_case *x)
     return d;
 }
 
+/* Where a call must go: cuBLASLt, or weft's decode kernel. */
+enum path { CUBLASLT, SKINNY };
+
 /* One case on the GPU into poisoned D (aux, amax), checked against float64
  * and against the host reference on the same operands. */
-static void gpu_case(const char *name, qm_case *q, int with_aux, int with_amax)
+static void gpu_case(const char *name, qm_case *q, int with_aux, int with_amax, enum path path)
 {
     const weft_matmul_desc *desc = &q->desc;
     size_t es = weft__dtype_size(desc->type);
@@ -150,10 +156,9 @@ static void gpu_case(const char *name, qm_case *q, int with_aux, int with_amax)
         case_failed(name, why);
         goto done;
     }
-    /* Quantized operands are cuBLASLt's (and the dequantizing epilogue's)
-     * at any m: the 16-bit decode kernel must never take them. */
-    if (weft__matmul_cuda_skinny_calls() != skinny_before) {
-        case_failed(name, "went to the 16-bit skinny kernel");
+    if (weft__matmul_cuda_skinny_calls() - skinny_before != (path == SKINNY)) {
+        case_failed(name, path == SKINNY ? "went to cuBLASLt, not the decode kernel"
+                                         : "went to the decode kernel, not cuBLASLt");
         goto done;
     }
     assert_cuda(cudaStreamSynchronize(stream));
@@ -226,7 +231,7 @@ static void test_fp8_every_pair_output_scale_mode_and_epilogue(void **state)
                             snprintf(name, sizeof name,
                                      "%s x %s -> %s scales %d act %d bias %d C %d", NAME[F8[pa]],
                                      NAME[F8[pb]], NAME[OUT[o]], mode, act, extra & 1, extra >> 1);
-                            gpu_case(name, &q, 0, d8);
+                            gpu_case(name, &q, 0, d8, CUBLASLT);
                             qm_free(&q);
                         }
                 }
@@ -262,9 +267,64 @@ static void test_fp8_awkward_shapes_and_batches(void **state)
                 qm_make(&q, desc, 1, 1, 0);
                 snprintf(name, sizeof name, "fp8 %zu x %zu x %zu scales %d batch %d", m, n, k, mode,
                          batch);
-                gpu_case(name, &q, 0, 0);
+                /* one row into bf16 is decode's; an fp32 D's bf16 bias is not */
+                gpu_case(name, &q, 0, 0, m <= 16 && mode == 1 ? SKINNY : CUBLASLT);
                 qm_free(&q);
             }
+    no_case_failed();
+}
+
+/* Decode's rows: m <= 16 of FP8 into bf16, fp16 or fp32 on the skinny
+ * kernel. The shapes reach its paths: one row and one tile; a k that ends
+ * within a turn (256 FP8 k a warp); 8 and 9 rows (one or two halves of
+ * the mma tile); a single tile over a long k (a cluster of blocks sharing
+ * it); Llama-like projections; three batches sharing one weight. */
+static void test_fp8_decode_rows_take_the_skinny_kernel(void **state)
+{
+    (void)state;
+    static const size_t SHAPES[][4] = {/* m, n, k, batch */
+                                       {1, 8, 16, 1},      {2, 24, 48, 1},   {8, 40, 272, 1},
+                                       {9, 136, 4112, 1},  {16, 8, 8192, 1}, {1, 2048, 2048, 1},
+                                       {4, 3072, 1024, 1}, {3, 264, 608, 3}};
+    static const weft_dtype OUT[] = {WEFT_DTYPE_BF16, WEFT_DTYPE_F16, WEFT_DTYPE_F32};
+    static const weft_dtype PAIRS[][2] = {{WEFT_DTYPE_F8_E4M3, WEFT_DTYPE_F8_E4M3},
+                                          {WEFT_DTYPE_F8_E4M3, WEFT_DTYPE_F8_E5M2},
+                                          {WEFT_DTYPE_F8_E5M2, WEFT_DTYPE_F8_E4M3}};
+    char name[160];
+    unsigned n_case = 0;
+    for (size_t s = 0; s < sizeof SHAPES / sizeof *SHAPES; s++)
+        for (int pr = 0; pr < 3; pr++)
+            for (int o = 0; o < 3; o++)
+                for (int mode = 1; mode <= 2; mode++, n_case++) {
+                    size_t m = SHAPES[s][0], n = SHAPES[s][1], k = SHAPES[s][2];
+                    size_t batch = SHAPES[s][3];
+                    weft_matmul_desc desc = tn(m, n, k, 16, 16 * (n_case & 1));
+                    desc.type = OUT[o], desc.in_type = PAIRS[pr][0];
+                    desc.in_type_b = PAIRS[pr][1];
+                    desc.scale_a_mode = desc.scale_b_mode = (weft_matmul_scale)mode;
+                    desc.act = (weft_matmul_act)(n_case % 4);
+                    desc.alpha = n_case % 3 == 2 ? -0.5f : 0.0f;
+                    int with_c = n_case % 3 != 0;
+                    if (with_c)
+                        desc.beta = 0.75f;
+                    /* an fp32 D takes a bf16 bias, which is cuBLASLt's */
+                    int with_bias = OUT[o] != WEFT_DTYPE_F32 && n_case % 2 == 0;
+                    desc.batch = batch;
+                    if (batch > 1) {
+                        desc.stride_a = m * desc.lda + 16, desc.stride_b = 0;
+                        desc.ldd = desc.ldc = n + 8;
+                        desc.stride_c = desc.stride_d = m * desc.ldd + 8;
+                    }
+                    qm_case q;
+                    qm_make(&q, desc, with_c, with_bias, 0);
+                    snprintf(name, sizeof name,
+                             "decode %s x %s -> %s %zu x %zu x %zu batch %zu scales %d act %d "
+                             "bias %d C %d",
+                             NAME[PAIRS[pr][0]], NAME[PAIRS[pr][1]], NAME[OUT[o]], m, n, k, batch,
+                             mode, (int)desc.act, with_bias, with_c);
+                    gpu_case(name, &q, 0, 0, SKINNY);
+                    qm_free(&q);
+                }
     no_case_failed();
 }
 
@@ -283,7 +343,7 @@ static void test_fp8_d_saturates_and_amax_is_taken_before_the_scale(void **state
             qm_case q;
             qm_make(&q, desc, 1, 1, 4 * qm_max_finite(F8[o]));
             snprintf(name, sizeof name, "%s D saturating, batch %d", NAME[F8[o]], batch);
-            gpu_case(name, &q, 0, 1);
+            gpu_case(name, &q, 0, 1, CUBLASLT);
             qm_free(&q);
         }
     no_case_failed();
@@ -309,7 +369,7 @@ static void test_int8_exact_into_int32(void **state)
             qm_case q;
             qm_make(&q, desc, 0, 0, 0);
             snprintf(name, sizeof name, "int8 -> int32 %zu x %zu x %zu batch %d", m, n, k, batch);
-            gpu_case(name, &q, 0, 0);
+            gpu_case(name, &q, 0, 0, CUBLASLT);
             qm_free(&q);
         }
     /* the extremes: sums of (-128)(-128) up to 2^31 - 2^16 */
@@ -320,7 +380,7 @@ static void test_int8_exact_into_int32(void **state)
     memset(q.a, 0x80, q.na);
     memset(q.b, 0x80, q.nb);
     ((int8_t *)q.b)[5] = 127;
-    gpu_case("int8 extremes", &q, 0, 0);
+    gpu_case("int8 extremes", &q, 0, 0, CUBLASLT);
     qm_free(&q);
     no_case_failed();
 }
@@ -357,7 +417,7 @@ static void test_int8_dequantized_every_scale_mode_and_epilogue(void **state)
                         snprintf(name, sizeof name,
                                  "int8 -> %s scales %d/%d act %d bias %d C %d aux %d", NAME[OUT[o]],
                                  ma, mb, act, extra & 1, extra >> 1, with_aux);
-                        gpu_case(name, &q, with_aux, 0);
+                        gpu_case(name, &q, with_aux, 0, CUBLASLT);
                         qm_free(&q);
                     }
     no_case_failed();
@@ -479,6 +539,7 @@ int main(void)
         cmocka_unit_test(test_bad_layouts_are_refused_before_launch),
         cmocka_unit_test(test_fp8_every_pair_output_scale_mode_and_epilogue),
         cmocka_unit_test(test_fp8_awkward_shapes_and_batches),
+        cmocka_unit_test(test_fp8_decode_rows_take_the_skinny_kernel),
         cmocka_unit_test(test_fp8_d_saturates_and_amax_is_taken_before_the_scale),
         cmocka_unit_test(test_int8_exact_into_int32),
         cmocka_unit_test(test_int8_dequantized_every_scale_mode_and_epilogue),
