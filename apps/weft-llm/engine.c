@@ -350,7 +350,11 @@ typedef struct proposer {
     wl_seq *seq;        /* the draft model's sequence; NULL: n-grams */
     wl_sampler sampler; /* the draft's draws: the generation's settings, its own generator */
     int vocab, step;    /* the draft's vocabulary, and its sequence's most tokens a call */
-    float *q;           /* [k][vocab]: the draft's rows its tokens were drawn from */
+    /* Sampling: the distributions the draft tokens were drawn from, each
+     * made once (in full), kept (its nucleus alone) and read again by the
+     * acceptance; NULL when greedy, whose drafts are argmaxes. */
+    wl_dist full, *q;
+    int k;
 } proposer;
 
 static int proposer_open(proposer *p, wl_engine *e, const wl_gen *g)
@@ -365,15 +369,23 @@ static int proposer_open(proposer *p, wl_engine *e, const wl_gen *g)
     p->vocab = e->draft->cfg.vocab;
     /* the prompt's catch-up in chunks, then a round's 1 or 2 tokens */
     p->step = g->n_prompt + 1 < WL_PREFILL_CHUNK ? g->n_prompt + 1 : WL_PREFILL_CHUNK;
-    if (!(p->q = malloc((size_t)g->speculate_k * p->vocab * sizeof *p->q)))
-        return wl_fail("out of memory for %d draft rows", g->speculate_k);
+    if (p->sampler.temperature > 0) {
+        p->k = g->speculate_k;
+        if (!(p->q = calloc((size_t)p->k, sizeof *p->q)))
+            return wl_fail("out of memory for %d draft distributions", p->k);
+        if (wl_dist_alloc(&p->full, p->vocab))
+            return -1;
+    }
     return wl_seq_create(&p->seq, e->draft, &e->draft_kv, g->n_prompt + g->max_tokens, p->step);
 }
 
 static void proposer_close(proposer *p)
 {
     wl_seq_destroy(p->seq);
+    for (int i = 0; p->q && i < p->k; i++)
+        wl_dist_free(&p->q[i]);
     free(p->q);
+    wl_dist_free(&p->full);
 }
 
 /* Up to k draft tokens to follow toks[0, len); returns how many. The draft
@@ -395,9 +407,13 @@ static int propose(proposer *p, const int32_t *toks, int len, int k, int32_t *dr
         at += n;
     }
     for (int i = 0; i < k; i++) {
-        float *q = p->q + (size_t)i * p->vocab;
-        memcpy(q, row, (size_t)p->vocab * sizeof *q);
-        draft[i] = wl_sample(&p->sampler, q, p->vocab);
+        if (!p->q)
+            draft[i] = wl_sample(&p->sampler, row, p->vocab);
+        else if (wl_sampler_dist(&p->sampler, row, p->vocab, &p->full) ||
+                 wl_dist_copy(&p->q[i], &p->full))
+            return -1;
+        else
+            draft[i] = wl_dist_draw(&p->sampler, &p->q[i]);
         if (i + 1 < k && wl_forward(p->seq, &draft[i], 1, &row))
             return -1;
     }
@@ -452,8 +468,7 @@ static int speculate(wl_engine *e, const wl_gen *g, wl_seq *s, const float *logi
         int drafted = propose(&pr, toks, len, k, in + 1);
         if (drafted < 0 || wl_forward_rows(s, in, drafted + 1, &rows))
             goto out;
-        int m =
-            wl_spec_accept(&sampler, rows, V, in + 1, drafted, pr.seq ? pr.q : NULL, pr.vocab, out);
+        int m = wl_spec_accept(&sampler, rows, V, in + 1, drafted, pr.seq ? pr.q : NULL, out);
         st.rounds++;
         st.proposed += drafted;
         st.accepted += m - 1;

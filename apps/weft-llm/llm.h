@@ -610,29 +610,35 @@ void wl_pen_track_free(wl_pen_track *t);
  * the top_k largest are kept (0: all), then of those the fewest whose mass
  * reaches top_p (1 or 0: all); greedy is the argmax alone, weight 1. */
 typedef struct wl_dist {
-    int n;
-    int32_t *id; /* vocab entries */
-    double *w;   /* vocab entries */
+    int n, cap;  /* tokens kept, and room for */
+    int32_t *id; /* cap entries */
+    double *w;   /* cap entries */
     double sum;
 } wl_dist;
-int wl_dist_alloc(wl_dist *d, int vocab); /* -1: out of memory */
+int wl_dist_alloc(wl_dist *d, int vocab); /* room for vocab; -1: out of memory */
 void wl_dist_free(wl_dist *d);
+/* d's tokens, from a d with room for vocab of them. */
 int wl_sampler_dist(const wl_sampler *s, const float *logits, int vocab, wl_dist *d);
+/* A copy of src's kept tokens into dst (zeroed, or a copy's), which grows
+ * to hold them: a nucleus kept in its own few entries. -1: out of memory. */
+int wl_dist_copy(wl_dist *dst, const wl_dist *src);
+/* A token drawn from d with s's generator (one draw). */
+int32_t wl_dist_draw(wl_sampler *s, const wl_dist *d);
 
 /* Speculative decoding's acceptance of one draft token x, with logits the
  * target's row for its position, p its distribution under
- * wl_sampler_dist. The draft's q is one-hot at x (q_logits NULL: an
- * n-gram proposed it), or a draft model's wl_sampler_dist over its row
- * q_logits (q_vocab <= vocab tokens; x was drawn from it). Greedy:
- * accepted when x is the argmax, and the argmax is returned either way.
- * Sampled: accepted with probability min(1, p(x) / q(x)) (one draw of the
- * sampler's generator); on rejection the token is drawn (a second draw)
- * from max(0, p - q), renormalised (with q one-hot: p without x). Either
- * way the token returned is distributed as p, as wl_sample's is (up to
- * weft_sample's rounding of q's weights below 2^-32). *accepted says
- * which. */
-int wl_sample_draft(wl_sampler *s, const float *logits, int vocab, int32_t draft,
-                    const float *q_logits, int q_vocab, int *accepted);
+ * wl_sampler_dist. The draft's distribution q is one-hot at x (NULL: an
+ * n-gram proposed it), or the draft model's, which x was drawn from (its
+ * wl_sampler_dist over a vocabulary of at most vocab tokens, drawn by
+ * wl_dist_draw). Greedy: accepted when x is the argmax, and the argmax is
+ * returned either way. Sampled: accepted with probability
+ * min(1, p(x) / q(x)) (one draw of the sampler's generator); on rejection
+ * the token is drawn (a second draw) from max(0, p - q), renormalised
+ * (with q one-hot: p without x). Either way the token returned is
+ * distributed as p, as wl_sample's is (up to weft_sample's rounding of
+ * p's weights below 2^-32). *accepted says which. */
+int wl_sample_draft(wl_sampler *s, const float *logits, int vocab, int32_t draft, const wl_dist *q,
+                    int *accepted);
 
 /* ---- speculative decoding (spec.c) ---------------------------------------- */
 
@@ -652,15 +658,15 @@ int wl_ngram_propose(const int32_t *toks, int n, int max_ngram, int k, int32_t *
 
 /* One verify round's acceptance: rows[i] (vocab logits each) are the
  * target's rows after the last token and after draft[0, i), n_draft + 1 of
- * them; q_rows[i] (q_vocab logits each), the draft model's rows draft[i]
- * was drawn from (NULL: n-grams proposed the draft). Draft tokens are
+ * them; q[i], the draft model's distribution draft[i] was drawn from
+ * (NULL: n-grams proposed the draft). Draft tokens are
  * taken in order through wl_sample_draft while accepted; the first
  * rejected one is replaced by the token drawn there (the correction), or,
  * all accepted, a token is sampled from the last row (the bonus). out gets
  * the accepted draft tokens then that token; returns their count
  * (accepted + 1). Greedy, out is plain greedy decoding's. */
 int wl_spec_accept(wl_sampler *s, const float *rows, int vocab, const int32_t *draft, int n_draft,
-                   const float *q_rows, int q_vocab, int32_t *out);
+                   const wl_dist *q, int32_t *out);
 
 /* A speculative generation's counts, for the acceptance rate
  * (accepted / proposed) and the tokens a verify pass gives (tokens /

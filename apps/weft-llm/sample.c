@@ -69,6 +69,7 @@ static int argmax(const float *logits, int vocab)
 int wl_dist_alloc(wl_dist *d, int vocab)
 {
     d->n = 0;
+    d->cap = vocab > 0 ? vocab : 1;
     d->sum = 0;
     d->id = malloc((size_t)(vocab > 0 ? vocab : 1) * sizeof *d->id);
     d->w = malloc((size_t)(vocab > 0 ? vocab : 1) * sizeof *d->w);
@@ -85,7 +86,26 @@ void wl_dist_free(wl_dist *d)
     free(d->w);
     d->id = NULL;
     d->w = NULL;
-    d->n = 0;
+    d->n = d->cap = 0;
+}
+
+int wl_dist_copy(wl_dist *dst, const wl_dist *src)
+{
+    if (dst->cap < src->n) {
+        int32_t *id = realloc(dst->id, (size_t)src->n * sizeof *id);
+        if (id)
+            dst->id = id;
+        double *w = id ? realloc(dst->w, (size_t)src->n * sizeof *w) : NULL;
+        if (!w)
+            return wl_fail("out of memory for a distribution of %d tokens", src->n);
+        dst->w = w;
+        dst->cap = src->n;
+    }
+    memcpy(dst->id, src->id, (size_t)src->n * sizeof *dst->id);
+    memcpy(dst->w, src->w, (size_t)src->n * sizeof *dst->w);
+    dst->n = src->n;
+    dst->sum = src->sum;
+    return 0;
 }
 
 /* Tokens are taken from a heap in order, as far as the distribution
@@ -113,8 +133,11 @@ int wl_sampler_dist(const wl_sampler *s, const float *logits, int vocab, wl_dist
     double first = c[top].logit;
     int n = s->top_k > 0 && s->top_k < vocab ? s->top_k : vocab, left = vocab;
     bool nucleus = s->top_p > 0 && s->top_p < 1;
+    /* top_p alone stops the heap at its share of the whole mass; after a
+     * top_k it is a share of the k taken, cut once they are */
+    bool p_of_all = nucleus && n == vocab, p_of_top_k = nucleus && n < vocab;
     double total = 0; /* the mass top_p is a share of */
-    if (nucleus && n == vocab)
+    if (p_of_all)
         for (int i = 0; i < vocab; i++)
             total += exp((double)c[i].logit - first);
     for (int i = vocab / 2 - 1; i >= 0; i--)
@@ -126,10 +149,10 @@ int wl_sampler_dist(const wl_sampler *s, const float *logits, int vocab, wl_dist
         d->id[taken] = t.id;
         sum += p[taken] = exp((double)t.logit - first);
         taken++;
-        if (nucleus && n == vocab && sum >= s->top_p * total)
+        if (p_of_all && sum >= s->top_p * total)
             break;
     }
-    if (nucleus && n < vocab) { /* top_k first, then top_p of those */
+    if (p_of_top_k) {
         double acc = 0;
         for (int i = 0; i < taken; i++) {
             acc += p[i] / sum;
@@ -164,6 +187,11 @@ static int draw(wl_sampler *s, const wl_dist *d, double sum)
     return id;
 }
 
+int32_t wl_dist_draw(wl_sampler *s, const wl_dist *d)
+{
+    return draw(s, d, d->sum);
+}
+
 weft_sampling wl_sampler_next(wl_sampler *s)
 {
     weft_sampling p = {.temperature = s->temperature > 0 ? s->temperature : 0,
@@ -184,26 +212,26 @@ int wl_sample(wl_sampler *s, const float *logits, int vocab)
     return id;
 }
 
-int wl_sample_draft(wl_sampler *s, const float *logits, int vocab, int32_t draft,
-                    const float *q_logits, int q_vocab, int *accepted)
+int wl_sample_draft(wl_sampler *s, const float *logits, int vocab, int32_t draft, const wl_dist *dq,
+                    int *accepted)
 {
     if (!(s->temperature > 0)) {
         int id = argmax(logits, vocab);
         *accepted = id == draft;
         return id;
     }
-    wl_dist d = {0}, dq = {0};
+    wl_dist d = {0};
     double *q = NULL; /* the draft model's probabilities by id */
     int id = -1;
     *accepted = 0;
     if (wl_dist_alloc(&d, vocab) || wl_sampler_dist(s, logits, vocab, &d))
         goto out;
-    if (q_logits) {
-        if (wl_dist_alloc(&dq, q_vocab) || wl_sampler_dist(s, q_logits, q_vocab, &dq) ||
-            !(q = calloc((size_t)vocab, sizeof *q)))
+    if (dq) {
+        if (!(q = calloc((size_t)vocab, sizeof *q)))
             goto out;
-        for (int i = 0; i < dq.n; i++)
-            q[dq.id[i]] = dq.w[i] / dq.sum;
+        for (int i = 0; i < dq->n; i++)
+            if (dq->id[i] >= 0 && dq->id[i] < vocab)
+                q[dq->id[i]] = dq->w[i] / dq->sum;
     }
     double px = 0, qx = q ? q[draft] : 1;
     for (int i = 0; i < d.n; i++)
@@ -236,7 +264,6 @@ out:
         *accepted = id == draft;
     }
     wl_dist_free(&d);
-    wl_dist_free(&dq);
     free(q);
     return id;
 }

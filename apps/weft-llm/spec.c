@@ -46,13 +46,12 @@ int wl_ngram_propose(const int32_t *toks, int n, int max_ngram, int k, int32_t *
 }
 
 int wl_spec_accept(wl_sampler *s, const float *rows, int vocab, const int32_t *draft, int n_draft,
-                   const float *q_rows, int q_vocab, int32_t *out)
+                   const wl_dist *q, int32_t *out)
 {
     for (int i = 0; i < n_draft; i++) {
         int accepted;
-        const float *q = q_rows ? q_rows + (size_t)i * q_vocab : NULL;
-        out[i] =
-            wl_sample_draft(s, rows + (size_t)i * vocab, vocab, draft[i], q, q_vocab, &accepted);
+        out[i] = wl_sample_draft(s, rows + (size_t)i * vocab, vocab, draft[i], q ? &q[i] : NULL,
+                                 &accepted);
         if (!accepted)
             return i + 1; /* the correction ends the round */
     }

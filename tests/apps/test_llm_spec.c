@@ -207,7 +207,7 @@ static void test_draft_acceptance_distribution(void **state)
         for (int di = 0; di < 3; di++) {
             int x = drafts[di], count[N] = {0}, accepted_n = 0;
             for (int t = 0; t < TRIALS; t++) {
-                int acc = -1, id = wl_sample_draft(&sm, logits, N, x, NULL, 0, &acc);
+                int acc = -1, id = wl_sample_draft(&sm, logits, N, x, NULL, &acc);
                 assert_true(id >= 0 && id < N);
                 assert_true(acc == 0 || acc == 1);
                 assert_true(acc ? id == x : id != x); /* a rejected draft is never drawn */
@@ -234,18 +234,18 @@ static void test_draft_acceptance_distribution(void **state)
      * returned either way; no draw is taken */
     wl_sampler g = {.state = 5};
     int acc;
-    assert_int_equal(wl_sample_draft(&g, logits, N, 3, NULL, 0, &acc), 3);
+    assert_int_equal(wl_sample_draft(&g, logits, N, 3, NULL, &acc), 3);
     assert_int_equal(acc, 1);
-    assert_int_equal(wl_sample_draft(&g, logits, N, 0, NULL, 0, &acc), 3);
+    assert_int_equal(wl_sample_draft(&g, logits, N, 0, NULL, &acc), 3);
     assert_int_equal(acc, 0);
     assert_int_equal(g.state, 5);
     /* a draft p holds all of (top-k 1) is always accepted, and one out of
      * top-k 1 always replaced by the top token */
     wl_sampler k1 = {.temperature = 1, .top_k = 1, .state = seed};
     for (int t = 0; t < 1000; t++) {
-        assert_int_equal(wl_sample_draft(&k1, logits, N, 3, NULL, 0, &acc), 3);
+        assert_int_equal(wl_sample_draft(&k1, logits, N, 3, NULL, &acc), 3);
         assert_int_equal(acc, 1);
-        assert_int_equal(wl_sample_draft(&k1, logits, N, 2, NULL, 0, &acc), 3);
+        assert_int_equal(wl_sample_draft(&k1, logits, N, 2, NULL, &acc), 3);
         assert_int_equal(acc, 0);
     }
 }
@@ -273,22 +273,26 @@ static void test_draft_model_acceptance_distribution(void **state)
                          .top_k = modes[mi].top_k,
                          .top_p = modes[mi].top_p,
                          .state = seed + 100 + (uint64_t)mi};
-        uint64_t proposer = seed ^ 0x5bd1e995u;
+        wl_sampler proposer = {.state = seed ^ 0x5bd1e995u};
         int qv = modes[mi].q_vocab;
         double p[N], q[N] = {0}, overlap = 0;
         reference_p(logits, N, modes[mi].T, modes[mi].top_k, modes[mi].top_p, p);
         reference_p(draft_logits, qv, modes[mi].T, modes[mi].top_k, modes[mi].top_p, q);
         for (int i = 0; i < N; i++)
             overlap += fmin(p[i], q[i]);
-        int count[N] = {0}, accepted_n = 0;
+        /* the draft's distribution as the proposer keeps it: its nucleus
+         * alone, copied out of one with room for the vocabulary */
+        wl_dist full = {0}, dq = {0};
+        assert_int_equal(wl_dist_alloc(&full, qv), 0);
+        assert_int_equal(wl_sampler_dist(&sm, draft_logits, qv, &full), 0);
+        assert_int_equal(wl_dist_copy(&dq, &full), 0);
+        wl_dist_free(&full);
+        int count[N] = {0}, drafted[N] = {0}, accepted_n = 0;
         for (int t = 0; t < TRIALS; t++) {
-            double u = wl_rand_uniform(&proposer);
-            int x = 0;
-            while (x < qv - 1 && (u -= q[x]) >= 0)
-                x++;
-            while (q[x] == 0) /* rounding left u past the last kept token */
-                x--;
-            int acc = -1, id = wl_sample_draft(&sm, logits, N, x, draft_logits, qv, &acc);
+            int x = wl_dist_draw(&proposer, &dq); /* as the proposer draws */
+            assert_true(x >= 0 && x < qv && q[x] > 0);
+            drafted[x]++;
+            int acc = -1, id = wl_sample_draft(&sm, logits, N, x, &dq, &acc);
             assert_true(id >= 0 && id < N);
             assert_true(acc ? id == x : 1);
             count[id]++;
@@ -298,8 +302,13 @@ static void test_draft_model_acceptance_distribution(void **state)
                "%.4f)\n",
                modes[mi].T, modes[mi].top_k, modes[mi].top_p, qv, (double)accepted_n / TRIALS,
                overlap);
+        wl_dist_free(&dq);
         double sa = sqrt(TRIALS * overlap * (1 - overlap));
         assert_true(fabs(accepted_n - TRIALS * overlap) <= 5 * sa + 1);
+        for (int i = 0; i < qv; i++) { /* the drafts follow q */
+            double want = TRIALS * q[i], sigma = sqrt(TRIALS * q[i] * (1 - q[i]));
+            assert_true(fabs(drafted[i] - want) <= 5 * sigma + 1);
+        }
         for (int i = 0; i < N; i++) {
             double want = TRIALS * p[i], sigma = sqrt(TRIALS * p[i] * (1 - p[i]));
             printf("    token %d: p %.4f q %.4f, emitted %6d, expected %8.1f (%+.2f sigma)\n", i,
@@ -312,11 +321,15 @@ static void test_draft_model_acceptance_distribution(void **state)
     }
     /* greedy ignores q: the target's argmax, accepted when it is the draft */
     wl_sampler g = {.state = 5};
+    wl_dist q = {0};
+    assert_int_equal(wl_dist_alloc(&q, N), 0);
+    assert_int_equal(wl_sampler_dist(&(wl_sampler){.temperature = 1}, draft_logits, N, &q), 0);
     int acc;
-    assert_int_equal(wl_sample_draft(&g, logits, N, 1, draft_logits, N, &acc), 3);
+    assert_int_equal(wl_sample_draft(&g, logits, N, 1, &q, &acc), 3);
     assert_int_equal(acc, 0);
-    assert_int_equal(wl_sample_draft(&g, logits, N, 3, draft_logits, N, &acc), 3);
+    assert_int_equal(wl_sample_draft(&g, logits, N, 3, &q, &acc), 3);
     assert_int_equal(acc, 1);
+    wl_dist_free(&q);
 }
 
 /* A round's acceptance over rows whose argmaxes are set: greedy takes the
@@ -333,16 +346,16 @@ static void test_round_acceptance(void **state)
     wl_sampler g = {0};
     int32_t out[R];
     /* all four accepted: the fifth row's argmax is the bonus */
-    assert_int_equal(wl_spec_accept(&g, rows, W, (int32_t[]){6, 2, 5, 1}, 4, NULL, 0, out), 5);
+    assert_int_equal(wl_spec_accept(&g, rows, W, (int32_t[]){6, 2, 5, 1}, 4, NULL, out), 5);
     assert_memory_equal(out, ((int32_t[]){6, 2, 5, 1, 7}), sizeof out);
     /* the third is wrong: two accepted, then the correction */
-    assert_int_equal(wl_spec_accept(&g, rows, W, (int32_t[]){6, 2, 4, 1}, 4, NULL, 0, out), 3);
+    assert_int_equal(wl_spec_accept(&g, rows, W, (int32_t[]){6, 2, 4, 1}, 4, NULL, out), 3);
     assert_memory_equal(out, ((int32_t[]){6, 2, 5}), 3 * sizeof *out);
     /* the first is wrong */
-    assert_int_equal(wl_spec_accept(&g, rows, W, (int32_t[]){0, 2}, 2, NULL, 0, out), 1);
+    assert_int_equal(wl_spec_accept(&g, rows, W, (int32_t[]){0, 2}, 2, NULL, out), 1);
     assert_int_equal(out[0], 6);
     /* no draft: a plain step */
-    assert_int_equal(wl_spec_accept(&g, rows, W, NULL, 0, NULL, 0, out), 1);
+    assert_int_equal(wl_spec_accept(&g, rows, W, NULL, 0, NULL, out), 1);
     assert_int_equal(out[0], 6);
 }
 
