@@ -758,7 +758,10 @@ int weft_conv2d_fold_bn(void *stream, const weft_conv2d_desc *desc, weft_dtype b
  * made per device, shape, type and activation on a shape's first call
  * (its heuristic, ~100 us to ms) and kept; each stream gets a workspace
  * of weft's the first time it runs a convolution, and each thread a cuDNN
- * handle per device. Calls captured into a CUDA
+ * handle per device. A task that calls it on its stream needs a stack of
+ * 1 MiB (weft_task_opts.stack_size or the runtime's): cuDNN's calls use
+ * some 200 KiB of stack, in frames too large for a guard page to catch.
+ * Calls captured into a CUDA
  * graph run with no workspace (a graph may run beside another on the same
  * stream), on the algorithms that need none (the one the shape's other
  * calls take, when it needs none); make a shape's first call outside the

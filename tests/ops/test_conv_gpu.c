@@ -501,12 +501,16 @@ static void *job_main(void *arg)
 }
 
 /* Tasks on worker threads, each with its thread's cuDNN handle and its
- * stream's workspace, four shapes racing to publish their plans. */
+ * stream's workspace, four shapes racing to publish their plans. Their
+ * stacks are of 1 MiB, as weft_conv2d asks of a task (cuDNN 9's entry
+ * points take ~64 KiB of stack and its heuristic frames of up to 122 KiB
+ * more, unprobed: on the default 256 KiB they can step over the guard
+ * page into the stack below, a fault that comes later and elsewhere). */
 static void test_many_tasks_on_their_own_streams_at_once(void **state)
 {
     (void)state;
     NEEDS_CUDNN();
-    weft_config cfg = {.workers = 8, .backend = WEFT_BACKEND_CUDA};
+    weft_config cfg = {.workers = 8, .backend = WEFT_BACKEND_CUDA, .stack_size = 1 << 20};
     weft_runtime *rt = NULL;
     assert_ok(weft_runtime_create(&rt, &cfg));
     static job jobs[TASKS];
