@@ -4,7 +4,7 @@
 Cases (bf16 unless named, on PyTorch's current stream, the same tensors for both
 sides):
   matmul 8192^3               weft_matmul vs torch.matmul: TFLOP/s
-  decode m in {1, 4, 16}, (k, n) in {(4096, 14336), (14336, 4096), (4096, 4096),
+  decode m in {1, 4, 16, 32}, (k, n) in {(4096, 14336), (14336, 4096), (4096, 4096),
                                     (4096, 1024)}
                               x W^T (bf16): the weight bytes' bandwidth of weft
                               (its skinny kernel), of F.linear and torch.matmul
@@ -135,7 +135,7 @@ def rel_err(torch, got, want):
     return (torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want)).item()
 
 
-DECODE_MS = (1, 4, 16)
+DECODE_MS = (1, 4, 16, 32)
 # Llama-3-8B's up (and gate), down, query/output and key/value projections;
 # the last, 64 tiles of 16 columns, runs as clusters in weft's kernel.
 DECODE_KN = ((4096, 14336), (14336, 4096), (4096, 4096), (4096, 1024))
@@ -330,7 +330,7 @@ def run(torch, F, weft, args):
                           0.99 * flop / tt / 1e12)]))
         del a, b, out
 
-    # ---- decode: m <= 16 rows against Llama-3-8B's projections ----
+    # ---- decode: m <= 32 rows against Llama-3-8B's projections ----
     decode(torch, F, weft, args, copy_tbps, results)
 
     if not args.decode_only:

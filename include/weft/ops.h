@@ -460,7 +460,7 @@ typedef struct weft_matmul_desc {
  * relative for fp32, ~1e-2 for bf16), not bit for bit.
  * GPU: operand pointers aligned to 16 bytes and leading dimensions and
  * strides that keep rows 16-byte aligned get the fastest kernels; anything
- * aligned to its element size works. Decode's shapes - m <= 16, bf16 or
+ * aligned to its element size works. Decode's shapes - m <= 32, bf16 or
  * fp16 operands, or FP8 ones into a bf16, fp16 or fp32 D with C and bias
  * of D's type, A as stored and B transposed (a Linear weight, n x k), A
  * and B 16-byte aligned with rows (where m or n > 1) and batch strides of

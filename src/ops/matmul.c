@@ -9,7 +9,7 @@
  * the one exception: through cuBLASLt it is a second pass
  * (matmul_cublaslt.c).
  *
- * The GPU's two paths: decode's few rows (m <= 16) of bf16, fp16 or FP8
+ * The GPU's two paths: decode's few rows (m <= 32) of bf16, fp16 or FP8
  * times a Linear weight go to weft's own kernel (matmul_skinny.cu), which
  * reads the weights once for all the rows; everything else, INT8 at any m
  * among it, to cuBLASLt. weft__matmul_skinny_fits is the whole rule.
@@ -451,7 +451,7 @@ static int skinny_types(const weft__matmul_args *a)
  * B a Linear weight (trans_b: n x k), each row read in 16-byte loads: so A
  * and B, their rows and their batch strides must be 16-byte aligned (a
  * single row's stride is never used: m = 1 with any lda, n = 1 with any
- * ldb). It keeps m's rows in one pass of mma tiles of 16 (m <= 16) and
+ * ldb). It keeps m's rows in one pass of mma tiles (m <= 32) and
  * runs a block per 16 columns per batch (the grid's second dimension
  * holds 65535 batches), or a cluster of up to 8 sharing their columns' k:
  * with few tiles and a k long past what 8 blocks take quickly most SMs
@@ -464,7 +464,7 @@ int weft__matmul_skinny_fits(const weft__matmul_args *a)
     int aligned = ((uintptr_t)a->a | (uintptr_t)a->b) % 16 == 0 &&
                   (a->m == 1 || a->lda * e % 16 == 0) && (a->n == 1 || a->ldb * e % 16 == 0) &&
                   a->stride_a * e % 16 == 0 && a->stride_b * e % 16 == 0;
-    return a->m <= 16 && skinny_types(a) && !a->trans_a && a->trans_b && aligned &&
+    return a->m <= 32 && skinny_types(a) && !a->trans_a && a->trans_b && aligned &&
            a->batch <= 65535 && tiles <= 0x7fffffff && (a->k <= 32768 || tiles * a->batch >= 128);
 }
 

@@ -1,5 +1,5 @@
 /*
- * matmul_skinny.cu - weft_matmul for decode: m <= 16 rows of activations
+ * matmul_skinny.cu - weft_matmul for decode: m <= 32 rows of activations
  * times a Linear layer's weight (trans_b: B is n x k, k contiguous), bf16
  * and fp16 operands or FP8 ones with their scales, fp32 sums, weft_matmul's
  * whole epilogue fused.
@@ -29,7 +29,8 @@
  *    operands, m16n8k32 for FP8; fp32 accumulators): at m = 16 sixteen fp32
  *    multiply-adds a weight element would be more than the SM's CUDA cores
  *    can issue at the copy rate. The weight tile is mma's A (16 rows), the
- *    activations its B (8 columns, two of them past m = 8). A dot product
+ *    activations its B (8 columns, one a part of 8 rows of m: 1, 2 or 4
+ *    parts, each weight fragment used once a part). A dot product
  *    does not care in which order its k are summed, so the E consecutive k
  *    a thread loads are placed in the fragments' k slots by one bijection
  *    for A and B alike: of each 4 E k, thread (g, t) = (lane / 4, lane % 4)
@@ -50,7 +51,7 @@
  *    kernels), D in bf16, fp16 or fp32.
  * Batches are the grid's second dimension. What the kernel needs - A and B
  * 16-byte aligned with rows and batch strides in whole 16 bytes, no
- * transposed A, m <= 16, D not fp8 - weft__matmul_skinny_fits (matmul.c)
+ * transposed A, m <= 32, D not fp8 - weft__matmul_skinny_fits (matmul.c)
  * decides.
  */
 #include <cooperative_groups.h>
@@ -201,10 +202,12 @@ __device__ __forceinline__ void finish(const skinny_params<O> &p, size_t bt, siz
 }
 
 /* X the activations' type (A's), W the weights' (B's), O D's, H the 8-row
- * halves of m (1 or 2): 80 registers for H = 1 (three blocks an SM), 128
- * for H = 2 (two). */
+ * parts of m (1, 2 or 4): 80 registers for H = 1 (three blocks an SM),
+ * 128 for H = 2 (two), up to 255 for H = 4 (one: its loads in flight, 32
+ * KiB an SM, still cover the memory's latency). */
 template <typename X, typename W, typename O, int H>
-__global__ void __launch_bounds__(THREADS, H == 1 ? 3 : 2) skinny_kernel(skinny_params<O> p)
+__global__ void __launch_bounds__(THREADS, H == 1 ? 3 : H == 2 ? 2 : 1)
+    skinny_kernel(skinny_params<O> p)
 {
     constexpr size_t BYTES = operand<X>::BYTES, E = operand<X>::E, TURN = operand<X>::TURN;
     static_assert(sizeof(W) == sizeof(X), "both operands 16-bit or both FP8");
@@ -273,33 +276,49 @@ __global__ void __launch_bounds__(THREADS, H == 1 ? 3 : 2) skinny_kernel(skinny_
         partial[warp][i][g + 8] = acc[h][2];
         partial[warp][i + 1][g + 8] = acc[h][3];
     }
-    /* One element a thread: row i, column j (16 threads a row's columns). */
-    const unsigned i = threadIdx.x / COLS, jj = threadIdx.x % COLS;
-    const bool mine = i < H * 8 && i < p.m && n0 + jj < p.n;
-    float s = 0.0f;
+    /* Thread x finishes rows x / 16 + 16 e, column x % 16 (16 threads a
+     * row's columns): one element a thread up to 16 rows, two at 32. */
+    constexpr int EACH = (H * 8 + 15) / 16;
+    const unsigned i0 = threadIdx.x / COLS, jj = threadIdx.x % COLS;
+    bool mine[EACH];
+#pragma unroll
+    for (int e = 0; e < EACH; e++) {
+        const unsigned i = i0 + 16 * e;
+        mine[e] = i < H * 8 && i < p.m && n0 + jj < p.n;
+    }
+    float s[EACH] = {};
     if (split == 1) {
         __syncthreads();
-        if (!mine)
-            return;
 #pragma unroll
-        for (int v = 0; v < WARPS; v++)
-            s += partial[v][i][jj];
-        finish<O>(p, bt, i, n0 + jj, s);
+        for (int e = 0; e < EACH; e++) {
+            if (!mine[e])
+                continue;
+#pragma unroll
+            for (int v = 0; v < WARPS; v++)
+                s[e] += partial[v][i0 + 16 * e][jj];
+            finish<O>(p, bt, i0 + 16 * e, n0 + jj, s[e]);
+        }
         return;
     }
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
     cl.sync(); /* every block's partials written */
-    if (rank == 0 && mine)
+    if (rank == 0)
         for (unsigned r = 0; r < split; r++) {
             const float(*theirs)[H * 8][COLS] = cl.map_shared_rank(partial, r);
 #pragma unroll
-            for (int v = 0; v < WARPS; v++)
-                s += theirs[v][i][jj];
+            for (int e = 0; e < EACH; e++)
+                if (mine[e])
+#pragma unroll
+                    for (int v = 0; v < WARPS; v++)
+                        s[e] += theirs[v][i0 + 16 * e][jj];
         }
     cl.sync(); /* no block leaves while the first reads its partials */
-    if (rank == 0 && mine)
-        finish<O>(p, bt, i, n0 + jj, s);
+    if (rank == 0)
+#pragma unroll
+        for (int e = 0; e < EACH; e++)
+            if (mine[e])
+                finish<O>(p, bt, i0 + 16 * e, n0 + jj, s[e]);
 }
 
 /* Blocks a tile gets: 1 while the tiles give every SM a block; else
@@ -347,7 +366,9 @@ int launch(cudaStream_t stream, const weft__matmul_args *a)
         cfg.attrs = &attr;
         cfg.numAttrs = 1;
     }
-    auto kernel = a->m <= 8 ? skinny_kernel<X, W, O, 1> : skinny_kernel<X, W, O, 2>;
+    auto kernel = a->m <= 8    ? skinny_kernel<X, W, O, 1>
+                  : a->m <= 16 ? skinny_kernel<X, W, O, 2>
+                               : skinny_kernel<X, W, O, 4>;
     return launch_status("weft_matmul", cudaLaunchKernelEx(&cfg, kernel, p));
 }
 

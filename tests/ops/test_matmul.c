@@ -282,7 +282,7 @@ static void test_a_valid_call_is_not_refused(void **state)
 }
 
 /* Decode's shapes go to the skinny kernel, bf16/fp16 ones and FP8 ones
- * into a 16/32-bit D; a row more than 16, another layout or type, INT8
+ * into a 16/32-bit D; a row more than 32, another layout or type, INT8
  * operands, an fp8 or int32 D, a quantized field on a 16-bit call, or
  * anything that breaks its 16-byte loads goes to cuBLASLt. The arguments are resolved ones, as
  * check_desc leaves them (B's, C's and the bias's types set); the pointers are never read. */
@@ -322,7 +322,9 @@ static void test_the_skinny_kernel_takes_decode_shapes_only(void **state)
     x = up, x.n = 1, x.ldb = 4100, x.k = 4100, x.lda = 4104; /* one column: ldb unused */
     assert_true(weft__matmul_skinny_fits(&x));
 
-    x = up, x.m = 17;
+    x = up, x.m = 32; /* four parts of 8 rows */
+    assert_true(weft__matmul_skinny_fits(&x));
+    x = up, x.m = 33;
     assert_false(weft__matmul_skinny_fits(&x));
     x = up, x.trans_b = 0;
     assert_false(weft__matmul_skinny_fits(&x));
@@ -379,7 +381,7 @@ static void test_the_skinny_kernel_takes_decode_shapes_only(void **state)
     assert_true(weft__matmul_skinny_fits(&x));
     x = fp8, x.type = x.c_type = WEFT_DTYPE_F32, x.bias = NULL; /* its bf16 bias unused */
     assert_true(weft__matmul_skinny_fits(&x));
-    x = fp8, x.m = 17;
+    x = fp8, x.m = 33;
     assert_false(weft__matmul_skinny_fits(&x));
     x = fp8, x.type = x.c_type = WEFT_DTYPE_F32; /* a bf16 bias for an fp32 D */
     assert_false(weft__matmul_skinny_fits(&x));

@@ -7,7 +7,7 @@
  * with scale_d, saturation and amax_d; INT8 exact into int32 and
  * dequantized by every scale-mode pair with the epilogues and aux, in
  * place, and captured into a CUDA graph; awkward shapes and batches;
- * decode's rows (m <= 16) of FP8 into a 16/32-bit D on weft's skinny
+ * decode's rows (m <= 32) of FP8 into a 16/32-bit D on weft's skinny
  * kernel (every pair, D type, scale mode and activation, a tail of k, a
  * cluster sharing a long k, shared weights across batches),
  * every call's path asserted by the kernel's count of calls (INT8 and
@@ -267,25 +267,27 @@ static void test_fp8_awkward_shapes_and_batches(void **state)
                 qm_make(&q, desc, 1, 1, 0);
                 snprintf(name, sizeof name, "fp8 %zu x %zu x %zu scales %d batch %d", m, n, k, mode,
                          batch);
-                /* one row into bf16 is decode's; an fp32 D's bf16 bias is not */
-                gpu_case(name, &q, 0, 0, m <= 16 && mode == 1 ? SKINNY : CUBLASLT);
+                /* a few rows into bf16 are decode's; an fp32 D's bf16 bias is not */
+                gpu_case(name, &q, 0, 0, m <= 32 && mode == 1 ? SKINNY : CUBLASLT);
                 qm_free(&q);
             }
     no_case_failed();
 }
 
-/* Decode's rows: m <= 16 of FP8 into bf16, fp16 or fp32 on the skinny
+/* Decode's rows: m <= 32 of FP8 into bf16, fp16 or fp32 on the skinny
  * kernel. The shapes reach its paths: one row and one tile; a k that ends
- * within a turn (256 FP8 k a warp); 8 and 9 rows (one or two halves of
- * the mma tile); a single tile over a long k (a cluster of blocks sharing
- * it); Llama-like projections; three batches sharing one weight. */
+ * within a turn (256 FP8 k a warp); 8, 9 and 32 rows (one, two and four
+ * parts of the mma tiles); a single tile over a long k (a cluster of
+ * blocks sharing it); Llama-like projections; three batches sharing one
+ * weight. */
 static void test_fp8_decode_rows_take_the_skinny_kernel(void **state)
 {
     (void)state;
     static const size_t SHAPES[][4] = {/* m, n, k, batch */
                                        {1, 8, 16, 1},      {2, 24, 48, 1},   {8, 40, 272, 1},
                                        {9, 136, 4112, 1},  {16, 8, 8192, 1}, {1, 2048, 2048, 1},
-                                       {4, 3072, 1024, 1}, {3, 264, 608, 3}};
+                                       {4, 3072, 1024, 1}, {3, 264, 608, 3}, {32, 520, 1040, 1},
+                                       {20, 16, 8192, 2}};
     static const weft_dtype OUT[] = {WEFT_DTYPE_BF16, WEFT_DTYPE_F16, WEFT_DTYPE_F32};
     static const weft_dtype PAIRS[][2] = {{WEFT_DTYPE_F8_E4M3, WEFT_DTYPE_F8_E4M3},
                                           {WEFT_DTYPE_F8_E4M3, WEFT_DTYPE_F8_E5M2},

@@ -1,8 +1,8 @@
 /*
- * test_matmul_skinny_gpu.c - weft_matmul's skinny kernel (decode: m <= 16
+ * test_matmul_skinny_gpu.c - weft_matmul's skinny kernel (decode: m <= 32
  * rows times a Linear weight) against the float64 loop of matmul_ref.h,
- * on fresh random data: m 1, 2, 3, 7, 16 and 17 (which cuBLASLt takes), k
- * 1, 7, 64, 4096 and 4100, n 1, 13, 256 and 14336, bf16 and fp16 operands,
+ * on fresh random data: m 1, 2, 3, 7, 16, 17, 32 and 33 (which cuBLASLt
+ * takes), k 1, 7, 64, 4096 and 4100, n 1, 13, 256 and 14336, bf16 and fp16 operands,
  * D in their type or fp32; every epilogue (alpha, bias, beta C, ReLU, both
  * GELUs, aux); the residual in place; strided and shared batches; padded
  * rows whose padding holds NaN (never read); pointers, leading dimensions
@@ -219,16 +219,16 @@ static void no_case_failed(void)
 
 /* Every m, k and n of decode's range, the epilogue varied from case to
  * case. Rows are padded to whole 16 bytes (padding NaN) so the kernel
- * takes every k; m = 17 goes to cuBLASLt. The float64 reference is k
+ * takes every k; m = 33 goes to cuBLASLt. The float64 reference is k
  * multiply-adds an element, so the largest shapes run in one type. */
 static void test_decode_shapes_match_float64(void **state)
 {
     (void)state;
-    static const size_t MS[] = {1, 2, 3, 7, 16, 17}, KS[] = {1, 7, 64, 4096, 4100},
+    static const size_t MS[] = {1, 2, 3, 7, 16, 17, 32, 33}, KS[] = {1, 7, 64, 4096, 4100},
                         NS[] = {1, 13, 256, 14336};
     unsigned idx = 0;
     char name[128];
-    for (size_t mi = 0; mi < 6; mi++)
+    for (size_t mi = 0; mi < sizeof MS / sizeof *MS; mi++)
         for (size_t ki = 0; ki < 5; ki++)
             for (size_t ni = 0; ni < 4; ni++)
                 for (int t = 0; t < 2; t++) {
@@ -251,7 +251,7 @@ static void test_decode_shapes_match_float64(void **state)
                                           .act = (weft_matmul_act)(v % 4)};
                     options o = {.with_c = v % 5 == 1 || v % 5 == 3,
                                  .with_bias = v % 3 != 0,
-                                 .skinny = m <= 16};
+                                 .skinny = m <= 32};
                     if (d.act >= WEFT_MATMUL_ACT_GELU_TANH && v % 8 >= 4) {
                         o.with_aux = 1;
                         d.ldaux = round8(n);
