@@ -760,7 +760,7 @@ int weft_conv2d_fold_bn(void *stream, const weft_conv2d_desc *desc, weft_dtype b
  * of weft's the first time it runs a convolution, and each thread a cuDNN
  * handle per device. A task that calls it on its stream needs a stack of
  * 1 MiB (weft_task_opts.stack_size or the runtime's): cuDNN's calls use
- * some 200 KiB of stack, in frames too large for a guard page to catch.
+ * some 200 KiB of stack (on a smaller one, its guard reports the overflow).
  * Calls captured into a CUDA
  * graph run with no workspace (a graph may run beside another on the same
  * stream), on the algorithms that need none (the one the shape's other

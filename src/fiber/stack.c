@@ -5,9 +5,15 @@
  * kernel commits a page only when the fiber first touches it: a 256 KiB
  * stack whose task uses 8 KiB costs 8 KiB of memory.
  *
- * Guard pages and the map count. A stack normally has a PROT_NONE page right
- * below it; running into it faults, and overflow.c turns the fault into a
- * readable report. But each guarded stack costs two kernel mappings (VMAs),
+ * Guard pages and the map count. A stack normally has a PROT_NONE region
+ * right below it; running into it faults, and overflow.c turns the fault
+ * into a readable report. The region is GUARD_BYTES, not one page: a frame
+ * larger than the guard can step over it and write into whatever lies
+ * below (another task's stack), a fault that comes later and elsewhere if
+ * at all, and libraries tasks call make such frames without stack probes
+ * (cuDNN 9's entry points reserve 64 KiB at once, its heuristics 122 KiB).
+ * The guard is address space only: nothing is committed for it. But each
+ * guarded stack costs two kernel mappings (VMAs),
  * and the kernel caps a process at vm.max_map_count of them (65530 by
  * default), which would allow only ~32,000 suspended tasks - fewer once
  * CUDA, malloc and the loader have taken theirs. So a quarter of the limit,
@@ -77,6 +83,7 @@
 #define SLAB_STACKS_MIN 4u     /* ...within these stack counts */
 #define SLAB_STACKS_MAX 64u
 #define MAP_COUNT_DEFAULT 65530 /* when /proc says nothing */
+#define GUARD_BYTES (256u * 1024) /* below a guarded stack (a multiple of pages) */
 #define HUGE_PAGE_BYTES (2u << 20)
 
 typedef struct slab {
@@ -200,7 +207,7 @@ static void canary_set(weft__stack *s)
  * a guarded one, the guard) could not be made. */
 static int map_dedicated(weft__stack_pool *pool, size_t size, bool guarded, weft__stack **out)
 {
-    size_t guard = guarded ? pool->page : 0;
+    size_t guard = guarded ? (GUARD_BYTES + pool->page - 1) & ~(pool->page - 1) : 0;
     weft__stack *s;
     char *map;
 

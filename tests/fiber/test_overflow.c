@@ -110,6 +110,53 @@ static void test_guard_page_hit_is_reported_and_kills_with_sigsegv(void **state)
     assert_non_null(strstr(r.err, "; raise weft_config.stack_size or weft_task_opts.stack_size\n"));
 }
 
+/* One frame of 160 KiB below 128 KiB of frames: its far end is 32 KiB
+ * past the 256 KiB stack, where a guard of one page would let it write
+ * into whatever is mapped below; the guard takes the fault. */
+OPAQUE static unsigned big_frame(void)
+{
+    volatile char frame[160 * 1024];
+
+    frame[0] = 1; /* the lowest address: past the stack's end */
+    return frame[0];
+}
+
+OPAQUE static unsigned deep_then_big(unsigned n)
+{
+    volatile char frame[16 * 1024];
+
+    frame[0] = (char)n;
+    return (n == 0 ? big_frame() : deep_then_big(n - 1)) + (unsigned)frame[0];
+}
+
+static void big_frame_body(void *arg)
+{
+    (void)arg;
+    deep_then_big(7); /* 8 frames of 16 KiB */
+    weft__fiber_exit(&cf.fiber, &cf.main);
+}
+
+static void big_frame_child(void)
+{
+    run_in_fiber(big_frame_body, "big-frame");
+    _exit(14); /* not reached */
+}
+
+static void test_a_frame_larger_than_a_page_faults_in_the_guard(void **state)
+{
+    child_result r;
+
+    (void)state;
+    assert_true(child_run(big_frame_child, &r));
+    if (strstr(r.err, "AddressSanitizer: stack-overflow") != NULL ||
+        strstr(r.err, "ThreadSanitizer: stack-overflow") != NULL)
+        return;
+    if (!child_killed_by(&r, SIGSEGV))
+        fail_msg("child status 0x%x, stderr:\n%s", r.status, r.err);
+    assert_non_null(strstr(r.err, "weft: task stack overflow in task \"big-frame\""));
+    assert_non_null(strstr(r.err, "exhausted (fault at 0x"));
+}
+
 /* The top slot of a slab: an overflow runs through the slots below it
  * (no guard pages there) and faults below the slab, far from its own stack
  * but with its canary long broken. */
@@ -256,6 +303,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_guard_page_hit_is_reported_and_kills_with_sigsegv),
+        cmocka_unit_test(test_a_frame_larger_than_a_page_faults_in_the_guard),
         cmocka_unit_test(test_unguarded_overflow_past_slab_is_reported),
         cmocka_unit_test(test_other_faults_go_to_previous_handler),
         cmocka_unit_test(test_install_is_idempotent),

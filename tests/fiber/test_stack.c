@@ -146,6 +146,8 @@ static void run_on(const weft__stack *s, job *j)
 
 /* ---- tests -------------------------------------------------------------- */
 
+/* The guard is 256 KiB of no access, all of it: a frame as large as the
+ * ones cuDNN makes cannot step over it. */
 static void test_default_stack_has_guard_page_below(void **state)
 {
     long page = sysconf(_SC_PAGESIZE);
@@ -159,6 +161,9 @@ static void test_default_stack_has_guard_page_below(void **state)
     assert_true(maps_perms(s->lo, perms));
     assert_string_equal(perms, "rw-p");
     assert_true(maps_perms((char *)s->lo - 1, perms));
+    assert_string_equal(perms, "---p");
+    assert_true((char *)s->lo - (char *)s->map >= 256 * 1024);
+    assert_true(maps_perms(s->map, perms));
     assert_string_equal(perms, "---p");
     weft__stack_put(pool, NULL, s);
 }
