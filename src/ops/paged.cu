@@ -206,6 +206,29 @@ template <typename T, bool FP8> struct kv_chunk {
     }
 };
 
+/* A thread's part of the keys' or values' tile from t0 (TPT tokens,
+ * GROUPS apart): each load issued, none waited for; zeros past t_end. */
+template <typename chunk, int TPT, int GROUPS>
+__device__ __forceinline__ void load_tile(typename chunk::raw (&dst)[TPT], const void *pool,
+                                          const int32_t *table, int t0, int t_end, int gidx,
+                                          int page_shift, int pages, size_t token_elems,
+                                          size_t head_off)
+{
+    const int ps = 1 << page_shift;
+#pragma unroll
+    for (int j = 0; j < TPT; j++) {
+        int t = t0 + gidx + j * GROUPS;
+        if (t < t_end) {
+            int page = table[t >> page_shift];
+            page = page < 0 ? 0 : page >= pages ? pages - 1 : page;
+            size_t at = (((size_t)page << page_shift) + (t & (ps - 1))) * token_elems + head_off;
+            dst[j] = chunk::load(pool, at);
+        } else {
+            dst[j] = {};
+        }
+    }
+}
+
 template <typename T, int DIM, int ROWS, bool FP8>
 __global__ void __launch_bounds__(DECODE_THREADS) decode_kernel(decode_params<T> p)
 {
@@ -280,24 +303,17 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_kernel(decode_params<T>
 
     const size_t head_off = (size_t)h * DIM + lane * 8, token_elems = (size_t)p.kv_heads * DIM;
     const int32_t *table = p.table + (size_t)b * p.max_pages;
+    /* The loads run a step ahead of their use: a tile's values are asked
+     * for before its scores are computed, and the next tile's keys as soon
+     * as this tile's are used, so memory works through the softmax and
+     * P V (with a few blocks an SM, nothing else would keep it busy). */
+    typename chunk::raw kr[TPT], vr[TPT];
+    if (t_begin < t_end)
+        load_tile<chunk, TPT, GROUPS>(kr, p.kp, table, t_begin, t_end, gidx, p.page_shift, p.pages,
+                                      token_elems, head_off);
     for (int t0 = t_begin; t0 < t_end; t0 += DECODE_TILE) {
-        /* every load of the tile issued before any is used */
-        typename chunk::raw kr[TPT], vr[TPT];
-#pragma unroll
-        for (int j = 0; j < TPT; j++) {
-            int t = t0 + gidx + j * GROUPS;
-            if (t < t_end) {
-                int page = table[t >> p.page_shift];
-                page = page < 0 ? 0 : page >= p.pages ? p.pages - 1 : page;
-                size_t at =
-                    (((size_t)page << p.page_shift) + (t & (ps - 1))) * token_elems + head_off;
-                kr[j] = chunk::load(p.kp, at);
-                vr[j] = chunk::load(p.vp, at);
-            } else {
-                kr[j] = {};
-                vr[j] = {};
-            }
-        }
+        load_tile<chunk, TPT, GROUPS>(vr, p.vp, table, t0, t_end, gidx, p.page_shift, p.pages,
+                                      token_elems, head_off);
         /* scores: a token's LANES threads each dot 8 dims, then sum */
 #pragma unroll
         for (int j = 0; j < TPT; j++) {
@@ -318,6 +334,9 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_kernel(decode_params<T>
                                                                               : -INFINITY;
             }
         }
+        if (t0 + DECODE_TILE < t_end) /* the next tile's keys: kr is free */
+            load_tile<chunk, TPT, GROUPS>(kr, p.kp, table, t0 + DECODE_TILE, t_end, gidx,
+                                          p.page_shift, p.pages, token_elems, head_off);
         __syncthreads();
         /* the online softmax, a row per warp */
         for (int r = tid / 32; r < ROWS; r += WARPS) {
