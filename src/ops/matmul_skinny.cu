@@ -156,18 +156,30 @@ __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uin
 
 /* One turn's products: w[r][p] the weights of rows g (r 0) and g + 8
  * (r 1) at place p, x[h][p] activation row g + 8h's. Words 0-1 of a load
- * are mma step 0's k slots, words 2-3 step 1's (the bijection above). */
+ * are mma step 0's k slots, words 2-3 step 1's (the bijection above).
+ * FP8 steps start from zero each turn and their sum is added to acc in
+ * fp32: matrix units that keep FP8 sums in narrower accumulators (as
+ * Hopper's do between promotions) then never carry a long k's sum in one. */
 template <typename W, typename X, int H>
 __device__ __forceinline__ void multiply(float (&acc)[H][4], const uint4 (&w)[2][PLACES],
                                          const uint4 (&x)[H][PLACES])
 {
+    constexpr bool FP8 = sizeof(W) == 1;
+    float turn[H][4] = {};
+    float(&c)[H][4] = FP8 ? turn : acc;
 #pragma unroll
     for (int p = 0; p < PLACES; p++)
 #pragma unroll
         for (int h = 0; h < H; h++) {
-            mma<W, X>(acc[h], w[0][p].x, w[1][p].x, w[0][p].y, w[1][p].y, x[h][p].x, x[h][p].y);
-            mma<W, X>(acc[h], w[0][p].z, w[1][p].z, w[0][p].w, w[1][p].w, x[h][p].z, x[h][p].w);
+            mma<W, X>(c[h], w[0][p].x, w[1][p].x, w[0][p].y, w[1][p].y, x[h][p].x, x[h][p].y);
+            mma<W, X>(c[h], w[0][p].z, w[1][p].z, w[0][p].w, w[1][p].w, x[h][p].z, x[h][p].w);
         }
+    if constexpr (FP8)
+#pragma unroll
+        for (int h = 0; h < H; h++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[h][e] += turn[h][e];
 }
 
 __device__ __forceinline__ float relu(float x)

@@ -278,16 +278,17 @@ static void test_fp8_awkward_shapes_and_batches(void **state)
  * kernel. The shapes reach its paths: one row and one tile; a k that ends
  * within a turn (256 FP8 k a warp); 8, 9 and 32 rows (one, two and four
  * parts of the mma tiles); a single tile over a long k (a cluster of
- * blocks sharing it); Llama-like projections; three batches sharing one
- * weight. */
+ * blocks sharing it); Llama-like projections, a down projection's k of
+ * 14336 over 256 tiles among them (56 mma steps a warp: its sums must not
+ * drift); three batches sharing one weight. */
 static void test_fp8_decode_rows_take_the_skinny_kernel(void **state)
 {
     (void)state;
     static const size_t SHAPES[][4] = {/* m, n, k, batch */
-                                       {1, 8, 16, 1},      {2, 24, 48, 1},   {8, 40, 272, 1},
-                                       {9, 136, 4112, 1},  {16, 8, 8192, 1}, {1, 2048, 2048, 1},
-                                       {4, 3072, 1024, 1}, {3, 264, 608, 3}, {32, 520, 1040, 1},
-                                       {20, 16, 8192, 2}};
+                                       {1, 8, 16, 1},      {2, 24, 48, 1},     {8, 40, 272, 1},
+                                       {9, 136, 4112, 1},  {16, 8, 8192, 1},   {1, 2048, 2048, 1},
+                                       {4, 3072, 1024, 1}, {3, 264, 608, 3},   {32, 520, 1040, 1},
+                                       {20, 16, 8192, 2},  {1, 4096, 14336, 1}};
     static const weft_dtype OUT[] = {WEFT_DTYPE_BF16, WEFT_DTYPE_F16, WEFT_DTYPE_F32};
     static const weft_dtype PAIRS[][2] = {{WEFT_DTYPE_F8_E4M3, WEFT_DTYPE_F8_E4M3},
                                           {WEFT_DTYPE_F8_E4M3, WEFT_DTYPE_F8_E5M2},
