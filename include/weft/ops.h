@@ -478,8 +478,9 @@ typedef struct weft_matmul_desc {
  * intervals (fast accumulation, which skips that, is never asked for), so
  * results agree to ~2^-12 of the terms' magnitudes and the rounding of D;
  * an fp8 D to one fp8 unit where the two straddle a rounding boundary.
- * The decode kernel multiplies FP8 through mma steps of 32 products each,
- * added to fp32 accumulators, and held to the same agreement.
+ * The decode kernel sums FP8 in the matrix units a warp's turn at a time
+ * (256 products a row) and adds the turns in fp32: held to the same
+ * agreement.
  * INT8: int32 results agree exactly; the dequantized ones to the rounding
  * of D.
  * Bad arguments (sizes, leading dimensions below the row, NULL operands,
