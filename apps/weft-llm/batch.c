@@ -55,6 +55,7 @@
  * batch's logits rows are read by their sequences before the next step
  * overwrites them. The forward itself runs outside the mutex.
  */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -79,8 +80,9 @@ struct wl_batch {
     /* host memory: page-locked (weft_host_alloc) where a step copies it,
      * so that graph mode records the copies as they are */
     weft_runtime *rt;
-    int graph;  /* each step a graph-mode region keyed by its size */
-    int replay; /* a repeating step replays its graph without recording it */
+    int graph;       /* each step a graph-mode region keyed by its size */
+    int replay;      /* a repeating step replays its graph without recording it */
+    uint64_t serial; /* this batch's, in its regions' keys */
     int32_t *pos_host, *table_host, *lens_host, *rows_host; /* rows_host: the three above */
     float *logits_host;
     weft_sampling *sampling, *sampling_host; /* how each row draws, there and here */
@@ -94,11 +96,16 @@ struct wl_batch {
     int32_t *tokens, *tokens_host; /* the step's token ids, there and here */
 };
 
-/* The key of a step's region: its rows, what it brings back (logits,
- * tokens) and whether it penalises. */
-#define STEP_REGION(n, logits, picked, penalised)                                                  \
-    (0x776c2d7374657000ull | (uint64_t)(n) | (uint64_t)(logits) << 16 | (uint64_t)(picked) << 17 | \
-     (uint64_t)(penalised) << 18)
+/* The key of a step's region: the batch's serial, its rows, what it
+ * brings back (logits, tokens) and whether it penalises. Region keys are
+ * the runtime's and a replay launches a key's graph as it stands, on the
+ * buffers it was recorded with: each batch (the engine's, a draft model's,
+ * one made after another was destroyed) has keys of its own. */
+#define STEP_REGION(serial, n, logits, picked, penalised)                                          \
+    (0x776c000000000000ull | (uint64_t)(serial) << 20 | (uint64_t)(n) | (uint64_t)(logits) << 16 | \
+     (uint64_t)(picked) << 17 | (uint64_t)(penalised) << 18)
+
+static _Atomic uint64_t batches_made; /* the serials: 2^28 before they wrap */
 
 int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens,
                     int chunk)
@@ -106,7 +113,7 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     const wl_config *c = &m->cfg;
     size_t es = wl_dtype_size(m->dtype), B = (size_t)max_seqs, R = B + (size_t)chunk;
     *out = NULL;
-    if (max_seqs < 1 || max_tokens < 1 || chunk < 0 || chunk > max_tokens)
+    if (max_seqs < 1 || max_seqs > 0xffff || max_tokens < 1 || chunk < 0 || chunk > max_tokens)
         return wl_fail("batch: %d sequences of %d tokens, chunks of %d", max_seqs, max_tokens,
                        chunk);
     wl_batch *b = calloc(1, sizeof *b);
@@ -164,6 +171,7 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     b->graph = !(graph && !strcmp(graph, "0"));
     b->replay = b->graph && !(replay && !strcmp(replay, "0"));
     b->rt = weft_runtime_current();
+    b->serial = atomic_fetch_add(&batches_made, 1) & ((1ull << 28) - 1);
     TRY(weft_host_alloc(b->rt, (void **)&b->pos_host, R * 4));
     TRY(weft_host_alloc(b->rt, (void **)&b->rows_host, (R + 2 * B + 1) * 4));
     TRY(weft_host_alloc(b->rt, (void **)&b->table_host, B * P * 4));
@@ -411,7 +419,7 @@ static int forward_step(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, co
      * it as it comes). A mixed step, whose rows change with its chunks,
      * runs eagerly. */
     int graph = b->graph && !mixed;
-    uint64_t key = STEP_REGION(n, logits != NULL, picked != NULL, penalised);
+    uint64_t key = STEP_REGION(b->serial, n, logits != NULL, picked != NULL, penalised);
     int replayed = 0;
     if (graph && b->replay)
         TRY(weft_region_replay(key, &replayed));
