@@ -350,6 +350,7 @@ typedef struct proposer {
     wl_seq *seq;        /* the draft model's sequence; NULL: n-grams */
     wl_sampler sampler; /* the draft's draws: the generation's settings, its own generator */
     int vocab, step;    /* the draft's vocabulary, and its sequence's most tokens a call */
+    wl_batch *batch;    /* the draft's one-token steps: a graph launch each on a GPU */
     /* Sampling: the distributions the draft tokens were drawn from, each
      * made once (in full), kept (its nucleus alone) and read again by the
      * acceptance; NULL when greedy, whose drafts are argmaxes. */
@@ -376,11 +377,15 @@ static int proposer_open(proposer *p, wl_engine *e, const wl_gen *g)
         if (wl_dist_alloc(&p->full, p->vocab))
             return -1;
     }
-    return wl_seq_create(&p->seq, e->draft, &e->draft_kv, g->n_prompt + g->max_tokens, p->step);
+    int tokens = g->n_prompt + g->max_tokens;
+    if (wl_seq_create(&p->seq, e->draft, &e->draft_kv, tokens, p->step))
+        return -1;
+    return wl_batch_create(&p->batch, e->draft, &e->draft_kv, 1, tokens, 0);
 }
 
 static void proposer_close(proposer *p)
 {
+    wl_batch_destroy(p->batch);
     wl_seq_destroy(p->seq);
     for (int i = 0; p->q && i < p->k; i++)
         wl_dist_free(&p->q[i]);
@@ -414,7 +419,7 @@ static int propose(proposer *p, const int32_t *toks, int len, int k, int32_t *dr
             return -1;
         else
             draft[i] = wl_dist_draw(&p->sampler, &p->q[i]);
-        if (i + 1 < k && wl_forward(p->seq, &draft[i], 1, &row))
+        if (i + 1 < k && wl_forward_batch(p->batch, &p->seq, &draft[i], 1, &row, NULL, NULL))
             return -1;
     }
     return k;
