@@ -778,7 +778,9 @@ int wl_copy_all(wl_model *m, const wl_copy_list *l)
         size_t goal = l->bytes / UPLOAD_TASKS * (size_t)(spawned + 1), to = from;
         while (to < l->n && (to == from || acc < goal || spawned == UPLOAD_TASKS - 1))
             acc += l->at[to++].bytes;
-        u->parts[spawned] = from;
+        /* part s is [parts[s], parts[s + 1]): parts[s] was set before task
+         * s - 1 was spawned (parts[0] is 0), and is not written again
+         * while that task reads it */
         u->parts[spawned + 1] = to;
         from = to;
         upload_part *p = malloc(sizeof *p);
