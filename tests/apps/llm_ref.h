@@ -21,6 +21,10 @@ typedef struct ref {
     int pos;
     double *kc, *vc; /* [layer][pos][kv_dim] */
     int alt;         /* a deliberate mistake (check_forward's ALT_*), to show it is seen */
+    /* the last token's closest routing: the gap between the last expert a
+     * router chose and the best one it did not, in bf16 units of the
+     * row's largest |logit|, the least over the layers (INFINITY dense) */
+    double route_margin;
 } ref;
 
 /* What the logits must differ from, by more than the tolerance, to show
@@ -211,7 +215,7 @@ static void swiglu(const wl_model *m, double *a, const double *h, const void *ga
  * the config says; each chosen expert's SwiGLU MLP; x + the weighted sum,
  * rounded once (the combine adds the residual in the same pass). Then
  * Qwen2-MoE's shared expert: x + sigmoid(h . w_sg) * its MLP, rounded. */
-static void ref_moe(const ref *r, const wl_layer *L, const double *h, double *x)
+static void ref_moe(ref *r, const wl_layer *L, const double *h, double *x)
 {
     const wl_model *m = r->m;
     const wl_config *c = &m->cfg;
@@ -228,6 +232,14 @@ static void ref_moe(const ref *r, const wl_layer *L, const double *h, double *x)
         taken[best] = 1;
         chosen[j] = best;
     }
+    double top = 0, next = -INFINITY;
+    for (int e = 0; e < E; e++) {
+        top = fmax(top, fabs(logit[e]));
+        if (!taken[e])
+            next = fmax(next, logit[e]);
+    }
+    if (K < E)
+        r->route_margin = fmin(r->route_margin, (logit[chosen[K - 1]] - next) / (top / 128));
     for (int e = 0; e < E; e++)
         mx = fmax(mx, logit[e]);
     for (int e = 0; e < E; e++)
@@ -265,6 +277,7 @@ static void ref_token(ref *r, int32_t id, double *logits)
     int qd = c->heads * hd, kvd = c->kv_heads * hd, group = c->heads / c->kv_heads;
     double x[256], h[256], q[256], k[256], v[256], att[256], a[512];
     assert_true(H <= 256 && qd <= 256);
+    r->route_margin = INFINITY;
     for (int i = 0; i < H; i++)
         x[i] = w(m, m->embed, (size_t)id * H + i);
     for (int l = 0; l < c->layers; l++) {
@@ -320,12 +333,39 @@ static void ref_token(ref *r, int32_t id, double *logits)
     r->pos++;
 }
 
+/* n token ids from st for comparing m's logits across backends, whose sums
+ * are ordered differently: a router whose two logits sit within a bf16
+ * unit or two of each other may choose either expert, and the logits then
+ * move by tens of units - a tie, not a mistake. So the ids are drawn again
+ * (up to 100 times) while the reference routes any of them within margin
+ * units of a tie. Returns how many draws it took (1 for a dense model). */
+static inline int ref_draw_ids(const wl_model *m, uint64_t *st, int32_t *ids, int n, double margin)
+{
+    size_t cache = (size_t)m->cfg.layers * 64 * 128;
+    double *logits = malloc((size_t)m->cfg.vocab * sizeof *logits);
+    ref r = {m, 0, calloc(cache, sizeof(double)), calloc(cache, sizeof(double)), ALT_NONE, 0};
+    assert_true(n <= 64 && logits && r.kc && r.vc);
+    int draws = 0, tied = 1;
+    while (tied && draws++ < 100) {
+        for (int i = 0; i < n; i++)
+            ids[i] = (int32_t)(wl_rand_next(st) % (uint64_t)m->cfg.vocab);
+        r.pos = tied = 0;
+        for (int i = 0; i < n && !tied && m->cfg.experts; i++) {
+            ref_token(&r, ids[i], logits);
+            tied = r.route_margin < margin;
+        }
+    }
+    free(logits), free(r.kc), free(r.vc);
+    assert_false(tied);
+    return draws;
+}
+
 /* The model in folder model (prompt of 6 tokens drawn from seed, then 3
  * decode steps) against the reference: every logit within one bf16 unit
  * at the logits' scale (3 for a mixture of experts, below); with alt, the
  * reference with that mistake must be more than 4 units off (twice the
  * tolerance for a mixture of experts). */
-static void check_forward(const char *model, int alt, uint64_t seed)
+static inline void check_forward(const char *model, int alt, uint64_t seed)
 {
     int with_alt = alt != ALT_NONE;
     double tol_units = 1, alt_units = 4;
@@ -351,13 +391,13 @@ static void check_forward(const char *model, int alt, uint64_t seed)
         fail_msg("forward: %s", message);
 
     size_t cache = (size_t)m.cfg.layers * 64 * 128;
-    ref r = {&m, 0, calloc(cache, sizeof(double)), calloc(cache, sizeof(double)), ALT_NONE};
+    ref r = {&m, 0, calloc(cache, sizeof(double)), calloc(cache, sizeof(double)), ALT_NONE, 0};
     wl_model m_plain = m;
     if (alt == ALT_UNSCALED)
         m_plain.cfg.rope_llama3 = 0;
     else if (alt == ALT_WINDOW_SHORTER || alt == ALT_WINDOW_LONGER)
         m_plain.cfg.sliding_window += alt == ALT_WINDOW_SHORTER ? -1 : 1;
-    ref plain = {&m_plain, 0, calloc(cache, sizeof(double)), calloc(cache, sizeof(double)), alt};
+    ref plain = {&m_plain, 0, calloc(cache, sizeof(double)), calloc(cache, sizeof(double)), alt, 0};
     double worst_plain = 0, max_scale = 0;
     double *want = malloc((size_t)V * sizeof *want);
     for (int i = 0; i < n_total; i++) {

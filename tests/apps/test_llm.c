@@ -491,8 +491,9 @@ static void test_forward_continuing_a_cache(void **state)
     char message[512];
     if (run_forward_steps(WEFT_BACKEND_HOST, model, ids, PROMPT, N, STEP, got, message))
         fail_msg("forward: %s", message);
-    ref r = {&m, 0, calloc(2 * 64 * 128, sizeof(double)), calloc(2 * 64 * 128, sizeof(double)),
-             ALT_NONE};
+    ref r = {
+        &m,       0, calloc(2 * 64 * 128, sizeof(double)), calloc(2 * 64 * 128, sizeof(double)),
+        ALT_NONE, 0};
     double *want = malloc((size_t)V * sizeof *want);
     int last[3] = {PROMPT - 1, PROMPT + STEP - 1, N - 1};
     for (int i = 0, k = 0; i < N; i++) {

@@ -9,6 +9,9 @@
  * matmuls sum in another order, so a bf16 activation may round the other
  * way now and then: the logits agree to a few bf16 units at their scale,
  * and the argmax agrees wherever the top two are further apart than that.
+ * A router's choice is as close as its top logits: the tokens are drawn so
+ * that the float64 reference routes none within ROUTE_MARGIN units of a tie
+ * (llm_ref.h's ref_draw_ids), where a unit's move may pick another expert.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +20,24 @@
 #include <cmocka.h>
 
 #include "llm_test.h"
+#include "llm_ref.h"
+
+/* bf16 units at the router logits' scale a routing keeps from a tie: the
+ * GPU's hidden states differ from the host's by a unit or two there. */
+#define ROUTE_MARGIN 4.0
+
+/* n ids for model from st, none routed near a tie. */
+static void draw_ids(const char *model, uint64_t *st, int32_t *ids, int n)
+{
+    wl_model m;
+    if (wl_model_open(&m, model))
+        fail_msg("%s", wl_error());
+    int draws = ref_draw_ids(&m, st, ids, n, ROUTE_MARGIN);
+    if (draws > 1)
+        printf("  (tokens drawn %d times: a routing within %.0f units of a tie)\n", draws,
+               ROUTE_MARGIN);
+    wl_model_close(&m);
+}
 
 /* The tiny Llama, a tiny Mixtral and a tiny Qwen2-MoE (random-model's
  * tiny, moe and qwen2moe presets): the MoE ones run weft's router,
@@ -60,8 +81,7 @@ static int gpu_logits_match_host(const char *model, double units)
     enum { V = TINY_VOCAB, PROMPT = 7, TOTAL = 12, STEPS = TOTAL - PROMPT + 1 };
     int32_t ids[TOTAL];
     uint64_t st = seed ^ 0x6b0;
-    for (int i = 0; i < TOTAL; i++)
-        ids[i] = (int32_t)(wl_rand_next(&st) % V);
+    draw_ids(model, &st, ids, TOTAL);
     float *host = malloc(sizeof(float) * STEPS * V), *gpu = malloc(sizeof(float) * STEPS * V);
     char msg[512];
     printf("  %s\n", model);
@@ -173,8 +193,7 @@ static int gpu_batched_matches_alone(const char *model, int chunk)
     for (size_t i = 0; i < (size_t)SEQS * STEPS * V; i++)
         together[i] = NAN;
     for (int q = 0; q < SEQS; q++) {
-        for (int i = 0; i < MAX_TOTAL; i++)
-            ids[q][i] = (int32_t)(wl_rand_next(&st) % V);
+        draw_ids(model, &st, ids[q], MAX_TOTAL);
         if (run_forward(WEFT_BACKEND_CUDA, model, ids[q], prompt[q], total[q],
                         alone + (size_t)q * STEPS * V, msg))
             fail_msg("alone on the GPU: %s", msg);

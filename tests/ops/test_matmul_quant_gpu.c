@@ -301,12 +301,22 @@ static void test_fp8_decode_rows_take_the_skinny_kernel(void **state)
                 for (int mode = 1; mode <= 2; mode++, n_case++) {
                     size_t m = SHAPES[s][0], n = SHAPES[s][1], k = SHAPES[s][2];
                     size_t batch = SHAPES[s][3];
+                    /* the longest k (Llama 3 8B's down projection) in the
+                     * model's pair, each D type once: its references are
+                     * most of the test's time */
+                    if (k > 8192 && (pr > 0 || mode != 1 + o % 2))
+                        continue;
                     weft_matmul_desc desc = tn(m, n, k, 16, 16 * (n_case & 1));
                     desc.type = OUT[o], desc.in_type = PAIRS[pr][0];
                     desc.in_type_b = PAIRS[pr][1];
                     desc.scale_a_mode = desc.scale_b_mode = (weft_matmul_scale)mode;
                     desc.act = (weft_matmul_act)(n_case % 4);
                     desc.alpha = n_case % 3 == 2 ? -0.5f : 0.0f;
+                    /* a half D ends at 65504: sums of thousands of codes up
+                     * to 16, scaled by up to 64, reach 1e5; alpha keeps
+                     * them inside */
+                    if (OUT[o] == WEFT_DTYPE_F16)
+                        desc.alpha = n_case % 3 == 2 ? -1.0f / 32 : 1.0f / 16;
                     int with_c = n_case % 3 != 0;
                     if (with_c)
                         desc.beta = 0.75f;
