@@ -337,7 +337,7 @@ static void ref_token(ref *r, int32_t id, double *logits)
  * are ordered differently: a router whose two logits sit within a bf16
  * unit or two of each other may choose either expert, and the logits then
  * move by tens of units - a tie, not a mistake. So the ids are drawn again
- * (up to 100 times) while the reference routes any of them within margin
+ * (up to 1000 times) while the reference routes any of them within margin
  * units of a tie. Returns how many draws it took (1 for a dense model). */
 static inline int ref_draw_ids(const wl_model *m, uint64_t *st, int32_t *ids, int n, double margin)
 {
@@ -346,7 +346,7 @@ static inline int ref_draw_ids(const wl_model *m, uint64_t *st, int32_t *ids, in
     ref r = {m, 0, calloc(cache, sizeof(double)), calloc(cache, sizeof(double)), ALT_NONE, 0};
     assert_true(n <= 64 && logits && r.kc && r.vc);
     int draws = 0, tied = 1;
-    while (tied && draws++ < 100) {
+    while (tied && draws++ < 1000) {
         for (int i = 0; i < n; i++)
             ids[i] = (int32_t)(wl_rand_next(st) % (uint64_t)m->cfg.vocab);
         r.pos = tied = 0;

@@ -98,6 +98,8 @@ static size_t check(const char *name, const weft_matmul_desc *d, const void *a, 
                     size_t ix = bt * d->stride_aux + i * g.ldaux + j;
                     double gp = weft__load(d->type, aux, ix);
                     double lp = 1.2 * tol * r.s + (half + 1e-6) * fabs(r.p) + sub;
+                    if (via_cublaslt) /* the same rounding before the bias */
+                        lp += half * r.s + sub;
                     written[g.nd + ix] = 1;
                     if (!(fabs(gp - r.p) <= lp) && bad++ < 5)
                         printf("  %s: aux[%zu][%zu][%zu] = %.9g, want %.9g (+-%.3g)\n", name, bt, i,
