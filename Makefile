@@ -8,6 +8,9 @@
 #   make bench      build optimized and run the CPU benchmarks
 #   make gpu-test   build, then run the GPU test suite (ctest -L gpu: tests/*/test_*_gpu.c);
 #                   fails when every test was skipped (no GPU)
+#   make bench-wake  how late a task awaiting MPI resumes, against MPI_Wait
+#                   (MPI needed; as root, OMPI_ALLOW_RUN_AS_ROOT=1 and
+#                   OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
 #   make gpu-bench  build optimized and run the GPU benchmarks (nvcc and a GPU)
 #   make install    build, then install into PREFIX (default /usr/local):
 #                   libraries, headers, CMake package, pkg-config file
@@ -127,6 +130,14 @@ bench: deps
 	$(CMAKE) --build build-release -j $(JOBS)
 	build-release/bench/bench_core --rows $(ROWS_DIR)/bench_core.rows.jsonl
 	$(call record,$(ROWS_DIR)/bench_core.rows.jsonl)
+
+# A task's wake-up after waits of 50 us to 10 ms, two ranks on this machine.
+MPIEXEC ?= mpiexec --oversubscribe
+.PHONY: bench-wake
+bench-wake: deps
+	$(CMAKE) -S . -B build-release $(BENCH_CONFIG)
+	$(CMAKE) --build build-release -j $(JOBS) --target bench_wake
+	$(MPIEXEC) -n 2 build-release/bench/bench_wake
 
 # weft and its raw-CUDA peers in one run.
 gpu-bench: deps

@@ -11,7 +11,7 @@ the prose of the runs, are under bench/history/.
 
 A row:
   benchmark  "cpu", "gpu", "images", "ops", "matmul", "moe", "conv", "attention",
-             "decode", "sample" or "llm" (BENCHMARKS below)
+             "decode", "sample", "wake" or "llm" (BENCHMARKS below)
   case       what was measured, e.g. "fiber switch (one way)"
   metric     which figure of the case, e.g. "median", "jobs/s"
   value      a number; unit: its unit
@@ -94,6 +94,10 @@ BENCHMARKS = {
                "sort, softmax, cumulative sum and top-p mask; top-k; multinomial; the "
                "repetition penalty's gather and scatter) on the same logits in the same run; "
                "what the rows measure: bench/sample/bench_sample.py's opening comment"),
+    "wake": ("Waking a task: bench_wake", "`make bench-wake` (bench/mpi/bench_wake.c)",
+             "how late a task awaiting a message resumes (the watcher's polling, which GPU "
+             "waits share) against a thread spinning in MPI_Wait, two ranks on one machine, "
+             "in the same run; what the rows measure: bench/mpi/bench_wake.c's opening comment"),
     "llm": ("weft-llm: bench_llm", "`make gpu-bench-llm` (bench/llm/bench_llm.py)",
             "weft-llm's bench, speculative generate and serve (under weft-llm loadgen) on "
             "random Llama-shaped bf16 models, against transformers' generate, torch.matmul and "

@@ -8,7 +8,7 @@
  * tasks. Idle workers test the awaited requests (MPI_Testsome over all of
  * them at once) and resume the tasks whose requests completed; while every
  * worker would otherwise sleep, one of them keeps testing on a timeout that
- * grows from tens of microseconds to a millisecond while nothing completes.
+ * grows with the wait, a sixteenth of it (20 us to 1 ms).
  * With no request awaited nothing calls MPI and no core spins.
  *
  * The library is libweft_mpi (CMake: weft::weft_mpi; pkg-config: weft-mpi)

@@ -154,9 +154,16 @@ static unsigned poll_requests(void *ctx)
             requests.owners[count++] = (owner){m, i};
         }
     }
+    /* A test that completes nothing is made twice: Open MPI's progress in
+     * a test can take in the message a receive waits for without completing
+     * the receive before the next test, which would otherwise come a
+     * whole sleep of the watcher later (bench/mpi/bench_wake.c). */
     int out = 0, rc = MPI_SUCCESS;
-    if (count > 0)
+    for (int test = 0; count > 0 && test < 2; test++) {
         rc = MPI_Testsome(count, requests.reqs, &out, requests.indices, requests.statuses);
+        if (rc != MPI_SUCCESS || (out != 0 && out != MPI_UNDEFINED))
+            break;
+    }
     if (rc == MPI_SUCCESS || rc == MPI_ERR_IN_STATUS) {
         for (int k = 0; out != MPI_UNDEFINED && k < out; k++) {
             int j = requests.indices[k];

@@ -37,8 +37,9 @@ enum {
     SPIN_ROUNDS = 64,       /* searches before parking */
     INJECT_BATCH = 32,      /* most tasks moved from the injection queue at once */
     WATCH_SPIN_NS = 30000,  /* the watcher first polls without sleeping ... */
-    WATCH_MIN_NS = 20000,   /* ... then its first timeout ... */
-    WATCH_MAX_NS = 1000000, /* ... doubling up to this */
+    WATCH_SHARE = 16,       /* ... then sleeps a sixteenth of how long it has watched, */
+    WATCH_MIN_NS = 20000,   /* ... at least this ... */
+    WATCH_MAX_NS = 1000000, /* ... and at most this */
 };
 
 /* A poll source's callbacks (weft__sched_set_poller). */
@@ -63,7 +64,6 @@ struct weft__worker {
     unsigned tick;
     uint32_t rng;
     bool searching;
-    unsigned watch_ns; /* next timeout while watching the poll sources */
     weft__fiber fiber; /* the worker's own context, where the loop runs */
     weft__task *current;
     weft__leave leave; /* what current asked for when it switched away */
@@ -456,38 +456,33 @@ static weft__task *find_work(weft__worker *w, bool lifo_too)
 }
 
 /* The watcher's sleep: still registered as parked (new work wakes it), it
- * polls the sources on a timeout that doubles while nothing completes, and
- * goes back to searching once something did or new work arrived. */
-static void watch_sources(weft__worker *w, unsigned key)
+ * polls the sources on a timeout, and goes back to searching once something
+ * completed or new work arrived. The timeout is a share of how long it has
+ * watched, so a wait of any length is seen to end at most about 6% late
+ * (plus a wake-up): a timeout that doubled while nothing completed saw a
+ * 1 ms wait end up to a millisecond late, and started the next wait at the
+ * last one's long timeout (bench/mpi/bench_wake.c measures the lateness).
+ * The price is wake-ups: about 35 in a wait of 1 ms, 70 in one of 10 ms,
+ * then a thousand a second. */
+static void watch_sources(weft__sched *s, unsigned key)
 {
-    weft__sched *s = w->sched;
-    if (w->watch_ns < WATCH_MIN_NS)
-        w->watch_ns = WATCH_MIN_NS;
     /* A wait that ends within tens of microseconds (an await right after a
      * short kernel) is common, and a sleep and wake-up cost about as much:
      * poll without sleeping for a while first. */
-    for (uint64_t start = weft__now_ns(); weft__now_ns() - start < WATCH_SPIN_NS;) {
-        if (atomic_load(&s->epoch) != key || atomic_load(&s->stopping))
+    const uint64_t start = weft__now_ns();
+    while (weft__now_ns() - start < WATCH_SPIN_NS) {
+        if (atomic_load(&s->epoch) != key || atomic_load(&s->stopping) || poll_sources(s))
             goto out;
-        if (poll_sources(s)) {
-            w->watch_ns = WATCH_MIN_NS;
-            goto out;
-        }
         for (int i = 0; i < 16; i++)
             weft__cpu_relax();
     }
     for (;;) {
-        struct timespec timeout = {0, (long)w->watch_ns};
+        uint64_t ns = (weft__now_ns() - start) / WATCH_SHARE;
+        ns = ns < WATCH_MIN_NS ? WATCH_MIN_NS : ns > WATCH_MAX_NS ? WATCH_MAX_NS : ns;
+        struct timespec timeout = {0, (long)ns};
         weft__futex_wait(&s->epoch, key, &timeout);
-        if (atomic_load(&s->epoch) != key || atomic_load(&s->stopping))
-            break;
-        if (poll_sources(s)) {
-            w->watch_ns = WATCH_MIN_NS;
-            break;
-        }
-        if (w->watch_ns < WATCH_MAX_NS)
-            w->watch_ns *= 2;
-        if (!sources_pending(s))
+        if (atomic_load(&s->epoch) != key || atomic_load(&s->stopping) || poll_sources(s) ||
+            !sources_pending(s))
             break;
     }
 out:
@@ -496,7 +491,7 @@ out:
 
 /* Search, then park, until work turns up (or the scheduler stops: NULL).
  * While a poll source has waits outstanding, one parked worker is the watcher: it
- * sleeps with a timeout that doubles while nothing completes, and polls. */
+ * sleeps on a timeout that grows with the wait (watch_sources), and polls. */
 static weft__task *idle(weft__worker *w)
 {
     weft__sched *s = w->sched;
@@ -504,8 +499,8 @@ static weft__task *idle(weft__worker *w)
     for (;;) {
         begin_search(w);
         for (int round = 0; round < SPIN_ROUNDS; round++) {
-            if (round % 8 == 0 && poll_sources(s))
-                w->watch_ns = WATCH_MIN_NS;
+            if (round % 8 == 0)
+                poll_sources(s);
             if ((t = find_work(w, round == SPIN_ROUNDS - 1)))
                 goto found;
             if (atomic_load_explicit(&s->stopping, memory_order_relaxed))
@@ -536,7 +531,7 @@ static weft__task *idle(weft__worker *w)
         if (stall)
             slept_ns = weft__now_ns();
         if (watch) {
-            watch_sources(w, key);
+            watch_sources(s, key);
         } else {
             while (atomic_load(&s->epoch) == key)
                 weft__futex_wait(&s->epoch, key, NULL);
