@@ -31,6 +31,7 @@ typedef struct qm_case {
     void *a, *b, *c, *bias;
     float *sa, *sb, sd;
     size_t na, nb, nc, nd, naux;
+    double value_a[256], value_b[256]; /* each byte's value as A's and B's type */
 } qm_case;
 
 static inline int qm_is_f8(weft_dtype t)
@@ -73,9 +74,10 @@ static inline mm_ref qm_reference(const qm_case *q, size_t bt, size_t i, size_t 
     double alpha = d->alpha != 0.0f ? d->alpha : 1.0;
     double beta = d->beta != 0.0f ? d->beta : 1.0;
     double sum = 0, mag = 0;
+    const uint8_t *a = (const uint8_t *)q->a + bt * d->stride_a + i * g->lda;
+    const uint8_t *b = (const uint8_t *)q->b + bt * d->stride_b + j * g->ldb;
     for (size_t p = 0; p < d->k; p++) { /* TN: A is m x k, B n x k */
-        double x = weft__load(g->in_type, q->a, bt * d->stride_a + i * g->lda + p);
-        double y = weft__load(q->tb, q->b, bt * d->stride_b + j * g->ldb + p);
+        double x = q->value_a[a[p]], y = q->value_b[b[p]];
         sum += x * y;
         mag += fabs(x * y);
     }
@@ -144,6 +146,11 @@ static inline void qm_make(qm_case *q, weft_matmul_desc desc, int with_c, int wi
     q->nc = g->nc, q->nd = g->nd, q->naux = g->naux;
     q->a = qm_random_q(g->in_type, q->na);
     q->b = qm_random_q(q->tb, q->nb);
+    /* the operands are bytes: their values looked up, not decoded k times */
+    for (unsigned v = 0; v < 256; v++) {
+        q->value_a[v] = qm_is_f8(g->in_type) ? weft__f8_to_f32(g->in_type, (uint8_t)v) : (int8_t)v;
+        q->value_b[v] = qm_is_f8(q->tb) ? weft__f8_to_f32(q->tb, (uint8_t)v) : (int8_t)v;
+    }
     /* C and bias about as large as the product's terms (~1 for FP8 with
      * scales near 1, ~1e4 k^0.5 for INT8). */
     double big = g->in_type == WEFT_DTYPE_I8 ? 100.0 * sqrt((double)desc.k) : 1.0;
