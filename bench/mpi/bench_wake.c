@@ -22,9 +22,9 @@
  */
 #include <mpi.h>
 #include <stdio.h>
-#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "weft.h"
