@@ -13,10 +13,10 @@
  * at all, and libraries tasks call make such frames without stack probes
  * (cuDNN 9's entry points reserve 64 KiB at once, its heuristics 122 KiB).
  * The guard is address space only: nothing is committed for it. But each
- * guarded stack costs two kernel mappings (VMAs),
- * and the kernel caps a process at vm.max_map_count of them (65530 by
- * default), which would allow only ~32,000 suspended tasks - fewer once
- * CUDA, malloc and the loader have taken theirs. So a quarter of the limit,
+ * guarded stack costs two kernel mappings (VMAs), and the kernel caps a
+ * process at vm.max_map_count of them (65530 by default), which would
+ * allow only ~32,000 suspended tasks - fewer once CUDA, malloc and the
+ * loader have taken theirs. So a quarter of the limit,
  * read at the first pool's creation, is the process-wide budget of guarded
  * stacks (two VMAs each, so limit/8 stacks: 8191 by default). Past the
  * budget, or when mmap or mprotect fails with ENOMEM, stacks come unguarded
