@@ -85,6 +85,15 @@ __device__ __forceinline__ float rms_rstd(float mean_square, float eps)
     return rsqrtf(mean_square + eps);
 }
 
+/* acc plus x's square (RMSNorm) or x, each rounding spelled out: a choice
+ * made at run time is otherwise the compiler's to contract into an fma or
+ * not, and it decides per kernel, so weft_rmsnorm_fp8's statistics would
+ * not be those of the weft_rmsnorm call it stands for. */
+__device__ __forceinline__ float accumulate(float acc, float x, bool squares)
+{
+    return squares ? __fmaf_rn(x, x, acc) : __fadd_rn(acc, x);
+}
+
 /* s for column j from in (h), the residual (r) and the GELU bias (g). */
 template <typename T>
 __device__ __forceinline__ float form_sum(const norm_params<T> &p, float h, float r, float g)
@@ -266,7 +275,7 @@ __global__ void __launch_bounds__(512, 2)
                 load_sums<T, V>(p, at, t, k, x[k]);
 #pragma unroll
             for (int e = 0; e < V; e++)
-                acc += p.rms ? x[k][e] * x[k][e] : x[k][e];
+                acc = accumulate(acc, x[k][e], p.rms);
         }
     }
     float mean = row_reduce(acc, op_sum(), s1, cluster) * inv_n, rstd;
@@ -432,7 +441,7 @@ __global__ void __launch_bounds__(512)
             if (GELU || res_g)
                 h[e] = round_to<T>(res_g ? h[e] + r[e] : h[e]);
             if (e < m)
-                acc += p.rms ? h[e] * h[e] : h[e];
+                acc = accumulate(acc, h[e], p.rms);
         }
         if (res_g || GELU)
             store_part<T, V>(in_s + l, h, m);

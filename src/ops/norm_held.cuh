@@ -352,7 +352,7 @@ __device__ __forceinline__ void norm_held_row(const held_params<T, MODE> &p, con
         }
 #pragma unroll
         for (int e = 0; e < V; e++)
-            acc += norm_rms(MODE) ? x[k][e] * x[k][e] : x[k][e];
+            acc = accumulate(acc, x[k][e], norm_rms(MODE));
     }
     const float inv_n = 1.0f / (float)p.cols;
     float mean, rstd;
