@@ -11,9 +11,14 @@
  * order of the atomics, and the token is the host's.
  *
  * A pass reads the row (a 128k vocabulary of fp32 is 512 KB: L2 holds it
- * after the first). Lanes of a warp that fall in one bin add to it once
- * (a warp reduction over the bin's lanes), so the first passes, where
- * most tokens share a few bins, do not queue on one shared-memory address.
+ * after the first). One block reads it at the rate of the bytes it keeps
+ * in flight, so a pass (each_logit) loads 16 bytes at a time, all of a
+ * thread's loads issued before any is used: 64 KB of fp32 in flight (16 KB
+ * of half types, whose 32 values a thread spilled), where a load an
+ * element kept 8 KB and a greedy row of 128k fp32 took ~60 us. Lanes of a
+ * warp that fall in one bin add to it once (a warp reduction over the
+ * bin's lanes), so the first passes, where most tokens share a few bins,
+ * do not queue on one shared-memory address.
  */
 #include "ops/ops_cuda.cuh"
 #include "ops/rank.h"
@@ -27,7 +32,7 @@ namespace
 constexpr int SAMPLE_THREADS = 512;
 constexpr int SAMPLE_WARPS = SAMPLE_THREADS / 32;
 constexpr int BINS = 256;
-constexpr int LOADS = 4; /* a pass's loads in flight per thread: L2's latency is long */
+constexpr int LOADS = 8; /* a pass's loads in flight per thread: L2's latency is long */
 constexpr unsigned FULL = 0xffffffffu;
 
 typedef unsigned long long u64;
@@ -63,6 +68,52 @@ __device__ __forceinline__ u64 warp_max(u64 v)
         v = other > v ? other : v;
     }
     return v;
+}
+
+/* f(j, logit, valid) for each element j of the row, in no particular
+ * order: 16 bytes a load where the row is 16-byte aligned (its tail an
+ * element a load), else an element a load, LOADS loads a thread in flight.
+ * Every lane of a warp makes the same calls, those past the row's end with
+ * valid false (find's bins add warp-wide). */
+template <typename T, typename F>
+__device__ __forceinline__ void each_logit(const T *row, size_t cols, F f)
+{
+    constexpr int V = 16 / sizeof(T);
+    constexpr int VLOADS = V == 4 ? LOADS : 2; /* fp32: 32 values a thread; halves: 16 */
+    constexpr size_t STEP = (size_t)SAMPLE_THREADS * LOADS, VSTEP = (size_t)SAMPLE_THREADS * VLOADS;
+    size_t done = 0;
+    if ((uintptr_t)row % 16 == 0) {
+        const size_t whole = cols / V;
+        for (size_t base = 0; base < whole; base += VSTEP) {
+            vec<T, V> raw[VLOADS];
+#pragma unroll
+            for (int u = 0; u < VLOADS; u++) {
+                const size_t i = base + u * SAMPLE_THREADS + threadIdx.x;
+                raw[u] = i < whole ? reinterpret_cast<const vec<T, V> *>(row)[i] : vec<T, V>{};
+            }
+#pragma unroll
+            for (int u = 0; u < VLOADS; u++) {
+                const size_t i = base + u * SAMPLE_THREADS + threadIdx.x;
+#pragma unroll
+                for (int e = 0; e < V; e++)
+                    f(i * V + e, i < whole ? to_f32(raw[u].e[e]) : 0.0f, i < whole);
+            }
+        }
+        done = whole * V;
+    }
+    for (size_t base = done; base < cols; base += STEP) {
+        float l[LOADS];
+#pragma unroll
+        for (int u = 0; u < LOADS; u++) {
+            const size_t j = base + u * SAMPLE_THREADS + threadIdx.x;
+            l[u] = j < cols ? to_f32(row[j]) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < LOADS; u++) {
+            const size_t j = base + u * SAMPLE_THREADS + threadIdx.x;
+            f(j, l[u], j < cols);
+        }
+    }
 }
 
 /* The block's sum (or largest), in every thread. */
@@ -151,12 +202,11 @@ __device__ void choose_bin(const bins &h, u64 goal, bool by_count, choice *out)
 template <typename T>
 __device__ u64 the_one(const T *row, size_t cols, u64 floor, u64 prefix, int shift, bins &h)
 {
-#pragma unroll 4
-    for (size_t j = threadIdx.x; j < cols; j += SAMPLE_THREADS) {
-        const u64 rank = weft__rank(__float_as_uint(to_f32(row[j])), (uint32_t)j);
-        if (rank >= floor && rank >> shift == prefix)
+    each_logit(row, cols, [&](size_t j, float l, bool valid) {
+        const u64 rank = weft__rank(__float_as_uint(l), (uint32_t)j);
+        if (valid && rank >= floor && rank >> shift == prefix)
             h.hit = rank;
-    }
+    });
     __syncthreads();
     return h.hit;
 }
@@ -174,23 +224,13 @@ __device__ found find(const T *row, size_t cols, float l_max, float t, u64 floor
         for (int b = threadIdx.x; b < BINS; b += SAMPLE_THREADS)
             h.weight[b] = 0, h.count[b] = 0;
         __syncthreads();
-        for (size_t base = 0; base < cols; base += SAMPLE_THREADS * LOADS) {
-            float l[LOADS]; /* the loads first, all in flight at once */
-#pragma unroll
-            for (int u = 0; u < LOADS; u++) {
-                const size_t j = base + u * SAMPLE_THREADS + threadIdx.x;
-                l[u] = j < cols ? to_f32(row[j]) : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < LOADS; u++) {
-                const size_t j = base + u * SAMPLE_THREADS + threadIdx.x;
-                const u64 rank = weft__rank(__float_as_uint(l[u]), (uint32_t)j);
-                const bool candidate =
-                    j < cols && rank >= floor && (shift == 56 || rank >> (shift + 8) == prefix);
-                const unsigned bin = (unsigned)(rank >> shift) & (BINS - 1);
-                add_to_bins(h, candidate, bin, candidate ? weft__sample_weight(l[u], l_max, t) : 0);
-            }
-        }
+        each_logit(row, cols, [&](size_t j, float l, bool valid) {
+            const u64 rank = weft__rank(__float_as_uint(l), (uint32_t)j);
+            const bool candidate =
+                valid && rank >= floor && (shift == 56 || rank >> (shift + 8) == prefix);
+            const unsigned bin = (unsigned)(rank >> shift) & (BINS - 1);
+            add_to_bins(h, candidate, bin, candidate ? weft__sample_weight(l, l_max, t) : 0);
+        });
         __syncthreads();
         if (threadIdx.x < 32)
             choose_bin(h, goal, by_count, &c);
@@ -220,11 +260,10 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     const weft_sampling p = params[blockIdx.x];
 
     u64 best = 0;
-#pragma unroll 4
-    for (size_t j = threadIdx.x; j < cols; j += SAMPLE_THREADS) {
-        const u64 k = weft__rank(__float_as_uint(to_f32(row[j])), (uint32_t)j);
-        best = k > best ? k : best;
-    }
+    each_logit(row, cols, [&](size_t j, float l, bool valid) {
+        const u64 k = weft__rank(__float_as_uint(l), (uint32_t)j);
+        best = valid && k > best ? k : best;
+    });
     best = block_reduce<true>(best, warps);
     const uint32_t top = weft__rank_index(best);
     const float l_max = to_f32(row[top]), t = p.temperature;
@@ -239,9 +278,10 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         const found k = find(row, cols, l_max, t, 0, (u64)p.top_k, true, h, c);
         floor = k.rank, total = k.upto;
     } else {
-#pragma unroll 4
-        for (size_t j = threadIdx.x; j < cols; j += SAMPLE_THREADS)
-            total += weft__sample_weight(to_f32(row[j]), l_max, t);
+        each_logit(row, cols, [&](size_t j, float l, bool valid) {
+            (void)j;
+            total += valid ? weft__sample_weight(l, l_max, t) : 0;
+        });
         total = block_reduce<false>(total, warps);
     }
     const u64 goal = weft__sample_goal(total, p.top_p);
