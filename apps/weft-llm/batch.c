@@ -94,6 +94,10 @@ struct wl_batch {
     weft_logit_adjust *adjust_host;
     size_t adjust_row;
     int32_t *tokens, *tokens_host; /* the step's token ids, there and here */
+    /* a pipeline stage's (wl_batch_link): its link, and its hidden rows
+     * as they arrive from the stage before or leave for the next */
+    wl_link *link;
+    void *x_host;
 };
 
 /* The key of a step's region: the batch's serial, its rows, what it
@@ -156,7 +160,7 @@ int wl_batch_create(wl_batch **out, const wl_model *m, wl_kv *kv, int max_seqs, 
     /* the decode workspace for any batch size: the split the op chooses
      * (more parts for fewer sequences) need not grow with the batch */
     for (size_t n = 1; n <= B; n++) {
-        weft_kv_cache cache = wl_kv_layer(kv, 0, b->table, b->max_pages);
+        weft_kv_cache cache = wl_kv_layer(kv, kv->first_layer, b->table, b->max_pages);
         cache.seqs = n;
         weft_attention_decode_desc d = {
             .q_len = 1, .heads = (size_t)c->heads, .window = (size_t)c->sliding_window};
@@ -212,8 +216,9 @@ void wl_batch_destroy(wl_batch *b)
     wl_moe_bufs_destroy(&b->moe);
     wl_fp8_in_destroy(&b->fp8);
     weft_await();
-    void *host[] = {b->pos_host,    b->table_host,  b->lens_host, b->logits_host, b->sampling_host,
-                    b->picked_host, b->tokens_host, b->pen_host,  b->adjust_host, b->rows_host};
+    void *host[] = {b->pos_host,      b->table_host,  b->lens_host,   b->logits_host,
+                    b->sampling_host, b->picked_host, b->tokens_host, b->pen_host,
+                    b->adjust_host,   b->rows_host,   b->x_host};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++)
         if (host[i])
             weft_host_free(b->rt, host[i]);
@@ -283,21 +288,30 @@ static int enqueue_step(wl_batch *b, int rows, int n, int mixed, int want_logits
 {
     const wl_model *m = b->m;
     const wl_config *c = &m->cfg;
-    size_t H = (size_t)c->hidden, P = (size_t)b->max_pages;
+    size_t H = (size_t)c->hidden, P = (size_t)b->max_pages, es = wl_dtype_size(m->dtype);
+    int first = m->first_layer == 0, last = m->end_layer == c->layers; /* a pipeline's stages */
     TRY(weft_memcpy_async(b->positions, b->pos_host, (size_t)rows * 4));
     TRY(weft_memcpy_async(b->seq_lens, b->lens_host, (size_t)n * 4));
     TRY(weft_memcpy_async(b->table, b->table_host, (size_t)n * P * 4));
-    TRY(weft_memcpy_async(b->tokens, b->tokens_host, (size_t)rows * 4));
+    if (first)
+        TRY(weft_memcpy_async(b->tokens, b->tokens_host, (size_t)rows * 4));
     if (mixed) {
         TRY(weft_memcpy_async(b->row_seqs, b->rows_host, (size_t)rows * 4));
         TRY(weft_memcpy_async(b->cu_rows, b->rows_host + rows, (size_t)(n + 1) * 4));
         TRY(weft_memcpy_async(b->last_rows, b->rows_host + rows + n + 1, (size_t)n * 4));
     }
-    TRY(weft_gather_rows(WEFT_TASK_STREAM, m->dtype, b->x, m->embed, b->tokens, (size_t)rows, H,
-                         (size_t)c->vocab, H, H));
-    for (int li = 0; li < c->layers; li++)
+    if (first)
+        TRY(weft_gather_rows(WEFT_TASK_STREAM, m->dtype, b->x, m->embed, b->tokens, (size_t)rows, H,
+                             (size_t)c->vocab, H, H));
+    else /* the stage before's hidden rows */
+        TRY(weft_memcpy_async(b->x, b->x_host, (size_t)rows * H * es));
+    for (int li = m->first_layer; li < m->end_layer; li++)
         if (layer_batch(b, li, rows, n, mixed))
             return -1;
+    if (!last) { /* for the next stage */
+        TRY(weft_memcpy_async(b->x_host, b->x, (size_t)rows * H * es));
+        return 0;
+    }
     if (mixed) { /* each sequence's last row: the logits it continues from */
         TRY(weft_gather_rows(WEFT_TASK_STREAM, m->dtype, b->h, b->x, b->last_rows, (size_t)n, H,
                              (size_t)rows, H, H));
@@ -325,6 +339,20 @@ fail:
     return -1;
 }
 
+/* The page-locked penalties, taken at the first penalised step. */
+static int penalty_buffers(wl_batch *b)
+{
+    size_t B = (size_t)b->max_seqs;
+    if (!b->pen_host)
+        TRY(weft_host_alloc(b->rt, (void **)&b->pen_host, B * sizeof *b->pen_host));
+    if (!b->adjust_host)
+        TRY(weft_host_alloc(b->rt, (void **)&b->adjust_host,
+                            B * b->adjust_row * sizeof *b->adjust_host));
+    return 0;
+fail:
+    return -1;
+}
+
 /* Row i's penalties into the page-locked buffers (taken at the first
  * penalised step); whether any row has some. */
 static int stage_penalties(wl_batch *b, const wl_draw *draws, int n, int *penalised)
@@ -334,12 +362,8 @@ static int stage_penalties(wl_batch *b, const wl_draw *draws, int n, int *penali
         *penalised |= draws[i].pen != NULL;
     if (!*penalised)
         return 0;
-    size_t B = (size_t)b->max_seqs;
-    if (!b->pen_host)
-        TRY(weft_host_alloc(b->rt, (void **)&b->pen_host, B * sizeof *b->pen_host));
-    if (!b->adjust_host)
-        TRY(weft_host_alloc(b->rt, (void **)&b->adjust_host,
-                            B * b->adjust_row * sizeof *b->adjust_host));
+    if (penalty_buffers(b))
+        return -1;
     for (int i = 0; i < n; i++) {
         const wl_pen_track *t = draws[i].pen;
         if (t && t->row.count > b->adjust_row)
@@ -352,8 +376,212 @@ static int stage_penalties(wl_batch *b, const wl_draw *draws, int n, int *penali
                    t->row.count * sizeof *t->adjust);
     }
     return 0;
+}
+
+/* ---- pipeline stages ------------------------------------------------------- */
+
+/*
+ * A step goes from rank to rank as a head (what it is, its sizes, the
+ * batch's shape to check against) and then its parts: the host inputs
+ * that the stages' copies in read (positions, lengths, tables, a mixed
+ * step's rows, the draws and penalties for the last stage) and the hidden
+ * rows. Both sides list the parts from the head alone (step_parts), so
+ * they agree on them. The last stage sends the step's results to rank 0:
+ * the drawn tokens and the logits, as asked. */
+enum { STEP_END, STEP_RUN, STEP_FAILED };
+
+/* How a step went on the stages after rank 0: the last stage sends it to
+ * rank 0 before the results, and a stage whose step failed passes it on
+ * in place of the step (STEP_FAILED), so rank 0's step fails with the
+ * message instead of waiting. */
+typedef struct step_status {
+    int32_t failed, rank;
+    char message[504];
+} step_status;
+enum {
+    HEAD_KIND,
+    HEAD_ROWS,
+    HEAD_SEQS,
+    HEAD_MIXED,
+    HEAD_LOGITS,
+    HEAD_PICKED,
+    HEAD_PENALISED,
+    HEAD_PAGES,  /* the batch's max_pages */
+    HEAD_ADJUST, /* its adjust_row */
+    HEAD_WORDS
+};
+
+static void step_head(const wl_batch *b, int32_t *head, int kind, int rows, int n, int mixed,
+                      int logits, int picked, int penalised)
+{
+    int32_t h[HEAD_WORDS] = {
+        kind, rows, n, mixed, logits, picked, penalised, b->max_pages, (int32_t)b->adjust_row};
+    memcpy(head, h, sizeof h);
+}
+
+/* A run step's parts after its head, the hidden rows last. */
+static int step_parts(const wl_batch *b, const int32_t *head, wl_part *p)
+{
+    size_t rows = (size_t)head[HEAD_ROWS], n = (size_t)head[HEAD_SEQS], k = 0;
+    size_t H = (size_t)b->m->cfg.hidden, es = wl_dtype_size(b->m->dtype);
+    p[k++] = (wl_part){b->pos_host, rows * 4};
+    p[k++] = (wl_part){b->lens_host, n * 4};
+    p[k++] = (wl_part){b->table_host, n * (size_t)b->max_pages * 4};
+    if (head[HEAD_MIXED])
+        p[k++] = (wl_part){b->rows_host, (rows + 2 * n + 1) * 4};
+    if (head[HEAD_PICKED])
+        p[k++] = (wl_part){b->sampling_host, n * sizeof *b->sampling_host};
+    if (head[HEAD_PENALISED]) {
+        p[k++] = (wl_part){b->pen_host, n * sizeof *b->pen_host};
+        p[k++] = (wl_part){b->adjust_host, n * b->adjust_row * sizeof *b->adjust_host};
+    }
+    p[k++] = (wl_part){b->x_host, rows * H * es};
+    return (int)k;
+}
+
+/* The step (its head, then its parts) to the next rank. */
+static int pass_on(wl_batch *b, const int32_t *head)
+{
+    wl_part p[WL_MAX_PARTS];
+    int n = 0, next = wl_link_rank(b->link) + 1;
+    p[n++] = (wl_part){(void *)head, HEAD_WORDS * 4};
+    if (head[HEAD_KIND] == STEP_RUN)
+        n += step_parts(b, head, p + n);
+    return wl_link_move(b->link, next, 1, p, n);
+}
+
+/* The step's results, sent by the last stage (sending, with how the step
+ * went there) or received by rank 0: the status, then if the step went
+ * through the tokens and the logits, those the head asks for. */
+static int results(wl_batch *b, const int32_t *head, int sending, step_status *st)
+{
+    wl_part p[2] = {{st, sizeof *st}};
+    int n = 0, peer = sending ? 0 : wl_link_ranks(b->link) - 1;
+    size_t seqs = (size_t)head[HEAD_SEQS];
+    if (wl_link_move(b->link, peer, sending, p, 1))
+        return -1;
+    if (st->failed) {
+        st->message[sizeof st->message - 1] = 0;
+        return sending ? 0 : wl_fail("pipeline: rank %d: %s", st->rank, st->message);
+    }
+    if (head[HEAD_PICKED])
+        p[n++] = (wl_part){b->picked_host, seqs * 4};
+    if (head[HEAD_LOGITS])
+        p[n++] = (wl_part){b->logits_host, seqs * (size_t)b->m->cfg.vocab * 4};
+    return n ? wl_link_move(b->link, peer, sending, p, n) : 0;
+}
+
+int wl_batch_link(wl_batch *b, wl_link *l)
+{
+    const wl_model *m = b->m;
+    const wl_config *c = &m->cfg;
+    int first = 0, end = 0, ranks = wl_link_ranks(l), staged = 0;
+    if (wl_link_stage(l, c->layers, &first, &end) == 0)
+        staged = m->first_layer == first && m->end_layer == end;
+    /* what every rank's steps must agree on, and whether its model is its stage */
+    enum { WORDS = 9 };
+    int32_t mine[WORDS] = {staged,         first,        end,
+                           m->first_layer, m->end_layer, b->max_seqs,
+                           b->max_pages,   b->max_rows,  (int32_t)b->adjust_row};
+    int32_t *all = malloc((size_t)ranks * WORDS * sizeof *all);
+    if (!all)
+        return wl_fail("out of memory");
+    if (wl_link_gather(l, mine, WORDS, all)) {
+        free(all);
+        return -1;
+    }
+    int rc = 0;
+    for (int r = 0; r < ranks && !rc; r++) {
+        const int32_t *w = all + (size_t)r * WORDS;
+        if (!w[0])
+            rc = wl_fail("pipeline: rank %d runs layers [%d, %d); its model is set to [%d, %d)", r,
+                         w[1], w[2], w[3], w[4]);
+        else if (memcmp(w + 5, mine + 5, 4 * sizeof *w))
+            rc = wl_fail("pipeline: rank %d's batch is of another shape than rank %d's (%d "
+                         "sequences, %d pages, %d rows a step)",
+                         r, wl_link_rank(l), w[5], w[6], w[7]);
+    }
+    free(all);
+    if (rc)
+        return -1;
+    if (!b->x_host) {
+        size_t bytes = (size_t)b->max_rows * m->cfg.hidden * wl_dtype_size(m->dtype);
+        TRY(weft_host_alloc(b->rt, &b->x_host, bytes));
+    }
+    b->link = l;
+    b->graph = b->replay = 0;
+    return 0;
 fail:
     return -1;
+}
+
+int wl_batch_unlink(wl_batch *b)
+{
+    int rc = 0;
+    if (b->link && wl_link_rank(b->link) == 0 && wl_link_ranks(b->link) > 1) {
+        int32_t head[HEAD_WORDS];
+        step_head(b, head, STEP_END, 0, 0, 0, 0, 0, 0);
+        rc = pass_on(b, head);
+    }
+    b->link = NULL;
+    return rc;
+}
+
+/* A step that failed here, or came failed from the stage before: passed
+ * on, or from the last stage to rank 0. */
+static int report_failed(wl_batch *b, int32_t *head, step_status *st, int last)
+{
+    if (last)
+        return results(b, head, 1, st);
+    head[HEAD_KIND] = STEP_FAILED;
+    wl_part p[2] = {{head, HEAD_WORDS * 4}, {st, sizeof *st}};
+    return wl_link_move(b->link, wl_link_rank(b->link) + 1, 1, p, 2);
+}
+
+int wl_batch_follow(wl_batch *b)
+{
+    if (!b->link || wl_link_rank(b->link) == 0)
+        return wl_fail("pipeline: wl_batch_follow is for ranks but 0, their batch linked");
+    const int rank = wl_link_rank(b->link), last = rank == wl_link_ranks(b->link) - 1;
+    for (;;) {
+        int32_t head[HEAD_WORDS];
+        step_status st = {0};
+        wl_part p[WL_MAX_PARTS] = {{head, sizeof head}};
+        if (wl_link_move(b->link, rank - 1, 0, p, 1))
+            return -1;
+        if (head[HEAD_KIND] == STEP_END)
+            return last ? 0 : pass_on(b, head);
+        if (head[HEAD_KIND] == STEP_FAILED) {
+            p[0] = (wl_part){&st, sizeof st};
+            if (wl_link_move(b->link, rank - 1, 0, p, 1) || report_failed(b, head, &st, last))
+                return -1;
+            continue;
+        }
+        if (head[HEAD_KIND] != STEP_RUN)
+            return wl_fail("pipeline: rank %d got a step of unknown kind %d", rank,
+                           (int)head[HEAD_KIND]);
+        if (head[HEAD_PENALISED] && penalty_buffers(b))
+            return -1; /* its parts unread: the link is broken */
+        int n = step_parts(b, head, p);
+        if (wl_link_move(b->link, rank - 1, 0, p, n))
+            return -1;
+        int failed = enqueue_step(b, head[HEAD_ROWS], head[HEAD_SEQS], head[HEAD_MIXED],
+                                  head[HEAD_LOGITS], head[HEAD_PICKED], head[HEAD_PENALISED]);
+        if (failed)
+            wl_await_keeping_error();
+        else if (weft_await() != WEFT_OK)
+            failed = wl_fail("pipeline: the step: %s", weft_last_error());
+        if (failed) {
+            st.failed = 1;
+            st.rank = rank;
+            snprintf(st.message, sizeof st.message, "%s", wl_error());
+            if (report_failed(b, head, &st, last))
+                return -1;
+            continue;
+        }
+        if (last ? results(b, head, 1, &st) : pass_on(b, head))
+            return -1;
+    }
 }
 
 /* wl_forward_batch (counts NULL: a token each) and wl_forward_mixed. */
@@ -434,6 +662,13 @@ static int forward_step(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, co
             TRY(weft_region_end());
     }
     TRY(weft_await());
+    if (b->link && wl_link_ranks(b->link) > 1) { /* a pipeline's first stage */
+        int32_t head[HEAD_WORDS];
+        step_head(b, head, STEP_RUN, rows, n, mixed, logits != NULL, picked != NULL, penalised);
+        step_status st = {0};
+        if (pass_on(b, head) || results(b, head, 0, &st))
+            return -1;
+    }
     for (int i = 0; i < n; i++) {
         seqs[i]->pos += counts ? counts[i] : 1;
         if (logits)

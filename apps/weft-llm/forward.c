@@ -408,6 +408,8 @@ static int forward(wl_seq *s, const int32_t *ids, int n, int rows, const float *
     const wl_model *m = s->m;
     const wl_config *c = &m->cfg;
     size_t es = wl_dtype_size(m->dtype), H = (size_t)c->hidden, V = (size_t)c->vocab;
+    if (!wl_model_whole(m))
+        return wl_fail("forward: a pipeline stage runs the batch's steps only");
     if (n < 1 || n > s->max_tokens - s->pos || n > s->max_step)
         return wl_fail("forward: %d tokens at position %d exceed the sequence's %d or its step's "
                        "%d",
@@ -513,6 +515,8 @@ int wl_seq_swap_out(wl_seq *s, void *host)
     size_t es = wl_dtype_size(s->m->dtype), kv = s->kv_dim, n = (size_t)s->pos;
     size_t ps = (size_t)s->kv->page_size, used = (n + ps - 1) / ps;
     swap_scratch x = {0};
+    if (!wl_model_whole(s->m))
+        return wl_fail("swap out: a pipeline stage's sequences are not swapped");
     if (n == 0)
         return 0;
     /* the whole pages it uses, a token a row, gathered a layer and pool at
@@ -542,6 +546,8 @@ int wl_seq_swap_in(wl_seq *s, const void *host, int tokens)
     const wl_config *c = &s->m->cfg;
     size_t es = wl_dtype_size(s->m->dtype), kv = s->kv_dim, n = (size_t)tokens;
     swap_scratch x = {0};
+    if (!wl_model_whole(s->m))
+        return wl_fail("swap in: a pipeline stage's sequences are not swapped");
     if (s->pos != 0 || tokens < 1 || tokens > s->max_tokens)
         return wl_fail("swap in: %d tokens into a sequence of %d holding %d", tokens, s->max_tokens,
                        s->pos);
@@ -574,7 +580,7 @@ fail:
     return -1;
 }
 
-/* Each weight pointer of m with its size in bytes: those pack.c leaves
+/* Each weight pointer of m (of its pipeline stage) with its size in bytes: those pack.c leaves
  * alone (the upload's), or with packed nonzero every tensor of the files
  * but the experts (the narrowing's). */
 static size_t weight_slots(wl_model *m, const void ***slot, size_t *bytes, int packed)
@@ -587,11 +593,16 @@ static size_t weight_slots(wl_model *m, const void ***slot, size_t *bytes, int p
     size_t wes = c->fp8 ? 1 : es; /* a projection's elements; its scales are fp32 */
 #define SLOT(p, count) (slot[n] = (const void **)&(p), bytes[n++] = (count)*es)
 #define PROJ(p, count) (slot[n] = (const void **)&(p), bytes[n++] = (count)*wes)
-    SLOT(m->embed, (size_t)c->vocab * H);
-    SLOT(m->final_norm, H);
-    if (!c->tie_embeddings)
+    /* a pipeline stage's: the embedding where it gathers (the first) or is
+     * the lm_head (the last, tied), the final norm and lm_head on the last */
+    int first = m->first_layer == 0, last = m->end_layer == c->layers;
+    if (first || (last && c->tie_embeddings))
+        SLOT(m->embed, (size_t)c->vocab * H);
+    if (last)
+        SLOT(m->final_norm, H);
+    if (last && !c->tie_embeddings)
         SLOT(m->lm_head, (size_t)c->vocab * H);
-    for (int i = 0; i < c->layers; i++) {
+    for (int i = m->first_layer; i < m->end_layer; i++) {
         wl_layer *L = &m->layer[i];
         SLOT(L->attn_norm, H);
         if (!c->fp8 || packed) /* an FP8 model's o and down are packed (pack.c) */
@@ -652,7 +663,7 @@ static int narrow_to_bf16(wl_model *m)
     }
     n = weight_slots(m, slot, bytes, 1);
     size_t H = (size_t)c->hidden, M = (size_t)c->moe_intermediate;
-    for (int i = 0; i < c->layers; i++)
+    for (int i = m->first_layer; i < m->end_layer; i++)
         for (size_t j = 0; m->layer[i].moe && j < 3 * E; j++) {
             slot[n] = (const void **)&m->layer[i].expert[j];
             bytes[n++] = M * H * 4; /* gate, up and down alike: M x H or H x M */

@@ -200,17 +200,18 @@ int wl_kv_create(wl_kv *kv, const wl_model *m, int pages, int page_size)
     if (wl_kv_pages_init(kv, pages, page_size))
         return -1;
     kv->dtype = m->dtype;
-    kv->layers = c->layers;
+    kv->first_layer = m->first_layer;
+    kv->layers = m->end_layer - m->first_layer; /* a pipeline stage's own */
     kv->kv_heads = c->kv_heads;
     kv->head_dim = c->head_dim;
-    kv->k = calloc((size_t)c->layers, sizeof *kv->k);
-    kv->v = calloc((size_t)c->layers, sizeof *kv->v);
+    kv->k = calloc((size_t)kv->layers, sizeof *kv->k);
+    kv->v = calloc((size_t)kv->layers, sizeof *kv->v);
     if (!kv->k || !kv->v) {
         wl_kv_destroy(kv);
         return wl_fail("KV cache: out of memory");
     }
     size_t bytes = (size_t)pages * page_size * c->kv_heads * c->head_dim * wl_dtype_size(m->dtype);
-    for (int l = 0; l < c->layers; l++)
+    for (int l = 0; l < kv->layers; l++)
         if (weft_malloc_async(&kv->k[l], bytes) != WEFT_OK ||
             weft_malloc_async(&kv->v[l], bytes) != WEFT_OK) {
             char msg[512];
@@ -258,8 +259,8 @@ int wl_kv_free_pages(wl_kv *kv)
 weft_kv_cache wl_kv_layer(const wl_kv *kv, int layer, const int32_t *block_table, int max_pages)
 {
     return (weft_kv_cache){.dtype = kv->dtype,
-                           .k = kv->k[layer],
-                           .v = kv->v[layer],
+                           .k = kv->k[layer - kv->first_layer],
+                           .v = kv->v[layer - kv->first_layer],
                            .pages = (size_t)kv->pages,
                            .page_size = (size_t)kv->page_size,
                            .kv_heads = (size_t)kv->kv_heads,

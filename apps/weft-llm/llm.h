@@ -195,6 +195,11 @@ typedef struct wl_model {
     void *host_block;         /* the packed weights on the host (pack.c) */
     void *narrow_block;       /* an fp32 model's weights rounded to bf16 */
     float *scale_block;       /* FP8 weights' scales as fp32 (model.c) */
+    /* The layers this process runs, [first_layer, end_layer): all of them,
+     * or a pipeline stage's (wl_model_set_stage), whose upload and KV cache
+     * hold those layers alone, the embedding only on the first stage and
+     * the final norm and lm_head only on the last. */
+    int first_layer, end_layer;
     /* Told how an upload goes (wl_model_upload, from its task): bytes
      * copied of the total, every 100 ms or so and once at the end (done ==
      * total); NULL: not told. */
@@ -210,6 +215,10 @@ typedef struct wl_model {
  * are NULL until then. */
 int wl_model_open(wl_model *m, const char *dir);
 void wl_model_close(wl_model *m);
+/* Makes m a pipeline stage running layers [first, end), before its upload. */
+int wl_model_set_stage(wl_model *m, int first, int end);
+/* Whether m runs every layer (not a pipeline stage). */
+int wl_model_whole(const wl_model *m);
 /* An on_load for a terminal: a bar on stderr, redrawn in place, ended by a
  * newline once done == total; ctx names what loads ("weights"). Set it
  * where stderr is a terminal (wl_show_load_on). */
@@ -327,8 +336,9 @@ int wl_write_random_model(const char *dir, const wl_write_opts *o);
  * that begin with the same tokens (kv.c says how). */
 typedef struct wl_kv {
     weft_dtype dtype;
-    int layers, pages, page_size, kv_heads, head_dim;
-    void **k, **v; /* [layers], each pages * page_size * kv_heads * head_dim */
+    int first_layer, layers, pages, page_size, kv_heads, head_dim;
+    void **k, **v; /* [layers] from first_layer (the model's, or its stage's), each pages *
+                      page_size * kv_heads * head_dim */
     int sharing;   /* share prompt prefixes: set before any sequence */
     /* the allocator, under lock */
     int32_t *refs;        /* [pages]: the sequences holding each page */
@@ -487,6 +497,56 @@ int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n
  * step); a step of one token a sequence goes as wl_forward_batch. */
 int wl_forward_mixed(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, const int *counts, int n,
                      const float **logits, const wl_draw *draws, int32_t *picked);
+
+/* ---- pipeline stages over MPI (pipeline.c; batch.c's steps) ----------------- */
+
+/* A process's place in a pipeline of the model's layers over the ranks of
+ * MPI_COMM_WORLD: rank r runs a contiguous share of the layers
+ * (wl_link_stage), the first rank the embedding too and the last the final
+ * norm, the lm_head and the draws. Rank 0 forms the steps (its batch's
+ * wl_forward_batch and wl_forward_mixed, its sequences holding the pages);
+ * each step's inputs and hidden rows go rank to rank, and the last rank's
+ * tokens and logits come back to rank 0. The other ranks serve the steps
+ * (wl_batch_follow) until rank 0 ends them (wl_batch_unlink). A pipeline
+ * splits a model too large for one GPU; a step still runs its stages one
+ * after another. Built without MPI, wl_link_open fails saying so. */
+typedef struct wl_link wl_link;
+
+/* One of a step's messages: bytes at `at`. */
+typedef struct wl_part {
+    void *at;
+    size_t bytes;
+} wl_part;
+enum { WL_MAX_PARTS = 16 };
+
+/* MPI initialised at MPI_THREAD_MULTIPLE (MPI_Init_thread); rt's tasks may
+ * then await MPI requests (weft_mpi_init). The link has a communicator of
+ * its own. */
+int wl_link_open(wl_link **l, weft_runtime *rt);
+void wl_link_close(wl_link *l);
+int wl_link_rank(const wl_link *l);
+int wl_link_ranks(const wl_link *l);
+/* This rank's layers [first, end) of a model of `layers`: an error when
+ * the ranks outnumber the layers. */
+int wl_link_stage(const wl_link *l, int layers, int *first, int *end);
+/* Task only, every rank: each rank's n values (mine) into all, rank by rank. */
+int wl_link_gather(wl_link *l, const int32_t *mine, int n, int32_t *all);
+/* Task only: the n parts sent to (sending) or received from rank peer, in
+ * order, awaited. */
+int wl_link_move(wl_link *l, int peer, int sending, const wl_part *parts, int n);
+
+/* Task only, every rank at once: makes b (of a model set to this rank's
+ * stage, whose KV cache has as many pages on every rank) one stage of l's
+ * pipeline, before its first step; the ranks check that their batches and
+ * models agree (an error on every rank if not). Its steps run eagerly: a
+ * step's stages await each other. */
+int wl_batch_link(wl_batch *b, wl_link *l);
+/* Task only, ranks but 0: runs the steps rank 0 sends, each on this stage's
+ * layers, until rank 0 ends them (0) or a step fails (-1, with the error:
+ * the ranks waiting on this one are then for the job to end). */
+int wl_batch_follow(wl_batch *b);
+/* Task only, rank 0: ends the other ranks' wl_batch_follow. */
+int wl_batch_unlink(wl_batch *b);
 
 /* A batcher: a task (wl_batcher_run) that forms each step's batch from the
  * sequences that have joined it. A sequence task joins, hands its prompt

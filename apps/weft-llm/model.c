@@ -313,6 +313,8 @@ int wl_model_open(wl_model *m, const char *dir)
         wl_fail("%s: FP8 weights beside fp32 ones; weft-llm takes them beside bf16 or fp16", dir);
         goto fail;
     }
+    m->first_layer = 0;
+    m->end_layer = c->layers;
     json_decref(index);
     return 0;
 fail:
@@ -338,6 +340,23 @@ void wl_model_close(wl_model *m)
     m->expert_ptrs = NULL;
     m->host_block = NULL;
     m->n_files = 0;
+}
+
+int wl_model_set_stage(wl_model *m, int first, int end)
+{
+    if (m->device_block || m->host_block || m->narrow_block)
+        return wl_fail("a pipeline stage is set before the model's upload");
+    if (first < 0 || first >= end || end > m->cfg.layers)
+        return wl_fail("a pipeline stage of layers [%d, %d) in a model of %d", first, end,
+                       m->cfg.layers);
+    m->first_layer = first;
+    m->end_layer = end;
+    return 0;
+}
+
+int wl_model_whole(const wl_model *m)
+{
+    return m->first_layer == 0 && m->end_layer == m->cfg.layers;
 }
 
 int wl_draft_open(wl_model *d, const char *dir, const wl_tokenizer *tk)

@@ -53,7 +53,7 @@ int wl_moe_bufs_create(wl_moe_bufs *b, const wl_model *m, int tokens)
 {
     const wl_config *c = &m->cfg;
     memset(b, 0, sizeof *b);
-    for (int li = 0; li < c->layers; li++)
+    for (int li = m->first_layer; li < m->end_layer; li++)
         if (m->layer[li].moe && (!m->layer[li].experts_gu || !m->layer[li].experts_down))
             return wl_fail("forward: layer %d's experts are not packed (wl_model_upload the "
                            "model first)",

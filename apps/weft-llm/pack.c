@@ -79,7 +79,8 @@ static void put(packer *p, const void **slot, const void *const *src, const size
         *slot = at;
 }
 
-/* Lays every packed weight of m out from dst (one part after another, each
+/* Lays every packed weight of m's layers (a stage's: [first_layer,
+ * end_layer)) out from dst (one part after another, each
  * 256-byte aligned) and points the layers at them, copying the tensors
  * there unless mode is POINT or SIZE_ONLY. The bytes in all, or -1. */
 static long long layout(wl_model *m, char *dst, enum pack_mode mode, wl_copy_list *list)
@@ -97,7 +98,7 @@ static long long layout(wl_model *m, char *dst, enum pack_mode mode, wl_copy_lis
         free(src), free(bytes);
         return wl_fail("upload: out of memory");
     }
-    for (int li = 0; li < c->layers && !p.failed; li++) {
+    for (int li = m->first_layer; li < m->end_layer && !p.failed; li++) {
         wl_layer *L = &m->layer[li];
         src[0] = L->q, src[1] = L->k, src[2] = L->v;
         bytes[0] = q * H * wes, bytes[1] = bytes[2] = kv * H * wes;
