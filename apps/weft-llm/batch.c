@@ -736,6 +736,16 @@ struct wl_batcher {
     int32_t *picked;
 };
 
+int wl_batcher_link(wl_batcher *bt, wl_link *l)
+{
+    return wl_batch_link(bt->batch, l);
+}
+
+int wl_batcher_unlink(wl_batcher *bt)
+{
+    return wl_batch_unlink(bt->batch);
+}
+
 int wl_batcher_create(wl_batcher **out, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens,
                       int chunk)
 {

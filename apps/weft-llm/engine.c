@@ -73,13 +73,21 @@ static int pages_for(const wl_engine *e, int tokens)
     return (tokens + e->kv.page_size - 1) / e->kv.page_size;
 }
 
+/* m as l's rank's stage (its layers alone uploaded and cached). */
+static int take_stage(wl_model *m, wl_link *l)
+{
+    int first, end;
+    return wl_link_stage(l, m->cfg.layers, &first, &end) || wl_model_set_stage(m, first, end);
+}
+
 static void *setup_task(void *arg)
 {
     wl_engine *e = arg;
-    int failed = wl_model_upload(e->model) ||
+    int failed = (e->link && take_stage(e->model, e->link)) || wl_model_upload(e->model) ||
                  wl_kv_create(&e->kv, e->model, e->kv_pages, WL_KV_PAGE) ||
                  wl_batcher_create(&e->batcher, e->model, &e->kv, e->max_seqs, e->max_tokens,
-                                   e->batcher_chunk);
+                                   e->batcher_chunk) ||
+                 (e->link && wl_batcher_link(e->batcher, e->link));
     if (!failed &&
         (weft_mutex_create(&e->lock) != WEFT_OK || weft_cond_create(&e->pages_back) != WEFT_OK))
         failed = wl_fail("engine: %s", weft_last_error());
@@ -104,6 +112,8 @@ static void *teardown_task(void *arg)
     wl_engine *e = arg;
     if (drop_draft(e))
         snprintf(e->message, sizeof e->message, "%s", wl_error());
+    if (e->link && e->batcher && wl_batcher_unlink(e->batcher))
+        snprintf(e->message, sizeof e->message, "%s", wl_error());
     wl_batcher_destroy(e->batcher);
     if (e->kv.lock_made)
         wl_kv_destroy(&e->kv);
@@ -115,16 +125,32 @@ static void *teardown_task(void *arg)
 int wl_engine_start(wl_engine *e, weft_runtime *rt, wl_model *m, int kv_pages, int max_seqs,
                     int max_tokens)
 {
+    return wl_engine_start_pipeline(e, rt, m, kv_pages, max_seqs, max_tokens, NULL);
+}
+
+/* The batcher's chunk of an engine for sequences of max_tokens. */
+static int batcher_chunk(int max_tokens)
+{
+    return WL_PREFILL_CHUNK < max_tokens ? WL_PREFILL_CHUNK : max_tokens;
+}
+
+int wl_engine_start_pipeline(wl_engine *e, weft_runtime *rt, wl_model *m, int kv_pages,
+                             int max_seqs, int max_tokens, wl_link *l)
+{
     weft_task *t;
     void *failed = NULL;
     memset(e, 0, sizeof *e);
+    if (l && wl_link_rank(l) != 0)
+        return wl_fail("engine: rank %d of the pipeline follows (wl_engine_follow)",
+                       wl_link_rank(l));
+    e->link = l;
     e->model = m;
     e->rt = rt;
     e->kv_pages = kv_pages;
     e->max_seqs = max_seqs;
     e->max_tokens = max_tokens;
     e->prefill_chunk = WL_PREFILL_CHUNK;
-    e->batcher_chunk = WL_PREFILL_CHUNK < max_tokens ? WL_PREFILL_CHUNK : max_tokens;
+    e->batcher_chunk = batcher_chunk(max_tokens);
     if (max_seqs < 1 || max_tokens < 1 || kv_pages < 1)
         return wl_fail("engine: %d sequences of %d tokens in %d pages", max_seqs, max_tokens,
                        kv_pages);
@@ -145,6 +171,53 @@ int wl_engine_start(wl_engine *e, weft_runtime *rt, wl_model *m, int kv_pages, i
     return 0;
 }
 
+typedef struct follower {
+    wl_model *m;
+    wl_link *l;
+    int kv_pages, max_seqs, max_tokens;
+    char message[512]; /* the task's error line: the joining thread's is its own */
+} follower;
+
+/* A follower's stage: its weights, cache and batch, made as rank 0's
+ * engine makes its own, then the steps until rank 0 stops. */
+static void *follow_task(void *arg)
+{
+    follower *f = arg;
+    wl_kv kv = {0};
+    wl_batch *b = NULL;
+    int failed =
+        take_stage(f->m, f->l) || wl_model_upload(f->m) ||
+        wl_kv_create(&kv, f->m, f->kv_pages, WL_KV_PAGE) ||
+        wl_batch_create(&b, f->m, &kv, f->max_seqs, f->max_tokens, batcher_chunk(f->max_tokens)) ||
+        wl_batch_link(b, f->l) || wl_batch_follow(b);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", failed ? wl_error() : "");
+    wl_batch_destroy(b);
+    if (kv.lock_made)
+        wl_kv_destroy(&kv);
+    if (wl_model_release(f->m) && !failed)
+        failed = 1, snprintf(msg, sizeof msg, "%s", wl_error());
+    if (failed)
+        snprintf(f->message, sizeof f->message, "%s", msg);
+    return failed ? f : NULL;
+}
+
+int wl_engine_follow(weft_runtime *rt, wl_model *m, int kv_pages, int max_seqs, int max_tokens,
+                     wl_link *l)
+{
+    follower f = {m, l, kv_pages, max_seqs, max_tokens, ""};
+    weft_task *t;
+    void *failed = NULL;
+    if (wl_link_rank(l) == 0)
+        return wl_fail("engine: rank 0 of the pipeline runs the engine");
+    if (max_seqs < 1 || max_tokens < 1 || kv_pages < 1)
+        return wl_fail("engine: %d sequences of %d tokens in %d pages", max_seqs, max_tokens,
+                       kv_pages);
+    if (weft_spawn(rt, &t, follow_task, &f, NULL) != WEFT_OK || weft_join(t, &failed) != WEFT_OK)
+        return wl_fail("engine: the follower's task: %s", weft_last_error());
+    return failed ? wl_fail("%s", f.message) : 0;
+}
+
 static void *draft_setup_task(void *arg)
 {
     wl_engine *e = arg;
@@ -163,6 +236,8 @@ int wl_engine_set_draft(wl_engine *e, wl_model *d)
     void *failed = NULL;
     if (e->draft)
         return wl_fail("the engine has a draft model already");
+    if (e->link)
+        return wl_fail("a pipeline's engine takes no draft model");
     if (d == e->model)
         return wl_fail("the draft model is the target itself (open its files a second time)");
     if (d->cfg.vocab > e->model->cfg.vocab)
@@ -616,7 +691,7 @@ static int prefill_in_steps(wl_engine *e, wl_seq *s, const int32_t *toks, int n,
 static void *take_swap(wl_engine *e, size_t bytes)
 {
     wl_lock_always(e->lock);
-    int fits = e->swap_bytes && e->swapped + bytes <= e->swap_bytes;
+    int fits = e->swap_bytes && !e->link && e->swapped + bytes <= e->swap_bytes;
     if (fits)
         e->swapped += bytes;
     weft_mutex_unlock(e->lock);
@@ -683,6 +758,8 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
                                                "give speculate_k too"
                              : g->ngram      ? "the draft model or n-grams propose, not both"
                                              : "the engine has no draft model");
+    if (g->speculate_k && e->link)
+        return wl_fail("a pipeline's engine does not decode speculatively");
     if (g->speculate_k && wl_penalties_active(&g->penalties))
         return wl_fail("speculative decoding does not take repetition, frequency or presence "
                        "penalties");
@@ -705,7 +782,10 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
     /* a batch generation's prompt goes through the batcher's steps when its
      * chunks fit them; else (whole prompts, longer chunks, speculation) it
      * prefills itself and joins after */
-    int in_steps = !g->speculate_k && e->prefill_chunk > 0 && chunk <= e->batcher_chunk;
+    if (e->link && chunk > e->batcher_chunk) /* a pipeline runs the batcher's steps alone */
+        chunk = e->batcher_chunk;
+    int in_steps =
+        !g->speculate_k && (e->prefill_chunk > 0 || e->link) && chunk <= e->batcher_chunk;
     /* A life: admitted, the cache filled, then decoding; again from
      * admission after a preemption, with the tokens so far. After the
      * first token the cache holds all but the last token handed on, id,

@@ -565,6 +565,10 @@ int wl_batch_unlink(wl_batch *b);
  * back). */
 typedef struct wl_batcher wl_batcher;
 
+/* Task only: wl_batch_link and wl_batch_unlink of the batcher's batch. */
+int wl_batcher_link(wl_batcher *bt, wl_link *l);
+int wl_batcher_unlink(wl_batcher *bt);
+
 /* Task only (makes the batch's buffers: chunk as wl_batch_create takes it,
  * the most tokens of one prompt a step takes; 0: decode steps only). */
 int wl_batcher_create(wl_batcher **bt, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens,
@@ -780,6 +784,10 @@ typedef struct wl_engine {
      * (wl_engine_set_draft; NULL: none), and its cache. */
     wl_model *draft;
     wl_kv draft_kv;
+    /* Rank 0 of a pipeline (wl_engine_start_pipeline; NULL: one process):
+     * the model is its first stage, every prompt goes through the
+     * batcher's steps, and nothing speculates or swaps. */
+    wl_link *link;
     char message[512];
 } wl_engine;
 
@@ -788,6 +796,17 @@ typedef struct wl_engine {
  * WL_KV_PAGE tokens, the batch max_seqs places. */
 int wl_engine_start(wl_engine *e, weft_runtime *rt, wl_model *m, int kv_pages, int max_seqs,
                     int max_tokens);
+/* wl_engine_start on rank 0 of l's pipeline (l open, outliving the
+ * engine): m becomes the first stage; wl_engine_stop ends the other
+ * ranks' wl_engine_follow. The other ranks call wl_engine_follow at the
+ * same time, with the same arguments. */
+int wl_engine_start_pipeline(wl_engine *e, weft_runtime *rt, wl_model *m, int kv_pages,
+                             int max_seqs, int max_tokens, wl_link *l);
+/* From a thread, ranks but 0 of l's pipeline: m (open) becomes this rank's
+ * stage, and this rank serves the steps of rank 0's engine, started with
+ * the same arguments, until it stops. */
+int wl_engine_follow(weft_runtime *rt, wl_model *m, int kv_pages, int max_seqs, int max_tokens,
+                     wl_link *l);
 /* From a thread, after wl_engine_start and before any generation: d (open,
  * outliving the engine) becomes the draft model of the speculative
  * generations that ask for one (wl_gen's use_draft). Its tokenizer must be

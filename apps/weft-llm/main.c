@@ -6,7 +6,7 @@
  *            [--seed N] [--temperature T] [--top-k K] [--top-p P] [--backend host|cuda|auto]
  *            [--print-ids] [--print-top] [--kv-pages N] [--parallel N]
  *            [--speculate K [--ngram N | --draft DIR]] [--stats] [--repetition-penalty R]
- *            [--frequency-penalty F] [--presence-penalty P] [--ignore-eos]
+ *            [--frequency-penalty F] [--presence-penalty P] [--ignore-eos] [--pipeline]
  *   weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]
  *   weft-llm check MODEL_DIR
  *   weft-llm loadgen URL [options]   (loadgen.c; --help lists them)
@@ -25,8 +25,14 @@
  * from the draft model in DIR (a smaller model with the same tokenizer),
  * verified in one forward pass; with --print-ids or --stats the
  * acceptance counts follow on stderr, and --stats adds the time to the
- * first token and the decode rate. Errors go to stderr as one line, exit
- * status 1; bad usage exits 2.
+ * first token and the decode rate. --pipeline, run as every rank of an MPI
+ * job (mpiexec -n R weft-llm generate ... --pipeline), splits the layers
+ * into R stages, a rank each (wl_link_stage): rank 0 runs the engine and
+ * prints, the others serve its steps; prompts then go through the
+ * batcher's steps, and --speculate is refused. Each rank takes its
+ * runtime's first GPU: on a host of several, give each rank its own
+ * (CUDA_VISIBLE_DEVICES). Errors go to stderr as one line, exit status 1;
+ * bad usage exits 2.
  */
 #include <errno.h>
 #include <limits.h>
@@ -36,6 +42,9 @@
 #include <time.h>
 
 #include "llm.h"
+#ifdef WL_HAVE_MPI
+#include <mpi.h>
+#endif
 
 typedef struct gen {
     const char *dir, *prompt, *prompt_ids, *backend;
@@ -45,6 +54,8 @@ typedef struct gen {
     const char *draft_dir; /* the draft model proposes, not n-grams */
     wl_model draft;
     int kv_pages; /* pages of the model's KV cache, WL_KV_PAGE tokens each */
+    int pipeline; /* a stage a rank of the MPI job */
+    wl_link *link;
     wl_sampler sampler;
     wl_penalties penalties;
     wl_model model;
@@ -68,6 +79,7 @@ static int usage(void)
             "                [--speculate K [--ngram N | --draft DIR]] [--stats] "
             "[--repetition-penalty R]\n"
             "                [--frequency-penalty F] [--presence-penalty P] [--ignore-eos]\n"
+            "                [--pipeline] (every rank of an MPI job: a stage of layers each)\n"
             "       weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]\n"
             "       weft-llm check MODEL_DIR\n"
             "       weft-llm loadgen URL [--rate R|inf] [--requests N] [--concurrency C] ... "
@@ -265,7 +277,8 @@ static int run_tasks(gen *g, weft_runtime *rt)
         snprintf(g->message, sizeof g->message, "out of memory");
         goto out;
     }
-    if (wl_engine_start(&g->engine, rt, &g->model, g->kv_pages, n, (int)g->n_ids + g->max_tokens)) {
+    if (wl_engine_start_pipeline(&g->engine, rt, &g->model, g->kv_pages, n,
+                                 (int)g->n_ids + g->max_tokens, g->link)) {
         snprintf(g->message, sizeof g->message, "%s", wl_error());
         goto out;
     }
@@ -364,11 +377,19 @@ static int run_generate(gen *g)
         wl_fail("weft runtime: %s", weft_last_error());
         goto out;
     }
+    if (g->pipeline && wl_link_open(&g->link, rt))
+        goto out;
+    if (g->link && wl_link_rank(g->link) != 0) { /* a stage after the first: serve rank 0's steps */
+        rc = wl_engine_follow(rt, &g->model, g->kv_pages, g->parallel,
+                              (int)g->n_ids + g->max_tokens, g->link);
+        goto out;
+    }
     run_tasks(g, rt);
     rc = g->failed;
     if (rc)
         wl_fail("%s", g->message);
 out:
+    wl_link_close(g->link);
     if (rt)
         weft_runtime_destroy(rt);
     if (rc)
@@ -407,6 +428,10 @@ static int cmd_generate(int argc, char **argv)
         }
         if (!strcmp(a, "--ignore-eos")) {
             g.ignore_eos = 1;
+            continue;
+        }
+        if (!strcmp(a, "--pipeline")) {
+            g.pipeline = 1;
             continue;
         }
         if (!val)
@@ -472,7 +497,29 @@ static int cmd_generate(int argc, char **argv)
         fprintf(stderr, "weft-llm generate: --backend is host, cuda or auto\n");
         return 2;
     }
-    return run_generate(&g);
+    if (g.pipeline && g.speculate) {
+        fprintf(stderr, "weft-llm generate: a pipeline does not decode speculatively: "
+                        "--pipeline or --speculate\n");
+        return 2;
+    }
+    if (!g.pipeline)
+        return run_generate(&g);
+#ifdef WL_HAVE_MPI
+    int provided = 0, rc;
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+        fprintf(stderr, "weft-llm generate: MPI_Init_thread failed\n");
+        return 1;
+    }
+    rc = run_generate(&g);
+    if (rc) /* the other ranks may wait on this one */
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Finalize();
+    return rc;
+#else
+    fprintf(stderr, "weft-llm generate: --pipeline: weft-llm was built without MPI "
+                    "(libopenmpi-dev)\n");
+    return 1;
+#endif
 }
 
 static int cmd_random_model(int argc, char **argv)
