@@ -381,13 +381,15 @@ static int stage_penalties(wl_batch *b, const wl_draw *draws, int n, int *penali
 /* ---- pipeline stages ------------------------------------------------------- */
 
 /*
- * A step goes from rank to rank as a head (what it is, its sizes, the
- * batch's shape to check against) and then its parts: the host inputs
- * that the stages' copies in read (positions, lengths, tables, a mixed
- * step's rows, the draws and penalties for the last stage) and the hidden
- * rows. Both sides list the parts from the head alone (step_parts), so
- * they agree on them. The last stage sends the step's results to rank 0:
- * the drawn tokens and the logits, as asked. */
+ * A step goes from rank to rank as a head (what it is and its sizes) and
+ * then its parts: the host inputs that the stages' copies in read
+ * (positions, lengths, tables, a mixed step's rows, the draws and
+ * penalties for the last stage) and the hidden rows. Both sides list the
+ * parts from the head alone (step_parts), so they agree on them; the
+ * ranks' batches were found alike when they were linked. The last stage
+ * sends the step's results to rank 0: the drawn tokens and the logits, as
+ * asked.
+ */
 enum { STEP_END, STEP_RUN, STEP_FAILED };
 
 /* How a step went on the stages after rank 0: the last stage sends it to
@@ -398,6 +400,7 @@ typedef struct step_status {
     int32_t failed, rank;
     char message[504];
 } step_status;
+
 enum {
     HEAD_KIND,
     HEAD_ROWS,
@@ -406,16 +409,13 @@ enum {
     HEAD_LOGITS,
     HEAD_PICKED,
     HEAD_PENALISED,
-    HEAD_PAGES,  /* the batch's max_pages */
-    HEAD_ADJUST, /* its adjust_row */
     HEAD_WORDS
 };
 
-static void step_head(const wl_batch *b, int32_t *head, int kind, int rows, int n, int mixed,
-                      int logits, int picked, int penalised)
+static void step_head(int32_t *head, int kind, int rows, int n, int mixed, int logits, int picked,
+                      int penalised)
 {
-    int32_t h[HEAD_WORDS] = {
-        kind, rows, n, mixed, logits, picked, penalised, b->max_pages, (int32_t)b->adjust_row};
+    int32_t h[HEAD_WORDS] = {kind, rows, n, mixed, logits, picked, penalised};
     memcpy(head, h, sizeof h);
 }
 
@@ -520,7 +520,7 @@ int wl_batch_unlink(wl_batch *b)
     int rc = 0;
     if (b->link && wl_link_rank(b->link) == 0 && wl_link_ranks(b->link) > 1) {
         int32_t head[HEAD_WORDS];
-        step_head(b, head, STEP_END, 0, 0, 0, 0, 0, 0);
+        step_head(head, STEP_END, 0, 0, 0, 0, 0, 0);
         rc = pass_on(b, head);
     }
     b->link = NULL;
@@ -664,7 +664,7 @@ static int forward_step(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, co
     TRY(weft_await());
     if (b->link && wl_link_ranks(b->link) > 1) { /* a pipeline's first stage */
         int32_t head[HEAD_WORDS];
-        step_head(b, head, STEP_RUN, rows, n, mixed, logits != NULL, picked != NULL, penalised);
+        step_head(head, STEP_RUN, rows, n, mixed, logits != NULL, picked != NULL, penalised);
         step_status st = {0};
         if (pass_on(b, head) || results(b, head, 0, &st))
             return -1;
