@@ -26,6 +26,12 @@
  * SIGTERM or SIGINT drains: the listening socket closes, requests already
  * in flight finish (new ones on open connections get 503) until
  * --drain-seconds, then the rest are cancelled; the server exits 0.
+ *
+ * --pipeline 1, run as every rank of an MPI job, splits the model's layers
+ * into a stage a rank (as `generate --pipeline` does): rank 0 serves and
+ * runs the engine, the other ranks serve its steps (wl_engine_follow) and
+ * leave when its engine stops; they keep SIGTERM and SIGINT blocked, so
+ * the job drains through rank 0.
  */
 #include <errno.h>
 #include <limits.h>
@@ -38,6 +44,9 @@
 #include <unistd.h>
 
 #include "serve_impl.h"
+#ifdef WL_HAVE_MPI
+#include <mpi.h>
+#endif
 
 /* One HTTP request's state on its connection (libmicrohttpd's con_cls). */
 typedef struct conn_state {
@@ -357,7 +366,9 @@ static int usage(void)
             "                [--max-body-bytes N] [--idle-timeout S] [--body-timeout S] "
             "[--drain-seconds S]\n"
             "                [--share-prefixes 1|0] [--prefill-chunk 512] [--swap-mb 0] "
-            "[--draft DIR]\n");
+            "[--draft DIR]\n"
+            "                [--pipeline 0|1] (1: every rank of an MPI job, a stage of layers "
+            "each)\n");
     return 2;
 }
 
@@ -450,7 +461,18 @@ static int run_server(server *srv)
     if (!srv->kv_pages)
         srv->kv_pages =
             (srv->max_seqs * (context < 2048 ? context : 2048) + WL_KV_PAGE - 1) / WL_KV_PAGE;
-    if (wl_engine_start(&srv->engine, srv->rt, &srv->model, srv->kv_pages, srv->max_seqs, context))
+    if (srv->pipeline && wl_link_open(&srv->link, srv->rt))
+        goto out;
+    if (srv->link && wl_link_rank(srv->link) != 0) { /* a later stage: rank 0's steps, then out */
+        rc = wl_engine_follow(srv->rt, &srv->model, srv->kv_pages, srv->max_seqs, context,
+                              srv->link) != 0;
+        if (!rc)
+            fprintf(stderr, "weft-llm serve: rank %d: the pipeline ended\n",
+                    wl_link_rank(srv->link));
+        goto out;
+    }
+    if (wl_engine_start_pipeline(&srv->engine, srv->rt, &srv->model, srv->kv_pages, srv->max_seqs,
+                                 context, srv->link))
         goto out;
     engine_up = 1;
     if (srv->draft_dir && wl_engine_set_draft(&srv->engine, &srv->draft))
@@ -522,15 +544,39 @@ out:
         fprintf(stderr, "weft-llm serve: %s\n", wl_error());
         rc = 1;
     }
+    wl_link_close(srv->link);
     if (srv->rt)
         weft_runtime_destroy(srv->rt);
     wl_chat_free(srv->chat);
     wl_tokenizer_free(srv->tk);
     wl_model_close(&srv->model);
     wl_model_close(&srv->draft);
-    if (!rc)
+    if (!rc && engine_up)
         fprintf(stderr, "weft-llm serve: stopped\n");
     return rc;
+}
+
+/* run_server as a rank of an MPI job: MPI up first, and a failed rank ends
+ * the job (the others may wait on it). */
+static int run_pipelined(server *srv)
+{
+#ifdef WL_HAVE_MPI
+    int provided = 0;
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+        fprintf(stderr, "weft-llm serve: MPI_Init_thread failed\n");
+        return 1;
+    }
+    int rc = run_server(srv);
+    if (rc)
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Finalize();
+    return rc;
+#else
+    (void)srv;
+    fprintf(stderr, "weft-llm serve: --pipeline: weft-llm was built without MPI "
+                    "(libopenmpi-dev)\n");
+    return 1;
+#endif
 }
 
 int wl_serve_main(int argc, char **argv)
@@ -589,6 +635,8 @@ int wl_serve_main(int argc, char **argv)
             bad |= parse_int(v, 0, 1 << 24, &srv.swap_mb);
         else if (!strcmp(a, "--draft"))
             srv.draft_dir = v;
+        else if (!strcmp(a, "--pipeline"))
+            bad |= parse_int(v, 0, 1, &srv.pipeline);
         else
             bad = 1;
         if (bad) {
@@ -600,6 +648,10 @@ int wl_serve_main(int argc, char **argv)
         if (!strcmp(a, "--max-body-bytes"))
             srv.max_body = (size_t)n;
     }
+    if (srv.pipeline && (srv.draft_dir || srv.swap_mb)) {
+        fprintf(stderr, "weft-llm serve: a pipeline takes no --draft and no --swap-mb\n");
+        return usage();
+    }
     pthread_mutex_init(&srv.lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -607,7 +659,7 @@ int wl_serve_main(int argc, char **argv)
     pthread_cond_init(&srv.idle, &ca);
     pthread_condattr_destroy(&ca);
     wl_metrics_init(&srv.metrics);
-    int rc = run_server(&srv);
+    int rc = srv.pipeline ? run_pipelined(&srv) : run_server(&srv);
     wl_metrics_destroy(&srv.metrics);
     pthread_cond_destroy(&srv.idle);
     pthread_mutex_destroy(&srv.lock);

@@ -19,6 +19,8 @@ typedef struct server {
     int idle_timeout, body_timeout, share_prefixes;
     int prefill_chunk; /* the engine's: prompt tokens a chunk, 0 whole */
     int swap_mb;       /* host memory for preempted sequences' caches; 0: recompute */
+    int pipeline;      /* a stage of layers a rank of the MPI job (rank 0 serves) */
+    wl_link *link;
     size_t max_body;
     const char *draft_dir; /* speculative requests' draft model; NULL: n-grams */
     /* parts */
