@@ -5,7 +5,9 @@
 # every run's text and ids must be the one rank's. Also --pipeline with
 # --speculate is refused as bad usage. Where serve and loadgen are built:
 # `serve --pipeline 1` on 2 ranks takes a load of completions, and SIGTERM
-# to rank 0 drains it, every rank exiting 0.
+# to rank 0 drains it, every rank exiting 0; a server whose rank 1 is
+# killed (SIGKILL) mid-load ends, as a failed job, within the time limit:
+# nobody waits on the dead rank.
 set -u
 llm=$1
 shift
@@ -50,29 +52,37 @@ fi
 
 "$llm" serve 2>&1 | grep -q "usage: weft-llm serve" || exit $status
 "$llm" loadgen --help >/dev/null 2>&1 || exit $status
-"$@" -n 2 "$llm" serve "$dir/m" --port 0 --port-file "$dir/port" --backend host --pipeline 1 \
-    --workers 2 >"$dir/serve.log" 2>&1 &
-job=$!
-for _ in $(seq 1 300); do [ -s "$dir/port" ] && break; sleep 0.2; done
-if [ ! -s "$dir/port" ]; then
+signal_rank() { # signal_rank R SIG: SIG to rank R's process of the job
+    for p in $(pgrep -f "$dir/m --port 0"); do
+        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then
+            kill -"$2" "$p"
+        fi
+    done
+}
+ended() { # ended S: whether the job ends within S seconds
+    for _ in $(seq 1 $(($1 * 5))); do kill -0 $job 2>/dev/null || return 0; sleep 0.2; done
+    return 1
+}
+start_server() { # the pipelined server on 2 ranks, as job, its port in $dir/port
+    rm -f "$dir/port"
+    "$@" -n 2 "$llm" serve "$dir/m" --port 0 --port-file "$dir/port" --backend host \
+        --pipeline 1 --workers 2 >"$dir/serve.log" 2>&1 &
+    job=$!
+    for _ in $(seq 1 300); do [ -s "$dir/port" ] && return 0; sleep 0.2; done
     echo "FAILED: the pipelined server did not start:"
     cat "$dir/serve.log"
     kill $job
     exit 1
-fi
+}
+start_server "$@"
 if ! "$llm" loadgen "http://127.0.0.1:$(cat "$dir/port")" --requests 6 --concurrency 3 \
     --prompt-tokens 5-20 --output-tokens 4-12 >"$dir/load.log" 2>&1; then
     echo "FAILED: requests to the pipelined server:"
     cat "$dir/load.log" "$dir/serve.log"
     status=1
 fi
-for p in $(pgrep -f "$dir/m --port 0"); do # rank 0's process drains the job
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=0"; then
-        kill -TERM "$p"
-    fi
-done
-for _ in $(seq 1 300); do kill -0 $job 2>/dev/null || break; sleep 0.2; done
-if kill -0 $job 2>/dev/null; then
+signal_rank 0 TERM # rank 0's process drains the job
+if ! ended 60; then
     echo "FAILED: the pipelined server still runs 60 s after SIGTERM to rank 0"
     kill -KILL $job
     exit 1
@@ -85,5 +95,26 @@ if [ "$rc" != 0 ] || ! grep -q "rank 1: the pipeline ended" "$dir/serve.log"; th
     status=1
 else
     echo "serve --pipeline 1 on 2 ranks: $(grep -a "ok," "$dir/load.log"), drained, exit 0"
+fi
+
+start_server "$@"
+"$llm" loadgen "http://127.0.0.1:$(cat "$dir/port")" --requests 50 --concurrency 4 \
+    --prompt-tokens 5-20 --output-tokens 100-200 --timeout 60 >"$dir/load.log" 2>&1 &
+load=$!
+sleep 1
+signal_rank 1 KILL
+if ! ended 60; then
+    echo "FAILED: the pipelined server still runs 60 s after its rank 1 was killed"
+    kill -KILL $job $load
+    exit 1
+fi
+wait $job
+rc=$?
+wait $load
+if [ "$rc" = 0 ]; then
+    echo "FAILED: the job whose rank 1 was killed exited 0"
+    status=1
+else
+    echo "serve --pipeline 1 with rank 1 killed mid-load: the job ended (mpiexec exit $rc)"
 fi
 exit $status
