@@ -378,6 +378,41 @@ static int stage_penalties(wl_batch *b, const wl_draw *draws, int n, int *penali
     return 0;
 }
 
+/* A step's device work (enqueue_step's), awaited: a graph per batch size
+ * and what it brings back. A repeating step replays its graph as it
+ * stands (its inputs are the page-locked buffers just filled), else
+ * records it (the host backend runs it as it comes). A mixed step, whose
+ * rows change with its chunks, runs eagerly. */
+static int run_step(wl_batch *b, int rows, int n, int mixed, int want_logits, int want_picked,
+                    int penalised)
+{
+    int graph = b->graph && !mixed, replayed = 0, in_region = 0;
+    uint64_t key = STEP_REGION(b->serial, n, want_logits, want_picked, penalised);
+    if (graph && b->replay)
+        TRY(weft_region_replay(key, &replayed));
+    if (!replayed) {
+        if (graph)
+            TRY(weft_region_begin(key));
+        in_region = graph;
+        if (enqueue_step(b, rows, n, mixed, want_logits, want_picked, penalised))
+            goto fail;
+        in_region = 0;
+        if (graph)
+            TRY(weft_region_end());
+    }
+    TRY(weft_await());
+    return 0;
+fail:
+    if (in_region) { /* closed, its work dropped; the error is the op's */
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", wl_error());
+        weft_region_end();
+        wl_fail("%s", msg);
+    }
+    wl_await_keeping_error(); /* work already enqueued reads our buffers */
+    return -1;
+}
+
 /* ---- pipeline stages ------------------------------------------------------- */
 
 /*
@@ -509,7 +544,6 @@ int wl_batch_link(wl_batch *b, wl_link *l)
         TRY(weft_host_alloc(b->rt, &b->x_host, bytes));
     }
     b->link = l;
-    b->graph = b->replay = 0;
     return 0;
 fail:
     return -1;
@@ -565,13 +599,8 @@ int wl_batch_follow(wl_batch *b)
         int n = step_parts(b, head, p);
         if (wl_link_move(b->link, rank - 1, 0, p, n))
             return -1;
-        int failed = enqueue_step(b, head[HEAD_ROWS], head[HEAD_SEQS], head[HEAD_MIXED],
-                                  head[HEAD_LOGITS], head[HEAD_PICKED], head[HEAD_PENALISED]);
-        if (failed)
-            wl_await_keeping_error();
-        else if (weft_await() != WEFT_OK)
-            failed = wl_fail("pipeline: the step: %s", weft_last_error());
-        if (failed) {
+        if (run_step(b, head[HEAD_ROWS], head[HEAD_SEQS], head[HEAD_MIXED], head[HEAD_LOGITS],
+                     head[HEAD_PICKED], head[HEAD_PENALISED])) {
             st.failed = 1;
             st.rank = rank;
             snprintf(st.message, sizeof st.message, "%s", wl_error());
@@ -591,7 +620,7 @@ static int forward_step(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, co
     const wl_model *m = b->m;
     const wl_config *c = &m->cfg;
     size_t P = (size_t)b->max_pages;
-    int in_region = 0, penalised = 0, rows = 0, mixed = 0;
+    int penalised = 0, rows = 0, mixed = 0;
     if (n < 1 || n > b->max_seqs)
         return wl_fail("batch: %d sequences; the batch takes 1 to %d", n, b->max_seqs);
     for (int i = 0; i < n; i++) {
@@ -641,27 +670,8 @@ static int forward_step(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, co
         b->sampling_host[i] = draws ? draws[i].how : (weft_sampling){0};
         memcpy(b->table_host + i * P, s->pages.table, (size_t)s->pages.used * 4);
     }
-    /* the step's device work, a graph per batch size and what it brings
-     * back: a repeating step replays its graph as it stands (its inputs
-     * are the buffers just filled), else records it (the host backend runs
-     * it as it comes). A mixed step, whose rows change with its chunks,
-     * runs eagerly. */
-    int graph = b->graph && !mixed;
-    uint64_t key = STEP_REGION(b->serial, n, logits != NULL, picked != NULL, penalised);
-    int replayed = 0;
-    if (graph && b->replay)
-        TRY(weft_region_replay(key, &replayed));
-    if (!replayed) {
-        if (graph)
-            TRY(weft_region_begin(key));
-        in_region = graph;
-        if (enqueue_step(b, rows, n, mixed, logits != NULL, picked != NULL, penalised))
-            goto fail;
-        in_region = 0;
-        if (graph)
-            TRY(weft_region_end());
-    }
-    TRY(weft_await());
+    if (run_step(b, rows, n, mixed, logits != NULL, picked != NULL, penalised))
+        return -1;
     if (b->link && wl_link_ranks(b->link) > 1) { /* a pipeline's first stage */
         int32_t head[HEAD_WORDS];
         step_head(head, STEP_RUN, rows, n, mixed, logits != NULL, picked != NULL, penalised);
@@ -677,15 +687,6 @@ static int forward_step(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, co
             picked[i] = b->picked_host[i];
     }
     return 0;
-fail:
-    if (in_region) { /* closed, its work dropped; the error is the op's */
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", wl_error());
-        weft_region_end();
-        wl_fail("%s", msg);
-    }
-    wl_await_keeping_error(); /* work already enqueued reads our buffers */
-    return -1;
 }
 
 int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n,

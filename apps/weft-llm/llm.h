@@ -538,8 +538,10 @@ int wl_link_move(wl_link *l, int peer, int sending, const wl_part *parts, int n)
 /* Task only, every rank at once: makes b (of a model set to this rank's
  * stage, whose KV cache has as many pages on every rank) one stage of l's
  * pipeline, before its first step; the ranks check that their batches and
- * models agree (an error on every rank if not). Its steps run eagerly: a
- * step's stages await each other. */
+ * models agree (an error on every rank if not). On every rank a decode
+ * step's device work is a graph region, as a lone batch's is: its inputs
+ * arrive in the batch's page-locked buffers, and the transfers follow the
+ * step's await. */
 int wl_batch_link(wl_batch *b, wl_link *l);
 /* Task only, ranks but 0: runs the steps rank 0 sends, each on this stage's
  * layers, until rank 0 ends them (0) or a step fails (-1, with the error:
