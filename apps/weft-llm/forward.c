@@ -580,9 +580,9 @@ fail:
     return -1;
 }
 
-/* Each weight pointer of m (of its pipeline stage) with its size in bytes: those pack.c leaves
- * alone (the upload's), or with packed nonzero every tensor of the files
- * but the experts (the narrowing's). */
+/* Each weight pointer of m (of its pipeline stage) with its size in
+ * bytes: those pack.c leaves alone (the upload's), or with packed nonzero
+ * every tensor of the files but the experts (the narrowing's). */
 static size_t weight_slots(wl_model *m, const void ***slot, size_t *bytes, int packed)
 {
     const wl_config *c = &m->cfg;

@@ -337,9 +337,10 @@ int wl_write_random_model(const char *dir, const wl_write_opts *o);
 typedef struct wl_kv {
     weft_dtype dtype;
     int first_layer, layers, pages, page_size, kv_heads, head_dim;
-    void **k, **v; /* [layers] from first_layer (the model's, or its stage's), each pages *
-                      page_size * kv_heads * head_dim */
-    int sharing;   /* share prompt prefixes: set before any sequence */
+    /* the pools of layers first_layer on (the model's, or its pipeline
+     * stage's), each pages * page_size * kv_heads * head_dim */
+    void **k, **v;
+    int sharing; /* share prompt prefixes: set before any sequence */
     /* the allocator, under lock */
     int32_t *refs;        /* [pages]: the sequences holding each page */
     int32_t *next, *prev; /* [pages]: the free list, in the order pages are taken */

@@ -79,10 +79,10 @@ static void put(packer *p, const void **slot, const void *const *src, const size
         *slot = at;
 }
 
-/* Lays every packed weight of m's layers (a stage's: [first_layer,
- * end_layer)) out from dst (one part after another, each
- * 256-byte aligned) and points the layers at them, copying the tensors
- * there unless mode is POINT or SIZE_ONLY. The bytes in all, or -1. */
+/* Lays every packed weight of m's layers (its pipeline stage's) out from
+ * dst (one part after another, each 256-byte aligned) and points the
+ * layers at them, copying the tensors there unless mode is POINT or
+ * SIZE_ONLY. The bytes in all, or -1. */
 static long long layout(wl_model *m, char *dst, enum pack_mode mode, wl_copy_list *list)
 {
     const wl_config *c = &m->cfg;
