@@ -520,6 +520,12 @@ typedef struct wl_part {
 } wl_part;
 enum { WL_MAX_PARTS = 16 };
 
+/* A command run as a rank of an MPI job: MPI initialised at
+ * MPI_THREAD_MULTIPLE, run(arg), and MPI finalised; a run that fails
+ * (nonzero) ends the job, since the other ranks may wait on this one.
+ * run's status, or 1 (with a line on stderr naming cmd) where MPI does not
+ * start or the build lacks it. */
+int wl_link_job(const char *cmd, int (*run)(void *), void *arg);
 /* MPI initialised at MPI_THREAD_MULTIPLE (MPI_Init_thread); rt's tasks may
  * then await MPI requests (weft_mpi_init). The link has a communicator of
  * its own. */

@@ -42,9 +42,6 @@
 #include <time.h>
 
 #include "llm.h"
-#ifdef WL_HAVE_MPI
-#include <mpi.h>
-#endif
 
 typedef struct gen {
     const char *dir, *prompt, *prompt_ids, *backend;
@@ -401,6 +398,11 @@ out:
     return rc;
 }
 
+static int run_generate_job(void *g)
+{
+    return run_generate(g);
+}
+
 static int cmd_generate(int argc, char **argv)
 {
     gen g = {.max_tokens = 32,
@@ -502,24 +504,7 @@ static int cmd_generate(int argc, char **argv)
                         "--pipeline or --speculate\n");
         return 2;
     }
-    if (!g.pipeline)
-        return run_generate(&g);
-#ifdef WL_HAVE_MPI
-    int provided = 0, rc;
-    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
-        fprintf(stderr, "weft-llm generate: MPI_Init_thread failed\n");
-        return 1;
-    }
-    rc = run_generate(&g);
-    if (rc) /* the other ranks may wait on this one */
-        MPI_Abort(MPI_COMM_WORLD, 1);
-    MPI_Finalize();
-    return rc;
-#else
-    fprintf(stderr, "weft-llm generate: --pipeline: weft-llm was built without MPI "
-                    "(libopenmpi-dev)\n");
-    return 1;
-#endif
+    return g.pipeline ? wl_link_job("weft-llm generate", run_generate_job, &g) : run_generate(&g);
 }
 
 static int cmd_random_model(int argc, char **argv)

@@ -7,6 +7,7 @@
  * other tasks run meanwhile. What a step sends is batch.c's.
  */
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <mpi.h>
@@ -20,6 +21,20 @@ struct wl_link {
 };
 
 enum { STEP_TAG = 0x776c };
+
+int wl_link_job(const char *cmd, int (*run)(void *), void *arg)
+{
+    int provided = 0;
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+        fprintf(stderr, "%s: MPI_Init_thread failed\n", cmd);
+        return 1;
+    }
+    int rc = run(arg);
+    if (rc)
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Finalize();
+    return rc;
+}
 
 int wl_link_open(wl_link **out, weft_runtime *rt)
 {

@@ -2,7 +2,16 @@
  * pipeline_no_mpi.c - built in place of pipeline.c where MPI is not found:
  * no pipeline can be opened, and the build says why.
  */
+#include <stdio.h>
+
 #include "llm.h"
+
+int wl_link_job(const char *cmd, int (*run)(void *), void *arg)
+{
+    (void)run, (void)arg;
+    fprintf(stderr, "%s: --pipeline: weft-llm was built without MPI (libopenmpi-dev)\n", cmd);
+    return 1;
+}
 
 int wl_link_open(wl_link **out, weft_runtime *rt)
 {

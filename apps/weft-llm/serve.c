@@ -44,9 +44,6 @@
 #include <unistd.h>
 
 #include "serve_impl.h"
-#ifdef WL_HAVE_MPI
-#include <mpi.h>
-#endif
 
 /* One HTTP request's state on its connection (libmicrohttpd's con_cls). */
 typedef struct conn_state {
@@ -556,27 +553,10 @@ out:
     return rc;
 }
 
-/* run_server as a rank of an MPI job: MPI up first, and a failed rank ends
- * the job (the others may wait on it). */
-static int run_pipelined(server *srv)
+/* run_server as a rank of an MPI job (--pipeline 1). */
+static int run_server_job(void *srv)
 {
-#ifdef WL_HAVE_MPI
-    int provided = 0;
-    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
-        fprintf(stderr, "weft-llm serve: MPI_Init_thread failed\n");
-        return 1;
-    }
-    int rc = run_server(srv);
-    if (rc)
-        MPI_Abort(MPI_COMM_WORLD, 1);
-    MPI_Finalize();
-    return rc;
-#else
-    (void)srv;
-    fprintf(stderr, "weft-llm serve: --pipeline: weft-llm was built without MPI "
-                    "(libopenmpi-dev)\n");
-    return 1;
-#endif
+    return run_server(srv);
 }
 
 int wl_serve_main(int argc, char **argv)
@@ -659,7 +639,7 @@ int wl_serve_main(int argc, char **argv)
     pthread_cond_init(&srv.idle, &ca);
     pthread_condattr_destroy(&ca);
     wl_metrics_init(&srv.metrics);
-    int rc = srv.pipeline ? run_pipelined(&srv) : run_server(&srv);
+    int rc = srv.pipeline ? wl_link_job("weft-llm serve", run_server_job, &srv) : run_server(&srv);
     wl_metrics_destroy(&srv.metrics);
     pthread_cond_destroy(&srv.idle);
     pthread_mutex_destroy(&srv.lock);
