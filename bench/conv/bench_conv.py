@@ -10,7 +10,9 @@ tensors for every side), at ResNet-50's shapes:
   N32 14x14 256 -> 1024 1x1        (conv4_x's expansion)
 each as
   weft      weft_conv2d on weights folded once by weft_conv2d_fold_bn:
-            out = ReLU(conv(x, w') + b'), one cuDNN fused call
+            out = ReLU(conv(x, w') + b') in one kernel: the 1x1 ones a
+            matrix product (weft_matmul's bias + ReLU epilogue), the others
+            one cuDNN operation graph (convolution, bias add, ReLU)
   eager     torch eager F.conv2d -> F.batch_norm (inference) -> F.relu
   folded    torch with the BatchNorm folded by hand: F.relu(F.conv2d(x, w', b'))
 and the host time of a first call (cuDNN's handle, the plan's heuristic,

@@ -745,19 +745,25 @@ int weft_conv2d_fold_bn(void *stream, const weft_conv2d_desc *desc, weft_dtype b
  * Arithmetic: the host reference is the direct loop of the definition,
  * products of the stored values summed in fp32 (in blocks, as
  * ops.h's sums) over i, j, ci in that order, the bias added, the
- * activation applied and out rounded once. The GPU runs cuDNN's fused
- * convolution-bias-activation (fp32 accumulation, TF32 only when asked);
- * its sums run in another order (and its 16-bit kernels may round
- * intermediate tiles), so results agree to the type's rounding and the
- * sum's length (~1e-5 relative for fp32, ~1e-2 for bf16), not bit for bit.
+ * activation applied and out rounded once. The GPU runs the convolution,
+ * bias and activation as one kernel (fp32 accumulation, TF32 only when
+ * asked): a 1x1 convolution of stride 1 without padding or groups is a
+ * matrix product over the NHWC rows, run as weft_matmul with its bias and
+ * ReLU epilogue; any other shape is one cuDNN operation graph (convolution,
+ * bias add, ReLU), or, where no engine of cuDNN's graph takes it, cuDNN's
+ * legacy fused convolution-bias-activation. Its sums run in another order
+ * (and its 16-bit kernels may round intermediate tiles), so results agree
+ * to the type's rounding and the sum's length (~1e-5 relative for fp32,
+ * ~1e-2 for bf16), not bit for bit.
  * GPU: channel counts c / groups and k / groups that are multiples of 8
  * and 16-byte aligned tensors get cuDNN's tensor-core kernels. Where
- * cuDNN's fused call refuses a shape (it covers fewer than its plain
- * convolution), weft runs cuDNN's convolution and then the bias add and
- * the ReLU as separate passes: the same result, slower; only a shape
- * cuDNN cannot convolve at all is refused (below). cuDNN's plans are
- * made per device, shape, type and activation on a shape's first call
- * (its heuristic, ~100 us to ms) and kept; each stream gets a workspace
+ * cuDNN's legacy fused call refuses a shape too, weft runs cuDNN's
+ * convolution and then the bias add and the ReLU as separate passes: the
+ * same result, slower; only a shape cuDNN cannot convolve at all is
+ * refused (below). cuDNN's plans are made per device, shape, type,
+ * activation and alignment on a shape's first call (its heuristic, and
+ * for the graph the engines' finalization, which may compile a kernel:
+ * ~100 us to 100s of ms) and kept (the graph's per thread); each stream gets a workspace
  * of weft's the first time it runs a convolution, and each thread a cuDNN
  * handle per device. A task that calls it on its stream needs a stack of
  * 1 MiB (weft_task_opts.stack_size or the runtime's): cuDNN's calls use

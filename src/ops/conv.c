@@ -7,9 +7,9 @@
  * a per-channel scale and shift, a clamp). Folding the BatchNorm's scale
  * into the weights and its shift into a bias, once, when the model is
  * loaded, leaves one convolution whose epilogue adds the bias and clamps
- * while the tile is still in registers: cuDNN's fused
- * convolution-bias-activation on the GPU, the output element just summed
- * on the host.
+ * while the tile is still in registers: on the GPU a matrix product for
+ * the 1x1 convolutions (weft_matmul's epilogue), cuDNN for the rest
+ * (conv_cudnn.c); on the host the output element just summed.
  *
  * Every check runs here, before either backend sees the call, so a call
  * fails with WEFT_EINVAL and a reason or runs to the end, and a call valid
@@ -149,6 +149,41 @@ static void run_conv_host(const void *args)
     weft__conv_host(args);
 }
 
+#ifdef WEFT_HAVE_CUDA
+/* A 1x1 convolution of stride 1 without padding or groups: over NHWC
+ * tensors, out[p][o] = act(sum_c in[p][c] w[o][c] + bias[o]) for each of
+ * the n h w pixels p, a matrix product with the weights transposed. */
+static int is_pointwise(const weft__conv_args *x)
+{
+    return x->r == 1 && x->s == 1 && x->stride_h == 1 && x->stride_w == 1 && x->pad_h == 0 &&
+           x->pad_w == 0 && x->groups == 1;
+}
+
+/* That product as weft_matmul runs it, bias and ReLU in its epilogue:
+ * cuBLASLt's kernels (or weft's own for a few rows), where cuDNN's legacy
+ * fused call ran ResNet's 1x1 layers at 12 TFLOP/s (bench/RESULTS.md,
+ * "Convolution", 2026-12-04). */
+static int conv_as_matmul(void *stream, const weft__conv_args *x)
+{
+    weft_matmul_desc m = {.m = x->n * x->h * x->w,
+                          .n = x->k,
+                          .k = x->c,
+                          .type = x->dtype,
+                          .trans_b = 1,
+                          .act = x->act == WEFT_CONV_ACT_RELU ? WEFT_MATMUL_ACT_RELU
+                                                              : WEFT_MATMUL_ACT_NONE,
+                          .bias = x->bias,
+                          .allow_tf32 = x->allow_tf32};
+    int rc = weft_matmul(stream, &m, x->out, x->in, x->wt, NULL);
+    if (rc != WEFT_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", weft_last_error());
+        return weft__fail(rc, "%s: a 1x1 convolution, run as a matrix product: %s", OP, why);
+    }
+    return WEFT_OK;
+}
+#endif
+
 int weft_conv2d(void *stream, const weft_conv2d_desc *desc, void *out, const void *in,
                 const void *w, const void *bias)
 {
@@ -163,7 +198,7 @@ int weft_conv2d(void *stream, const weft_conv2d_desc *desc, void *out, const voi
         return rc;
 #ifdef WEFT_HAVE_CUDA
     if (stream)
-        return weft__conv_cuda(stream, &x);
+        return is_pointwise(&x) ? conv_as_matmul(stream, &x) : weft__conv_cuda(stream, &x);
 #endif
     weft__conv_host(&x);
     return WEFT_OK;

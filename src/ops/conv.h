@@ -65,6 +65,17 @@ void weft__conv_cuda_plan_stats(unsigned long long *hits, unsigned long long *mi
 /* cuDNN's reason when the fused call last refused a shape for good ("" if
  * none has been). */
 const char *weft__conv_cuda_last_split_why(void);
+
+/* How many calls ran as one cuDNN operation graph (conv_graph.c) and how
+ * many of its plans threads made; cuDNN's reason when the graph last
+ * declined a shape ("" if never). */
+void weft__conv_cuda_graph_stats(unsigned long long *calls, unsigned long long *plans);
+const char *weft__conv_cuda_graph_why(void);
+
+/* Whether calls try the operation graph before the legacy fused call (on
+ * unless WEFT_CONV_GRAPH=0 is in the environment): the tests run their
+ * cases both ways. */
+void weft__conv_cuda_use_graph(int on);
 #endif
 
 #ifdef __cplusplus

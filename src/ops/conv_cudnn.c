@@ -1,6 +1,9 @@
 /*
- * conv_cudnn.c - weft_conv2d on the GPU, through cuDNN's fused
- * convolution-bias-activation (cudnnConvolutionBiasActivationForward):
+ * conv_cudnn.c - weft_conv2d on the GPU through cuDNN (but for the 1x1
+ * convolutions, conv.c's matrix products): first as one operation graph
+ * (conv_graph.c), and for the shapes the graph declines through cuDNN's
+ * legacy fused convolution-bias-activation
+ * (cudnnConvolutionBiasActivationForward):
  *   y = act(alpha1 conv(x, w) + alpha2 z + bias)
  * with alpha1 = 1 and alpha2 = 0, z given as y itself (cuDNN skips the z
  * term at alpha2 = 0, as its other blends skip a zero beta; the GPU test
@@ -58,6 +61,7 @@
 #include "core/lock.h"
 #include "cuda/status.h"
 #include "ops/conv.h"
+#include "ops/conv_graph.h"
 #include "ops/cudnn_context.h"
 #include "ops/ops_internal.h"
 #include "ops/workspace.h"
@@ -479,14 +483,19 @@ int weft__conv_cuda(void *stream_arg, const weft__conv_args *a)
         (rc = weft__stream_workspace(OP, stream, device, &ws, &ws_size)) != WEFT_OK)
         return rc;
 
+    cudnnStatus_t s = cudnnSetStream(h, stream);
+    if (s != CUDNN_STATUS_SUCCESS)
+        return dnn_fail("cudnnSetStream", s);
+    /* The operation graph first (conv_graph.c); the legacy calls below
+     * for the shapes it declines. */
+    if ((rc = weft__conv_graph(h, device, a, ws, ws_size)) != WEFT__CONV_GRAPH_DECLINED)
+        return rc;
+
     plan_key k;
     plan *p = NULL;
     fill_key(&k, a, device);
     if ((rc = get_plan(h, a, &k, &p)) != WEFT_OK)
         return rc;
-    cudnnStatus_t s = cudnnSetStream(h, stream);
-    if (s != CUDNN_STATUS_SUCCESS)
-        return dnn_fail("cudnnSetStream", s);
 
     cudnnStatus_t refusal = CUDNN_STATUS_NOT_SUPPORTED;
     char why[256] = "";

@@ -26,3 +26,18 @@ const char *weft__conv_cuda_last_split_why(void)
 {
     return "";
 }
+
+void weft__conv_cuda_graph_stats(unsigned long long *calls, unsigned long long *plans)
+{
+    *calls = 0, *plans = 0;
+}
+
+const char *weft__conv_cuda_graph_why(void)
+{
+    return "";
+}
+
+void weft__conv_cuda_use_graph(int on)
+{
+    (void)on;
+}

@@ -1,8 +1,10 @@
 /*
  * test_conv_gpu.c - weft_conv2d and weft_conv2d_fold_bn on the GPU (cuDNN's
- * fused convolution-bias-activation, and the fold's kernel) against the
+ * operation graph, its legacy fused convolution-bias-activation, the 1x1
+ * convolutions' matrix products, and the fold's kernel) against the
  * float64 loops of conv_ref.h and the host reference, on fresh random data:
- * every case of CV_CASES in every dtype, with and without ReLU; the fold
+ * every case of CV_CASES in every dtype, with and without ReLU, through the
+ * graph and again through the legacy call alone; the fold
  * bit for bit equal to the host's, and the folded convolution against a
  * convolution followed by a float64 BatchNorm; a plan made once and found
  * on repeat (and what the first call costs); a call captured into a CUDA
@@ -15,7 +17,8 @@
  * poison). Shapes whose fused call cuDNN refuses but whose convolution it
  * runs take the split path (marked SPLIT; they must be right all the
  * same). The ResNet-like 16-bit shapes (channels multiples of 8, groups
- * 1) must run, and with ReLU must run fused.
+ * 1) must run, and with ReLU must run fused; with the graph on, those
+ * that are not 1x1 must run as the graph (its speed is the point).
  *
  * Bounds, as ||got - ref|| / ||ref|| over the whole output against the
  * float64 reference: fp32 1e-5, fp16 3e-3, bf16 1e-2 (the outputs'
@@ -56,7 +59,8 @@ static double bound(const weft_conv2d_desc *d)
 
 /* Cases over their bound, counted so that one run lists every case that
  * fails before the test fails; refusals counted apart. */
-static unsigned over_bound, refusals, splits;
+static unsigned over_bound, refusals, splits, graphs;
+static int graph_on = 1; /* what the cases ask of weft__conv_cuda_use_graph */
 
 static void no_case_over(void)
 {
@@ -83,6 +87,13 @@ static int must_run(const weft_conv2d_desc *d)
            (d->dilation_h | d->dilation_w) <= 1;
 }
 
+/* A 1x1 convolution that weft runs as a matrix product (conv.c). */
+static int is_pointwise(const weft_conv2d_desc *d)
+{
+    return d->r == 1 && d->s == 1 && d->stride_h <= 1 && d->stride_w <= 1 && !d->pad_h &&
+           !d->pad_w && d->groups <= 1;
+}
+
 /* One case on the GPU: its output against float64, the host's against the
  * same bound. in, w and bias are the host's; returns 1 when it ran. */
 static int gpu_case(const char *name, const weft_conv2d_desc *d, const void *in, const void *w,
@@ -96,13 +107,15 @@ static int gpu_case(const char *name, const weft_conv2d_desc *d, const void *in,
     double lim = bound(d);
     int ran = 0;
 
-    unsigned long long h0, m0, split0, split1;
+    unsigned long long h0, m0, split0, split1, graph0, graph1, plans;
     weft__conv_cuda_plan_stats(&h0, &m0, &split0);
+    weft__conv_cuda_graph_stats(&graph0, &plans);
     double t0 = gt_now();
     int rc = weft_conv2d(stream, d, dout, din, dw, dbias);
     double t1 = gt_now();
     weft__conv_cuda_plan_stats(&h0, &m0, &split1);
-    int split = split1 != split0;
+    weft__conv_cuda_graph_stats(&graph1, &plans);
+    int split = split1 != split0, graph = graph1 != graph0;
     assert_cuda(cudaStreamSynchronize(stream));
     void *got = gt_download(dout, g.nout * es);
     if (rc != WEFT_OK) {
@@ -121,11 +134,24 @@ static int gpu_case(const char *name, const weft_conv2d_desc *d, const void *in,
         ran = 1;
         size_t nan_at;
         double e = cv_rel_error(d, in, w, bias, got, &nan_at);
-        printf("  %-44s error %.2e (bound %.0e), first call %.0f us%s\n", name, e, lim,
-               (t1 - t0) * 1e6, split ? ", SPLIT: cuDNN's fused call refused the shape" : "");
+        printf("  %-44s error %.2e (bound %.0e), first call %.0f us, %s\n", name, e, lim,
+               (t1 - t0) * 1e6,
+               split             ? "SPLIT: cuDNN's fused call refused the shape"
+               : graph           ? "graph"
+               : is_pointwise(d) ? "matmul"
+                                 : "legacy fused");
         if (split)
             printf("    (cuDNN: %s)\n", weft__conv_cuda_last_split_why());
-        splits += (unsigned)split;
+        splits += (unsigned)split, graphs += (unsigned)graph;
+        if (graph_on && !graph && !is_pointwise(d) && must_run(d)) {
+            printf("  FAILED %s: a ResNet-like shape did not run as cuDNN's graph (%s)\n", name,
+                   weft__conv_cuda_graph_why());
+            over_bound++;
+        }
+        if ((graph && !graph_on) || (is_pointwise(d) && (graph || split))) {
+            printf("  FAILED %s: ran on the wrong path\n", name);
+            over_bound++;
+        }
         if (split && must_run(d) && d->act == WEFT_CONV_ACT_RELU) {
             printf("  FAILED %s: a ResNet-like shape with ReLU did not run fused\n", name);
             over_bound++;
@@ -152,13 +178,13 @@ static int gpu_case(const char *name, const weft_conv2d_desc *d, const void *in,
     return ran;
 }
 
-static void test_every_case_type_and_activation_matches_the_reference(void **state)
+/* Every case, through the path graph_on says. */
+static void every_case(void)
 {
-    (void)state;
-    NEEDS_CUDNN();
     char name[160];
     unsigned ran = 0;
-    refusals = 0, splits = 0;
+    refusals = 0, splits = 0, graphs = 0;
+    weft__conv_cuda_use_graph(graph_on);
     for (size_t ci = 0; ci < NCASES; ci++)
         for (int t = 0; t < 3; t++)
             for (int act = 0; act <= WEFT_CONV_ACT_RELU; act++) {
@@ -171,8 +197,29 @@ static void test_every_case_type_and_activation_matches_the_reference(void **sta
                 ran += (unsigned)gpu_case(name, &d, in, w, bias);
                 free(in), free(w), free(bias);
             }
-    printf("  %u cases ran (%u of them split), %u refused by cuDNN\n", ran, splits, refusals);
+    printf("  %u cases ran (%u as the graph, %u split), %u refused by cuDNN; graph %s\n", ran,
+           graphs, splits, refusals, graph_on ? "on" : "off");
+    weft__conv_cuda_use_graph(1);
     no_case_over();
+}
+
+static void test_every_case_type_and_activation_matches_the_reference(void **state)
+{
+    (void)state;
+    NEEDS_CUDNN();
+    graph_on = 1;
+    every_case();
+}
+
+/* The same through the legacy fused call (and its split path) alone: the
+ * shapes the graph declines take it. */
+static void test_every_case_matches_through_the_legacy_call(void **state)
+{
+    (void)state;
+    NEEDS_CUDNN();
+    graph_on = 0;
+    every_case();
+    graph_on = 1;
 }
 
 /* ResNet-50's shapes at a small batch, and TF32. */
@@ -378,18 +425,38 @@ static void test_a_plan_is_made_once_and_found_on_repeat(void **state)
          *dbias = gt_upload(bias, d.k * 2);
     void *dout = NULL;
     assert_cuda(cudaMalloc(&dout, g.nout * 2));
-    unsigned long long h0, m0, s0, h1, m1, s1, h2, m2, s2;
-    weft__conv_cuda_plan_stats(&h0, &m0, &s0);
+    /* Through the graph: its plan (this thread's) made by the first call. */
+    unsigned long long c0, p0, c1, p1, c2, p2;
+    weft__conv_cuda_graph_stats(&c0, &p0);
     double t0 = gt_now();
     assert_ok(weft_conv2d(stream, &d, dout, din, dw, dbias));
     double t1 = gt_now();
-    weft__conv_cuda_plan_stats(&h1, &m1, &s1);
+    weft__conv_cuda_graph_stats(&c1, &p1);
     assert_ok(weft_conv2d(stream, &d, dout, din, dw, dbias));
     double t2 = gt_now();
-    weft__conv_cuda_plan_stats(&h2, &m2, &s2);
+    weft__conv_cuda_graph_stats(&c2, &p2);
     assert_cuda(cudaStreamSynchronize(stream));
-    printf("  first call %.1f us (plan made), second %.1f us (plan found)\n", (t1 - t0) * 1e6,
-           (t2 - t1) * 1e6);
+    printf("  graph: first call %.1f us (plan made), second %.1f us (plan found)\n",
+           (t1 - t0) * 1e6, (t2 - t1) * 1e6);
+    assert_int_equal(p1 - p0, 1);
+    assert_int_equal(p2 - p1, 0);
+    assert_int_equal(c2 - c0, 2); /* bf16, channels of 8, ReLU: the graph takes it */
+
+    /* Through the legacy call: its plan (the process's) likewise. */
+    weft__conv_cuda_use_graph(0);
+    unsigned long long h0, m0, s0, h1, m1, s1, h2, m2, s2;
+    weft__conv_cuda_plan_stats(&h0, &m0, &s0);
+    t0 = gt_now();
+    assert_ok(weft_conv2d(stream, &d, dout, din, dw, dbias));
+    t1 = gt_now();
+    weft__conv_cuda_plan_stats(&h1, &m1, &s1);
+    assert_ok(weft_conv2d(stream, &d, dout, din, dw, dbias));
+    t2 = gt_now();
+    weft__conv_cuda_plan_stats(&h2, &m2, &s2);
+    weft__conv_cuda_use_graph(1);
+    assert_cuda(cudaStreamSynchronize(stream));
+    printf("  legacy: first call %.1f us (plan made), second %.1f us (plan found)\n",
+           (t1 - t0) * 1e6, (t2 - t1) * 1e6);
     assert_int_equal(m1 - m0, 1);
     assert_int_equal(h1 - h0, 0);
     assert_int_equal(m2 - m1, 0);
@@ -596,8 +663,16 @@ static void test_bad_arguments_are_refused_before_launch(void **state)
     assert_non_null(strstr(weft_last_error(), "eps must be > 0"));
     /* Past cuDNN's int counts: refused by weft before cuDNN sees it (the
      * pointers are never read). */
-    weft_conv2d_desc big = {
-        .n = 1024, .h = 1024, .w = 1024, .c = 8, .k = 8, .r = 1, .s = 1, .dtype = WEFT_DTYPE_BF16};
+    weft_conv2d_desc big = {.n = 1024,
+                            .h = 1024,
+                            .w = 1024,
+                            .c = 8,
+                            .k = 8,
+                            .r = 3,
+                            .s = 3,
+                            .pad_h = 1,
+                            .pad_w = 1,
+                            .dtype = WEFT_DTYPE_BF16};
     void *far_in = (void *)((uintptr_t)1 << 44), *far_out = (void *)((uintptr_t)1 << 45);
     assert_rc(weft_conv2d(stream, &big, far_out, far_in, w, bias), WEFT_EINVAL);
     printf("  %s\n", weft_last_error());
@@ -618,11 +693,14 @@ static void test_without_cudnn_the_call_says_so(void **state)
 #ifdef WEFT_HAVE_CUDNN
     skip();
 #endif
+    /* A 3x3 convolution: a 1x1 one runs as a matrix product, without cuDNN. */
+    weft_conv2d_desc d3 = {
+        .n = 1, .h = 4, .w = 4, .c = 8, .k = 8, .r = 3, .s = 3, .dtype = WEFT_DTYPE_F32};
     weft_conv2d_desc d = {
         .n = 1, .h = 4, .w = 4, .c = 8, .k = 8, .r = 1, .s = 1, .dtype = WEFT_DTYPE_F32};
     float *buf = NULL;
-    assert_cuda(cudaMalloc((void **)&buf, 4 * 128 * sizeof *buf));
-    assert_rc(weft_conv2d(stream, &d, buf, buf + 128, buf + 256, buf + 384), WEFT_EINVAL);
+    assert_cuda(cudaMalloc((void **)&buf, 4 * 1024 * sizeof *buf));
+    assert_rc(weft_conv2d(stream, &d3, buf, buf + 1024, buf + 2048, buf + 3072), WEFT_EINVAL);
     assert_non_null(strstr(weft_last_error(), "built without cuDNN"));
     assert_cuda(gt_memset(buf, 0, 4 * 128 * sizeof *buf));
     assert_ok(weft_conv2d_fold_bn(stream, &d, WEFT_DTYPE_F32, buf, buf + 64, buf + 128, NULL,
@@ -653,6 +731,7 @@ int main(void)
         return skip;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_case_type_and_activation_matches_the_reference),
+        cmocka_unit_test(test_every_case_matches_through_the_legacy_call),
         cmocka_unit_test(test_resnet_shapes_and_tf32_match),
         cmocka_unit_test(test_the_fold_kernel_equals_the_host_bit_for_bit),
         cmocka_unit_test(test_the_folded_conv_matches_conv_then_batchnorm),
