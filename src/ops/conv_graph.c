@@ -187,6 +187,12 @@ static void parts_free(graph_parts *g)
         }                                                                                          \
     } while (0)
 
+/* Sets attribute a of d to the descriptor v. */
+static cudnnStatus_t set_desc(dnn_desc d, cudnnBackendAttributeName_t a, dnn_desc v)
+{
+    return cudnnBackendSetAttribute(d, a, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v);
+}
+
 static int tensor(dnn_desc *t, int64_t uid, cudnnDataType_t type, const int64_t dims[4],
                   const int64_t strides[4], int64_t align, bool is_virtual, const char **why,
                   cudnnStatus_t *status)
@@ -221,15 +227,11 @@ static int pointwise(dnn_desc *pw, dnn_desc *op, cudnnPointwiseMode_t mode, dnn_
     TRY("pointwise", cudnnBackendFinalize(*pw));
     TRY("pointwise",
         cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, op));
-    TRY("pointwise", cudnnBackendSetAttribute(*op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR,
-                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, pw));
-    TRY("pointwise", cudnnBackendSetAttribute(*op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC,
-                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x));
+    TRY("pointwise", set_desc(*op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, *pw));
+    TRY("pointwise", set_desc(*op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x));
     if (b)
-        TRY("pointwise", cudnnBackendSetAttribute(*op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC,
-                                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b));
-    TRY("pointwise", cudnnBackendSetAttribute(*op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC,
-                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y));
+        TRY("pointwise", set_desc(*op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b));
+    TRY("pointwise", set_desc(*op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y));
     TRY("pointwise", cudnnBackendFinalize(*op));
     return 0;
 }
@@ -284,18 +286,12 @@ static int build(graph_parts *g, cudnnHandle_t h, const weft__conv_args *a, int6
     float one = 1.0f, zero = 0.0f;
     TRY("convolution", cudnnBackendCreateDescriptor(
                            CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, &g->op_conv));
+    TRY("convolution", set_desc(g->op_conv, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, g->x));
+    TRY("convolution", set_desc(g->op_conv, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, g->w));
     TRY("convolution",
-        cudnnBackendSetAttribute(g->op_conv, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
-                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->x));
+        set_desc(g->op_conv, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, g->conv_out));
     TRY("convolution",
-        cudnnBackendSetAttribute(g->op_conv, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
-                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->w));
-    TRY("convolution",
-        cudnnBackendSetAttribute(g->op_conv, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
-                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->conv_out));
-    TRY("convolution",
-        cudnnBackendSetAttribute(g->op_conv, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
-                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->conv));
+        set_desc(g->op_conv, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, g->conv));
     TRY("convolution",
         cudnnBackendSetAttribute(g->op_conv, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
                                  CUDNN_TYPE_FLOAT, 1, &one));
@@ -321,8 +317,7 @@ static int build(graph_parts *g, cudnnHandle_t h, const weft__conv_args *a, int6
     TRY("operation graph", cudnnBackendFinalize(g->graph));
 
     TRY("heuristic", cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &g->heur));
-    TRY("heuristic", cudnnBackendSetAttribute(g->heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
-                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->graph));
+    TRY("heuristic", set_desc(g->heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, g->graph));
     TRY("heuristic", cudnnBackendSetAttribute(g->heur, CUDNN_ATTR_ENGINEHEUR_MODE,
                                               CUDNN_TYPE_HEUR_MODE, 1, &mode));
     TRY("heuristic", cudnnBackendFinalize(g->heur));
@@ -402,8 +397,7 @@ static void take_plans(graph_plan *p, cudnnHandle_t h, dnn_desc heur, const weft
             s = cudnnBackendSetAttribute(exec, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE,
                                          1, &h);
         if (s == CUDNN_STATUS_SUCCESS)
-            s = cudnnBackendSetAttribute(exec, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                         CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg[i]);
+            s = set_desc(exec, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg[i]);
         if (s == CUDNN_STATUS_SUCCESS)
             s = cudnnBackendFinalize(exec);
         if (s == CUDNN_STATUS_SUCCESS)
