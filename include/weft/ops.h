@@ -1,12 +1,12 @@
 /*
  * weft/ops.h - fused memory-bound operators: bias+GELU+residual, LayerNorm,
  * RMSNorm, bias+GELU+residual+LayerNorm, softmax, RoPE, SwiGLU/GeGLU, and
- * the matrix multiply with its fused epilogues (bias, ReLU/GELU, residual),
- * the building blocks of a mixture-of-experts layer (router, permute,
- * grouped matmul over the experts, combine), the 2-D convolution with
- * BatchNorm folded in and bias and ReLU fused, attention (FlashAttention-
- * style prefill with GQA, windows and RoPE fused into the loads) and a
- * paged KV cache with its decode attention.
+ * the matrix multiply with its fused epilogues (bias, ReLU/GELU, residual)
+ * and its 2:4-sparse form, the building blocks of a mixture-of-experts
+ * layer (router, permute, grouped matmul over the experts, combine), the
+ * 2-D convolution with BatchNorm folded in and bias and ReLU fused,
+ * attention (FlashAttention-style prefill with GQA, windows and RoPE fused
+ * into the loads) and a paged KV cache with its decode attention.
  *
  * Each call does in one pass what a framework does in several, so that the
  * intermediates (the biased input, the residual sum, the scores) never make
@@ -542,6 +542,60 @@ int weft_quantize_fp8(void *stream, weft_dtype out_type, void *out, float *scale
 int weft_rmsnorm_fp8(void *stream, weft_dtype dtype, weft_dtype out_type, void *out, float *scales,
                      void *sum_out, const void *in, const void *residual, const void *weight,
                      float eps, size_t rows, size_t cols, size_t stride, size_t out_stride);
+
+/* ---- 2:4 structured sparsity ------------------------------------------ */
+
+/* Prunes each row of w (rows x cols, row-major, ld elements apart; cols a
+ * multiple of 4) to the 2:4 pattern in place: of every four consecutive
+ * elements of a row, the two of largest magnitude stay and the other two
+ * become +0 (of equal magnitudes the earlier stays; NaN counts as larger
+ * than any number). dtype bf16, fp16 or fp32; host and GPU prune alike,
+ * bit for bit. A row keeps half its elements, in the pattern the GPU's
+ * sparse tensor cores multiply at twice the dense rate. */
+int weft_prune_2_4(void *stream, weft_dtype dtype, void *w, size_t rows, size_t cols, size_t ld);
+
+/* A Linear layer's weight W, n x k (row-major, ldw elements apart: the
+ * layout weft_matmul's B takes with trans_b), in the 2:4 pattern (at most
+ * two nonzeros in each four consecutive elements of a row; weft_prune_2_4
+ * makes it so), kept in the form weft_matmul_sparse multiplies: on a GPU
+ * compressed by cuSPARSELt (half the values and their 2-bit positions),
+ * on the host a copy of the pruned rows. */
+typedef struct weft_sparse_weight weft_sparse_weight;
+
+/* Makes *out from w (type bf16 or fp16; k a multiple of 4; ldw >= k, 0
+ * meaning k) for the backend stream names: NULL for the host (w host
+ * memory), a cudaStream_t for the GPU that is current (w device memory;
+ * a build without cuSPARSELt refuses it, saying so), WEFT_TASK_STREAM for
+ * the calling task's (after its earlier work, which the call awaits). The
+ * call is synchronous, a once-per-weight step at load: it reads w, refuses
+ * a w that is not 2:4 (WEFT_EINVAL naming the first row and group that is
+ * not), and on a GPU compresses it on the stream and waits. w is not kept;
+ * the weight owns its memory until weft_sparse_weight_destroy. GPU: the
+ * cuSPARSELt rules below apply to w too (16-byte aligned, ldw a multiple of
+ * 16 bytes); on both backends, so that a weight valid on one is valid on
+ * the other. */
+int weft_sparse_weight_create(void *stream, weft_dtype type, const void *w, size_t n, size_t k,
+                              size_t ldw, weft_sparse_weight **out);
+
+/* Frees w, once every call that uses it has completed. NULL is a no-op. */
+void weft_sparse_weight_destroy(weft_sparse_weight *w);
+
+/* weft_matmul with B = W, the sparse weight: D = act(alpha A W^T + beta C
+ * + bias), A m x k, D and C m x n. desc as weft_matmul takes it, with: type
+ * and in_type the weight's (in_type 0 or type; D, C and bias of type),
+ * trans_a 0 and trans_b 1 (W's layout), n and k the weight's, ldb 0, batch
+ * 0 or 1, act none, ReLU or the tanh GELU (cuSPARSELt's epilogue), no aux
+ * and no quantized fields. Arithmetic as weft_matmul's: the host runs
+ * weft_matmul on the pruned copy (so its result is weft_matmul's on the
+ * pruned W, bit for bit), the GPU cuSPARSELt's sparse kernels with fp32
+ * sums. Layout rules, on both backends: A, C, D and bias 16-byte aligned,
+ * lda, ldc and ldd multiples of 16 bytes. A weight made for the host with
+ * a GPU stream, or for another GPU, is refused; so are shapes cuSPARSELt
+ * refuses (the message names its status). On the GPU a plan is made per
+ * (m, leading dimensions, C, bias pointer, activation) on first use and
+ * kept with the weight; calls inside a capture run without a workspace. */
+int weft_matmul_sparse(void *stream, const weft_matmul_desc *desc, void *d, const void *a,
+                       const weft_sparse_weight *w, const void *c);
 
 /* ---- mixture of experts ------------------------------------------------ */
 

@@ -468,6 +468,12 @@ int weft__matmul_skinny_fits(const weft__matmul_args *a)
            a->batch <= 65535 && tiles <= 0x7fffffff && (a->k <= 32768 || tiles * a->batch >= 128);
 }
 
+int weft__matmul_check(const weft_matmul_desc *desc, void *d, const void *a, const void *b,
+                       const void *c, weft__matmul_args *x)
+{
+    return check_desc(desc, d, a, b, c, x);
+}
+
 static void run_host(const void *args)
 {
     weft__matmul_args x = *(const weft__matmul_args *)args;

@@ -53,6 +53,11 @@ typedef struct weft__matmul_args {
     void *host_ws; /* the host reference's panels (weft__matmul_host_prepare) */
 } weft__matmul_args;
 
+/* weft_matmul's checks of desc and the pointers, into x (the messages
+ * name weft_matmul): weft_matmul_sparse's product is one of its. */
+int weft__matmul_check(const weft_matmul_desc *desc, void *d, const void *a, const void *b,
+                       const void *c, weft__matmul_args *x);
+
 /* The host reference, in two steps so that its memory is taken (and can
  * fail) at the call, before anything is enqueued:
  * prepare allocates a->host_ws, or fails with WEFT_ENOMEM, or WEFT_EINVAL
