@@ -239,7 +239,7 @@ static int layer_batch(wl_batch *b, int li, int rows, int n, int mixed)
     char *q = b->qkv, *k = q + b->q_dim * es, *v = k + b->kv_dim * es;
     float eps = (float)c->rms_eps;
     TRY(wl_norm_project(m, &b->fp8, b->h, b->x, L->attn_norm, rows, q, qkv_dim, L->qkv,
-                        L->qkv_scale, qkv_dim, L->qkv_bias));
+                        L->qkv_scale, L->qkv_sparse, qkv_dim, L->qkv_bias));
     if (c->qk_norm && wl_qk_norm(m, L, q, qkv_dim, rows, b->attn, b->row_ids))
         goto fail;
     TRY(wl_rope(m, q, qkv_dim, k, qkv_dim, rows, b->positions));
@@ -265,16 +265,18 @@ static int layer_batch(wl_batch *b, int li, int rows, int n, int mixed)
         TRY(weft_attention_decode(WEFT_TASK_STREAM, &cache, &d, b->attn, NULL, q, b->seq_lens,
                                   b->workspace, b->workspace_bytes));
     }
-    TRY(wl_project(m, &b->fp8, b->x, H, b->attn, b->q_dim, L->o, L->o_scale, H, NULL, b->x, rows));
+    TRY(wl_project(m, &b->fp8, b->x, H, b->attn, b->q_dim, L->o, L->o_scale, L->o_sparse, H, NULL,
+                   b->x, rows));
     if (L->moe) {
         TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->h, NULL, b->x, NULL, L->mlp_norm, eps,
                          (size_t)rows, H, H));
         return wl_moe_mlp(m, &b->moe, li, b->x, b->h, rows);
     }
     TRY(wl_norm_project(m, &b->fp8, b->h, b->x, L->mlp_norm, rows, b->gu, 2 * I, L->gu, L->gu_scale,
-                        2 * I, NULL));
+                        L->gu_sparse, 2 * I, NULL));
     TRY(weft_glu(WEFT_TASK_STREAM, dt, WEFT_GLU_SWIGLU, b->act, b->gu, (size_t)rows, I, 2 * I, I));
-    TRY(wl_project(m, &b->fp8, b->x, H, b->act, I, L->down, L->down_scale, H, NULL, b->x, rows));
+    TRY(wl_project(m, &b->fp8, b->x, H, b->act, I, L->down, L->down_scale, L->down_sparse, H, NULL,
+                   b->x, rows));
     return 0;
 fail:
     return -1;

@@ -18,7 +18,9 @@
  *    --top-p: weft_sample), no logits copied back, for each batch size: the median step, tokens per
  * second, the step's roofline (its weight and KV bytes at the copy rate) and the host CPU time per
  * step (getrusage over the timed steps; on the host backend it is the computation itself). A table
- * on stdout, then one `BENCH <name> <value> <unit>` line a figure.
+ * on stdout, then one `BENCH <name> <value> <unit>` line a figure. With
+ * --sparse-2-4 1 the dense projections run sparse (wl_model.sparse_2_4);
+ * the roofline still counts their dense bytes.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -35,6 +37,7 @@ typedef struct bench {
     int batches[MAX_POINTS], n_batches;
     int steps, repeats, decode_prompt;
     float temperature, top_p; /* the decode steps' draws */
+    int sparse_2_4;           /* the dense projections multiplied sparse */
     wl_model model;
     wl_kv kv;
     /* results */
@@ -52,7 +55,7 @@ static int usage(void)
                     "[--prompt-lens 128,512,2048]\n"
                     "                [--batches 1,8,32,128] [--steps 32] [--repeats 3] "
                     "[--decode-prompt 128]\n"
-                    "                [--temperature 0] [--top-p 1]\n");
+                    "                [--temperature 0] [--top-p 1] [--sparse-2-4 0|1]\n");
     return 2;
 }
 
@@ -413,6 +416,9 @@ int wl_bench_main(int argc, char **argv)
                 *(!strcmp(a, "--steps")     ? &b.steps
                   : !strcmp(a, "--repeats") ? &b.repeats
                                             : &b.decode_prompt) = n;
+        } else if (!strcmp(a, "--sparse-2-4")) {
+            bad |= strcmp(v, "0") && strcmp(v, "1");
+            b.sparse_2_4 = !strcmp(v, "1");
         } else if (!strcmp(a, "--temperature") || !strcmp(a, "--top-p")) {
             float x = strtof(v, &end);
             bad |= !*v || *end || !(x >= 0 && x <= 100);
@@ -431,6 +437,7 @@ int wl_bench_main(int argc, char **argv)
         fprintf(stderr, "weft-llm: %s\n", wl_error());
         return 1;
     }
+    b.model.sparse_2_4 = b.sparse_2_4;
     wl_show_load_on(&b.model, "weights");
     weft_runtime *rt;
     weft_task *t;

@@ -309,12 +309,31 @@ static int fp8_product(const wl_model *m, const wl_fp8_in *in, void *d, size_t l
     return weft_matmul(WEFT_TASK_STREAM, &desc, d, in->act, w, c);
 }
 
+/* wl_linear with the model's dtype out, through the sparse weight when the
+ * layer has one (--sparse-2-4). */
+static int dense_or_sparse(const wl_model *m, void *d, size_t ldd, const void *a, size_t k,
+                           const void *w, const weft_sparse_weight *sparse, size_t n_out,
+                           const void *bias, const void *c, int n)
+{
+    if (!sparse)
+        return wl_linear(m, d, ldd, a, k, w, n_out, bias, c, n, m->dtype);
+    weft_matmul_desc desc = {.m = (size_t)n,
+                             .n = n_out,
+                             .k = k,
+                             .type = m->dtype,
+                             .trans_b = 1,
+                             .ldd = ldd,
+                             .ldc = ldd,
+                             .bias = bias};
+    return weft_matmul_sparse(WEFT_TASK_STREAM, &desc, d, a, sparse, c);
+}
+
 int wl_project(const wl_model *m, const wl_fp8_in *in, void *d, size_t ldd, const void *a, size_t k,
-               const void *w, const float *w_scale, size_t n_out, const void *bias, const void *c,
-               int n)
+               const void *w, const float *w_scale, const weft_sparse_weight *sparse, size_t n_out,
+               const void *bias, const void *c, int n)
 {
     if (!w_scale)
-        return wl_linear(m, d, ldd, a, k, w, n_out, bias, c, n, m->dtype);
+        return dense_or_sparse(m, d, ldd, a, k, w, sparse, n_out, bias, c, n);
     int rc = weft_quantize_fp8(WEFT_TASK_STREAM, WEFT_DTYPE_F8_E4M3, in->act, in->scales, m->dtype,
                                a, (size_t)n, k, k, k);
     return rc ? rc : fp8_product(m, in, d, ldd, k, w, w_scale, n_out, bias, c, n);
@@ -322,7 +341,8 @@ int wl_project(const wl_model *m, const wl_fp8_in *in, void *d, size_t ldd, cons
 
 int wl_norm_project(const wl_model *m, const wl_fp8_in *in, void *h, const void *x,
                     const void *norm_w, int n, void *d, size_t ldd, const void *w,
-                    const float *w_scale, size_t n_out, const void *bias)
+                    const float *w_scale, const weft_sparse_weight *sparse, size_t n_out,
+                    const void *bias)
 {
     size_t H = (size_t)m->cfg.hidden;
     float eps = (float)m->cfg.rms_eps;
@@ -330,7 +350,7 @@ int wl_norm_project(const wl_model *m, const wl_fp8_in *in, void *h, const void 
     if (!w_scale) {
         rc = weft_rmsnorm(WEFT_TASK_STREAM, m->dtype, h, NULL, x, NULL, norm_w, eps, (size_t)n, H,
                           H);
-        return rc ? rc : wl_linear(m, d, ldd, h, H, w, n_out, bias, NULL, n, m->dtype);
+        return rc ? rc : dense_or_sparse(m, d, ldd, h, H, w, sparse, n_out, bias, NULL, n);
     }
     rc = weft_rmsnorm_fp8(WEFT_TASK_STREAM, m->dtype, WEFT_DTYPE_F8_E4M3, in->act, in->scales, NULL,
                           x, NULL, norm_w, eps, (size_t)n, H, H, H);
@@ -347,22 +367,24 @@ static int layer_forward(wl_seq *s, int li, int n)
     char *qkv = s->qkv;
     float eps = (float)c->rms_eps;
     TRY(wl_norm_project(m, &s->fp8, s->h, s->x, L->attn_norm, n, qkv, s->qkv_dim, L->qkv,
-                        L->qkv_scale, s->qkv_dim, L->qkv_bias));
+                        L->qkv_scale, L->qkv_sparse, s->qkv_dim, L->qkv_bias));
     if (c->qk_norm && wl_qk_norm(m, L, qkv, s->qkv_dim, n, s->attn, s->row_ids))
         goto fail;
     TRY(wl_rope(s->m, qkv, s->qkv_dim, qkv + s->q_dim * es, s->qkv_dim, n, s->positions));
     if (attend(s, li, n))
         goto fail;
-    TRY(wl_project(m, &s->fp8, s->x, H, s->attn, s->q_dim, L->o, L->o_scale, H, NULL, s->x, n));
+    TRY(wl_project(m, &s->fp8, s->x, H, s->attn, s->q_dim, L->o, L->o_scale, L->o_sparse, H, NULL,
+                   s->x, n));
     if (L->moe) {
         TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, s->h, NULL, s->x, NULL, L->mlp_norm, eps, (size_t)n,
                          H, H));
         return wl_moe_mlp(m, &s->moe, li, s->x, s->h, n);
     }
     TRY(wl_norm_project(m, &s->fp8, s->h, s->x, L->mlp_norm, n, s->gu, 2 * I, L->gu, L->gu_scale,
-                        2 * I, NULL));
+                        L->gu_sparse, 2 * I, NULL));
     TRY(weft_glu(WEFT_TASK_STREAM, dt, WEFT_GLU_SWIGLU, s->act, s->gu, (size_t)n, I, 2 * I, I));
-    TRY(wl_project(m, &s->fp8, s->x, H, s->act, I, L->down, L->down_scale, H, NULL, s->x, n));
+    TRY(wl_project(m, &s->fp8, s->x, H, s->act, I, L->down, L->down_scale, L->down_sparse, H, NULL,
+                   s->x, n));
     return 0;
 fail:
     return -1;
@@ -837,6 +859,73 @@ int wl_copy_all(wl_model *m, const wl_copy_list *l)
     return rc;
 }
 
+/* ---- 2:4 sparse projections (--sparse-2-4) ------------------------------ */
+
+/* A projection (n x k at w, packed rows) pruned to 2:4 and made a sparse
+ * weight, from a copy: the weight itself stays as read (the host backend
+ * reads it from the mapped file). */
+static int sparse_one(const wl_model *m, int li, const char *what, const void *w, size_t n,
+                      size_t k, weft_sparse_weight **out)
+{
+    size_t bytes = n * k * wl_dtype_size(m->dtype);
+    void *stream = NULL, *copy = NULL;
+    int rc = -1;
+    if (weft_stream(&stream) != WEFT_OK)
+        return wl_fail("--sparse-2-4: %s", weft_last_error());
+    if (stream ? weft_malloc_async(&copy, bytes) != WEFT_OK : !(copy = malloc(bytes)))
+        return wl_fail("--sparse-2-4: layer %d's %s: out of memory", li, what);
+    if (!stream)
+        memcpy(copy, w, bytes);
+    if ((stream && weft_memcpy_async(copy, w, bytes) != WEFT_OK) ||
+        weft_prune_2_4(WEFT_TASK_STREAM, m->dtype, copy, n, k, k) != WEFT_OK ||
+        weft_sparse_weight_create(WEFT_TASK_STREAM, m->dtype, copy, n, k, k, out) != WEFT_OK)
+        wl_fail("--sparse-2-4: layer %d's %s (%zu x %zu): %s", li, what, n, k, weft_last_error());
+    else
+        rc = 0;
+    if (stream) /* after the weight's creation, which waited for the stream */
+        weft_free_async(copy);
+    else
+        free(copy);
+    return rc;
+}
+
+/* Every dense layer's projections of the model's stage as sparse weights;
+ * a mixture of experts' layers keep their dense experts (the grouped
+ * matmul has no sparse form). */
+static int sparsify(wl_model *m)
+{
+    const wl_config *c = &m->cfg;
+    size_t H = (size_t)c->hidden, I = (size_t)c->intermediate;
+    size_t q = (size_t)c->heads * (size_t)c->head_dim,
+           kv = (size_t)c->kv_heads * (size_t)c->head_dim;
+    for (int li = m->first_layer; li < m->end_layer; li++) {
+        wl_layer *L = &m->layer[li];
+        if (L->qkv_scale)
+            return wl_fail("--sparse-2-4: layer %d's projections are FP8; the sparse product "
+                           "takes bf16 or fp16 weights",
+                           li);
+        if (sparse_one(m, li, "q|k|v", L->qkv, q + 2 * kv, H, &L->qkv_sparse) ||
+            sparse_one(m, li, "o", L->o, H, q, &L->o_sparse))
+            return -1;
+        if (!L->moe && (sparse_one(m, li, "gate|up", L->gu, 2 * I, H, &L->gu_sparse) ||
+                        sparse_one(m, li, "down", L->down, H, I, &L->down_sparse)))
+            return -1;
+    }
+    return 0;
+}
+
+void wl_model_drop_sparse(wl_model *m)
+{
+    for (int li = 0; m->layer && li < m->cfg.layers; li++) {
+        wl_layer *L = &m->layer[li];
+        weft_sparse_weight_destroy(L->qkv_sparse);
+        weft_sparse_weight_destroy(L->o_sparse);
+        weft_sparse_weight_destroy(L->gu_sparse);
+        weft_sparse_weight_destroy(L->down_sparse);
+        L->qkv_sparse = L->o_sparse = L->gu_sparse = L->down_sparse = NULL;
+    }
+}
+
 int wl_model_upload(wl_model *m)
 {
     void *stream = NULL;
@@ -849,7 +938,7 @@ int wl_model_upload(wl_model *m)
         int rc = packed < 0 ? -1 : wl_pack_host(m);
         if (!rc && m->on_load)
             m->on_load(m->load_ctx, (size_t)packed, (size_t)packed);
-        return rc;
+        return rc || !m->sparse_2_4 ? rc : sparsify(m);
     }
     size_t max = 3 + 24 * (size_t)m->cfg.layers, n, total = 0;
     const void ***slot = malloc(max * sizeof *slot);
@@ -888,7 +977,7 @@ int wl_model_upload(wl_model *m)
         goto out;
     if (m->cfg.tie_embeddings)
         m->lm_head = m->embed;
-    rc = 0;
+    rc = m->sparse_2_4 ? sparsify(m) : 0;
 out:
     free(slot);
     free(bytes);
@@ -902,6 +991,7 @@ int wl_model_release(wl_model *m)
         return 0;
     TRY(weft_free_async(m->device_block));
     TRY(weft_await());
+    wl_model_drop_sparse(m); /* no step uses them now */
     m->device_block = NULL;
     return 0;
 fail:

@@ -85,8 +85,8 @@ void wl_fp8_in_destroy(wl_fp8_in *in);
  * (weft_quantize_fp8, a scale a row) and multiplied in FP8 with both
  * scales as weft_matmul's outer vectors, bias and c as wl_linear's. */
 int wl_project(const wl_model *m, const wl_fp8_in *in, void *d, size_t ldd, const void *a, size_t k,
-               const void *w, const float *w_scale, size_t n_out, const void *bias, const void *c,
-               int n);
+               const void *w, const float *w_scale, const weft_sparse_weight *sparse, size_t n_out,
+               const void *bias, const void *c, int n);
 /* A layer's RMSNorm of x (n rows of the hidden size) with weight norm_w,
  * and the projection of the result: h = norm(x), then wl_project of h. An
  * FP8 model's norm writes the projection's FP8 input itself
@@ -94,7 +94,8 @@ int wl_project(const wl_model *m, const wl_fp8_in *in, void *d, size_t ldd, cons
  * so h is left as it was; every other model's h holds the norm. */
 int wl_norm_project(const wl_model *m, const wl_fp8_in *in, void *h, const void *x,
                     const void *norm_w, int n, void *d, size_t ldd, const void *w,
-                    const float *w_scale, size_t n_out, const void *bias);
+                    const float *w_scale, const weft_sparse_weight *sparse, size_t n_out,
+                    const void *bias);
 /* d (rows n, leading dimension ldd) = a W^T (+ bias) (+ c), W n_out x k, on
  * the calling task's stream. */
 int wl_linear(const wl_model *m, void *d, size_t ldd, const void *a, size_t k, const void *w,

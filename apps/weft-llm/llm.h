@@ -181,6 +181,10 @@ typedef struct wl_layer {
     /* Qwen2-MoE's shared expert: a dense MLP of shared_intermediate whose
      * output is scaled by sigmoid(h . shared_router) ([1][hidden]) */
     const void *shared_gate, *shared_up, *shared_down, *shared_router;
+    /* With the model's sparse_2_4: the dense layer's packed q|k|v, o,
+     * gate|up and down, pruned to 2:4 and multiplied sparse
+     * (weft_matmul_sparse); NULL otherwise. */
+    weft_sparse_weight *qkv_sparse, *o_sparse, *gu_sparse, *down_sparse;
 } wl_layer;
 
 typedef struct wl_model {
@@ -205,6 +209,14 @@ typedef struct wl_model {
      * total); NULL: not told. */
     void (*on_load)(void *ctx, size_t done, size_t total);
     void *load_ctx;
+    /* Set before the upload (--sparse-2-4): wl_model_upload then prunes
+     * each dense layer's projections to the 2:4 pattern (a copy of each:
+     * the weights themselves stay as read) and makes them sparse weights,
+     * which the forward pass multiplies through weft_matmul_sparse:
+     * half the weights' bytes on a GPU with cuSPARSELt. A model whose
+     * projections are 2:4 already computes what it would densely; any
+     * other loses what pruning without retraining loses. */
+    int sparse_2_4;
 } wl_model;
 
 /* Reads dir's config and safetensors (one file or an index of shards) and
@@ -322,6 +334,10 @@ typedef struct wl_write_opts {
     /* the layers' projections in FP8 E4M3 with a scale a row (the same
      * bf16 values, quantized), compressed-tensors' layout; dense presets */
     int fp8;
+    /* the dense layers' projections (q, k, v, o, gate, up, down) pruned to
+     * the 2:4 pattern (weft_prune_2_4's rule on the drawn values): a model
+     * whose weights weft-llm --sparse-2-4 multiplies sparse as they are */
+    int prune_2_4;
 } wl_write_opts;
 
 int wl_write_random_model(const char *dir, const wl_write_opts *o);
@@ -452,6 +468,9 @@ int wl_seq_swap_in(wl_seq *s, const void *host, int tokens);
  * told the packed bytes once). */
 int wl_model_upload(wl_model *m);
 int wl_model_release(wl_model *m);
+/* Frees the sparse weights of m's layers (--sparse-2-4), once no step uses
+ * them: wl_model_release and wl_model_close do. */
+void wl_model_drop_sparse(wl_model *m);
 
 /* ---- batched decoding (batch.c) -------------------------------------------- */
 

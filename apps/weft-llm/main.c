@@ -1,12 +1,13 @@
 /*
  * main.c - the weft-llm command line:
  *   weft-llm random-model DIR --preset tiny|1b|8b|moe|qwen2moe [--seed N]
- *            [--config-only] [--shard-mb N] [--fp32 | --fp8]
+ *            [--config-only] [--shard-mb N] [--fp32 | --fp8] [--prune-2-4]
  *   weft-llm generate MODEL_DIR (--prompt TEXT | --prompt-ids 1,2,3) [--max-tokens N]
  *            [--seed N] [--temperature T] [--top-k K] [--top-p P] [--backend host|cuda|auto]
  *            [--print-ids] [--print-top] [--kv-pages N] [--parallel N]
  *            [--speculate K [--ngram N | --draft DIR]] [--stats] [--repetition-penalty R]
  *            [--frequency-penalty F] [--presence-penalty P] [--ignore-eos] [--pipeline]
+ *            [--sparse-2-4]
  *   weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]
  *   weft-llm check MODEL_DIR
  *   weft-llm loadgen URL [options]   (loadgen.c; --help lists them)
@@ -31,8 +32,12 @@
  * prints, the others serve its steps; prompts then go through the
  * batcher's steps, and --speculate is refused. Each rank takes its
  * runtime's first GPU: on a host of several, give each rank its own
- * (CUDA_VISIBLE_DEVICES). Errors go to stderr as one line, exit status 1;
- * bad usage exits 2.
+ * (CUDA_VISIBLE_DEVICES). --sparse-2-4 prunes each dense layer's
+ * projections to the 2:4 pattern at load and multiplies them sparse
+ * (weft_matmul_sparse; wl_model.sparse_2_4 says what it costs);
+ * random-model --prune-2-4 writes a model whose projections are 2:4
+ * already. Errors go to stderr as one line, exit status 1; bad usage
+ * exits 2.
  */
 #include <errno.h>
 #include <limits.h>
@@ -50,8 +55,9 @@ typedef struct gen {
     int speculate, ngram;  /* draft tokens a round (0: off) and the longest n-gram */
     const char *draft_dir; /* the draft model proposes, not n-grams */
     wl_model draft;
-    int kv_pages; /* pages of the model's KV cache, WL_KV_PAGE tokens each */
-    int pipeline; /* a stage a rank of the MPI job */
+    int kv_pages;   /* pages of the model's KV cache, WL_KV_PAGE tokens each */
+    int pipeline;   /* a stage a rank of the MPI job */
+    int sparse_2_4; /* the dense projections pruned to 2:4, multiplied sparse */
     wl_link *link;
     wl_sampler sampler;
     wl_penalties penalties;
@@ -68,14 +74,15 @@ static int usage(void)
 {
     fprintf(stderr,
             "usage: weft-llm random-model DIR --preset tiny|1b|8b|moe|qwen2moe [--seed N] "
-            "[--config-only] [--shard-mb N] [--fp32 | --fp8]\n"
+            "[--config-only] [--shard-mb N] [--fp32 | --fp8] [--prune-2-4]\n"
             "       weft-llm generate MODEL_DIR (--prompt TEXT | --prompt-ids 1,2,3) "
             "[--max-tokens N] [--seed N] [--kv-pages N] [--parallel N]\n"
             "                [--temperature T] [--top-k K] [--top-p P] [--backend "
             "host|cuda|auto] [--print-ids] [--print-top]\n"
             "                [--speculate K [--ngram N | --draft DIR]] [--stats] "
             "[--repetition-penalty R]\n"
-            "                [--frequency-penalty F] [--presence-penalty P] [--ignore-eos]\n"
+            "                [--frequency-penalty F] [--presence-penalty P] [--ignore-eos] "
+            "[--sparse-2-4]\n"
             "                [--pipeline] (every rank of an MPI job: a stage of layers each)\n"
             "       weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]\n"
             "       weft-llm check MODEL_DIR\n"
@@ -343,6 +350,7 @@ static int run_generate(gen *g)
     int rc = 1;
     if (wl_model_open(&g->model, g->dir))
         goto out;
+    g->model.sparse_2_4 = g->sparse_2_4;
     wl_show_load_on(&g->model, "weights");
     tokenizer_path(g->dir, path, sizeof path);
     if (wl_tokenizer_load(&g->tk, path)) {
@@ -436,6 +444,10 @@ static int cmd_generate(int argc, char **argv)
             g.pipeline = 1;
             continue;
         }
+        if (!strcmp(a, "--sparse-2-4")) {
+            g.sparse_2_4 = 1;
+            continue;
+        }
         if (!val)
             return usage();
         i++;
@@ -515,8 +527,12 @@ static int cmd_random_model(int argc, char **argv)
         return usage();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--config-only") || !strcmp(a, "--fp32") || !strcmp(a, "--fp8")) {
-            *(!strcmp(a, "--fp32") ? &o.fp32 : !strcmp(a, "--fp8") ? &o.fp8 : &o.config_only) = 1;
+        if (!strcmp(a, "--config-only") || !strcmp(a, "--fp32") || !strcmp(a, "--fp8") ||
+            !strcmp(a, "--prune-2-4")) {
+            *(!strcmp(a, "--fp32")        ? &o.fp32
+              : !strcmp(a, "--fp8")       ? &o.fp8
+              : !strcmp(a, "--prune-2-4") ? &o.prune_2_4
+                                          : &o.config_only) = 1;
             continue;
         }
         if (!val)

@@ -325,6 +325,7 @@ fail:
 
 void wl_model_close(wl_model *m)
 {
+    wl_model_drop_sparse(m);
     for (size_t i = 0; i < m->n_files; i++)
         wl_st_close(&m->files[i]);
     free(m->files);

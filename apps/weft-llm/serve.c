@@ -365,7 +365,9 @@ static int usage(void)
             "                [--share-prefixes 1|0] [--prefill-chunk 512] [--swap-mb 0] "
             "[--draft DIR]\n"
             "                [--pipeline 0|1] (1: every rank of an MPI job, a stage of layers "
-            "each)\n");
+            "each)\n"
+            "                [--sparse-2-4 0|1] (1: the dense projections pruned to 2:4, "
+            "multiplied sparse)\n");
     return 2;
 }
 
@@ -423,6 +425,7 @@ static int run_server(server *srv)
     signal(SIGPIPE, SIG_IGN);
     if (wl_model_open(&srv->model, srv->dir))
         goto out;
+    srv->model.sparse_2_4 = srv->sparse_2_4;
     wl_show_load_on(&srv->model, "weights");
     snprintf(path, sizeof path, "%s/tokenizer.json", srv->dir);
     if (wl_tokenizer_load(&srv->tk, path))
@@ -617,6 +620,8 @@ int wl_serve_main(int argc, char **argv)
             srv.draft_dir = v;
         else if (!strcmp(a, "--pipeline"))
             bad |= parse_int(v, 0, 1, &srv.pipeline);
+        else if (!strcmp(a, "--sparse-2-4"))
+            bad |= parse_int(v, 0, 1, &srv.sparse_2_4);
         else
             bad = 1;
         if (bad) {

@@ -20,6 +20,7 @@ typedef struct server {
     int prefill_chunk; /* the engine's: prompt tokens a chunk, 0 whole */
     int swap_mb;       /* host memory for preempted sequences' caches; 0: recompute */
     int pipeline;      /* a stage of layers a rank of the MPI job (rank 0 serves) */
+    int sparse_2_4;    /* the dense projections pruned to 2:4, multiplied sparse */
     wl_link *link;
     size_t max_body;
     const char *draft_dir; /* speculative requests' draft model; NULL: n-grams */

@@ -173,9 +173,11 @@ typedef struct spec_list {
     uint64_t *seed_at; /* a tensor's draws: the seed's stream for this value tensor's place */
     size_t n, cap, values;
     char **names;
-    weft_dtype dtype; /* every tensor's but FP8 projections' and their scales */
-    int fp8;          /* the layers' projections in E4M3, each with its scales after it */
-    float *scales;    /* the last FP8 tensor's, for its scale tensor */
+    weft_dtype dtype;      /* every tensor's but FP8 projections' and their scales */
+    int fp8;               /* the layers' projections in E4M3, each with its scales after it */
+    int prune_2_4;         /* the dense layers' projections pruned to 2:4 as they are written */
+    unsigned char *pruned; /* per tensor: pruned to 2:4 */
+    float *scales;         /* the last FP8 tensor's, for its scale tensor */
 } spec_list;
 
 /* sd's meanings besides a standard deviation: ones (a norm's weight), and
@@ -193,7 +195,8 @@ static void add(spec_list *l, double sd, uint64_t rows, uint64_t cols, const cha
         l->sd = realloc(l->sd, l->cap * sizeof *l->sd);
         l->seed_at = realloc(l->seed_at, l->cap * sizeof *l->seed_at);
         l->names = realloc(l->names, l->cap * sizeof *l->names);
-        if (!l->s || !l->sd || !l->seed_at || !l->names)
+        l->pruned = realloc(l->pruned, l->cap * sizeof *l->pruned);
+        if (!l->s || !l->sd || !l->seed_at || !l->names || !l->pruned)
             abort(); /* out of memory building a list of a few hundred names */
     }
     char name[160];
@@ -205,13 +208,16 @@ static void add(spec_list *l, double sd, uint64_t rows, uint64_t cols, const cha
     l->s[l->n] = (wl_st_spec){
         .name = l->names[l->n], .dtype = l->dtype, .ndim = cols ? 2 : 1, .shape = {rows, cols}};
     l->seed_at[l->n] = sd == SCALES ? 0 : l->values++; /* an FP8 twin draws the same values */
+    l->pruned[l->n] = 0;
     l->sd[l->n++] = sd;
 }
 
-/* A layer's projection: the last tensor added, made E4M3 with its scales
- * ([rows, 1], fp32) after it when the list is FP8. */
+/* A layer's projection: the last tensor added, pruned to 2:4 when the
+ * list is, or made E4M3 with its scales ([rows, 1], fp32) after it when
+ * the list is FP8. */
 static void projection(spec_list *l)
 {
+    l->pruned[l->n - 1] = (unsigned char)l->prune_2_4;
     if (!l->fp8)
         return;
     wl_st_spec *w = &l->s[l->n - 1];
@@ -311,7 +317,10 @@ static void normals(uint64_t *state, double sd, float *out, size_t n)
     }
 }
 
-static int fill(FILE *f, const wl_st_spec *s, double sd, uint64_t seed)
+/* A tensor's values; pruned, each group of four of a row (a chunk holds
+ * whole groups: rows and chunks are multiples of four) keeps its two
+ * largest, as weft_prune_2_4 keeps them. */
+static int fill(FILE *f, const wl_st_spec *s, double sd, uint64_t seed, int prune)
 {
     static float vals[CHUNK], buf[CHUNK];
     size_t es = wl_dtype_size(s->dtype);
@@ -321,6 +330,8 @@ static int fill(FILE *f, const wl_st_spec *s, double sd, uint64_t seed)
         normals(&state, sd, vals, n);
         for (size_t i = 0; i < n; i++)
             put(s, buf, i, sd == ONES ? 1.0f : vals[i]);
+        if (prune && weft_prune_2_4(NULL, s->dtype, buf, 1, n, n) != WEFT_OK)
+            return wl_fail("%s: %s", s->name, weft_last_error());
         if (fwrite(buf, es, n, f) != n)
             return wl_fail("write failed: %s", strerror(errno));
         count -= n;
@@ -374,7 +385,7 @@ static int write_shard(const char *path, spec_list *l, size_t from, size_t to, u
         else if (s->dtype == WEFT_DTYPE_F8_E4M3)
             rc = fill_fp8(f, l, s, l->sd[i], wl_rand_next(&ts));
         else
-            rc = fill(f, s, l->sd[i], wl_rand_next(&ts));
+            rc = fill(f, s, l->sd[i], wl_rand_next(&ts), l->pruned[i]);
     }
     if (fclose(f) && !rc)
         rc = wl_fail("%s: %s", path, strerror(errno));
@@ -385,7 +396,9 @@ static int write_shard(const char *path, spec_list *l, size_t from, size_t to, u
 
 static int write_weights(const char *dir, const preset *p, const wl_write_opts *o)
 {
-    spec_list l = {.dtype = o->fp32 ? WEFT_DTYPE_F32 : WEFT_DTYPE_BF16, .fp8 = o->fp8};
+    spec_list l = {.dtype = o->fp32 ? WEFT_DTYPE_F32 : WEFT_DTYPE_BF16,
+                   .fp8 = o->fp8,
+                   .prune_2_4 = o->prune_2_4};
     list_tensors(p, &l);
     size_t limit = o->shard_bytes ? o->shard_bytes : (size_t)2 << 30;
     size_t starts[4096], n_shards = 0;
@@ -426,6 +439,7 @@ static int write_weights(const char *dir, const preset *p, const wl_write_opts *
     free(l.seed_at);
     free(l.scales);
     free(l.names);
+    free(l.pruned);
     return rc;
 }
 
@@ -446,6 +460,8 @@ int wl_write_random_model(const char *dir, const wl_write_opts *o)
     if (o->fp8 && (o->fp32 || p->kind != LLAMA))
         return wl_fail("--fp8 writes a dense model's projections in FP8, beside bf16 weights "
                        "(not with --fp32 or a mixture of experts)");
+    if (o->fp8 && o->prune_2_4)
+        return wl_fail("--prune-2-4 prunes bf16 or fp32 projections, not FP8 ones");
     if (write_json(dir, "config.json", config_json(p, o->fp32, o->fp8)) ||
         write_json(dir, "generation_config.json",
                    json_pack("{s:i, s:[i, i], s:b}", "bos_token_id", p->bos, "eos_token_id", p->eos,

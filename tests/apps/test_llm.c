@@ -947,6 +947,40 @@ static void test_cli_generates_deterministically(void **state)
     free(cli_dir);
 }
 
+/* --sparse-2-4: a model pruned as it is written (random-model --prune-2-4)
+ * generates the same whether its projections run dense or sparse, and the
+ * same as the unpruned model pruned at load, whose own dense run differs. */
+static void test_cli_sparse_2_4(void **state)
+{
+    (void)state;
+    char cmd[2048];
+    char *dense = path_in(dir, "sparse-dense"), *pruned = path_in(dir, "sparse-pruned");
+    snprintf(cmd, sizeof cmd, "%s random-model %s --preset tiny --seed 11", WL_BIN, dense);
+    free(run_ok(cmd, NULL));
+    snprintf(cmd, sizeof cmd, "%s random-model %s --preset tiny --seed 11 --prune-2-4", WL_BIN,
+             pruned);
+    free(run_ok(cmd, NULL));
+    const char *runs[][2] = {
+        {pruned, ""}, {pruned, "--sparse-2-4"}, {dense, "--sparse-2-4"}, {dense, ""}};
+    char *out[4], *err[4];
+    for (int r = 0; r < 4; r++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s generate %s --prompt 'The old woman' --max-tokens 12 --print-ids "
+                 "--print-top --ignore-eos --backend host %s",
+                 WL_BIN, runs[r][0], runs[r][1]);
+        out[r] = run_ok(cmd, &err[r]);
+    }
+    printf("  pruned: %s  %s", out[0], strstr(err[0], "generated ids"));
+    for (int r = 1; r < 3; r++) {
+        assert_string_equal(out[r], out[0]);
+        assert_string_equal(err[r], err[0]);
+    }
+    assert_string_not_equal(err[3], err[0]); /* pruning changed the model */
+    for (int r = 0; r < 4; r++)
+        free(out[r]), free(err[r]);
+    free(dense), free(pruned);
+}
+
 static void expect_cli_error(const char *args, int status, const char *message)
 {
     char cmd[2048], *out = NULL, *err = NULL;
@@ -1179,6 +1213,7 @@ int main(void)
         cmocka_unit_test(test_fp8_weights),
         cmocka_unit_test(test_forward_continuing_a_cache),
         cmocka_unit_test(test_cli_generates_deterministically),
+        cmocka_unit_test(test_cli_sparse_2_4),
         cmocka_unit_test(test_cli_bench),
         cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_cli_penalties),
