@@ -593,7 +593,10 @@ void weft_sparse_weight_destroy(weft_sparse_weight *w);
  * a GPU stream, or for another GPU, is refused; so are shapes cuSPARSELt
  * refuses (the message names its status). On the GPU a plan is made per
  * (m, leading dimensions, C, bias pointer, activation) on first use and
- * kept with the weight; calls inside a capture run without a workspace. */
+ * kept with the weight. cuSPARSELt multiplies m in multiples of 16: other
+ * m (decode's rows) run on padded copies of A's and D's rows, through
+ * stream-ordered allocations (inside a capture, the graph's own, as is a
+ * captured product's workspace). */
 int weft_matmul_sparse(void *stream, const weft_matmul_desc *desc, void *d, const void *a,
                        const weft_sparse_weight *w, const void *c);
 

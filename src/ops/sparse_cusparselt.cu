@@ -46,7 +46,9 @@ namespace
 
 const char CREATE[] = "weft_sparse_weight_create";
 const char OP[] = "weft_matmul_sparse";
-enum { MAX_DEVICES = 64 };
+/* MAX_DEVICES: the handles' table; ROWS: what cuSPARSELt asks m to be a
+ * multiple of (it refused m = 1 as NOT_SUPPORTED on an H100). */
+enum { MAX_DEVICES = 64, ROWS = 16 };
 
 const char *status_name(cusparseStatus_t s)
 {
@@ -360,11 +362,78 @@ extern "C" int weft__sparse_gpu_device(const void *gpu)
     return ((const sparse_gpu *)gpu)->device;
 }
 
+namespace
+{
+
+/* The product of a's rows as given: m a multiple of ROWS. */
+int product(cudaStream_t stream, sparse_gpu *g, const weft__matmul_args *a, int device,
+            bool captured)
+{
+    sparse_plan *p;
+    int rc;
+    if ((rc = get_plan(g, a, &p)) != WEFT_OK)
+        return rc;
+    void *ws = NULL;
+    size_t ws_size = 0;
+    if (!captured && (rc = weft__stream_workspace(OP, stream, device, &ws, &ws_size)) != WEFT_OK)
+        return rc;
+    if (p->workspace > ws_size)
+        return weft__fail(WEFT_EINVAL,
+                          "%s: cuSPARSELt's plan for %zu x %zu x %zu needs %zu bytes of "
+                          "workspace, and the call has %zu%s",
+                          OP, a->m, g->n, g->k, p->workspace, ws_size,
+                          captured ? " (inside a capture)" : "");
+    /* C absent: D stands for it, at beta 0 */
+    const void *c = a->c ? a->c : a->d;
+    cusparseStatus_t s = cusparseLtMatmul(g->h, &p->plan, &a->alpha, g->compressed, a->a, &a->beta,
+                                          c, a->d, ws, &stream, 1);
+    if (s != CUSPARSE_STATUS_SUCCESS)
+        return lt_fail(OP, "the product (cusparseLtMatmul)", s);
+    return WEFT_OK;
+}
+
+/* A product whose m cuSPARSELt does not take (it asks a multiple of ROWS:
+ * decode's few rows): A's rows copied into a block of mp rows, the
+ * product into another (C's rows copied there first), D's rows copied
+ * back; the blocks from the stream's pool, given back in stream order. */
+int padded_product(cudaStream_t stream, sparse_gpu *g, const weft__matmul_args *a, int device,
+                   bool captured, size_t mp)
+{
+    const size_t es = 2, n = g->n, k = g->k;
+    void *ap = NULL, *dp = NULL;
+    cudaError_t e = cudaMallocAsync(&ap, mp * k * es, stream);
+    if (e == cudaSuccess)
+        e = cudaMallocAsync(&dp, mp * n * es, stream);
+    if (e != cudaSuccess) {
+        if (ap)
+            cudaFreeAsync(ap, stream);
+        return cuda_fail(OP, "cudaMallocAsync (the padded rows)", e);
+    }
+    weft__matmul_args p = *a;
+    p.m = mp, p.a = ap, p.d = dp, p.c = a->c ? dp : NULL;
+    p.lda = k, p.ldc = n, p.ldd = n;
+    e = cudaMemcpy2DAsync(ap, k * es, a->a, a->lda * es, k * es, a->m, cudaMemcpyDeviceToDevice,
+                          stream);
+    if (e == cudaSuccess && a->c)
+        e = cudaMemcpy2DAsync(dp, n * es, a->c, a->ldc * es, n * es, a->m, cudaMemcpyDeviceToDevice,
+                              stream);
+    int rc = e == cudaSuccess ? product(stream, g, &p, device, captured)
+                              : cuda_fail(OP, "copying the rows in", e);
+    if (rc == WEFT_OK && (e = cudaMemcpy2DAsync(a->d, a->ldd * es, dp, n * es, n * es, a->m,
+                                                cudaMemcpyDeviceToDevice, stream)) != cudaSuccess)
+        rc = cuda_fail(OP, "copying the rows out", e);
+    cudaFreeAsync(ap, stream);
+    cudaFreeAsync(dp, stream);
+    return rc;
+}
+
+} // namespace
+
 extern "C" int weft__sparse_gpu_matmul(void *stream_arg, void *gpu, const weft__matmul_args *a)
 {
     cudaStream_t stream = (cudaStream_t)stream_arg;
     sparse_gpu *g = (sparse_gpu *)gpu;
-    int device, rc;
+    int device;
     cudaError_t e;
     if ((e = cudaGetDevice(&device)) != cudaSuccess)
         return cuda_fail(OP, "cudaGetDevice", e);
@@ -374,25 +443,8 @@ extern "C" int weft__sparse_gpu_matmul(void *stream_arg, void *gpu, const weft__
     cudaStreamCaptureStatus capture;
     if ((e = cudaStreamIsCapturing(stream, &capture)) != cudaSuccess)
         return cuda_fail(OP, "cudaStreamIsCapturing", e);
-    sparse_plan *p;
-    if ((rc = get_plan(g, a, &p)) != WEFT_OK)
-        return rc;
-    void *ws = NULL;
-    size_t ws_size = 0;
-    if (capture == cudaStreamCaptureStatusNone &&
-        (rc = weft__stream_workspace(OP, stream, device, &ws, &ws_size)) != WEFT_OK)
-        return rc;
-    if (p->workspace > ws_size)
-        return weft__fail(WEFT_EINVAL,
-                          "%s: cuSPARSELt's plan for %zu x %zu x %zu needs %zu bytes of "
-                          "workspace, and the call has %zu%s",
-                          OP, a->m, g->n, g->k, p->workspace, ws_size,
-                          capture != cudaStreamCaptureStatusNone ? " (inside a capture)" : "");
-    /* C absent: D stands for it, at beta 0 */
-    const void *c = a->c ? a->c : a->d;
-    cusparseStatus_t s = cusparseLtMatmul(g->h, &p->plan, &a->alpha, g->compressed, a->a, &a->beta,
-                                          c, a->d, ws, &stream, 1);
-    if (s != CUSPARSE_STATUS_SUCCESS)
-        return lt_fail(OP, "the product (cusparseLtMatmul)", s);
-    return WEFT_OK;
+    bool captured = capture != cudaStreamCaptureStatusNone;
+    size_t mp = (a->m + ROWS - 1) / ROWS * ROWS;
+    return mp == a->m ? product(stream, g, a, device, captured)
+                      : padded_product(stream, g, a, device, captured, mp);
 }
