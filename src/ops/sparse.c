@@ -214,11 +214,6 @@ static int check_sparse_desc(const weft_matmul_desc *desc, const weft_sparse_wei
                           desc->n, desc->k, w->n, w->k);
     if (desc->ldb != 0 || desc->batch > 1 || desc->stride_b != 0)
         return weft__fail(WEFT_EINVAL, "%s: ldb, stride_b must be 0 and batch 0 or 1", OP);
-    if (desc->act == WEFT_MATMUL_ACT_GELU_ERF)
-        return weft__fail(WEFT_EINVAL,
-                          "%s: the erf GELU has no sparse epilogue (cuSPARSELt's GELU is the "
-                          "tanh form: WEFT_MATMUL_ACT_GELU_TANH)",
-                          OP);
     if (desc->aux)
         return weft__fail(WEFT_EINVAL, "%s: aux is not kept by the sparse epilogue", OP);
     if (desc->in_type_b || desc->c_type || desc->scale_a_mode || desc->scale_b_mode ||

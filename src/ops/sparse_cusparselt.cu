@@ -21,8 +21,11 @@
  *    workspace it needs; made on first use, under the weight's mutex (a
  *    handful per weight), freed with the weight.
  * A product's workspace is the stream's (workspace.c, shared with cuBLASLt
- * and cuDNN); a call inside a capture has none, and a plan that needs one
- * is refused there.
+ * and cuDNN); inside a capture the graph allocates its own (cudaMallocAsync
+ * captured as a node). cuSPARSELt takes m in multiples of 16 only: other m
+ * (decode's rows) run on padded copies of A's and D's rows. Its GELU
+ * epilogue is its INT8 kernels' alone: a GELU (either form) runs over D
+ * after the product, the bias and C already in.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -34,6 +37,7 @@
 #include <cusparseLt.h>
 
 #include "cuda/status.h"
+#include "ops/ops_internal.h"
 #include "ops/sparse.h"
 
 extern "C" {
@@ -198,9 +202,6 @@ int make_plan(sparse_gpu *g, const weft__matmul_args *a, const plan_key *k, spar
     int on = 1;
     if (s == CUSPARSE_STATUS_SUCCESS && a->act == WEFT_MATMUL_ACT_RELU)
         s = cusparseLtMatmulDescSetAttribute(h, &p->mm, CUSPARSELT_MATMUL_ACTIVATION_RELU, &on,
-                                             sizeof on);
-    if (s == CUSPARSE_STATUS_SUCCESS && a->act == WEFT_MATMUL_ACT_GELU_TANH)
-        s = cusparseLtMatmulDescSetAttribute(h, &p->mm, CUSPARSELT_MATMUL_ACTIVATION_GELU, &on,
                                              sizeof on);
     if (s == CUSPARSE_STATUS_SUCCESS && a->bias) {
         void *bias = (void *)a->bias;
@@ -373,20 +374,27 @@ int product(cudaStream_t stream, sparse_gpu *g, const weft__matmul_args *a, int 
     int rc;
     if ((rc = get_plan(g, a, &p)) != WEFT_OK)
         return rc;
+    /* The workspace: the stream's, or inside a capture one of the graph's
+     * own (an allocation node: each launch of the graph has it alone). */
     void *ws = NULL;
     size_t ws_size = 0;
     if (!captured && (rc = weft__stream_workspace(OP, stream, device, &ws, &ws_size)) != WEFT_OK)
         return rc;
-    if (p->workspace > ws_size)
+    bool own = captured && p->workspace > 0;
+    cudaError_t e;
+    if (own && (e = cudaMallocAsync(&ws, p->workspace, stream)) != cudaSuccess)
+        return cuda_fail(OP, "cudaMallocAsync (the captured product's workspace)", e);
+    if (!own && p->workspace > ws_size)
         return weft__fail(WEFT_EINVAL,
                           "%s: cuSPARSELt's plan for %zu x %zu x %zu needs %zu bytes of "
-                          "workspace, and the call has %zu%s",
-                          OP, a->m, g->n, g->k, p->workspace, ws_size,
-                          captured ? " (inside a capture)" : "");
+                          "workspace, and the stream has %zu",
+                          OP, a->m, g->n, g->k, p->workspace, ws_size);
     /* C absent: D stands for it, at beta 0 */
     const void *c = a->c ? a->c : a->d;
     cusparseStatus_t s = cusparseLtMatmul(g->h, &p->plan, &a->alpha, g->compressed, a->a, &a->beta,
                                           c, a->d, ws, &stream, 1);
+    if (own)
+        cudaFreeAsync(ws, stream);
     if (s != CUSPARSE_STATUS_SUCCESS)
         return lt_fail(OP, "the product (cusparseLtMatmul)", s);
     return WEFT_OK;
@@ -444,7 +452,22 @@ extern "C" int weft__sparse_gpu_matmul(void *stream_arg, void *gpu, const weft__
     if ((e = cudaStreamIsCapturing(stream, &capture)) != cudaSuccess)
         return cuda_fail(OP, "cudaStreamIsCapturing", e);
     bool captured = capture != cudaStreamCaptureStatusNone;
+    /* cuSPARSELt's GELU is its INT8 kernels' alone: a GELU runs after the
+     * product, over D in place (weft_bias_gelu_residual's kernel). */
+    bool gelu = a->act == WEFT_MATMUL_ACT_GELU_TANH || a->act == WEFT_MATMUL_ACT_GELU_ERF;
+    weft__matmul_args p = *a;
+    if (gelu)
+        p.act = WEFT_MATMUL_ACT_NONE;
     size_t mp = (a->m + ROWS - 1) / ROWS * ROWS;
-    return mp == a->m ? product(stream, g, a, device, captured)
-                      : padded_product(stream, g, a, device, captured, mp);
+    int rc = mp == a->m ? product(stream, g, &p, device, captured)
+                        : padded_product(stream, g, &p, device, captured, mp);
+    if (rc != WEFT_OK || !gelu)
+        return rc;
+    weft__gelu_args ga = {
+        a->type, a->act == WEFT_MATMUL_ACT_GELU_TANH ? WEFT_GELU_TANH : WEFT_GELU_ERF,
+        a->d,    a->d,
+        NULL,    NULL,
+        a->m,    a->n,
+        a->ldd};
+    return weft__gelu_cuda(stream, &ga);
 }

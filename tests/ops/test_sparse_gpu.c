@@ -3,7 +3,7 @@
  * for bit the host's (three types, padded rows); with cuSPARSELt, weights
  * made on the GPU (a group of three nonzeros refused and named, nothing
  * kept) and weft_matmul_sparse against the float64 product with the pruned
- * weight at decode's and prefill's m, with bias, ReLU, the tanh GELU,
+ * weight at decode's and prefill's m, with bias, ReLU, both GELUs,
  * alpha and C, the padding of D left alone; a plan made on the first call
  * and what that costs; m that cuSPARSELt does not take (1, 1000: padded);
  * a product captured into a CUDA graph and replayed;
@@ -158,6 +158,7 @@ static void test_sparse_products_match_the_reference(void **state)
         sparse_case(types[t], 16, 512, 256, WEFT_MATMUL_ACT_RELU, 0, 1, 0);
         sparse_case(types[t], 128, 256, 512, WEFT_MATMUL_ACT_GELU_TANH, 1, 1, 264);
         sparse_case(types[t], 1000, 128, 256, WEFT_MATMUL_ACT_NONE, 1, 0, 0);
+        sparse_case(types[t], 64, 128, 128, WEFT_MATMUL_ACT_GELU_ERF, 0, 1, 0);
     }
 }
 
