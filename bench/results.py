@@ -74,9 +74,10 @@ BENCHMARKS = {
             "loop of torch.matmul on the same tensors and stream; what the rows measure: "
             "bench/moe/bench_moe.py's opening comment"),
     "conv": ("Convolution: bench_conv", "`make gpu-bench-conv` (bench/conv/bench_conv.py)",
-             "weft_conv2d (BatchNorm folded, bias+ReLU fused in cuDNN) against PyTorch eager "
-             "conv->bn->relu and torch with the BatchNorm folded by hand, on the same tensors "
-             "and stream; what the rows measure: bench/conv/bench_conv.py's opening comment"),
+             "weft_conv2d (BatchNorm folded; bias+ReLU fused: a matmul epilogue for 1x1, one "
+             "cuDNN operation graph for the rest) against PyTorch eager conv->bn->relu and "
+             "torch with the BatchNorm folded by hand, on the same tensors and stream; what "
+             "the rows measure: bench/conv/bench_conv.py's opening comment"),
     "attention": ("Attention: bench_attention", "`make gpu-bench-attention` "
                   "(bench/attention/bench_attention.py)",
                   "weft_attention (weft's own kernel) against torch's "
