@@ -28,6 +28,13 @@ sides):
   int8 8192^3                 int8 x int8 -> int32 vs torch._int_mm: TOP/s
   first call / next call      host time of a call whose plan is new (the
                               heuristic query) and of one that finds it
+  sparse 2:4 m in {1, 16, 4096}, (k, n) in the decode shapes
+                              weft_matmul_sparse on a weight pruned by
+                              weft_prune_2_4 (cuSPARSELt's kernels) vs
+                              torch._cslt_sparse_mm on the same pruned weight,
+                              and vs weft_matmul (dense) on it: the time and
+                              the speed-up over dense (--no-sparse leaves them
+                              out; a build without cuSPARSELt says so)
 weft is loaded through ctypes from libweft.so (the shared library, which
 exports weft_matmul) and called on the tensors' data_ptr() and torch's
 current stream, so both sides run on the same stream. Each result is
@@ -40,6 +47,7 @@ import functools
 import json
 import os
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -80,6 +88,16 @@ def load_weft(path):
     lib.weft_matmul.restype = ctypes.c_int
     lib.weft_last_error.argtypes = []
     lib.weft_last_error.restype = ctypes.c_char_p
+    Z = ctypes.c_size_t
+    lib.weft_prune_2_4.argtypes = [P, ctypes.c_int, P, Z, Z, Z]
+    lib.weft_prune_2_4.restype = ctypes.c_int
+    lib.weft_sparse_weight_create.argtypes = [P, ctypes.c_int, P, Z, Z, Z,
+                                              ctypes.POINTER(ctypes.c_void_p)]
+    lib.weft_sparse_weight_create.restype = ctypes.c_int
+    lib.weft_sparse_weight_destroy.argtypes = [P]
+    lib.weft_sparse_weight_destroy.restype = None
+    lib.weft_matmul_sparse.argtypes = [P, ctypes.POINTER(MatmulDesc), P, P, P, P]
+    lib.weft_matmul_sparse.restype = ctypes.c_int
     return lib
 
 
@@ -128,6 +146,39 @@ class Weft:
                 raise RuntimeError("weft_matmul: %d: %s" % (rc, lib.weft_last_error().decode()))
         call.desc = desc
         return call
+
+
+class SparseWeight:
+    """A weft_sparse_weight made from W (n x k bf16, already 2:4) on the
+    current stream; destroyed with the object."""
+
+    def __init__(self, torch, lib, W):
+        self.lib, self.ptr = lib, ctypes.c_void_p()
+        n, k = W.shape
+        s = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        rc = lib.weft_sparse_weight_create(s, BF16, W.data_ptr(), n, k, 0, ctypes.byref(self.ptr))
+        if rc != 0:
+            raise RuntimeError("weft_sparse_weight_create: %d: %s" %
+                               (rc, lib.weft_last_error().decode()))
+        self.n, self.k = n, k
+
+    def matmul(self, torch, out, x):
+        """A closure that runs out = x W^T through the sparse weight."""
+        desc = MatmulDesc(m=x.shape[0], n=self.n, k=self.k, type=BF16, trans_b=1)
+        args = (ctypes.byref(desc), out.data_ptr(), x.data_ptr(), self.ptr, None)
+        lib = self.lib
+
+        def call():
+            s = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+            rc = lib.weft_matmul_sparse(s, *args)
+            if rc != 0:
+                raise RuntimeError("weft_matmul_sparse: %d: %s" %
+                                   (rc, lib.weft_last_error().decode()))
+        call.desc = desc
+        return call
+
+    def __del__(self):
+        self.lib.weft_sparse_weight_destroy(self.ptr)
 
 
 def rel_err(torch, got, want):
@@ -215,6 +266,50 @@ def decode(torch, F, weft, args, copy_tbps, results):
                 else []))
 
 
+SPARSE_MS = (1, 16, 4096)
+
+
+def sparse(torch, weft, args, results):
+    """weft_matmul_sparse against torch's cuSPARSELt product and weft's dense
+    product on the same pruned weights."""
+    lib = weft.lib
+    for k, n in DECODE_KN:
+        W = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        s = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        if lib.weft_prune_2_4(s, BF16, W.data_ptr(), n, k, k) != 0:
+            die("weft_prune_2_4: %s" % lib.weft_last_error().decode())
+        try:
+            sw = SparseWeight(torch, lib, W)
+        except RuntimeError as e:
+            print("bench_matmul: no sparse rows: %s" % e, file=sys.stderr)
+            return
+        have_cslt = hasattr(torch, "_cslt_compress")
+        Wc = torch._cslt_compress(W) if have_cslt else None
+        for m in SPARSE_MS:
+            if args.quick and m > 16:
+                continue
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            call = sw.matmul(torch, out, x)
+            call()
+            err = rel_err(torch, out, torch.matmul(x, W.t()))
+            if err > 1e-2:
+                die("sparse m=%d k=%d n=%d: weft differs from torch by %.2e" % (m, k, n, err))
+            dense_out = torch.empty_like(out)
+            dense = weft.matmul(dense_out, x, W, trans_b=1)
+            tw = time_per_call(torch, call)
+            td = time_per_call(torch, dense)
+            tt = (time_per_call(torch, lambda: torch._cslt_sparse_mm(Wc, x.t()))
+                  if have_cslt else None)
+            results.append((
+                "sparse 2:4 bf16 m=%d k=%d n=%d" % (m, k, n), "time", tw * 1e6, "us",
+                "torch._cslt_sparse_mm" if have_cslt else None, tt * 1e6 if tt else None,
+                "weft_matmul on the same pruned weight (dense) %.1f us: sparse %.2fx; error vs "
+                "torch %.1e" % (td * 1e6, td / tw, err), []))
+            del x, out, dense_out
+        del sw, Wc, W
+
+
 def check_layout(lib):
     """One host call (NULL stream) through MatmulDesc, with the fields past
     the first ones set, so that a struct that drifted from the C one is
@@ -256,7 +351,44 @@ def check_layout(lib):
             for i in range(2) for j in range(4)]
     if list(D2) != want:
         die("MatmulDesc's quantized fields do not match: got %s, want %s" % (list(D2), want))
-    print("bench_matmul: MatmulDesc matches weft_matmul_desc (%d bytes)" %
+    # The sparse calls, on the host: a 2 x 8 bf16 weight pruned (the two
+    # largest of each four stay), made a host sparse weight, and D (1 x 2) =
+    # A W^T through it.
+    u16 = ctypes.c_uint16
+    keep_alive = []
+
+    def bf16(v):
+        return int.from_bytes(struct.pack(">f", v)[:2], "big")
+
+    def aligned16(values):
+        """A u16 array at a 16-byte aligned address (cuSPARSELt's layout,
+        which the host asks too), holding values."""
+        raw = (ctypes.c_uint8 * (2 * len(values) + 16))()
+        keep_alive.append(raw)
+        at = ctypes.addressof(raw)
+        arr = (u16 * len(values)).from_address(at + (-at % 16))
+        arr[:] = values
+        return arr
+    wv = [1, -3, 2, 0.5, 4, 4, -1, 1, 0.25, 8, -8, 2, 1, 1, 1, 1]
+    W = aligned16([bf16(v) for v in wv])
+    if lib.weft_prune_2_4(None, BF16, W, 2, 8, 8) != 0:
+        die("weft_prune_2_4 (host): %s" % lib.weft_last_error().decode())
+    keep = [0, -3, 2, 0, 4, 4, 0, 0, 0, 8, -8, 0, 1, 1, 0, 0]
+    if list(W) != [bf16(v) for v in keep]:
+        die("weft_prune_2_4 kept %s, want %s" % (list(W), [bf16(v) for v in keep]))
+    sw = ctypes.c_void_p()
+    if lib.weft_sparse_weight_create(None, BF16, W, 2, 8, 0, ctypes.byref(sw)) != 0:
+        die("weft_sparse_weight_create (host): %s" % lib.weft_last_error().decode())
+    A = aligned16([bf16(1.0)] * 8)
+    D = aligned16([0] * 8)
+    desc = MatmulDesc(m=1, n=2, k=8, type=BF16, trans_b=1, ldd=8)
+    rc = lib.weft_matmul_sparse(None, ctypes.byref(desc), D, A, sw, None)
+    lib.weft_sparse_weight_destroy(sw)
+    if rc != 0:
+        die("weft_matmul_sparse (host): %s" % lib.weft_last_error().decode())
+    if D[0] != bf16(7.0) or D[1] != bf16(2.0):  # the pruned rows' sums
+        die("weft_matmul_sparse gave %s, want %s" % (list(D[:2]), [bf16(7.0), bf16(2.0)]))
+    print("bench_matmul: MatmulDesc matches weft_matmul_desc (%d bytes); the sparse calls run" %
           ctypes.sizeof(MatmulDesc))
 
 
@@ -267,6 +399,7 @@ def main():
         "without a GPU or PyTorch: MatmulDesc is the C struct (a host call)")
     ap.add_argument("--decode-only", action="store_true",
                     help="the copy ceiling and the decode rows only")
+    ap.add_argument("--no-sparse", action="store_true", help="leave out the 2:4 sparse rows")
     ap.add_argument("--decode-times", metavar="FILE",
                     help="only time weft on the decode shapes, into FILE (JSON); the run "
                          "with WEFT_MATMUL_SKINNY=0 is one of these")
@@ -436,6 +569,9 @@ def run(torch, F, weft, args):
                         None, None, "cuBLASLt's heuristic query and the plan's insertion", []))
         results.append(("call with the plan cached (host time, through ctypes)", "time", nxt, "us",
                         None, None, "median of 200; includes Python's ctypes call", []))
+
+    if not args.no_sparse and not args.decode_only:
+        sparse(torch, weft, args, results)
 
     # ---- report ----
     print_results(results)
