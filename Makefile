@@ -19,7 +19,8 @@
 #   make images-bench  weft-images against a thread pool on the GPU, 1 to 16
 #                   workers; with RECORD=1 it redraws docs/images-scaling.svg
 #   make gpu-bench-ops  the operators against PyTorch eager and torch.compile
-#   make gpu-bench-matmul  weft_matmul against torch.matmul and torch eager
+#   make gpu-bench-matmul  weft_matmul against torch.matmul and torch eager,
+#                   and weft_matmul_sparse against torch's cuSPARSELt product
 #   make gpu-bench-moe  the MoE router and grouped matmul against torch eager,
 #                   torch._grouped_mm and a loop of torch.matmul
 #   make gpu-bench-conv  weft_conv2d (BatchNorm folded, bias+ReLU fused) against
