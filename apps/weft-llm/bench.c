@@ -19,8 +19,9 @@
  * second, the step's roofline (its weight and KV bytes at the copy rate) and the host CPU time per
  * step (getrusage over the timed steps; on the host backend it is the computation itself). A table
  * on stdout, then one `BENCH <name> <value> <unit>` line a figure. With
- * --sparse-2-4 1 the dense projections run sparse (wl_model.sparse_2_4);
- * the roofline still counts their dense bytes.
+ * --sparse-2-4 1 the dense projections run sparse (wl_model.sparse_2_4),
+ * and the roofline counts the bytes their products read (compressed on a
+ * GPU).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -96,7 +97,8 @@ static double median(double *v, int n)
 
 /* The bytes a decode step reads of the weights: every matrix once (the
  * embedding table only where it is also the lm_head); an FP8 model's
- * projections a byte an element, and their scales. */
+ * projections a byte an element, and their scales; sparse projections
+ * (--sparse-2-4, once made) their compressed bytes. */
 static double weight_bytes(const wl_model *m)
 {
     const wl_config *c = &m->cfg;
@@ -105,7 +107,17 @@ static double weight_bytes(const wl_model *m)
     double layer = (H * q + 2 * H * kv + q * H + 3 * H * I) * (c->fp8 ? 1 : es);
     if (c->fp8)
         layer += (q + 2 * kv + H + 2 * I + H) * 4;
-    return (double)c->layers * layer + (double)c->vocab * H * es;
+    double total = (double)c->layers * layer + (double)c->vocab * H * es;
+    for (int li = 0; m->layer && li < c->layers; li++) {
+        const wl_layer *L = &m->layer[li];
+        if (L->qkv_sparse) /* the attention's projections */
+            total += (double)weft_sparse_weight_bytes(L->qkv_sparse) +
+                     (double)weft_sparse_weight_bytes(L->o_sparse) - (2 * H * q + 2 * H * kv) * es;
+        if (L->gu_sparse) /* the MLP's */
+            total += (double)weft_sparse_weight_bytes(L->gu_sparse) +
+                     (double)weft_sparse_weight_bytes(L->down_sparse) - 3 * H * I * es;
+    }
+    return total;
 }
 
 static double kv_bytes_per_token(const wl_model *m)

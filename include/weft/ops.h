@@ -580,6 +580,11 @@ int weft_sparse_weight_create(void *stream, weft_dtype type, const void *w, size
 /* Frees w, once every call that uses it has completed. NULL is a no-op. */
 void weft_sparse_weight_destroy(weft_sparse_weight *w);
 
+/* The bytes of w that a product reads: on a GPU cuSPARSELt's compressed
+ * form (about 9/16 of the dense weight's: half the values and their
+ * positions), on the host the pruned copy (n k elements). */
+size_t weft_sparse_weight_bytes(const weft_sparse_weight *w);
+
 /* weft_matmul with B = W, the sparse weight: D = act(alpha A W^T + beta C
  * + bias), A m x k, D and C m x n. desc as weft_matmul takes it, with: type
  * and in_type the weight's (in_type 0 or type; D, C and bias of type),

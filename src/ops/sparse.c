@@ -192,6 +192,17 @@ void weft_sparse_weight_destroy(weft_sparse_weight *w)
     free(w);
 }
 
+size_t weft_sparse_weight_bytes(const weft_sparse_weight *w)
+{
+    if (!w)
+        return 0;
+#ifdef WEFT_HAVE_CUDA
+    if (w->gpu)
+        return weft__sparse_gpu_bytes(w->gpu);
+#endif
+    return w->n * w->k * weft__dtype_size(w->type);
+}
+
 /* ---- the product ----------------------------------------------------------- */
 
 /* What weft_matmul_sparse asks beyond weft_matmul's checks. */

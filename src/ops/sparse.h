@@ -77,8 +77,9 @@ int weft__prune_2_4_cuda(void *stream, const weft__prune_args *a);
 int weft__sparse_gpu_create(void *stream, weft_dtype type, const void *w, size_t n, size_t k,
                             size_t ldw, void **out);
 void weft__sparse_gpu_destroy(void *gpu);
-/* The GPU a weight's state was made for. */
+/* The GPU a weight's state was made for, and its compressed bytes. */
 int weft__sparse_gpu_device(const void *gpu);
+size_t weft__sparse_gpu_bytes(const void *gpu);
 
 /* Enqueues D = act(alpha A W^T + beta C + bias) on stream; a is checked
  * (its b unused), gpu the weight's state. */

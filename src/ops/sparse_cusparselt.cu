@@ -163,6 +163,7 @@ struct sparse_gpu {
     const cusparseLtHandle_t *h;
     cusparseLtMatDescriptor_t w; /* structured, n x k, row-major */
     void *compressed;
+    size_t compressed_bytes;
     pthread_mutex_t mutex; /* guards plans */
     sparse_plan *plans;
 };
@@ -333,6 +334,7 @@ extern "C" int weft__sparse_gpu_create(void *stream_arg, weft_dtype type, const 
         gpu_free(g);
         return lt_fail(CREATE, "the compressed size (cusparseLtSpMMACompressedSize2)", s);
     }
+    g->compressed_bytes = size;
     if ((e = cudaMalloc(&g->compressed, size)) != cudaSuccess ||
         (buffer_size && (e = cudaMalloc(&buffer, buffer_size)) != cudaSuccess)) {
         g->compressed = e == cudaSuccess ? g->compressed : NULL;
@@ -361,6 +363,11 @@ extern "C" void weft__sparse_gpu_destroy(void *gpu)
 extern "C" int weft__sparse_gpu_device(const void *gpu)
 {
     return ((const sparse_gpu *)gpu)->device;
+}
+
+extern "C" size_t weft__sparse_gpu_bytes(const void *gpu)
+{
+    return ((const sparse_gpu *)gpu)->compressed_bytes;
 }
 
 namespace

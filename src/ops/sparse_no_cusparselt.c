@@ -30,6 +30,12 @@ int weft__sparse_gpu_device(const void *gpu)
     return -1;
 }
 
+size_t weft__sparse_gpu_bytes(const void *gpu)
+{
+    (void)gpu;
+    return 0;
+}
+
 int weft__sparse_gpu_matmul(void *stream, void *gpu, const weft__matmul_args *a)
 {
     (void)stream, (void)gpu, (void)a;

@@ -156,6 +156,7 @@ static void sparse_case(weft_dtype t, size_t m, size_t n, size_t k, weft_matmul_
     void *d = mm_poisoned(t, g.nd), *want = mm_poisoned(t, g.nd);
     weft_sparse_weight *sw = NULL;
     assert_int_equal(weft_sparse_weight_create(NULL, t, w, n, k, 0, &sw), WEFT_OK);
+    assert_int_equal(weft_sparse_weight_bytes(sw), n * k * 2); /* the pruned copy */
     assert_int_equal(weft_matmul_sparse(NULL, &desc, d, a, sw, c), WEFT_OK);
     assert_int_equal(weft_matmul(NULL, &desc, want, a, w, c), WEFT_OK);
     assert_memory_equal(d, want, g.nd * weft__dtype_size(t));

@@ -124,6 +124,10 @@ static void sparse_case(weft_dtype t, size_t m, size_t n, size_t k, weft_matmul_
     double t0 = gt_now();
     assert_int_equal(weft_sparse_weight_create(stream, t, dw, n, k, 0, &sw), WEFT_OK);
     double t1 = gt_now();
+    /* compressed: half the values and their positions, well under dense */
+    size_t bytes = weft_sparse_weight_bytes(sw);
+    if (!(bytes >= n * k && bytes < n * k * 2 * 3 / 4))
+        fail_msg("%zu x %zu: %zu compressed bytes of %zu dense", n, k, bytes, n * k * 2);
     int rc = weft_matmul_sparse(stream, &desc, dd, da, sw, dc);
     if (rc != WEFT_OK)
         fail_msg("%zu x %zu x %zu: %s", m, n, k, weft_last_error());
