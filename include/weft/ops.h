@@ -590,8 +590,8 @@ size_t weft_sparse_weight_bytes(const weft_sparse_weight *w);
  * and in_type the weight's (in_type 0 or type; D, C and bias of type),
  * trans_a 0 and trans_b 1 (W's layout), n and k the weight's, ldb 0, batch
  * 0 or 1, any act (on the GPU a GELU runs as a pass over D after the
- * product: cuSPARSELt's GELU is its INT8 kernels' alone), no aux and no
- * quantized fields. Arithmetic as weft_matmul's: the host runs
+ * product: cuSPARSELt's GELU epilogue is for its INT8 kernels), no aux and
+ * no quantized fields. Arithmetic as weft_matmul's: the host runs
  * weft_matmul on the pruned copy (so its result is weft_matmul's on the
  * pruned W, bit for bit), the GPU cuSPARSELt's sparse kernels with fp32
  * sums. Layout rules, on both backends: A, C, D and bias 16-byte aligned,

@@ -23,9 +23,10 @@
  * A product's workspace is the stream's (workspace.c, shared with cuBLASLt
  * and cuDNN); inside a capture the graph allocates its own (cudaMallocAsync
  * captured as a node). cuSPARSELt takes m in multiples of 16 only: other m
- * (decode's rows) run on padded copies of A's and D's rows. Its GELU
- * epilogue is its INT8 kernels' alone: a GELU (either form) runs over D
- * after the product, the bias and C already in.
+ * (decode's rows) run on padded copies of A's and D's rows. NVIDIA's notes
+ * give its GELU epilogue to the INT8 kernels (a bf16 product with it was
+ * refused, INVALID_VALUE): a GELU (either form) runs over D after the
+ * product, the bias and C already in.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -459,8 +460,8 @@ extern "C" int weft__sparse_gpu_matmul(void *stream_arg, void *gpu, const weft__
     if ((e = cudaStreamIsCapturing(stream, &capture)) != cudaSuccess)
         return cuda_fail(OP, "cudaStreamIsCapturing", e);
     bool captured = capture != cudaStreamCaptureStatusNone;
-    /* cuSPARSELt's GELU is its INT8 kernels' alone: a GELU runs after the
-     * product, over D in place (weft_bias_gelu_residual's kernel). */
+    /* a GELU runs after the product, over D in place
+     * (weft_bias_gelu_residual's kernel): see the top of the file */
     bool gelu = a->act == WEFT_MATMUL_ACT_GELU_TANH || a->act == WEFT_MATMUL_ACT_GELU_ERF;
     weft__matmul_args p = *a;
     if (gelu)
