@@ -18,6 +18,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "ops/conv.h"
@@ -102,6 +103,15 @@ static int check_shape(const char *op, const weft_conv2d_desc *desc, weft__conv_
     if (ovf)
         return weft__fail(WEFT_EINVAL, "%s: the tensors' sizes overflow", op);
     return WEFT_OK;
+}
+
+void weft__conv_key_fill(weft__conv_key *k, const weft__conv_args *a, int device)
+{
+    memset(k, 0, sizeof *k);
+    k->device = device, k->dtype = (int)a->dtype, k->act = (int)a->act, k->tf32 = a->allow_tf32;
+    k->n = a->n, k->h = a->h, k->w = a->w, k->c = a->c, k->k = a->k, k->r = a->r, k->s = a->s;
+    k->stride_h = a->stride_h, k->stride_w = a->stride_w, k->pad_h = a->pad_h, k->pad_w = a->pad_w;
+    k->dil_h = a->dil_h, k->dil_w = a->dil_w, k->groups = a->groups;
 }
 
 int weft_conv2d_output_size(const weft_conv2d_desc *desc, size_t *oh, size_t *ow)

@@ -13,6 +13,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "weft/ops.h"
 
@@ -40,6 +41,16 @@ typedef struct weft__conv_fold_args {
     void *w_out, *bias_out;
     const void *w, *conv_bias, *gamma, *beta, *mean, *var;
 } weft__conv_fold_args;
+
+/* A convolution's shape, types and activation on a device: what the GPU
+ * paths' plan caches key on (conv_cudnn.c's, conv_graph.c's). Compared
+ * bytewise: weft__conv_key_fill zeroes it before filling it. */
+typedef struct weft__conv_key {
+    int device, dtype, act, tf32;
+    uint64_t n, h, w, c, k, r, s, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups;
+} weft__conv_key;
+
+void weft__conv_key_fill(weft__conv_key *k, const weft__conv_args *a, int device);
 
 /* The host references. */
 void weft__conv_host(const weft__conv_args *a);

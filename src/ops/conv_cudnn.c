@@ -131,12 +131,8 @@ static void describe(char *buf, size_t size, const weft__conv_args *a)
 
 /* ---- plans ---------------------------------------------------------------- */
 
-/* Everything the descriptors and the heuristic depend on; compared
- * bytewise, so it is zeroed before it is filled. */
-typedef struct plan_key {
-    int device, dtype, act, tf32;
-    uint64_t n, h, w, c, k, r, s, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups;
-} plan_key;
+/* Everything the descriptors and the heuristic depend on. */
+typedef weft__conv_key plan_key;
 
 /* Algorithms, best first, with the workspace each needs; choice is the
  * first not known to be refused. */
@@ -194,15 +190,6 @@ static plan *plan_find(plan *p, const plan_key *k)
         if (memcmp(&p->key, k, sizeof *k) == 0)
             return p;
     return NULL;
-}
-
-static void fill_key(plan_key *k, const weft__conv_args *a, int device)
-{
-    memset(k, 0, sizeof *k);
-    k->device = device, k->dtype = (int)a->dtype, k->act = (int)a->act, k->tf32 = a->allow_tf32;
-    k->n = a->n, k->h = a->h, k->w = a->w, k->c = a->c, k->k = a->k, k->r = a->r, k->s = a->s;
-    k->stride_h = a->stride_h, k->stride_w = a->stride_w, k->pad_h = a->pad_h, k->pad_w = a->pad_w;
-    k->dil_h = a->dil_h, k->dil_w = a->dil_w, k->groups = a->groups;
 }
 
 static cudnnDataType_t dnn_type(weft_dtype t)
@@ -493,7 +480,7 @@ int weft__conv_cuda(void *stream_arg, const weft__conv_args *a)
 
     plan_key k;
     plan *p = NULL;
-    fill_key(&k, a, device);
+    weft__conv_key_fill(&k, a, device);
     if ((rc = get_plan(h, a, &k, &p)) != WEFT_OK)
         return rc;
 

@@ -61,11 +61,11 @@ enum {
     MAX_CONFIGS = 16 /* engine configurations asked of the heuristic */
 };
 
-/* What the graph depends on; compared bytewise, so zeroed before filled. */
+/* What the graph depends on: the convolution and its pointers' alignment;
+ * compared bytewise, so zeroed before filled. */
 typedef struct graph_key {
-    int device, dtype, act, tf32;
+    weft__conv_key conv;
     int64_t align;
-    uint64_t n, h, w, c, k, r, s, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups;
 } graph_key;
 
 /* A shape's execution plans, best first (none: the graph declines it). */
@@ -155,11 +155,8 @@ static int64_t alignment(const weft__conv_args *a)
 static void fill_key(graph_key *k, const weft__conv_args *a, int device)
 {
     memset(k, 0, sizeof *k);
-    k->device = device, k->dtype = (int)a->dtype, k->act = (int)a->act, k->tf32 = a->allow_tf32;
+    weft__conv_key_fill(&k->conv, a, device);
     k->align = alignment(a);
-    k->n = a->n, k->h = a->h, k->w = a->w, k->c = a->c, k->k = a->k, k->r = a->r, k->s = a->s;
-    k->stride_h = a->stride_h, k->stride_w = a->stride_w, k->pad_h = a->pad_h, k->pad_w = a->pad_w;
-    k->dil_h = a->dil_h, k->dil_w = a->dil_w, k->groups = a->groups;
 }
 
 /* ---- building the graph ------------------------------------------------- */
