@@ -11,28 +11,28 @@
  * beside the decode that reads the whole cache.
  *
  * Decode: decode reads every K/V byte once and does little arithmetic per
- * byte, so the kernel is built for bandwidth:
- *  - one block serves one kv head of one sequence and all the query rows
- *    (the q heads of that kv head's group, times q_len queries) up to
- *    ROWS = 8 of them, so a key is read once for the whole GQA group
- *    (groups past 8 rows take more blocks, which meet the same pages in
- *    L2);
- *  - a token's head is read by DIM / 8 threads, 16 bytes each, and each
- *    thread loads its share of a 64-token tile's K and V before using any
- *    of it, so 8 (DIM 128) or 4 (DIM 64) 16-byte loads of K and as many of
- *    V are in flight per thread, across several pages of the tile;
- *  - scores are reduced across a token's threads by shuffles, the online
- *    softmax runs a row per warp on the tile's scores in shared memory,
- *    and each thread accumulates P V for its tokens and its 8 dims in
- *    registers; the threads' partial sums meet once, at the end.
- * Scores are kept in base 2 (scale times log2 e folded in) so each
- * exponential is one exp2f. Where seqs x kv_heads cannot fill the GPU, the
- * keys of a sequence are split into parts over the grid's y dimension
- * (flash-decoding): each part writes its normalised fp32 output and its
- * log-sum-exp into the caller's workspace, and decode_merge combines them
- * weighted by exp(lse - max lse). Parts are cut on page boundaries from
- * each sequence's own length, so short sequences split as evenly as long
- * ones; a part with no keys writes lse = -Inf and weighs nothing.
+ * byte, so the kernel is built for bandwidth, and for short caches, where a
+ * block's fixed costs are most of its time:
+ *  - one block serves one kv head of one sequence and up to ROWS = 4 query
+ *    rows (the q heads of that kv head's group, times q_len queries), so a
+ *    key is read once for the group (larger groups take more blocks, which
+ *    meet the same pages in L2);
+ *  - each warp walks its own tiles of the block's keys with its own online
+ *    softmax (no barrier until the end): a key's head is read by DIM / 8
+ *    lanes, 16 bytes each, a thread's 4 keys of K and V loaded before any
+ *    is used; the scores are summed across a key's lanes by shuffles, and
+ *    each thread accumulates P V for its keys and its 8 dims in registers;
+ *  - at the end the warp's key slots meet by shuffles and the warps through
+ *    shared memory, weighted by their maxima.
+ * Scores are kept in base 2 (scale times log2 e folded into q) so each
+ * exponential is one exp2f. Where seqs x kv_heads cannot fill a wave of
+ * the GPU, the keys of a sequence are split into parts over the grid's y
+ * dimension (flash-decoding): each part writes its normalised fp32 output
+ * and its log-sum-exp into the caller's workspace, and decode_merge
+ * combines them weighted by exp(lse - max lse). Parts are cut on page
+ * boundaries from each sequence's own length, at least two tiles a warp
+ * (unless the caller fixed the split), so short sequences split as little
+ * as they need; a part with no keys writes lse = -Inf and weighs nothing.
  * Out-of-range lengths are clamped into [0, max_seq_len] and table
  * entries into [0, pages - 1], so no table reads outside the pools.
  *
@@ -143,7 +143,13 @@ template <typename T> int launch_append(cudaStream_t stream, const weft__kv_appe
 
 /* ---- decode ---------------------------------------------------------------- */
 
-enum : int { DECODE_THREADS = 128, DECODE_TILE = 64, DECODE_MAX_ROWS = 8, MERGE_ROWS = 4 };
+enum : int {
+    DECODE_THREADS = 128,
+    DECODE_WARPS = DECODE_THREADS / 32,
+    DECODE_MAX_ROWS = 4,
+    DECODE_TPT = 4, /* keys a thread reads a tile */
+    MERGE_ROWS = 4
+};
 
 template <typename T> struct decode_params {
     const void *kp, *vp; /* T, or FP8 bytes */
@@ -156,7 +162,8 @@ template <typename T> struct decode_params {
     float *part_o, *part_lse; /* the workspace, when split */
     int page_shift, kv_heads, heads, group, q_len, rows, row_groups, pages, max_pages;
     int window, max_len, splits, seqs;
-    float scale_log2; /* scale * log2(e): scores in base 2 */
+    int min_part_pages; /* the fewest pages a part takes (1 when the caller split) */
+    float scale_log2;   /* scale * log2(e): scores in base 2 */
 };
 
 /* The first and one-past-last key of sequence b that any of its queries
@@ -209,10 +216,9 @@ template <typename T, bool FP8> struct kv_chunk {
 /* A thread's part of the keys' or values' tile from t0 (TPT tokens,
  * GROUPS apart): each load issued, none waited for; zeros past t_end. */
 template <typename chunk, int TPT, int GROUPS>
-__device__ __forceinline__ void load_tile(typename chunk::raw (&dst)[TPT], const void *pool,
-                                          const int32_t *table, int t0, int t_end, int gidx,
-                                          int page_shift, int pages, size_t token_elems,
-                                          size_t head_off)
+__device__ __forceinline__ void
+load_tile(typename chunk::raw (&dst)[TPT], const void *pool, const int32_t *table, int t0,
+          int t_end, int gidx, int page_shift, int pages, size_t token_elems, size_t head_off)
 {
     const int ps = 1 << page_shift;
 #pragma unroll
@@ -230,18 +236,19 @@ __device__ __forceinline__ void load_tile(typename chunk::raw (&dst)[TPT], const
 }
 
 template <typename T, int DIM, int ROWS, bool FP8>
-__global__ void __launch_bounds__(DECODE_THREADS) decode_kernel(decode_params<T> p)
+__global__ void __launch_bounds__(DECODE_THREADS, 4) decode_kernel(decode_params<T> p)
 {
     using chunk = kv_chunk<T, FP8>;
-    constexpr int LANES = DIM / 8, GROUPS = DECODE_THREADS / LANES;
-    constexpr int TPT = DECODE_TILE / GROUPS; /* tokens a thread loads a tile */
-    constexpr int WARPS = DECODE_THREADS / 32;
+    constexpr int LANES = DIM / 8;    /* threads a key */
+    constexpr int SLOTS = 32 / LANES; /* keys a warp reads at once */
+    constexpr int TPT = DECODE_TPT;
+    constexpr int TILE = SLOTS * TPT; /* keys a warp's tile */
     __shared__ __align__(16) float q_s[ROWS][DIM];
-    __shared__ float s_s[ROWS][DECODE_TILE];
-    __shared__ float m_s[ROWS], l_s[ROWS], alpha_s[ROWS];
-    __shared__ __align__(16) float red[GROUPS][ROWS][DIM];
+    __shared__ __align__(16) float o_s[DECODE_WARPS][ROWS][DIM];
+    __shared__ float m_s[DECODE_WARPS][ROWS], l_s[DECODE_WARPS][ROWS];
 
-    const int tid = threadIdx.x, lane = tid % LANES, gidx = tid / LANES;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int sub = lane % LANES, slot = lane / LANES;
     const int h = blockIdx.x % p.kv_heads, rg = (blockIdx.x / p.kv_heads) % p.row_groups;
     const int b = blockIdx.x / p.kv_heads / p.row_groups, split = blockIdx.y;
 
@@ -254,13 +261,14 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_kernel(decode_params<T>
     /* this part's keys: pages [first + split * per, ...) of the visible ones */
     const int ps = 1 << p.page_shift;
     int first_page = seq_lo >> p.page_shift, last_page = (len + ps - 1) >> p.page_shift;
-    int np = last_page - first_page, per = (np + p.splits - 1) / p.splits;
-    int part_lo = (first_page + split * per) << p.page_shift;
+    int np = last_page - first_page, per = max((np + p.splits - 1) / p.splits, p.min_part_pages);
+    int part_lo = (first_page + min(np, split * per)) << p.page_shift;
     int part_hi = (first_page + min(np, (split + 1) * per)) << p.page_shift;
     part_lo = max(part_lo, seq_lo);
     part_hi = min(part_hi, len);
 
-    /* the rows: row r is query i = gr / group of head h * group + gr % group */
+    /* the rows: row r is query i = gr / group of head h * group + gr % group,
+     * kept in shared memory with the score's scale folded in */
     int row_lo[ROWS], row_hi[ROWS];         /* keys [lo, hi) each row sees */
     int t_begin = INT_MAX, t_end = INT_MIN; /* the keys any row sees in this part */
 #pragma unroll
@@ -268,8 +276,7 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_kernel(decode_params<T>
         int gr = rg * ROWS + r;
         row_lo[r] = 0, row_hi[r] = 0;
         if (gr < p.rows) {
-            int i = gr / p.group;
-            row_hi[r] = len - p.q_len + i + 1;
+            row_hi[r] = len - p.q_len + gr / p.group + 1;
             row_lo[r] = p.window > 0 ? max(0, row_hi[r] - p.window) : 0;
             int lo = max(part_lo, row_lo[r]), hi = min(part_hi, row_hi[r]);
             if (lo < hi) {
@@ -278,7 +285,8 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_kernel(decode_params<T>
             }
         }
     }
-
+    if (t_begin >= t_end) /* no keys here: the loop below must not start */
+        t_begin = t_end = 0;
     for (int x = tid; x < ROWS * DIM; x += DECODE_THREADS) {
         int r = x / DIM, e = x % DIM, gr = rg * ROWS + r;
         float v = 0.0f;
@@ -286,128 +294,130 @@ __global__ void __launch_bounds__(DECODE_THREADS) decode_kernel(decode_params<T>
             int i = gr / p.group, head = h * p.group + gr % p.group;
             v = to_f32(p.q[((size_t)b * p.q_len + i) * p.q_stride + (size_t)head * DIM + e]);
         }
-        q_s[r][e] = v;
-    }
-    if (tid < ROWS) {
-        m_s[tid] = -INFINITY;
-        l_s[tid] = 0.0f;
+        q_s[r][e] = v * score_scale;
     }
     __syncthreads();
 
-    float acc[ROWS][8];
+    /* Each warp runs its own online softmax over its tiles (tiles warp,
+     * warp + WARPS, ... of the part), so nothing waits for another warp
+     * until the end; a thread's m, l and acc cover its slot's keys. */
+    float m[ROWS], l[ROWS], acc[ROWS][8];
 #pragma unroll
-    for (int r = 0; r < ROWS; r++)
+    for (int r = 0; r < ROWS; r++) {
+        m[r] = -INFINITY, l[r] = 0.0f;
 #pragma unroll
         for (int e = 0; e < 8; e++)
             acc[r][e] = 0.0f;
-
-    const size_t head_off = (size_t)h * DIM + lane * 8, token_elems = (size_t)p.kv_heads * DIM;
+    }
+    const size_t head_off = (size_t)h * DIM + sub * 8, token_elems = (size_t)p.kv_heads * DIM;
     const int32_t *table = p.table + (size_t)b * p.max_pages;
-    /* The loads run a step ahead of their use: a tile's values are asked
-     * for before its scores are computed, and the next tile's keys as soon
-     * as this tile's are used, so memory works through the softmax and
-     * P V (with a few blocks an SM, nothing else would keep it busy). */
-    typename chunk::raw kr[TPT], vr[TPT];
-    if (t_begin < t_end)
-        load_tile<chunk, TPT, GROUPS>(kr, p.kp, table, t_begin, t_end, gidx, p.page_shift, p.pages,
-                                      token_elems, head_off);
-    for (int t0 = t_begin; t0 < t_end; t0 += DECODE_TILE) {
-        load_tile<chunk, TPT, GROUPS>(vr, p.vp, table, t0, t_end, gidx, p.page_shift, p.pages,
-                                      token_elems, head_off);
-        /* scores: a token's LANES threads each dot 8 dims, then sum */
+    for (int t0 = t_begin + warp * TILE; t0 < t_end; t0 += DECODE_WARPS * TILE) {
+        typename chunk::raw kr[TPT], vr[TPT];
+        load_tile<chunk, TPT, SLOTS>(kr, p.kp, table, t0, t_end, slot, p.page_shift, p.pages,
+                                     token_elems, head_off);
+        load_tile<chunk, TPT, SLOTS>(vr, p.vp, table, t0, t_end, slot, p.page_shift, p.pages,
+                                     token_elems, head_off);
+        /* scores: a key's LANES threads each dot 8 dims, then sum (every
+         * lane of the slot ends with the same bits) */
+        float s[TPT][ROWS];
 #pragma unroll
         for (int j = 0; j < TPT; j++) {
-            int jj = gidx + j * GROUPS, t = t0 + jj;
+            int t = t0 + slot + j * SLOTS;
             float kf[8];
             chunk::unpack8(kf, kr[j]);
 #pragma unroll
             for (int r = 0; r < ROWS; r++) {
-                const float4 *qv = reinterpret_cast<const float4 *>(&q_s[r][lane * 8]);
+                const float4 *qv = reinterpret_cast<const float4 *>(&q_s[r][sub * 8]);
                 float4 a = qv[0], c = qv[1];
                 float dot = a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + c.x * kf[4] +
                             c.y * kf[5] + c.z * kf[6] + c.w * kf[7];
 #pragma unroll
                 for (int off = LANES / 2; off > 0; off >>= 1)
                     dot += __shfl_xor_sync(0xffffffffu, dot, off);
-                if (lane == 0)
-                    s_s[r][jj] = t < t_end && t >= row_lo[r] && t < row_hi[r] ? dot * score_scale
-                                                                              : -INFINITY;
+                s[j][r] = t < t_end && t >= row_lo[r] && t < row_hi[r] ? dot : -INFINITY;
             }
         }
-        if (t0 + DECODE_TILE < t_end) /* the next tile's keys: kr is free */
-            load_tile<chunk, TPT, GROUPS>(kr, p.kp, table, t0 + DECODE_TILE, t_end, gidx,
-                                          p.page_shift, p.pages, token_elems, head_off);
-        __syncthreads();
-        /* the online softmax, a row per warp */
-        for (int r = tid / 32; r < ROWS; r += WARPS) {
-            int l32 = tid % 32;
-            float x0 = s_s[r][l32], x1 = s_s[r][l32 + 32];
-            float mx = fmaxf(x0, x1);
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1)
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-            float m_old = m_s[r], m_new = fmaxf(m_old, mx), alpha = 1.0f, p0 = 0.0f, p1 = 0.0f;
-            if (m_new != -INFINITY) {
-                p0 = exp2f(x0 - m_new);
-                p1 = exp2f(x1 - m_new);
-                alpha = exp2f(m_old - m_new);
-            }
-            float sum = p0 + p1;
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1)
-                sum += __shfl_xor_sync(0xffffffffu, sum, off);
-            s_s[r][l32] = p0;
-            s_s[r][l32 + 32] = p1;
-            __syncwarp();
-            if (l32 == 0) {
-                l_s[r] = l_s[r] * alpha + sum;
-                m_s[r] = m_new;
-                alpha_s[r] = alpha;
-            }
-        }
-        __syncthreads();
-        /* P V for this thread's tokens and dims */
+        /* the online softmax: the tile's maximum over the warp's slots */
 #pragma unroll
         for (int r = 0; r < ROWS; r++) {
-            float a = alpha_s[r];
+            float mx = s[0][r];
+#pragma unroll
+            for (int j = 1; j < TPT; j++)
+                mx = fmaxf(mx, s[j][r]);
+#pragma unroll
+            for (int off = LANES; off < 32; off <<= 1)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+            float m_new = fmaxf(m[r], mx), alpha = 1.0f, sum = 0.0f;
+            if (m_new != -INFINITY) {
+                alpha = exp2f(m[r] - m_new);
+#pragma unroll
+                for (int j = 0; j < TPT; j++) {
+                    s[j][r] = exp2f(s[j][r] - m_new);
+                    sum += s[j][r];
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < TPT; j++)
+                    s[j][r] = 0.0f;
+            }
+            m[r] = m_new;
+            l[r] = l[r] * alpha + sum;
 #pragma unroll
             for (int e = 0; e < 8; e++)
-                acc[r][e] *= a;
+                acc[r][e] *= alpha;
         }
+        /* P V for this thread's keys and dims */
 #pragma unroll
         for (int j = 0; j < TPT; j++) {
-            int jj = gidx + j * GROUPS;
             float vf[8];
             chunk::unpack8(vf, vr[j]);
 #pragma unroll
-            for (int r = 0; r < ROWS; r++) {
-                float pr = s_s[r][jj];
+            for (int r = 0; r < ROWS; r++)
 #pragma unroll
                 for (int e = 0; e < 8; e++)
-                    acc[r][e] += pr * vf[e];
-            }
+                    acc[r][e] = fmaf(s[j][r], vf[e], acc[r][e]);
         }
-        __syncthreads(); /* s_s and alpha_s are the next tile's */
     }
 
-    /* the threads' partial sums meet */
+    /* the warp's slots meet (they share m), then the warps, weighted by
+     * 2^(m_w - max m) */
 #pragma unroll
-    for (int r = 0; r < ROWS; r++) {
-        float4 *dst = reinterpret_cast<float4 *>(&red[gidx][r][lane * 8]);
-        dst[0] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
-        dst[1] = make_float4(acc[r][4], acc[r][5], acc[r][6], acc[r][7]);
-    }
+    for (int off = LANES; off < 32; off <<= 1)
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], off);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                acc[r][e] += __shfl_xor_sync(0xffffffffu, acc[r][e], off);
+        }
+    if (slot == 0)
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            float4 *dst = reinterpret_cast<float4 *>(&o_s[warp][r][sub * 8]);
+            dst[0] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+            dst[1] = make_float4(acc[r][4], acc[r][5], acc[r][6], acc[r][7]);
+            if (sub == 0)
+                m_s[warp][r] = m[r], l_s[warp][r] = l[r];
+        }
     __syncthreads();
     for (int x = tid; x < ROWS * DIM; x += DECODE_THREADS) {
         int r = x / DIM, e = x % DIM, gr = rg * ROWS + r;
         if (gr >= p.rows)
             continue;
-        float sum = 0.0f;
+        float mx = m_s[0][r];
 #pragma unroll
-        for (int g = 0; g < GROUPS; g++)
-            sum += red[g][r][e];
-        float l = l_s[r], o = l > 0.0f ? sum / l * out_scale : 0.0f;
-        float lse = l > 0.0f ? (m_s[r] + log2f(l)) * 0.6931471805599453f : -INFINITY;
+        for (int w = 1; w < DECODE_WARPS; w++)
+            mx = fmaxf(mx, m_s[w][r]);
+        float sum = 0.0f, lsum = 0.0f;
+        if (mx != -INFINITY)
+#pragma unroll
+            for (int w = 0; w < DECODE_WARPS; w++) {
+                float wt = exp2f(m_s[w][r] - mx);
+                sum += wt * o_s[w][r][e];
+                lsum += wt * l_s[w][r];
+            }
+        float o = lsum > 0.0f ? sum / lsum * out_scale : 0.0f;
+        float lse = lsum > 0.0f ? (mx + log2f(lsum)) * 0.6931471805599453f : -INFINITY;
         int i = gr / p.group, head = h * p.group + gr % p.group;
         size_t row = ((size_t)b * p.q_len + i) * p.heads + head;
         if (p.splits > 1) {
@@ -440,6 +450,8 @@ __global__ void __launch_bounds__(MERGE_ROWS * 32)
     float acc[E] = {}, total = 0.0f;
     if (m != -INFINITY) {
         for (int s = 0; s < splits; s++) {
+            if (pl[s] == -INFINITY) /* a part with no keys */
+                continue;
             float w = expf(pl[s] - m);
             total += w;
             const float *po = part_o + ((size_t)row * splits + s) * DIM;
@@ -455,36 +467,66 @@ __global__ void __launch_bounds__(MERGE_ROWS * 32)
         lse[row] = total > 0.0f ? m + logf(total) : -INFINITY;
 }
 
-template <typename T, int DIM, int ROWS>
-int launch_decode_rows(cudaStream_t stream, decode_params<T> p, size_t merge_rows, bool fp8)
+/* How many blocks of this kernel one SM holds at once (asked of CUDA once
+ * a kernel; 1 if it will not say). */
+template <typename K> int blocks_an_sm(K kernel)
 {
-    size_t blocks = (size_t)p.seqs * p.row_groups * p.kv_heads;
-    dim3 grid((unsigned)blocks, (unsigned)p.splits);
-    if (fp8)
-        decode_kernel<T, DIM, ROWS, true><<<grid, DECODE_THREADS, 0, stream>>>(p);
-    else
-        decode_kernel<T, DIM, ROWS, false><<<grid, DECODE_THREADS, 0, stream>>>(p);
+    static std::atomic<int> known{0};
+    int n = known.load(std::memory_order_relaxed);
+    if (n > 0)
+        return n;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, DECODE_THREADS, 0) !=
+            cudaSuccess ||
+        n < 1)
+        n = 1;
+    known.store(n, std::memory_order_relaxed);
+    return n;
+}
+
+template <typename T, int DIM, int ROWS, bool FP8>
+int launch_decode_rows(cudaStream_t stream, decode_params<T> p, const weft__decode_args *a)
+{
+    auto kernel = decode_kernel<T, DIM, ROWS, FP8>;
+    constexpr int TILE = 32 / (DIM / 8) * DECODE_TPT;
+    /* The split: as fixed by the caller, or as many parts as fill one wave
+     * of the GPU's blocks (more would leave a ragged second wave), no more
+     * than the shape's workspace holds; a part the split makes takes at
+     * least two tiles a warp, so short sequences stay whole. */
+    size_t base = (size_t)p.seqs * p.kv_heads * (size_t)p.row_groups, parts = a->max_splits;
+    p.min_part_pages = 1;
+    if (!a->forced) {
+        size_t wave = (size_t)blocks_an_sm(kernel) * (size_t)sm_count();
+        size_t want = wave > base ? wave / base : 1;
+        parts = want < parts ? want : parts;
+        p.min_part_pages = (2 * DECODE_WARPS * TILE + (1 << p.page_shift) - 1) >> p.page_shift;
+    }
+    p.splits = (int)(parts < 1 ? 1 : parts);
+    size_t rows = (size_t)p.seqs * p.q_len * p.heads;
+    if (p.splits > 1) {
+        p.part_o = (float *)a->workspace;
+        p.part_lse =
+            (float *)((char *)a->workspace + weft__decode_lse_offset(rows, (size_t)p.splits, DIM));
+    }
+    kernel<<<dim3((unsigned)base, (unsigned)p.splits), DECODE_THREADS, 0, stream>>>(p);
     int rc = launched("weft_attention_decode");
     if (rc != WEFT_OK || p.splits == 1)
         return rc;
-    unsigned mblocks = (unsigned)((merge_rows + MERGE_ROWS - 1) / MERGE_ROWS);
+    unsigned mblocks = (unsigned)((rows + MERGE_ROWS - 1) / MERGE_ROWS);
     decode_merge<T, DIM><<<mblocks, MERGE_ROWS * 32, 0, stream>>>(p.part_o, p.part_lse, p.out,
-                                                                  p.lse, (int)merge_rows, p.splits);
+                                                                  p.lse, (int)rows, p.splits);
     return launched("weft_attention_decode (merge)");
 }
 
-template <typename T, int DIM>
-int launch_decode_dim(cudaStream_t stream, decode_params<T> p, size_t rows, bool fp8)
+template <typename T, int DIM, bool FP8>
+int launch_decode_dim(cudaStream_t stream, decode_params<T> p, const weft__decode_args *a)
 {
-    switch (p.rows <= 1 ? 1 : p.rows <= 2 ? 2 : p.rows <= 4 ? 4 : 8) {
+    switch (p.rows <= 1 ? 1 : p.rows <= 2 ? 2 : 4) {
     case 1:
-        return launch_decode_rows<T, DIM, 1>(stream, p, rows, fp8);
+        return launch_decode_rows<T, DIM, 1, FP8>(stream, p, a);
     case 2:
-        return launch_decode_rows<T, DIM, 2>(stream, p, rows, fp8);
-    case 4:
-        return launch_decode_rows<T, DIM, 4>(stream, p, rows, fp8);
+        return launch_decode_rows<T, DIM, 2, FP8>(stream, p, a);
     default:
-        return launch_decode_rows<T, DIM, 8>(stream, p, rows, fp8);
+        return launch_decode_rows<T, DIM, DECODE_MAX_ROWS, FP8>(stream, p, a);
     }
 }
 
@@ -510,7 +552,7 @@ template <typename T> int launch_decode(cudaStream_t stream, const weft__decode_
     p.group = (int)(a->heads / c->kv_heads);
     p.q_len = (int)a->q_len;
     p.rows = p.group * p.q_len;
-    int per_block = p.rows <= 1 ? 1 : p.rows <= 2 ? 2 : p.rows <= 4 ? 4 : DECODE_MAX_ROWS;
+    int per_block = p.rows <= 1 ? 1 : p.rows <= 2 ? 2 : DECODE_MAX_ROWS;
     p.row_groups = (p.rows + per_block - 1) / per_block;
     p.pages = (int)c->pages;
     p.max_pages = (int)c->max_pages;
@@ -520,25 +562,11 @@ template <typename T> int launch_decode(cudaStream_t stream, const weft__decode_
     p.seqs = (int)c->seqs;
     p.scale_log2 = a->scale * 1.4426950408889634f;
 
-    /* the split: as fixed by the caller, or enough parts to give every SM
-     * four blocks (three fit at once, so the last wave is a small share),
-     * no more than the shape's workspace holds */
-    size_t base = c->seqs * c->kv_heads * (size_t)p.row_groups, parts = a->max_splits;
-    if (!a->forced) {
-        size_t sms = (size_t)sm_count(), want = (4 * sms + base - 1) / base;
-        parts = want < parts ? want : parts;
-    }
-    p.splits = (int)(parts < 1 ? 1 : parts);
-    size_t rows = c->seqs * a->q_len * a->heads;
-    if (p.splits > 1) {
-        p.part_o = (float *)a->workspace;
-        p.part_lse = (float *)((char *)a->workspace +
-                               weft__decode_lse_offset(rows, (size_t)p.splits, c->head_dim));
-    }
-    bool fp8 = c->format == WEFT_KV_FP8_E4M3;
-    if (c->head_dim == 64)
-        return launch_decode_dim<T, 64>(stream, p, rows, fp8);
-    return launch_decode_dim<T, 128>(stream, p, rows, fp8);
+    if (c->format == WEFT_KV_FP8_E4M3)
+        return c->head_dim == 64 ? launch_decode_dim<T, 64, true>(stream, p, a)
+                                 : launch_decode_dim<T, 128, true>(stream, p, a);
+    return c->head_dim == 64 ? launch_decode_dim<T, 64, false>(stream, p, a)
+                             : launch_decode_dim<T, 128, false>(stream, p, a);
 }
 
 template <typename F> int by_half_type(weft_dtype dtype, F launch_as)
