@@ -241,10 +241,24 @@ def decode_cublaslt_times(args):
             return {tuple(v[:3]): v[3] for v in json.load(r)}
 
 
+def same_size_copy_tbps(torch, nbytes):
+    """The rate of device-to-device copies that move nbytes each (half read,
+    half written), rotating through 256 MiB so L2 holds none: the ceiling a
+    call that reads nbytes meets at its size, launch and ramp included."""
+    half = int(nbytes) // 2
+    pairs = max(3, -(-(256 << 20) // (2 * half)))
+    bufs = [(torch.empty(half, device="cuda", dtype=torch.uint8),
+             torch.empty(half, device="cuda", dtype=torch.uint8)) for _ in range(pairs)]
+    t = time_per_call(torch, rotating([lambda d=d, s=s: d.copy_(s) for s, d in bufs]))
+    del bufs
+    return 2 * half / t / 1e12
+
+
 def decode(torch, F, weft, args, copy_tbps, results):
     lt = decode_cublaslt_times(args)
     mine = decode_weft_times(torch, weft)
     for k, n in DECODE_KN:
+        same = same_size_copy_tbps(torch, 2.0 * n * k)
         for m in DECODE_MS:
             x, Ws = decode_operands(torch, k, n, m)
             tl = time_per_call(torch, rotating([lambda W=W: F.linear(x, W) for W in Ws]))
@@ -256,10 +270,11 @@ def decode(torch, F, weft, args, copy_tbps, results):
             results.append((
                 "decode bf16 m=%d k=%d n=%d" % (m, k, n), "weight bandwidth", bw, "TB/s",
                 "F.linear", wbytes / tl / 1e12,
-                "%.1f us, %.0f%% of copy (%.2f TB/s); torch.matmul %.2f TB/s; weft through "
-                "cuBLASLt (WEFT_MATMUL_SKINNY=0) %.2f TB/s" % (
-                    tw * 1e6, 100 * bw / copy_tbps, copy_tbps, wbytes / tm / 1e12,
-                    wbytes / tc / 1e12),
+                "%.1f us, %.0f%% of copy (%.2f TB/s), %.0f%% of a copy moving the same bytes "
+                "(%.2f TB/s); torch.matmul %.2f TB/s; weft through cuBLASLt "
+                "(WEFT_MATMUL_SKINNY=0) %.2f TB/s" % (
+                    tw * 1e6, 100 * bw / copy_tbps, copy_tbps, 100 * bw / same, same,
+                    wbytes / tm / 1e12, wbytes / tc / 1e12),
                 # An 8 MiB weight takes about 2 us, which launch gaps bound:
                 # the target is for the larger ones.
                 [("85% of the copy ceiling", ">=", 0.85 * copy_tbps)] if wbytes >= 32 << 20
