@@ -4,7 +4,7 @@
 Cases (32 query heads on 8 kv heads, head dim 128, bf16, pages of 16 tokens
 assigned in a shuffled order, one query per sequence, every sequence at the
 full length):
-  decode B16 L4096, B64 L2048, B1 L32768
+  decode B16 L4096, B64 L2048, B1 L32768, B256 L512
       the KV cache's bytes read per second (2 x B x L x kv_heads x dim x 2
       bytes over the call's time) of weft_attention_decode with its own
       split choice, beside: the same with the split off (splits = 1), torch's
@@ -43,7 +43,7 @@ BF16, F16 = 1, 2
 ROPE_INTERLEAVED, ROPE_HALVES = 0, 1
 KV_DTYPE, KV_FP8_E4M3 = 0, 1
 HEADS, KV_HEADS, DIM, PAGE = 32, 8, 128, 16
-CASES = ((16, 4096), (64, 2048), (1, 32768))
+CASES = ((16, 4096), (64, 2048), (1, 32768), (256, 512))
 
 
 class KvCache(ctypes.Structure):
