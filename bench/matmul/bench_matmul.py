@@ -314,13 +314,22 @@ def sparse(torch, weft, args, results):
             dense = weft.matmul(dense_out, x, W, trans_b=1)
             tw = time_per_call(torch, call)
             td = time_per_call(torch, dense)
-            tt = (time_per_call(torch, lambda: torch._cslt_sparse_mm(Wc, x.t()))
-                  if have_cslt else None)
+            tt, peer_note = None, ""
+            if have_cslt:
+                # cuSPARSELt refuses a dense operand narrower than 16
+                # columns: torch is given x padded to 16 rows, as weft pads
+                xp = x if m >= 16 else torch.cat([x, x.new_zeros(16 - m, k)])
+                if m < 16:
+                    peer_note = "; torch given m padded to 16"
+                try:
+                    tt = time_per_call(torch, lambda: torch._cslt_sparse_mm(Wc, xp.t()))
+                except RuntimeError as e:
+                    peer_note = "; torch refused: %s" % str(e).split("\n")[0][:80]
             results.append((
                 "sparse 2:4 bf16 m=%d k=%d n=%d" % (m, k, n), "time", tw * 1e6, "us",
-                "torch._cslt_sparse_mm" if have_cslt else None, tt * 1e6 if tt else None,
+                "torch._cslt_sparse_mm" if tt else None, tt * 1e6 if tt else None,
                 "weft_matmul on the same pruned weight (dense) %.1f us: sparse %.2fx; error vs "
-                "torch %.1e" % (td * 1e6, td / tw, err), []))
+                "torch %.1e%s" % (td * 1e6, td / tw, err, peer_note), []))
             del x, out, dense_out
         del sw, Wc, W
 
