@@ -14,7 +14,9 @@
  * weft_kv_append with a sequence id and a position per token, and one
  * weft_attention_decode over the batch's block tables (row i of the
  * device table is seqs[i]'s table) and lengths, which reads q from the
- * q | k | v rows of the packed projection (its q_stride).
+ * q | k | v rows of the packed projection (its q_stride). RoPE has no
+ * call of its own in a decode step: the append turns k and the attention
+ * q as they read them, the same rotation and rounding as weft_rope_scaled.
  *
  * A mixed step (wl_forward_mixed) also takes prompts' chunks: a sequence's
  * rows are consecutive (its chunk's tokens at their positions), K and V of
@@ -242,11 +244,16 @@ static int layer_batch(wl_batch *b, int li, int rows, int n, int mixed)
                         L->qkv_scale, L->qkv_sparse, qkv_dim, L->qkv_bias));
     if (c->qk_norm && wl_qk_norm(m, L, q, qkv_dim, rows, b->attn, b->row_ids))
         goto fail;
-    TRY(wl_rope(m, q, qkv_dim, k, qkv_dim, rows, b->positions));
+    /* A decode step turns k in the append and q in the attention, as they
+     * are read; a mixed step's attention takes both turned. */
+    weft_rope_llama3 llama3;
+    weft_kv_rope rope = wl_kv_rope(m, &llama3);
+    if (mixed)
+        TRY(wl_rope(m, q, qkv_dim, k, qkv_dim, rows, b->positions));
     weft_kv_cache cache = wl_kv_layer(b->kv, li, b->table, b->max_pages);
     cache.seqs = (size_t)n;
     TRY(weft_kv_append(WEFT_TASK_STREAM, &cache, k, qkv_dim, v, qkv_dim, (size_t)rows,
-                       mixed ? b->row_seqs : b->seq_ids, b->positions, NULL));
+                       mixed ? b->row_seqs : b->seq_ids, b->positions, mixed ? NULL : &rope));
     if (mixed) { /* each sequence's rows against its pages, the new keys last */
         weft_attention_desc d = {.dtype = dt,
                                  .batch = (size_t)n,
@@ -261,7 +268,8 @@ static int layer_batch(wl_batch *b, int li, int rows, int n, int mixed)
         weft_attention_decode_desc d = {.q_len = 1,
                                         .heads = (size_t)c->heads,
                                         .window = (size_t)c->sliding_window,
-                                        .q_stride = qkv_dim};
+                                        .q_stride = qkv_dim,
+                                        .q_rope = &rope};
         TRY(weft_attention_decode(WEFT_TASK_STREAM, &cache, &d, b->attn, NULL, q, b->seq_lens,
                                   b->workspace, b->workspace_bytes));
     }

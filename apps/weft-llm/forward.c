@@ -37,8 +37,9 @@
  * Both ops take Mistral's sliding_window as it is: their window counts the
  * keys a query sees, itself included, as transformers' does.
  * RoPE: weft_rope (weft_rope_scaled with Llama 3's scaled frequencies)
- * rotates q and k in place before the append, so the append and attention
- * take no fused rotation and every model's layer stays on the device.
+ * rotates q and k in place before the append here, so the append and
+ * attention take no fused rotation (a batch's decode step, batch.c, fuses
+ * it into both).
  * weft's paged cache and attention take bf16 or fp16 and head_dim 64 or 128
  * (weft_attention 256 too): other models are refused by wl_kv_create.
  */
@@ -146,18 +147,27 @@ void wl_seq_destroy(wl_seq *s)
     free(s);
 }
 
+weft_kv_rope wl_kv_rope(const wl_model *m, weft_rope_llama3 *llama3)
+{
+    const wl_config *c = &m->cfg;
+    *llama3 = (weft_rope_llama3){.factor = c->rope_factor,
+                                 .low_freq_factor = c->rope_low_freq,
+                                 .high_freq_factor = c->rope_high_freq,
+                                 .original_max_positions = c->rope_original_max};
+    return (weft_kv_rope){.layout = WEFT_ROPE_HALVES,
+                          .base = (float)c->rope_theta,
+                          .scaling = c->rope_llama3 ? llama3 : NULL};
+}
+
 int wl_rope(const wl_model *m, void *q, size_t q_stride, void *k, size_t k_stride, int n,
             const int32_t *positions)
 {
     const wl_config *c = &m->cfg;
-    weft_rope_llama3 llama3 = {.factor = c->rope_factor,
-                               .low_freq_factor = c->rope_low_freq,
-                               .high_freq_factor = c->rope_high_freq,
-                               .original_max_positions = c->rope_original_max};
-    return weft_rope_scaled(WEFT_TASK_STREAM, m->dtype, WEFT_ROPE_HALVES, q, (size_t)c->heads,
-                            q_stride, k, (size_t)c->kv_heads, k_stride, (size_t)n,
-                            (size_t)c->head_dim, positions, (float)c->rope_theta,
-                            c->rope_llama3 ? &llama3 : NULL);
+    weft_rope_llama3 llama3;
+    weft_kv_rope r = wl_kv_rope(m, &llama3);
+    return weft_rope_scaled(WEFT_TASK_STREAM, m->dtype, r.layout, q, (size_t)c->heads, q_stride, k,
+                            (size_t)c->kv_heads, k_stride, (size_t)n, (size_t)c->head_dim,
+                            positions, r.base, r.scaling);
 }
 
 /* One of q's or k's parts of n rows (heads heads each), normed in place:

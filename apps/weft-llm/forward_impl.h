@@ -63,9 +63,11 @@ struct wl_seq {
 int wl_model_has_dense_mlp(const wl_model *m);
 /* weft_await keeping the error line (a task may resume on another worker). */
 void wl_await_keeping_error(void);
-/* RoPE as the model's config defines it (halves layout; Llama 3's scaled
- * frequencies where rope_scaling says so) on n tokens' q and k rows, on the
- * calling task's stream. */
+/* The model's RoPE (halves layout; Llama 3's scaled frequencies where
+ * rope_scaling says so) as weft_kv_append and weft_attention_decode take it;
+ * *llama3 holds the scaling the result points to. */
+weft_kv_rope wl_kv_rope(const wl_model *m, weft_rope_llama3 *llama3);
+/* That RoPE on n tokens' q and k rows, on the calling task's stream. */
 int wl_rope(const wl_model *m, void *q, size_t q_stride, void *k, size_t k_stride, int n,
             const int32_t *positions);
 /* Qwen3's RMSNorm of each head of q and k, in place, in n rows of q | k | v

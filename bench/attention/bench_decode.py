@@ -57,7 +57,7 @@ class KvCache(ctypes.Structure):
 
 class KvRope(ctypes.Structure):
     """weft_kv_rope."""
-    _fields_ = [("layout", ctypes.c_int), ("base", ctypes.c_float)]
+    _fields_ = [("layout", ctypes.c_int), ("base", ctypes.c_float), ("scaling", ctypes.c_void_p)]
 
 
 class DecodeDesc(ctypes.Structure):
@@ -65,7 +65,8 @@ class DecodeDesc(ctypes.Structure):
     Z = ctypes.c_size_t
     _fields_ = [("q_len", Z), ("heads", Z), ("scale", ctypes.c_float), ("window", Z),
                 ("max_seq_len", Z), ("splits", Z), ("q_stride", Z),
-                ("reserved", ctypes.c_uint64 * 3)]
+                ("q_rope", ctypes.POINTER(KvRope)),
+                ("reserved", ctypes.c_uint64 * 2)]
 
 
 def load_weft(path):

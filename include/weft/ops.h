@@ -1007,13 +1007,16 @@ typedef struct weft_kv_cache {
     uint64_t reserved[4]; /* must be zero */
 } weft_kv_cache;
 
-/* RoPE fused into weft_kv_append: the rotation weft_rope gives K (same
- * layouts, same angle positions[t] * base^(-2i / head_dim) formed in double,
- * same fp32 rotation and rounding), so the appended keys equal weft_rope's
- * result bit for bit on the host. base > 0 and finite. */
+/* RoPE fused into weft_kv_append (on K) and weft_attention_decode (on
+ * Q): the rotation weft_rope_scaled gives (same layouts, same angle
+ * position * inverse frequency formed in double, same fp32 rotation and
+ * rounding), so the results equal weft_rope_scaled's bit for bit on the
+ * host. base > 0 and finite; scaling as weft_rope_scaled takes it (NULL:
+ * none). */
 typedef struct weft_kv_rope {
     weft_rope_layout layout;
     float base;
+    const weft_rope_llama3 *scaling;
 } weft_kv_rope;
 
 /* Writes tokens new keys and values into their pages: token t (row t of k,
@@ -1093,7 +1096,14 @@ typedef struct weft_attention_decode_desc {
      * means heads * head_dim (packed); a multiple of 8, >= that, so q may
      * be a view into a fused projection's rows. out is always packed. */
     size_t q_stride;
-    uint64_t reserved[3];
+    /* RoPE on the queries as they are read (NULL: q is taken as it is):
+     * query i of sequence b is turned by the angle of its position
+     * seq_lens[b] - q_len + i and rounded to the dtype, as
+     * weft_rope_scaled would leave it in q, which stays unchanged; with
+     * the keys appended under the same rope, a decode step needs no RoPE
+     * call of its own. */
+    const weft_kv_rope *q_rope;
+    uint64_t reserved[2];
 } weft_attention_decode_desc;
 
 /* Bytes of workspace weft_attention_decode needs for this cache and desc

@@ -347,6 +347,11 @@ typedef struct weft__softmax_args {
     weft_softmax_opts o; /* scale 0 already replaced by 1 */
 } weft__softmax_args;
 
+/* base and scaling checked as weft_rope_scaled checks them (WEFT_EINVAL
+ * naming op) and resolved into *freq for head_dim (rope.c). */
+int weft__rope_freq_resolve(const char *op, float base, const weft_rope_llama3 *scaling,
+                            size_t head_dim, weft__rope_freq *freq);
+
 typedef struct weft__rope_args {
     weft_dtype dtype;
     weft_rope_layout layout;

@@ -104,6 +104,15 @@ static int check_int32_array(const char *op, const char *name, const int32_t *p)
     return WEFT_OK;
 }
 
+/* A weft_kv_rope checked (WEFT_EINVAL naming op) and resolved into *freq. */
+static int check_rope(const char *op, const weft_kv_rope *rope, size_t head_dim,
+                      weft__rope_freq *freq)
+{
+    if (rope->layout != WEFT_ROPE_INTERLEAVED && rope->layout != WEFT_ROPE_HALVES)
+        return weft__fail(WEFT_EINVAL, "%s: unknown RoPE layout %d", op, (int)rope->layout);
+    return weft__rope_freq_resolve(op, rope->base, rope->scaling, head_dim, freq);
+}
+
 static void run_append_host(const void *args)
 {
     (void)weft__kv_append_host(args, 0);
@@ -131,13 +140,9 @@ int weft_kv_append(void *stream, const weft_kv_cache *cache, const void *k, size
         return rc;
     if (tokens > INT32_MAX)
         return weft__fail(WEFT_EINVAL, "%s: %zu tokens is over int32", APPEND, tokens);
-    if (rope) {
-        if (rope->layout != WEFT_ROPE_INTERLEAVED && rope->layout != WEFT_ROPE_HALVES)
-            return weft__fail(WEFT_EINVAL, "%s: unknown RoPE layout %d", APPEND, (int)rope->layout);
-        if (!isfinite(rope->base) || rope->base <= 0)
-            return weft__fail(WEFT_EINVAL, "%s: RoPE base %g is not finite and > 0", APPEND,
-                              (double)rope->base);
-    }
+    weft__rope_freq freq = {0};
+    if (rope && (rc = check_rope(APPEND, rope, cache->head_dim, &freq)) != WEFT_OK)
+        return rc;
     if ((rc = weft__check_stream(APPEND, (void *)stream)) != WEFT_OK)
         return rc;
     weft__kv_append_args a = {.c = *cache,
@@ -150,7 +155,7 @@ int weft_kv_append(void *stream, const weft_kv_cache *cache, const void *k, size
                               .positions = positions,
                               .rope = rope != NULL,
                               .layout = rope ? rope->layout : WEFT_ROPE_INTERLEAVED,
-                              .base = rope ? rope->base : 0.0f};
+                              .freq = freq};
     if (stream == WEFT_TASK_STREAM && (rc = weft__task_stream_op(APPEND, &stream, run_append_host,
                                                                  &a, sizeof a)) != WEFT__ON_STREAM)
         return rc;
@@ -217,6 +222,10 @@ static int check_decode_shape(const weft_kv_cache *c, const weft_attention_decod
                           "%s: q_stride %zu is below a row's %zu elements or not a "
                           "multiple of 8",
                           DECODE, d->q_stride, width);
+    a->q_rope = d->q_rope != NULL;
+    a->q_layout = d->q_rope ? d->q_rope->layout : WEFT_ROPE_INTERLEAVED;
+    if (d->q_rope && (rc = check_rope(DECODE, d->q_rope, c->head_dim, &a->q_freq)) != WEFT_OK)
+        return rc;
     a->c = *c;
     a->q_stride = d->q_stride ? d->q_stride : width;
     a->q_len = d->q_len;
@@ -236,7 +245,7 @@ static int check_decode_shape(const weft_kv_cache *c, const weft_attention_decod
 int weft_attention_decode_workspace(const weft_kv_cache *cache,
                                     const weft_attention_decode_desc *desc, size_t *bytes)
 {
-    weft__decode_args a;
+    weft__decode_args a = {0};
     size_t need;
     int rc;
 
@@ -264,7 +273,7 @@ int weft_attention_decode(void *stream, const weft_kv_cache *cache,
                           const void *q, const int32_t *seq_lens, void *workspace,
                           size_t workspace_bytes)
 {
-    weft__decode_args a;
+    weft__decode_args a = {0};
     size_t need;
     int rc;
 

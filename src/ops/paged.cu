@@ -62,7 +62,7 @@ template <typename T> struct append_params {
     const T *k, *v;
     const int32_t *table, *seq_ids, *positions;
     size_t k_stride, v_stride, tokens, kv_heads, head_dim, page_size, pages, seqs, max_pages;
-    double base;
+    weft__rope_freq freq;
     bool rope, halves, fp8;
 };
 
@@ -98,7 +98,7 @@ template <typename T> __global__ void __launch_bounds__(256) append_kernel(appen
         float u = to_f32(ks[lo]), w = to_f32(ks[hi]);
         if (p.rope) {
             float sn, cs;
-            pair_angle(pos, pow(p.base, -2.0 * (double)i / (double)p.head_dim), sn, cs);
+            pair_angle(pos, weft__rope_inverse_frequency(&p.freq, i), sn, cs);
             rotate(u, w, sn, cs);
         }
         float kscale = p.fp8 ? p.k_scale[h] : 1.0f, vscale = p.fp8 ? p.v_scale[h] : 1.0f;
@@ -131,7 +131,7 @@ template <typename T> int launch_append(cudaStream_t stream, const weft__kv_appe
     p.pages = a->c.pages;
     p.seqs = a->c.seqs;
     p.max_pages = a->c.max_pages;
-    p.base = a->base;
+    p.freq = a->freq;
     p.rope = a->rope != 0;
     p.halves = a->layout == WEFT_ROPE_HALVES;
     const unsigned threads = 256;
@@ -162,8 +162,10 @@ template <typename T> struct decode_params {
     float *part_o, *part_lse; /* the workspace, when split */
     int page_shift, kv_heads, heads, group, q_len, rows, row_groups, pages, max_pages;
     int window, max_len, splits, seqs;
-    int min_part_pages; /* the fewest pages a part takes (1 when the caller split) */
-    float scale_log2;   /* scale * log2(e): scores in base 2 */
+    int min_part_pages;    /* the fewest pages a part takes (1 when the caller split) */
+    bool q_rope, q_halves; /* turn q as it is read (weft_rope_scaled's rotation) */
+    weft__rope_freq q_freq;
+    float scale_log2; /* scale * log2(e): scores in base 2 */
 };
 
 /* The first and one-past-last key of sequence b that any of its queries
@@ -235,6 +237,20 @@ load_tile(typename chunk::raw (&dst)[TPT], const void *pool, const int32_t *tabl
     }
 }
 
+/* Element e of a query row after weft_rope_scaled's rotation at position
+ * pos (rope.cuh's angle and rotation), rounded to T as weft_rope leaves it. */
+template <typename T, int DIM>
+__device__ __forceinline__ float turned(const T *row, int e, int pos, bool halves,
+                                        const weft__rope_freq &freq)
+{
+    int i = halves ? e % (DIM / 2) : e / 2;
+    int lo = halves ? i : 2 * i, hi = halves ? i + DIM / 2 : 2 * i + 1;
+    float u = to_f32(row[lo]), w = to_f32(row[hi]), sn, cs;
+    pair_angle(pos, weft__rope_inverse_frequency(&freq, (size_t)i), sn, cs);
+    rotate(u, w, sn, cs);
+    return to_f32(from_f32<T>(e == lo ? u : w));
+}
+
 template <typename T, int DIM, int ROWS, bool FP8>
 __global__ void __launch_bounds__(DECODE_THREADS, 4) decode_kernel(decode_params<T> p)
 {
@@ -292,7 +308,10 @@ __global__ void __launch_bounds__(DECODE_THREADS, 4) decode_kernel(decode_params
         float v = 0.0f;
         if (gr < p.rows) {
             int i = gr / p.group, head = h * p.group + gr % p.group;
-            v = to_f32(p.q[((size_t)b * p.q_len + i) * p.q_stride + (size_t)head * DIM + e]);
+            const T *row = p.q + ((size_t)b * p.q_len + i) * p.q_stride + (size_t)head * DIM;
+            v = to_f32(row[e]);
+            if (p.q_rope) /* e's pair turned at the query's position, rounded as q would be */
+                v = turned<T, DIM>(row, e, len - p.q_len + i, p.q_halves, p.q_freq);
         }
         q_s[r][e] = v * score_scale;
     }
@@ -561,6 +580,9 @@ template <typename T> int launch_decode(cudaStream_t stream, const weft__decode_
     p.max_len = (int)a->max_seq_len;
     p.seqs = (int)c->seqs;
     p.scale_log2 = a->scale * 1.4426950408889634f;
+    p.q_rope = a->q_rope != 0;
+    p.q_halves = a->q_layout == WEFT_ROPE_HALVES;
+    p.q_freq = a->q_freq;
 
     if (c->format == WEFT_KV_FP8_E4M3)
         return c->head_dim == 64 ? launch_decode_dim<T, 64, true>(stream, p, a)

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ops/rope_freq.h"
 #include "weft/ops.h"
 
 #ifdef __cplusplus
@@ -78,9 +79,9 @@ typedef struct weft__kv_append_args {
     const void *k, *v;
     size_t k_stride, v_stride, tokens;
     const int32_t *seq_ids, *positions;
-    int rope; /* rotate K by layout and base */
+    int rope; /* rotate K by layout and freq */
     weft_rope_layout layout;
-    float base;
+    weft__rope_freq freq;
 } weft__kv_append_args;
 
 typedef struct weft__decode_args {
@@ -97,6 +98,9 @@ typedef struct weft__decode_args {
     const void *q;
     const int32_t *seq_lens;
     void *workspace;
+    int q_rope; /* rotate each query row by layout and freq as it is read */
+    weft_rope_layout q_layout;
+    weft__rope_freq q_freq;
 } weft__decode_args;
 
 /* What every call over the cache asks of it (any format): WEFT_EINVAL with

@@ -85,9 +85,8 @@ static void put_key_head(const weft__kv_append_args *a, size_t t, size_t h, size
     for (size_t i = 0; i < d / 2; i++) {
         size_t lo = a->layout == WEFT_ROPE_INTERLEAVED ? 2 * i : i;
         size_t hi = a->layout == WEFT_ROPE_INTERLEAVED ? 2 * i + 1 : i + d / 2;
-        double inv_freq = pow(a->base, -2.0 * (double)i / (double)d);
         float sn, cs;
-        weft__sincos((double)a->positions[t] * inv_freq, &sn, &cs);
+        weft__sincos((double)a->positions[t] * weft__rope_inverse_frequency(&a->freq, i), &sn, &cs);
         float u = weft__load(c->dtype, a->k, src + lo), v = weft__load(c->dtype, a->k, src + hi);
         pool_store(c, c->k, c->k_scale, dst + lo, h, u * cs - v * sn);
         pool_store(c, c->k, c->k_scale, dst + hi, h, u * sn + v * cs);
@@ -132,17 +131,37 @@ int weft__kv_append_host(const weft__kv_append_args *a, int refuse)
 
 /* ---- decode --------------------------------------------------------------- */
 
-/* fp32 dot product of query row qr with head kvh of the key at pool row
- * `at`, times scale. */
-static float score(const weft__decode_args *a, size_t qr, size_t at, size_t kvh)
+/* fp32 dot product of the query q (head_dim values) with head kvh of the
+ * key at pool row `at`, times scale. */
+static float score(const weft__decode_args *a, const float *q, size_t at, size_t kvh)
 {
     const weft_kv_cache *c = &a->c;
     size_t d = c->head_dim;
     float sum = 0.0f;
     for (size_t e = 0; e < d; e++)
-        sum += weft__load(c->dtype, a->q, qr + e) *
-               pool_load(c, c->k, c->k_scale, at + kvh * d + e, kvh);
+        sum += q[e] * pool_load(c, c->k, c->k_scale, at + kvh * d + e, kvh);
     return sum * a->scale;
+}
+
+/* Query row qr into q as the scores take it: as stored, or turned at
+ * position pos as weft_rope_scaled turns it (rope.c: the angle in double,
+ * the fp32 rotation) and rounded to the dtype. */
+static void read_query(const weft__decode_args *a, size_t qr, long pos, float *q)
+{
+    const weft_kv_cache *c = &a->c;
+    size_t d = c->head_dim;
+    for (size_t e = 0; e < d; e++)
+        q[e] = weft__load(c->dtype, a->q, qr + e);
+    if (!a->q_rope)
+        return;
+    for (size_t i = 0; i < d / 2; i++) {
+        size_t lo = a->q_layout == WEFT_ROPE_INTERLEAVED ? 2 * i : i;
+        size_t hi = a->q_layout == WEFT_ROPE_INTERLEAVED ? 2 * i + 1 : i + d / 2;
+        float sn, cs, u = q[lo], v = q[hi];
+        weft__sincos((double)pos * weft__rope_inverse_frequency(&a->q_freq, i), &sn, &cs);
+        q[lo] = weft__round_to(c->dtype, u * cs - v * sn);
+        q[hi] = weft__round_to(c->dtype, u * sn + v * cs);
+    }
 }
 
 /* One query row (sequence b, query i, head h) over keys [lo, hi]. */
@@ -153,16 +172,17 @@ static void attend(const weft__decode_args *a, size_t b, size_t i, size_t h, lon
     size_t d = c->head_dim, kvh = h / (a->heads / c->kv_heads);
     size_t row = (b * a->q_len + i) * a->heads + h, out_at = row * d;
     size_t qr = (b * a->q_len + i) * a->q_stride + h * d;
-    float acc[128] = {0}, m = -INFINITY;
+    float acc[128] = {0}, q[128], m = -INFINITY;
     weft__sum total = {0};
 
+    read_query(a, qr, hi, q); /* the query's position is its last key's */
     for (long j = lo; j <= hi; j++) {
         size_t at = refuse ? slot_row(c, b, (size_t)j) : slot_row_clamped(c, b, (size_t)j);
-        m = fmaxf(m, score(a, qr, at, kvh));
+        m = fmaxf(m, score(a, q, at, kvh));
     }
     for (long j = lo; j <= hi; j++) {
         size_t at = refuse ? slot_row(c, b, (size_t)j) : slot_row_clamped(c, b, (size_t)j);
-        float p = weft__expf(score(a, qr, at, kvh) - m);
+        float p = weft__expf(score(a, q, at, kvh) - m);
         weft__sum_add(&total, p);
         for (size_t e = 0; e < d; e++)
             acc[e] += p * pool_load(c, c->v, c->v_scale, at + kvh * d + e, kvh);

@@ -73,6 +73,33 @@ static int finite_above(double v, double floor)
     return !isnan(v) && !isinf(v) && v > floor;
 }
 
+int weft__rope_freq_resolve(const char *op, float base, const weft_rope_llama3 *scaling,
+                            size_t head_dim, weft__rope_freq *freq)
+{
+    if (isnan(base) || isinf(base) || base <= 0)
+        return weft__fail(WEFT_EINVAL, "%s: RoPE base %g is not finite and > 0", op, (double)base);
+    if (scaling &&
+        (!finite_above(scaling->factor, 1 - 1e-12) || !finite_above(scaling->low_freq_factor, 0) ||
+         !finite_above(scaling->high_freq_factor, scaling->low_freq_factor) ||
+         !finite_above(scaling->original_max_positions, 0)))
+        return weft__fail(WEFT_EINVAL,
+                          "%s: Llama 3 scaling factor %g, low_freq_factor %g, high_freq_factor "
+                          "%g, original_max_positions %g: each finite, factor >= 1 and 0 < low < "
+                          "high, positions > 0",
+                          op, scaling->factor, scaling->low_freq_factor, scaling->high_freq_factor,
+                          scaling->original_max_positions);
+    *freq = (weft__rope_freq){.base = base, .head_dim = head_dim};
+    if (scaling)
+        *freq = (weft__rope_freq){.base = base,
+                                  .head_dim = head_dim,
+                                  .llama3 = 1,
+                                  .factor = scaling->factor,
+                                  .low_freq_factor = scaling->low_freq_factor,
+                                  .high_freq_factor = scaling->high_freq_factor,
+                                  .original_max_positions = scaling->original_max_positions};
+    return WEFT_OK;
+}
+
 int weft_rope_scaled(void *stream, weft_dtype dtype, weft_rope_layout layout, void *q,
                      size_t q_heads, size_t q_stride, void *k, size_t k_heads, size_t k_stride,
                      size_t tokens, size_t head_dim, const int32_t *positions, float base,
@@ -87,18 +114,9 @@ int weft_rope_scaled(void *stream, weft_dtype dtype, weft_rope_layout layout, vo
     if (head_dim == 0 || head_dim % 2 != 0)
         return weft__fail(WEFT_EINVAL, "%s: head_dim %zu is not a positive even number", OP,
                           head_dim);
-    if (isnan(base) || isinf(base) || base <= 0)
-        return weft__fail(WEFT_EINVAL, "%s: base %g is not finite and > 0", OP, (double)base);
-    if (scaling &&
-        (!finite_above(scaling->factor, 1 - 1e-12) || !finite_above(scaling->low_freq_factor, 0) ||
-         !finite_above(scaling->high_freq_factor, scaling->low_freq_factor) ||
-         !finite_above(scaling->original_max_positions, 0)))
-        return weft__fail(WEFT_EINVAL,
-                          "%s: Llama 3 scaling factor %g, low_freq_factor %g, high_freq_factor "
-                          "%g, original_max_positions %g: each finite, factor >= 1 and 0 < low < "
-                          "high, positions > 0",
-                          OP, scaling->factor, scaling->low_freq_factor, scaling->high_freq_factor,
-                          scaling->original_max_positions);
+    weft__rope_freq freq;
+    if ((rc = weft__rope_freq_resolve(OP, base, scaling, head_dim, &freq)) != WEFT_OK)
+        return rc;
     if (q_heads == 0)
         return weft__fail(WEFT_EINVAL, "%s: q_heads is 0", OP);
     if (q_heads > SIZE_MAX / head_dim)
@@ -134,15 +152,7 @@ int weft_rope_scaled(void *stream, weft_dtype dtype, weft_rope_layout layout, vo
                          .tokens = tokens,
                          .head_dim = head_dim,
                          .positions = positions,
-                         .freq = {.base = base, .head_dim = head_dim}};
-    if (scaling)
-        a.freq = (weft__rope_freq){.base = base,
-                                   .head_dim = head_dim,
-                                   .llama3 = 1,
-                                   .factor = scaling->factor,
-                                   .low_freq_factor = scaling->low_freq_factor,
-                                   .high_freq_factor = scaling->high_freq_factor,
-                                   .original_max_positions = scaling->original_max_positions};
+                         .freq = freq};
     if (stream == WEFT_TASK_STREAM &&
         (rc = weft__task_stream_op(OP, &stream, run_host, &a, sizeof a)) != WEFT__ON_STREAM)
         return rc;

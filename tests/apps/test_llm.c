@@ -394,6 +394,7 @@ static void test_forward_variants_match_reference(void **state)
     for (int i = 2; i < 5; i++)
         check_forward(v[i], ALT_NONE, seed);
     batched_rows_match_alone(v[3]); /* Qwen3's q/k norms over a batch's rows */
+    batched_rows_match_alone(v[0]); /* decode steps turn q and k in the append and attention */
     int32_t ids[2] = {1, 2};
     float logits[2 * TINY_VOCAB];
     char message[512];

@@ -71,7 +71,9 @@ typedef struct pg_shape {
     weft_dtype dtype;
     size_t seqs, kv_heads, heads, head_dim, page_size, q_len, window;
     const int32_t *lens;
-    int rope; /* 0 none, else 1 + weft_rope_layout */
+    int rope;   /* 0 none, else 1 + weft_rope_layout */
+    int llama3; /* the rope with Llama 3's scaled frequencies */
+    int q_rope; /* the decode turns q as it reads it (the same rope) */
     float scale;
     size_t splits;
     int fp8; /* FP8 E4M3 pools with random per-head scales */
@@ -86,8 +88,15 @@ typedef struct pg_case {
     float *k_scale, *v_scale; /* FP8: [kv_heads] */
     int32_t *table;           /* [seqs][max_pages], unused entries -1 */
     void *k, *v, *q;          /* k, v: [tokens][kv_heads][head_dim]; q as weft_attention_decode */
+    void *q_turned;           /* with q_rope: q as weft_rope_scaled turns it (host) */
     int32_t *seq_ids, *positions, *lens;
+    weft_kv_rope rope;
 } pg_case;
+
+/* Llama 3.1's scaling: at base 10000 and head_dim 64 or 128 it slows
+ * most pairs, so a case that drops it differs at every position. */
+static const weft_rope_llama3 PG_LLAMA3 = {
+    .factor = 8, .low_freq_factor = 1, .high_freq_factor = 4, .original_max_positions = 8192};
 
 static inline size_t pg_esize(void)
 {
@@ -181,6 +190,24 @@ static inline pg_case pg_make(const pg_shape *s)
     c.q_elems = c.rows * s->head_dim;
     c.q = pg_alloc(c.q_elems * 2);
     pg_fill(s->dtype, c.q, c.q_elems, 2.0); /* sharper than uniform attention */
+    c.rope =
+        (weft_kv_rope){.layout = s->rope ? (weft_rope_layout)(s->rope - 1) : WEFT_ROPE_INTERLEAVED,
+                       .base = 10000.0f,
+                       .scaling = s->llama3 ? &PG_LLAMA3 : NULL};
+    if (s->q_rope) { /* query i of sequence b sits at lens[b] - q_len + i */
+        size_t qrows = s->seqs * s->q_len;
+        int32_t *pos = pg_alloc(qrows * 4);
+        for (size_t r = 0; r < qrows; r++)
+            pos[r] = s->lens[r / s->q_len] - (int32_t)s->q_len + (int32_t)(r % s->q_len);
+        c.q_turned = pg_alloc(c.q_elems * 2);
+        memcpy(c.q_turned, c.q, c.q_elems * 2);
+        int rc = weft_rope_scaled(NULL, s->dtype, c.rope.layout, c.q_turned, s->heads,
+                                  s->heads * s->head_dim, NULL, 0, 0, qrows, s->head_dim, pos,
+                                  c.rope.base, c.rope.scaling);
+        if (rc != WEFT_OK)
+            printf("weft_rope_scaled: %s\n", weft_last_error());
+        free(pos);
+    }
     return c;
 }
 
@@ -188,11 +215,12 @@ static inline void pg_free(pg_case *c)
 {
     free(c->kp), free(c->vp), free(c->table), free(c->k), free(c->v), free(c->q);
     free(c->seq_ids), free(c->positions), free(c->lens), free(c->k_scale), free(c->v_scale);
+    free(c->q_turned);
 }
 
 static inline weft_kv_rope pg_rope(const pg_case *c)
 {
-    return (weft_kv_rope){.layout = (weft_rope_layout)(c->s.rope - 1), .base = 10000.0f};
+    return c->rope;
 }
 
 static inline weft_attention_decode_desc pg_desc(const pg_case *c)
@@ -201,7 +229,8 @@ static inline weft_attention_decode_desc pg_desc(const pg_case *c)
                                         .heads = c->s.heads,
                                         .scale = c->s.scale,
                                         .window = c->s.window,
-                                        .splits = c->s.splits};
+                                        .splits = c->s.splits,
+                                        .q_rope = c->s.q_rope ? &c->rope : NULL};
 }
 
 /* Pool row (elements) of token j of sequence b. */
@@ -235,8 +264,8 @@ static inline void pg_expected_rows(const pg_case *c, void **kw, void **vw)
         weft__store(t, k, i, weft__load(c->s.dtype, c->k, i));
     if (c->s.rope && c->tokens) {
         weft_kv_rope r = pg_rope(c);
-        int rc = weft_rope(NULL, t, r.layout, k, c->s.kv_heads, c->row, NULL, 0, 0, c->tokens,
-                           c->s.head_dim, c->positions, r.base);
+        int rc = weft_rope_scaled(NULL, t, r.layout, k, c->s.kv_heads, c->row, NULL, 0, 0,
+                                  c->tokens, c->s.head_dim, c->positions, r.base, r.scaling);
         if (rc != WEFT_OK)
             printf("weft_rope: %s\n", weft_last_error());
     }
@@ -296,6 +325,7 @@ static inline void pg_ref_row(const pg_case *c, size_t b, size_t i, size_t h, do
     const pg_shape *s = &c->s;
     size_t d = s->head_dim, kvh = h / (s->heads / s->kv_heads);
     size_t qr = ((b * s->q_len + i) * s->heads + h) * d;
+    const void *q = s->q_rope ? c->q_turned : c->q;
     double scale = s->scale != 0 ? s->scale : 1.0 / sqrt((double)d);
     long hi = (long)s->lens[b] - (long)s->q_len + (long)i;
     long lo = s->window && hi - (long)s->window + 1 > 0 ? hi - (long)s->window + 1 : 0;
@@ -311,7 +341,7 @@ static inline void pg_ref_row(const pg_case *c, size_t b, size_t i, size_t h, do
         size_t at = pg_at(c, b, (size_t)j) + kvh * d;
         double dot = 0;
         for (size_t e = 0; e < d; e++)
-            dot += (double)weft__load(s->dtype, c->q, qr + e) *
+            dot += (double)weft__load(s->dtype, q, qr + e) *
                    pg_pool(c, c->kp, c->k_scale, at + e, kvh);
         sc[j - lo] = dot * scale;
         m = fmax(m, sc[j - lo]);

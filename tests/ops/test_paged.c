@@ -50,6 +50,18 @@ static void run_case(const char *name, const pg_shape *s)
         fail_msg("%s: decode: %s", name, weft_last_error());
     if (pg_check_decode(name, &c, out, lse))
         fail_msg("%s: decode differs from float64", name);
+    if (s->q_rope) { /* the same as weft_rope_scaled's q decoded as it is, bit for bit */
+        weft_attention_decode_desc plain = d;
+        plain.q_rope = NULL;
+        void *out_plain = pg_alloc(c.q_elems * 2);
+        rc = weft_attention_decode(NULL, &c.cache, &plain, out_plain, NULL, c.q_turned, c.lens,
+                                   work, ws);
+        if (rc != WEFT_OK)
+            fail_msg("%s: decode of the turned q: %s", name, weft_last_error());
+        if (memcmp(out, out_plain, c.q_elems * 2) != 0)
+            fail_msg("%s: decode turning q differs from weft_rope_scaled's q decoded", name);
+        free(out_plain);
+    }
 
     /* q as a view into wider rows (a fused projection's), NaN between:
      * the same output, bit for bit */
@@ -83,24 +95,29 @@ static void test_append_then_decode_match_float64(void **state)
         const int32_t *lens;
         int rope;
         float scale;
-        int fp8;
+        int fp8, llama3, q_rope;
     } cases[] = {
         /* GQA ratio 1, 4, 8, 32 over lengths 1 to 4097, pages of 16 and 256 */
-        {WEFT_DTYPE_BF16, 4, 2, 2, 128, 16, 1, 0, MIXED, 0, 0, 0},
-        {WEFT_DTYPE_BF16, 4, 2, 8, 128, 256, 1, 0, MIXED, 2, 0, 0},
-        {WEFT_DTYPE_F16, 4, 1, 8, 64, 16, 4, 0, MIXED, 1, 0, 0},
-        {WEFT_DTYPE_BF16, 1, 1, 32, 128, 16, 4, 0, LONG, 2, 0, 0},
+        {WEFT_DTYPE_BF16, 4, 2, 2, 128, 16, 1, 0, MIXED, 0, 0, 0, 0, 0},
+        {WEFT_DTYPE_BF16, 4, 2, 8, 128, 256, 1, 0, MIXED, 2, 0, 0, 0, 0},
+        {WEFT_DTYPE_F16, 4, 1, 8, 64, 16, 4, 0, MIXED, 1, 0, 0, 0, 0},
+        {WEFT_DTYPE_BF16, 1, 1, 32, 128, 16, 4, 0, LONG, 2, 0, 0, 0, 0},
         /* sliding windows, wider and narrower than a page, and of one key */
-        {WEFT_DTYPE_BF16, 4, 2, 8, 64, 16, 4, 100, MIXED, 1, 0, 0},
-        {WEFT_DTYPE_F16, 4, 1, 4, 128, 256, 1, 7, MIXED, 0, 0, 0},
-        {WEFT_DTYPE_BF16, 3, 2, 4, 128, 16, 8, 1, ONE, 0, 0, 0},
+        {WEFT_DTYPE_BF16, 4, 2, 8, 64, 16, 4, 100, MIXED, 1, 0, 0, 0, 0},
+        {WEFT_DTYPE_F16, 4, 1, 4, 128, 256, 1, 7, MIXED, 0, 0, 0, 0, 0},
+        {WEFT_DTYPE_BF16, 3, 2, 4, 128, 16, 8, 1, ONE, 0, 0, 0, 0, 0},
         /* empty and short sequences (queries before the first key), 8 queries, a scale */
-        {WEFT_DTYPE_F16, 4, 2, 8, 128, 16, 8, 0, SHORT, 2, 0.3f, 0},
-        {WEFT_DTYPE_BF16, 3, 4, 4, 64, 256, 4, 0, ONE, 1, 0, 0},
+        {WEFT_DTYPE_F16, 4, 2, 8, 128, 16, 8, 0, SHORT, 2, 0.3f, 0, 0, 0},
+        {WEFT_DTYPE_BF16, 3, 4, 4, 64, 256, 4, 0, ONE, 1, 0, 0, 0, 0},
         /* FP8 E4M3 pools, with and without RoPE, windowed */
-        {WEFT_DTYPE_BF16, 4, 2, 8, 128, 16, 1, 0, MIXED, 2, 0, 1},
-        {WEFT_DTYPE_F16, 4, 1, 4, 64, 256, 4, 50, MIXED, 0, 0, 1},
-        {WEFT_DTYPE_BF16, 4, 2, 8, 64, 16, 8, 0, SHORT, 1, 0, 1},
+        {WEFT_DTYPE_BF16, 4, 2, 8, 128, 16, 1, 0, MIXED, 2, 0, 1, 0, 0},
+        {WEFT_DTYPE_F16, 4, 1, 4, 64, 256, 4, 50, MIXED, 0, 0, 1, 0, 0},
+        {WEFT_DTYPE_BF16, 4, 2, 8, 64, 16, 8, 0, SHORT, 1, 0, 1, 0, 0},
+        /* the decode turning q as it reads it, with and without Llama 3's
+         * frequencies, on 16-bit and FP8 pools */
+        {WEFT_DTYPE_BF16, 4, 2, 8, 128, 16, 1, 0, MIXED, 2, 0, 0, 1, 1},
+        {WEFT_DTYPE_F16, 4, 1, 4, 64, 256, 4, 50, MIXED, 1, 0, 0, 0, 1},
+        {WEFT_DTYPE_BF16, 4, 2, 8, 128, 16, 8, 0, SHORT, 2, 0, 1, 1, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         pg_shape s = {.dtype = cases[i].t,
@@ -115,13 +132,15 @@ static void test_append_then_decode_match_float64(void **state)
                       .rope = cases[i].rope,
                       .scale = cases[i].scale,
                       .splits = i % 3 == 1 ? 4 : 0,
-                      .fp8 = cases[i].fp8};
+                      .fp8 = cases[i].fp8,
+                      .llama3 = cases[i].llama3,
+                      .q_rope = cases[i].q_rope};
         char name[160];
         snprintf(name, sizeof name,
                  "case %zu (dtype %d kv %zu heads %zu dim %zu page %zu q_len %zu window %zu "
-                 "rope %d fp8 %d)",
+                 "rope %d llama3 %d q_rope %d fp8 %d)",
                  i, (int)s.dtype, s.kv_heads, s.heads, s.head_dim, s.page_size, s.q_len, s.window,
-                 s.rope, s.fp8);
+                 s.rope, s.llama3, s.q_rope, s.fp8);
         run_case(name, &s);
     }
 }
@@ -305,6 +324,12 @@ static void test_bad_arguments_are_refused_before_anything_is_written(void **sta
     r = rope;
     r.layout = (weft_rope_layout)5;
     expect_einval(APPEND(cc, c.k, 0, c.v, 0, n, c.seq_ids, c.positions, &r), "RoPE layout");
+    weft_rope_llama3 bad_scaling = PG_LLAMA3;
+    bad_scaling.high_freq_factor = bad_scaling.low_freq_factor;
+    r = rope;
+    r.scaling = &bad_scaling;
+    expect_einval(APPEND(cc, c.k, 0, c.v, 0, n, c.seq_ids, c.positions, &r),
+                  "Llama 3 scaling with high_freq_factor = low_freq_factor");
     /* tables the host reads in time */
     int32_t *ids = pg_alloc(n * 4), *pos = pg_alloc(n * 4);
     memcpy(ids, c.seq_ids, n * 4);
@@ -343,6 +368,15 @@ static void test_bad_arguments_are_refused_before_anything_is_written(void **sta
     BAD_DESC(reserved[0], 7, "desc reserved");
     BAD_DESC(q_stride, d.heads * c.cache.head_dim - 8, "q_stride below a row");
     BAD_DESC(q_stride, d.heads * c.cache.head_dim + 4, "q_stride not a multiple of 8");
+    weft_kv_rope bad_rope = rope;
+    bad_rope.base = NAN;
+    BAD_DESC(q_rope, &bad_rope, "q_rope base NaN");
+    bad_rope = rope;
+    bad_rope.layout = (weft_rope_layout)5;
+    BAD_DESC(q_rope, &bad_rope, "q_rope layout");
+    bad_rope = rope;
+    bad_rope.scaling = &bad_scaling;
+    BAD_DESC(q_rope, &bad_rope, "q_rope Llama 3 scaling");
     expect_einval(DECODE(cc, NULL, out, lse, c.q, c.lens, work, ws), "NULL desc");
     expect_einval(weft_attention_decode_workspace(cc, &d, NULL), "NULL bytes");
     expect_einval(DECODE(cc, &d, NULL, lse, c.q, c.lens, work, ws), "NULL out");

@@ -238,24 +238,29 @@ static const struct {
     const int32_t *lens;
     int rope;
     float scale;
-    int fp8;
+    int fp8, llama3, q_rope;
 } CASES[] = {
-    {WEFT_DTYPE_BF16, 4, 2, 2, 128, 16, 1, 0, MIXED, 0, 0, 0},
-    {WEFT_DTYPE_BF16, 4, 2, 8, 128, 256, 1, 0, MIXED, 2, 0, 0},
-    {WEFT_DTYPE_F16, 4, 1, 8, 64, 16, 4, 0, MIXED, 1, 0, 0},
-    {WEFT_DTYPE_BF16, 1, 1, 32, 128, 16, 4, 0, LONG, 2, 0, 0},
-    {WEFT_DTYPE_BF16, 4, 2, 8, 64, 16, 4, 100, MIXED, 1, 0, 0},
-    {WEFT_DTYPE_F16, 4, 1, 4, 128, 256, 1, 7, MIXED, 0, 0, 0},
-    {WEFT_DTYPE_BF16, 3, 2, 4, 128, 16, 8, 1, ONE, 0, 0, 0},
-    {WEFT_DTYPE_F16, 4, 2, 8, 128, 16, 8, 0, SHORT, 2, 0.3f, 0},
-    {WEFT_DTYPE_BF16, 3, 4, 4, 64, 256, 4, 0, ONE, 1, 0, 0},
-    {WEFT_DTYPE_BF16, 1, 1, 32, 64, 16, 8, 300, LONG, 1, 0, 0},
+    {WEFT_DTYPE_BF16, 4, 2, 2, 128, 16, 1, 0, MIXED, 0, 0, 0, 0, 0},
+    {WEFT_DTYPE_BF16, 4, 2, 8, 128, 256, 1, 0, MIXED, 2, 0, 0, 0, 0},
+    {WEFT_DTYPE_F16, 4, 1, 8, 64, 16, 4, 0, MIXED, 1, 0, 0, 0, 0},
+    {WEFT_DTYPE_BF16, 1, 1, 32, 128, 16, 4, 0, LONG, 2, 0, 0, 0, 0},
+    {WEFT_DTYPE_BF16, 4, 2, 8, 64, 16, 4, 100, MIXED, 1, 0, 0, 0, 0},
+    {WEFT_DTYPE_F16, 4, 1, 4, 128, 256, 1, 7, MIXED, 0, 0, 0, 0, 0},
+    {WEFT_DTYPE_BF16, 3, 2, 4, 128, 16, 8, 1, ONE, 0, 0, 0, 0, 0},
+    {WEFT_DTYPE_F16, 4, 2, 8, 128, 16, 8, 0, SHORT, 2, 0.3f, 0, 0, 0},
+    {WEFT_DTYPE_BF16, 3, 4, 4, 64, 256, 4, 0, ONE, 1, 0, 0, 0, 0},
+    {WEFT_DTYPE_BF16, 1, 1, 32, 64, 16, 8, 300, LONG, 1, 0, 0, 0, 0},
     /* the benchmark's shape: 32 heads on 8 kv heads, dim 128, page 16 */
-    {WEFT_DTYPE_BF16, 16, 8, 32, 128, 16, 1, 0, BATCH16, 2, 0, 0},
+    {WEFT_DTYPE_BF16, 16, 8, 32, 128, 16, 1, 0, BATCH16, 2, 0, 0, 0, 0},
     /* FP8 E4M3 pools */
-    {WEFT_DTYPE_BF16, 4, 2, 8, 128, 16, 1, 0, MIXED, 2, 0, 1},
-    {WEFT_DTYPE_F16, 4, 1, 4, 64, 256, 4, 50, MIXED, 0, 0, 1},
-    {WEFT_DTYPE_BF16, 4, 2, 8, 64, 16, 8, 0, SHORT, 1, 0, 1},
+    {WEFT_DTYPE_BF16, 4, 2, 8, 128, 16, 1, 0, MIXED, 2, 0, 1, 0, 0},
+    {WEFT_DTYPE_F16, 4, 1, 4, 64, 256, 4, 50, MIXED, 0, 0, 1, 0, 0},
+    {WEFT_DTYPE_BF16, 4, 2, 8, 64, 16, 8, 0, SHORT, 1, 0, 1, 0, 0},
+    /* the decode turning q as it reads it (Llama 3's frequencies in two) */
+    {WEFT_DTYPE_BF16, 4, 2, 8, 128, 16, 1, 0, MIXED, 2, 0, 0, 1, 1},
+    {WEFT_DTYPE_F16, 4, 1, 4, 64, 256, 4, 50, MIXED, 1, 0, 0, 0, 1},
+    {WEFT_DTYPE_BF16, 4, 2, 8, 128, 16, 8, 0, SHORT, 2, 0, 1, 1, 1},
+    {WEFT_DTYPE_BF16, 16, 8, 32, 64, 16, 1, 0, BATCH16, 2, 0, 0, 0, 1},
 };
 
 static pg_shape shape_of(size_t i)
@@ -271,7 +276,9 @@ static pg_shape shape_of(size_t i)
                       .lens = CASES[i].lens,
                       .rope = CASES[i].rope,
                       .scale = CASES[i].scale,
-                      .fp8 = CASES[i].fp8};
+                      .fp8 = CASES[i].fp8,
+                      .llama3 = CASES[i].llama3,
+                      .q_rope = CASES[i].q_rope};
 }
 
 static void name_of(size_t i, char *name, size_t n)
@@ -279,9 +286,9 @@ static void name_of(size_t i, char *name, size_t n)
     pg_shape s = shape_of(i);
     snprintf(name, n,
              "case %zu (dtype %d seqs %zu kv %zu heads %zu dim %zu page %zu q_len %zu "
-             "window %zu rope %d fp8 %d)",
+             "window %zu rope %d llama3 %d q_rope %d fp8 %d)",
              i, (int)s.dtype, s.seqs, s.kv_heads, s.heads, s.head_dim, s.page_size, s.q_len,
-             s.window, s.rope, s.fp8);
+             s.window, s.rope, s.llama3, s.q_rope, s.fp8);
 }
 
 static void test_append_and_decode_match_float64_split_or_not(void **state)
