@@ -42,6 +42,33 @@ def time_per_call(torch, fn, reps, min_ms, warmup=3, max_iters=1000):
     return statistics.median(times)
 
 
+def time_alternating(torch, fns, reps, min_ms, warmup=3, max_iters=1000):
+    """time_per_call for several callables at once, their runs taken in
+    turn (a run of the first, of the second, ..., then again), so a clock
+    that drifts as the GPU warms weighs on each alike: a median each."""
+    iters = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        iters.append(int(min(max(min_ms / max(start.elapsed_time(end), 1e-3), 3), max_iters)))
+    times = [[] for _ in fns]
+    for _ in range(reps):
+        for fn, n, t in zip(fns, iters, times):
+            start.record()
+            for _ in range(n):
+                fn()
+            end.record()
+            end.synchronize()
+            t.append(start.elapsed_time(end) / n * 1e-3)
+    return [statistics.median(t) for t in times]
+
+
 def gpu_driver():
     """The NVIDIA driver's version, or "unknown"."""
     try:
