@@ -215,21 +215,37 @@ template <typename T, bool FP8> struct kv_chunk {
     }
 };
 
-/* A thread's part of the keys' or values' tile from t0 (TPT tokens,
- * GROUPS apart): each load issued, none waited for; zeros past t_end. */
+/* The pages of a thread's keys in the tile from t0 (TPT tokens, GROUPS
+ * apart), read through the sequence's block table row and clamped into
+ * the pool; -1 past t_end. */
+template <int TPT, int GROUPS>
+__device__ __forceinline__ void tile_pages(int (&pg)[TPT], const int32_t *table, int t0, int t_end,
+                                           int gidx, int page_shift, int pages)
+{
+#pragma unroll
+    for (int j = 0; j < TPT; j++) {
+        int t = t0 + gidx + j * GROUPS, page = -1;
+        if (t < t_end) {
+            page = table[t >> page_shift];
+            page = page < 0 ? 0 : page >= pages ? pages - 1 : page;
+        }
+        pg[j] = page;
+    }
+}
+
+/* A thread's part of the keys' or values' tile from t0 on the pages pg
+ * (tile_pages): each load issued, none waited for; zeros past the end. */
 template <typename chunk, int TPT, int GROUPS>
-__device__ __forceinline__ void
-load_tile(typename chunk::raw (&dst)[TPT], const void *pool, const int32_t *table, int t0,
-          int t_end, int gidx, int page_shift, int pages, size_t token_elems, size_t head_off)
+__device__ __forceinline__ void load_tile(typename chunk::raw (&dst)[TPT], const void *pool,
+                                          const int (&pg)[TPT], int t0, int gidx, int page_shift,
+                                          size_t token_elems, size_t head_off)
 {
     const int ps = 1 << page_shift;
 #pragma unroll
     for (int j = 0; j < TPT; j++) {
         int t = t0 + gidx + j * GROUPS;
-        if (t < t_end) {
-            int page = table[t >> page_shift];
-            page = page < 0 ? 0 : page >= pages ? pages - 1 : page;
-            size_t at = (((size_t)page << page_shift) + (t & (ps - 1))) * token_elems + head_off;
+        if (pg[j] >= 0) {
+            size_t at = (((size_t)pg[j] << page_shift) + (t & (ps - 1))) * token_elems + head_off;
             dst[j] = chunk::load(pool, at);
         } else {
             dst[j] = {};
@@ -330,12 +346,16 @@ __global__ void __launch_bounds__(DECODE_THREADS, 4) decode_kernel(decode_params
     }
     const size_t head_off = (size_t)h * DIM + sub * 8, token_elems = (size_t)p.kv_heads * DIM;
     const int32_t *table = p.table + (size_t)b * p.max_pages;
-    for (int t0 = t_begin + warp * TILE; t0 < t_end; t0 += DECODE_WARPS * TILE) {
+    /* A tile's pages are read from the table a tile ahead, so a tile's
+     * loads wait on one round trip to memory, not two. */
+    constexpr int STRIDE = DECODE_WARPS * TILE;
+    int pg[TPT];
+    tile_pages<TPT, SLOTS>(pg, table, t_begin + warp * TILE, t_end, slot, p.page_shift, p.pages);
+    for (int t0 = t_begin + warp * TILE; t0 < t_end; t0 += STRIDE) {
         typename chunk::raw kr[TPT], vr[TPT];
-        load_tile<chunk, TPT, SLOTS>(kr, p.kp, table, t0, t_end, slot, p.page_shift, p.pages,
-                                     token_elems, head_off);
-        load_tile<chunk, TPT, SLOTS>(vr, p.vp, table, t0, t_end, slot, p.page_shift, p.pages,
-                                     token_elems, head_off);
+        load_tile<chunk, TPT, SLOTS>(kr, p.kp, pg, t0, slot, p.page_shift, token_elems, head_off);
+        load_tile<chunk, TPT, SLOTS>(vr, p.vp, pg, t0, slot, p.page_shift, token_elems, head_off);
+        tile_pages<TPT, SLOTS>(pg, table, t0 + STRIDE, t_end, slot, p.page_shift, p.pages);
         /* scores: a key's LANES threads each dot 8 dims, then sum (every
          * lane of the slot ends with the same bits) */
         float s[TPT][ROWS];
