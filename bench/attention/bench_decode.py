@@ -12,6 +12,10 @@ full length):
       gathered into contiguous [B][kv_heads][L][dim] tensors (its time
       excludes the gather), and a device-to-device copy's rate (read + write
       of 256 MiB) measured in the same run: the ceiling.
+  decode pages shuffled against in order, the same shapes
+      the call's time on the shuffled pages against the same call with
+      each sequence's pages in order (its K/V laid out densely, read
+      through the same table): what the paging costs.
   decode FP8 E4M3 pages, the same shapes
       the call's time with the pools in FP8 (scale 1/64 a head), against
       SDPA on the bf16 values the FP8 bytes mean, and against the bf16
@@ -195,6 +199,10 @@ def check_layout(lib):
 
 # ---- the GPU run -------------------------------------------------------------
 
+def torch_arange_like(torch, table):
+    return torch.arange(table.numel(), device=table.device, dtype=table.dtype).view_as(table)
+
+
 class Case:
     """One shape's paged cache, query and outputs on the GPU; with fp8, the
     pools hold E4M3 bytes of the values over a scale of 1/64 a head (the
@@ -253,6 +261,11 @@ class Case:
         call.keep = (desc, ws)
         return call
 
+    def pages_in_order(self):
+        """Each sequence's pages consecutive in the pool, in order: its keys
+        and values laid out densely, read through the same table."""
+        self.table.copy_(torch_arange_like(self.torch, self.table))
+
     def contiguous(self):
         """K and V as [B][kv_heads][L][dim], gathered through the table."""
         b, L = self.batch, self.length
@@ -299,6 +312,14 @@ def run(torch, F, lib, args):
                     "error vs SDPA %.1e" % (tw * 1e6, 100 * bw / copy_tbps, copy_tbps,
                                             c.kv_bytes / t1 / 1e12, ts * 1e6, err),
                     [("SDPA on contiguous K/V in the same run", ">=", c.kv_bytes / ts / 1e12)]))
+                # the same call with the pages in order: what the paging costs
+                c.pages_in_order()
+                td = time_per_call(torch, auto)
+                results.append((
+                    "decode pages shuffled against in order " + shape, "time", tw * 1e6, "us",
+                    "the same call, each sequence's pages in order (dense K/V)", td * 1e6,
+                    "%.2fx the in-order time" % (tw / td),
+                    [("within 5% of the in-order pages", "<=", 1.05 * td * 1e6)]))
             else:
                 results.append((
                     "decode FP8 E4M3 pages " + shape, "time", tw * 1e6, "us",

@@ -1144,9 +1144,10 @@ int weft_attention_decode_workspace(const weft_kv_cache *cache,
  * pools is read, and the results of such a call are unspecified.
  * Bad arguments (a cache weft_kv_cache does not allow, heads not a multiple
  * of kv_heads, q_len outside 1..8, an unsupported head_dim, max_seq_len
- * over the capacity, a scale that is negative or not finite, NULL or
- * misaligned pointers, a short workspace, out overlapping q, nonzero
- * reserved) return WEFT_EINVAL before anything is enqueued.
+ * over the capacity, a scale that is negative or not finite, a q_rope
+ * weft_kv_rope does not allow, NULL or misaligned pointers, a short
+ * workspace, out overlapping q, nonzero reserved) return WEFT_EINVAL
+ * before anything is enqueued.
  * NaN/Inf: IEEE arithmetic; a NaN in a visible key, value or the query
  * makes the query's output NaN. On the GPU one pass serves a kv head's
  * whole group of queries, so a NaN value of a key that another query of

@@ -20,8 +20,9 @@
  *  - each warp walks its own tiles of the block's keys with its own online
  *    softmax (no barrier until the end): a key's head is read by DIM / 8
  *    lanes, 16 bytes each, a thread's 4 keys of K and V loaded before any
- *    is used; the scores are summed across a key's lanes by shuffles, and
- *    each thread accumulates P V for its keys and its 8 dims in registers;
+ *    is used (their pages read from the block table a tile earlier); the
+ *    scores are summed across a key's lanes by shuffles, and each thread
+ *    accumulates P V for its keys and its 8 dims in registers;
  *  - at the end the warp's key slots meet by shuffles and the warps through
  *    shared memory, weighted by their maxima.
  * Scores are kept in base 2 (scale times log2 e folded into q) so each

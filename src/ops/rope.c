@@ -88,15 +88,13 @@ int weft__rope_freq_resolve(const char *op, float base, const weft_rope_llama3 *
                           "high, positions > 0",
                           op, scaling->factor, scaling->low_freq_factor, scaling->high_freq_factor,
                           scaling->original_max_positions);
-    *freq = (weft__rope_freq){.base = base, .head_dim = head_dim};
-    if (scaling)
-        *freq = (weft__rope_freq){.base = base,
-                                  .head_dim = head_dim,
-                                  .llama3 = 1,
-                                  .factor = scaling->factor,
-                                  .low_freq_factor = scaling->low_freq_factor,
-                                  .high_freq_factor = scaling->high_freq_factor,
-                                  .original_max_positions = scaling->original_max_positions};
+    *freq = (weft__rope_freq){.base = base, .head_dim = head_dim, .llama3 = scaling != NULL};
+    if (scaling) {
+        freq->factor = scaling->factor;
+        freq->low_freq_factor = scaling->low_freq_factor;
+        freq->high_freq_factor = scaling->high_freq_factor;
+        freq->original_max_positions = scaling->original_max_positions;
+    }
     return WEFT_OK;
 }
 
