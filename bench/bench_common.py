@@ -22,30 +22,13 @@ def time_per_call(torch, fn, reps, min_ms, warmup=3, max_iters=1000):
     """Median seconds per call of fn over reps runs of back-to-back calls,
     each run at least min_ms long (at most max_iters calls), timed with
     CUDA events on the current stream after warmup calls."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    iters = int(min(max(min_ms / max(start.elapsed_time(end), 1e-3), 3), max_iters))
-    times = []
-    for _ in range(reps):
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / iters * 1e-3)
-    return statistics.median(times)
+    return time_alternating(torch, [fn], reps, min_ms, warmup, max_iters)[0]
 
 
 def time_alternating(torch, fns, reps, min_ms, warmup=3, max_iters=1000):
-    """time_per_call for several callables at once, their runs taken in
-    turn (a run of the first, of the second, ..., then again), so a clock
-    that drifts as the GPU warms weighs on each alike: a median each."""
+    """time_per_call for several callables at once (a median each), their
+    runs taken in turn (a run of the first, of the second, ..., then
+    again), so a clock that drifts as the GPU warms weighs on each alike."""
     iters = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for fn in fns:
