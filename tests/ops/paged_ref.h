@@ -79,6 +79,75 @@ typedef struct pg_shape {
     int fp8; /* FP8 E4M3 pools with random per-head scales */
 } pg_shape;
 
+/* A row of a case table: a shape and how its keys are turned. */
+typedef struct pg_row {
+    weft_dtype t;
+    size_t seqs, kv, heads, dim, page, q_len, window;
+    const int32_t *lens;
+    int rope;
+    float scale;
+    int fp8, llama3, q_rope;
+} pg_row;
+
+static const int32_t PG_MIXED[] = {1, 17, 1000, 4097}, PG_SHORT[] = {17, 0, 5, 33},
+                     PG_ONE[] = {1, 2, 300}, PG_LONG[] = {4097};
+
+/* The cases the host and the GPU test both run. */
+static const pg_row PG_CASES[] = {
+    /* GQA ratio 1, 4, 8, 32 over lengths 1 to 4097, pages of 16 and 256 */
+    {WEFT_DTYPE_BF16, 4, 2, 2, 128, 16, 1, 0, PG_MIXED, 0, 0, 0, 0, 0},
+    {WEFT_DTYPE_BF16, 4, 2, 8, 128, 256, 1, 0, PG_MIXED, 2, 0, 0, 0, 0},
+    {WEFT_DTYPE_F16, 4, 1, 8, 64, 16, 4, 0, PG_MIXED, 1, 0, 0, 0, 0},
+    {WEFT_DTYPE_BF16, 1, 1, 32, 128, 16, 4, 0, PG_LONG, 2, 0, 0, 0, 0},
+    /* sliding windows, wider and narrower than a page, and of one key */
+    {WEFT_DTYPE_BF16, 4, 2, 8, 64, 16, 4, 100, PG_MIXED, 1, 0, 0, 0, 0},
+    {WEFT_DTYPE_F16, 4, 1, 4, 128, 256, 1, 7, PG_MIXED, 0, 0, 0, 0, 0},
+    {WEFT_DTYPE_BF16, 3, 2, 4, 128, 16, 8, 1, PG_ONE, 0, 0, 0, 0, 0},
+    /* empty and short sequences (queries before the first key), 8 queries, a scale */
+    {WEFT_DTYPE_F16, 4, 2, 8, 128, 16, 8, 0, PG_SHORT, 2, 0.3f, 0, 0, 0},
+    {WEFT_DTYPE_BF16, 3, 4, 4, 64, 256, 4, 0, PG_ONE, 1, 0, 0, 0, 0},
+    /* FP8 E4M3 pools, with and without RoPE, windowed */
+    {WEFT_DTYPE_BF16, 4, 2, 8, 128, 16, 1, 0, PG_MIXED, 2, 0, 1, 0, 0},
+    {WEFT_DTYPE_F16, 4, 1, 4, 64, 256, 4, 50, PG_MIXED, 0, 0, 1, 0, 0},
+    {WEFT_DTYPE_BF16, 4, 2, 8, 64, 16, 8, 0, PG_SHORT, 1, 0, 1, 0, 0},
+    /* the decode turning q as it reads it, with and without Llama 3's
+     * frequencies, on 16-bit and FP8 pools */
+    {WEFT_DTYPE_BF16, 4, 2, 8, 128, 16, 1, 0, PG_MIXED, 2, 0, 0, 1, 1},
+    {WEFT_DTYPE_F16, 4, 1, 4, 64, 256, 4, 50, PG_MIXED, 1, 0, 0, 0, 1},
+    {WEFT_DTYPE_BF16, 4, 2, 8, 128, 16, 8, 0, PG_SHORT, 2, 0, 1, 1, 1},
+};
+enum { PG_NCASES = sizeof PG_CASES / sizeof PG_CASES[0] };
+
+/* Row r as a shape, split as splits says. */
+static inline pg_shape pg_shape_of(const pg_row *r, size_t splits)
+{
+    return (pg_shape){.dtype = r->t,
+                      .seqs = r->seqs,
+                      .kv_heads = r->kv,
+                      .heads = r->heads,
+                      .head_dim = r->dim,
+                      .page_size = r->page,
+                      .q_len = r->q_len,
+                      .window = r->window,
+                      .lens = r->lens,
+                      .rope = r->rope,
+                      .scale = r->scale,
+                      .splits = splits,
+                      .fp8 = r->fp8,
+                      .llama3 = r->llama3,
+                      .q_rope = r->q_rope};
+}
+
+/* A case's name for the messages: its number and shape. */
+static inline void pg_name(char *name, size_t n, size_t i, const pg_shape *s)
+{
+    snprintf(name, n,
+             "case %zu (dtype %d seqs %zu kv %zu heads %zu dim %zu page %zu q_len %zu window %zu "
+             "rope %d llama3 %d q_rope %d fp8 %d)",
+             i, (int)s->dtype, s->seqs, s->kv_heads, s->heads, s->head_dim, s->page_size, s->q_len,
+             s->window, s->rope, s->llama3, s->q_rope, s->fp8);
+}
+
 /* A case's host memory: the pools, the table, the tokens appended, q. */
 typedef struct pg_case {
     pg_shape s;

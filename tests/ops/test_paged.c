@@ -87,60 +87,10 @@ static void run_case(const char *name, const pg_shape *s)
 static void test_append_then_decode_match_float64(void **state)
 {
     (void)state;
-    static const int32_t MIXED[] = {1, 17, 1000, 4097}, SHORT[] = {17, 0, 5, 33},
-                         ONE[] = {1, 2, 300}, LONG[] = {4097};
-    struct {
-        weft_dtype t;
-        size_t seqs, kv, heads, dim, page, q_len, window;
-        const int32_t *lens;
-        int rope;
-        float scale;
-        int fp8, llama3, q_rope;
-    } cases[] = {
-        /* GQA ratio 1, 4, 8, 32 over lengths 1 to 4097, pages of 16 and 256 */
-        {WEFT_DTYPE_BF16, 4, 2, 2, 128, 16, 1, 0, MIXED, 0, 0, 0, 0, 0},
-        {WEFT_DTYPE_BF16, 4, 2, 8, 128, 256, 1, 0, MIXED, 2, 0, 0, 0, 0},
-        {WEFT_DTYPE_F16, 4, 1, 8, 64, 16, 4, 0, MIXED, 1, 0, 0, 0, 0},
-        {WEFT_DTYPE_BF16, 1, 1, 32, 128, 16, 4, 0, LONG, 2, 0, 0, 0, 0},
-        /* sliding windows, wider and narrower than a page, and of one key */
-        {WEFT_DTYPE_BF16, 4, 2, 8, 64, 16, 4, 100, MIXED, 1, 0, 0, 0, 0},
-        {WEFT_DTYPE_F16, 4, 1, 4, 128, 256, 1, 7, MIXED, 0, 0, 0, 0, 0},
-        {WEFT_DTYPE_BF16, 3, 2, 4, 128, 16, 8, 1, ONE, 0, 0, 0, 0, 0},
-        /* empty and short sequences (queries before the first key), 8 queries, a scale */
-        {WEFT_DTYPE_F16, 4, 2, 8, 128, 16, 8, 0, SHORT, 2, 0.3f, 0, 0, 0},
-        {WEFT_DTYPE_BF16, 3, 4, 4, 64, 256, 4, 0, ONE, 1, 0, 0, 0, 0},
-        /* FP8 E4M3 pools, with and without RoPE, windowed */
-        {WEFT_DTYPE_BF16, 4, 2, 8, 128, 16, 1, 0, MIXED, 2, 0, 1, 0, 0},
-        {WEFT_DTYPE_F16, 4, 1, 4, 64, 256, 4, 50, MIXED, 0, 0, 1, 0, 0},
-        {WEFT_DTYPE_BF16, 4, 2, 8, 64, 16, 8, 0, SHORT, 1, 0, 1, 0, 0},
-        /* the decode turning q as it reads it, with and without Llama 3's
-         * frequencies, on 16-bit and FP8 pools */
-        {WEFT_DTYPE_BF16, 4, 2, 8, 128, 16, 1, 0, MIXED, 2, 0, 0, 1, 1},
-        {WEFT_DTYPE_F16, 4, 1, 4, 64, 256, 4, 50, MIXED, 1, 0, 0, 0, 1},
-        {WEFT_DTYPE_BF16, 4, 2, 8, 128, 16, 8, 0, SHORT, 2, 0, 1, 1, 1},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        pg_shape s = {.dtype = cases[i].t,
-                      .seqs = cases[i].seqs,
-                      .kv_heads = cases[i].kv,
-                      .heads = cases[i].heads,
-                      .head_dim = cases[i].dim,
-                      .page_size = cases[i].page,
-                      .q_len = cases[i].q_len,
-                      .window = cases[i].window,
-                      .lens = cases[i].lens,
-                      .rope = cases[i].rope,
-                      .scale = cases[i].scale,
-                      .splits = i % 3 == 1 ? 4 : 0,
-                      .fp8 = cases[i].fp8,
-                      .llama3 = cases[i].llama3,
-                      .q_rope = cases[i].q_rope};
-        char name[160];
-        snprintf(name, sizeof name,
-                 "case %zu (dtype %d kv %zu heads %zu dim %zu page %zu q_len %zu window %zu "
-                 "rope %d llama3 %d q_rope %d fp8 %d)",
-                 i, (int)s.dtype, s.kv_heads, s.heads, s.head_dim, s.page_size, s.q_len, s.window,
-                 s.rope, s.llama3, s.q_rope, s.fp8);
+    for (size_t i = 0; i < PG_NCASES; i++) {
+        pg_shape s = pg_shape_of(&PG_CASES[i], i % 3 == 1 ? 4 : 0);
+        char name[200];
+        pg_name(name, sizeof name, i, &s);
         run_case(name, &s);
     }
 }

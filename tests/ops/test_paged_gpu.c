@@ -228,67 +228,27 @@ static void gpu_case(const char *name, const pg_shape *shape, size_t splits, int
     pg_free(&c);
 }
 
-static const int32_t MIXED[] = {1, 17, 1000, 4097}, SHORT[] = {17, 0, 5, 33}, ONE[] = {1, 2, 300},
-                     LONG[] = {4097};
 static int32_t BATCH16[16];
 
-static const struct {
-    weft_dtype t;
-    size_t seqs, kv, heads, dim, page, q_len, window;
-    const int32_t *lens;
-    int rope;
-    float scale;
-    int fp8, llama3, q_rope;
-} CASES[] = {
-    {WEFT_DTYPE_BF16, 4, 2, 2, 128, 16, 1, 0, MIXED, 0, 0, 0, 0, 0},
-    {WEFT_DTYPE_BF16, 4, 2, 8, 128, 256, 1, 0, MIXED, 2, 0, 0, 0, 0},
-    {WEFT_DTYPE_F16, 4, 1, 8, 64, 16, 4, 0, MIXED, 1, 0, 0, 0, 0},
-    {WEFT_DTYPE_BF16, 1, 1, 32, 128, 16, 4, 0, LONG, 2, 0, 0, 0, 0},
-    {WEFT_DTYPE_BF16, 4, 2, 8, 64, 16, 4, 100, MIXED, 1, 0, 0, 0, 0},
-    {WEFT_DTYPE_F16, 4, 1, 4, 128, 256, 1, 7, MIXED, 0, 0, 0, 0, 0},
-    {WEFT_DTYPE_BF16, 3, 2, 4, 128, 16, 8, 1, ONE, 0, 0, 0, 0, 0},
-    {WEFT_DTYPE_F16, 4, 2, 8, 128, 16, 8, 0, SHORT, 2, 0.3f, 0, 0, 0},
-    {WEFT_DTYPE_BF16, 3, 4, 4, 64, 256, 4, 0, ONE, 1, 0, 0, 0, 0},
-    {WEFT_DTYPE_BF16, 1, 1, 32, 64, 16, 8, 300, LONG, 1, 0, 0, 0, 0},
-    /* the benchmark's shape: 32 heads on 8 kv heads, dim 128, page 16 */
+/* The shared cases (paged_ref.h), then the GPU's own: a long window at
+ * head dim 64, and the benchmark's shape (32 heads on 8 kv heads, page 16)
+ * over 16 random lengths, q read as it is and turned. */
+static const pg_row GPU_CASES[] = {
+    {WEFT_DTYPE_BF16, 1, 1, 32, 64, 16, 8, 300, PG_LONG, 1, 0, 0, 0, 0},
     {WEFT_DTYPE_BF16, 16, 8, 32, 128, 16, 1, 0, BATCH16, 2, 0, 0, 0, 0},
-    /* FP8 E4M3 pools */
-    {WEFT_DTYPE_BF16, 4, 2, 8, 128, 16, 1, 0, MIXED, 2, 0, 1, 0, 0},
-    {WEFT_DTYPE_F16, 4, 1, 4, 64, 256, 4, 50, MIXED, 0, 0, 1, 0, 0},
-    {WEFT_DTYPE_BF16, 4, 2, 8, 64, 16, 8, 0, SHORT, 1, 0, 1, 0, 0},
-    /* the decode turning q as it reads it (Llama 3's frequencies in two) */
-    {WEFT_DTYPE_BF16, 4, 2, 8, 128, 16, 1, 0, MIXED, 2, 0, 0, 1, 1},
-    {WEFT_DTYPE_F16, 4, 1, 4, 64, 256, 4, 50, MIXED, 1, 0, 0, 0, 1},
-    {WEFT_DTYPE_BF16, 4, 2, 8, 128, 16, 8, 0, SHORT, 2, 0, 1, 1, 1},
     {WEFT_DTYPE_BF16, 16, 8, 32, 64, 16, 1, 0, BATCH16, 2, 0, 0, 0, 1},
 };
+enum { NCASES = PG_NCASES + sizeof GPU_CASES / sizeof GPU_CASES[0] };
 
 static pg_shape shape_of(size_t i)
 {
-    return (pg_shape){.dtype = CASES[i].t,
-                      .seqs = CASES[i].seqs,
-                      .kv_heads = CASES[i].kv,
-                      .heads = CASES[i].heads,
-                      .head_dim = CASES[i].dim,
-                      .page_size = CASES[i].page,
-                      .q_len = CASES[i].q_len,
-                      .window = CASES[i].window,
-                      .lens = CASES[i].lens,
-                      .rope = CASES[i].rope,
-                      .scale = CASES[i].scale,
-                      .fp8 = CASES[i].fp8,
-                      .llama3 = CASES[i].llama3,
-                      .q_rope = CASES[i].q_rope};
+    return pg_shape_of(i < PG_NCASES ? &PG_CASES[i] : &GPU_CASES[i - PG_NCASES], 0);
 }
 
 static void name_of(size_t i, char *name, size_t n)
 {
     pg_shape s = shape_of(i);
-    snprintf(name, n,
-             "case %zu (dtype %d seqs %zu kv %zu heads %zu dim %zu page %zu q_len %zu "
-             "window %zu rope %d llama3 %d q_rope %d fp8 %d)",
-             i, (int)s.dtype, s.seqs, s.kv_heads, s.heads, s.head_dim, s.page_size, s.q_len,
-             s.window, s.rope, s.llama3, s.q_rope, s.fp8);
+    pg_name(name, n, i, &s);
 }
 
 static void test_append_and_decode_match_float64_split_or_not(void **state)
@@ -296,7 +256,7 @@ static void test_append_and_decode_match_float64_split_or_not(void **state)
     (void)state;
     static const size_t SPLITS[] = {1, 0, 3, 64};
     failed_cases = 0;
-    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++)
+    for (size_t i = 0; i < NCASES; i++)
         for (size_t k = 0; k < sizeof SPLITS / sizeof SPLITS[0]; k++) {
             char name[200];
             name_of(i, name, sizeof name);
@@ -313,7 +273,7 @@ static void test_a_captured_append_and_decode_replay_right(void **state)
 {
     (void)state;
     failed_cases = 0;
-    static const size_t PICK[] = {2, 7, 10, 12};
+    static const size_t PICK[] = {2, 7, 10, 14, PG_NCASES + 1};
     for (size_t j = 0; j < sizeof PICK / sizeof PICK[0]; j++) {
         char name[200];
         name_of(PICK[j], name, sizeof name);
