@@ -170,7 +170,7 @@ gpu-bench-moe: deps
 .PHONY: gpu-bench-matmul
 gpu-bench-matmul: deps
 	$(CMAKE) -S . -B build-release $(BENCH_CONFIG)
-	$(CMAKE) --build build-release -j $(JOBS) --target weft_shared
+	$(CMAKE) --build build-release -j $(JOBS) --target weft_shared matmul_overhead
 	$(PYTHON) bench/matmul/bench_matmul.py --lib build-release/libweft.so \
 	  --rows $(ROWS_DIR)/matmul.rows.jsonl $(BENCH_MATMUL_ARGS)
 	$(call record,$(ROWS_DIR)/matmul.rows.jsonl)

@@ -28,6 +28,9 @@ sides):
   int8 8192^3                 int8 x int8 -> int32 vs torch._int_mm: TOP/s
   first call / next call      host time of a call whose plan is new (the
                               heuristic query) and of one that finds it
+  weft's own host time        weft_matmul's host time a call over
+                              cublasLtMatmul's with the same algorithm and
+                              stream (bench/matmul/matmul_overhead.c): us
   sparse 2:4 m in {1, 16, 4096}, (k, n) in the decode shapes
                               weft_matmul_sparse on a weight pruned by
                               weft_prune_2_4 (cuSPARSELt's kernels) vs
@@ -334,6 +337,26 @@ def sparse(torch, weft, args, results):
         del sw, Wc, W
 
 
+def overhead(args, results):
+    """weft_matmul's host time a call over cublasLtMatmul's with the same
+    algorithm (bench/matmul/matmul_overhead.c, built beside the library)."""
+    prog = args.overhead or os.path.join(os.path.dirname(os.path.abspath(args.lib)), "bench",
+                                         "matmul_overhead")
+    if not os.access(prog, os.X_OK):
+        print("bench_matmul: no overhead row: %s is not built" % prog, file=sys.stderr)
+        return
+    run = subprocess.run([prog], capture_output=True, text=True)
+    words = run.stdout.split()
+    if run.returncode != 0 or len(words) != 4:
+        die("%s failed (%d): %s" % (prog, run.returncode, (run.stderr or run.stdout).strip()))
+    weft_us, raw_us = float(words[1]), float(words[3])
+    results.append(("weft_matmul's own host time a call (64^3 bf16, plan cached)", "time",
+                    weft_us - raw_us, "us", None, None,
+                    "weft_matmul %.2f us against cublasLtMatmul %.2f us with the same algorithm "
+                    "and stream, medians of 31 rounds of 100" % (weft_us, raw_us),
+                    [("0.5 us a call", "<=", 0.5)]))
+
+
 def check_layout(lib):
     """One host call (NULL stream) through MatmulDesc, with the fields past
     the first ones set, so that a struct that drifted from the C one is
@@ -424,6 +447,9 @@ def main():
     ap.add_argument("--decode-only", action="store_true",
                     help="the copy ceiling and the decode rows only")
     ap.add_argument("--no-sparse", action="store_true", help="leave out the 2:4 sparse rows")
+    ap.add_argument("--overhead", metavar="PROG",
+                    help="the matmul_overhead program (default: bench/matmul_overhead beside "
+                         "--lib)")
     ap.add_argument("--decode-times", metavar="FILE",
                     help="only time weft on the decode shapes, into FILE (JSON); the run "
                          "with WEFT_MATMUL_SKINNY=0 is one of these")
@@ -595,6 +621,7 @@ def run(torch, F, weft, args):
                         None, None, "cuBLASLt's heuristic query and the plan's insertion", []))
         results.append(("call with the plan cached (host time, through ctypes)", "time", nxt, "us",
                         None, None, "median of 200; includes Python's ctypes call", []))
+        overhead(args, results)
 
     if not args.no_sparse and not args.decode_only:
         sparse(torch, weft, args, results)
