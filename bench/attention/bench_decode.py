@@ -199,10 +199,6 @@ def check_layout(lib):
 
 # ---- the GPU run -------------------------------------------------------------
 
-def torch_arange_like(torch, table):
-    return torch.arange(table.numel(), device=table.device, dtype=table.dtype).view_as(table)
-
-
 class Case:
     """One shape's paged cache, query and outputs on the GPU; with fp8, the
     pools hold E4M3 bytes of the values over a scale of 1/64 a head (the
@@ -264,7 +260,8 @@ class Case:
     def pages_in_order(self):
         """Each sequence's pages consecutive in the pool, in order: its keys
         and values laid out densely, read through the same table."""
-        self.table.copy_(torch_arange_like(self.torch, self.table))
+        t = self.table
+        t.copy_(self.torch.arange(t.numel(), device=t.device, dtype=t.dtype).view_as(t))
 
     def contiguous(self):
         """K and V as [B][kv_heads][L][dim], gathered through the table."""

@@ -485,6 +485,24 @@ static int host_prepare(void *args)
     return weft__matmul_host_prepare(OP, args);
 }
 
+int weft__matmul_enqueue(void *stream, weft__matmul_args *x)
+{
+    int rc;
+
+    if (stream == WEFT_TASK_STREAM &&
+        (rc = weft__task_stream_op_ws(OP, &stream, host_prepare, run_host, x, sizeof *x,
+                                      &x->host_ws)) != WEFT__ON_STREAM)
+        return rc;
+#ifdef WEFT_HAVE_CUDA
+    if (stream)
+        return weft__matmul_cuda(stream, x);
+#endif
+    if ((rc = weft__matmul_host_prepare(OP, x)) != WEFT_OK)
+        return rc;
+    weft__matmul_host_run(x);
+    return WEFT_OK;
+}
+
 int weft_matmul(void *stream, const weft_matmul_desc *desc, void *d, const void *a, const void *b,
                 const void *c)
 {
@@ -494,16 +512,5 @@ int weft_matmul(void *stream, const weft_matmul_desc *desc, void *d, const void 
     if ((rc = check_desc(desc, d, a, b, c, &x)) != WEFT_OK ||
         (rc = weft__check_stream(OP, stream)) != WEFT_OK)
         return rc;
-    if (stream == WEFT_TASK_STREAM &&
-        (rc = weft__task_stream_op_ws(OP, &stream, host_prepare, run_host, &x, sizeof x,
-                                      &x.host_ws)) != WEFT__ON_STREAM)
-        return rc;
-#ifdef WEFT_HAVE_CUDA
-    if (stream)
-        return weft__matmul_cuda(stream, &x);
-#endif
-    if ((rc = weft__matmul_host_prepare(OP, &x)) != WEFT_OK)
-        return rc;
-    weft__matmul_host_run(&x);
-    return WEFT_OK;
+    return weft__matmul_enqueue(stream, &x);
 }

@@ -57,6 +57,9 @@ typedef struct weft__matmul_args {
  * name weft_matmul): weft_matmul_sparse's product is one of its. */
 int weft__matmul_check(const weft_matmul_desc *desc, void *d, const void *a, const void *b,
                        const void *c, weft__matmul_args *x);
+/* weft_matmul after its checks (x from weft__matmul_check, stream checked):
+ * a task's stream order, the GPU, or the host reference. */
+int weft__matmul_enqueue(void *stream, weft__matmul_args *x);
 
 /* The host reference, in two steps so that its memory is taken (and can
  * fail) at the call, before anything is enqueued:

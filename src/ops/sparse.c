@@ -274,8 +274,8 @@ int weft_matmul_sparse(void *stream, const weft_matmul_desc *desc, void *d, cons
                           "%s: w was made for GPU %d; the host needs a weight made with a NULL "
                           "stream",
                           OP, w->device);
-    if (!s) /* NULL, or the task's host stream: weft_matmul on the pruned rows */
-        return rewrap(weft_matmul(stream, desc, d, a, w->dense, c));
+    if (!s) /* NULL, or the task's host stream: weft_matmul on the pruned rows (x's b) */
+        return rewrap(weft__matmul_enqueue(stream, &x));
 #ifdef WEFT_HAVE_CUDA
     return weft__sparse_gpu_matmul(s, w->gpu, &x);
 #else
