@@ -155,25 +155,32 @@ __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uin
 #undef WEFT_SKINNY_MMA
 
 /* One turn's products: w[r][p] the weights of rows g (r 0) and g + 8
- * (r 1) at place p, x[h][p] activation row g + 8h's. Words 0-1 of a load
+ * (r 1) at place p, load_x(h, p) activation row g + 8h's, loaded just
+ * before its place's products (from L1, close) so that a thread holds one
+ * place's activations, not four. Words 0-1 of a load
  * are mma step 0's k slots, words 2-3 step 1's (the bijection above).
  * FP8 steps start from zero each turn and their sum is added to acc in
  * fp32: matrix units that keep FP8 sums in narrower accumulators (as
  * Hopper's do between promotions) then never carry a long k's sum in one. */
-template <typename W, typename X, int H>
+template <typename W, typename X, int H, typename LoadX>
 __device__ __forceinline__ void multiply(float (&acc)[H][4], const uint4 (&w)[2][PLACES],
-                                         const uint4 (&x)[H][PLACES])
+                                         LoadX load_x)
 {
     constexpr bool FP8 = sizeof(W) == 1;
     float turn[H][4] = {};
     float(&c)[H][4] = FP8 ? turn : acc;
 #pragma unroll
-    for (int p = 0; p < PLACES; p++)
+    for (int p = 0; p < PLACES; p++) {
+        uint4 x[H];
+#pragma unroll
+        for (int h = 0; h < H; h++)
+            x[h] = load_x(h, p);
 #pragma unroll
         for (int h = 0; h < H; h++) {
-            mma<W, X>(c[h], w[0][p].x, w[1][p].x, w[0][p].y, w[1][p].y, x[h][p].x, x[h][p].y);
-            mma<W, X>(c[h], w[0][p].z, w[1][p].z, w[0][p].w, w[1][p].w, x[h][p].z, x[h][p].w);
+            mma<W, X>(c[h], w[0][p].x, w[1][p].x, w[0][p].y, w[1][p].y, x[h].x, x[h].y);
+            mma<W, X>(c[h], w[0][p].z, w[1][p].z, w[0][p].w, w[1][p].w, x[h].z, x[h].w);
         }
+    }
     if constexpr (FP8)
 #pragma unroll
         for (int h = 0; h < H; h++)
@@ -213,13 +220,20 @@ __device__ __forceinline__ void finish(const skinny_params<O> &p, size_t bt, siz
     p.d[bt * p.stride_d + i * p.ldd + j] = from_f32<O>(y);
 }
 
+/* Blocks an SM an instantiation is built for: 3 for H = 1 (80 registers);
+ * 2 for H = 2 and 16-bit H = 4 (at most 128: at one block an SM, 32 KiB of
+ * weights in flight, m 17-32 left a quarter of the copy rate unused); 1 for
+ * FP8's H = 4, which keeps a turn's sums beside the running ones and would
+ * spill at 128. */
+template <typename X, int H> constexpr int blocks_an_sm()
+{
+    return H == 1 ? 3 : H == 2 || sizeof(X) == 2 ? 2 : 1;
+}
+
 /* X the activations' type (A's), W the weights' (B's), O D's, H the 8-row
- * parts of m (1, 2 or 4): 80 registers for H = 1 (three blocks an SM),
- * 128 for H = 2 (two), up to 255 for H = 4 (one: its loads in flight, 32
- * KiB an SM, still cover the memory's latency). */
+ * parts of m (1, 2 or 4). */
 template <typename X, typename W, typename O, int H>
-__global__ void __launch_bounds__(THREADS, H == 1 ? 3 : H == 2 ? 2 : 1)
-    skinny_kernel(skinny_params<O> p)
+__global__ void __launch_bounds__(THREADS, blocks_an_sm<X, H>()) skinny_kernel(skinny_params<O> p)
 {
     constexpr size_t BYTES = operand<X>::BYTES, E = operand<X>::E, TURN = operand<X>::TURN;
     static_assert(sizeof(W) == sizeof(X), "both operands 16-bit or both FP8");
@@ -247,35 +261,30 @@ __global__ void __launch_bounds__(THREADS, H == 1 ? 3 : H == 2 ? 2 : 1)
     }
 
     float acc[H][4] = {};
-    uint4 w[2][PLACES], x[H][PLACES];
+    uint4 w[2][PLACES];
     size_t kb = ((size_t)rank * WARPS + warp) * TURN;
     const size_t step = (size_t)split * WARPS * TURN;
     for (; kb + TURN <= p.k; kb += step) {
 #pragma unroll
-        for (int q = 0; q < PLACES; q++) {
+        for (int q = 0; q < PLACES; q++)
 #pragma unroll
             for (int r = 0; r < 2; r++)
                 w[r][q] = load_weights(wrow[r] + (kb + 4 * E * q) * BYTES);
-#pragma unroll
-            for (int h = 0; h < H; h++)
-                x[h][q] = load_cached(xrow[h] + (kb + 4 * E * q) * BYTES);
-        }
-        multiply<W, X, H>(acc, w, x);
+        multiply<W, X, H>(
+            acc, w, [&](int h, int q) { return load_cached(xrow[h] + (kb + 4 * E * q) * BYTES); });
     }
     if (kb < p.k) {                           /* the turn k ends in: its warp loads what is left */
         const size_t left = p.k - kb - E * t; /* may wrap: then nothing is left */
         const bool any = kb + E * t < p.k;
         const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int q = 0; q < PLACES; q++) {
+        for (int q = 0; q < PLACES; q++)
 #pragma unroll
             for (int r = 0; r < 2; r++)
                 w[r][q] = any ? load_end<BYTES>(wrow[r] + kb * BYTES, 4 * E * q, left) : zero;
-#pragma unroll
-            for (int h = 0; h < H; h++)
-                x[h][q] = any ? load_end<BYTES>(xrow[h] + kb * BYTES, 4 * E * q, left) : zero;
-        }
-        multiply<W, X, H>(acc, w, x);
+        multiply<W, X, H>(acc, w, [&](int h, int q) {
+            return any ? load_end<BYTES>(xrow[h] + kb * BYTES, 4 * E * q, left) : zero;
+        });
     }
 
     /* The accumulators: (column g, row 2t and 2t+1) in 0-1, column g + 8
