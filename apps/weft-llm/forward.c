@@ -270,7 +270,8 @@ int wl_linear(const wl_model *mod, void *d, size_t ldd, const void *a, size_t k,
                              .trans_b = 1,
                              .ldd = ldd,
                              .ldc = ldd,
-                             .bias = bias};
+                             .bias = bias,
+                             .b_constant = 1}; /* weights: read while the op before ends */
     return weft_matmul(WEFT_TASK_STREAM, &desc, d, a, w, c);
 }
 
@@ -315,7 +316,8 @@ static int fp8_product(const wl_model *m, const wl_fp8_in *in, void *d, size_t l
                              .scale_a_mode = WEFT_MATMUL_SCALE_OUTER,
                              .scale_b_mode = WEFT_MATMUL_SCALE_OUTER,
                              .scale_a = in->scales,
-                             .scale_b = w_scale};
+                             .scale_b = w_scale,
+                             .b_constant = 1};
     return weft_matmul(WEFT_TASK_STREAM, &desc, d, in->act, w, c);
 }
 

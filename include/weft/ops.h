@@ -442,7 +442,14 @@ typedef struct weft_matmul_desc {
     const float *scale_a, *scale_b;               /* as the modes say */
     const float *scale_d; /* one float, with an fp8 D only (required there) */
     float *amax_d; /* with an fp8 D: one float := max |act(P)| over every batch; NULL = none */
-    uint64_t reserved[10];
+    /* Nonzero: B does not change while the work enqueued before this call
+     * on the same stream runs (a model's weights). The decode kernel then
+     * starts reading B while the kernel before it ends (Hopper's
+     * programmatic dependent launch); a B written by that kernel would be
+     * read stale. Zero is always safe. */
+    int b_constant;
+    int reserved_int;
+    uint64_t reserved[9];
 } weft_matmul_desc;
 
 /* D = act(alpha op(A) op(B) + beta C + bias), as weft_matmul_desc says.

@@ -2,7 +2,8 @@
  * launch.cuh - what the operators' launchers share: the device's SMs, what
  * counts as a call of few rows, launch errors as weft statuses, the
  * answers CUDA gives the same every time kept per kernel (kept_answers,
- * wave_blocks), a grid-stride kernel's grid, and the dispatch on dtype.
+ * wave_blocks), a grid-stride kernel's grid, programmatic dependent
+ * launch, and the dispatch on dtype.
  */
 #ifndef WEFT_OPS_LAUNCH_CUH
 #define WEFT_OPS_LAUNCH_CUH
@@ -52,6 +53,56 @@ static inline int sm_count()
 static inline bool few_rows(size_t rows)
 {
     return rows <= (size_t)2 * sm_count();
+}
+
+/*
+ * Programmatic dependent launch (compute capability 9.0 on): a kernel
+ * launched with the attribute dependent_launch() fills may start while the
+ * kernel before it on the stream still runs - once every block of that one
+ * has called let_dependents_start() or ended - and does what needs none of
+ * that kernel's results (loading constant data) until it calls
+ * wait_for_prerequisites(), which returns when the kernel before has ended
+ * and its writes are visible. Before that call it must neither read what
+ * earlier work writes nor write what earlier work reads. A kernel launched
+ * so calls let_dependents_start() only after its wait, or a third kernel
+ * could run beside the first. Both calls are no-ops in a kernel launched
+ * plainly, and compile to nothing before sm_90.
+ */
+__device__ __forceinline__ void let_dependents_start()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_prerequisites()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* Fills attr with the programmatic dependent launch attribute and says
+ * true when the current device takes it (asked of CUDA once per device);
+ * false leaves the launch plain. */
+static inline bool dependent_launch(cudaLaunchAttribute *attr)
+{
+    static std::atomic<int> known[64]; /* 0 unknown, 1 no, 2 yes */
+    int dev = 0, major = 0, k = 0;
+
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
+        return false;
+    if ((k = known[dev].load(std::memory_order_relaxed)) == 0) {
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+            return false;
+        k = major >= 9 ? 2 : 1;
+        known[dev].store(k, std::memory_order_relaxed);
+    }
+    if (k != 2)
+        return false;
+    attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr->val.programmaticStreamSerializationAllowed = 1;
+    return true;
 }
 
 /* WEFT_OK, or the launch's error as a weft status with CUDA's name for it. */

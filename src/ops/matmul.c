@@ -37,6 +37,8 @@ static const char OP[] = "weft_matmul";
  * earlier field's place are what they were. */
 _Static_assert(offsetof(weft_matmul_desc, in_type_b) == offsetof(weft_matmul_desc, allow_tf32) + 4,
                "the quantized fields follow allow_tf32");
+_Static_assert(offsetof(weft_matmul_desc, b_constant) + 8 == offsetof(weft_matmul_desc, reserved),
+               "b_constant and reserved_int take the first reserved word");
 _Static_assert(sizeof(weft_matmul_desc) ==
                    offsetof(weft_matmul_desc, allow_tf32) + 8 + 16 * sizeof(uint64_t),
                "weft_matmul_desc keeps its size");
@@ -338,6 +340,8 @@ static int check_desc(const weft_matmul_desc *desc, void *d, const void *a, cons
     for (size_t i = 0; i < sizeof desc->reserved / sizeof desc->reserved[0]; i++)
         if (desc->reserved[i] != 0)
             return weft__fail(WEFT_EINVAL, "%s: desc->reserved[%zu] is not zero", OP, i);
+    if (desc->reserved_int != 0)
+        return weft__fail(WEFT_EINVAL, "%s: desc->reserved_int is not zero", OP);
 
     *x = (weft__matmul_args){0};
     x->m = desc->m, x->n = desc->n, x->k = desc->k;
@@ -346,6 +350,7 @@ static int check_desc(const weft_matmul_desc *desc, void *d, const void *a, cons
     x->in_type = desc->in_type == WEFT_DTYPE_F32 ? desc->type : desc->in_type;
     x->trans_a = desc->trans_a != 0, x->trans_b = desc->trans_b != 0;
     x->allow_tf32 = desc->allow_tf32 != 0;
+    x->b_constant = desc->b_constant != 0;
     x->act = desc->act;
     x->d = d, x->a = a, x->b = b, x->c = c;
     x->bias = desc->bias, x->aux = desc->aux;

@@ -44,6 +44,7 @@ typedef struct weft__matmul_args {
     const float *scale_a, *scale_b, *scale_d;
     float *amax_d;
     int trans_a, trans_b, allow_tf32;
+    int b_constant; /* desc's: B unchanged by the work before on the stream */
     weft_matmul_act act;
     size_t lda, ldb, ldc, ldd, ldaux;
     size_t stride_a, stride_b, stride_c, stride_d, stride_aux;

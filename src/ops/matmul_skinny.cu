@@ -49,6 +49,11 @@
  *    be D: read just before it is written by the same thread), the bias, aux,
  *    ReLU or GELU (activations.cuh's, the fit of D's type, as the other
  *    kernels), D in bf16, fp16 or fp32.
+ *  - It is launched as a dependent of the kernel before it (launch.cuh):
+ *    its blocks may be resident while that kernel ends, and with
+ *    b_constant (a model's weights) they load their first turn of weights
+ *    before waiting for it; the norms, SwiGLU and decode attention that
+ *    precede a decode step's products let them start early.
  * Batches are the grid's second dimension. What the kernel needs - A and B
  * 16-byte aligned with rows and batch strides in whole 16 bytes, no
  * transposed A, m <= 32, D not fp8 - weft__matmul_skinny_fits (matmul.c)
@@ -89,7 +94,8 @@ template <typename O> struct skinny_params {
     size_t stride_a, stride_b, stride_c, stride_d, stride_aux;
     float alpha, beta;
     weft_matmul_act act;
-    unsigned split; /* blocks of a cluster on one tile (1: no cluster) */
+    unsigned split;  /* blocks of a cluster on one tile (1: no cluster) */
+    bool b_constant; /* B may be read before the kernel before has ended */
 };
 
 /* 16 bytes of weights: read once, so kept out of L1, where the
@@ -264,14 +270,27 @@ __global__ void __launch_bounds__(THREADS, blocks_an_sm<X, H>()) skinny_kernel(s
     uint4 w[2][PLACES];
     size_t kb = ((size_t)rank * WARPS + warp) * TURN;
     const size_t step = (size_t)split * WARPS * TURN;
-    for (; kb + TURN <= p.k; kb += step) {
+    auto load_turn = [&] {
 #pragma unroll
         for (int q = 0; q < PLACES; q++)
 #pragma unroll
             for (int r = 0; r < 2; r++)
                 w[r][q] = load_weights(wrow[r] + (kb + 4 * E * q) * BYTES);
+    };
+    /* Launched as a dependent (launch.cuh): constant weights' first turn
+     * is on its way while the kernel before ends; the rest waits for it. */
+    const bool whole = kb + TURN <= p.k;
+    if (p.b_constant && whole)
+        load_turn();
+    wait_for_prerequisites();
+    if (!p.b_constant && whole)
+        load_turn();
+    while (kb + TURN <= p.k) {
         multiply<W, X, H>(
             acc, w, [&](int h, int q) { return load_cached(xrow[h] + (kb + 4 * E * q) * BYTES); });
+        kb += step;
+        if (kb + TURN <= p.k)
+            load_turn();
     }
     if (kb < p.k) {                           /* the turn k ends in: its warp loads what is left */
         const size_t left = p.k - kb - E * t; /* may wrap: then nothing is left */
@@ -373,20 +392,23 @@ int launch(cudaStream_t stream, const weft__matmul_args *a)
     p.alpha = a->alpha, p.beta = a->beta, p.act = a->act;
     const size_t tiles = (a->n + COLS - 1) / COLS;
     p.split = split_for(tiles * a->batch, a->k, operand<X>::TURN);
+    p.b_constant = a->b_constant;
 
     cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr;
+    cudaLaunchAttribute attrs[2];
     cfg.gridDim = dim3((unsigned)(tiles * p.split), (unsigned)a->batch, 1);
     cfg.blockDim = dim3(THREADS, 1, 1);
     cfg.stream = stream;
+    cfg.attrs = attrs;
     if (p.split > 1) {
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = p.split;
-        attr.val.clusterDim.y = 1;
-        attr.val.clusterDim.z = 1;
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
+        cudaLaunchAttribute &cluster = attrs[cfg.numAttrs++];
+        cluster.id = cudaLaunchAttributeClusterDimension;
+        cluster.val.clusterDim.x = p.split;
+        cluster.val.clusterDim.y = 1;
+        cluster.val.clusterDim.z = 1;
     }
+    if (dependent_launch(&attrs[cfg.numAttrs]))
+        cfg.numAttrs++;
     auto kernel = a->m <= 8    ? skinny_kernel<X, W, O, 1>
                   : a->m <= 16 ? skinny_kernel<X, W, O, 2>
                                : skinny_kernel<X, W, O, 4>;

@@ -271,6 +271,7 @@ __device__ __forceinline__ float turned(const T *row, int e, int pos, bool halve
 template <typename T, int DIM, int ROWS, bool FP8>
 __global__ void __launch_bounds__(DECODE_THREADS, 4) decode_kernel(decode_params<T> p)
 {
+    let_dependents_start(); /* the product after it prepares meanwhile (launch.cuh) */
     using chunk = kv_chunk<T, FP8>;
     constexpr int LANES = DIM / 8;    /* threads a key */
     constexpr int SLOTS = 32 / LANES; /* keys a warp reads at once */
@@ -479,6 +480,7 @@ __global__ void __launch_bounds__(MERGE_ROWS * 32)
     decode_merge(const float *part_o, const float *part_lse, T *out, float *lse, int rows,
                  int splits)
 {
+    let_dependents_start(); /* the product after it prepares meanwhile (launch.cuh) */
     constexpr int E = DIM / 32;
     int row = blockIdx.x * MERGE_ROWS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows)

@@ -258,6 +258,8 @@ static void test_bad_arguments_are_refused_with_the_reason(void **state)
     refused(x, D, A, B, NULL, "D's batch stride 10 is smaller than its matrix (16)");
     x = ok, x.reserved[3] = 1;
     refused(x, D, A, B, NULL, "reserved[3] is not zero");
+    x = ok, x.reserved_int = 1;
+    refused(x, D, A, B, NULL, "reserved_int is not zero");
     x = ok, x.alpha = NAN;
     refused(x, D, A, B, NULL, "alpha and beta must be finite");
     x = ok, x.ldc = 5;

@@ -7,7 +7,9 @@
  * GELUs, aux); the residual in place; strided and shared batches; padded
  * rows whose padding holds NaN (never read); pointers, leading dimensions
  * and batch strides that break 16-byte loads, which must go to cuBLASLt
- * and still be right; calls captured into a CUDA graph and replayed. A
+ * and still be right; calls captured into a CUDA graph and replayed;
+ * products launched while the RMSNorm that writes their A still runs
+ * (b_constant on, and off for half the decode shapes). A
  * small n with a long k (k >= 2048 over fewer tiles than SMs) runs as
  * clusters of blocks sharing a tile's k: the n = 1, 13 and 256 cases at
  * k = 4096 and 4100, the in-place ones, a batched one and a captured one.
@@ -250,7 +252,8 @@ static void test_decode_shapes_match_float64(void **state)
                                           .ldb = round8(k),
                                           .alpha = v % 7 == 0 ? 0.5f : 0.0f,
                                           .beta = v % 5 == 3 ? -0.75f : 0.0f,
-                                          .act = (weft_matmul_act)(v % 4)};
+                                          .act = (weft_matmul_act)(v % 4),
+                                          .b_constant = (int)(v % 2)};
                     options o = {.with_c = v % 5 == 1 || v % 5 == 3,
                                  .with_bias = v % 3 != 0,
                                  .skinny = m <= 32};
@@ -438,6 +441,91 @@ static void test_a_captured_call_replays_right(void **state)
     captured_case(256);
 }
 
+/* The kernel starts before the kernel ahead of it on the stream has ended
+ * (programmatic dependent launch; with b_constant it reads B at once): each
+ * product here follows the RMSNorm that writes its A into a buffer holding
+ * NaN, so a product that read A early has NaN or the wrong values. Run as
+ * enqueued, then captured into a graph and replayed over fresh poison. */
+enum { CHAIN = 6, CHAIN_K = 4096, CHAIN_N = 2048 };
+
+static void norm_then_product(cudaStream_t s, const weft_matmul_desc *d, void *const *da,
+                              void *const *dd, const void *dx, const void *dw, const void *db)
+{
+    for (int i = 0; i < CHAIN; i++) {
+        const char *x = (const char *)dx + (size_t)i * d->m * CHAIN_K * 2;
+        assert_ok(weft_rmsnorm(s, WEFT_DTYPE_BF16, da[i], NULL, x, NULL, dw, 1e-6f, d->m, CHAIN_K,
+                               CHAIN_K));
+        assert_ok(weft_matmul(s, d, dd[i], da[i], db, NULL));
+    }
+}
+
+static size_t check_chain(const char *how, const weft_matmul_desc *d, void *const *da,
+                          void *const *dd, const void *b)
+{
+    size_t bad = 0;
+    for (int i = 0; i < CHAIN; i++) {
+        void *a = gt_download(da[i], d->m * CHAIN_K * 2),
+             *got = gt_download(dd[i], d->m * CHAIN_N * 2);
+        char name[64];
+        snprintf(name, sizeof name, "m %zu %s, product %d", d->m, how, i);
+        bad += check(name, d, a, b, NULL, got, NULL, 1, 0);
+        free(a), free(got);
+    }
+    return bad;
+}
+
+static void chain_case(size_t m)
+{
+    weft_matmul_desc d = {
+        .m = m, .n = CHAIN_N, .k = CHAIN_K, .type = WEFT_DTYPE_BF16, .trans_b = 1, .b_constant = 1};
+    size_t na = m * CHAIN_K, nd = m * CHAIN_N;
+    void *x = mm_random(d.type, CHAIN * na, 1.0), *w = mm_random(d.type, CHAIN_K, 1.0);
+    void *b = mm_random(d.type, (size_t)CHAIN_N * CHAIN_K, 1.0 / sqrt((double)CHAIN_K));
+    void *pa = mm_poisoned(d.type, na), *pd = mm_poisoned(d.type, nd);
+    void *bx, *bw, *bb, *ba[CHAIN], *bd[CHAIN], *da[CHAIN], *dd[CHAIN];
+    void *dx = upload(x, CHAIN * na * 2, 0, &bx), *dw = upload(w, CHAIN_K * 2, 0, &bw);
+    void *db = upload(b, (size_t)CHAIN_N * CHAIN_K * 2, 0, &bb);
+    for (int i = 0; i < CHAIN; i++)
+        da[i] = upload(pa, na * 2, 0, &ba[i]), dd[i] = upload(pd, nd * 2, 0, &bd[i]);
+
+    unsigned long long before = weft__matmul_cuda_skinny_calls();
+    norm_then_product(stream, &d, da, dd, dx, dw, db);
+    assert_cuda(cudaStreamSynchronize(stream));
+    assert_int_equal(weft__matmul_cuda_skinny_calls() - before, CHAIN);
+    size_t bad = check_chain("enqueued", &d, da, dd, b);
+
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    assert_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    norm_then_product(stream, &d, da, dd, dx, dw, db);
+    assert_cuda(cudaStreamEndCapture(stream, &graph));
+    assert_cuda(cudaGraphInstantiate(&exec, graph, 0));
+    for (int r = 0; r < 2; r++) {
+        for (int i = 0; i < CHAIN; i++) {
+            assert_cuda(gt_copy_in(da[i], pa, na * 2));
+            assert_cuda(gt_copy_in(dd[i], pd, nd * 2));
+        }
+        assert_cuda(cudaGraphLaunch(exec, stream));
+        assert_cuda(cudaStreamSynchronize(stream));
+        bad += check_chain(r ? "replayed again" : "replayed", &d, da, dd, b);
+    }
+    cudaGraphExecDestroy(exec), cudaGraphDestroy(graph);
+    for (int i = 0; i < CHAIN; i++)
+        cudaFree(ba[i]), cudaFree(bd[i]);
+    cudaFree(bx), cudaFree(bw), cudaFree(bb);
+    free(x), free(w), free(b), free(pa), free(pd);
+    if (bad)
+        fail_msg("m %zu: %zu bad elements after the norm", m, bad);
+}
+
+static void test_a_product_waits_for_the_norm_before_it(void **state)
+{
+    (void)state;
+    chain_case(1);
+    chain_case(16);
+    chain_case(32);
+}
+
 /* ---- main ------------------------------------------------------------------ */
 
 static int setup(void **state)
@@ -465,6 +553,7 @@ int main(void)
         cmocka_unit_test(test_batches_match_float64),
         cmocka_unit_test(test_unaligned_calls_fall_back_and_match),
         cmocka_unit_test(test_a_captured_call_replays_right),
+        cmocka_unit_test(test_a_product_waits_for_the_norm_before_it),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
