@@ -81,7 +81,7 @@ class MatmulDesc(ctypes.Structure):
                 ("in_type_b", I), ("c_type", I), ("scale_a_mode", I), ("scale_b_mode", I),
                 ("scale_a", ctypes.c_void_p), ("scale_b", ctypes.c_void_p),
                 ("scale_d", ctypes.c_void_p), ("amax_d", ctypes.c_void_p),
-                ("reserved", ctypes.c_uint64 * 10)]
+                ("b_constant", I), ("reserved_int", I), ("reserved", ctypes.c_uint64 * 9)]
 
 
 def load_weft(path):
