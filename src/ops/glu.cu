@@ -41,8 +41,8 @@ int launch_v(cudaStream_t stream, const glu_params<T> &p, weft_glu_kind kind)
     const size_t stride = p.in_stride > p.out_stride ? p.in_stride : p.out_stride;
     if (chunk_once::fits(p.rows, p.cols, stride, V, threads)) {
         auto kernel = pick_kernel<T, V, chunk_once>(kind);
-        kernel<<<chunk_once::grid(p.rows, p.cols, V, threads), threads, 0, stream>>>(p);
-        return launched("weft_glu");
+        return launch_dependent("weft_glu", stream, chunk_once::grid(p.rows, p.cols, V, threads),
+                                dim3(threads), 0, kernel, p);
     }
     const size_t work = p.rows * (p.cols / V);
     auto kernel = pick_kernel<T, V, tensor_walk<uint32_t>>(kind);
@@ -51,8 +51,7 @@ int launch_v(cudaStream_t stream, const glu_params<T> &p, weft_glu_kind kind)
         kernel = pick_kernel<T, V, tensor_walk<size_t>>(kind);
         blocks = grid_for(kernel, work, threads);
     }
-    kernel<<<blocks, threads, 0, stream>>>(p);
-    return launched("weft_glu");
+    return launch_dependent("weft_glu", stream, dim3(blocks), dim3(threads), 0, kernel, p);
 }
 
 template <typename T> int launch(cudaStream_t stream, const weft__glu_args *a)

@@ -34,7 +34,7 @@ template <typename T, weft_glu_kind KIND> __device__ __forceinline__ float activ
 template <typename T, int V, weft_glu_kind KIND, typename Walk>
 __global__ void __launch_bounds__(256) glu_kernel(glu_params<T> p)
 {
-    let_dependents_start(); /* the product after it prepares meanwhile (launch.cuh) */
+    start_as_dependent(); /* launched as one (launch.cuh) */
     const T *gate = p.in, *up = p.in + p.cols;
     for (Walk w(p.rows, p.cols, p.out_stride, p.in_stride, V); w.more(); w.next()) {
         float x[V], y[V];

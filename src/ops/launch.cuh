@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <utility>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -82,6 +83,15 @@ __device__ __forceinline__ void wait_for_prerequisites()
 #endif
 }
 
+/* The start of a kernel launched as a dependent that has nothing to do
+ * before the kernel ahead of it ends: wait for that one, then let the next
+ * one start (its blocks then wait on this one beside it). */
+__device__ __forceinline__ void start_as_dependent()
+{
+    wait_for_prerequisites();
+    let_dependents_start();
+}
+
 /* Fills attr with the programmatic dependent launch attribute and says
  * true when the current device takes it (asked of CUDA once per device);
  * false leaves the launch plain. */
@@ -119,6 +129,26 @@ static inline int launch_status(const char *op, cudaError_t e)
 static inline int launched(const char *op)
 {
     return launch_status(op, cudaGetLastError());
+}
+
+/* kernel<<<grid, block, smem, stream>>>(args...) launched as a dependent of
+ * the kernel before it on the stream (see dependent_launch): the kernel
+ * calls wait_for_prerequisites() before it touches memory. */
+template <typename... Params, typename... Args>
+static int launch_dependent(const char *op, cudaStream_t stream, dim3 grid, dim3 block, size_t smem,
+                            void (*kernel)(Params...), Args &&...args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    if (dependent_launch(&attr)) {
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+    }
+    return launch_status(op, cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
 /*

@@ -52,8 +52,9 @@
  *  - It is launched as a dependent of the kernel before it (launch.cuh):
  *    its blocks may be resident while that kernel ends, and with
  *    b_constant (a model's weights) they load their first turn of weights
- *    before waiting for it; the norms, SwiGLU and decode attention that
- *    precede a decode step's products let them start early.
+ *    before waiting for it. The other kernels of a decode step (the row
+ *    kernels' norms, SwiGLU, the KV append, decode attention) are launched
+ *    as dependents too, and each lets the next start once it has waited.
  * Batches are the grid's second dimension. What the kernel needs - A and B
  * 16-byte aligned with rows and batch strides in whole 16 bytes, no
  * transposed A, m <= 32, D not fp8 - weft__matmul_skinny_fits (matmul.c)
@@ -283,6 +284,7 @@ __global__ void __launch_bounds__(THREADS, blocks_an_sm<X, H>()) skinny_kernel(s
     if (p.b_constant && whole)
         load_turn();
     wait_for_prerequisites();
+    let_dependents_start(); /* the norm, SwiGLU or append after it (launch.cuh) */
     if (!p.b_constant && whole)
         load_turn();
     while (kb + TURN <= p.k) {

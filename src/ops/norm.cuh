@@ -251,7 +251,7 @@ template <typename T, int V, int VPT, typename P = norm_params<T>>
 __global__ void __launch_bounds__(512, 2)
     norm_kernel(P p, size_t row0, unsigned cluster, size_t tiles)
 {
-    let_dependents_start(); /* the product after it prepares meanwhile (launch.cuh) */
+    start_as_dependent(); /* launched as one (launch.cuh) */
     __shared__ reduce_scratch<float> s1;
     __shared__ reduce_scratch<sum2> s2;
     const row_place at = place_row<V>(row0, cluster, tiles, VPT);
@@ -398,7 +398,7 @@ template <typename T, bool GELU, typename P = norm_params<T>>
 __global__ void __launch_bounds__(512)
     norm_staged_kernel(P p, size_t row0, unsigned cluster, size_t vpt)
 {
-    let_dependents_start(); /* the product after it prepares meanwhile (launch.cuh) */
+    start_as_dependent(); /* launched as one (launch.cuh) */
     constexpr int V = vec16<T>();
     __shared__ reduce_scratch<float> s1;
     __shared__ reduce_scratch<sum2> s2;

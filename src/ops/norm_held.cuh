@@ -464,7 +464,7 @@ template <typename T, int VPT, norm_mode MODE, unsigned IO, cluster_exchange X =
 __global__ void __launch_bounds__(held_threads(PACKED), held_resident(PACKED, VPT, vec16<T>()))
     norm_held_kernel(P p, size_t row0, unsigned cluster, size_t lead)
 {
-    let_dependents_start(); /* the product after it prepares meanwhile (launch.cuh) */
+    start_as_dependent(); /* launched as one (launch.cuh) */
     constexpr int V = vec16<T>();
     __shared__ held_scratch<MODE, X> scratch;
     if constexpr (pushes(X) && norm_fp8(MODE))

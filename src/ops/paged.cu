@@ -81,6 +81,7 @@ __device__ __forceinline__ void pool_store(void *pool, bool fp8, float scale, si
 
 template <typename T> __global__ void __launch_bounds__(256) append_kernel(append_params<T> p)
 {
+    start_as_dependent(); /* launched as one (launch.cuh) */
     const size_t pairs = p.head_dim / 2, n = p.tokens * p.kv_heads * pairs;
     for (size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x; x < n;
          x += (size_t)gridDim.x * blockDim.x) {
@@ -138,8 +139,8 @@ template <typename T> int launch_append(cudaStream_t stream, const weft__kv_appe
     const unsigned threads = 256;
     auto kernel = append_kernel<T>;
     size_t work = p.tokens * p.kv_heads * (p.head_dim / 2);
-    kernel<<<grid_for(kernel, work, threads), threads, 0, stream>>>(p);
-    return launched("weft_kv_append");
+    return launch_dependent("weft_kv_append", stream, dim3(grid_for(kernel, work, threads)),
+                            dim3(threads), 0, kernel, p);
 }
 
 /* ---- decode ---------------------------------------------------------------- */
@@ -271,7 +272,7 @@ __device__ __forceinline__ float turned(const T *row, int e, int pos, bool halve
 template <typename T, int DIM, int ROWS, bool FP8>
 __global__ void __launch_bounds__(DECODE_THREADS, 4) decode_kernel(decode_params<T> p)
 {
-    let_dependents_start(); /* the product after it prepares meanwhile (launch.cuh) */
+    start_as_dependent(); /* launched as one (launch.cuh) */
     using chunk = kv_chunk<T, FP8>;
     constexpr int LANES = DIM / 8;    /* threads a key */
     constexpr int SLOTS = 32 / LANES; /* keys a warp reads at once */
@@ -480,7 +481,7 @@ __global__ void __launch_bounds__(MERGE_ROWS * 32)
     decode_merge(const float *part_o, const float *part_lse, T *out, float *lse, int rows,
                  int splits)
 {
-    let_dependents_start(); /* the product after it prepares meanwhile (launch.cuh) */
+    start_as_dependent(); /* launched as one (launch.cuh) */
     constexpr int E = DIM / 32;
     int row = blockIdx.x * MERGE_ROWS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows)
@@ -549,14 +550,15 @@ int launch_decode_rows(cudaStream_t stream, decode_params<T> p, const weft__deco
         p.part_lse =
             (float *)((char *)a->workspace + weft__decode_lse_offset(rows, (size_t)p.splits, DIM));
     }
-    kernel<<<dim3((unsigned)base, (unsigned)p.splits), DECODE_THREADS, 0, stream>>>(p);
-    int rc = launched("weft_attention_decode");
+    int rc =
+        launch_dependent("weft_attention_decode", stream, dim3((unsigned)base, (unsigned)p.splits),
+                         dim3(DECODE_THREADS), 0, kernel, p);
     if (rc != WEFT_OK || p.splits == 1)
         return rc;
     unsigned mblocks = (unsigned)((rows + MERGE_ROWS - 1) / MERGE_ROWS);
-    decode_merge<T, DIM><<<mblocks, MERGE_ROWS * 32, 0, stream>>>(p.part_o, p.part_lse, p.out,
-                                                                  p.lse, (int)rows, p.splits);
-    return launched("weft_attention_decode (merge)");
+    return launch_dependent("weft_attention_decode (merge)", stream, dim3(mblocks),
+                            dim3(MERGE_ROWS * 32), 0, decode_merge<T, DIM>, p.part_o, p.part_lse,
+                            p.out, p.lse, (int)rows, p.splits);
 }
 
 template <typename T, int DIM, bool FP8>

@@ -543,12 +543,16 @@ static int launch_rows(const char *op, cudaStream_t stream, const row_plan &p, s
     for (size_t row0 = 0; row0 < rows; row0 += rows_per_launch) {
         size_t n = rows - row0 < rows_per_launch ? rows - row0 : rows_per_launch;
         cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr;
+        cudaLaunchAttribute attrs[2];
         cfg.gridDim = dim3((unsigned)((n + p.rpb - 1) / p.rpb * p.cluster), 1, 1);
         cfg.blockDim = dim3(p.tpr, p.rpb, 1);
         cfg.dynamicSmemBytes = p.smem;
         cfg.stream = stream;
-        set_cluster(&cfg, &attr, p.cluster);
+        set_cluster(&cfg, &attrs[0], p.cluster);
+        if (dependent_launch(&attrs[cfg.numAttrs])) { /* the kernels start_as_dependent */
+            cfg.attrs = attrs;
+            cfg.numAttrs++;
+        }
         int rc = launch_status(op, cudaLaunchKernelEx(&cfg, kernel, params, row0, p.cluster, arg));
         if (rc != WEFT_OK)
             return rc;

@@ -97,6 +97,7 @@ template <typename T, int V, int VPT>
 __global__ void __launch_bounds__(512, 2)
     softmax_kernel(softmax_params<T> p, size_t row0, unsigned cluster, size_t tiles)
 {
+    start_as_dependent(); /* launched as one (launch.cuh) */
     __shared__ reduce_scratch<float> scratch;
     const row_place at = place_row<V>(row0, cluster, tiles, VPT);
     if (at.row >= p.rows) /* only whole idle warps (a warp per row) */
@@ -154,6 +155,7 @@ template <typename T, bool DROPOUT>
 __global__ void __launch_bounds__(512)
     softmax_staged_kernel(softmax_params<T> p, size_t row0, unsigned cluster, size_t vpt)
 {
+    start_as_dependent(); /* launched as one (launch.cuh) */
     constexpr int V = vec16<T>();
     __shared__ reduce_scratch<float> scratch;
     const row_place at = place_row<V>(row0, cluster, 1, (unsigned)vpt);
@@ -453,6 +455,7 @@ template <typename T, int VPT, softmax_form FORM, softmax_stats STATS = SOFTMAX_
 __global__ void __launch_bounds__(512)
     softmax_held_kernel(softmax_params<T> p, size_t row0, unsigned cluster, size_t lead)
 {
+    start_as_dependent(); /* launched as one (launch.cuh) */
     constexpr int V = vec16<T>();
     __shared__ softmax_scratch<STATS, X> scratch;
     if constexpr (pushes(X))
