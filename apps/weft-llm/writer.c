@@ -74,7 +74,10 @@ enum { MERGES = 254 };
  * bytes, the merges between them and the BOS and EOS (ids 256 and 257,
  * which the merges skip), then the chat markers last (512, 513), where
  * they change no other token's id. The large presets keep the small
- * tokenizer below their vocab_size, as real models pad theirs. */
+ * tokenizer below their vocab_size, as real models pad theirs; the
+ * embedding and lm_head rows of the ids it lacks are zero, so that greedy
+ * output stays among its tokens (a zero row's logit is below the largest
+ * of the others') and a served stream shows text as it goes. */
 static const preset presets[] = {
     {"tiny", 64, 128, 2, 4, 2, 64, 514, 512, 10000.0, 0, 0, 0, 256, 257, 512, 0, 0, LLAMA, 0, 0, 0},
     {"1b", 2048, 8192,   16,     32,     8, 64, 128256, 131072, 500000.0, 1,
@@ -177,7 +180,9 @@ typedef struct spec_list {
     int fp8;               /* the layers' projections in E4M3, each with its scales after it */
     int prune_2_4;         /* the dense layers' projections pruned to 2:4 as they are written */
     unsigned char *pruned; /* per tensor: pruned to 2:4 */
+    unsigned char *vocab;  /* per tensor: a row a token id (embedding, lm_head) */
     float *scales;         /* the last FP8 tensor's, for its scale tensor */
+    const preset *p;       /* the model's, for the ids its tokenizer defines */
 } spec_list;
 
 /* sd's meanings besides a standard deviation: ones (a norm's weight), and
@@ -196,7 +201,8 @@ static void add(spec_list *l, double sd, uint64_t rows, uint64_t cols, const cha
         l->seed_at = realloc(l->seed_at, l->cap * sizeof *l->seed_at);
         l->names = realloc(l->names, l->cap * sizeof *l->names);
         l->pruned = realloc(l->pruned, l->cap * sizeof *l->pruned);
-        if (!l->s || !l->sd || !l->seed_at || !l->names || !l->pruned)
+        l->vocab = realloc(l->vocab, l->cap * sizeof *l->vocab);
+        if (!l->s || !l->sd || !l->seed_at || !l->names || !l->pruned || !l->vocab)
             abort(); /* out of memory building a list of a few hundred names */
     }
     char name[160];
@@ -209,6 +215,7 @@ static void add(spec_list *l, double sd, uint64_t rows, uint64_t cols, const cha
         .name = l->names[l->n], .dtype = l->dtype, .ndim = cols ? 2 : 1, .shape = {rows, cols}};
     l->seed_at[l->n] = sd == SCALES ? 0 : l->values++; /* an FP8 twin draws the same values */
     l->pruned[l->n] = 0;
+    l->vocab[l->n] = 0;
     l->sd[l->n++] = sd;
 }
 
@@ -238,6 +245,7 @@ static void list_tensors(const preset *p, spec_list *l)
      * These make the experts' sum about as large as the rest of it. */
     double router = 0.1, expert = p->kind == MIXTRAL ? 0.05 : 0.1, shared = 0.08, bias = 0.1;
     add(l, INIT_SD, (uint64_t)p->vocab, H, "model.embed_tokens.weight");
+    l->vocab[l->n - 1] = 1;
     for (int i = 0; i < p->layers; i++) {
         add(l, ONES, H, 0, "model.layers.%d.input_layernorm.weight", i);
         add(l, INIT_SD, q, H, "model.layers.%d.self_attn.q_proj.weight", i);
@@ -284,8 +292,30 @@ static void list_tensors(const preset *p, spec_list *l)
         }
     }
     add(l, ONES, H, 0, "model.norm.weight");
-    if (!p->tied)
+    if (!p->tied) {
         add(l, INIT_SD, (uint64_t)p->vocab, H, "lm_head.weight");
+        l->vocab[l->n - 1] = 1;
+    }
+}
+
+/* Whether the tokenizer written with p defines token id: the 256 bytes,
+ * the special ids, and the MERGES ids from 256 on that are not special. */
+static int token_defined(const preset *p, uint64_t id)
+{
+    const int special[] = {p->bos, p->eos, p->im_start, p->im_start + 1};
+    int n_special = (int)(sizeof special / sizeof *special), merges = 0;
+    uint64_t end = 256; /* one past the last merge's id */
+    for (int i = 0; i < n_special; i++)
+        if ((uint64_t)special[i] == id)
+            return 1;
+    while (merges < MERGES) {
+        int taken = 0;
+        for (int i = 0; i < n_special; i++)
+            taken |= (uint64_t)special[i] == end;
+        merges += !taken;
+        end++;
+    }
+    return id < end;
 }
 
 static uint64_t spec_bytes(const wl_st_spec *s)
@@ -320,16 +350,20 @@ static void normals(uint64_t *state, double sd, float *out, size_t n)
 /* A tensor's values; pruned, each group of four of a row (a chunk holds
  * whole groups: rows and chunks are multiples of four) keeps its two
  * largest, as weft_prune_2_4 keeps them. */
-static int fill(FILE *f, const wl_st_spec *s, double sd, uint64_t seed, int prune)
+static int fill(FILE *f, const wl_st_spec *s, double sd, uint64_t seed, int prune,
+                const preset *vocab_of)
 {
     static float vals[CHUNK], buf[CHUNK];
     size_t es = wl_dtype_size(s->dtype);
-    uint64_t count = spec_bytes(s) / es, state = seed;
+    uint64_t total = spec_bytes(s) / es, count = total, state = seed, cols = s->shape[1];
     while (count) {
         size_t n = count < CHUNK ? (size_t)count : CHUNK;
+        uint64_t at = total - count;
         normals(&state, sd, vals, n);
-        for (size_t i = 0; i < n; i++)
-            put(s, buf, i, sd == ONES ? 1.0f : vals[i]);
+        for (size_t i = 0; i < n; i++) {
+            int zero = vocab_of && !token_defined(vocab_of, (at + i) / cols);
+            put(s, buf, i, sd == ONES ? 1.0f : zero ? 0.0f : vals[i]);
+        }
         if (prune && weft_prune_2_4(NULL, s->dtype, buf, 1, n, n) != WEFT_OK)
             return wl_fail("%s: %s", s->name, weft_last_error());
         if (fwrite(buf, es, n, f) != n)
@@ -385,7 +419,7 @@ static int write_shard(const char *path, spec_list *l, size_t from, size_t to, u
         else if (s->dtype == WEFT_DTYPE_F8_E4M3)
             rc = fill_fp8(f, l, s, l->sd[i], wl_rand_next(&ts));
         else
-            rc = fill(f, s, l->sd[i], wl_rand_next(&ts), l->pruned[i]);
+            rc = fill(f, s, l->sd[i], wl_rand_next(&ts), l->pruned[i], l->vocab[i] ? l->p : NULL);
     }
     if (fclose(f) && !rc)
         rc = wl_fail("%s: %s", path, strerror(errno));
@@ -399,6 +433,7 @@ static int write_weights(const char *dir, const preset *p, const wl_write_opts *
     spec_list l = {.dtype = o->fp32 ? WEFT_DTYPE_F32 : WEFT_DTYPE_BF16,
                    .fp8 = o->fp8,
                    .prune_2_4 = o->prune_2_4};
+    l.p = p;
     list_tensors(p, &l);
     size_t limit = o->shard_bytes ? o->shard_bytes : (size_t)2 << 30;
     size_t starts[4096], n_shards = 0;
@@ -440,6 +475,7 @@ static int write_weights(const char *dir, const preset *p, const wl_write_opts *
     free(l.scales);
     free(l.names);
     free(l.pruned);
+    free(l.vocab);
     return rc;
 }
 
