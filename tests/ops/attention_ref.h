@@ -56,6 +56,11 @@ typedef struct at_data {
     float *lse; /* NULL when the case asks for none */
     int32_t *cu_q, *cu_k, *pos_q, *pos_k;
     double *rq, *rk, *rv; /* as the reference reads them: [rows][width] */
+    /* With RoPE, per element of rq and rk: one unit of the dtype where the
+     * exact rotated value lies within a millionth of a rounding midpoint
+     * (the GPU's sine and cosine, ~2.5e-7 from the host's, may round it
+     * the other way), else 0 (at_ambiguity). */
+    double *aq, *ak;
     /* > 1: check every sample-th query of a sequence (and its last two)
      * against the reference, the others only for being written and finite
      * (sequences too long for the float64 loops at every row) */
@@ -117,6 +122,33 @@ static inline int at_sees(const weft_attention_desc *d, int64_t i, int64_t j, in
     if (d->window && j <= p - (int64_t)d->window)
         return 0;
     return 1;
+}
+
+/* For rows of width elements (heads of dim, stride apart) turned by RoPE
+ * at positions pos with base: at_data's aq or ak. */
+static inline double *at_ambiguity(weft_dtype t, weft_rope_layout layout, const void *x,
+                                   size_t rows, size_t width, size_t stride, size_t dim,
+                                   const int32_t *pos, double base)
+{
+    double *amb = at_alloc(rows * width * sizeof(double));
+    size_t half = dim / 2;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t h = 0; h < width / dim; h++)
+            for (size_t i = 0; i < half; i++) {
+                size_t e0 = layout == WEFT_ROPE_HALVES ? i : 2 * i;
+                size_t e1 = layout == WEFT_ROPE_HALVES ? i + half : 2 * i + 1;
+                double a = weft__load(t, x, r * stride + h * dim + e0);
+                double b = weft__load(t, x, r * stride + h * dim + e1);
+                double angle = (double)pos[r] * pow(base, -2.0 * (double)i / (double)dim);
+                double v[2] = {a * cos(angle) - b * sin(angle), a * sin(angle) + b * cos(angle)};
+                double delta = 1e-6 * (fabs(a) + fabs(b));
+                for (int k = 0; k < 2; k++) {
+                    double lo = weft__round_to(t, (float)(v[k] - delta));
+                    double hi = weft__round_to(t, (float)(v[k] + delta));
+                    amb[r * width + h * dim + (k ? e1 : e0)] = hi - lo;
+                }
+            }
+    return amb;
 }
 
 /* A case: desc with dtype, batch, heads, head_dim, seq_q/seq_k (the
@@ -190,8 +222,14 @@ static inline at_data at_new(weft_attention_desc d, const int32_t *lens_q, const
     a.rq = at_as_double(d.dtype, rq, qr, a.q_width, d.q_stride);
     a.rk = at_as_double(d.dtype, rk, kr, a.k_width, d.k_stride);
     a.rv = at_as_double(d.dtype, a.v, kr, a.k_width, d.v_stride);
-    if (with_rope)
+    if (with_rope) {
+        double base = d.rope_base != 0.0f ? d.rope_base : 10000.0;
+        a.aq = at_ambiguity(d.dtype, d.rope_layout, a.q, qr, a.q_width, d.q_stride, d.head_dim,
+                            a.pos_q, base);
+        a.ak = at_ambiguity(d.dtype, d.rope_layout, a.k, kr, a.k_width, d.k_stride, d.head_dim,
+                            a.pos_k, base);
         free(rq), free(rk);
+    }
     a.d = d;
     return a;
 }
@@ -200,7 +238,7 @@ static inline void at_free(at_data *a)
 {
     free(a->q), free(a->k), free(a->v), free(a->o), free(a->lse);
     free(a->cu_q), free(a->cu_k), free(a->pos_q), free(a->pos_k);
-    free(a->rq), free(a->rk), free(a->rv);
+    free(a->rq), free(a->rk), free(a->rv), free(a->aq), free(a->ak);
     memset(a, 0, sizeof *a);
 }
 
@@ -280,28 +318,37 @@ static inline void at_pages_free(at_pages *p)
     memset(p, 0, sizeof *p);
 }
 
-/* The reference's row: out[dim], *lse, the terms' sizes S[dim] and the
- * largest scale * sum |q k| (*t). Returns the keys seen. */
+/* The reference's row: out[dim], *lse, the terms' sizes S[dim], the
+ * largest scale * sum |q k| (*t) and, with RoPE, the most a score may move
+ * by the rotated values' ambiguous roundings (*amb). Returns the keys
+ * seen. */
 static inline size_t at_row(const at_data *a, size_t q0, size_t lq, size_t k0, size_t lk, size_t h,
                             size_t i, double *scores, double *out, double *S, double *lse,
-                            double *t)
+                            double *t, double *amb)
 {
     const weft_attention_desc *d = &a->d;
     size_t dim = d->head_dim, g = h / (d->heads / d->kv_heads), seen = 0;
     double scale = d->scale != 0.0f ? d->scale : 1.0 / sqrt((double)dim);
     const double *q = a->rq + (q0 + i) * a->q_width + h * dim;
+    const double *aq = a->aq ? a->aq + (q0 + i) * a->q_width + h * dim : NULL;
     double m = -INFINITY;
-    *t = 0;
+    *t = *amb = 0;
     for (size_t j = 0; j < lk; j++) {
         if (!at_sees(d, (int64_t)i, (int64_t)j, (int64_t)lq, (int64_t)lk))
             continue;
         const double *kj = a->rk + (k0 + j) * a->k_width + g * dim;
-        double s = 0, sa = 0;
+        double s = 0, sa = 0, sr = 0;
         for (size_t e = 0; e < dim; e++)
             s += q[e] * kj[e], sa += fabs(q[e] * kj[e]);
+        if (aq) {
+            const double *akj = a->ak + (k0 + j) * a->k_width + g * dim;
+            for (size_t e = 0; e < dim; e++)
+                sr += fabs(q[e]) * akj[e] + aq[e] * (fabs(kj[e]) + akj[e]);
+        }
         scores[j] = s * scale;
         m = fmax(m, scores[j]);
         *t = fmax(*t, sa * fabs(scale));
+        *amb = fmax(*amb, sr * fabs(scale));
         seen++;
     }
     for (size_t e = 0; e < dim; e++)
@@ -374,9 +421,9 @@ static inline size_t at_check(const at_data *a, const void *o, const float *lse,
                         lse_written[h * d->lse_stride + q0 + i] = 1;
                     continue;
                 }
-                double wl, t;
-                size_t seen = at_row(a, q0, lq, k0, lk, h, i, scores, want, S, &wl, &t);
-                double ds = (double)(dim + 8) * 0x1p-24 * t * (gpu ? 4 : 1);
+                double wl, t, amb;
+                size_t seen = at_row(a, q0, lq, k0, lk, h, i, scores, want, S, &wl, &t, &amb);
+                double ds = (double)(dim + 8) * 0x1p-24 * t * (gpu ? 4 : 1) + (gpu ? amb : 0);
                 size_t row = q0 + i;
                 for (size_t e = 0; e < dim; e++) {
                     size_t at = row * d->o_stride + h * dim + e;

@@ -18,7 +18,10 @@
  * Bounds (attention_ref.h): element-wise, half a unit of the dtype at the
  * result plus the terms' size times what fp32 sums lose and, for the GPU,
  * the rounding of the probabilities to the dtype (one more half unit);
- * the LSE within 1e-5 relative plus the scores' fp32 error. Each case
+ * the LSE within 1e-5 relative plus the scores' fp32 error; with RoPE,
+ * plus what the rotated values the GPU may round the other way (exact
+ * values within a millionth of a rounding midpoint: at_ambiguity) can
+ * move a score. Each case
  * prints its relative error (||got - ref|| / ||ref||), its largest LSE
  * error and the largest difference from the host reference, so one run
  * shows every failing case.
