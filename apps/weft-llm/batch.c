@@ -60,6 +60,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "forward_impl.h"
 
@@ -85,6 +86,7 @@ struct wl_batch {
     int graph;       /* each step a graph-mode region keyed by its size */
     int replay;      /* a repeating step replays its graph without recording it */
     uint64_t serial; /* this batch's, in its regions' keys */
+    uint64_t own_ns; /* thread CPU of the steps' own host work (wl_batch_own_cpu_ns) */
     int32_t *pos_host, *table_host, *lens_host, *rows_host; /* rows_host: the three above */
     float *logits_host;
     weft_sampling *sampling, *sampling_host; /* how each row draws, there and here */
@@ -393,8 +395,19 @@ static int stage_penalties(wl_batch *b, const wl_draw *draws, int n, int *penali
  * stands (its inputs are the page-locked buffers just filled), else
  * records it (the host backend runs it as it comes). A mixed step, whose
  * rows change with its chunks, runs eagerly. */
+/* The calling thread's CPU time. */
+static uint64_t thread_cpu_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* own, when not NULL, is a step's CPU account (forward_step's): the thread
+ * time up to the await is added, the await's is not (the task may resume
+ * on another thread, whose clock the rest is read on). */
 static int run_step(wl_batch *b, int rows, int n, int mixed, int want_logits, int want_picked,
-                    int penalised)
+                    int penalised, uint64_t *own)
 {
     int graph = b->graph && !mixed, replayed = 0, in_region = 0;
     uint64_t key = STEP_REGION(b->serial, n, want_logits, want_picked, penalised);
@@ -410,7 +423,11 @@ static int run_step(wl_batch *b, int rows, int n, int mixed, int want_logits, in
         if (graph)
             TRY(weft_region_end());
     }
+    if (own)
+        *own += thread_cpu_ns();
     TRY(weft_await());
+    if (own)
+        *own -= thread_cpu_ns();
     return 0;
 fail:
     if (in_region) { /* closed, its work dropped; the error is the op's */
@@ -610,7 +627,7 @@ int wl_batch_follow(wl_batch *b)
         if (wl_link_move(b->link, rank - 1, 0, p, n))
             return -1;
         if (run_step(b, head[HEAD_ROWS], head[HEAD_SEQS], head[HEAD_MIXED], head[HEAD_LOGITS],
-                     head[HEAD_PICKED], head[HEAD_PENALISED])) {
+                     head[HEAD_PICKED], head[HEAD_PENALISED], NULL)) {
             st.failed = 1;
             st.rank = rank;
             snprintf(st.message, sizeof st.message, "%s", wl_error());
@@ -631,6 +648,9 @@ static int forward_step(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, co
     const wl_config *c = &m->cfg;
     size_t P = (size_t)b->max_pages;
     int penalised = 0, rows = 0, mixed = 0;
+    /* own: minus the start, plus the time before the await, minus its end,
+     * plus the end's (unsigned: the sum wraps back to the segments' total) */
+    uint64_t own = 0 - thread_cpu_ns();
     if (n < 1 || n > b->max_seqs)
         return wl_fail("batch: %d sequences; the batch takes 1 to %d", n, b->max_seqs);
     for (int i = 0; i < n; i++) {
@@ -680,9 +700,10 @@ static int forward_step(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, co
         b->sampling_host[i] = draws ? draws[i].how : (weft_sampling){0};
         memcpy(b->table_host + i * P, s->pages.table, (size_t)s->pages.used * 4);
     }
-    if (run_step(b, rows, n, mixed, logits != NULL, picked != NULL, penalised))
+    if (run_step(b, rows, n, mixed, logits != NULL, picked != NULL, penalised, &own))
         return -1;
-    if (b->link && wl_link_ranks(b->link) > 1) { /* a pipeline's first stage */
+    const int piped = b->link && wl_link_ranks(b->link) > 1;
+    if (piped) { /* a pipeline's first stage */
         int32_t head[HEAD_WORDS];
         step_head(head, STEP_RUN, rows, n, mixed, logits != NULL, picked != NULL, penalised);
         step_status st = {0};
@@ -696,7 +717,14 @@ static int forward_step(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, co
         if (picked)
             picked[i] = b->picked_host[i];
     }
+    if (!piped) /* a pipeline's transfers wait too: its steps go unaccounted */
+        b->own_ns += own + thread_cpu_ns();
     return 0;
+}
+
+uint64_t wl_batch_own_cpu_ns(const wl_batch *b)
+{
+    return b->own_ns;
 }
 
 int wl_forward_batch(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, int n,

@@ -17,8 +17,10 @@
  *    each step's ids drawn on the backend (greedy, or at --temperature with
  *    --top-p: weft_sample), no logits copied back, for each batch size: the median step, tokens per
  * second, the step's roofline (its weight and KV bytes at the copy rate) and the host CPU time per
- * step (getrusage over the timed steps; on the host backend it is the computation itself). A table
- * on stdout, then one `BENCH <name> <value> <unit>` line a figure. With
+ * step: the process's (getrusage over the timed steps, every thread, the runtime's waiting ones
+ * too; on the host backend it is the computation itself) and the step's own (its thread's time
+ * before and after the await: wl_batch_own_cpu_ns). A table on stdout, then one `BENCH <name>
+ * <value> <unit>` line a figure. With
  * --sparse-2-4 1 the dense projections run sparse (wl_model.sparse_2_4),
  * and the roofline counts the bytes their products read (compressed on a
  * GPU).
@@ -45,7 +47,8 @@ typedef struct bench {
     double copy_gbs;
     double prefill_ms[MAX_POINTS], mixed_ms[MAX_POINTS]; /* mixed: 0 when not measured */
     double step_ms[MAX_POINTS], roofline_ms[MAX_POINTS], cpu_us[MAX_POINTS];
-    weft_graph_stats graph; /* graph mode over the decode steps */
+    double own_us[MAX_POINTS]; /* the step's own host work (wl_batch_own_cpu_ns) */
+    weft_graph_stats graph;    /* graph mode over the decode steps */
     int failed;
     char message[512];
 } bench;
@@ -262,6 +265,7 @@ static int measure_decode(bench *b, int bi, uint64_t *st)
     if (wl_batch_create(&batch, &b->model, &b->kv, B, total, 0))
         goto out;
     double kv_read = 0, cpu = 0;
+    uint64_t own = 0;
     for (int step = -2; step < b->steps; step++) { /* two steps to warm up */
         random_ids(ids, B, b->model.cfg.vocab, st);
         for (int i = 0; i < B; i++)
@@ -270,17 +274,19 @@ static int measure_decode(bench *b, int bi, uint64_t *st)
                                            .seed = (uint64_t)i,
                                            .offset = (uint64_t)(step + 2)};
         double c0 = cpu_seconds();
-        uint64_t t0 = weft_now_ns();
+        uint64_t t0 = weft_now_ns(), o0 = wl_batch_own_cpu_ns(batch);
         if (wl_forward_batch(batch, seqs, ids, B, NULL, draws, picked))
             goto out;
         if (step >= 0) {
             t[step] = (double)(weft_now_ns() - t0) * 1e-6;
             cpu += cpu_seconds() - c0;
+            own += wl_batch_own_cpu_ns(batch) - o0;
             kv_read += (double)B * (P + step + 3) * kv_bytes_per_token(&b->model);
         }
     }
     b->step_ms[bi] = median(t, b->steps);
     b->cpu_us[bi] = cpu / b->steps * 1e6;
+    b->own_us[bi] = (double)own / b->steps * 1e-3;
     b->roofline_ms[bi] = (weight_bytes(&b->model) + kv_read / b->steps) / (b->copy_gbs * 1e9) * 1e3;
     rc = 0;
 out:
@@ -366,11 +372,11 @@ static void report(const bench *b)
         printf("\ndecode steps draw at temperature %g, top-p %g (weft_sample)\n", b->temperature,
                b->top_p);
     printf("\n| decode batch | ms a step | tokens/s | roofline ms | of roofline | host CPU us a "
-           "step |\n|---:|---:|---:|---:|---:|---:|\n");
+           "step | the step's own |\n|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int i = 0; i < b->n_batches; i++)
-        printf("| %d | %.3f | %.0f | %.3f | %.0f%% | %.0f |\n", b->batches[i], b->step_ms[i],
+        printf("| %d | %.3f | %.0f | %.3f | %.0f%% | %.0f | %.1f |\n", b->batches[i], b->step_ms[i],
                b->batches[i] / (b->step_ms[i] * 1e-3), b->roofline_ms[i],
-               100 * b->roofline_ms[i] / b->step_ms[i], b->cpu_us[i]);
+               100 * b->roofline_ms[i] / b->step_ms[i], b->cpu_us[i], b->own_us[i]);
     printf("\ndecode steps as graphs: %llu launches, %llu instantiations, %llu updates (0 on the "
            "host backend, which runs them eagerly; WEFT_LLM_GRAPH=0 turns graph mode off)\n",
            (unsigned long long)b->graph.launches, (unsigned long long)b->graph.instantiations,
@@ -392,6 +398,7 @@ static void report(const bench *b)
         printf("BENCH llm.decode.B%d.of_roofline %.3f fraction\n", b->batches[i],
                b->roofline_ms[i] / b->step_ms[i]);
         printf("BENCH llm.decode.B%d.cpu_us_per_step %.1f us\n", b->batches[i], b->cpu_us[i]);
+        printf("BENCH llm.decode.B%d.own_cpu_us_per_step %.1f us\n", b->batches[i], b->own_us[i]);
     }
 }
 

@@ -491,6 +491,12 @@ typedef struct wl_batch wl_batch;
 int wl_batch_create(wl_batch **b, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens,
                     int chunk);
 void wl_batch_destroy(wl_batch *b); /* task only */
+/* The thread CPU time b's steps (wl_forward_batch, wl_forward_mixed) have
+ * spent on their own host work so far: the checks, staging the inputs,
+ * the launch and taking the results, not the wait between (the runtime's
+ * waiting threads are the process's, not a step's). A pipeline's first
+ * stage counts none (its transfers wait too). */
+uint64_t wl_batch_own_cpu_ns(const wl_batch *b);
 /* Task only: one decode step of n sequences at once (n <= max_seqs, each
  * already prefilled by wl_forward, none twice): token ids[i] at seqs[i]'s
  * next position. Every op runs once over the n rows (weft_matmul with m =

@@ -63,10 +63,12 @@ BENCH llm.decode.B1.step_ms 1.3491 ms
 BENCH llm.decode.B1.tokens_per_s 741.3 tokens/s
 BENCH llm.decode.B1.of_roofline 0.029 fraction
 BENCH llm.decode.B1.cpu_us_per_step 1557.1 us
+BENCH llm.decode.B1.own_cpu_us_per_step 41.0 us
 BENCH llm.decode.B32.step_ms 10.0596 ms
 BENCH llm.decode.B32.tokens_per_s 3181.0 tokens/s
 BENCH llm.decode.B32.of_roofline 0.895 fraction
 BENCH llm.decode.B32.cpu_us_per_step 25.0 us
+BENCH llm.decode.B32.own_cpu_us_per_step 22.5 us
 """
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -86,6 +88,10 @@ def test_bench():
     d1, d32 = b["decode"][1], b["decode"][32]
     check(d1["step_ms"] == 1.3491 and d1["cpu_us"] == 1557.1 and d1["of_roofline"] == 0.029,
           "bench: batch 1 figures from the BENCH lines")
+    check(d1["own_cpu_us"] == 41.0 and d32["own_cpu_us"] == 22.5,
+          "bench: the steps' own CPU time, which the 30 us target is taken against")
+    older = lf.parse_bench("\n".join(x for x in BENCH_OUT.splitlines() if "own_cpu" not in x))
+    check("own_cpu_us" not in older["decode"][1], "bench: an older bench without the own CPU line")
     check(d1["roofline_ms"] == 0.039 and d32["roofline_ms"] == 9.0,
           "bench: the roofline in ms from the table")
     no_table = "\n".join(x for x in BENCH_OUT.splitlines() if not x.startswith("| 32"))
