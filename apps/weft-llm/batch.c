@@ -764,6 +764,7 @@ struct wl_batcher {
     weft_mutex *lock;
     weft_cond *work, *done;
     int max_seqs, max_rows, members, waiting, closed;
+    int prompt_budget; /* prompt tokens a step beside decoding rows (0: the rows') */
     long steps, rows_run;
     slot *slots;
     /* the step's sequences and tokens (the batcher's own, outside the lock) */
@@ -858,22 +859,31 @@ void *wl_batcher_run(void *arg)
         if (bt->members == 0)
             break; /* closed, and every sequence has left */
         /* every decode token, then prompts' chunks while the rows last (a
-         * chunk left out stays waiting, for the next step) */
-        int n = 0, tokens = 0, wants_logits = 0;
+         * chunk left out stays waiting, for the next step); beside decoding
+         * rows, prompt tokens up to the budget, a chunk cut where it runs
+         * out (its rest waits for the next step) */
+        int n = 0, tokens = 0, wants_logits = 0, decoding = 0, prompt = 0;
         for (int pass = 0; pass < 2; pass++)
             for (int i = 0; i < bt->max_seqs; i++) {
                 slot *sl = &bt->slots[i];
-                if (!sl->seq || !sl->waiting || (sl->count > 1) != pass ||
-                    tokens + sl->count > bt->max_rows)
+                if (!sl->seq || !sl->waiting || (sl->count > 1) != pass)
+                    continue;
+                int take = sl->count;
+                if (pass == 1 && decoding && bt->prompt_budget > 0)
+                    take = take < bt->prompt_budget - prompt ? take : bt->prompt_budget - prompt;
+                if (take < 1 || tokens + take > bt->max_rows)
                     continue;
                 sl->taken = 1;
-                wants_logits |= sl->wants_logits;
+                wants_logits |= sl->wants_logits && take == sl->count;
                 bt->rows[n] = i;
                 bt->seqs[n] = sl->seq;
-                bt->draws[n] = sl->draw;
-                bt->counts[n++] = sl->count;
-                memcpy(bt->ids + tokens, sl->toks, (size_t)sl->count * sizeof *bt->ids);
-                tokens += sl->count;
+                /* a part of a chunk draws nothing its sequence reads */
+                bt->draws[n] = take == sl->count ? sl->draw : (wl_draw){{0}, NULL};
+                bt->counts[n++] = take;
+                memcpy(bt->ids + tokens, sl->toks, (size_t)take * sizeof *bt->ids);
+                tokens += take;
+                decoding += pass == 0;
+                prompt += pass == 1 ? take : 0;
             }
         /* every member waits in wl_batcher_step until we clear waiting:
          * none can join's slot or leave while the step runs unlocked */
@@ -883,15 +893,23 @@ void *wl_batcher_run(void *arg)
         char msg[512];
         snprintf(msg, sizeof msg, "%s", rc ? wl_error() : "");
         wl_lock_always(bt->lock);
+        int finished = 0;
         for (int r = 0; r < n; r++) {
             slot *sl = &bt->slots[bt->rows[r]];
+            if (!rc && bt->counts[r] < sl->count) { /* a part: the rest is still waiting */
+                sl->toks += bt->counts[r];
+                sl->count -= bt->counts[r];
+                sl->taken = 0;
+                continue;
+            }
+            finished++;
             sl->rc = rc;
             sl->logits = rc || !wants_logits ? NULL : bt->logits[r];
             sl->picked = bt->picked[r];
             snprintf(sl->message, sizeof sl->message, "%s", msg);
             sl->waiting = sl->taken = 0;
         }
-        bt->waiting -= n;
+        bt->waiting -= finished;
         bt->steps++;
         bt->rows_run += tokens;
         weft_cond_broadcast(bt->done);
@@ -907,6 +925,13 @@ static slot *find(wl_batcher *bt, const wl_seq *s)
         if (bt->slots[i].seq == s)
             return &bt->slots[i];
     return NULL;
+}
+
+void wl_batcher_set_prompt_budget(wl_batcher *bt, int tokens)
+{
+    wl_lock_always(bt->lock);
+    bt->prompt_budget = tokens > 0 ? tokens : 0;
+    weft_mutex_unlock(bt->lock);
 }
 
 int wl_batcher_join(wl_batcher *bt, wl_seq *s)

@@ -607,6 +607,12 @@ int wl_batcher_unlink(wl_batcher *bt);
  * the most tokens of one prompt a step takes; 0: decode steps only). */
 int wl_batcher_create(wl_batcher **bt, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens,
                       int chunk);
+/* At most `tokens` prompt tokens a step beside decoding rows (0, the
+ * default: as many as the batch's rows hold): a chunk that does not fit is
+ * cut, its rest run by the next steps, so a step that decodes never
+ * carries more prefill than that, whatever the chunks' size. A step with
+ * no decoding rows takes chunks whole. */
+void wl_batcher_set_prompt_budget(wl_batcher *bt, int tokens);
 /* The batcher task's body (arg: the batcher): returns once wl_batcher_close
  * was called and every sequence has left. */
 void *wl_batcher_run(void *batcher);

@@ -364,6 +364,8 @@ static int usage(void)
             "[--drain-seconds S]\n"
             "                [--share-prefixes 1|0] [--prefill-chunk 512] [--swap-mb 0] "
             "[--draft DIR]\n"
+            "                [--step-prompt-tokens 0] (N: at most N prompt tokens a step "
+            "beside decodes)\n"
             "                [--pipeline 0|1] (1: every rank of an MPI job, a stage of layers "
             "each)\n"
             "                [--sparse-2-4 0|1] (1: the dense projections pruned to 2:4, "
@@ -479,6 +481,7 @@ static int run_server(server *srv)
         goto out;
     srv->engine.kv.sharing = srv->share_prefixes; /* before any sequence */
     srv->engine.prefill_chunk = srv->prefill_chunk;
+    wl_batcher_set_prompt_budget(srv->engine.batcher, srv->step_prompt_tokens);
     srv->engine.swap_bytes = (size_t)srv->swap_mb << 20;
     struct sockaddr_storage sa;
     if (resolve(srv->host, srv->port, &sa))
@@ -614,6 +617,8 @@ int wl_serve_main(int argc, char **argv)
             bad |= parse_int(v, 0, 1, &srv.share_prefixes);
         else if (!strcmp(a, "--prefill-chunk"))
             bad |= parse_int(v, 0, 1 << 24, &srv.prefill_chunk);
+        else if (!strcmp(a, "--step-prompt-tokens"))
+            bad |= parse_int(v, 0, 1 << 24, &srv.step_prompt_tokens);
         else if (!strcmp(a, "--swap-mb"))
             bad |= parse_int(v, 0, 1 << 24, &srv.swap_mb);
         else if (!strcmp(a, "--draft"))

@@ -17,10 +17,11 @@ typedef struct server {
     const char *dir, *host, *backend, *port_file, *name;
     int port, max_seqs, kv_pages, max_model_len, default_max_tokens, workers, drain_seconds;
     int idle_timeout, body_timeout, share_prefixes;
-    int prefill_chunk; /* the engine's: prompt tokens a chunk, 0 whole */
-    int swap_mb;       /* host memory for preempted sequences' caches; 0: recompute */
-    int pipeline;      /* a stage of layers a rank of the MPI job (rank 0 serves) */
-    int sparse_2_4;    /* the dense projections pruned to 2:4, multiplied sparse */
+    int prefill_chunk;      /* the engine's: prompt tokens a chunk, 0 whole */
+    int step_prompt_tokens; /* the batcher's prompt budget beside decodes, 0 none */
+    int swap_mb;            /* host memory for preempted sequences' caches; 0: recompute */
+    int pipeline;           /* a stage of layers a rank of the MPI job (rank 0 serves) */
+    int sparse_2_4;         /* the dense projections pruned to 2:4, multiplied sparse */
     wl_link *link;
     size_t max_body;
     const char *draft_dir; /* speculative requests' draft model; NULL: n-grams */

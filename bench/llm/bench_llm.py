@@ -104,6 +104,8 @@ def parse_args(argv=None):
     ap.add_argument("--serve-budget", type=float, help="seconds for the serving stage "
                     "(default 170; quick 80)")
     ap.add_argument("--max-seqs", type=int, default=64, help="the server's batch places")
+    ap.add_argument("--step-prompt-tokens", type=int, default=0,
+                    help="the server's prompt tokens a step beside decodes (0: its default)")
     ap.add_argument("--prompt-tokens", default="128-2048")
     ap.add_argument("--output-tokens", default="64-512")
     ap.add_argument("--seed", type=int, default=1, help="random-model's seed")
@@ -491,7 +493,8 @@ def stage_serve(run, data, preset, path):
         os.remove(port_file)
     cmd = [args.weft_llm, "serve", path, "--backend", args.backend, "--port", "0",
            "--port-file", port_file, "--max-seqs", str(args.max_seqs), "--max-model-len",
-           str(max_len), "--kv-pages", str(pages), "--drain-seconds", "10"]
+           str(max_len), "--kv-pages", str(pages), "--drain-seconds", "10",
+           "--step-prompt-tokens", str(args.step_prompt_tokens)]
     server, base = run.start("serve-" + preset, cmd)
     sv["log"] = base
     try:

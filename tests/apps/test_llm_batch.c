@@ -839,10 +839,15 @@ static void test_greedy_without_logits_chooses_the_same_tokens(void **state)
  * chunks, each after one more decode step: the decoder takes a step at
  * every chunk boundary, and the prompt's logits are those of a prefill in
  * one piece. */
-static void test_a_long_prompt_is_prefilled_between_steps(void **state)
+/* A prompt of NB tokens prefilled in chunks of `chunk` while another
+ * sequence decodes, the batcher's prompt budget `budget` (0: none): the
+ * decoder goes on through it, at least as many steps run meanwhile as the
+ * chunks (or, with a budget, the budget's parts) make, and the prompt's
+ * logits are those of the prompt in one piece. */
+static void long_prompt_between_steps(int chunk, int budget)
 {
-    (void)state;
-    enum { NA = 4, NB = 41, CHUNK = 8, BOUNDARIES = (NB - 1) / CHUNK };
+    enum { NA = 4, NB = 41 };
+    const int per_step = budget ? budget : chunk, parts = (NB - 1) / per_step;
     int32_t pa[NA], pb[NB];
     uint64_t st = seed ^ 0xc4a2;
     for (int i = 0; i < NA; i++)
@@ -853,7 +858,8 @@ static void test_a_long_prompt_is_prefilled_between_steps(void **state)
     wl_engine e;
     weft_runtime *rt;
     engine_up(&m, &e, &rt, 16, 2, 128);
-    e.prefill_chunk = CHUNK;
+    e.prefill_chunk = chunk;
+    wl_batcher_set_prompt_budget(e.batcher, budget);
     gen_run *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b), *whole = calloc(1, sizeof *whole);
     assert_true(a && b && whole);
     *a = (gen_run){.e = &e, .prompt = pa, .n_prompt = NA, .max_tokens = 60, .ignore_eos = 1};
@@ -875,10 +881,11 @@ static void test_a_long_prompt_is_prefilled_between_steps(void **state)
     assert_int_equal(weft_join(ta, NULL), WEFT_OK);
     if (a->failed || b->failed)
         fail_msg("%s%s", a->message, b->message);
-    printf("  %d prompt tokens in chunks of %d: %ld decode steps ran meanwhile\n", NB, CHUNK,
-           c1.steps - c0.steps);
+    printf("  %d prompt tokens in chunks of %d, at most %d a step: %ld decode steps ran "
+           "meanwhile\n",
+           NB, chunk, per_step, c1.steps - c0.steps);
     assert_int_equal(a->n, 60); /* it decoded throughout */
-    assert_true(c1.steps - c0.steps >= BOUNDARIES);
+    assert_true(c1.steps - c0.steps >= parts);
     e.prefill_chunk = 0; /* the same prompt in one piece, alone */
     assert_int_equal(run_generation(rt, whole), 0);
     double worst = 0, scale = 0;
@@ -896,6 +903,19 @@ static void test_a_long_prompt_is_prefilled_between_steps(void **state)
     free(whole->logits), free(whole);
 }
 
+static void test_a_long_prompt_is_prefilled_between_steps(void **state)
+{
+    (void)state;
+    long_prompt_between_steps(8, 0);
+}
+
+/* The budget cuts each chunk of 8 into parts of 3, 3 and 2. */
+static void test_a_prompt_budget_cuts_chunks_between_steps(void **state)
+{
+    (void)state;
+    long_prompt_between_steps(8, 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -911,6 +931,7 @@ int main(void)
         cmocka_unit_test(test_a_swapped_sequence_continues_bit_for_bit),
         cmocka_unit_test(test_greedy_without_logits_chooses_the_same_tokens),
         cmocka_unit_test(test_a_long_prompt_is_prefilled_between_steps),
+        cmocka_unit_test(test_a_prompt_budget_cuts_chunks_between_steps),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
