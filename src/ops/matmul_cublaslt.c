@@ -450,21 +450,25 @@ unsigned long long weft__matmul_cuda_skinny_calls(void)
 /* The skinny kernel when it fits. A benchmark build (WEFT_MEASURE_MODES)
  * also reads WEFT_MATMUL_SKINNY once: 0 sends every call to cuBLASLt, so
  * bench/matmul times both paths with one library; the shipped library has
- * no such switch. */
+ * no such switch, and says so once where the variable is set (so that a
+ * benchmark run on it does not take the kernel's times for cuBLASLt's). */
 static int use_skinny(const weft__matmul_args *a)
 {
-#ifdef WEFT_MEASURE_MODES
     static atomic_int allowed = -1;
     int on = atomic_load_explicit(&allowed, memory_order_relaxed);
     if (on < 0) {
         const char *v = getenv("WEFT_MATMUL_SKINNY");
+#ifdef WEFT_MEASURE_MODES
         on = !(v && strcmp(v, "0") == 0);
+#else
+        on = 1;
+        if (v)
+            fprintf(stderr, "weft: WEFT_MATMUL_SKINNY is read by benchmark builds only "
+                            "(WEFT_MEASURE_MODES): ignored\n");
+#endif
         atomic_store_explicit(&allowed, on, memory_order_relaxed);
     }
-    if (!on)
-        return 0;
-#endif
-    return weft__matmul_skinny_fits(a);
+    return on && weft__matmul_skinny_fits(a);
 }
 
 /* The two steps of a product (matmul_cublaslt.h): what can refuse it, then
