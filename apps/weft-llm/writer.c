@@ -168,6 +168,33 @@ static json_t *config_json(const preset *p, int fp32, int fp8)
     return c;
 }
 
+/* The ids the tokenizer written with p defines: the 256 bytes, the MERGES
+ * ids from 256 on that are not special, and the special ids. */
+typedef struct vocab_ids {
+    int special[4];
+    uint64_t end; /* one past the last merge's id */
+} vocab_ids;
+
+static vocab_ids vocab_of(const preset *p)
+{
+    vocab_ids v = {{p->bos, p->eos, p->im_start, p->im_start + 1}, 256};
+    for (int merges = 0; merges < MERGES; v.end++) {
+        int taken = 0;
+        for (int i = 0; i < 4; i++)
+            taken |= (uint64_t)v.special[i] == v.end;
+        merges += !taken;
+    }
+    return v;
+}
+
+static int token_defined(const vocab_ids *v, uint64_t id)
+{
+    for (int i = 0; i < 4; i++)
+        if ((uint64_t)v->special[i] == id)
+            return 1;
+    return id < v->end;
+}
+
 /* The tensors in file order, with what each is filled with: normal draws
  * of standard deviation sd, or ones (a norm's weight) where sd is 0. */
 typedef struct spec_list {
@@ -182,7 +209,7 @@ typedef struct spec_list {
     unsigned char *pruned; /* per tensor: pruned to 2:4 */
     unsigned char *vocab;  /* per tensor: a row a token id (embedding, lm_head) */
     float *scales;         /* the last FP8 tensor's, for its scale tensor */
-    const preset *p;       /* the model's, for the ids its tokenizer defines */
+    vocab_ids vocab_ids;   /* the ids the model's tokenizer defines */
 } spec_list;
 
 /* sd's meanings besides a standard deviation: ones (a norm's weight), and
@@ -298,26 +325,6 @@ static void list_tensors(const preset *p, spec_list *l)
     }
 }
 
-/* Whether the tokenizer written with p defines token id: the 256 bytes,
- * the special ids, and the MERGES ids from 256 on that are not special. */
-static int token_defined(const preset *p, uint64_t id)
-{
-    const int special[] = {p->bos, p->eos, p->im_start, p->im_start + 1};
-    int n_special = (int)(sizeof special / sizeof *special), merges = 0;
-    uint64_t end = 256; /* one past the last merge's id */
-    for (int i = 0; i < n_special; i++)
-        if ((uint64_t)special[i] == id)
-            return 1;
-    while (merges < MERGES) {
-        int taken = 0;
-        for (int i = 0; i < n_special; i++)
-            taken |= (uint64_t)special[i] == end;
-        merges += !taken;
-        end++;
-    }
-    return id < end;
-}
-
 static uint64_t spec_bytes(const wl_st_spec *s)
 {
     return s->shape[0] * (s->ndim == 2 ? s->shape[1] : 1) * wl_dtype_size(s->dtype);
@@ -351,7 +358,7 @@ static void normals(uint64_t *state, double sd, float *out, size_t n)
  * whole groups: rows and chunks are multiples of four) keeps its two
  * largest, as weft_prune_2_4 keeps them. */
 static int fill(FILE *f, const wl_st_spec *s, double sd, uint64_t seed, int prune,
-                const preset *vocab_of)
+                const vocab_ids *vocab)
 {
     static float vals[CHUNK], buf[CHUNK];
     size_t es = wl_dtype_size(s->dtype);
@@ -361,7 +368,7 @@ static int fill(FILE *f, const wl_st_spec *s, double sd, uint64_t seed, int prun
         uint64_t at = total - count;
         normals(&state, sd, vals, n);
         for (size_t i = 0; i < n; i++) {
-            int zero = vocab_of && !token_defined(vocab_of, (at + i) / cols);
+            int zero = vocab && !token_defined(vocab, (at + i) / cols);
             put(s, buf, i, sd == ONES ? 1.0f : zero ? 0.0f : vals[i]);
         }
         if (prune && weft_prune_2_4(NULL, s->dtype, buf, 1, n, n) != WEFT_OK)
@@ -419,7 +426,8 @@ static int write_shard(const char *path, spec_list *l, size_t from, size_t to, u
         else if (s->dtype == WEFT_DTYPE_F8_E4M3)
             rc = fill_fp8(f, l, s, l->sd[i], wl_rand_next(&ts));
         else
-            rc = fill(f, s, l->sd[i], wl_rand_next(&ts), l->pruned[i], l->vocab[i] ? l->p : NULL);
+            rc = fill(f, s, l->sd[i], wl_rand_next(&ts), l->pruned[i],
+                      l->vocab[i] ? &l->vocab_ids : NULL);
     }
     if (fclose(f) && !rc)
         rc = wl_fail("%s: %s", path, strerror(errno));
@@ -433,7 +441,7 @@ static int write_weights(const char *dir, const preset *p, const wl_write_opts *
     spec_list l = {.dtype = o->fp32 ? WEFT_DTYPE_F32 : WEFT_DTYPE_BF16,
                    .fp8 = o->fp8,
                    .prune_2_4 = o->prune_2_4};
-    l.p = p;
+    l.vocab_ids = vocab_of(p);
     list_tensors(p, &l);
     size_t limit = o->shard_bytes ? o->shard_bytes : (size_t)2 << 30;
     size_t starts[4096], n_shards = 0;
