@@ -403,11 +403,26 @@ static uint64_t thread_cpu_ns(void)
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
-/* own, when not NULL, is a step's CPU account (forward_step's): the thread
- * time up to the await is added, the await's is not (the task may resume
- * on another thread, whose clock the rest is read on). */
+/* A step's own host CPU time, summed over the stretches its task runs
+ * between waits: each on one thread, whose clock it is read on (after a
+ * wait the task may resume on another). */
+typedef struct cpu_account {
+    uint64_t total, since; /* since: the running stretch's start */
+} cpu_account;
+
+static void account_pause(cpu_account *a)
+{
+    a->total += thread_cpu_ns() - a->since;
+}
+
+static void account_resume(cpu_account *a)
+{
+    a->since = thread_cpu_ns();
+}
+
+/* own, when not NULL, is forward_step's account: paused over the await. */
 static int run_step(wl_batch *b, int rows, int n, int mixed, int want_logits, int want_picked,
-                    int penalised, uint64_t *own)
+                    int penalised, cpu_account *own)
 {
     int graph = b->graph && !mixed, replayed = 0, in_region = 0;
     uint64_t key = STEP_REGION(b->serial, n, want_logits, want_picked, penalised);
@@ -424,10 +439,10 @@ static int run_step(wl_batch *b, int rows, int n, int mixed, int want_logits, in
             TRY(weft_region_end());
     }
     if (own)
-        *own += thread_cpu_ns();
+        account_pause(own);
     TRY(weft_await());
     if (own)
-        *own -= thread_cpu_ns();
+        account_resume(own);
     return 0;
 fail:
     if (in_region) { /* closed, its work dropped; the error is the op's */
@@ -648,9 +663,7 @@ static int forward_step(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, co
     const wl_config *c = &m->cfg;
     size_t P = (size_t)b->max_pages;
     int penalised = 0, rows = 0, mixed = 0;
-    /* own: minus the start, plus the time before the await, minus its end,
-     * plus the end's (unsigned: the sum wraps back to the segments' total) */
-    uint64_t own = 0 - thread_cpu_ns();
+    cpu_account own = {0, thread_cpu_ns()};
     if (n < 1 || n > b->max_seqs)
         return wl_fail("batch: %d sequences; the batch takes 1 to %d", n, b->max_seqs);
     for (int i = 0; i < n; i++) {
@@ -717,8 +730,10 @@ static int forward_step(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, co
         if (picked)
             picked[i] = b->picked_host[i];
     }
-    if (!piped) /* a pipeline's transfers wait too: its steps go unaccounted */
-        b->own_ns += own + thread_cpu_ns();
+    if (!piped) { /* a pipeline's transfers wait too: its steps go unaccounted */
+        account_pause(&own);
+        b->own_ns += own.total;
+    }
     return 0;
 }
 

@@ -28,22 +28,29 @@ extern "C" {
 namespace weft_ops
 {
 
-/* The multiprocessors of the calling thread's current device, asked of
- * CUDA once per device (launches inside graph capture ask nothing). */
-static inline int sm_count()
+/* A positive attribute of the calling thread's current device, asked of
+ * CUDA once per device and attribute (launches inside graph capture ask
+ * nothing); fallback where CUDA cannot say. */
+template <cudaDeviceAttr ATTR> static inline int device_attribute(int fallback)
 {
-    static std::atomic<int> known[64];
+    static std::atomic<int> known[64]; /* 0: not asked yet */
     int dev = 0, n = 0;
 
     if (cudaGetDevice(&dev) != cudaSuccess)
-        return 1;
+        return fallback;
     if (dev >= 0 && dev < 64 && (n = known[dev].load(std::memory_order_relaxed)) > 0)
         return n;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1)
-        return 1;
+    if (cudaDeviceGetAttribute(&n, ATTR, dev) != cudaSuccess || n < 1)
+        return fallback;
     if (dev >= 0 && dev < 64)
         known[dev].store(n, std::memory_order_relaxed);
     return n;
+}
+
+/* The multiprocessors of the calling thread's current device. */
+static inline int sm_count()
+{
+    return device_attribute<cudaDevAttrMultiProcessorCount>(1);
 }
 
 /* Whether a call's rows are few enough that a row's latency is the whole
@@ -93,22 +100,11 @@ __device__ __forceinline__ void start_as_dependent()
 }
 
 /* Fills attr with the programmatic dependent launch attribute and says
- * true when the current device takes it (asked of CUDA once per device);
+ * true when the current device takes it (compute capability 9.0 on);
  * false leaves the launch plain. */
 static inline bool dependent_launch(cudaLaunchAttribute *attr)
 {
-    static std::atomic<int> known[64]; /* 0 unknown, 1 no, 2 yes */
-    int dev = 0, major = 0, k = 0;
-
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
-        return false;
-    if ((k = known[dev].load(std::memory_order_relaxed)) == 0) {
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-            return false;
-        k = major >= 9 ? 2 : 1;
-        known[dev].store(k, std::memory_order_relaxed);
-    }
-    if (k != 2)
+    if (device_attribute<cudaDevAttrComputeCapabilityMajor>(0) < 9)
         return false;
     attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr->val.programmaticStreamSerializationAllowed = 1;
