@@ -101,6 +101,39 @@ static inline uint64_t test_seed(void)
     return seed;
 }
 
+/* The ids of generate --print-ids's "generated ids: " line in err (at
+ * most cap), and how many. */
+static inline int printed_ids(const char *err, long long *ids, int cap)
+{
+    const char *p = strstr(err, "generated ids: ");
+    if (!p)
+        fail_msg("no \"generated ids: \" line in generate's output");
+    p += strlen("generated ids: ");
+    int n = 0;
+    for (char *end; n < cap && *p != '\n' && *p; p = end + (*end == ',')) {
+        ids[n++] = strtoll(p, &end, 10);
+        if (end == p)
+            fail_msg("a malformed \"generated ids: \" line");
+    }
+    return n;
+}
+
+/* Step k's line in generate --print-top's output (err): the token it
+ * chose, and the gap between its two largest logits over the largest's
+ * size. Greedy runs whose matmuls see other row counts (a verify pass, a
+ * batch) may part where that gap is under a bf16 unit, 1/128, only. */
+static inline double printed_gap(const char *err, int k, long long *token)
+{
+    char step[32];
+    snprintf(step, sizeof step, "step %d: ", k);
+    const char *line = strstr(err, step);
+    double top, next;
+    if (!line || sscanf(line + strlen(step), "token %lld (top %*d) logit %lf, next %lf", token,
+                        &top, &next) != 3)
+        fail_msg("no step %d in generate's --print-top output", k);
+    return (top - next) / fabs(top);
+}
+
 /* ---- the forward pass in a task ------------------------------------------- */
 
 typedef struct fwd_job {
