@@ -102,6 +102,9 @@ struct wl_batch {
      * as they arrive from the stage before or leave for the next */
     wl_link *link;
     void *x_host;
+    /* tensor parallel's (wl_batch_tp): the group, and this batch's rank */
+    wl_tp *tp;
+    int tp_rank;
 };
 
 /* The key of a step's region: the batch's serial, its rows, what it
@@ -275,8 +278,14 @@ static int layer_batch(wl_batch *b, int li, int rows, int n, int mixed)
         TRY(weft_attention_decode(WEFT_TASK_STREAM, &cache, &d, b->attn, NULL, q, b->seq_lens,
                                   b->workspace, b->workspace_bytes));
     }
+    /* tensor parallel: each rank's o and down give a part of the sum, to
+     * which rank 0 alone adds the residual; the parts summed, every rank
+     * holds the layer's rows */
+    const void *residual = b->tp && b->tp_rank ? NULL : b->x;
     TRY(wl_project(m, &b->fp8, b->x, H, b->attn, b->q_dim, L->o, L->o_scale, L->o_sparse, H, NULL,
-                   b->x, rows));
+                   residual, rows));
+    if (b->tp && wl_tp_all_reduce(b->tp, b->tp_rank, b->x, (size_t)rows * H, dt))
+        goto fail;
     if (L->moe) {
         TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->h, NULL, b->x, NULL, L->mlp_norm, eps,
                          (size_t)rows, H, H));
@@ -286,7 +295,9 @@ static int layer_batch(wl_batch *b, int li, int rows, int n, int mixed)
                         L->gu_sparse, 2 * I, NULL));
     TRY(weft_glu(WEFT_TASK_STREAM, dt, WEFT_GLU_SWIGLU, b->act, b->gu, (size_t)rows, I, 2 * I, I));
     TRY(wl_project(m, &b->fp8, b->x, H, b->act, I, L->down, L->down_scale, L->down_sparse, H, NULL,
-                   b->x, rows));
+                   residual, rows));
+    if (b->tp && wl_tp_all_reduce(b->tp, b->tp_rank, b->x, (size_t)rows * H, dt))
+        goto fail;
     return 0;
 fail:
     return -1;
@@ -324,6 +335,8 @@ static int enqueue_step(wl_batch *b, int rows, int n, int mixed, int want_logits
         TRY(weft_memcpy_async(b->x_host, b->x, (size_t)rows * H * es));
         return 0;
     }
+    if (!wl_model_makes_logits(m)) /* tensor parallel's ranks but 0 */
+        return 0;
     if (mixed) { /* each sequence's last row: the logits it continues from */
         TRY(weft_gather_rows(WEFT_TASK_STREAM, m->dtype, b->h, b->x, b->last_rows, (size_t)n, H,
                              (size_t)rows, H, H));
@@ -594,6 +607,12 @@ fail:
 int wl_batch_unlink(wl_batch *b)
 {
     int rc = 0;
+    if (b->tp && b->tp_rank == 0) { /* the followers' last step */
+        int32_t head[WL_TP_HEAD_WORDS] = {0};
+        step_head(head, STEP_END, 0, 0, 0, 0, 0, 0);
+        wl_tp_post(b->tp, head, b);
+        b->tp = NULL;
+    }
     if (b->link && wl_link_rank(b->link) == 0 && wl_link_ranks(b->link) > 1) {
         int32_t head[HEAD_WORDS];
         step_head(head, STEP_END, 0, 0, 0, 0, 0, 0);
@@ -655,6 +674,99 @@ int wl_batch_follow(wl_batch *b)
     }
 }
 
+/* ---- tensor parallel ------------------------------------------------------ */
+
+/*
+ * Rank 0 posts each step (its head, and its batch, whose host inputs the
+ * followers copy into their own page-locked buffers: those their graphs
+ * were recorded with); a barrier starts the step on every rank once all
+ * have their inputs, and another ends it. The followers' steps make no
+ * logits, so their heads ask for none.
+ */
+_Static_assert((int)HEAD_WORDS <= (int)WL_TP_HEAD_WORDS, "a step's head fits tensor parallel's");
+
+int wl_batch_tp(wl_batch *b, wl_tp *tp, int rank)
+{
+    void *stream = NULL;
+    if (b->link)
+        return wl_fail("tensor parallel: the batch is a pipeline's stage");
+    if (rank < 0 || rank >= wl_tp_ranks(tp) || b->m->shard_rank != rank ||
+        b->m->shard_ranks != wl_tp_ranks(tp))
+        return wl_fail("tensor parallel: the batch's model is rank %d of %d, not %d of %d",
+                       b->m->shard_rank, b->m->shard_ranks, rank, wl_tp_ranks(tp));
+    if (weft_stream(&stream) != WEFT_OK)
+        return wl_fail("tensor parallel: %s", weft_last_error());
+    if (!stream) /* the host backend's all-reduce waits for the rows inside the step */
+        b->graph = b->replay = 0;
+    b->tp = tp;
+    b->tp_rank = rank;
+    return 0;
+}
+
+/* The step's inputs, from rank 0's batch into b's. */
+static void take_inputs(wl_batch *b, const wl_batch *lead, const int32_t *head)
+{
+    size_t rows = (size_t)head[HEAD_ROWS], n = (size_t)head[HEAD_SEQS];
+    memcpy(b->pos_host, lead->pos_host, rows * 4);
+    memcpy(b->tokens_host, lead->tokens_host, rows * 4);
+    memcpy(b->lens_host, lead->lens_host, n * 4);
+    memcpy(b->table_host, lead->table_host, n * (size_t)b->max_pages * 4);
+    if (head[HEAD_MIXED])
+        memcpy(b->rows_host, lead->rows_host, (rows + 2 * n + 1) * 4);
+}
+
+int wl_batch_follow_tp(wl_batch *b)
+{
+    if (!b->tp || b->tp_rank == 0)
+        return wl_fail("tensor parallel: wl_batch_follow_tp is for ranks but 0, their batch "
+                       "joined");
+    uint64_t seen = 0;
+    for (;;) {
+        int32_t head[WL_TP_HEAD_WORDS];
+        const void *lead;
+        if (wl_tp_next(b->tp, &seen, head, &lead))
+            return -1;
+        if (head[HEAD_KIND] == STEP_END)
+            return 0;
+        const wl_batch *l = lead;
+        if (l->max_pages != b->max_pages || head[HEAD_ROWS] > b->max_rows ||
+            head[HEAD_SEQS] > b->max_seqs) {
+            wl_tp_break(b->tp, b->tp_rank, "its batch is of another shape than rank 0's");
+            continue;
+        }
+        take_inputs(b, l, head);
+        if (wl_tp_barrier(b->tp))
+            continue; /* broken: the next wait says so */
+        if (run_step(b, head[HEAD_ROWS], head[HEAD_SEQS], head[HEAD_MIXED], 0, 0, 0, NULL)) {
+            wl_tp_break(b->tp, b->tp_rank, "%s", wl_error());
+            continue;
+        }
+        wl_tp_barrier(b->tp);
+    }
+}
+
+/* Rank 0's step on every rank: posted, started together, ended together. */
+static int run_tp_step(wl_batch *b, int rows, int n, int mixed, int want_logits, int want_picked,
+                       int penalised, cpu_account *own)
+{
+    int32_t head[WL_TP_HEAD_WORDS] = {0};
+    step_head(head, STEP_RUN, rows, n, mixed, want_logits, want_picked, penalised);
+    wl_tp_post(b->tp, head, b);
+    account_pause(own); /* the barriers wait, as the await does */
+    int rc = wl_tp_barrier(b->tp);
+    account_resume(own);
+    if (rc)
+        return -1;
+    if (run_step(b, rows, n, mixed, want_logits, want_picked, penalised, own)) {
+        wl_tp_break(b->tp, 0, "%s", wl_error());
+        return -1;
+    }
+    account_pause(own);
+    rc = wl_tp_barrier(b->tp);
+    account_resume(own);
+    return rc;
+}
+
 /* wl_forward_batch (counts NULL: a token each) and wl_forward_mixed. */
 static int forward_step(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, const int *counts,
                         int n, const float **logits, const wl_draw *draws, int32_t *picked)
@@ -713,7 +825,8 @@ static int forward_step(wl_batch *b, wl_seq *const *seqs, const int32_t *ids, co
         b->sampling_host[i] = draws ? draws[i].how : (weft_sampling){0};
         memcpy(b->table_host + i * P, s->pages.table, (size_t)s->pages.used * 4);
     }
-    if (run_step(b, rows, n, mixed, logits != NULL, picked != NULL, penalised, &own))
+    if (b->tp ? run_tp_step(b, rows, n, mixed, logits != NULL, picked != NULL, penalised, &own)
+              : run_step(b, rows, n, mixed, logits != NULL, picked != NULL, penalised, &own))
         return -1;
     const int piped = b->link && wl_link_ranks(b->link) > 1;
     if (piped) { /* a pipeline's first stage */
@@ -799,6 +912,11 @@ int wl_batcher_link(wl_batcher *bt, wl_link *l)
 int wl_batcher_unlink(wl_batcher *bt)
 {
     return wl_batch_unlink(bt->batch);
+}
+
+int wl_batcher_tp(wl_batcher *bt, wl_tp *tp)
+{
+    return wl_batch_tp(bt->batch, tp, 0);
 }
 
 int wl_batcher_create(wl_batcher **out, const wl_model *m, wl_kv *kv, int max_seqs, int max_tokens,

@@ -80,16 +80,34 @@ static int take_stage(wl_model *m, wl_link *l)
     return wl_link_stage(l, m->cfg.layers, &first, &end) || wl_model_set_stage(m, first, end);
 }
 
+/* Whether the model is split (a pipeline, tensor parallel): every prompt
+ * then goes through the batcher's steps, which every part runs, and
+ * nothing speculates or swaps. */
+static int split(const wl_engine *e)
+{
+    return e->link || e->tp;
+}
+
 static void *setup_task(void *arg)
 {
     wl_engine *e = arg;
-    int failed = (e->link && take_stage(e->model, e->link)) || wl_model_upload(e->model) ||
+    int failed = (e->link && take_stage(e->model, e->link)) ||
+                 (e->tp && wl_model_set_shard(e->model, 0, wl_tp_ranks(e->tp))) ||
+                 wl_model_upload(e->model) ||
                  wl_kv_create(&e->kv, e->model, e->kv_pages, WL_KV_PAGE) ||
                  wl_batcher_create(&e->batcher, e->model, &e->kv, e->max_seqs, e->max_tokens,
                                    e->batcher_chunk) ||
                  (e->link && wl_batcher_link(e->batcher, e->link));
+    if (!failed && e->tp) { /* every rank ready, or the first failure */
+        if (wl_batcher_tp(e->batcher, e->tp))
+            wl_tp_break(e->tp, 0, "%s", wl_error());
+        failed = wl_tp_barrier(e->tp);
+    } else if (failed && e->tp) {
+        wl_tp_break(e->tp, 0, "%s", wl_error());
+    }
     if (!failed &&
-        (weft_mutex_create(&e->lock) != WEFT_OK || weft_cond_create(&e->pages_back) != WEFT_OK))
+        (weft_mutex_create(&e->lock) != WEFT_OK || weft_cond_create(&e->pages_back) != WEFT_OK ||
+         weft_task_device(&e->device) != WEFT_OK))
         failed = wl_fail("engine: %s", weft_last_error());
     if (failed)
         snprintf(e->message, sizeof e->message, "%s", wl_error());
@@ -112,7 +130,7 @@ static void *teardown_task(void *arg)
     wl_engine *e = arg;
     if (drop_draft(e))
         snprintf(e->message, sizeof e->message, "%s", wl_error());
-    if (e->link && e->batcher && wl_batcher_unlink(e->batcher))
+    if (split(e) && e->batcher && wl_batcher_unlink(e->batcher))
         snprintf(e->message, sizeof e->message, "%s", wl_error());
     wl_batcher_destroy(e->batcher);
     if (e->kv.lock_made)
@@ -134,16 +152,13 @@ static int batcher_chunk(int max_tokens)
     return WL_PREFILL_CHUNK < max_tokens ? WL_PREFILL_CHUNK : max_tokens;
 }
 
-int wl_engine_start_pipeline(wl_engine *e, weft_runtime *rt, wl_model *m, int kv_pages,
-                             int max_seqs, int max_tokens, wl_link *l)
+/* wl_engine_start_pipeline's and wl_engine_start_tp's, once e is zeroed
+ * and its link or group set. */
+static int start(wl_engine *e, weft_runtime *rt, wl_model *m, int kv_pages, int max_seqs,
+                 int max_tokens)
 {
     weft_task *t;
     void *failed = NULL;
-    memset(e, 0, sizeof *e);
-    if (l && wl_link_rank(l) != 0)
-        return wl_fail("engine: rank %d of the pipeline follows (wl_engine_follow)",
-                       wl_link_rank(l));
-    e->link = l;
     e->model = m;
     e->rt = rt;
     e->kv_pages = kv_pages;
@@ -154,19 +169,125 @@ int wl_engine_start_pipeline(wl_engine *e, weft_runtime *rt, wl_model *m, int kv
     if (max_seqs < 1 || max_tokens < 1 || kv_pages < 1)
         return wl_fail("engine: %d sequences of %d tokens in %d pages", max_seqs, max_tokens,
                        kv_pages);
-    if (weft_spawn(rt, &t, setup_task, e, NULL) != WEFT_OK || weft_join(t, &failed) != WEFT_OK)
+    weft_task_opts on_first = WEFT_TASK_OPTS_INIT;
+    if (e->tp && strcmp(weft_backend_name(rt), "host"))
+        on_first.device = WEFT_DEVICE(0); /* rank r's share is on device r */
+    if (weft_spawn(rt, &t, setup_task, e, &on_first) != WEFT_OK ||
+        weft_join(t, &failed) != WEFT_OK) {
+        if (e->tp)
+            wl_tp_break(e->tp, 0, "engine: the setup task: %s", weft_last_error());
         return wl_fail("engine: the setup task: %s", weft_last_error());
+    }
     if (failed) {
+        char msg[sizeof e->message];
+        snprintf(msg, sizeof msg, "%s", e->message); /* the stop's own are its */
         wl_engine_stop(e);
-        return wl_fail("%s", e->message);
+        return wl_fail("%s", msg);
     }
     weft_task_opts opts = WEFT_TASK_OPTS_INIT;
     opts.name = "batcher";
+    opts.device = e->device; /* its steps run on the weights' device */
     if (weft_spawn(rt, &e->batcher_task, wl_batcher_run, e->batcher, &opts) != WEFT_OK) {
-        wl_fail("engine: the batcher's task: %s", weft_last_error());
-        snprintf(e->message, sizeof e->message, "%s", wl_error());
+        char msg[sizeof e->message];
+        snprintf(msg, sizeof msg, "engine: the batcher's task: %s", weft_last_error());
         wl_engine_stop(e);
-        return wl_fail("%s", e->message);
+        return wl_fail("%s", msg);
+    }
+    return 0;
+}
+
+int wl_engine_start_pipeline(wl_engine *e, weft_runtime *rt, wl_model *m, int kv_pages,
+                             int max_seqs, int max_tokens, wl_link *l)
+{
+    memset(e, 0, sizeof *e);
+    if (l && wl_link_rank(l) != 0)
+        return wl_fail("engine: rank %d of the pipeline follows (wl_engine_follow)",
+                       wl_link_rank(l));
+    e->link = l;
+    return start(e, rt, m, kv_pages, max_seqs, max_tokens);
+}
+
+/* A tensor-parallel rank but 0: its share of the weights, its cache and
+ * batch, made as rank 0's engine makes its own; ready with the others;
+ * then rank 0's steps until it ends them. */
+typedef struct wl_tp_rank {
+    wl_model *m;
+    wl_tp *tp;
+    int rank, kv_pages, max_seqs, max_tokens;
+    weft_task *task;
+    char message[512];
+} wl_tp_rank;
+
+static void *tp_rank_task(void *arg)
+{
+    wl_tp_rank *f = arg;
+    wl_kv kv = {0};
+    wl_batch *b = NULL;
+    int failed =
+        wl_model_set_shard(f->m, f->rank, wl_tp_ranks(f->tp)) || wl_model_upload(f->m) ||
+        wl_kv_create(&kv, f->m, f->kv_pages, WL_KV_PAGE) ||
+        wl_batch_create(&b, f->m, &kv, f->max_seqs, f->max_tokens, batcher_chunk(f->max_tokens)) ||
+        wl_batch_tp(b, f->tp, f->rank);
+    if (failed)
+        wl_tp_break(f->tp, f->rank, "%s", wl_error());
+    failed = failed || wl_tp_barrier(f->tp) || wl_batch_follow_tp(b);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", failed ? wl_error() : "");
+    wl_batch_destroy(b);
+    if (kv.lock_made)
+        wl_kv_destroy(&kv);
+    if (wl_model_release(f->m) && !failed)
+        failed = 1, snprintf(msg, sizeof msg, "%s", wl_error());
+    if (failed)
+        snprintf(f->message, sizeof f->message, "%s", msg);
+    return failed ? f : NULL;
+}
+
+/* Joins the ranks but 0 (ended by rank 0's unlink, or the group broken)
+ * and frees the group. */
+static void end_tp(wl_engine *e)
+{
+    for (int r = 1; e->tp_ranks && r < wl_tp_ranks(e->tp); r++)
+        if (e->tp_ranks[r].task)
+            weft_join(e->tp_ranks[r].task, NULL);
+    free(e->tp_ranks);
+    wl_tp_destroy(e->tp);
+    e->tp_ranks = NULL;
+    e->tp = NULL;
+}
+
+int wl_engine_start_tp(wl_engine *e, weft_runtime *rt, wl_model *const *models, int ranks,
+                       int kv_pages, int max_seqs, int max_tokens)
+{
+    memset(e, 0, sizeof *e);
+    if (ranks < 2)
+        return wl_fail("engine: tensor parallel over %d ranks; it takes 2 or more", ranks);
+    if (max_seqs < 1 || max_tokens < 1 || kv_pages < 1)
+        return wl_fail("engine: %d sequences of %d tokens in %d pages", max_seqs, max_tokens,
+                       kv_pages);
+    if (wl_tp_create(&e->tp, rt, ranks))
+        return -1;
+    if (!(e->tp_ranks = calloc((size_t)ranks, sizeof *e->tp_ranks))) {
+        wl_tp_destroy(e->tp);
+        e->tp = NULL;
+        return wl_fail("out of memory");
+    }
+    int host = !strcmp(weft_backend_name(rt), "host");
+    for (int r = 1; r < ranks; r++) {
+        wl_tp_rank *f = &e->tp_ranks[r];
+        *f = (wl_tp_rank){models[r], e->tp, r, kv_pages, max_seqs, max_tokens, NULL, ""};
+        weft_task_opts opts = WEFT_TASK_OPTS_INIT;
+        opts.name = "tensor-parallel rank";
+        opts.device = host ? 0 : WEFT_DEVICE(r);
+        if (weft_spawn(rt, &f->task, tp_rank_task, f, &opts) != WEFT_OK) {
+            f->task = NULL;
+            wl_tp_break(e->tp, r, "its task: %s", weft_last_error());
+            break;
+        }
+    }
+    if (start(e, rt, models[0], kv_pages, max_seqs, max_tokens)) {
+        end_tp(e); /* the ranks have ended (the group is broken), if not ended already */
+        return -1;
     }
     return 0;
 }
@@ -236,8 +357,9 @@ int wl_engine_set_draft(wl_engine *e, wl_model *d)
     void *failed = NULL;
     if (e->draft)
         return wl_fail("the engine has a draft model already");
-    if (e->link)
-        return wl_fail("a pipeline's engine takes no draft model");
+    if (split(e))
+        return wl_fail("a split model's engine (a pipeline, tensor parallel) takes no draft "
+                       "model");
     if (d == e->model)
         return wl_fail("the draft model is the target itself (open its files a second time)");
     if (d->cfg.vocab > e->model->cfg.vocab)
@@ -264,6 +386,8 @@ int wl_engine_stop(wl_engine *e)
     }
     if (weft_spawn(e->rt, &t, teardown_task, e, NULL) != WEFT_OK || weft_join(t, NULL) != WEFT_OK)
         snprintf(e->message, sizeof e->message, "engine: the teardown task: %s", weft_last_error());
+    if (e->tp)
+        end_tp(e);
     if (e->pages_back)
         weft_cond_destroy(e->pages_back);
     if (e->lock)
@@ -691,7 +815,7 @@ static int prefill_in_steps(wl_engine *e, wl_seq *s, const int32_t *toks, int n,
 static void *take_swap(wl_engine *e, size_t bytes)
 {
     wl_lock_always(e->lock);
-    int fits = e->swap_bytes && !e->link && e->swapped + bytes <= e->swap_bytes;
+    int fits = e->swap_bytes && !split(e) && e->swapped + bytes <= e->swap_bytes;
     if (fits)
         e->swapped += bytes;
     weft_mutex_unlock(e->lock);
@@ -758,8 +882,9 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
                                                "give speculate_k too"
                              : g->ngram      ? "the draft model or n-grams propose, not both"
                                              : "the engine has no draft model");
-    if (g->speculate_k && e->link)
-        return wl_fail("a pipeline's engine does not decode speculatively");
+    if (g->speculate_k && split(e))
+        return wl_fail("a split model's engine (a pipeline, tensor parallel) does not decode "
+                       "speculatively");
     if (g->speculate_k && wl_penalties_active(&g->penalties))
         return wl_fail("speculative decoding does not take repetition, frequency or presence "
                        "penalties");
@@ -782,10 +907,10 @@ int wl_engine_generate(wl_engine *e, const wl_gen *g, wl_finish *finish)
     /* a batch generation's prompt goes through the batcher's steps when its
      * chunks fit them; else (whole prompts, longer chunks, speculation) it
      * prefills itself and joins after */
-    if (e->link && chunk > e->batcher_chunk) /* a pipeline runs the batcher's steps alone */
+    if (split(e) && chunk > e->batcher_chunk) /* every part runs the batcher's steps alone */
         chunk = e->batcher_chunk;
     int in_steps =
-        !g->speculate_k && (e->prefill_chunk > 0 || e->link) && chunk <= e->batcher_chunk;
+        !g->speculate_k && (e->prefill_chunk > 0 || split(e)) && chunk <= e->batcher_chunk;
     /* A life: admitted, the cache filled, then decoding; again from
      * admission after a preemption, with the tokens so far. After the
      * first token the cache holds all but the last token handed on, id,

@@ -628,8 +628,9 @@ static size_t weight_slots(wl_model *m, const void ***slot, size_t *bytes, int p
 #define SLOT(p, count) (slot[n] = (const void **)&(p), bytes[n++] = (count)*es)
 #define PROJ(p, count) (slot[n] = (const void **)&(p), bytes[n++] = (count)*wes)
     /* a pipeline stage's: the embedding where it gathers (the first) or is
-     * the lm_head (the last, tied), the final norm and lm_head on the last */
-    int first = m->first_layer == 0, last = m->end_layer == c->layers;
+     * the lm_head (the last, tied), the final norm and lm_head on the last
+     * (on tensor parallel's rank 0) */
+    int first = m->first_layer == 0, last = wl_model_makes_logits(m);
     if (first || (last && c->tie_embeddings))
         SLOT(m->embed, (size_t)c->vocab * H);
     if (last)

@@ -217,6 +217,11 @@ typedef struct wl_model {
      * projections are 2:4 already computes what it would densely; any
      * other loses what pruning without retraining loses. */
     int sparse_2_4;
+    /* Tensor parallel (wl_model_set_shard): this rank's share of each
+     * layer, shard_rank of shard_ranks (0 of 1: the whole model); the
+     * rank's columns of o and down, copied out of the files. */
+    int shard_rank, shard_ranks;
+    void *shard_block;
 } wl_model;
 
 /* Reads dir's config and safetensors (one file or an index of shards) and
@@ -231,6 +236,15 @@ void wl_model_close(wl_model *m);
 int wl_model_set_stage(wl_model *m, int first, int end);
 /* Whether m runs every layer (not a pipeline stage). */
 int wl_model_whole(const wl_model *m);
+/* Makes m rank `rank` of a tensor-parallel split over `ranks`, before its
+ * upload (tensor_parallel.c says how): its configuration then counts the
+ * rank's heads, key-value heads and MLP width. An error for a model that
+ * does not split evenly, or whose kind is not split (mixtures of experts,
+ * FP8 or 2:4 sparse weights, pipeline stages). */
+int wl_model_set_shard(wl_model *m, int rank, int ranks);
+/* Whether m ends in the logits: the last layers' stage, tensor parallel's
+ * rank 0. */
+int wl_model_makes_logits(const wl_model *m);
 /* An on_load for a terminal: a bar on stderr, redrawn in place, ended by a
  * newline once done == total; ctx names what loads ("weights"). Set it
  * where stderr is a terminal (wl_show_load_on). */
@@ -582,6 +596,42 @@ int wl_batch_follow(wl_batch *b);
 /* Task only, rank 0: ends the other ranks' wl_batch_follow. */
 int wl_batch_unlink(wl_batch *b);
 
+/* ---- tensor parallel in one process (tensor_parallel.c; batch.c's steps) ---- */
+
+/* The ranks of a model split over rt's GPUs (rank r on device r, through
+ * NCCL) or, on the host backend, over tasks: rank 0's batch forms the
+ * steps, which the other ranks' batches run with it (wl_batch_follow_tp),
+ * each over its share of the model (wl_model_set_shard). */
+typedef struct wl_tp wl_tp;
+enum { WL_TP_HEAD_WORDS = 8, WL_MAX_RANKS = 64 };
+
+/* From a thread: a group of `ranks` (2 or more; on GPUs no more than rt
+ * has, and NCCL in the build). */
+int wl_tp_create(wl_tp **tp, weft_runtime *rt, int ranks);
+void wl_tp_destroy(wl_tp *tp); /* once no rank uses it */
+int wl_tp_ranks(const wl_tp *tp);
+/* Task only: returns once every rank has called it; an error (the first
+ * failure's) once a rank broke the group. */
+int wl_tp_barrier(wl_tp *tp);
+/* A rank failed: every wait in the group, now and later, fails with this
+ * (the first one's). */
+void wl_tp_break(wl_tp *tp, int rank, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Task only, every rank with its own buf of count elements: each buf
+ * becomes the sum over the ranks. */
+int wl_tp_all_reduce(wl_tp *tp, int rank, void *buf, size_t count, weft_dtype dt);
+/* Rank 0: a step (its head, and rank 0's batch whose inputs it copies). */
+void wl_tp_post(wl_tp *tp, const int32_t *head, const void *leader);
+/* Task only, ranks but 0: the step after the one *seen counts; an error
+ * when the group broke before one came. */
+int wl_tp_next(wl_tp *tp, uint64_t *seen, int32_t *head, const void **leader);
+
+/* Task only: makes b (of rank's shard of the model, on rank's device, its
+ * cache as many pages as rank 0's) rank's of tp, before its first step. */
+int wl_batch_tp(wl_batch *b, wl_tp *tp, int rank);
+/* Task only, ranks but 0: runs rank 0's steps until it ends them (0) or
+ * the group breaks (-1, with the failure). */
+int wl_batch_follow_tp(wl_batch *b);
+
 /* A batcher: a task (wl_batcher_run) that forms each step's batch from the
  * sequences that have joined it. A sequence task joins, hands its prompt
  * in chunks to wl_batcher_prefill (or prefills itself with wl_forward
@@ -602,6 +652,9 @@ typedef struct wl_batcher wl_batcher;
 /* Task only: wl_batch_link and wl_batch_unlink of the batcher's batch. */
 int wl_batcher_link(wl_batcher *bt, wl_link *l);
 int wl_batcher_unlink(wl_batcher *bt);
+/* Task only: wl_batch_tp of the batcher's batch, as rank 0; its unlink
+ * ends the other ranks' wl_batch_follow_tp. */
+int wl_batcher_tp(wl_batcher *bt, wl_tp *tp);
 
 /* Task only (makes the batch's buffers: chunk as wl_batch_create takes it,
  * the most tokens of one prompt a step takes; 0: decode steps only). */
@@ -828,6 +881,13 @@ typedef struct wl_engine {
      * the model is its first stage, every prompt goes through the
      * batcher's steps, and nothing speculates or swaps. */
     wl_link *link;
+    /* Tensor parallel (wl_engine_start_tp; NULL: one GPU): the group, and
+     * its ranks but 0, which run the batcher's steps with rank 0's. */
+    wl_tp *tp;
+    struct wl_tp_rank *tp_ranks;
+    /* The device of the weights (rank 0's), WEFT_DEVICE(i): the tasks that
+     * run generations should be spawned on it (weft_task_opts.device). */
+    unsigned device;
     char message[512];
 } wl_engine;
 
@@ -842,6 +902,13 @@ int wl_engine_start(wl_engine *e, weft_runtime *rt, wl_model *m, int kv_pages, i
  * same time, with the same arguments. */
 int wl_engine_start_pipeline(wl_engine *e, weft_runtime *rt, wl_model *m, int kv_pages,
                              int max_seqs, int max_tokens, wl_link *l);
+/* From a thread: wl_engine_start with the model split over `ranks` ranks
+ * (tensor_parallel.c): models[r], open on the same files and outliving the
+ * engine, becomes rank r's share, on rt's device r (on the host backend,
+ * in a task of its own); models[0] is the engine's model. Every rank's
+ * cache gets kv_pages pages, the shares of the key-value heads. */
+int wl_engine_start_tp(wl_engine *e, weft_runtime *rt, wl_model *const *models, int ranks,
+                       int kv_pages, int max_seqs, int max_tokens);
 /* From a thread, ranks but 0 of l's pipeline: m (open) becomes this rank's
  * stage, and this rank serves the steps of rank 0's engine, started with
  * the same arguments, until it stops. */

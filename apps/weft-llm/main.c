@@ -7,7 +7,7 @@
  *            [--print-ids] [--print-top] [--kv-pages N] [--parallel N]
  *            [--speculate K [--ngram N | --draft DIR]] [--stats] [--repetition-penalty R]
  *            [--frequency-penalty F] [--presence-penalty P] [--ignore-eos] [--pipeline]
- *            [--sparse-2-4]
+ *            [--sparse-2-4] [--tensor-parallel N]
  *   weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]
  *   weft-llm check MODEL_DIR
  *   weft-llm loadgen URL [options]   (loadgen.c; --help lists them)
@@ -36,8 +36,12 @@
  * projections to the 2:4 pattern at load and multiplies them sparse
  * (weft_matmul_sparse; wl_model.sparse_2_4 says what it costs);
  * random-model --prune-2-4 writes a model whose projections are 2:4
- * already. Errors go to stderr as one line, exit status 1; bad usage
- * exits 2.
+ * already. --tensor-parallel N splits every layer over N GPUs of this
+ * process (rank r on device r; on the host backend, N tasks): heads and
+ * MLP columns, an all-reduce after the o and down projections
+ * (tensor_parallel.c); prompts go through the batcher's steps, and
+ * --speculate is refused. Errors go to stderr as one line, exit status
+ * 1; bad usage exits 2.
  */
 #include <errno.h>
 #include <limits.h>
@@ -55,9 +59,11 @@ typedef struct gen {
     int speculate, ngram;  /* draft tokens a round (0: off) and the longest n-gram */
     const char *draft_dir; /* the draft model proposes, not n-grams */
     wl_model draft;
-    int kv_pages;   /* pages of the model's KV cache, WL_KV_PAGE tokens each */
-    int pipeline;   /* a stage a rank of the MPI job */
-    int sparse_2_4; /* the dense projections pruned to 2:4, multiplied sparse */
+    int kv_pages;     /* pages of the model's KV cache, WL_KV_PAGE tokens each */
+    int pipeline;     /* a stage a rank of the MPI job */
+    int sparse_2_4;   /* the dense projections pruned to 2:4, multiplied sparse */
+    int ranks;        /* tensor parallel over this many (1: off) */
+    wl_model *shards; /* ranks 1 on's models (rank 0's is model) */
     wl_link *link;
     wl_sampler sampler;
     wl_penalties penalties;
@@ -83,7 +89,8 @@ static int usage(void)
             "[--repetition-penalty R]\n"
             "                [--frequency-penalty F] [--presence-penalty P] [--ignore-eos] "
             "[--sparse-2-4]\n"
-            "                [--pipeline] (every rank of an MPI job: a stage of layers each)\n"
+            "                [--pipeline] (every rank of an MPI job: a stage of layers each) "
+            "[--tensor-parallel N] (N GPUs)\n"
             "       weft-llm tokenize MODEL_DIR|tokenizer.json TEXT [--no-special]\n"
             "       weft-llm check MODEL_DIR\n"
             "       weft-llm loadgen URL [--rate R|inf] [--requests N] [--concurrency C] ... "
@@ -281,8 +288,13 @@ static int run_tasks(gen *g, weft_runtime *rt)
         snprintf(g->message, sizeof g->message, "out of memory");
         goto out;
     }
-    if (wl_engine_start_pipeline(&g->engine, rt, &g->model, g->kv_pages, n,
-                                 (int)g->n_ids + g->max_tokens, g->link)) {
+    wl_model *models[WL_MAX_RANKS] = {&g->model};
+    for (int r = 1; r < g->ranks; r++)
+        models[r] = &g->shards[r - 1];
+    if (g->ranks > 1 ? wl_engine_start_tp(&g->engine, rt, models, g->ranks, g->kv_pages, n,
+                                          (int)g->n_ids + g->max_tokens)
+                     : wl_engine_start_pipeline(&g->engine, rt, &g->model, g->kv_pages, n,
+                                                (int)g->n_ids + g->max_tokens, g->link)) {
         snprintf(g->message, sizeof g->message, "%s", wl_error());
         goto out;
     }
@@ -292,6 +304,7 @@ static int run_tasks(gen *g, weft_runtime *rt)
     }
     weft_task_opts opts = WEFT_TASK_OPTS_INIT;
     opts.name = "sequence";
+    opts.device = g->engine.device;
     for (; spawned < n; spawned++) {
         seq_run *r = &runs[spawned];
         r->g = g;
@@ -352,6 +365,13 @@ static int run_generate(gen *g)
         goto out;
     g->model.sparse_2_4 = g->sparse_2_4;
     wl_show_load_on(&g->model, "weights");
+    if (g->ranks > 1 && !(g->shards = calloc((size_t)g->ranks - 1, sizeof *g->shards))) {
+        wl_fail("out of memory");
+        goto out;
+    }
+    for (int r = 1; r < g->ranks; r++) /* each rank's own mapping of the files */
+        if (wl_model_open(&g->shards[r - 1], g->dir))
+            goto out;
     tokenizer_path(g->dir, path, sizeof path);
     if (wl_tokenizer_load(&g->tk, path)) {
         if (!g->prompt_ids)
@@ -401,6 +421,9 @@ out:
         fprintf(stderr, "weft-llm: %s\n", wl_error());
     wl_tokenizer_free(g->tk);
     wl_model_close(&g->model);
+    for (int r = 1; g->shards && r < g->ranks; r++)
+        wl_model_close(&g->shards[r - 1]);
+    free(g->shards);
     wl_model_close(&g->draft);
     free(g->ids);
     return rc;
@@ -415,6 +438,7 @@ static int cmd_generate(int argc, char **argv)
 {
     gen g = {.max_tokens = 32,
              .parallel = 1,
+             .ranks = 1,
              .kv_pages = WL_KV_DEFAULT_PAGES,
              .backend = "auto",
              .sampler = {.top_p = 1}};
@@ -467,6 +491,8 @@ static int cmd_generate(int argc, char **argv)
             g.speculate = (int)v;
         else if (!strcmp(a, "--ngram") && !parse_num(val, 1, WL_NGRAM_MAX, &v))
             g.ngram = (int)v;
+        else if (!strcmp(a, "--tensor-parallel") && !parse_num(val, 1, WL_MAX_RANKS, &v))
+            g.ranks = (int)v;
         else if (!strcmp(a, "--draft"))
             g.draft_dir = val;
         else if (!strcmp(a, "--seed") && !parse_num(val, 0, 1.8e19, &v))
@@ -511,9 +537,15 @@ static int cmd_generate(int argc, char **argv)
         fprintf(stderr, "weft-llm generate: --backend is host, cuda or auto\n");
         return 2;
     }
-    if (g.pipeline && g.speculate) {
-        fprintf(stderr, "weft-llm generate: a pipeline does not decode speculatively: "
-                        "--pipeline or --speculate\n");
+    if ((g.pipeline || g.ranks > 1) && g.speculate) {
+        fprintf(stderr,
+                "weft-llm generate: a split model does not decode speculatively: "
+                "--%s or --speculate\n",
+                g.pipeline ? "pipeline" : "tensor-parallel");
+        return 2;
+    }
+    if (g.pipeline && g.ranks > 1) {
+        fprintf(stderr, "weft-llm generate: --pipeline or --tensor-parallel, not both\n");
         return 2;
     }
     return g.pipeline ? wl_link_job("weft-llm generate", run_generate_job, &g) : run_generate(&g);

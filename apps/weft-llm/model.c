@@ -334,6 +334,8 @@ void wl_model_close(wl_model *m)
     free(m->host_block);
     free(m->narrow_block);
     free(m->scale_block);
+    free(m->shard_block);
+    m->shard_block = NULL;
     m->narrow_block = NULL;
     m->scale_block = NULL;
     m->files = NULL;

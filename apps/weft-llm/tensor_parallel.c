@@ -1,0 +1,300 @@
+/*
+ * tensor_parallel.c - a model split over the GPUs of one process.
+ *
+ * Rank r of R holds 1/R of every layer (Megatron's split):
+ *  - q, k and v by heads and gate and up by MLP rows (their rows are
+ *    contiguous in the files: the rank's weights start further in), so
+ *    each rank's attention runs over its own heads, with its own share of
+ *    the key-value heads in its own cache, and its MLP over its own
+ *    columns of the activation;
+ *  - o and down by their input columns (strided in the files: copied once
+ *    into a host block of the rank's), so each rank's product is a
+ *    partial sum of the full output;
+ *  - the norms and the embedding whole on every rank, the final norm and
+ *    the lm_head on rank 0 alone.
+ * A layer's residual stream is whole on every rank: after the o and down
+ * products (rank 0 adds the residual, the others their products alone)
+ * one all-reduce sums the ranks' rows, so each rank continues from the
+ * same rows. On GPUs that is NCCL's all-reduce on the rank's stream (a
+ * decode step's graph records it with the rest); on the host backend the
+ * ranks' tasks add their rows in host memory here, rank by rank in the
+ * same order on every call.
+ *
+ * The group also hands rank 0's steps to the other ranks (batch.c): rank 0
+ * posts each step and the followers copy its inputs; a barrier then
+ * starts the step on every rank, and another ends it, carrying the first
+ * failure to all of them (a failed rank breaks the group: every wait in it
+ * returns the failure from then on).
+ */
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "forward_impl.h"
+#ifdef WL_HAVE_NCCL
+#include <weft/nccl.h>
+#endif
+
+/* ---- the model's share ------------------------------------------------------ */
+
+int wl_model_set_shard(wl_model *m, int rank, int ranks)
+{
+    wl_config *c = &m->cfg;
+    if (ranks < 1 || rank < 0 || rank >= ranks)
+        return wl_fail("tensor parallel: rank %d of %d", rank, ranks);
+    if (m->device_block || m->host_block || m->narrow_block || m->shard_block)
+        return wl_fail("tensor parallel: a model is split before its upload, once");
+    if (ranks == 1)
+        return 0;
+    if (c->experts || c->fp8 || m->sparse_2_4 || !wl_model_whole(m))
+        return wl_fail("tensor parallel: %s are not split", c->experts      ? "mixtures of experts"
+                                                            : c->fp8        ? "FP8 weights"
+                                                            : m->sparse_2_4 ? "2:4 sparse weights"
+                                                                            : "pipeline stages");
+    if (c->heads % ranks || c->kv_heads % ranks || c->intermediate % ranks)
+        return wl_fail("tensor parallel over %d ranks: the model's %d heads, %d key-value heads "
+                       "and MLP width %d must each divide by %d",
+                       ranks, c->heads, c->kv_heads, c->intermediate, ranks);
+    size_t es = wl_dtype_size(m->dtype), H = (size_t)c->hidden;
+    size_t q = (size_t)c->heads * c->head_dim, kv = (size_t)c->kv_heads * c->head_dim;
+    size_t I = (size_t)c->intermediate, qr = q / ranks, kvr = kv / ranks, Ir = I / ranks;
+    size_t layer_bytes = H * (qr + Ir) * es;
+    char *block = malloc(layer_bytes * c->layers);
+    if (!block)
+        return wl_fail("tensor parallel: out of memory for %zu bytes of o and down columns",
+                       layer_bytes * c->layers);
+    for (int li = 0; li < c->layers; li++) {
+        wl_layer *L = &m->layer[li];
+        char *o = block + layer_bytes * li, *down = o + H * qr * es;
+        for (size_t row = 0; row < H; row++) {
+            memcpy(o + row * qr * es, (const char *)L->o + (row * q + rank * qr) * es, qr * es);
+            memcpy(down + row * Ir * es, (const char *)L->down + (row * I + rank * Ir) * es,
+                   Ir * es);
+        }
+        L->o = o;
+        L->down = down;
+        L->q = (const char *)L->q + rank * qr * H * es;
+        L->k = (const char *)L->k + rank * kvr * H * es;
+        L->v = (const char *)L->v + rank * kvr * H * es;
+        L->gate = (const char *)L->gate + rank * Ir * H * es;
+        L->up = (const char *)L->up + rank * Ir * H * es;
+        if (c->attention_bias) {
+            L->q_bias = (const char *)L->q_bias + rank * qr * es;
+            L->k_bias = (const char *)L->k_bias + rank * kvr * es;
+            L->v_bias = (const char *)L->v_bias + rank * kvr * es;
+        }
+    }
+    c->heads /= ranks;
+    c->kv_heads /= ranks;
+    c->intermediate /= ranks;
+    m->shard_block = block;
+    m->shard_rank = rank;
+    m->shard_ranks = ranks;
+    return 0;
+}
+
+int wl_model_makes_logits(const wl_model *m)
+{
+    return m->end_layer == m->cfg.layers && m->shard_rank == 0;
+}
+
+/* ---- the group ---------------------------------------------------------------- */
+
+struct wl_tp {
+    int ranks;
+    int host; /* the host backend: the ranks add their rows here */
+    weft_mutex *lock;
+    weft_cond *moved;    /* a barrier's generation, a posted step, a failure */
+    int arrived;         /* at the barrier now */
+    uint64_t generation; /* barriers passed */
+    int broken;          /* a rank failed: every wait fails */
+    char message[512];   /* the first failure */
+    void **rows;         /* [ranks]: each rank's buffer in a host all-reduce */
+    uint64_t posted;     /* steps rank 0 has posted */
+    int32_t head[WL_TP_HEAD_WORDS];
+    const void *leader; /* the posted step's batch (rank 0's) */
+#ifdef WL_HAVE_NCCL
+    weft_nccl_comm **comms; /* [ranks]: rank r's on device r */
+#endif
+};
+
+/* Collectives longer than this fail the group instead of hanging it (a
+ * rank that failed before its all-reduce never joins). */
+#define WL_TP_TIMEOUT_NS (120ull * 1000000000ull)
+
+int wl_tp_create(wl_tp **out, weft_runtime *rt, int ranks)
+{
+    *out = NULL;
+    unsigned devices = weft_device_count(rt);
+    int host = !strcmp(weft_backend_name(rt), "host");
+    if (ranks < 2)
+        return wl_fail("tensor parallel: %d ranks; it takes 2 or more", ranks);
+    if (!host && (unsigned)ranks > devices)
+        return wl_fail("tensor parallel over %d GPUs: this machine has %u", ranks, devices);
+#ifndef WL_HAVE_NCCL
+    if (!host)
+        return wl_fail("tensor parallel on GPUs needs NCCL, which this build lacks");
+#endif
+    wl_tp *tp = calloc(1, sizeof *tp);
+    if (!tp || !(tp->rows = calloc((size_t)ranks, sizeof *tp->rows))) {
+        free(tp);
+        return wl_fail("out of memory");
+    }
+    tp->ranks = ranks;
+    tp->host = host;
+    if (weft_mutex_create(&tp->lock) != WEFT_OK || weft_cond_create(&tp->moved) != WEFT_OK) {
+        wl_fail("tensor parallel: %s", weft_last_error());
+        wl_tp_destroy(tp);
+        return -1;
+    }
+#ifdef WL_HAVE_NCCL
+    if (!host) {
+        unsigned *dev = malloc((size_t)ranks * sizeof *dev);
+        tp->comms = calloc((size_t)ranks, sizeof *tp->comms);
+        for (int r = 0; dev && r < ranks; r++)
+            dev[r] = (unsigned)r;
+        int rc = !dev || !tp->comms ? WEFT_ENOMEM
+                                    : weft_nccl_comm_init_all(rt, (unsigned)ranks, dev, tp->comms);
+        for (int r = 0; rc == WEFT_OK && r < ranks; r++)
+            rc = weft_nccl_comm_set_timeout(tp->comms[r], WL_TP_TIMEOUT_NS);
+        free(dev);
+        if (rc != WEFT_OK) {
+            wl_fail("tensor parallel: NCCL's communicators: %s", weft_last_error());
+            wl_tp_destroy(tp);
+            return -1;
+        }
+    }
+#endif
+    *out = tp;
+    return 0;
+}
+
+void wl_tp_destroy(wl_tp *tp)
+{
+    if (!tp)
+        return;
+#ifdef WL_HAVE_NCCL
+    for (int r = 0; tp->comms && r < tp->ranks; r++)
+        if (tp->comms[r])
+            weft_nccl_comm_destroy(tp->comms[r]);
+    free(tp->comms);
+#endif
+    if (tp->moved)
+        weft_cond_destroy(tp->moved);
+    if (tp->lock)
+        weft_mutex_destroy(tp->lock);
+    free(tp->rows);
+    free(tp);
+}
+
+int wl_tp_ranks(const wl_tp *tp)
+{
+    return tp->ranks;
+}
+
+/* The group's failure as the caller's error. */
+static int failed(wl_tp *tp)
+{
+    return wl_fail("%s", tp->message);
+}
+
+void wl_tp_break(wl_tp *tp, int rank, const char *fmt, ...)
+{
+    char what[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    wl_lock_always(tp->lock);
+    if (!tp->broken) {
+        tp->broken = 1;
+        snprintf(tp->message, sizeof tp->message, "tensor parallel: rank %d: %s", rank, what);
+#ifdef WL_HAVE_NCCL /* ends the collectives the others wait in */
+        for (int r = 0; tp->comms && r < tp->ranks; r++)
+            weft_nccl_comm_abort(tp->comms[r]);
+#endif
+    }
+    weft_cond_broadcast(tp->moved);
+    weft_mutex_unlock(tp->lock);
+}
+
+/* Under the lock: returns once every rank has arrived (0), or the group
+ * broke (-1). */
+static int barrier_locked(wl_tp *tp)
+{
+    uint64_t gen = tp->generation;
+    if (tp->broken)
+        return -1;
+    if (++tp->arrived == tp->ranks) {
+        tp->arrived = 0;
+        tp->generation++;
+        weft_cond_broadcast(tp->moved);
+        return 0;
+    }
+    while (tp->generation == gen && !tp->broken)
+        weft_cond_wait(tp->moved, tp->lock);
+    return tp->generation == gen ? -1 : 0;
+}
+
+int wl_tp_barrier(wl_tp *tp)
+{
+    wl_lock_always(tp->lock);
+    int rc = barrier_locked(tp);
+    weft_mutex_unlock(tp->lock);
+    return rc ? failed(tp) : 0;
+}
+
+int wl_tp_all_reduce(wl_tp *tp, int rank, void *buf, size_t count, weft_dtype dt)
+{
+    if (!tp->host) {
+#ifdef WL_HAVE_NCCL
+        if (weft_nccl_all_reduce(tp->comms[rank], buf, buf, count, dt, WEFT_NCCL_SUM) != WEFT_OK)
+            return wl_fail("tensor parallel: all-reduce: %s", weft_last_error());
+        return 0;
+#endif
+    }
+    /* the rows are there once this rank's work before is done; rank 0
+     * sums them in fp32, rank by rank, into every rank's buffer */
+    if (weft_await() != WEFT_OK)
+        return wl_fail("tensor parallel: %s", weft_last_error());
+    wl_lock_always(tp->lock);
+    tp->rows[rank] = buf;
+    int rc = barrier_locked(tp);
+    weft_mutex_unlock(tp->lock);
+    if (!rc && rank == 0)
+        for (size_t i = 0; i < count; i++) {
+            float sum = 0;
+            for (int r = 0; r < tp->ranks; r++)
+                sum += wl_load(dt, tp->rows[r], i);
+            for (int r = 0; r < tp->ranks; r++)
+                wl_store(dt, tp->rows[r], i, sum);
+        }
+    return rc ? failed(tp) : wl_tp_barrier(tp);
+}
+
+/* ---- steps -------------------------------------------------------------------- */
+
+void wl_tp_post(wl_tp *tp, const int32_t *head, const void *leader)
+{
+    wl_lock_always(tp->lock);
+    memcpy(tp->head, head, sizeof tp->head);
+    tp->leader = leader;
+    tp->posted++;
+    weft_cond_broadcast(tp->moved);
+    weft_mutex_unlock(tp->lock);
+}
+
+int wl_tp_next(wl_tp *tp, uint64_t *seen, int32_t *head, const void **leader)
+{
+    wl_lock_always(tp->lock);
+    while (tp->posted == *seen && !tp->broken)
+        weft_cond_wait(tp->moved, tp->lock);
+    int rc = tp->posted == *seen ? -1 : 0;
+    if (!rc) {
+        *seen = tp->posted;
+        memcpy(head, tp->head, sizeof tp->head);
+        *leader = tp->leader;
+    }
+    weft_mutex_unlock(tp->lock);
+    return rc ? failed(tp) : 0;
+}

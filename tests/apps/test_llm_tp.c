@@ -1,0 +1,355 @@
+/*
+ * test_llm_tp.c - weft-llm's tensor parallel on the host backend: the
+ * engine over two ranks (each holding half the heads, half the key-value
+ * heads and half the MLP, an all-reduce after the o and down projections)
+ * against the engine on one, generations at once, greedy: the same tokens
+ * up to a near tie, and before it logits within a few bf16 units (the
+ * ranks' partial products are rounded to bf16 before they are summed);
+ * every page back after. Then what it refuses (heads that do not divide,
+ * a mixture of experts, speculation, a draft model, a second split), a
+ * rank that breaks mid-generation (every generation fails, nothing hangs)
+ * and generate --tensor-parallel on the command line. The model and the
+ * prompts are drawn from the printed seed.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "llm_test.h"
+
+static char *dir, *model_dir, *moe_dir;
+static uint64_t seed;
+
+static int setup(void **state)
+{
+    (void)state;
+    seed = test_seed();
+    dir = scratch_dir();
+    if (!dir)
+        return -1;
+    model_dir = path_in(dir, "tiny");
+    moe_dir = path_in(dir, "moe");
+    wl_write_opts o = {.preset = "tiny", .seed = seed}, mo = {.preset = "moe", .seed = seed};
+    if (wl_write_random_model(model_dir, &o) || wl_write_random_model(moe_dir, &mo)) {
+        fprintf(stderr, "%s\n", wl_error());
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    remove_scratch(dir);
+    free(dir);
+    free(model_dir);
+    free(moe_dir);
+    return 0;
+}
+
+enum { V = TINY_VOCAB, GENS = 4, PROMPT = 9, TOKENS = 24, PAGES = 32 };
+
+/* One engine: the tiny model whole, or split over `ranks`. */
+typedef struct rig {
+    wl_model m[2];
+    int ranks;
+    wl_engine e;
+    weft_runtime *rt;
+} rig;
+
+static int rig_up(rig *r, const char *model, int ranks)
+{
+    weft_config cfg = WEFT_CONFIG_INIT;
+    cfg.workers = 2;
+    cfg.backend = WEFT_BACKEND_HOST;
+    cfg.stack_size = 1 << 20;
+    memset(r, 0, sizeof *r);
+    r->ranks = ranks;
+    for (int i = 0; i < ranks; i++)
+        assert_int_equal(wl_model_open(&r->m[i], model), 0);
+    assert_int_equal(weft_runtime_create(&r->rt, &cfg), WEFT_OK);
+    wl_model *models[2] = {&r->m[0], &r->m[1]};
+    return ranks > 1 ? wl_engine_start_tp(&r->e, r->rt, models, ranks, PAGES, GENS, 64)
+                     : wl_engine_start(&r->e, r->rt, &r->m[0], PAGES, GENS, 64);
+}
+
+static void rig_down(rig *r, int started)
+{
+    if (started)
+        assert_int_equal(wl_engine_stop(&r->e), 0);
+    weft_runtime_destroy(r->rt);
+    for (int i = 0; i < r->ranks; i++)
+        wl_model_close(&r->m[i]);
+}
+
+/* One greedy generation, keeping each token and its logits. */
+typedef struct tp_run {
+    wl_engine *e;
+    int32_t prompt[PROMPT], ids[TOKENS];
+    float logits[TOKENS][V];
+    int n, failed, cancel_after; /* cancel_after: break rank 1 after this many tokens (0: never) */
+    char message[512];
+    wl_finish finish;
+} tp_run;
+
+static int keep(void *ctx, int32_t id, int eos, const float *logits)
+{
+    (void)eos;
+    tp_run *g = ctx;
+    if (g->n < TOKENS) {
+        g->ids[g->n] = id;
+        memcpy(g->logits[g->n], logits, sizeof g->logits[0]);
+    }
+    g->n++;
+    if (g->cancel_after && g->n == g->cancel_after)
+        wl_tp_break(g->e->tp, 1, "broken by the test");
+    return 0;
+}
+
+static void *gen_task(void *arg)
+{
+    tp_run *g = arg;
+    wl_gen w = {.prompt = g->prompt,
+                .n_prompt = PROMPT,
+                .max_tokens = TOKENS,
+                .ignore_eos = 1,
+                .on_token = keep,
+                .wants_logits = 1,
+                .ctx = g};
+    g->n = 0;
+    g->failed = wl_engine_generate(g->e, &w, &g->finish);
+    snprintf(g->message, sizeof g->message, "%s", g->failed ? wl_error() : "");
+    return NULL;
+}
+
+static void run_gens(rig *r, tp_run *g)
+{
+    weft_task *t[GENS];
+    for (int i = 0; i < GENS; i++) {
+        g[i].e = &r->e;
+        assert_int_equal(weft_spawn(r->rt, &t[i], gen_task, &g[i], NULL), WEFT_OK);
+    }
+    for (int i = 0; i < GENS; i++)
+        assert_int_equal(weft_join(t[i], NULL), WEFT_OK);
+}
+
+static void top_two(const float *l, int *a, int *b)
+{
+    *a = 0, *b = 1;
+    if (l[1] > l[0])
+        *a = 1, *b = 0;
+    for (int i = 2; i < V; i++)
+        if (l[i] > l[*a])
+            *b = *a, *a = i;
+        else if (l[i] > l[*b])
+            *b = i;
+}
+
+static void test_tp_matches_one_rank(void **state)
+{
+    (void)state;
+    static tp_run one[GENS], two[GENS];
+    uint64_t st = seed ^ 0x7e5;
+    for (int i = 0; i < GENS; i++)
+        for (int j = 0; j < PROMPT; j++)
+            one[i].prompt[j] = two[i].prompt[j] = (int32_t)(wl_rand_next(&st) % V);
+    rig r;
+    assert_int_equal(rig_up(&r, model_dir, 1), 0);
+    run_gens(&r, one);
+    rig_down(&r, 1);
+    if (rig_up(&r, model_dir, 2))
+        fail_msg("tensor parallel: %s", wl_error());
+    assert_int_equal(r.m[0].cfg.heads, 2); /* tiny's 4 heads, 2 key-value heads, MLP 128 */
+    assert_int_equal(r.m[1].cfg.kv_heads, 1);
+    assert_int_equal(r.m[1].cfg.intermediate, 64);
+    run_gens(&r, two);
+    wl_engine_counts c;
+    wl_engine_stats(&r.e, &c);
+    assert_int_equal(c.used_pages + c.reserved_pages + c.running + c.queued, 0);
+    printf("  two ranks: %ld steps of %ld rows\n", c.steps, c.rows);
+    assert_true(c.steps > 0);
+    rig_down(&r, 1);
+    double worst = 0;
+    for (int i = 0; i < GENS; i++) {
+        assert_false(one[i].failed);
+        if (two[i].failed)
+            fail_msg("generation %d on two ranks: %s", i, two[i].message);
+        assert_int_equal(two[i].n, TOKENS);
+        assert_int_equal(two[i].finish, WL_FINISH_LENGTH);
+        for (int k = 0; k < TOKENS; k++) {
+            const float *a = one[i].logits[k], *b = two[i].logits[k];
+            int pa, pb;
+            top_two(a, &pa, &pb);
+            double scale = fabs(a[pa]), diff = 0;
+            for (int v = 0; v < V; v++)
+                diff = fmax(diff, fabs((double)a[v] - b[v]));
+            if (one[i].ids[k] != two[i].ids[k]) { /* a near tie: two bf16 units of the top */
+                printf("  generation %d parts at token %d (gap %.2g of the top)\n", i, k,
+                       (a[pa] - a[pb]) / scale);
+                assert_true(a[pa] - a[pb] < scale / 64);
+                break;
+            }
+            worst = fmax(worst, diff / scale);
+            assert_int_equal(two[i].ids[k], one[i].ids[k]);
+        }
+    }
+    /* the logits of the same tokens: a few bf16 units of the row's top apart */
+    printf("  logits: at most %.2f bf16 units of the top apart\n", worst * 128);
+    assert_true(worst < 8.0 / 128);
+}
+
+static void expect_refused(const char *model, int ranks, const char *want)
+{
+    rig r;
+    int rc = rig_up(&r, model, ranks);
+    const char *err = wl_error();
+    printf("  %d ranks of %s: %s\n", ranks, model == moe_dir ? "moe" : "tiny",
+           rc ? err : "started");
+    assert_int_equal(rc, -1);
+    if (!strstr(err, want))
+        fail_msg("\"%s\" lacks \"%s\"", err, want);
+    rig_down(&r, 0);
+}
+
+static void test_tp_refuses(void **state)
+{
+    (void)state;
+    /* 4 heads over 3 ranks */
+    wl_model m3[3];
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(wl_model_open(&m3[i], model_dir), 0);
+    assert_int_equal(wl_model_set_shard(&m3[0], 0, 3), -1);
+    assert_non_null(strstr(wl_error(), "must each divide by 3"));
+    assert_int_equal(wl_model_set_shard(&m3[1], 3, 3), -1); /* no rank 3 of 3 */
+    assert_int_equal(wl_model_set_shard(&m3[2], 1, 2), 0);
+    assert_int_equal(wl_model_set_shard(&m3[2], 1, 2), -1); /* split once */
+    assert_non_null(strstr(wl_error(), "once"));
+    for (int i = 0; i < 3; i++)
+        wl_model_close(&m3[i]);
+    expect_refused(moe_dir, 2, "mixtures of experts are not split");
+    rig r;
+    assert_int_equal(rig_up(&r, model_dir, 2), 0);
+    wl_model d;
+    assert_int_equal(wl_model_open(&d, model_dir), 0);
+    assert_int_equal(wl_engine_set_draft(&r.e, &d), -1);
+    assert_non_null(strstr(wl_error(), "tensor parallel"));
+    wl_model_close(&d);
+    rig_down(&r, 1);
+}
+
+/* Speculation is refused in the generation's own task. */
+typedef struct spec_try {
+    wl_engine *e;
+    int rc;
+    char message[512];
+} spec_try;
+
+static void *spec_task(void *arg)
+{
+    spec_try *s = arg;
+    int32_t prompt[3] = {1, 2, 3};
+    wl_gen g = {.prompt = prompt, .n_prompt = 3, .max_tokens = 4, .speculate_k = 2};
+    wl_finish f;
+    s->rc = wl_engine_generate(s->e, &g, &f);
+    snprintf(s->message, sizeof s->message, "%s", wl_error());
+    return NULL;
+}
+
+static void test_tp_refuses_speculation(void **state)
+{
+    (void)state;
+    rig r;
+    assert_int_equal(rig_up(&r, model_dir, 2), 0);
+    spec_try s = {.e = &r.e};
+    weft_task *t;
+    assert_int_equal(weft_spawn(r.rt, &t, spec_task, &s, NULL), WEFT_OK);
+    assert_int_equal(weft_join(t, NULL), WEFT_OK);
+    printf("  speculate_k 2: %s\n", s.message);
+    assert_int_equal(s.rc, -1);
+    assert_non_null(strstr(s.message, "does not decode speculatively"));
+    rig_down(&r, 1);
+}
+
+/* Rank 1 breaks after a generation's third token: every generation ends
+ * in an error naming it (none hangs: the test's timeout would say so),
+ * and the engine still stops, every page back. */
+static void test_tp_broken_rank(void **state)
+{
+    (void)state;
+    static tp_run g[GENS];
+    uint64_t st = seed ^ 0xb4e;
+    for (int i = 0; i < GENS; i++)
+        for (int j = 0; j < PROMPT; j++)
+            g[i].prompt[j] = (int32_t)(wl_rand_next(&st) % V);
+    g[0].cancel_after = 3;
+    rig r;
+    assert_int_equal(rig_up(&r, model_dir, 2), 0);
+    run_gens(&r, g);
+    for (int i = 0; i < GENS; i++) {
+        printf("  generation %d: %d tokens, %s\n", i, g[i].n,
+               g[i].failed ? g[i].message : "no error");
+        assert_true(g[i].failed);
+        assert_non_null(strstr(g[i].message, "rank 1: broken by the test"));
+    }
+    wl_engine_counts c;
+    wl_engine_stats(&r.e, &c);
+    assert_int_equal(c.used_pages + c.reserved_pages + c.running + c.queued, 0);
+    rig_down(&r, 1);
+}
+
+static void test_cli_tensor_parallel(void **state)
+{
+    (void)state;
+    char cmd[2048], *out, *err, *out2, *err2;
+    snprintf(cmd, sizeof cmd,
+             "%s generate %s --prompt-ids 5,6,7,8 --max-tokens 12 --ignore-eos --print-ids "
+             "--backend host --parallel 2 --print-top",
+             WL_BIN, model_dir);
+    assert_int_equal(run_capture(cmd, &out, &err), 0);
+    snprintf(cmd, sizeof cmd,
+             "%s generate %s --prompt-ids 5,6,7,8 --max-tokens 12 --ignore-eos --print-ids "
+             "--backend host --parallel 2 --tensor-parallel 2",
+             WL_BIN, model_dir);
+    int rc = run_capture(cmd, &out2, &err2);
+    printf("  --tensor-parallel 2 (exit %d): %s%s", rc, out2, err2);
+    assert_int_equal(rc, 0);
+    /* greedy: both copies the same ids as one rank's, up to a near tie */
+    long long a[64], b[64], token;
+    int n = printed_ids(err, a, 64), k = 0;
+    assert_int_equal(printed_ids(err2, b, 64), n);
+    while (k < n && a[k] == b[k])
+        k++;
+    if (k < n) {
+        double gap = printed_gap(err, k, &token);
+        printf("  they part at token %d, gap %.2g of the top\n", k, gap);
+        assert_true(gap < 1.0 / 64);
+    }
+    free(out), free(err), free(out2), free(err2);
+    snprintf(cmd, sizeof cmd, "%s generate %s --prompt-ids 5,6 --backend host --tensor-parallel 3",
+             WL_BIN, model_dir);
+    rc = run_capture(cmd, &out, &err);
+    printf("  --tensor-parallel 3 (exit %d): %s", rc, err);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(err, "must each divide by 3"));
+    free(out), free(err);
+    snprintf(cmd, sizeof cmd,
+             "%s generate %s --prompt-ids 5,6 --backend host --tensor-parallel 2 --speculate 2",
+             WL_BIN, model_dir);
+    rc = run_capture(cmd, &out, &err);
+    printf("  --tensor-parallel 2 --speculate 2 (exit %d): %s", rc, err);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(err, "does not decode speculatively"));
+    free(out), free(err);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tp_matches_one_rank),    cmocka_unit_test(test_tp_refuses),
+        cmocka_unit_test(test_tp_refuses_speculation), cmocka_unit_test(test_tp_broken_rank),
+        cmocka_unit_test(test_cli_tensor_parallel),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
