@@ -222,6 +222,14 @@ void *wl_request_task(void *arg)
             status = 400;
             goto out;
         }
+    if (r->q.speculate_k && (srv->engine.link || srv->engine.tp)) {
+        wl_request_answer_error(r, 400,
+                                "'speculate': this server's model is split (a pipeline, tensor "
+                                "parallel), which does not decode speculatively",
+                                "speculate");
+        status = 400;
+        goto out;
+    }
     if (prepare_prompt(r)) {
         wl_request_answer_error(r, 400, wl_error(), r->q.chat ? "messages" : "prompt");
         status = 400;
@@ -251,6 +259,7 @@ void *wl_request_task(void *arg)
     weft_task_opts opts = WEFT_TASK_OPTS_INIT;
     opts.name = "choice";
     opts.priority = r->q.priority;
+    opts.device = srv->engine.device;
     for (int i = 0; i < r->q.n; i++)
         runs[i] = (choice_run){.r = r, .index = i};
     for (; spawned < r->q.n; spawned++)

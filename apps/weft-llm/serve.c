@@ -32,6 +32,10 @@
  * runs the engine, the other ranks serve its steps (wl_engine_follow) and
  * leave when its engine stops; they keep SIGTERM and SIGINT blocked, so
  * the job drains through rank 0.
+ *
+ * --tensor-parallel N splits every layer over N GPUs of this process, as
+ * `generate --tensor-parallel` does; speculative requests are then
+ * refused (400), and --draft and --swap-mb with it.
  */
 #include <errno.h>
 #include <limits.h>
@@ -198,6 +202,7 @@ static enum MHD_Result start_completion(server *srv, struct MHD_Connection *conn
     weft_task_opts opts = WEFT_TASK_OPTS_INIT;
     opts.name = "request";
     opts.priority = r->q.priority; /* a priority class is a weft task priority */
+    opts.device = srv->engine.device;
     if (weft_spawn(srv->rt, NULL, wl_request_task, r, &opts) != WEFT_OK) {
         char msg[256];
         snprintf(msg, sizeof msg, "could not start the request's task: %s", weft_last_error());
@@ -369,7 +374,8 @@ static int usage(void)
             "                [--pipeline 0|1] (1: every rank of an MPI job, a stage of layers "
             "each)\n"
             "                [--sparse-2-4 0|1] (1: the dense projections pruned to 2:4, "
-            "multiplied sparse)\n");
+            "multiplied sparse)\n"
+            "                [--tensor-parallel N] (every layer split over N GPUs)\n");
     return 2;
 }
 
@@ -429,6 +435,13 @@ static int run_server(server *srv)
         goto out;
     srv->model.sparse_2_4 = srv->sparse_2_4;
     wl_show_load_on(&srv->model, "weights");
+    if (srv->ranks > 1 && !(srv->shards = calloc((size_t)srv->ranks - 1, sizeof *srv->shards))) {
+        wl_fail("out of memory");
+        goto out;
+    }
+    for (int r = 1; r < srv->ranks; r++) /* each rank's own mapping of the files */
+        if (wl_model_open(&srv->shards[r - 1], srv->dir))
+            goto out;
     snprintf(path, sizeof path, "%s/tokenizer.json", srv->dir);
     if (wl_tokenizer_load(&srv->tk, path))
         goto out;
@@ -473,8 +486,13 @@ static int run_server(server *srv)
                     wl_link_rank(srv->link));
         goto out;
     }
-    if (wl_engine_start_pipeline(&srv->engine, srv->rt, &srv->model, srv->kv_pages, srv->max_seqs,
-                                 context, srv->link))
+    wl_model *models[WL_MAX_RANKS] = {&srv->model};
+    for (int r = 1; r < srv->ranks; r++)
+        models[r] = &srv->shards[r - 1];
+    if (srv->ranks > 1 ? wl_engine_start_tp(&srv->engine, srv->rt, models, srv->ranks,
+                                            srv->kv_pages, srv->max_seqs, context)
+                       : wl_engine_start_pipeline(&srv->engine, srv->rt, &srv->model, srv->kv_pages,
+                                                  srv->max_seqs, context, srv->link))
         goto out;
     engine_up = 1;
     if (srv->draft_dir && wl_engine_set_draft(&srv->engine, &srv->draft))
@@ -553,6 +571,9 @@ out:
     wl_chat_free(srv->chat);
     wl_tokenizer_free(srv->tk);
     wl_model_close(&srv->model);
+    for (int r = 1; srv->shards && r < srv->ranks; r++)
+        wl_model_close(&srv->shards[r - 1]);
+    free(srv->shards);
     wl_model_close(&srv->draft);
     if (!rc && engine_up)
         fprintf(stderr, "weft-llm serve: stopped\n");
@@ -578,7 +599,8 @@ int wl_serve_main(int argc, char **argv)
                   .body_timeout = 30,
                   .max_body = 1 << 20,
                   .share_prefixes = 1,
-                  .prefill_chunk = WL_PREFILL_CHUNK};
+                  .prefill_chunk = WL_PREFILL_CHUNK,
+                  .ranks = 1};
     if (argc < 1 || argv[0][0] == '-')
         return usage();
     srv.dir = argv[0];
@@ -627,6 +649,8 @@ int wl_serve_main(int argc, char **argv)
             bad |= parse_int(v, 0, 1, &srv.pipeline);
         else if (!strcmp(a, "--sparse-2-4"))
             bad |= parse_int(v, 0, 1, &srv.sparse_2_4);
+        else if (!strcmp(a, "--tensor-parallel"))
+            bad |= parse_int(v, 1, WL_MAX_RANKS, &srv.ranks);
         else
             bad = 1;
         if (bad) {
@@ -638,8 +662,13 @@ int wl_serve_main(int argc, char **argv)
         if (!strcmp(a, "--max-body-bytes"))
             srv.max_body = (size_t)n;
     }
-    if (srv.pipeline && (srv.draft_dir || srv.swap_mb)) {
-        fprintf(stderr, "weft-llm serve: a pipeline takes no --draft and no --swap-mb\n");
+    if ((srv.pipeline || srv.ranks > 1) && (srv.draft_dir || srv.swap_mb)) {
+        fprintf(stderr, "weft-llm serve: a split model (--pipeline, --tensor-parallel) takes no "
+                        "--draft and no --swap-mb\n");
+        return usage();
+    }
+    if (srv.pipeline && srv.ranks > 1) {
+        fprintf(stderr, "weft-llm serve: --pipeline or --tensor-parallel, not both\n");
         return usage();
     }
     pthread_mutex_init(&srv.lock, NULL);

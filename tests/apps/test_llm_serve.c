@@ -554,10 +554,11 @@ static double greedy_gap(const char *prompt, int k, long long want)
     return gap;
 }
 
-/* Speculative greedy decoding gives plain greedy's tokens. The two may
- * part at a near tie only (a verifying step's matmuls run over more rows
- * than a plain step's, and a bf16 activation may round the other way);
- * they are held equal up to it. */
+/* Greedy decoding computed another way (speculatively, a verify step's
+ * matmuls over more rows than a plain step's; tensor parallel, the ranks'
+ * partial sums rounded before they are added) gives plain greedy's
+ * tokens. The two may part at a near tie only (a bf16 activation rounded
+ * the other way), and are held equal up to it. */
 static void expect_greedy_tokens(const char *prompt, json_t *plain, json_t *spec)
 {
     json_t *pc = json_array_get(json_object_get(plain, "choices"), 0),
@@ -673,6 +674,30 @@ static void test_stop_strings_and_choices(void **state)
     json_decref(j);
     free(full);
     wl_buf_free(&req);
+}
+
+/* A server whose model is split over two ranks (tensor parallel, the
+ * host backend's tasks): greedy text as the shared server's, speculation
+ * refused, every KV page back. */
+static void test_tensor_parallel(void **state)
+{
+    (void)state;
+    const char *body = "{\"prompt\":\"The old woman\",\"max_tokens\":24,\"temperature\":0,"
+                       "\"ignore_eos\":true,\"return_token_ids\":true}";
+    const char *finish;
+    json_t *plain, *split;
+    free(complete(body, &finish, &plain));
+    start_side_server("--tensor-parallel 2 --swap-mb 0"); /* a split model swaps nothing */
+    char *text = complete(body, &finish, &split);
+    printf("  --tensor-parallel 2: %s\n", text);
+    free(text);
+    expect_error("POST", "/v1/completions", "{\"prompt\":\"hi\",\"speculate\":2}", 400,
+                 "does not decode speculatively");
+    assert_int_equal(metric("weft_llm_kv_pages_used"), 0);
+    assert_int_equal(stop_side_server(), 0);
+    expect_greedy_tokens("The old woman", plain, split);
+    json_decref(plain);
+    json_decref(split);
 }
 
 static void test_chat_completion(void **state)
@@ -941,6 +966,7 @@ int main(void)
         cmocka_unit_test(test_health_models_metrics),
         cmocka_unit_test_teardown(test_concurrent_completions_match_generate, side_teardown),
         cmocka_unit_test_teardown(test_stop_strings_and_choices, side_teardown),
+        cmocka_unit_test_teardown(test_tensor_parallel, side_teardown),
         cmocka_unit_test(test_chat_completion),
         cmocka_unit_test(test_disconnect_frees_blocks),
         cmocka_unit_test(test_bad_input),
