@@ -105,6 +105,7 @@ struct wl_batch {
     /* tensor parallel's (wl_batch_tp): the group, and this batch's rank */
     wl_tp *tp;
     int tp_rank;
+    struct cpu_account *own; /* the running step's account (forward_step's), or NULL */
 };
 
 /* The key of a step's region: the batch's serial, its rows, what it
@@ -232,6 +233,44 @@ void wl_batch_destroy(wl_batch *b)
     free(b);
 }
 
+/* The calling thread's CPU time. */
+static uint64_t thread_cpu_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* A step's own host CPU time, summed over the stretches its task runs
+ * between waits: each on one thread, whose clock it is read on (after a
+ * wait the task may resume on another). */
+typedef struct cpu_account {
+    uint64_t total, since; /* since: the running stretch's start */
+} cpu_account;
+
+static void account_pause(cpu_account *a)
+{
+    a->total += thread_cpu_ns() - a->since;
+}
+
+static void account_resume(cpu_account *a)
+{
+    a->since = thread_cpu_ns();
+}
+
+/* Tensor parallel: x's rows summed over the ranks. The host backend's sum
+ * waits for the other ranks, which is not the step's own CPU time. */
+static int sum_over_ranks(wl_batch *b, int rows)
+{
+    size_t count = (size_t)rows * b->m->cfg.hidden;
+    if (b->own)
+        account_pause(b->own);
+    int rc = wl_tp_all_reduce(b->tp, b->tp_rank, b->x, count, b->m->dtype);
+    if (b->own)
+        account_resume(b->own);
+    return rc;
+}
+
 /* Layer li over the step's rows, those of n sequences (x holds the
  * residuals): a decode step's one a sequence, or a mixed step's (mixed:
  * each sequence's rows consecutive, as cu_rows says). */
@@ -284,7 +323,7 @@ static int layer_batch(wl_batch *b, int li, int rows, int n, int mixed)
     const void *residual = b->tp && b->tp_rank ? NULL : b->x;
     TRY(wl_project(m, &b->fp8, b->x, H, b->attn, b->q_dim, L->o, L->o_scale, L->o_sparse, H, NULL,
                    residual, rows));
-    if (b->tp && wl_tp_all_reduce(b->tp, b->tp_rank, b->x, (size_t)rows * H, dt))
+    if (b->tp && sum_over_ranks(b, rows))
         goto fail;
     if (L->moe) {
         TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->h, NULL, b->x, NULL, L->mlp_norm, eps,
@@ -296,7 +335,7 @@ static int layer_batch(wl_batch *b, int li, int rows, int n, int mixed)
     TRY(weft_glu(WEFT_TASK_STREAM, dt, WEFT_GLU_SWIGLU, b->act, b->gu, (size_t)rows, I, 2 * I, I));
     TRY(wl_project(m, &b->fp8, b->x, H, b->act, I, L->down, L->down_scale, L->down_sparse, H, NULL,
                    residual, rows));
-    if (b->tp && wl_tp_all_reduce(b->tp, b->tp_rank, b->x, (size_t)rows * H, dt))
+    if (b->tp && sum_over_ranks(b, rows))
         goto fail;
     return 0;
 fail:
@@ -408,31 +447,6 @@ static int stage_penalties(wl_batch *b, const wl_draw *draws, int n, int *penali
  * stands (its inputs are the page-locked buffers just filled), else
  * records it (the host backend runs it as it comes). A mixed step, whose
  * rows change with its chunks, runs eagerly. */
-/* The calling thread's CPU time. */
-static uint64_t thread_cpu_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
-/* A step's own host CPU time, summed over the stretches its task runs
- * between waits: each on one thread, whose clock it is read on (after a
- * wait the task may resume on another). */
-typedef struct cpu_account {
-    uint64_t total, since; /* since: the running stretch's start */
-} cpu_account;
-
-static void account_pause(cpu_account *a)
-{
-    a->total += thread_cpu_ns() - a->since;
-}
-
-static void account_resume(cpu_account *a)
-{
-    a->since = thread_cpu_ns();
-}
-
 /* own, when not NULL, is forward_step's account: paused over the await. */
 static int run_step(wl_batch *b, int rows, int n, int mixed, int want_logits, int want_picked,
                     int penalised, cpu_account *own)
@@ -445,7 +459,10 @@ static int run_step(wl_batch *b, int rows, int n, int mixed, int want_logits, in
         if (graph)
             TRY(weft_region_begin(key));
         in_region = graph;
-        if (enqueue_step(b, rows, n, mixed, want_logits, want_picked, penalised))
+        b->own = own;
+        int failed = enqueue_step(b, rows, n, mixed, want_logits, want_picked, penalised);
+        b->own = NULL;
+        if (failed)
             goto fail;
         in_region = 0;
         if (graph)

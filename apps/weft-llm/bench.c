@@ -23,7 +23,11 @@
  * <value> <unit>` line a figure. With
  * --sparse-2-4 1 the dense projections run sparse (wl_model.sparse_2_4),
  * and the roofline counts the bytes their products read (compressed on a
- * GPU).
+ * GPU). With --tensor-parallel N the model is split over N GPUs
+ * (tensor_parallel.c) and only decode is measured: the sequences are
+ * prefilled through one batch whose steps every rank runs (a rank's own
+ * wl_forward is not split), and the roofline is rank 0's share of the
+ * weights at one GPU's copy rate.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -41,7 +45,10 @@ typedef struct bench {
     int steps, repeats, decode_prompt;
     float temperature, top_p; /* the decode steps' draws */
     int sparse_2_4;           /* the dense projections multiplied sparse */
-    wl_model model;
+    int ranks;                /* tensor parallel over this many (1: off) */
+    wl_model model, *shards;  /* shards: ranks 1 on's models */
+    wl_tp *tp;
+    wl_batch *tp_batch; /* rank 0's, the decode steps' of every batch size */
     wl_kv kv;
     /* results */
     double copy_gbs;
@@ -59,7 +66,8 @@ static int usage(void)
                     "[--prompt-lens 128,512,2048]\n"
                     "                [--batches 1,8,32,128] [--steps 32] [--repeats 3] "
                     "[--decode-prompt 128]\n"
-                    "                [--temperature 0] [--top-p 1] [--sparse-2-4 0|1]\n");
+                    "                [--temperature 0] [--top-p 1] [--sparse-2-4 0|1] "
+                    "[--tensor-parallel N]\n");
     return 2;
 }
 
@@ -259,10 +267,13 @@ static int measure_decode(bench *b, int bi, uint64_t *st)
     for (int i = 0; i < B; i++) {
         random_ids(ids, P, b->model.cfg.vocab, st);
         if (wl_seq_create(&seqs[i], &b->model, &b->kv, total, P) ||
-            wl_forward(seqs[i], ids, P, &logits))
+            (b->tp_batch ? wl_forward_mixed(b->tp_batch, &seqs[i], ids, &P, 1, NULL, NULL, picked)
+                         : wl_forward(seqs[i], ids, P, &logits)))
             goto out;
     }
-    if (wl_batch_create(&batch, &b->model, &b->kv, B, total, 0))
+    if (b->tp_batch)
+        batch = b->tp_batch;
+    else if (wl_batch_create(&batch, &b->model, &b->kv, B, total, 0))
         goto out;
     double kv_read = 0, cpu = 0;
     uint64_t own = 0;
@@ -290,7 +301,7 @@ static int measure_decode(bench *b, int bi, uint64_t *st)
     b->roofline_ms[bi] = (weight_bytes(&b->model) + kv_read / b->steps) / (b->copy_gbs * 1e9) * 1e3;
     rc = 0;
 out:
-    if (batch)
+    if (batch && batch != b->tp_batch)
         wl_batch_destroy(batch);
     for (int i = 0; seqs && i < B; i++)
         wl_seq_destroy(seqs[i]);
@@ -300,6 +311,46 @@ out:
     free(picked);
     free(draws);
     return rc;
+}
+
+/* Tensor parallel: the largest batch's shape on every rank (its steps
+ * take any smaller batch too). */
+static void batch_shape(const bench *b, int *seqs, int *tokens)
+{
+    *seqs = 1;
+    for (int i = 0; i < b->n_batches; i++)
+        *seqs = b->batches[i] > *seqs ? b->batches[i] : *seqs;
+    *tokens = b->decode_prompt + b->steps + 2;
+}
+
+/* Tensor parallel: ranks 1 on started (the group's own tasks), rank 0's
+ * model split before its upload. */
+static int start_ranks(bench *b, int pages)
+{
+    wl_model *models[WL_MAX_RANKS] = {&b->model};
+    int seqs, tokens;
+    for (int r = 1; r < b->ranks; r++)
+        models[r] = &b->shards[r - 1];
+    batch_shape(b, &seqs, &tokens);
+    if (wl_model_set_shard(&b->model, 0, b->ranks)) {
+        wl_tp_break(b->tp, 0, "%s", wl_error());
+        return -1;
+    }
+    wl_tp_start_ranks(b->tp, weft_runtime_current(), models, pages, seqs, tokens, b->decode_prompt);
+    return 0;
+}
+
+/* Tensor parallel: rank 0's batch, ready with the other ranks. */
+static int join_ranks(bench *b)
+{
+    int seqs, tokens;
+    batch_shape(b, &seqs, &tokens);
+    if (wl_batch_create(&b->tp_batch, &b->model, &b->kv, seqs, tokens, b->decode_prompt) ||
+        wl_batch_tp(b->tp_batch, b->tp, 0)) {
+        wl_tp_break(b->tp, 0, "%s", wl_error());
+        return -1;
+    }
+    return wl_tp_barrier(b->tp);
 }
 
 static void *bench_task(void *arg)
@@ -324,10 +375,12 @@ static void *bench_task(void *arg)
                 b->model.cfg.max_positions);
         goto out;
     }
-    if (wl_model_upload(&b->model) || wl_kv_create(&b->kv, &b->model, pages, WL_KV_PAGE) ||
-        measure_copy(b))
+    if (b->tp && start_ranks(b, pages))
         goto out;
-    for (int i = 0; i < b->n_lens; i++)
+    if (wl_model_upload(&b->model) || wl_kv_create(&b->kv, &b->model, pages, WL_KV_PAGE) ||
+        (b->tp && join_ranks(b)) || measure_copy(b))
+        goto out;
+    for (int i = 0; i < b->n_lens && !b->tp; i++)
         if (measure_prefill(b, i, &st) || measure_mixed(b, i, &st))
             goto out;
     weft_graph_stats before, after;
@@ -343,6 +396,12 @@ static void *bench_task(void *arg)
 out:
     if (b->failed)
         snprintf(b->message, sizeof b->message, "%s", wl_error());
+    if (b->tp_batch) { /* the other ranks' steps end */
+        wl_batch_unlink(b->tp_batch);
+        wl_batch_destroy(b->tp_batch);
+    } else if (b->tp) {
+        wl_tp_break(b->tp, 0, "the benchmark failed");
+    }
     if (b->kv.lock_made)
         wl_kv_destroy(&b->kv);
     wl_model_release(&b->model);
@@ -356,10 +415,15 @@ static void report(const bench *b)
            "GB/s\n",
            b->dir, c->model_type, c->layers, c->hidden, wl_dtype_name(b->model.dtype),
            c->fp8 ? " with FP8 projections" : "", weight_bytes(&b->model) * 1e-9, b->copy_gbs);
-    printf("\n| prefill tokens | ms | tokens/s | %d prompts in one mixed step: ms | tokens/s |\n"
-           "|---:|---:|---:|---:|---:|\n",
-           MIXED_PROMPTS);
-    for (int i = 0; i < b->n_lens; i++) {
+    if (b->tp)
+        printf("tensor parallel over %d ranks: the weights read a step are rank 0's share; "
+               "prefill not measured\n",
+               b->ranks);
+    else
+        printf("\n| prefill tokens | ms | tokens/s | %d prompts in one mixed step: ms | tokens/s "
+               "|\n|---:|---:|---:|---:|---:|\n",
+               MIXED_PROMPTS);
+    for (int i = 0; i < b->n_lens && !b->tp; i++) {
         printf("| %d | %.3f | %.0f |", b->lens[i], b->prefill_ms[i],
                b->lens[i] / (b->prefill_ms[i] * 1e-3));
         if (b->mixed_ms[i] > 0)
@@ -384,7 +448,9 @@ static void report(const bench *b)
     printf("\nBENCH llm.copy_rate %.1f GB/s\n", b->copy_gbs);
     printf("BENCH llm.decode.graph_launches %llu launches\n",
            (unsigned long long)b->graph.launches);
-    for (int i = 0; i < b->n_lens; i++) {
+    if (b->tp)
+        printf("BENCH llm.tensor_parallel %d ranks\n", b->ranks);
+    for (int i = 0; i < b->n_lens && !b->tp; i++) {
         printf("BENCH llm.prefill.L%d.tokens_per_s %.1f tokens/s\n", b->lens[i],
                b->lens[i] / (b->prefill_ms[i] * 1e-3));
         if (b->mixed_ms[i] > 0)
@@ -412,6 +478,7 @@ int wl_bench_main(int argc, char **argv)
                .steps = 32,
                .repeats = 3,
                .decode_prompt = 128,
+               .ranks = 1,
                .top_p = 1};
     if (argc < 1 || argv[0][0] == '-')
         return usage();
@@ -435,6 +502,10 @@ int wl_bench_main(int argc, char **argv)
                 *(!strcmp(a, "--steps")     ? &b.steps
                   : !strcmp(a, "--repeats") ? &b.repeats
                                             : &b.decode_prompt) = n;
+        } else if (!strcmp(a, "--tensor-parallel")) {
+            long x = strtol(v, &end, 10);
+            bad |= !*v || *end || x < 1 || x > WL_MAX_RANKS;
+            b.ranks = (int)x;
         } else if (!strcmp(a, "--sparse-2-4")) {
             bad |= strcmp(v, "0") && strcmp(v, "1");
             b.sparse_2_4 = !strcmp(v, "1");
@@ -458,21 +529,37 @@ int wl_bench_main(int argc, char **argv)
     }
     b.model.sparse_2_4 = b.sparse_2_4;
     wl_show_load_on(&b.model, "weights");
-    weft_runtime *rt;
+    int rc = 1;
+    weft_runtime *rt = NULL;
     weft_task *t;
+    if (b.ranks > 1 && !(b.shards = calloc((size_t)b.ranks - 1, sizeof *b.shards))) {
+        fprintf(stderr, "weft-llm: out of memory\n");
+        goto out;
+    }
+    for (int r = 1; r < b.ranks; r++) /* each rank's own mapping of the files */
+        if (wl_model_open(&b.shards[r - 1], b.dir)) {
+            fprintf(stderr, "weft-llm: %s\n", wl_error());
+            goto out;
+        }
     weft_config cfg = WEFT_CONFIG_INIT;
-    cfg.workers = 1;
+    cfg.workers = (unsigned)b.ranks; /* a rank's host work beside the others' */
     cfg.stack_size = 1 << 20;
     cfg.backend = !strcmp(b.backend, "host")   ? WEFT_BACKEND_HOST
                   : !strcmp(b.backend, "cuda") ? WEFT_BACKEND_CUDA
                                                : WEFT_BACKEND_AUTO;
-    int rc = 1;
     if (weft_runtime_create(&rt, &cfg) != WEFT_OK) {
         fprintf(stderr, "weft-llm: weft runtime: %s\n", weft_last_error());
-        wl_model_close(&b.model);
-        return 1;
+        rt = NULL;
+        goto out;
     }
-    if (weft_spawn(rt, &t, bench_task, &b, NULL) != WEFT_OK || weft_join(t, NULL) != WEFT_OK)
+    if (b.ranks > 1 && wl_tp_create(&b.tp, rt, b.ranks)) {
+        fprintf(stderr, "weft-llm: %s\n", wl_error());
+        goto out;
+    }
+    weft_task_opts opts = WEFT_TASK_OPTS_INIT;
+    if (b.tp && strcmp(weft_backend_name(rt), "host"))
+        opts.device = WEFT_DEVICE(0); /* rank 0's share on device 0 */
+    if (weft_spawn(rt, &t, bench_task, &b, &opts) != WEFT_OK || weft_join(t, NULL) != WEFT_OK)
         fprintf(stderr, "weft-llm: the bench task: %s\n", weft_last_error());
     else if (b.failed)
         fprintf(stderr, "weft-llm: %s\n", b.message);
@@ -480,7 +567,14 @@ int wl_bench_main(int argc, char **argv)
         report(&b);
         rc = 0;
     }
-    weft_runtime_destroy(rt);
+out:
+    wl_tp_join_ranks(b.tp);
+    wl_tp_destroy(b.tp);
+    if (rt)
+        weft_runtime_destroy(rt);
     wl_model_close(&b.model);
+    for (int r = 1; b.shards && r < b.ranks; r++)
+        wl_model_close(&b.shards[r - 1]);
+    free(b.shards);
     return rc;
 }

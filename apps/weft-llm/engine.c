@@ -207,52 +207,11 @@ int wl_engine_start_pipeline(wl_engine *e, weft_runtime *rt, wl_model *m, int kv
     return start(e, rt, m, kv_pages, max_seqs, max_tokens);
 }
 
-/* A tensor-parallel rank but 0: its share of the weights, its cache and
- * batch, made as rank 0's engine makes its own; ready with the others;
- * then rank 0's steps until it ends them. */
-typedef struct wl_tp_rank {
-    wl_model *m;
-    wl_tp *tp;
-    int rank, kv_pages, max_seqs, max_tokens;
-    weft_task *task;
-    char message[512];
-} wl_tp_rank;
-
-static void *tp_rank_task(void *arg)
-{
-    wl_tp_rank *f = arg;
-    wl_kv kv = {0};
-    wl_batch *b = NULL;
-    int failed =
-        wl_model_set_shard(f->m, f->rank, wl_tp_ranks(f->tp)) || wl_model_upload(f->m) ||
-        wl_kv_create(&kv, f->m, f->kv_pages, WL_KV_PAGE) ||
-        wl_batch_create(&b, f->m, &kv, f->max_seqs, f->max_tokens, batcher_chunk(f->max_tokens)) ||
-        wl_batch_tp(b, f->tp, f->rank);
-    if (failed)
-        wl_tp_break(f->tp, f->rank, "%s", wl_error());
-    failed = failed || wl_tp_barrier(f->tp) || wl_batch_follow_tp(b);
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", failed ? wl_error() : "");
-    wl_batch_destroy(b);
-    if (kv.lock_made)
-        wl_kv_destroy(&kv);
-    if (wl_model_release(f->m) && !failed)
-        failed = 1, snprintf(msg, sizeof msg, "%s", wl_error());
-    if (failed)
-        snprintf(f->message, sizeof f->message, "%s", msg);
-    return failed ? f : NULL;
-}
-
-/* Joins the ranks but 0 (ended by rank 0's unlink, or the group broken)
- * and frees the group. */
+/* The ranks but 0 joined, the group freed. */
 static void end_tp(wl_engine *e)
 {
-    for (int r = 1; e->tp_ranks && r < wl_tp_ranks(e->tp); r++)
-        if (e->tp_ranks[r].task)
-            weft_join(e->tp_ranks[r].task, NULL);
-    free(e->tp_ranks);
+    wl_tp_join_ranks(e->tp);
     wl_tp_destroy(e->tp);
-    e->tp_ranks = NULL;
     e->tp = NULL;
 }
 
@@ -267,24 +226,7 @@ int wl_engine_start_tp(wl_engine *e, weft_runtime *rt, wl_model *const *models, 
                        kv_pages);
     if (wl_tp_create(&e->tp, rt, ranks))
         return -1;
-    if (!(e->tp_ranks = calloc((size_t)ranks, sizeof *e->tp_ranks))) {
-        wl_tp_destroy(e->tp);
-        e->tp = NULL;
-        return wl_fail("out of memory");
-    }
-    int host = !strcmp(weft_backend_name(rt), "host");
-    for (int r = 1; r < ranks; r++) {
-        wl_tp_rank *f = &e->tp_ranks[r];
-        *f = (wl_tp_rank){models[r], e->tp, r, kv_pages, max_seqs, max_tokens, NULL, ""};
-        weft_task_opts opts = WEFT_TASK_OPTS_INIT;
-        opts.name = "tensor-parallel rank";
-        opts.device = host ? 0 : WEFT_DEVICE(r);
-        if (weft_spawn(rt, &f->task, tp_rank_task, f, &opts) != WEFT_OK) {
-            f->task = NULL;
-            wl_tp_break(e->tp, r, "its task: %s", weft_last_error());
-            break;
-        }
-    }
+    wl_tp_start_ranks(e->tp, rt, models, kv_pages, max_seqs, max_tokens, batcher_chunk(max_tokens));
     if (start(e, rt, models[0], kv_pages, max_seqs, max_tokens)) {
         end_tp(e); /* the ranks have ended (the group is broken), if not ended already */
         return -1;

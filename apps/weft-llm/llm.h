@@ -625,6 +625,19 @@ void wl_tp_post(wl_tp *tp, const int32_t *head, const void *leader);
  * when the group broke before one came. */
 int wl_tp_next(wl_tp *tp, uint64_t *seen, int32_t *head, const void **leader);
 
+/* Ranks 1 on of tp, each in a task of its own (on rt's device r; on the
+ * host backend anywhere), from a thread or a task: models[r] becomes rank
+ * r's share (wl_model_set_shard), with a cache of kv_pages pages and a
+ * batch as wl_batch_create makes one (max_seqs, max_tokens, chunk), made
+ * as rank 0 makes its own; then each waits in wl_tp_barrier for the
+ * others to be ready (rank 0's call of it too) and runs rank 0's steps
+ * (wl_batch_follow_tp) until rank 0's batch ends them or the group
+ * breaks. A rank whose setup failed breaks the group, saying why. */
+void wl_tp_start_ranks(wl_tp *tp, weft_runtime *rt, wl_model *const *models, int kv_pages,
+                       int max_seqs, int max_tokens, int chunk);
+/* Waits for the ranks wl_tp_start_ranks started to end. */
+void wl_tp_join_ranks(wl_tp *tp);
+
 /* Task only: makes b (of rank's shard of the model, on rank's device, its
  * cache as many pages as rank 0's) rank's of tp, before its first step. */
 int wl_batch_tp(wl_batch *b, wl_tp *tp, int rank);
@@ -884,7 +897,6 @@ typedef struct wl_engine {
     /* Tensor parallel (wl_engine_start_tp; NULL: one GPU): the group, and
      * its ranks but 0, which run the batcher's steps with rank 0's. */
     wl_tp *tp;
-    struct wl_tp_rank *tp_ranks;
     /* The device of the weights (rank 0's), WEFT_DEVICE(i): the tasks that
      * run generations should be spawned on it (weft_task_opts.device). */
     unsigned device;

@@ -100,9 +100,18 @@ int wl_model_makes_logits(const wl_model *m)
 
 /* ---- the group ---------------------------------------------------------------- */
 
+/* A rank but 0's life (wl_tp_start_ranks). */
+typedef struct rank_run {
+    wl_tp *tp;
+    wl_model *m;
+    int rank, kv_pages, max_seqs, max_tokens, chunk;
+    weft_task *task;
+} rank_run;
+
 struct wl_tp {
     int ranks;
-    int host; /* the host backend: the ranks add their rows here */
+    rank_run *run; /* [ranks]: 1 on, once started */
+    int host;      /* the host backend: the ranks add their rows here */
     weft_mutex *lock;
     weft_cond *moved;    /* a barrier's generation, a posted step, a failure */
     int arrived;         /* at the barrier now */
@@ -184,6 +193,7 @@ void wl_tp_destroy(wl_tp *tp)
     if (tp->lock)
         weft_mutex_destroy(tp->lock);
     free(tp->rows);
+    free(tp->run);
     free(tp);
 }
 
@@ -297,4 +307,57 @@ int wl_tp_next(wl_tp *tp, uint64_t *seen, int32_t *head, const void **leader)
     }
     weft_mutex_unlock(tp->lock);
     return rc ? failed(tp) : 0;
+}
+
+/* ---- the ranks but 0 ------------------------------------------------------------ */
+
+static void *rank_task(void *arg)
+{
+    rank_run *f = arg;
+    wl_kv kv = {0};
+    wl_batch *b = NULL;
+    int failed = wl_model_set_shard(f->m, f->rank, f->tp->ranks) || wl_model_upload(f->m) ||
+                 wl_kv_create(&kv, f->m, f->kv_pages, WL_KV_PAGE) ||
+                 wl_batch_create(&b, f->m, &kv, f->max_seqs, f->max_tokens, f->chunk) ||
+                 wl_batch_tp(b, f->tp, f->rank);
+    if (failed)
+        wl_tp_break(f->tp, f->rank, "%s", wl_error());
+    else if (!wl_tp_barrier(f->tp) && wl_batch_follow_tp(b))
+        wl_tp_break(f->tp, f->rank, "%s", wl_error()); /* already broken, as a rule */
+    wl_batch_destroy(b);
+    if (kv.lock_made)
+        wl_kv_destroy(&kv);
+    wl_model_release(f->m);
+    return NULL;
+}
+
+void wl_tp_start_ranks(wl_tp *tp, weft_runtime *rt, wl_model *const *models, int kv_pages,
+                       int max_seqs, int max_tokens, int chunk)
+{
+    int host = !strcmp(weft_backend_name(rt), "host");
+    if (!(tp->run = calloc((size_t)tp->ranks, sizeof *tp->run))) {
+        wl_tp_break(tp, 0, "out of memory");
+        return;
+    }
+    for (int r = 1; r < tp->ranks; r++) {
+        rank_run *f = &tp->run[r];
+        *f = (rank_run){tp, models[r], r, kv_pages, max_seqs, max_tokens, chunk, NULL};
+        weft_task_opts opts = WEFT_TASK_OPTS_INIT;
+        opts.name = "tensor-parallel rank";
+        opts.device = host ? 0 : WEFT_DEVICE(r); /* rank r's share on device r */
+        if (weft_spawn(rt, &f->task, rank_task, f, &opts) != WEFT_OK) {
+            f->task = NULL;
+            wl_tp_break(tp, r, "its task: %s", weft_last_error());
+            return;
+        }
+    }
+}
+
+void wl_tp_join_ranks(wl_tp *tp)
+{
+    for (int r = 1; tp && tp->run && r < tp->ranks; r++)
+        if (tp->run[r].task) {
+            weft_join(tp->run[r].task, NULL);
+            tp->run[r].task = NULL;
+        }
 }
