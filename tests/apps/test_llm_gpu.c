@@ -2,8 +2,9 @@
  * test_llm_gpu.c - weft-llm's forward pass on the GPU against the host
  * backend, batched decoding on the GPU against each sequence alone there,
  * and generate with --backend cuda (also --parallel), for a dense and two
- * mixture-of-experts models, and speculative decoding against plain
- * greedy decoding there. Exits 77 (skipped) without a GPU.
+ * mixture-of-experts models, speculative decoding against plain greedy
+ * decoding there, and tensor parallel over two GPUs against one. Exits 77
+ * (skipped) without a GPU.
  *
  * The same code runs on both (every op on the task's stream); the GPU's
  * matmuls sum in another order, so a bf16 activation may round the other
@@ -508,6 +509,59 @@ static void test_gpu_speculative_matches_plain(void **state)
     free(err);
 }
 
+/* Tensor parallel on the GPUs through NCCL: with two or more, generate
+ * --tensor-parallel 2 gives one GPU's greedy ids up to a near tie (the
+ * ranks' partial sums are rounded before they are added), also with three
+ * sequences batched; with one, it is refused, saying how many there are,
+ * and the two-GPU part is skipped. */
+static void test_gpu_tensor_parallel(void **state)
+{
+    (void)state;
+    weft_runtime *rt = NULL;
+    weft_config cfg = {.workers = 1, .backend = WEFT_BACKEND_CUDA};
+    assert_int_equal(weft_runtime_create(&rt, &cfg), WEFT_OK);
+    unsigned gpus = weft_device_count(rt);
+    weft_runtime_destroy(rt);
+    char cmd[2048], *out, *err, *out1, *err1;
+    const char *common = "--prompt 'The old woman' --max-tokens 16 --print-ids --ignore-eos "
+                         "--backend cuda";
+    snprintf(cmd, sizeof cmd, "%s generate %s %s --tensor-parallel 2", WL_BIN, model_dir, common);
+    int rc = run_capture(cmd, &out, &err);
+    printf("  %u GPUs; --tensor-parallel 2 (exit %d): %s%s", gpus, rc, out, err);
+    if (gpus < 2) {
+        assert_int_equal(rc, 1);
+        assert_non_null(strstr(err, "this machine has 1"));
+        free(out), free(err);
+        printf("  skipped: tensor parallel's run needs two GPUs\n");
+        skip();
+    }
+    assert_int_equal(rc, 0);
+    snprintf(cmd, sizeof cmd, "%s generate %s %s --print-top", WL_BIN, model_dir, common);
+    assert_int_equal(run_capture(cmd, &out1, &err1), 0);
+    long long a[64], b[64], token;
+    int n = printed_ids(err1, a, 64), k = 0;
+    assert_int_equal(printed_ids(err, b, 64), n);
+    while (k < n && a[k] == b[k])
+        k++;
+    if (k < n) {
+        double gap = printed_gap(err1, k, &token);
+        printf("  one GPU and two part at token %d, gap %.2g of the top\n", k, gap);
+        assert_true(gap < 1.0 / 64);
+    }
+    free(out), free(err), free(out1), free(err1);
+    snprintf(cmd, sizeof cmd, "%s generate %s %s --tensor-parallel 2 --parallel 3", WL_BIN,
+             model_dir, common);
+    rc = run_capture(cmd, &out, &err);
+    printf("  --tensor-parallel 2 --parallel 3 (exit %d): %s%s", rc, out, err);
+    assert_int_equal(rc, 0);
+    for (int i = 0; i < 3; i++) { /* each copy printed with its index */
+        char head[32];
+        snprintf(head, sizeof head, "[%d] ", i);
+        assert_non_null(strstr(out, head));
+    }
+    free(out), free(err);
+}
+
 int main(void)
 {
     weft_runtime *rt = NULL;
@@ -528,6 +582,7 @@ int main(void)
         cmocka_unit_test(test_cli_generates_on_the_gpu),
         cmocka_unit_test(test_gpu_speculative_matches_plain),
         cmocka_unit_test(test_gpu_decode_steps_are_graphs),
+        cmocka_unit_test(test_gpu_tensor_parallel),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
