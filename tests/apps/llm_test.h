@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include "llm.h"
@@ -132,6 +133,89 @@ static inline double printed_gap(const char *err, int k, long long *token)
                         &top, &next) != 3)
         fail_msg("no step %d in generate's --print-top output", k);
     return (top - next) / fabs(top);
+}
+
+/* A copy of the tiny model in model_dir as another architecture, in
+ * dir/name (returned, malloc'd): model_type and the fields of extra (taken)
+ * set in its config, its weights of variant_dtype, with Qwen2's biases or
+ * Qwen3's per-head norms added (random from seed, so that they matter),
+ * and q and k scaled up so that attention depends on position. */
+static inline char *write_variant(const char *dir, const char *model_dir, const char *name,
+                                  const char *model_type, json_t *extra, int bias, int qk_norm,
+                                  weft_dtype variant_dtype, uint64_t seed)
+{
+    char *dst = path_in(dir, name), *src_cfg = path_in(model_dir, "config.json");
+    char *dst_cfg = path_in(dst, "config.json"), *src = path_in(model_dir, "model.safetensors");
+    char *out_path = path_in(dst, "model.safetensors");
+    assert_int_equal(mkdir(dst, 0777), 0);
+    json_t *cfg = json_load_file(src_cfg, 0, NULL);
+    json_object_set_new(cfg, "model_type", json_string(model_type));
+    json_object_update(cfg, extra);
+    json_decref(extra);
+    assert_int_equal(json_dump_file(cfg, dst_cfg, JSON_INDENT(1)), 0);
+    int layers = (int)json_integer_value(json_object_get(cfg, "num_hidden_layers"));
+    json_decref(cfg);
+
+    wl_st_file f;
+    assert_int_equal(wl_st_open(&f, src), 0);
+    size_t cap = f.count + 8 * (size_t)layers, n = 0;
+    wl_st_spec *specs = calloc(cap, sizeof *specs);
+    int *fill = calloc(cap, sizeof *fill); /* 0: copy, 1: bias, 2: norm */
+    char(*names)[96] = calloc(cap, sizeof *names);
+    for (size_t i = 0; i < f.count; i++) {
+        specs[n] = (wl_st_spec){
+            .name = f.tensors[i].name, .dtype = variant_dtype, .ndim = f.tensors[i].ndim};
+        memcpy(specs[n++].shape, f.tensors[i].shape, sizeof specs[0].shape);
+    }
+    static const char *const bias_names[] = {"q_proj.bias", "k_proj.bias", "v_proj.bias"};
+    static const char *const norm_names[] = {"q_norm.weight", "k_norm.weight"};
+    static const uint64_t bias_len[] = {256, 128, 128};
+    for (int l = 0; l < layers; l++) {
+        for (int b = 0; bias && b < 3; b++) {
+            snprintf(names[n], 96, "model.layers.%d.self_attn.%s", l, bias_names[b]);
+            specs[n] = (wl_st_spec){names[n], variant_dtype, 1, {bias_len[b]}};
+            fill[n++] = 1;
+        }
+        for (int b = 0; qk_norm && b < 2; b++) {
+            snprintf(names[n], 96, "model.layers.%d.self_attn.%s", l, norm_names[b]);
+            specs[n] = (wl_st_spec){names[n], variant_dtype, 1, {64}};
+            fill[n++] = 2;
+        }
+    }
+    FILE *out = fopen(out_path, "wb");
+    assert_int_equal(wl_st_write_header(out, specs, n), 0);
+    uint64_t st = seed ^ 0xb1a5;
+    for (size_t i = 0; i < n; i++) {
+        size_t es = wl_dtype_size(variant_dtype);
+        uint32_t v;
+        if (!fill[i]) {
+            const wl_tensor *t = wl_st_find(&f, specs[i].name);
+            /* q and k 8x sharper (exact), so that positions matter: the
+             * random model's scores are otherwise near 0 */
+            float scale =
+                strstr(t->name, "q_proj.weight") || strstr(t->name, "k_proj.weight") ? 8.0f : 1.0f;
+            for (size_t j = 0; j < t->nbytes / 2; j++) {
+                wl_store(variant_dtype, &v, 0, scale * wl_load(WEFT_DTYPE_BF16, t->data, j));
+                assert_int_equal(fwrite(&v, es, 1, out), 1);
+            }
+            continue;
+        }
+        for (uint64_t j = 0; j < specs[i].shape[0]; j++) {
+            double x = wl_rand_normal(&st);
+            wl_store(variant_dtype, &v, 0, (float)(fill[i] == 1 ? 0.5 * x : 1 + 0.3 * x));
+            assert_int_equal(fwrite(&v, es, 1, out), 1);
+        }
+    }
+    assert_int_equal(fclose(out), 0);
+    wl_st_close(&f);
+    free(specs);
+    free(fill);
+    free(names);
+    free(src_cfg);
+    free(dst_cfg);
+    free(src);
+    free(out_path);
+    return dst;
 }
 
 /* ---- the forward pass in a task ------------------------------------------- */
