@@ -127,8 +127,11 @@ struct wl_tp {
 #endif
 };
 
-/* Collectives longer than this fail the group instead of hanging it (a
- * rank that failed before its all-reduce never joins). */
+/* An all-reduce run eagerly (a mixed step's) that takes longer than this
+ * is aborted by libweft_nccl's watcher, failing its step, instead of
+ * hanging (a rank that failed before it never joins); one inside a
+ * replayed graph is not followed, and ends when the failed rank breaks the
+ * group (wl_tp_break aborts the communicators). */
 #define WL_TP_TIMEOUT_NS (120ull * 1000000000ull)
 
 int wl_tp_create(wl_tp **out, weft_runtime *rt, int ranks)
