@@ -328,7 +328,9 @@ static int layer_batch(wl_batch *b, int li, int rows, int n, int mixed)
     if (L->moe) {
         TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, b->h, NULL, b->x, NULL, L->mlp_norm, eps,
                          (size_t)rows, H, H));
-        return wl_moe_mlp(m, &b->moe, li, b->x, b->h, rows);
+        if (wl_moe_mlp(m, &b->moe, li, b->x, b->h, rows, residual != NULL))
+            goto fail;
+        return b->tp && sum_over_ranks(b, rows) ? -1 : 0;
     }
     TRY(wl_norm_project(m, &b->fp8, b->h, b->x, L->mlp_norm, rows, b->gu, 2 * I, L->gu, L->gu_scale,
                         L->gu_sparse, 2 * I, NULL));

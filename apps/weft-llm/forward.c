@@ -390,7 +390,7 @@ static int layer_forward(wl_seq *s, int li, int n)
     if (L->moe) {
         TRY(weft_rmsnorm(WEFT_TASK_STREAM, dt, s->h, NULL, s->x, NULL, L->mlp_norm, eps, (size_t)n,
                          H, H));
-        return wl_moe_mlp(m, &s->moe, li, s->x, s->h, n);
+        return wl_moe_mlp(m, &s->moe, li, s->x, s->h, n, 1);
     }
     TRY(wl_norm_project(m, &s->fp8, s->h, s->x, L->mlp_norm, n, s->gu, 2 * I, L->gu, L->gu_scale,
                         L->gu_sparse, 2 * I, NULL));

@@ -112,9 +112,12 @@ int wl_moe_bufs_create(wl_moe_bufs *b, const wl_model *m, int tokens);
 void wl_moe_bufs_destroy(wl_moe_bufs *b);
 /* Task only: MoE layer li's MLP over n rows, on the task's stream: x (n
  * rows of hidden, the residual) += the experts' combined output for the
- * normed rows h (+ the shared expert's). The same ops in the same order
- * for any n, so a row gives what it gives alone up to the matmuls' sums. */
-int wl_moe_mlp(const wl_model *m, wl_moe_bufs *b, int li, void *x, const void *h, int n);
+ * normed rows h (+ the shared expert's); without residual, x = that output
+ * alone (a tensor-parallel rank's share but rank 0's). The same ops in the
+ * same order for any n, so a row gives what it gives alone up to the
+ * matmuls' sums. */
+int wl_moe_mlp(const wl_model *m, wl_moe_bufs *b, int li, void *x, const void *h, int n,
+               int residual);
 
 /* ---- packed weights (pack.c) ---- */
 

@@ -102,7 +102,8 @@ void wl_moe_bufs_destroy(wl_moe_bufs *b)
 }
 
 /* Qwen2-MoE's shared expert over the n rows: x += sigmoid(h . w_sg) *
- * down(SiLU(h Wg^T) * (h Wu^T)). */
+ * down(SiLU(h Wg^T) * (h Wu^T)) (a tensor-parallel rank's share of it:
+ * the scale is a row's whole, and the shares sum). */
 static int shared_expert(const wl_model *m, wl_moe_bufs *b, const wl_layer *L, void *x,
                          const void *h, int n)
 {
@@ -122,7 +123,8 @@ fail:
     return -1;
 }
 
-int wl_moe_mlp(const wl_model *m, wl_moe_bufs *b, int li, void *x, const void *h, int n)
+int wl_moe_mlp(const wl_model *m, wl_moe_bufs *b, int li, void *x, const void *h, int n,
+               int residual)
 {
     const wl_config *c = &m->cfg;
     const wl_layer *L = &m->layer[li];
@@ -138,8 +140,8 @@ int wl_moe_mlp(const wl_model *m, wl_moe_bufs *b, int li, void *x, const void *h
     TRY(weft_glu(WEFT_TASK_STREAM, dt, WEFT_GLU_SWIGLU, b->act, b->gu, rows, I, 2 * I, I));
     weft_grouped_matmul_desc down = {.groups = E, .rows = rows, .n = H, .k = I, .type = dt};
     TRY(weft_grouped_matmul(WEFT_TASK_STREAM, &down, b->y, b->act, L->experts_down, b->r.offsets));
-    TRY(weft_moe_unpermute(WEFT_TASK_STREAM, dt, x, b->y, b->r.weights, b->r.inverse, x, (size_t)n,
-                           K, H, H, H));
+    TRY(weft_moe_unpermute(WEFT_TASK_STREAM, dt, x, b->y, b->r.weights, b->r.inverse,
+                           residual ? x : NULL, (size_t)n, K, H, H, H));
     if (c->shared_intermediate && shared_expert(m, b, L, x, h, n))
         goto fail;
     return 0;

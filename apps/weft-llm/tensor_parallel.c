@@ -10,6 +10,9 @@
  *  - o and down by their input columns (strided in the files: copied once
  *    into a host block of the rank's), so each rank's product is a
  *    partial sum of the full output;
+ *  - a mixture of experts' experts each as a dense MLP is (gate and up
+ *    rows, down columns), and a shared expert likewise; the router whole,
+ *    so that every rank routes each token to the same experts;
  *  - the norms and the embedding whole on every rank, the final norm and
  *    the lm_head on rank 0 alone.
  * A layer's residual stream is whole on every rank: after the o and down
@@ -37,6 +40,23 @@
 
 /* ---- the model's share ------------------------------------------------------ */
 
+/* The rank's columns [rank cols, (rank + 1) cols) of a row-major matrix
+ * of rows x width elements of es bytes, copied to dst; returns dst's end. */
+static char *columns(char *dst, const void *src, size_t rows, size_t width, size_t cols, int rank,
+                     size_t es)
+{
+    for (size_t row = 0; row < rows; row++, dst += cols * es)
+        memcpy(dst, (const char *)src + (row * width + (size_t)rank * cols) * es, cols * es);
+    return dst;
+}
+
+/* The rank's rows of a row-major matrix (or vector) whose rows are width
+ * elements wide: they start rank rows rows further in. */
+static const void *rows_of(const void *p, int rank, size_t rows, size_t width, size_t es)
+{
+    return (const char *)p + (size_t)rank * rows * width * es;
+}
+
 int wl_model_set_shard(wl_model *m, int rank, int ranks)
 {
     wl_config *c = &m->cfg;
@@ -46,47 +66,71 @@ int wl_model_set_shard(wl_model *m, int rank, int ranks)
         return wl_fail("tensor parallel: a model is split before its upload, once");
     if (ranks == 1)
         return 0;
-    if (c->experts || c->fp8 || m->sparse_2_4 || !wl_model_whole(m))
-        return wl_fail("tensor parallel: %s are not split", c->experts      ? "mixtures of experts"
-                                                            : c->fp8        ? "FP8 weights"
+    if (c->fp8 || m->sparse_2_4 || !wl_model_whole(m))
+        return wl_fail("tensor parallel: %s are not split", c->fp8          ? "FP8 weights"
                                                             : m->sparse_2_4 ? "2:4 sparse weights"
                                                                             : "pipeline stages");
-    if (c->heads % ranks || c->kv_heads % ranks || c->intermediate % ranks)
+    if (c->heads % ranks || c->kv_heads % ranks || c->intermediate % ranks ||
+        c->moe_intermediate % ranks || c->shared_intermediate % ranks) {
+        char experts[96] = "";
+        if (c->experts)
+            snprintf(experts, sizeof experts, " (an expert's %d, the shared expert's %d)",
+                     c->moe_intermediate, c->shared_intermediate);
         return wl_fail("tensor parallel over %d ranks: the model's %d heads, %d key-value heads "
-                       "and MLP width %d must each divide by %d",
-                       ranks, c->heads, c->kv_heads, c->intermediate, ranks);
-    size_t es = wl_dtype_size(m->dtype), H = (size_t)c->hidden;
+                       "and MLP width %d%s must each divide by %d",
+                       ranks, c->heads, c->kv_heads, c->intermediate, experts, ranks);
+    }
+    size_t es = wl_dtype_size(m->dtype), H = (size_t)c->hidden, E = (size_t)c->experts;
     size_t q = (size_t)c->heads * c->head_dim, kv = (size_t)c->kv_heads * c->head_dim;
-    size_t I = (size_t)c->intermediate, qr = q / ranks, kvr = kv / ranks, Ir = I / ranks;
-    size_t layer_bytes = H * (qr + Ir) * es;
-    char *block = malloc(layer_bytes * c->layers);
+    size_t I = (size_t)c->intermediate, M = (size_t)c->moe_intermediate;
+    size_t S = (size_t)c->shared_intermediate, R = (size_t)ranks;
+    size_t qr = q / R, kvr = kv / R, Ir = I / R, Mr = M / R, Sr = S / R, bytes = 0;
+    for (int li = 0; li < c->layers; li++) /* o's columns, and down's (the experts', shared) */
+        bytes += H * (qr + (m->layer[li].moe ? E * Mr + Sr : Ir)) * es;
+    char *block = malloc(bytes ? bytes : 1), *at = block;
     if (!block)
-        return wl_fail("tensor parallel: out of memory for %zu bytes of o and down columns",
-                       layer_bytes * c->layers);
+        return wl_fail("tensor parallel: out of memory for %zu bytes of o and down columns", bytes);
     for (int li = 0; li < c->layers; li++) {
         wl_layer *L = &m->layer[li];
-        char *o = block + layer_bytes * li, *down = o + H * qr * es;
-        for (size_t row = 0; row < H; row++) {
-            memcpy(o + row * qr * es, (const char *)L->o + (row * q + rank * qr) * es, qr * es);
-            memcpy(down + row * Ir * es, (const char *)L->down + (row * I + rank * Ir) * es,
-                   Ir * es);
-        }
-        L->o = o;
-        L->down = down;
-        L->q = (const char *)L->q + rank * qr * H * es;
-        L->k = (const char *)L->k + rank * kvr * H * es;
-        L->v = (const char *)L->v + rank * kvr * H * es;
-        L->gate = (const char *)L->gate + rank * Ir * H * es;
-        L->up = (const char *)L->up + rank * Ir * H * es;
+        L->q = rows_of(L->q, rank, qr, H, es);
+        L->k = rows_of(L->k, rank, kvr, H, es);
+        L->v = rows_of(L->v, rank, kvr, H, es);
         if (c->attention_bias) {
-            L->q_bias = (const char *)L->q_bias + rank * qr * es;
-            L->k_bias = (const char *)L->k_bias + rank * kvr * es;
-            L->v_bias = (const char *)L->v_bias + rank * kvr * es;
+            L->q_bias = rows_of(L->q_bias, rank, qr, 1, es);
+            L->k_bias = rows_of(L->k_bias, rank, kvr, 1, es);
+            L->v_bias = rows_of(L->v_bias, rank, kvr, 1, es);
+        }
+        const void *o = L->o;
+        L->o = at;
+        at = columns(at, o, H, q, qr, rank, es);
+        if (!L->moe) {
+            const void *down = L->down;
+            L->gate = rows_of(L->gate, rank, Ir, H, es);
+            L->up = rows_of(L->up, rank, Ir, H, es);
+            L->down = at;
+            at = columns(at, down, H, I, Ir, rank, es);
+            continue;
+        }
+        for (size_t e = 0; e < E; e++) { /* the router stays whole: every rank routes alike */
+            const void *down = L->expert[3 * e + 2];
+            L->expert[3 * e] = rows_of(L->expert[3 * e], rank, Mr, H, es);
+            L->expert[3 * e + 1] = rows_of(L->expert[3 * e + 1], rank, Mr, H, es);
+            L->expert[3 * e + 2] = at;
+            at = columns(at, down, H, M, Mr, rank, es);
+        }
+        if (S) {
+            const void *down = L->shared_down;
+            L->shared_gate = rows_of(L->shared_gate, rank, Sr, H, es);
+            L->shared_up = rows_of(L->shared_up, rank, Sr, H, es);
+            L->shared_down = at;
+            at = columns(at, down, H, S, Sr, rank, es);
         }
     }
     c->heads /= ranks;
     c->kv_heads /= ranks;
     c->intermediate /= ranks;
+    c->moe_intermediate /= ranks;
+    c->shared_intermediate /= ranks;
     m->shard_block = block;
     m->shard_rank = rank;
     m->shard_ranks = ranks;
