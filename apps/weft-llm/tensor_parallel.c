@@ -66,10 +66,9 @@ int wl_model_set_shard(wl_model *m, int rank, int ranks)
         return wl_fail("tensor parallel: a model is split before its upload, once");
     if (ranks == 1)
         return 0;
-    if (c->fp8 || m->sparse_2_4 || !wl_model_whole(m))
-        return wl_fail("tensor parallel: %s are not split", c->fp8          ? "FP8 weights"
-                                                            : m->sparse_2_4 ? "2:4 sparse weights"
-                                                                            : "pipeline stages");
+    if (m->sparse_2_4 || !wl_model_whole(m))
+        return wl_fail("tensor parallel: %s are not split",
+                       m->sparse_2_4 ? "2:4 sparse weights" : "pipeline stages");
     if (c->heads % ranks || c->kv_heads % ranks || c->intermediate % ranks ||
         c->moe_intermediate % ranks || c->shared_intermediate % ranks) {
         char experts[96] = "";
@@ -81,20 +80,26 @@ int wl_model_set_shard(wl_model *m, int rank, int ranks)
                        ranks, c->heads, c->kv_heads, c->intermediate, experts, ranks);
     }
     size_t es = wl_dtype_size(m->dtype), H = (size_t)c->hidden, E = (size_t)c->experts;
+    size_t wes = c->fp8 ? 1 : es; /* a projection's elements (FP8: their scales a float a row) */
     size_t q = (size_t)c->heads * c->head_dim, kv = (size_t)c->kv_heads * c->head_dim;
     size_t I = (size_t)c->intermediate, M = (size_t)c->moe_intermediate;
     size_t S = (size_t)c->shared_intermediate, R = (size_t)ranks;
     size_t qr = q / R, kvr = kv / R, Ir = I / R, Mr = M / R, Sr = S / R, bytes = 0;
     for (int li = 0; li < c->layers; li++) /* o's columns, and down's (the experts', shared) */
-        bytes += H * (qr + (m->layer[li].moe ? E * Mr + Sr : Ir)) * es;
+        bytes += H * (qr * wes + (m->layer[li].moe ? (E * Mr + Sr) * es : Ir * wes));
     char *block = malloc(bytes ? bytes : 1), *at = block;
     if (!block)
         return wl_fail("tensor parallel: out of memory for %zu bytes of o and down columns", bytes);
     for (int li = 0; li < c->layers; li++) {
         wl_layer *L = &m->layer[li];
-        L->q = rows_of(L->q, rank, qr, H, es);
-        L->k = rows_of(L->k, rank, kvr, H, es);
-        L->v = rows_of(L->v, rank, kvr, H, es);
+        L->q = rows_of(L->q, rank, qr, H, wes);
+        L->k = rows_of(L->k, rank, kvr, H, wes);
+        L->v = rows_of(L->v, rank, kvr, H, wes);
+        if (c->fp8) { /* a scale an output row: o's and down's rows stay whole */
+            L->q_scale = rows_of(L->q_scale, rank, qr, 1, 4);
+            L->k_scale = rows_of(L->k_scale, rank, kvr, 1, 4);
+            L->v_scale = rows_of(L->v_scale, rank, kvr, 1, 4);
+        }
         if (c->attention_bias) {
             L->q_bias = rows_of(L->q_bias, rank, qr, 1, es);
             L->k_bias = rows_of(L->k_bias, rank, kvr, 1, es);
@@ -102,13 +107,17 @@ int wl_model_set_shard(wl_model *m, int rank, int ranks)
         }
         const void *o = L->o;
         L->o = at;
-        at = columns(at, o, H, q, qr, rank, es);
+        at = columns(at, o, H, q, qr, rank, wes);
         if (!L->moe) {
             const void *down = L->down;
-            L->gate = rows_of(L->gate, rank, Ir, H, es);
-            L->up = rows_of(L->up, rank, Ir, H, es);
+            L->gate = rows_of(L->gate, rank, Ir, H, wes);
+            L->up = rows_of(L->up, rank, Ir, H, wes);
+            if (c->fp8) {
+                L->gate_scale = rows_of(L->gate_scale, rank, Ir, 1, 4);
+                L->up_scale = rows_of(L->up_scale, rank, Ir, 1, 4);
+            }
             L->down = at;
-            at = columns(at, down, H, I, Ir, rank, es);
+            at = columns(at, down, H, I, Ir, rank, wes);
             continue;
         }
         for (size_t e = 0; e < E; e++) { /* the router stays whole: every rank routes alike */
