@@ -128,7 +128,7 @@ static inline double printed_gap(const char *err, int k, long long *token)
     char step[32];
     snprintf(step, sizeof step, "step %d: ", k);
     const char *line = strstr(err, step);
-    double top, next;
+    double top = 0, next = 0;
     if (!line || sscanf(line + strlen(step), "token %lld (top %*d) logit %lf, next %lf", token,
                         &top, &next) != 3)
         fail_msg("no step %d in generate's --print-top output", k);
