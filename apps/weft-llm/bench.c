@@ -46,7 +46,7 @@ typedef struct bench {
     float temperature, top_p; /* the decode steps' draws */
     int sparse_2_4;           /* the dense projections multiplied sparse */
     int ranks;                /* tensor parallel over this many (1: off) */
-    wl_model model, *shards;  /* shards: ranks 1 on's models */
+    wl_model model, **models; /* models: each rank's (wl_open_ranks: the first is model) */
     wl_tp *tp;
     wl_batch *tp_batch; /* rank 0's, the decode steps' of every batch size */
     wl_kv kv;
@@ -327,16 +327,14 @@ static void batch_shape(const bench *b, int *seqs, int *tokens)
  * model split before its upload. */
 static int start_ranks(bench *b, int pages)
 {
-    wl_model *models[WL_MAX_RANKS] = {&b->model};
     int seqs, tokens;
-    for (int r = 1; r < b->ranks; r++)
-        models[r] = &b->shards[r - 1];
     batch_shape(b, &seqs, &tokens);
     if (wl_model_set_shard(&b->model, 0, b->ranks)) {
         wl_tp_break(b->tp, 0, "%s", wl_error());
         return -1;
     }
-    wl_tp_start_ranks(b->tp, weft_runtime_current(), models, pages, seqs, tokens, b->decode_prompt);
+    wl_tp_start_ranks(b->tp, weft_runtime_current(), b->models, pages, seqs, tokens,
+                      b->decode_prompt);
     return 0;
 }
 
@@ -532,15 +530,10 @@ int wl_bench_main(int argc, char **argv)
     int rc = 1;
     weft_runtime *rt = NULL;
     weft_task *t;
-    if (b.ranks > 1 && !(b.shards = calloc((size_t)b.ranks - 1, sizeof *b.shards))) {
-        fprintf(stderr, "weft-llm: out of memory\n");
+    if (wl_open_ranks(&b.models, &b.model, b.dir, b.ranks)) {
+        fprintf(stderr, "weft-llm: %s\n", wl_error());
         goto out;
     }
-    for (int r = 1; r < b.ranks; r++) /* each rank's own mapping of the files */
-        if (wl_model_open(&b.shards[r - 1], b.dir)) {
-            fprintf(stderr, "weft-llm: %s\n", wl_error());
-            goto out;
-        }
     weft_config cfg = WEFT_CONFIG_INIT;
     cfg.workers = (unsigned)b.ranks; /* a rank's host work beside the others' */
     cfg.stack_size = 1 << 20;
@@ -573,8 +566,6 @@ out:
     if (rt)
         weft_runtime_destroy(rt);
     wl_model_close(&b.model);
-    for (int r = 1; b.shards && r < b.ranks; r++)
-        wl_model_close(&b.shards[r - 1]);
-    free(b.shards);
+    wl_close_ranks(b.models, b.ranks);
     return rc;
 }

@@ -242,6 +242,12 @@ int wl_model_whole(const wl_model *m);
  * does not split evenly, or whose kind is not split (mixtures of experts,
  * FP8 or 2:4 sparse weights, pipeline stages). */
 int wl_model_set_shard(wl_model *m, int rank, int ranks);
+/* The models of a split over `ranks` (tensor parallel): *models gets
+ * ranks pointers, the first `first` (the caller's own, open: rank 0's), the
+ * others each a fresh open of dir's files, a mapping of their own.
+ * wl_close_ranks closes those (not first) and frees the array. */
+int wl_open_ranks(wl_model ***models, wl_model *first, const char *dir, int ranks);
+void wl_close_ranks(wl_model **models, int ranks);
 /* Whether m ends in the logits: the last layers' stage, tensor parallel's
  * rank 0. */
 int wl_model_makes_logits(const wl_model *m);

@@ -59,11 +59,11 @@ typedef struct gen {
     int speculate, ngram;  /* draft tokens a round (0: off) and the longest n-gram */
     const char *draft_dir; /* the draft model proposes, not n-grams */
     wl_model draft;
-    int kv_pages;     /* pages of the model's KV cache, WL_KV_PAGE tokens each */
-    int pipeline;     /* a stage a rank of the MPI job */
-    int sparse_2_4;   /* the dense projections pruned to 2:4, multiplied sparse */
-    int ranks;        /* tensor parallel over this many (1: off) */
-    wl_model *shards; /* ranks 1 on's models (rank 0's is model) */
+    int kv_pages;      /* pages of the model's KV cache, WL_KV_PAGE tokens each */
+    int pipeline;      /* a stage a rank of the MPI job */
+    int sparse_2_4;    /* the dense projections pruned to 2:4, multiplied sparse */
+    int ranks;         /* tensor parallel over this many (1: off) */
+    wl_model **models; /* each rank's (wl_open_ranks: the first is model) */
     wl_link *link;
     wl_sampler sampler;
     wl_penalties penalties;
@@ -288,10 +288,7 @@ static int run_tasks(gen *g, weft_runtime *rt)
         snprintf(g->message, sizeof g->message, "out of memory");
         goto out;
     }
-    wl_model *models[WL_MAX_RANKS] = {&g->model};
-    for (int r = 1; r < g->ranks; r++)
-        models[r] = &g->shards[r - 1];
-    if (g->ranks > 1 ? wl_engine_start_tp(&g->engine, rt, models, g->ranks, g->kv_pages, n,
+    if (g->ranks > 1 ? wl_engine_start_tp(&g->engine, rt, g->models, g->ranks, g->kv_pages, n,
                                           (int)g->n_ids + g->max_tokens)
                      : wl_engine_start_pipeline(&g->engine, rt, &g->model, g->kv_pages, n,
                                                 (int)g->n_ids + g->max_tokens, g->link)) {
@@ -365,13 +362,8 @@ static int run_generate(gen *g)
         goto out;
     g->model.sparse_2_4 = g->sparse_2_4;
     wl_show_load_on(&g->model, "weights");
-    if (g->ranks > 1 && !(g->shards = calloc((size_t)g->ranks - 1, sizeof *g->shards))) {
-        wl_fail("out of memory");
+    if (wl_open_ranks(&g->models, &g->model, g->dir, g->ranks))
         goto out;
-    }
-    for (int r = 1; r < g->ranks; r++) /* each rank's own mapping of the files */
-        if (wl_model_open(&g->shards[r - 1], g->dir))
-            goto out;
     tokenizer_path(g->dir, path, sizeof path);
     if (wl_tokenizer_load(&g->tk, path)) {
         if (!g->prompt_ids)
@@ -421,9 +413,7 @@ out:
         fprintf(stderr, "weft-llm: %s\n", wl_error());
     wl_tokenizer_free(g->tk);
     wl_model_close(&g->model);
-    for (int r = 1; g->shards && r < g->ranks; r++)
-        wl_model_close(&g->shards[r - 1]);
-    free(g->shards);
+    wl_close_ranks(g->models, g->ranks);
     wl_model_close(&g->draft);
     free(g->ids);
     return rc;

@@ -435,13 +435,8 @@ static int run_server(server *srv)
         goto out;
     srv->model.sparse_2_4 = srv->sparse_2_4;
     wl_show_load_on(&srv->model, "weights");
-    if (srv->ranks > 1 && !(srv->shards = calloc((size_t)srv->ranks - 1, sizeof *srv->shards))) {
-        wl_fail("out of memory");
+    if (wl_open_ranks(&srv->models, &srv->model, srv->dir, srv->ranks))
         goto out;
-    }
-    for (int r = 1; r < srv->ranks; r++) /* each rank's own mapping of the files */
-        if (wl_model_open(&srv->shards[r - 1], srv->dir))
-            goto out;
     snprintf(path, sizeof path, "%s/tokenizer.json", srv->dir);
     if (wl_tokenizer_load(&srv->tk, path))
         goto out;
@@ -486,10 +481,7 @@ static int run_server(server *srv)
                     wl_link_rank(srv->link));
         goto out;
     }
-    wl_model *models[WL_MAX_RANKS] = {&srv->model};
-    for (int r = 1; r < srv->ranks; r++)
-        models[r] = &srv->shards[r - 1];
-    if (srv->ranks > 1 ? wl_engine_start_tp(&srv->engine, srv->rt, models, srv->ranks,
+    if (srv->ranks > 1 ? wl_engine_start_tp(&srv->engine, srv->rt, srv->models, srv->ranks,
                                             srv->kv_pages, srv->max_seqs, context)
                        : wl_engine_start_pipeline(&srv->engine, srv->rt, &srv->model, srv->kv_pages,
                                                   srv->max_seqs, context, srv->link))
@@ -571,9 +563,7 @@ out:
     wl_chat_free(srv->chat);
     wl_tokenizer_free(srv->tk);
     wl_model_close(&srv->model);
-    for (int r = 1; srv->shards && r < srv->ranks; r++)
-        wl_model_close(&srv->shards[r - 1]);
-    free(srv->shards);
+    wl_close_ranks(srv->models, srv->ranks);
     wl_model_close(&srv->draft);
     if (!rc && engine_up)
         fprintf(stderr, "weft-llm serve: stopped\n");

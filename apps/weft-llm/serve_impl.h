@@ -23,7 +23,7 @@ typedef struct server {
     int pipeline;           /* a stage of layers a rank of the MPI job (rank 0 serves) */
     int sparse_2_4;         /* the dense projections pruned to 2:4, multiplied sparse */
     int ranks;              /* tensor parallel over this many GPUs (1: off) */
-    wl_model *shards;       /* ranks 1 on's models (rank 0's is model) */
+    wl_model **models;      /* each rank's (wl_open_ranks: the first is model) */
     wl_link *link;
     size_t max_body;
     const char *draft_dir; /* speculative requests' draft model; NULL: n-grams */

@@ -146,6 +146,33 @@ int wl_model_set_shard(wl_model *m, int rank, int ranks)
     return 0;
 }
 
+int wl_open_ranks(wl_model ***out, wl_model *first, const char *dir, int ranks)
+{
+    size_t R = ranks > 1 ? (size_t)ranks : 1;
+    wl_model **models = calloc(1, R * sizeof *models + (R - 1) * sizeof **models);
+    *out = NULL;
+    if (!models)
+        return wl_fail("out of memory");
+    wl_model *own = (wl_model *)(models + R);
+    models[0] = first;
+    for (size_t r = 1; r < R; r++) {
+        models[r] = &own[r - 1];
+        if (wl_model_open(models[r], dir)) {
+            wl_close_ranks(models, (int)r);
+            return -1;
+        }
+    }
+    *out = models;
+    return 0;
+}
+
+void wl_close_ranks(wl_model **models, int ranks)
+{
+    for (int r = 1; models && r < ranks; r++)
+        wl_model_close(models[r]);
+    free(models);
+}
+
 int wl_model_makes_logits(const wl_model *m)
 {
     return m->end_layer == m->cfg.layers && m->shard_rank == 0;

@@ -12,7 +12,7 @@
  * experts. Then what it refuses (heads that do not divide, 2:4 weights, a
  * pipeline stage, speculation, a draft model, a second split), a
  * rank that breaks mid-generation (every generation fails, nothing hangs)
- * and generate --tensor-parallel on the command line. The model and the
+ * and generate and bench --tensor-parallel on the command line. The model and the
  * prompts are drawn from the printed seed.
  */
 #include <stdarg.h>
@@ -543,6 +543,25 @@ static void test_cli_tensor_parallel(void **state)
     printf("  --tensor-parallel 2 --speculate 2 (exit %d): %s", rc, err);
     assert_int_equal(rc, 2);
     assert_non_null(strstr(err, "does not decode speculatively"));
+    free(out), free(err);
+    /* bench: decode steps over the split model */
+    snprintf(cmd, sizeof cmd,
+             "%s bench %s --backend host --prompt-lens 16 --batches 1,3 --steps 3 --repeats 1 "
+             "--decode-prompt 8 --tensor-parallel 2",
+             WL_BIN, model_dir);
+    rc = run_capture(cmd, &out, &err);
+    printf("  bench --tensor-parallel 2 (exit %d): %s%s", rc, out, err);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "BENCH llm.tensor_parallel 2 ranks"));
+    assert_non_null(strstr(out, "BENCH llm.decode.B3.step_ms"));
+    assert_null(strstr(out, "BENCH llm.prefill")); /* not measured split */
+    free(out), free(err);
+    snprintf(cmd, sizeof cmd, "%s bench %s --backend host --prompt-lens 16 --tensor-parallel 3",
+             WL_BIN, model_dir);
+    rc = run_capture(cmd, &out, &err);
+    printf("  bench --tensor-parallel 3 (exit %d): %s", rc, err);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(err, "must each divide by 3"));
     free(out), free(err);
 }
 
