@@ -10,11 +10,17 @@
  * collectives whose communicator timed out or was aborted before they
  * ended (queued behind a host function that holds the stream). Two GPUs or more: one communicator
  * over all of them, one task per rank on its device, an all-reduce sum (int32 exact, float32 within
- * rounding) against the host's sum; else it says "skipped: one GPU".
+ * rounding) against the host's sum; and a peer killed mid-collective: rank 1 in a second process
+ * (this program run with --peer), killed after one sum, rank 0's next all-reduce failing within a
+ * bounded time; else each says "skipped: one GPU".
  */
 #include <math.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <time.h>
+#include <sys/wait.h>
 
 #include "gpu_support/gpu_test.h"
 #include "weft/nccl.h"
@@ -452,16 +458,150 @@ static void test_all_gpus(void **state)
     gt_runtime_destroy(rt);
 }
 
-int main(void)
+/* ---- a peer killed mid-collective (two GPUs, two processes) ---------------- */
+
+/* Rank 1, in a process of its own (this program run with --peer ID):
+ * joins, sums one buffer with rank 0, then sleeps until rank 0 kills it. */
+enum { PEER_COUNT = 1 << 16 };
+
+typedef struct peer_job {
+    weft_runtime *rt;
+    weft_nccl_id id;
+    int rank;
+    pid_t peer;                     /* rank 0's: the process to kill */
+    double before_kill, after_kill; /* rank 0's: the awaits' seconds */
+    int rc_after;                   /* rank 0's second await */
+    char message[512];              /* and its error */
+} peer_job;
+
+static int hex_id(const char *hex, weft_nccl_id *id)
 {
+    for (size_t i = 0; i < sizeof id->bytes; i++) {
+        unsigned v;
+        if (sscanf(hex + 2 * i, "%2x", &v) != 1)
+            return -1;
+        id->bytes[i] = (char)v;
+    }
+    return 0;
+}
+
+/* Both ranks: join, and one all-reduce of PEER_COUNT ones (2 each, after). */
+static weft_nccl_comm *join_and_sum(peer_job *j, float **buf)
+{
+    weft_nccl_comm *comm = NULL;
+    float *h = malloc(PEER_COUNT * sizeof *h);
+    *buf = NULL;
+    if (!GT_CHECK(h != NULL, "malloc") ||
+        !GT_OK(weft_nccl_comm_init_rank(j->rt, (unsigned)j->rank, 2, &j->id, j->rank,
+                                        weft_deadline_in_ns(60000000000ull), &comm)) ||
+        !GT_OK(weft_malloc_async((void **)buf, PEER_COUNT * sizeof *h))) {
+        free(h);
+        return comm;
+    }
+    for (size_t i = 0; i < PEER_COUNT; i++)
+        h[i] = 1.0f;
+    if (GT_OK(weft_memcpy_async(*buf, h, PEER_COUNT * sizeof *h)) &&
+        GT_OK(weft_nccl_all_reduce(comm, *buf, *buf, PEER_COUNT, WEFT_DTYPE_F32, WEFT_NCCL_SUM)) &&
+        GT_OK(weft_memcpy_async(h, *buf, PEER_COUNT * sizeof *h)) && GT_OK(weft_await()))
+        GT_CHECK(h[0] == 2.0f && h[PEER_COUNT - 1] == 2.0f, "rank %d: the sum is %g, want 2",
+                 j->rank, (double)h[0]);
+    free(h);
+    return comm;
+}
+
+static void *peer_task(void *arg)
+{
+    peer_job *j = arg;
+    float *buf;
+    join_and_sum(j, &buf);
+    weft_sleep_ns(120000000000ull); /* rank 0 kills this process long before */
+    return NULL;
+}
+
+static int run_peer(const char *hex)
+{
+    peer_job j = {.rank = 1};
+    weft_task *t = NULL;
+    weft_task_opts opts = WEFT_TASK_OPTS_INIT;
+    opts.device = WEFT_DEVICE(1);
+    if (hex_id(hex, &j.id) || weft_runtime_create(&j.rt, NULL) != WEFT_OK ||
+        weft_spawn(j.rt, &t, peer_task, &j, &opts) != WEFT_OK)
+        return 1;
+    weft_join(t, NULL);
+    return 0;
+}
+
+/* Rank 0: the sum with the live peer, then the peer killed and a second
+ * all-reduce: its await fails (the watcher sees NCCL's error, or the
+ * communicator's 10 s timeout passes) within a bounded time, instead of
+ * hanging the task. */
+static void *killer_task(void *arg)
+{
+    peer_job *j = arg;
+    float *buf;
+    double t0 = gt_now();
+    weft_nccl_comm *comm = join_and_sum(j, &buf);
+    j->before_kill = gt_now() - t0;
+    if (!comm || !buf || !GT_OK(weft_nccl_comm_set_timeout(comm, 10000000000ull)))
+        return NULL;
+    kill(j->peer, SIGKILL);
+    waitpid(j->peer, NULL, 0);
+    t0 = gt_now();
+    int rc = weft_nccl_all_reduce(comm, buf, buf, PEER_COUNT, WEFT_DTYPE_F32, WEFT_NCCL_SUM);
+    j->rc_after = rc == WEFT_OK ? weft_await() : rc;
+    j->after_kill = gt_now() - t0;
+    snprintf(j->message, sizeof j->message, "%s", weft_last_error());
+    weft_free_async(buf);
+    weft_await();
+    GT_OK(weft_nccl_comm_destroy(comm));
+    return NULL;
+}
+
+static void test_killed_peer(void **state)
+{
+    (void)state;
+    weft_runtime *rt = gt_runtime(0);
+    if (weft_device_count(rt) < 2) {
+        printf("killed peer: skipped: one GPU\n");
+        gt_runtime_destroy(rt);
+        return;
+    }
+    peer_job j = {.rt = rt, .rank = 0};
+    assert_ok(weft_nccl_unique_id(&j.id));
+    char hex[2 * sizeof j.id.bytes + 1], self[4096];
+    for (size_t i = 0; i < sizeof j.id.bytes; i++)
+        snprintf(hex + 2 * i, 3, "%02x", (unsigned char)j.id.bytes[i]);
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    assert_true(n > 0);
+    self[n] = 0;
+    char *args[] = {self, "--peer", hex, NULL};
+    extern char **environ;
+    assert_int_equal(posix_spawn(&j.peer, self, NULL, NULL, args, environ), 0);
+    weft_task_opts opts = WEFT_TASK_OPTS_INIT;
+    opts.device = WEFT_DEVICE(0);
+    weft_task *t = NULL;
+    assert_ok(weft_spawn(rt, &t, killer_task, &j, &opts));
+    assert_ok(weft_join(t, NULL));
+    gt_assert_passed();
+    printf("killed peer: the sum with it in %.2f s; killed, the next all-reduce failed in %.2f s: "
+           "%s\n",
+           j.before_kill, j.after_kill, j.message);
+    assert_true(j.rc_after == WEFT_EDEVICE || j.rc_after == WEFT_ETIMEDOUT);
+    assert_true(j.after_kill < gt_deadline(60));
+    gt_runtime_destroy(rt);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && !strcmp(argv[1], "--peer")) /* test_killed_peer's rank 1 */
+        return run_peer(argv[2]);
     int rc = gt_start("test_nccl_gpu");
     if (rc)
         return rc;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_one_rank),
-        cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_watcher),
-        cmocka_unit_test(test_all_gpus),
+        cmocka_unit_test(test_one_rank),    cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_watcher),     cmocka_unit_test(test_all_gpus),
+        cmocka_unit_test(test_killed_peer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
