@@ -550,8 +550,8 @@ int wl_bench_main(int argc, char **argv)
         goto out;
     }
     weft_task_opts opts = WEFT_TASK_OPTS_INIT;
-    if (b.tp && strcmp(weft_backend_name(rt), "host"))
-        opts.device = WEFT_DEVICE(0); /* rank 0's share on device 0 */
+    if (b.tp)
+        opts.device = wl_tp_device(b.tp, 0); /* rank 0's share on device 0 */
     if (weft_spawn(rt, &t, bench_task, &b, &opts) != WEFT_OK || weft_join(t, NULL) != WEFT_OK)
         fprintf(stderr, "weft-llm: the bench task: %s\n", weft_last_error());
     else if (b.failed)

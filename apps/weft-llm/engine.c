@@ -98,12 +98,10 @@ static void *setup_task(void *arg)
                  wl_batcher_create(&e->batcher, e->model, &e->kv, e->max_seqs, e->max_tokens,
                                    e->batcher_chunk) ||
                  (e->link && wl_batcher_link(e->batcher, e->link));
-    if (!failed && e->tp) { /* every rank ready, or the first failure */
-        if (wl_batcher_tp(e->batcher, e->tp))
+    if (e->tp) { /* every rank ready, or the first failure */
+        if (failed || wl_batcher_tp(e->batcher, e->tp))
             wl_tp_break(e->tp, 0, "%s", wl_error());
         failed = wl_tp_barrier(e->tp);
-    } else if (failed && e->tp) {
-        wl_tp_break(e->tp, 0, "%s", wl_error());
     }
     if (!failed &&
         (weft_mutex_create(&e->lock) != WEFT_OK || weft_cond_create(&e->pages_back) != WEFT_OK ||
@@ -170,8 +168,8 @@ static int start(wl_engine *e, weft_runtime *rt, wl_model *m, int kv_pages, int 
         return wl_fail("engine: %d sequences of %d tokens in %d pages", max_seqs, max_tokens,
                        kv_pages);
     weft_task_opts on_first = WEFT_TASK_OPTS_INIT;
-    if (e->tp && strcmp(weft_backend_name(rt), "host"))
-        on_first.device = WEFT_DEVICE(0); /* rank r's share is on device r */
+    if (e->tp)
+        on_first.device = wl_tp_device(e->tp, 0); /* rank r's share is on device r */
     if (weft_spawn(rt, &t, setup_task, e, &on_first) != WEFT_OK ||
         weft_join(t, &failed) != WEFT_OK) {
         if (e->tp)

@@ -616,6 +616,9 @@ enum { WL_TP_HEAD_WORDS = 8, WL_MAX_RANKS = 64 };
 int wl_tp_create(wl_tp **tp, weft_runtime *rt, int ranks);
 void wl_tp_destroy(wl_tp *tp); /* once no rank uses it */
 int wl_tp_ranks(const wl_tp *tp);
+/* Where rank's tasks run: WEFT_DEVICE(rank) on GPUs, 0 (anywhere) on the
+ * host backend (weft_task_opts.device). */
+unsigned wl_tp_device(const wl_tp *tp, int rank);
 /* Task only: returns once every rank has called it; an error (the first
  * failure's) once a rank broke the group. */
 int wl_tp_barrier(wl_tp *tp);

@@ -285,6 +285,11 @@ int wl_tp_ranks(const wl_tp *tp)
     return tp->ranks;
 }
 
+unsigned wl_tp_device(const wl_tp *tp, int rank)
+{
+    return tp->host ? 0 : WEFT_DEVICE(rank);
+}
+
 /* The group's failure as the caller's error. */
 static int failed(wl_tp *tp)
 {
@@ -405,8 +410,8 @@ static void *rank_task(void *arg)
                  wl_batch_tp(b, f->tp, f->rank);
     if (failed)
         wl_tp_break(f->tp, f->rank, "%s", wl_error());
-    else if (!wl_tp_barrier(f->tp) && wl_batch_follow_tp(b))
-        wl_tp_break(f->tp, f->rank, "%s", wl_error()); /* already broken, as a rule */
+    if (!wl_tp_barrier(f->tp) && wl_batch_follow_tp(b)) /* ready with the others, or broken */
+        wl_tp_break(f->tp, f->rank, "%s", wl_error());  /* already broken, as a rule */
     wl_batch_destroy(b);
     if (kv.lock_made)
         wl_kv_destroy(&kv);
@@ -417,7 +422,6 @@ static void *rank_task(void *arg)
 void wl_tp_start_ranks(wl_tp *tp, weft_runtime *rt, wl_model *const *models, int kv_pages,
                        int max_seqs, int max_tokens, int chunk)
 {
-    int host = !strcmp(weft_backend_name(rt), "host");
     if (!(tp->run = calloc((size_t)tp->ranks, sizeof *tp->run))) {
         wl_tp_break(tp, 0, "out of memory");
         return;
@@ -427,7 +431,7 @@ void wl_tp_start_ranks(wl_tp *tp, weft_runtime *rt, wl_model *const *models, int
         *f = (rank_run){tp, models[r], r, kv_pages, max_seqs, max_tokens, chunk, NULL};
         weft_task_opts opts = WEFT_TASK_OPTS_INIT;
         opts.name = "tensor-parallel rank";
-        opts.device = host ? 0 : WEFT_DEVICE(r); /* rank r's share on device r */
+        opts.device = wl_tp_device(tp, r);
         if (weft_spawn(rt, &f->task, rank_task, f, &opts) != WEFT_OK) {
             f->task = NULL;
             wl_tp_break(tp, r, "its task: %s", weft_last_error());

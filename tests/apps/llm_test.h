@@ -102,6 +102,20 @@ static inline uint64_t test_seed(void)
     return seed;
 }
 
+/* The indices of the largest and the second largest of n >= 2 logits (the
+ * first of equal ones). */
+static inline void logits_top_two(const float *l, int n, int *a, int *b)
+{
+    *a = 0, *b = 1;
+    if (l[1] > l[0])
+        *a = 1, *b = 0;
+    for (int i = 2; i < n; i++)
+        if (l[i] > l[*a])
+            *b = *a, *a = i;
+        else if (l[i] > l[*b])
+            *b = i;
+}
+
 /* The ids of generate --print-ids's "generated ids: " line in err (at
  * most cap), and how many. */
 static inline int printed_ids(const char *err, long long *ids, int cap)

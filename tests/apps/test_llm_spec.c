@@ -550,15 +550,7 @@ static void free_run(gen_run *r)
 
 static void top_two(const float *l, int *a, int *b)
 {
-    *a = 0;
-    *b = 1;
-    for (int i = 1; i < V; i++)
-        if (l[i] > l[*a]) {
-            *b = *a;
-            *a = i;
-        } else if (i != *a && l[i] > l[*b]) {
-            *b = i;
-        }
+    logits_top_two(l, V, a, b);
 }
 
 /* spec against plain: the same tokens, eos flags and end; each handed

@@ -153,14 +153,7 @@ static int by_value(const void *a, const void *b)
 
 static void top_two(const float *l, int *a, int *b)
 {
-    *a = 0, *b = 1;
-    if (l[1] > l[0])
-        *a = 1, *b = 0;
-    for (int i = 2; i < V; i++)
-        if (l[i] > l[*a])
-            *b = *a, *a = i;
-        else if (l[i] > l[*b])
-            *b = i;
+    logits_top_two(l, V, a, b);
 }
 
 /* bf16 units at the router logits' scale a prompt's routing keeps from a
