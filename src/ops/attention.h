@@ -1,7 +1,7 @@
 /*
  * attention.h - what weft_attention's files share: the checked arguments,
- * the host reference (attention_host.c) and, with CUDA, the kernel's
- * launcher (attention.cu).
+ * the host reference (attention_host.c) and, with CUDA, the kernels'
+ * launchers (attention.cu, and attention_wgmma.cu for Hopper).
  *
  * attention.c resolves every default (kv_heads, strides, scale, the LSE's
  * stride, the RoPE base) before either backend sees the call, so both read
@@ -74,6 +74,12 @@ void weft__attention_host_run(weft__attention_args *a);
 /* Enqueues the kernel on stream (a cudaStream_t); the arguments have been
  * checked. WEFT_OK, or the launch's error with CUDA's name for it. */
 int weft__attention_cuda(void *stream, const weft__attention_args *a);
+
+/* Hopper's kernel (attention_wgmma.cu, sm_90a): whether it takes the call
+ * (head_dim 64 or 128 on a device of compute capability 9.0 that loaded
+ * it), and its launch. */
+int weft__attention_wgmma_takes(const weft__attention_args *a);
+int weft__attention_wgmma_cuda(void *stream, const weft__attention_args *a);
 #endif
 
 #ifdef __cplusplus
