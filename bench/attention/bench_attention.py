@@ -5,6 +5,10 @@ Cases (bf16, dense [batch, seq, heads, dim] tensors, on PyTorch's current
 stream, the same tensors for every side):
   B4 H32 S4096 D128             not causal, and causal
   B2 H32 Hkv8 S8192 D128        causal, grouped-query (4 query heads a kv head)
+  B8 H16 S2048 D64              causal
+  B1 H32 Hkv8 S16384 D128       causal, grouped-query
+  B4 H32 S4096 D128 RoPE        causal, RoPE on Q and K as they are loaded,
+                                against the same call without it
   B4 H32 Hkv8 D128 paged        a chunk of 512 after 3584 keys in pages of 16:
                                 weft_attention_paged against weft_attention on
                                 the same keys dense (the same bits)
@@ -14,7 +18,11 @@ fused backends forced through torch.nn.attention.sdpa_kernel: flash
 tensors ([batch, heads, seq, dim] by transpose; GQA through enable_gqa).
 A backend that refuses a case is listed as such. Every output (weft's and
 each peer's) is checked against the math backend's in fp32 before
-anything is timed.
+anything is timed. The target is the fastest peer of the same run.
+On Hopper weft runs its wgmma kernel (src/ops/attention_wgmma.cu); a
+benchmark build (WEFT_MEASURE_MODES) run again in a process of its own
+with WEFT_ATTENTION_WGMMA=0 times its other kernel (mma.sync) on the same
+shapes, shown beside it.
 TFLOP/s counts 4 B H Sq Sk D (the two products), halved for causal.
 weft is loaded through ctypes from libweft.so and called on the tensors'
 data_ptr() and torch's current stream. Rows (bench/results.py) go to
@@ -27,6 +35,7 @@ import json
 import math
 import os
 import struct
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,7 +51,8 @@ ROPE_INTERLEAVED, ROPE_HALVES = 0, 1
 
 # (batch, heads, kv heads, seq, dim, causal)
 SHAPES = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True),
-          (2, 32, 8, 8192, 128, True)]
+          (2, 32, 8, 8192, 128, True), (8, 16, 16, 2048, 64, True),
+          (1, 32, 8, 16384, 128, True)]
 
 
 class AttentionDesc(ctypes.Structure):
@@ -217,10 +227,16 @@ def rel_err(torch, got, want):
     return (torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want)).item()
 
 
-def weft_call(torch, lib, out, q, k, v, causal):
+def weft_call(torch, lib, out, q, k, v, causal, positions=None):
+    """weft_attention on the tensors; positions (int32 on the GPU, one a
+    row of a sequence's Q and K alike) turn RoPE on, in the halves
+    layout."""
     b, s, h, d = q.shape
     desc = AttentionDesc(dtype=BF16, batch=b, heads=h, kv_heads=k.shape[2], head_dim=d,
                          seq_q=s, seq_k=k.shape[1], causal=1 if causal else 0)
+    if positions is not None:
+        desc.q_positions = desc.k_positions = positions.data_ptr()
+        desc.rope_layout = ROPE_HALVES
     args = (ctypes.byref(desc), out.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr())
 
     def call():
@@ -228,8 +244,90 @@ def weft_call(torch, lib, out, q, k, v, causal):
         rc = lib.weft_attention(st, *args)
         if rc != 0:
             die("weft_attention returned %d: %s" % (rc, lib.weft_last_error().decode()))
-    call.desc = desc  # kept alive with the closure
+    call.desc, call.positions = desc, positions  # kept alive with the closure
     return call
+
+
+def shape_tensors(torch, b, h, hkv, s, d):
+    q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16)
+    return q, k, v
+
+
+def shape_flop(b, h, s, d, causal):
+    return 4.0 * b * h * s * s * d / (2 if causal else 1)
+
+
+def weft_rates(torch, lib, quick):
+    """weft's TFLOP/s on every shape, nothing else: what the run with
+    WEFT_ATTENTION_WGMMA=0 reports back."""
+    torch.manual_seed(0)
+    rates = []
+    for b, h, hkv, s, d, causal in SHAPES:
+        s = 1024 if quick else s
+        q, k, v = shape_tensors(torch, b, h, hkv, s, d)
+        call = weft_call(torch, lib, torch.empty_like(q), q, k, v, causal)
+        rates.append(shape_flop(b, h, s, d, causal) / time_per_call(torch, call) / 1e12)
+        del q, k, v
+        torch.cuda.empty_cache()
+    return rates
+
+
+def mma_sync_rates(args):
+    """weft_rates in a process of its own with WEFT_ATTENTION_WGMMA=0, which
+    a benchmark build reads once: attention.cu's kernel on every shape. None
+    where the library is not a benchmark build (it says it ignores the
+    switch) or the GPU is not a Hopper (the same kernel twice)."""
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        env = dict(os.environ, WEFT_ATTENTION_WGMMA="0")
+        cmd = [sys.executable, os.path.abspath(__file__), "--lib", args.lib,
+               "--weft-rates", f.name] + (["--quick"] if args.quick else [])
+        run = subprocess.run(cmd, env=env, stderr=subprocess.PIPE, text=True)
+        sys.stderr.write(run.stderr)
+        if run.returncode != 0:
+            die("the run with WEFT_ATTENTION_WGMMA=0 failed")
+        if "read by benchmark builds only" in run.stderr:
+            print("bench_attention: not a benchmark build (WEFT_MEASURE_MODES): the mma.sync "
+                  "kernel is not timed", file=sys.stderr)
+            return None
+        with open(f.name) as r:
+            return json.load(r)
+
+
+def rope_case(torch, lib, quick):
+    """B4 H32 S4096 D128 causal with RoPE on Q and K as they are loaded,
+    against the same call without it; checked against weft_attention on
+    Q and K turned beforehand by torch in fp32 (weft_rope's halves layout,
+    base 10000), to bf16's rounding."""
+    b, h, s, d = 4, 32, 1024 if quick else 4096, 128
+    q, k, v = shape_tensors(torch, b, h, h, s, d)
+    pos = torch.arange(s, device="cuda", dtype=torch.int32).repeat(b)
+    out, out_plain = torch.empty_like(q), torch.empty_like(q)
+    roped = weft_call(torch, lib, out, q, k, v, True, pos)
+    plain = weft_call(torch, lib, out_plain, q, k, v, True)
+    inv = 10000.0 ** (-torch.arange(0, d, 2, device="cuda", dtype=torch.float64) / d)
+    ang = torch.arange(s, device="cuda", dtype=torch.float64)[:, None] * inv[None, :]
+    cos, sin = ang.cos().float()[None, :, None, :], ang.sin().float()[None, :, None, :]
+
+    def turn(x):
+        lo, hi = x[..., :d // 2].float(), x[..., d // 2:].float()
+        return torch.cat([lo * cos - hi * sin, lo * sin + hi * cos], -1).to(torch.bfloat16)
+    check_out = torch.empty_like(q)
+    weft_call(torch, lib, check_out, turn(q), turn(k), v, True)()
+    roped()
+    torch.cuda.synchronize()
+    err = rel_err(torch, out, check_out)
+    if not err <= 1e-2:
+        die("RoPE in the load differs from RoPE beforehand by %.2e" % err)
+    flop = shape_flop(b, h, s, d, True)
+    tr, tp = time_per_call(torch, roped), time_per_call(torch, plain)
+    case = "attention bf16 B%d H%d S%d D%d causal, RoPE fused" % (b, h, s, d)
+    detail = "%.1f us; without RoPE %.1f us (%.1f%% more); error vs RoPE beforehand %.1e" % (
+        tr * 1e6, tp * 1e6, 100.0 * (tr / tp - 1.0), err)
+    print("%-44s weft %6.1f TFLOP/s  %s" % (case, flop / tr / 1e12, detail))
+    return case, flop / tr / 1e12, {"plain": flop / tp / 1e12}, detail
 
 
 def paged_case(torch, lib, quick):
@@ -281,6 +379,9 @@ def main():
     bench_common.add_run_options(
         ap, "attention.rows.jsonl", "sequences of 1024; rows marked quick",
         "without a GPU or PyTorch: AttentionDesc is the C struct (a host call)")
+    ap.add_argument("--weft-rates", metavar="FILE",
+                    help="time weft alone on every shape, TFLOP/s as JSON to FILE (the run "
+                    "with WEFT_ATTENTION_WGMMA=0 is one of these)")
     args = ap.parse_args()
     if args.check_layout:
         check_layout(load_weft(args.lib))
@@ -291,22 +392,29 @@ def main():
         die("no GPU")
     lib = load_weft(args.lib)
     with own_stream(torch):
-        run(torch, lib, args)
+        if args.weft_rates:
+            with open(args.weft_rates, "w") as f:
+                json.dump(weft_rates(torch, lib, args.quick), f)
+            return
+        run(torch, lib, args, mma_sync_rates(args) if "sm_90" in gpu_arch(torch) else None)
 
 
-def run(torch, lib, args):
+def gpu_arch(torch):
+    major, minor = torch.cuda.get_device_capability()
+    return "sm_%d%d" % (major, minor)
+
+
+def run(torch, lib, args, mma_sync):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     peers = [("flash", SDPBackend.FLASH_ATTENTION), ("cuDNN", SDPBackend.CUDNN_ATTENTION),
              ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
     torch.manual_seed(0)
     results = []  # (case, weft TFLOP/s, {peer: TFLOP/s or None}, detail)
-    for b, h, hkv, s, d, causal in SHAPES:
+    for shape, (b, h, hkv, s, d, causal) in enumerate(SHAPES):
         if args.quick:
             s = 1024
-        q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16)
+        q, k, v = shape_tensors(torch, b, h, hkv, s, d)
         out = torch.full_like(q, float("nan"))
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         gqa = hkv != h
@@ -332,7 +440,7 @@ def run(torch, lib, args):
         if not err <= 1e-2:
             die("B%d H%d S%d causal %s: weft differs from the math backend by %.2e" %
                 (b, h, s, causal, err))
-        flop = 4.0 * b * h * s * s * d / (2 if causal else 1)
+        flop = shape_flop(b, h, s, d, causal)
         tw = time_per_call(torch, call)
         rates, notes = {}, []
         for name, backend in peers:
@@ -352,12 +460,14 @@ def run(torch, lib, args):
         case = "attention bf16 B%d H%d%s S%d D%d%s" % (
             b, h, " Hkv%d" % hkv if gqa else "", s, d, " causal" if causal else "")
         detail = "; ".join(["%s %.0f" % (n, r) for n, r in rates.items() if r is not None] +
-                           notes + ["error vs math (fp32) %.1e" % err])
+                           notes + ["error vs math (fp32) %.1e" % err] +
+                           (["weft's mma.sync kernel %.0f" % mma_sync[shape]] if mma_sync else []))
         results.append((case, flop / tw / 1e12, rates, detail))
         print("%-44s weft %6.1f TFLOP/s  %s" % (case, flop / tw / 1e12, detail))
         del q, k, v, out, qt, kt, vt, ref
         torch.cuda.empty_cache()
 
+    results.append(rope_case(torch, lib, args.quick))
     results.append(paged_case(torch, lib, args.quick))
 
     if args.no_rows:
@@ -378,11 +488,20 @@ def run(torch, lib, args):
                 row["targets"] = [{"goal": "within 5% of the same call on dense keys",
                                    "op": ">=", "needed": round(0.95 * rates["dense"], 2),
                                    "met": tflops >= 0.95 * rates["dense"]}]
-            elif rates.get("flash") is not None:
-                row.update(peer="torch SDPA flash", peer_value=round(rates["flash"], 2))
-                row["targets"] = [{"goal": "at or above torch's flash backend in the same run",
-                                   "op": ">=", "needed": round(rates["flash"], 2),
-                                   "met": round(tflops, 2) >= round(rates["flash"], 2)}]
+            elif rates.get("plain") is not None:
+                row.update(peer="weft_attention, the same call without RoPE",
+                           peer_value=round(rates["plain"], 2))
+                row["targets"] = [{"goal": "RoPE fused costs at most 3%", "op": ">=",
+                                   "needed": round(0.97 * rates["plain"], 2),
+                                   "met": tflops >= 0.97 * rates["plain"]}]
+            elif any(r is not None for r in rates.values()):
+                name, best = max(((n, r) for n, r in rates.items() if r is not None),
+                                 key=lambda nr: nr[1])
+                row.update(peer="torch SDPA %s (the fastest backend)" % name,
+                           peer_value=round(best, 2))
+                row["targets"] = [{"goal": "at or above the fastest peer in the same run",
+                                   "op": ">=", "needed": round(best, 2),
+                                   "met": round(tflops, 2) >= round(best, 2)}]
             f.write(json.dumps(row) + "\n")
     print("bench_attention: rows in %s" % args.rows)
 

@@ -22,7 +22,9 @@
  * computes its softmax. Masks, RoPE, paged K/V, the order of causal blocks
  * and the writing of O and the LSE are attention.cu's.
  */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ops/attention.cuh"
 
@@ -295,21 +297,24 @@ bool device_runs_sm90a()
 } // namespace
 } // namespace weft_ops
 
+/* A benchmark build (WEFT_MEASURE_MODES) also reads WEFT_ATTENTION_WGMMA
+ * once: 0 sends every call to attention.cu's kernel, so bench/attention
+ * times both with one library; the shipped library has no such switch,
+ * and says so once where the variable is set. */
 extern "C" int weft__attention_wgmma_takes(const weft__attention_args *a)
 {
-    if (a->head_dim != 64 && a->head_dim != 128)
-        return 0;
-#ifdef WEFT_MEASURE_MODES
-    /* benchmark builds: WEFT_ATTENTION_WGMMA=0 sends every call to
-     * attention.cu's kernel, which bench_attention times beside this one */
-    static const int off = [] {
+    static const bool allowed = [] {
         const char *v = getenv("WEFT_ATTENTION_WGMMA");
-        return v && v[0] == '0';
-    }();
-    if (off)
-        return 0;
+#ifdef WEFT_MEASURE_MODES
+        return !(v && strcmp(v, "0") == 0);
+#else
+        if (v)
+            fprintf(stderr, "weft: WEFT_ATTENTION_WGMMA is read by benchmark builds only "
+                            "(WEFT_MEASURE_MODES): ignored\n");
+        return true;
 #endif
-    return weft_ops::device_runs_sm90a();
+    }();
+    return allowed && (a->head_dim == 64 || a->head_dim == 128) && weft_ops::device_runs_sm90a();
 }
 
 extern "C" int weft__attention_wgmma_cuda(void *stream, const weft__attention_args *a)
