@@ -35,7 +35,6 @@ import json
 import math
 import os
 import struct
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -279,21 +278,16 @@ def mma_sync_rates(args):
     a benchmark build reads once: attention.cu's kernel on every shape. None
     where the library is not a benchmark build (it says it ignores the
     switch) or the GPU is not a Hopper (the same kernel twice)."""
-    import tempfile
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        env = dict(os.environ, WEFT_ATTENTION_WGMMA="0")
-        cmd = [sys.executable, os.path.abspath(__file__), "--lib", args.lib,
-               "--weft-rates", f.name] + (["--quick"] if args.quick else [])
-        run = subprocess.run(cmd, env=env, stderr=subprocess.PIPE, text=True)
-        sys.stderr.write(run.stderr)
-        if run.returncode != 0:
-            die("the run with WEFT_ATTENTION_WGMMA=0 failed")
-        if "read by benchmark builds only" in run.stderr:
-            print("bench_attention: not a benchmark build (WEFT_MEASURE_MODES): the mma.sync "
-                  "kernel is not timed", file=sys.stderr)
-            return None
-        with open(f.name) as r:
-            return json.load(r)
+    try:
+        rates = bench_common.rerun_with_switch(
+            __file__, "WEFT_ATTENTION_WGMMA",
+            ["--lib", args.lib] + (["--quick"] if args.quick else []) + ["--weft-rates"])
+    except RuntimeError as e:
+        die(str(e))
+    if rates is None:
+        print("bench_attention: not a benchmark build (WEFT_MEASURE_MODES): the mma.sync "
+              "kernel is not timed", file=sys.stderr)
+    return rates
 
 
 def rope_case(torch, lib, quick):

@@ -235,21 +235,16 @@ def decode_cublaslt_times(args):
     which the benchmark build reads once: every call through cuBLASLt. None
     where the library is not a benchmark build (it says it ignores the
     switch, and its times would be the kernel's again)."""
-    import tempfile
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        env = dict(os.environ, WEFT_MATMUL_SKINNY="0")
-        cmd = [sys.executable, os.path.abspath(__file__), "--lib", args.lib,
-               "--decode-times", f.name]
-        run = subprocess.run(cmd, env=env, stderr=subprocess.PIPE, text=True)
-        sys.stderr.write(run.stderr)
-        if run.returncode != 0:
-            die("the run with WEFT_MATMUL_SKINNY=0 failed")
-        if "read by benchmark builds only" in run.stderr:
-            print("bench_matmul: not a benchmark build (WEFT_MEASURE_MODES): the decode rows "
-                  "leave cuBLASLt's path out", file=sys.stderr)
-            return None
-        with open(f.name) as r:
-            return {tuple(v[:3]): v[3] for v in json.load(r)}
+    try:
+        times = bench_common.rerun_with_switch(__file__, "WEFT_MATMUL_SKINNY",
+                                               ["--lib", args.lib, "--decode-times"])
+    except RuntimeError as e:
+        die(str(e))
+    if times is None:
+        print("bench_matmul: not a benchmark build (WEFT_MEASURE_MODES): the decode rows "
+              "leave cuBLASLt's path out", file=sys.stderr)
+        return None
+    return {tuple(v[:3]): v[3] for v in times}
 
 
 def same_size_copy_tbps(torch, nbytes):

@@ -67,23 +67,6 @@ template <typename T> params<T> params_of(const weft__attention_args *a)
     return p;
 }
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-                 "r"(src_bytes));
-}
-
-__device__ __forceinline__ void cp_async_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int N> __device__ __forceinline__ void cp_async_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 /*
  * The shared tiles: R rows of D 16-bit elements, in 16-byte chunks, chunk
  * c of a row stored at c ^ (row % 8) among its row's first eight (the eight
@@ -226,17 +209,25 @@ struct span {
     const int32_t *table;
 };
 
+/* Sequence b's first row and row count from a varlen table (clamped into
+ * [0, most]). */
+__device__ __forceinline__ void varlen(const int32_t *cu, int b, int most, long long &first,
+                                       int &count)
+{
+    const long long start = cu[b];
+    long long n = cu[b + 1] - start;
+    n = n < 0 ? 0 : n > most ? most : n;
+    first = start < 0 ? 0 : start;
+    count = (int)n;
+}
+
 template <typename T, bool PAGED, int BM, int BN>
 __device__ __forceinline__ span span_of(const params<T> &p, int b, int mb)
 {
     span s;
     s.table = nullptr;
     if (p.cu_q) {
-        const long long qs = p.cu_q[b];
-        long long nq = p.cu_q[b + 1] - qs;
-        nq = nq < 0 ? 0 : nq > p.seq_q ? p.seq_q : nq;
-        s.q0 = qs < 0 ? 0 : qs;
-        s.lq = (int)nq;
+        varlen(p.cu_q, b, p.seq_q, s.q0, s.lq);
     } else {
         s.q0 = (long long)b * p.seq_q;
         s.lq = p.seq_q;
@@ -247,11 +238,7 @@ __device__ __forceinline__ span span_of(const params<T> &p, int b, int mb)
         s.lk = (int)(nk < 0 ? 0 : nk > p.seq_k ? p.seq_k : nk);
         s.table = p.table + (long long)b * p.max_pages;
     } else if (p.cu_k) {
-        const long long ks = p.cu_k[b];
-        long long nk = p.cu_k[b + 1] - ks;
-        nk = nk < 0 ? 0 : nk > p.seq_k ? p.seq_k : nk;
-        s.k0 = ks < 0 ? 0 : ks;
-        s.lk = (int)nk;
+        varlen(p.cu_k, b, p.seq_k, s.k0, s.lk);
     } else {
         s.k0 = (long long)b * p.seq_k;
         s.lk = p.seq_k;
@@ -270,6 +257,34 @@ __device__ __forceinline__ span span_of(const params<T> &p, int b, int mb)
         }
     }
     return s;
+}
+
+/* A block's opening: its head's Q tile (waited for) and its kv head's
+ * first K and V tile (on their way) copied in by cp.async, and Q turned
+ * when RoPE is asked (its frequencies left in inv_freq); kh and vh are set
+ * to the kv head's K and V rows. A barrier must come before Q is read. */
+template <layout L, typename T, int D, int BM, int BN, bool ROPE, bool PAGED, int THREADS>
+__device__ __forceinline__ void open_block(const params<T> &p, const span &sp, int h, T *sq, T *sk,
+                                           T *sv, double *inv_freq, const T *&kh, const T *&vh)
+{
+    const int kvh = h / p.group;
+    const T *qh = p.q + sp.q0 * p.q_stride + (long long)h * D;
+    kh = p.k + sp.k0 * p.k_stride + (long long)kvh * D;
+    vh = p.v + sp.k0 * p.v_stride + (long long)kvh * D;
+    load_tile<L, T, D, BM, THREADS>(sq, qh, p.q_stride, sp.m0, sp.lq);
+    cp_async_commit();
+    if (sp.n_begin < sp.n_end) {
+        load_kv<L, T, D, BN, PAGED, THREADS>(sk, sv, p, kh, vh, sp.table, (int)sp.n_begin, sp.lk);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    if (ROPE) {
+        rope_frequencies<D, THREADS>(inv_freq, p.rope_base);
+        __syncthreads();
+        rotate_tile<L, T, D, BM, THREADS>(sq, p.pos_q + sp.q0, sp.m0, sp.lq, p.halves, inv_freq);
+    }
 }
 
 /* The keys query row i sees, [lo, hi), both within [0, lk]. */

@@ -144,27 +144,10 @@ __global__ void __launch_bounds__(THREADS, 1) attention_wgmma_kernel(params<T> p
     const span sp = span_of<T, PAGED, BM, BN>(p, b, mb);
     if (sp.m0 >= sp.lq)
         return;
-    const int kvh = h / p.group;
     const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
     const int group = warp / 4; /* the warpgroup: Q rows 64 group .. */
-
-    const T *qh = p.q + sp.q0 * p.q_stride + (long long)h * D;
-    const T *kh = p.k + sp.k0 * p.k_stride + (long long)kvh * D;
-    const T *vh = p.v + sp.k0 * p.v_stride + (long long)kvh * D;
-    load_tile<L, T, D, BM, THREADS>(sq, qh, p.q_stride, sp.m0, sp.lq);
-    cp_async_commit();
-    if (sp.n_begin < sp.n_end) {
-        load_kv<L, T, D, BN, PAGED, THREADS>(sk, sv, p, kh, vh, sp.table, (int)sp.n_begin, sp.lk);
-        cp_async_commit();
-        cp_async_wait<1>();
-    } else {
-        cp_async_wait<0>();
-    }
-    if (ROPE) {
-        rope_frequencies<D, THREADS>(inv_freq, p.rope_base);
-        __syncthreads();
-        rotate_tile<L, T, D, BM, THREADS>(sq, p.pos_q + sp.q0, sp.m0, sp.lq, p.halves, inv_freq);
-    }
+    const T *kh, *vh;
+    open_block<L, T, D, BM, BN, ROPE, PAGED, THREADS>(p, sp, h, sq, sk, sv, inv_freq, kh, vh);
 
     /* This thread's rows: g and g + 8 of its warp's 16, and the keys each
      * sees. */

@@ -49,23 +49,6 @@ template <typename T> struct grouped_params {
     weft_matmul_act act;
 };
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-                 "r"(src_bytes));
-}
-
-__device__ __forceinline__ void cp_async_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int N> __device__ __forceinline__ void cp_async_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 __device__ __forceinline__ int clamp_row(int v, int rows)
 {
     return v < 0 ? 0 : v > rows ? rows : v;
