@@ -145,20 +145,20 @@ def add_run_options(ap, rows_name, quick_help, layout_help):
     ap.add_argument("--check-layout", action="store_true", help=layout_help)
 
 
-def rerun_with_switch(script, variable, args):
+def rerun_with_switch(script, variable, value, args):
     """script run again in a process of its own with the environment
-    variable `variable`=0 (a benchmark build's switch to its other path,
-    read once a process) and args, plus a file it writes JSON to; what it
-    wrote, or None where the library says it ignores the switch (not a
-    benchmark build: the times would be the same path's again). Raises
-    RuntimeError when the run fails."""
+    variable `variable` set to value (the library's switch to its other
+    path, read once a process) and args, plus a file it writes JSON to;
+    what it wrote, or None where the library says it ignores the switch
+    (not a benchmark build: the times would be the same path's again).
+    Raises RuntimeError when the run fails."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        env = dict(os.environ, **{variable: "0"})
+        env = dict(os.environ, **{variable: value})
         run = subprocess.run([sys.executable, os.path.abspath(script)] + args + [f.name],
                              env=env, stderr=subprocess.PIPE, text=True)
         sys.stderr.write(run.stderr)
         if run.returncode != 0:
-            raise RuntimeError("the run with %s=0 failed" % variable)
+            raise RuntimeError("the run with %s=%s failed" % (variable, value))
         if "read by benchmark builds only" in run.stderr:
             return None
         with open(f.name) as r:

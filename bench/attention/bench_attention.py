@@ -19,10 +19,10 @@ tensors ([batch, heads, seq, dim] by transpose; GQA through enable_gqa).
 A backend that refuses a case is listed as such. Every output (weft's and
 each peer's) is checked against the math backend's in fp32 before
 anything is timed. The target is the fastest peer of the same run.
-On Hopper weft runs its wgmma kernel (src/ops/attention_wgmma.cu); a
-benchmark build (WEFT_MEASURE_MODES) run again in a process of its own
-with WEFT_ATTENTION_WGMMA=0 times its other kernel (mma.sync) on the same
-shapes, shown beside it.
+On Hopper the script runs again in a process of its own with
+WEFT_ATTENTION_WGMMA=1, weft's opt-in wgmma kernel (src/ops/
+attention_wgmma.cu), on the same shapes (checked against torch's SDPA),
+and shows its rate beside the default kernel's.
 TFLOP/s counts 4 B H Sq Sk D (the two products), halved for causal.
 weft is loaded through ctypes from libweft.so and called on the tensors'
 data_ptr() and torch's current stream. Rows (bench/results.py) go to
@@ -259,35 +259,40 @@ def shape_flop(b, h, s, d, causal):
 
 
 def weft_rates(torch, lib, quick):
-    """weft's TFLOP/s on every shape, nothing else: what the run with
-    WEFT_ATTENTION_WGMMA=0 reports back."""
+    """weft's TFLOP/s on every shape, each output first checked against
+    torch's SDPA on the same tensors: what the run with
+    WEFT_ATTENTION_WGMMA=1 reports back."""
+    import torch.nn.functional as F
     torch.manual_seed(0)
     rates = []
     for b, h, hkv, s, d, causal in SHAPES:
         s = 1024 if quick else s
         q, k, v = shape_tensors(torch, b, h, hkv, s, d)
-        call = weft_call(torch, lib, torch.empty_like(q), q, k, v, causal)
+        out = torch.empty_like(q)
+        call = weft_call(torch, lib, out, q, k, v, causal)
+        call()
+        want = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                              v.transpose(1, 2), is_causal=causal,
+                                              enable_gqa=hkv != h)
+        err = rel_err(torch, out.transpose(1, 2), want)
+        if not err <= 1e-2:
+            die("B%d H%d S%d D%d causal %s: weft differs from torch's SDPA by %.2e" %
+                (b, h, s, d, causal, err))
         rates.append(shape_flop(b, h, s, d, causal) / time_per_call(torch, call) / 1e12)
-        del q, k, v
+        del q, k, v, out, want
         torch.cuda.empty_cache()
     return rates
 
 
-def mma_sync_rates(args):
-    """weft_rates in a process of its own with WEFT_ATTENTION_WGMMA=0, which
-    a benchmark build reads once: attention.cu's kernel on every shape. None
-    where the library is not a benchmark build (it says it ignores the
-    switch) or the GPU is not a Hopper (the same kernel twice)."""
+def wgmma_rates(args):
+    """weft_rates in a process of its own with WEFT_ATTENTION_WGMMA=1, which
+    the library reads once: the opt-in wgmma kernel on every shape."""
     try:
-        rates = bench_common.rerun_with_switch(
-            __file__, "WEFT_ATTENTION_WGMMA",
+        return bench_common.rerun_with_switch(
+            __file__, "WEFT_ATTENTION_WGMMA", "1",
             ["--lib", args.lib] + (["--quick"] if args.quick else []) + ["--weft-rates"])
     except RuntimeError as e:
         die(str(e))
-    if rates is None:
-        print("bench_attention: not a benchmark build (WEFT_MEASURE_MODES): the mma.sync "
-              "kernel is not timed", file=sys.stderr)
-    return rates
 
 
 def rope_case(torch, lib, quick):
@@ -375,7 +380,7 @@ def main():
         "without a GPU or PyTorch: AttentionDesc is the C struct (a host call)")
     ap.add_argument("--weft-rates", metavar="FILE",
                     help="time weft alone on every shape, TFLOP/s as JSON to FILE (the run "
-                    "with WEFT_ATTENTION_WGMMA=0 is one of these)")
+                    "with WEFT_ATTENTION_WGMMA=1 is one of these)")
     args = ap.parse_args()
     if args.check_layout:
         check_layout(load_weft(args.lib))
@@ -390,7 +395,7 @@ def main():
             with open(args.weft_rates, "w") as f:
                 json.dump(weft_rates(torch, lib, args.quick), f)
             return
-        run(torch, lib, args, mma_sync_rates(args) if "sm_90" in gpu_arch(torch) else None)
+        run(torch, lib, args, wgmma_rates(args) if gpu_arch(torch) == "sm_90" else None)
 
 
 def gpu_arch(torch):
@@ -398,7 +403,7 @@ def gpu_arch(torch):
     return "sm_%d%d" % (major, minor)
 
 
-def run(torch, lib, args, mma_sync):
+def run(torch, lib, args, wgmma):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     peers = [("flash", SDPBackend.FLASH_ATTENTION), ("cuDNN", SDPBackend.CUDNN_ATTENTION),
@@ -458,7 +463,7 @@ def run(torch, lib, args, mma_sync):
             b, h, " Hkv%d" % hkv if gqa else "", s, d, " causal" if causal else "")
         detail = "; ".join(["%s %.0f" % (n, r) for n, r in rates.items() if r is not None] +
                            notes + ["error vs math (fp32) %.1e" % err] +
-                           (["weft's mma.sync kernel %.0f" % mma_sync[shape]] if mma_sync else []))
+                           (["weft's wgmma kernel (opt-in) %.0f" % wgmma[shape]] if wgmma else []))
         results.append((case, flop / tw / 1e12, rates, detail))
         print("%-44s weft %6.1f TFLOP/s  %s" % (case, flop / tw / 1e12, detail))
         del q, k, v, out, qt, kt, vt, ref

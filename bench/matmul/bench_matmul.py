@@ -236,7 +236,7 @@ def decode_cublaslt_times(args):
     where the library is not a benchmark build (it says it ignores the
     switch, and its times would be the kernel's again)."""
     try:
-        times = bench_common.rerun_with_switch(__file__, "WEFT_MATMUL_SKINNY",
+        times = bench_common.rerun_with_switch(__file__, "WEFT_MATMUL_SKINNY", "0",
                                                ["--lib", args.lib, "--decode-times"])
     except RuntimeError as e:
         die(str(e))

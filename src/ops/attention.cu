@@ -42,7 +42,7 @@
  * in shared memory (attention.cuh).
  *
  * On Hopper, head_dim 64 and 128 go to attention_wgmma.cu's kernel
- * instead; this one takes head_dim 256 there, and everything elsewhere.
+ * instead where it is on (weft__attention_wgmma_on).
  */
 #include "ops/attention.cuh"
 

@@ -75,9 +75,11 @@ void weft__attention_host_run(weft__attention_args *a);
  * checked. WEFT_OK, or the launch's error with CUDA's name for it. */
 int weft__attention_cuda(void *stream, const weft__attention_args *a);
 
-/* Hopper's kernel (attention_wgmma.cu, sm_90a): whether it takes the call
- * (head_dim 64 or 128 on a device of compute capability 9.0 that loaded
- * it), and its launch. */
+/* Hopper's kernel (attention_wgmma.cu, sm_90a): whether it is on for the
+ * current device (asked for, compute capability 9.0, its image loaded),
+ * whether it takes the call (on, and head_dim 64 or 128), and its
+ * launch. */
+int weft__attention_wgmma_on(void);
 int weft__attention_wgmma_takes(const weft__attention_args *a);
 int weft__attention_wgmma_cuda(void *stream, const weft__attention_args *a);
 #endif

@@ -3,6 +3,8 @@
  * the warpgroup tensor-core products (wgmma), built for sm_90a alone
  * (CMakeLists.txt); attention.cu's kernel takes every other call.
  *
+ * It is opt-in (WEFT_ATTENTION_WGMMA=1) until it has passed on a GPU.
+ *
  * A block of two warpgroups takes 128 query rows of one head of one
  * sequence, 64 a warpgroup, and walks the keys in tiles of 128:
  *  - K and V tiles come in by cp.async into two buffers, the next tile's
@@ -22,7 +24,6 @@
  * computes its softmax. Masks, RoPE, paged K/V, the order of causal blocks
  * and the writing of O and the LSE are attention.cu's.
  */
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -281,24 +282,21 @@ bool device_runs_sm90a()
 } // namespace
 } // namespace weft_ops
 
-/* A benchmark build (WEFT_MEASURE_MODES) also reads WEFT_ATTENTION_WGMMA
- * once: 0 sends every call to attention.cu's kernel, so bench/attention
- * times both with one library; the shipped library has no such switch,
- * and says so once where the variable is set. */
+/* Opt-in until it has passed the GPU suite (gpu.attention.wgmma runs the
+ * attention tests with it): WEFT_ATTENTION_WGMMA=1, read once, turns it on
+ * where the device can run it. */
+extern "C" int weft__attention_wgmma_on(void)
+{
+    static const bool asked = [] {
+        const char *v = getenv("WEFT_ATTENTION_WGMMA");
+        return v && strcmp(v, "1") == 0;
+    }();
+    return asked && weft_ops::device_runs_sm90a();
+}
+
 extern "C" int weft__attention_wgmma_takes(const weft__attention_args *a)
 {
-    static const bool allowed = [] {
-        const char *v = getenv("WEFT_ATTENTION_WGMMA");
-#ifdef WEFT_MEASURE_MODES
-        return !(v && strcmp(v, "0") == 0);
-#else
-        if (v)
-            fprintf(stderr, "weft: WEFT_ATTENTION_WGMMA is read by benchmark builds only "
-                            "(WEFT_MEASURE_MODES): ignored\n");
-        return true;
-#endif
-    }();
-    return allowed && (a->head_dim == 64 || a->head_dim == 128) && weft_ops::device_runs_sm90a();
+    return (a->head_dim == 64 || a->head_dim == 128) && weft__attention_wgmma_on();
 }
 
 extern "C" int weft__attention_wgmma_cuda(void *stream, const weft__attention_args *a)

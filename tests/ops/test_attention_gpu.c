@@ -31,6 +31,7 @@
 #include <cuda_runtime_api.h>
 #include <math.h>
 
+#include "ops/attention.h"
 #include "ops/attention_ref.h"
 #include "weft/ops.h"
 
@@ -530,6 +531,17 @@ int main(void)
     int skip = gt_start("gpu.attention");
     if (skip)
         return skip;
+    /* gpu.attention.wgmma: the same tests on Hopper's kernel, which must
+     * then be the one that runs */
+    const char *wgmma = getenv("WEFT_ATTENTION_WGMMA");
+    if (wgmma && strcmp(wgmma, "1") == 0) {
+        if (!weft__attention_wgmma_on()) {
+            printf("SKIPPED: WEFT_ATTENTION_WGMMA=1, but this GPU cannot run the wgmma kernel "
+                   "(it needs compute capability 9.0)\n");
+            return 77;
+        }
+        printf("gpu.attention: head_dim 64 and 128 on the wgmma kernel\n");
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_arguments_are_refused_before_launch),
         cmocka_unit_test(test_every_mode_matches_float64_and_the_host),
