@@ -258,23 +258,22 @@ template <typename T> int launch(cudaStream_t stream, const weft__attention_args
  * kernel's image loaded (asked once per device). */
 bool device_runs_sm90a()
 {
-    static std::atomic<int> known[64]; /* 0: not asked, 1: yes, 2: no */
+    if (device_attribute<cudaDevAttrComputeCapabilityMajor>(0) != 9 ||
+        device_attribute<cudaDevAttrComputeCapabilityMinor>(-1) != 0)
+        return false;
+    static std::atomic<int> loaded[64]; /* 0: not asked, 1: yes, 2: no */
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
         return false;
-    int k = known[dev].load(std::memory_order_relaxed);
+    int k = loaded[dev].load(std::memory_order_relaxed);
     if (k == 0) {
-        int major = 0, minor = -1;
         cudaFuncAttributes attr;
-        const bool yes =
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-            major == 9 && minor == 0 &&
-            cudaFuncGetAttributes(
-                &attr, attention_wgmma_kernel<__nv_bfloat16, 128, false, false>) == cudaSuccess;
+        k = cudaFuncGetAttributes(
+                &attr, attention_wgmma_kernel<__nv_bfloat16, 128, false, false>) == cudaSuccess
+                ? 1
+                : 2;
         cudaGetLastError(); /* a missing image is an answer, not an error to keep */
-        k = yes ? 1 : 2;
-        known[dev].store(k, std::memory_order_relaxed);
+        loaded[dev].store(k, std::memory_order_relaxed);
     }
     return k == 1;
 }

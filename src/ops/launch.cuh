@@ -28,22 +28,23 @@ extern "C" {
 namespace weft_ops
 {
 
-/* A positive attribute of the calling thread's current device, asked of
- * CUDA once per device and attribute (launches inside graph capture ask
- * nothing); fallback where CUDA cannot say. */
+/* An attribute of the calling thread's current device (zero or more: a
+ * count, a version, a flag), asked of CUDA once per device and attribute
+ * (launches inside graph capture ask nothing); fallback where CUDA cannot
+ * say. */
 template <cudaDeviceAttr ATTR> static inline int device_attribute(int fallback)
 {
-    static std::atomic<int> known[64]; /* 0: not asked yet */
+    static std::atomic<int> known[64]; /* the value plus one; 0: not asked yet */
     int dev = 0, n = 0;
 
     if (cudaGetDevice(&dev) != cudaSuccess)
         return fallback;
     if (dev >= 0 && dev < 64 && (n = known[dev].load(std::memory_order_relaxed)) > 0)
-        return n;
-    if (cudaDeviceGetAttribute(&n, ATTR, dev) != cudaSuccess || n < 1)
+        return n - 1;
+    if (cudaDeviceGetAttribute(&n, ATTR, dev) != cudaSuccess || n < 0)
         return fallback;
     if (dev >= 0 && dev < 64)
-        known[dev].store(n, std::memory_order_relaxed);
+        known[dev].store(n + 1, std::memory_order_relaxed);
     return n;
 }
 
